@@ -1,0 +1,1 @@
+"""Analytical pipe-demand models of LLM inference kernels (METHOD.md §3)."""

@@ -1,0 +1,47 @@
+"""python3 -m analytical_model features --op OP --input IN.csv --output OUT.csv
+
+Reads the operator's shape columns and ``hardware`` from IN.csv and writes every input column plus
+the feature columns (METHOD.md §4.1 names and order) and ``ideal_cycles``. For gemm, optional
+columns tile_M, tile_N, tile_K, is_split_k, cta_count override the tile rule row by row.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+
+from .hardware import DEFAULT_HARDWARE_DIR
+from .registry import OPERATORS, compute_features
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python3 -m analytical_model", description="Analytical pipe features of GPU kernels.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    features = sub.add_parser("features", help="compute analytical features for a CSV of shapes")
+    features.add_argument("--op", required=True, choices=sorted(OPERATORS))
+    features.add_argument("--input", required=True, type=Path)
+    features.add_argument("--output", required=True, type=Path)
+    features.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR)
+    args = parser.parse_args(argv)
+
+    if not args.input.is_file():
+        raise UserError(f"input file not found: {args.input}")
+    try:
+        frame = pd.read_csv(args.input)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"{args.input}: not a readable CSV ({exc})") from None
+    try:
+        result = compute_features(args.op, frame, args.hardware_dir)
+    except ValueError as exc:
+        raise UserError(f"{args.input}: {exc}") from None
+    output = pd.concat([frame, result], axis=1)
+    write_atomically(args.output, lambda tmp: output.to_csv(tmp, index=False))
+    print(f"wrote {len(output)} rows to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,137 @@
+"""Load and validate the GPU spec JSONs under ``hardware/`` (METHOD.md §1).
+
+A GPU can be named by its file stem ("H100", "RTX 6000 Ada" or "RTX_6000_Ada"), by the device
+name the driver reports ("NVIDIA H100", "NVIDIA H100 80GB HBM3") or by aiconfigurator's system key
+("h100_sxm"). Anything else is an error that lists the known GPUs.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from .pipes import ARCHITECTURES, HardwareSpec
+
+DEFAULT_HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
+
+_REQUIRED_NUMBERS = {
+    "numSms": "num_sms",
+    "memBandwidth": "mem_bandwidth",
+    "l2CacheBandwidth": "l2_cache_bandwidth",
+    "sharedMemoryBandwidth": "shared_memory_bandwidth",
+    "tcBf16": "tc_bf16",
+    "xuFp32": "xu_fp32",
+    "FmaFp32": "fma_fp32",
+    "smFreq": "sm_freq",
+}
+_OPTIONAL_NUMBERS = ("tcFp8", "sharedMemorySize", "totalGlobalMem", "l2CacheSize", "l1CacheSize", "registerFileSize")
+
+
+class UnknownHardwareError(ValueError):
+    pass
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
+    """Validate one hardware JSON object; errors name the file and the field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a JSON object")
+    for key in _REQUIRED_NUMBERS:
+        if key not in data:
+            raise ValueError(f"{source}: missing field {key!r}")
+        if not _is_number(data[key]) or data[key] <= 0:
+            raise ValueError(f"{source}: field {key!r} must be a positive number, got {data[key]!r}")
+    for key in _OPTIONAL_NUMBERS:
+        if key in data and data[key] is not None and (not _is_number(data[key]) or data[key] < 0):
+            raise ValueError(f"{source}: field {key!r} must be a non-negative number, got {data[key]!r}")
+    if not isinstance(data["numSms"], int):
+        raise ValueError(f"{source}: field 'numSms' must be an integer, got {data['numSms']!r}")
+    for key in ("computeMajor", "computeMinor"):
+        if key not in data:
+            raise ValueError(f"{source}: missing field {key!r}")
+        if not isinstance(data[key], int) or isinstance(data[key], bool):
+            raise ValueError(f"{source}: field {key!r} must be an integer, got {data[key]!r}")
+    name = data.get("name", stem)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{source}: field 'name' must be a non-empty string")
+    architecture = data.get("architecture", "ampere")
+    if not isinstance(architecture, str) or architecture.lower() not in ARCHITECTURES:
+        raise ValueError(f"{source}: field 'architecture' must be one of {ARCHITECTURES}, got {architecture!r}")
+    aliases = data.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise ValueError(f"{source}: field 'aliases' must be a list of strings")
+    system = data.get("aiconfiguratorSystem")
+    if system is not None and not isinstance(system, str):
+        raise ValueError(f"{source}: field 'aiconfiguratorSystem' must be a string")
+    spec_kwargs = {internal: data[key] for key, internal in _REQUIRED_NUMBERS.items()}
+    return HardwareSpec(
+        stem=stem,
+        name=name,
+        architecture=architecture.lower(),
+        compute_capability=(data["computeMajor"], data["computeMinor"]),
+        tc_fp8=data.get("tcFp8") or 0,
+        shared_memory_size=data.get("sharedMemorySize"),
+        total_global_mem=data.get("totalGlobalMem"),
+        l2_cache_size=data.get("l2CacheSize"),
+        aliases=tuple(aliases),
+        aiconfigurator_system=system,
+        **spec_kwargs,
+    )
+
+
+def _normalise(key: str) -> str:
+    return " ".join(key.replace("_", " ").split()).casefold()
+
+
+class HardwareRegistry:
+    """All GPUs of one hardware directory, addressable by any of their names."""
+
+    def __init__(self, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR):
+        self.hardware_dir = Path(hardware_dir)
+        if not self.hardware_dir.is_dir():
+            raise FileNotFoundError(f"hardware directory not found: {self.hardware_dir}")
+        self.specs: dict[str, HardwareSpec] = {}
+        self._index: dict[str, str] = {}
+        for path in sorted(self.hardware_dir.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: invalid JSON ({exc})") from None
+            spec = parse_hardware(data, path.stem, str(path))
+            self.specs[spec.stem] = spec
+            keys = [spec.stem, spec.name, *spec.aliases]
+            if spec.aiconfigurator_system:
+                keys.append(spec.aiconfigurator_system)
+            for key in keys:
+                norm = _normalise(key)
+                if self._index.get(norm, spec.stem) != spec.stem:
+                    raise ValueError(f"{path}: name {key!r} is also used by {self._index[norm]}.json")
+                self._index[norm] = spec.stem
+        if not self.specs:
+            raise FileNotFoundError(f"no hardware JSON files in {self.hardware_dir}")
+
+    def known(self) -> list[str]:
+        return sorted(self.specs)
+
+    def get(self, name: str) -> HardwareSpec:
+        stem = self._index.get(_normalise(str(name)))
+        if stem is None:
+            raise UnknownHardwareError(
+                f"unknown GPU {name!r}; known GPUs (file stems in {self.hardware_dir}): " + ", ".join(self.known())
+            )
+        return self.specs[stem]
+
+    def __contains__(self, name: str) -> bool:
+        return _normalise(str(name)) in self._index
+
+
+@lru_cache(maxsize=8)
+def hardware_registry(hardware_dir: str | Path = DEFAULT_HARDWARE_DIR) -> HardwareRegistry:
+    return HardwareRegistry(hardware_dir)
+
+
+def load_hardware(name: str, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR) -> HardwareSpec:
+    return hardware_registry(Path(hardware_dir)).get(name)

@@ -1,0 +1,283 @@
+"""The operator registry: everything downstream (dataset builder, training, kernel prediction and the
+aggregator) reads operator classes from here.
+
+Each :class:`OperatorClass` knows its shape columns, its calculators (per architecture or attention
+backend), its feature names in MLP input order (METHOD.md §4.1) and which features sum to the ideal
+cycle count ``C_ideal`` that turns an efficiency into a duration (METHOD.md §4.2–4.3).
+
+Adding an operator = one calculator module + one entry in ``OPERATORS``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from . import gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
+from .attention import ATTENTION_CALCULATORS, attention_features
+from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from .pipes import (
+    FMA_FEATURES,
+    MEMORY_FEATURES,
+    TENSOR_FEATURES,
+    XU_FEATURES,
+    ElementwiseProblem,
+    GemmProblem,
+    HardwareSpec,
+    MoeProblem,
+)
+from .tiles import choose_gemm_tiles
+
+GEMM_FEATURES = TENSOR_FEATURES + MEMORY_FEATURES
+ATTENTION_FEATURES = TENSOR_FEATURES + XU_FEATURES + MEMORY_FEATURES
+ELEMENTWISE_FEATURES = FMA_FEATURES + XU_FEATURES + MEMORY_FEATURES
+TILE_COLUMNS = ("tile_M", "tile_N", "tile_K", "is_split_k", "cta_count")
+MOE_WEIGHT_TYPES = ("w13", "w2", "layer")
+
+
+@dataclass(frozen=True)
+class OperatorClass:
+    key: str
+    description: str
+    shape_columns: tuple[str, ...]
+    feature_names: tuple[str, ...]
+    ideal_cycle_features: tuple[str, ...]
+    calculators: dict[str, Callable]
+    compute: Callable[[pd.DataFrame, HardwareSpec], np.ndarray]
+    optional_columns: tuple[str, ...] = ()
+
+    def features(self, frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+        """float64 features, one row per frame row, all on the GPU ``hw``."""
+        missing = [c for c in self.shape_columns if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{self.key}: input lacks column(s) {', '.join(missing)}")
+        if len(frame) == 0:
+            return np.zeros((0, len(self.feature_names)))
+        return np.asarray(self.compute(frame, hw), dtype=np.float64).reshape(len(frame), len(self.feature_names))
+
+    def ideal_cycles(self, features32: np.ndarray) -> np.ndarray:
+        """C_ideal from float32 features: the float32 sum of the ideal-cycle columns (METHOD.md §4.3)."""
+        idx = [self.feature_names.index(name) for name in self.ideal_cycle_features]
+        total = features32[:, idx[0]].astype(np.float32)
+        for i in idx[1:]:
+            total = total + features32[:, i].astype(np.float32)
+        return total
+
+
+def _int_column(frame: pd.DataFrame, column: str) -> np.ndarray:
+    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values) | (values != np.floor(values))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"column {column!r} must hold integers; row {row} has {frame[column].iloc[row]!r}")
+    return values.astype(np.int64)
+
+
+def gemm_problem(frame: pd.DataFrame, hw: HardwareSpec, dtype: str = "bfloat16") -> GemmProblem:
+    m, n, k = (_int_column(frame, c) for c in ("M", "N", "K"))
+    chosen = choose_gemm_tiles(m, n, k, hw, dtype)
+    if all(c in frame.columns for c in TILE_COLUMNS):
+        given = frame[list(TILE_COLUMNS)].notna().all(axis=1).to_numpy()
+        if given.any():
+            for column in TILE_COLUMNS:
+                values = frame[column].to_numpy()
+                if column == "is_split_k":
+                    override = pd.Series(values).map(_as_bool).to_numpy()
+                else:
+                    override = pd.to_numeric(pd.Series(values), errors="coerce").fillna(0).to_numpy(np.int64)
+                chosen[column] = np.where(given, override, chosen[column])
+    return GemmProblem.create(
+        m, n, k, chosen["tile_M"], chosen["tile_N"], chosen["tile_K"], chosen["cta_count"], chosen["is_split_k"],
+        data_size_bytes=1 if dtype == "fp8" else 2,
+    )
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes"):
+            return True
+        if lowered in ("0", "false", "no"):
+            return False
+        raise ValueError(f"is_split_k must be 0/1 or true/false, got {value!r}")
+    if pd.isna(value):
+        return False
+    return bool(value)
+
+
+def _gemm(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    problem = gemm_problem(frame, hw)
+    calculator = gemm_sm90 if hw.uses_sm90_gemm else gemm_sm80
+    return calculator.features(problem, hw)
+
+
+def _gemm_fp8(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    return gemm_fp8.features(gemm_problem(frame, hw, dtype="fp8"), hw)
+
+
+def parse_length_list(value, column: str) -> list[int]:
+    """Parse "[a,b,...]" (or a list) into positive ints; errors name the column."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = list(value)
+    else:
+        try:
+            items = json.loads(str(value))
+        except json.JSONDecodeError:
+            raise ValueError(f"{column} must be a list like [a,b], got {value!r}") from None
+        if not isinstance(items, list):
+            items = [items]
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+            raise ValueError(f"{column} entries must be integers, got {item!r}")
+    return [int(v) for v in items]
+
+
+def format_length_list(values) -> str:
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
+
+
+def _attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    bs, nh, nkv, hd = (_int_column(frame, c) for c in ("bs", "nh", "nkv", "hd"))
+    rows = []
+    for i, (kind, q, kv) in enumerate(zip(frame["attention_type"], frame["q_lengths"], frame["kv_lengths"])):
+        rows.append(
+            attention_features(
+                str(kind),
+                int(bs[i]),
+                parse_length_list(q, "q_lengths"),
+                parse_length_list(kv, "kv_lengths"),
+                int(nh[i]),
+                int(nkv[i]),
+                int(hd[i]),
+                hw,
+            )
+        )
+    return np.vstack(rows)
+
+
+def _elementwise(calculator) -> Callable[[pd.DataFrame, HardwareSpec], np.ndarray]:
+    def compute(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+        problem = ElementwiseProblem.create(_int_column(frame, "seq"), _int_column(frame, "dim"))
+        return calculator.features(problem, hw)
+
+    return compute
+
+
+def _moe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    """``weight_type`` w13 / w2 is one pass; ``layer`` (a whole MoE layer) is the sum of both passes."""
+    dims = [_int_column(frame, c) for c in ("M", "E", "topk", "H", "N")]
+    kinds = frame["weight_type"].astype(str).to_numpy()
+    unknown = sorted(set(kinds) - set(MOE_WEIGHT_TYPES))
+    if unknown:
+        raise ValueError(f"weight_type must be one of {MOE_WEIGHT_TYPES}, got {unknown[0]!r}")
+    out = np.zeros((len(frame), len(GEMM_FEATURES)))
+    for pass_type in ("w13", "w2"):
+        rows = (kinds == pass_type) | (kinds == "layer")
+        if rows.any():
+            problem = MoeProblem.create(*(d[rows] for d in dims), pass_type=pass_type)
+            out[rows] += triton_moe.features(problem, hw)
+    return out
+
+
+OPERATORS: dict[str, OperatorClass] = {
+    op.key: op
+    for op in (
+        OperatorClass(
+            key="gemm",
+            description="BF16 dense GEMM",
+            shape_columns=("M", "N", "K"),
+            optional_columns=TILE_COLUMNS,
+            feature_names=GEMM_FEATURES,
+            ideal_cycle_features=("tensor_all_cycle",),
+            calculators={"sm80": gemm_sm80.features, "sm90": gemm_sm90.features},
+            compute=_gemm,
+        ),
+        OperatorClass(
+            key="gemm_fp8",
+            description="FP8 dense GEMM (per-tensor scaled)",
+            shape_columns=("M", "N", "K"),
+            feature_names=GEMM_FEATURES,
+            ideal_cycle_features=("tensor_all_cycle",),
+            calculators={"fp8": gemm_fp8.features},
+            compute=_gemm_fp8,
+        ),
+        OperatorClass(
+            key="attn",
+            description="FlashAttention/FlashInfer prefill and decode",
+            shape_columns=("attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd"),
+            feature_names=ATTENTION_FEATURES,
+            ideal_cycle_features=("tensor_all_cycle",),
+            calculators=dict(ATTENTION_CALCULATORS),
+            compute=_attention,
+        ),
+        OperatorClass(
+            key="rmsnorm",
+            description="fused RMSNorm",
+            shape_columns=("seq", "dim"),
+            feature_names=ELEMENTWISE_FEATURES,
+            ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
+            calculators={"rmsnorm": rmsnorm.features},
+            compute=_elementwise(rmsnorm),
+        ),
+        OperatorClass(
+            key="siluandmul",
+            description="SiLU(gate)*up activation",
+            shape_columns=("seq", "dim"),
+            feature_names=ELEMENTWISE_FEATURES,
+            ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
+            calculators={"siluandmul": siluandmul.features},
+            compute=_elementwise(siluandmul),
+        ),
+        OperatorClass(
+            key="moe",
+            description="Triton fused-MoE (w13 and w2 passes)",
+            shape_columns=("weight_type", "M", "E", "topk", "H", "N"),
+            feature_names=GEMM_FEATURES,
+            ideal_cycle_features=("tensor_all_cycle",),
+            calculators={"triton_moe": triton_moe.features},
+            compute=_moe,
+        ),
+    )
+}
+
+
+def get_operator(key: str) -> OperatorClass:
+    try:
+        return OPERATORS[key]
+    except KeyError:
+        raise ValueError(f"unknown operator {key!r}; known: {', '.join(OPERATORS)}") from None
+
+
+def compute_features(
+    op: str, frame: pd.DataFrame, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR
+) -> pd.DataFrame:
+    """Features (float64, METHOD.md names and order) and ``ideal_cycles`` for rows of mixed GPUs.
+
+    ``frame`` needs the operator's shape columns and ``hardware`` (any name the hardware loader
+    accepts). The result has the frame's index.
+    """
+    operator = get_operator(op)
+    if "hardware" not in frame.columns:
+        raise ValueError("input lacks column 'hardware'")
+    registry = hardware_registry(Path(hardware_dir))
+    out = np.zeros((len(frame), len(operator.feature_names)))
+    hardware = frame["hardware"].astype(str).to_numpy()
+    for name in pd.unique(hardware):
+        rows = np.flatnonzero(hardware == name)
+        try:
+            hw = registry.get(name)
+        except ValueError as exc:
+            raise ValueError(f"row {rows[0]}: {exc}") from None
+        out[rows] = operator.features(frame.iloc[rows], hw)
+    result = pd.DataFrame(out, columns=list(operator.feature_names), index=frame.index)
+    result["ideal_cycles"] = operator.ideal_cycles(out.astype(np.float32)).astype(np.float64)
+    return result
+
+
+def model_inputs(features: np.ndarray) -> np.ndarray:
+    """The MLP input: log1p of the float32-cast features (METHOD.md §0.3, §4.1)."""
+    return np.log1p(np.asarray(features, dtype=np.float32))

@@ -1,0 +1,119 @@
+"""Deterministic GEMM tile choice, replacing the artifact's nearest-neighbour lookup (METHOD.md §7.2, §11.3.16).
+
+``choose_gemm_tiles(M, N, K, hw, dtype)`` imitates how cuBLAS/CUTLASS heuristics pick a kernel, using
+only the shape and the spec sheet, so training and inference see the same rule and no dataset is
+needed at inference time.
+
+Rule, per architecture:
+
+* **FP8** (any GPU): CUTLASS scaled-mm 128×128×128 tiles, one CTA per output tile, no split-K
+  (this is exactly what the artifact's FP8 features imply: all 25,228 rows reproduce with it).
+* **SM80-class** (Ampere, Ada, RTX Blackwell; mma.sync kernels): candidate CTA tiles
+  256×128, 128×256, 128×128, 128×64, 64×128 (tile_k 32), 64×64 (tile_k 64), 32×128, 32×64 and
+  16×128, 16×64 (tile_k 128, the skinny decode kernels). Each candidate is costed with a per-CTA
+  roofline — time of one CTA = max(MMA work at the SM's tensor rate, operand bytes at the SM's
+  share of L2 bandwidth) — times the number of waves ``ceil(CTAs / SMs)``; padding waste is in the
+  cost because tiles cover padded extents. Then split-K: when the output has fewer tiles than SMs,
+  K is split into s ∈ {1, 2, 3, 4, 6, 8, 12, 16} slices (each slice at least 2 k-tiles), charging each
+  extra slice a reduction of the fp32 partial tile through L2, and the cheapest s wins.
+  ``cta_count`` = tiles·s and ``is_split_k`` = s > 1.
+* **Hopper-style** (Hopper, datacenter Blackwell; TMA + warpgroup MMA): candidate tiles 64/128/256 ×
+  64/128/256 with tile_k 64, plus swap-AB skinny tiles 8/16/32 × 64/128/256 for small M (cuBLAS's
+  small-M Hopper kernels). Persistent data-parallel regime by default: ``cta_count`` = min(tiles, SMs),
+  ``is_split_k`` false. When the output has at most SMs/2 tiles and K ≥ 2048, the split-K regime
+  (one wave, cta_count = tiles·s ≤ SMs, is_split_k true) is used if the same cost model says it is
+  faster. Ties go to the larger tile (fewer CTAs), then to the order listed.
+
+The rule is a model of a library heuristic, not a reading of one: it is validated by the accuracy
+it gives downstream (docs/ACCURACY.md) and, for FP8, by reproducing the artifact's implied tiles.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .pipes import HardwareSpec, ceil_div, positive_int_array
+
+SM80_TILES = (
+    (256, 128, 32),
+    (128, 256, 32),
+    (128, 128, 32),
+    (128, 64, 32),
+    (64, 128, 32),
+    (64, 64, 64),
+    (32, 128, 64),
+    (32, 64, 64),
+    (16, 128, 128),
+    (16, 64, 128),
+)
+SM90_TILES = tuple((tm, tn, 64) for tm in (256, 128, 64) for tn in (256, 128, 64)) + tuple(
+    (tm, tn, 64) for tm in (32, 16, 8) for tn in (256, 128, 64)
+)
+SPLIT_FACTORS = (1, 2, 3, 4, 6, 8, 12, 16)
+FP8_TILE = (128, 128, 128)
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1}
+
+
+def _cta_time(tile_m, tile_n, k_extent, hw: HardwareSpec, ds: int, tensor_rate: float):
+    """Cycles one CTA needs: max of MMA work and operand loads at the SM's share of L2 bandwidth."""
+    compute = 2.0 * tile_m * tile_n * k_extent / tensor_rate
+    l2_bytes_per_cycle = hw.l2_cache_bandwidth * 1e9 / (hw.sm_freq * 1e6) / hw.num_sms
+    memory = ds * (tile_m + tile_n) * k_extent / l2_bytes_per_cycle
+    return np.maximum(compute, memory)
+
+
+def _best_tiles(m, n, k, hw: HardwareSpec, candidates, ds: int, sm90: bool):
+    best_cost = np.full(m.shape, np.inf)
+    choice = np.zeros(m.shape + (5,), dtype=np.int64)
+    for tile_m, tile_n, tile_k in candidates:
+        tiles = ceil_div(m, tile_m) * ceil_div(n, tile_n)
+        k_p = ceil_div(k, tile_k) * tile_k
+        for splits in SPLIT_FACTORS:
+            k_slice = ceil_div(ceil_div(k_p, splits), tile_k) * tile_k
+            ctas = tiles * splits
+            valid = (k_slice >= 2 * tile_k) | (splits == 1)
+            if splits > 1:
+                valid &= tiles < hw.num_sms
+                if sm90:
+                    valid &= (2 * tiles <= hw.num_sms) & (k >= 2048) & (ctas <= hw.num_sms)
+            waves = ceil_div(ctas, hw.num_sms)
+            cost = waves * _cta_time(tile_m, tile_n, k_slice, hw, ds, hw.tc_bf16)
+            if splits > 1:
+                reduction_bytes = 4.0 * tile_m * tile_n * splits * 2
+                l2_bytes_per_cycle = hw.l2_cache_bandwidth * 1e9 / (hw.sm_freq * 1e6) / hw.num_sms
+                cost = cost + reduction_bytes / l2_bytes_per_cycle
+            better = valid & (cost < best_cost * (1 - 1e-9))
+            best_cost = np.where(better, cost, best_cost)
+            cta_count = np.minimum(tiles, hw.num_sms) if (sm90 and splits == 1) else ctas
+            row = np.stack(np.broadcast_arrays(tile_m, tile_n, tile_k, cta_count, splits > 1), axis=-1)
+            choice = np.where(better[..., None], row, choice)
+    return choice
+
+
+def choose_gemm_tiles(M, N, K, hw: HardwareSpec, dtype: str = "bfloat16") -> dict[str, np.ndarray]:
+    """Tile sizes, launched CTAs and split-K flag for each (M, N, K); see the module docstring."""
+    m = positive_int_array("M", M)
+    n = positive_int_array("N", N)
+    k = positive_int_array("K", K)
+    m, n, k = np.broadcast_arrays(np.atleast_1d(m), np.atleast_1d(n), np.atleast_1d(k))
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if dtype == "fp8":
+        tm, tn, tk = FP8_TILE
+        ctas = ceil_div(m, tm) * ceil_div(n, tn)
+        ones = np.ones_like(m)
+        return {
+            "tile_M": tm * ones,
+            "tile_N": tn * ones,
+            "tile_K": tk * ones,
+            "cta_count": ctas,
+            "is_split_k": np.zeros(m.shape, dtype=bool),
+        }
+    sm90 = hw.uses_sm90_gemm
+    choice = _best_tiles(m, n, k, hw, SM90_TILES if sm90 else SM80_TILES, DTYPE_BYTES[dtype], sm90)
+    return {
+        "tile_M": choice[..., 0],
+        "tile_N": choice[..., 1],
+        "tile_K": choice[..., 2],
+        "cta_count": choice[..., 3],
+        "is_split_k": choice[..., 4].astype(bool),
+    }

@@ -1,0 +1,1 @@
+"""pipeweave: GPU performance prediction for LLM inference (analytical features + learned efficiency)."""

@@ -1,0 +1,481 @@
+"""Workload generator (METHOD.md section 6): model config + request trace + parallelism -> workload JSON.
+
+A workload is a static batch: one prefill iteration holding every request of the trace, then one decode
+iteration per further generated token (``output_tokens`` iterations in all). Each iteration lists the
+operators of the whole model (GEMMs, attention, RMSNorm, SiLU*Mul, collectives) with per-TP-rank shapes and
+repeat counts. The JSON text is written exactly as the PipeWeave artifact writes it, so regenerating the
+paper's 25 workloads reproduces the artifact's files byte for byte.
+
+Traces are CSV files with one request per row. Two header layouts are accepted:
+
+* this project's format: ``request,prompt_tokens,decode_tokens,output_tokens`` (``request`` optional);
+* the PipeWeave artifact's format: ``num_prefill_tokens,num_decode_tokens,output_tokens``.
+
+``decode_tokens`` (the request's output length in the source trace) is kept for reference but not used;
+``output_tokens`` is the number of generated tokens of the measured run and must be the same on every row.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from pipeweave.cli import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG_DIR = REPO_ROOT / "config"
+DEFAULT_TRACE_DIR = REPO_ROOT / "workload" / "traces"
+DEFAULT_OUTPUT_DIR = REPO_ROOT / "workload"
+
+PREFILL_ATTN_DEFAULT = "fa3_ragged"
+DECODE_ATTN_DEFAULT = "fa2_paged"
+#: Attention type strings the aggregator understands ("fa2"/"fa3" family x "ragged"/"paged" layout).
+ATTENTION_BACKENDS = ("fa2_ragged", "fa3_ragged", "fa2_paged", "fa3_paged")
+
+#: Column layouts of a trace CSV: name -> (prompt column, decode column, output column).
+TRACE_FORMATS = {
+    "pipeweave": ("prompt_tokens", "decode_tokens", "output_tokens"),
+    "artifact": ("num_prefill_tokens", "num_decode_tokens", "output_tokens"),
+}
+TRACE_HEADER = ("request", "prompt_tokens", "decode_tokens", "output_tokens")
+
+_MODEL_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "vocab_size", "num_hidden_layers")
+
+
+class WorkloadError(UserError):
+    """Invalid model config, trace or generator option (reported as a one-line CLI error)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Model configuration (METHOD.md section 2)
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The subset of an HF ``config.json`` the generator reads, with ``head_dim`` resolved."""
+
+    stem: str
+    model: str
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_hidden_layers: int
+
+    def model_params(self) -> dict:
+        return {
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "num_hidden_layers": self.num_hidden_layers,
+        }
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise WorkloadError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
+    """Validate a parsed config dict and resolve ``head_dim`` and the ``model`` string."""
+    if not isinstance(cfg, dict):
+        raise WorkloadError(f"config {stem}: expected a JSON object")
+    values = {}
+    for key in _MODEL_KEYS:
+        if key not in cfg:
+            raise WorkloadError(f"config {stem}: missing key '{key}'")
+        values[key] = _positive_int(cfg[key], f"config {stem}: {key}")
+    hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    if cfg.get("head_dim") is not None:
+        head_dim = _positive_int(cfg["head_dim"], f"config {stem}: head_dim")
+    else:
+        if hidden % heads:
+            raise WorkloadError(f"config {stem}: no head_dim and hidden_size {hidden} is not divisible by "
+                                f"num_attention_heads {heads}")
+        head_dim = hidden // heads
+    if "_name_or_path" in cfg:
+        model = str(cfg["_name_or_path"])
+    elif isinstance(cfg.get("architectures"), list) and cfg["architectures"]:
+        model = str(cfg["architectures"][0])
+    else:
+        model = "unknown"
+    return ModelConfig(stem=stem, model=model, head_dim=head_dim, **values)
+
+
+def _known_stems(directory: Path, suffix: str) -> list[str]:
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.iterdir() if p.suffix == suffix and not p.name.startswith("."))
+
+
+def _resolve(name: str | Path, directory: Path, suffix: str, what: str) -> Path:
+    """A path to an existing file, or a stem looked up in ``directory``; unknown stems list the known ones."""
+    text = str(name)
+    path = Path(text)
+    if path.is_file():
+        return path
+    looks_like_path = path.suffix == suffix or "/" in text or "\\" in text
+    if looks_like_path:
+        raise WorkloadError(f"{what} file not found: {text}")
+    candidate = Path(directory) / f"{text}{suffix}"
+    if candidate.is_file():
+        return candidate
+    known = _known_stems(Path(directory), suffix)
+    listing = ", ".join(known) if known else f"none in {directory}"
+    raise WorkloadError(f"unknown {what} '{text}' (known: {listing})")
+
+
+def load_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_DIR) -> ModelConfig:
+    """Load a model config by path or by stem (``config/<stem>.json``)."""
+    path = _resolve(name, Path(config_dir), ".json", "model config")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkloadError(f"config {path}: not valid JSON ({exc})") from None
+    return model_config_from_dict(cfg, stem=path.stem)
+
+
+# --------------------------------------------------------------------------------------------------
+# Traces
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trace:
+    """A request batch: prompt and source-trace decode length per request, plus the run's output_tokens."""
+
+    stem: str
+    prompt_tokens: tuple[int, ...]
+    decode_tokens: tuple[int, ...]
+    output_tokens: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_tokens)
+
+
+def parse_trace(text: str, stem: str = "trace") -> Trace:
+    """Parse trace CSV text in this project's format or the PipeWeave artifact's format."""
+    rows = [row for row in csv.reader(io.StringIO(text.lstrip("\ufeff"))) if any(cell.strip() for cell in row)]
+    if not rows:
+        raise WorkloadError(f"trace {stem}: empty file")
+    header = [cell.strip() for cell in rows[0]]
+    columns = None
+    for names in TRACE_FORMATS.values():
+        if set(names) <= set(header):
+            columns = names
+            break
+    if columns is None:
+        raise WorkloadError(
+            f"trace {stem}: unrecognised header {','.join(header)!r}; expected "
+            f"'{','.join(TRACE_HEADER)}' or '{','.join(TRACE_FORMATS['artifact'])}'")
+    index = [header.index(name) for name in columns]
+    if len(rows) == 1:
+        raise WorkloadError(f"trace {stem}: no requests (header only)")
+    prompts, decodes, outputs = [], [], []
+    for line_no, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise WorkloadError(f"trace {stem}: line {line_no} has {len(row)} fields, expected {len(header)}")
+        parsed = []
+        for name, i in zip(columns, index):
+            cell = row[i].strip()
+            try:
+                parsed.append(int(cell))
+            except ValueError:
+                raise WorkloadError(f"trace {stem}: line {line_no}: {name} is not an integer: {cell!r}") from None
+        prompt, decode, output = parsed
+        if prompt < 1:
+            raise WorkloadError(f"trace {stem}: line {line_no}: {columns[0]} must be >= 1, got {prompt}")
+        if decode < 0:
+            raise WorkloadError(f"trace {stem}: line {line_no}: {columns[1]} must be >= 0, got {decode}")
+        if output < 1:
+            raise WorkloadError(f"trace {stem}: line {line_no}: output_tokens must be >= 1, got {output}")
+        prompts.append(prompt)
+        decodes.append(decode)
+        outputs.append(output)
+    if len(set(outputs)) != 1:
+        raise WorkloadError(f"trace {stem}: output_tokens differs between rows ({sorted(set(outputs))}); "
+                            "it is a property of the run and must be the same on every row")
+    return Trace(stem=stem, prompt_tokens=tuple(prompts), decode_tokens=tuple(decodes), output_tokens=outputs[0])
+
+
+def load_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_DIR) -> Trace:
+    """Load a trace by path or by stem (``workload/traces/<stem>.csv``)."""
+    path = _resolve(name, Path(trace_dir), ".csv", "trace")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"trace {path}: not UTF-8 text ({exc})") from None
+    return parse_trace(text, stem=path.stem)
+
+
+def format_trace(trace: Trace) -> str:
+    """This project's trace CSV text (LF line endings, requests numbered from 1)."""
+    lines = [",".join(TRACE_HEADER)]
+    for i, (prompt, decode) in enumerate(zip(trace.prompt_tokens, trace.decode_tokens), start=1):
+        lines.append(f"{i},{prompt},{decode},{trace.output_tokens}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Workload construction (METHOD.md sections 6.2 and 6.3)
+# --------------------------------------------------------------------------------------------------
+
+def _div(value: int, tp: int, what: str) -> int:
+    if value % tp:
+        raise WorkloadError(f"{what} is not divisible by tp {tp}")
+    return value // tp
+
+
+def _check_backend(value: str, flag: str) -> str:
+    if value not in ATTENTION_BACKENDS:
+        raise WorkloadError(f"{flag} '{value}' is not one of {', '.join(ATTENTION_BACKENDS)}")
+    return value
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """Per-rank sizes; computing them validates every exact division by TP."""
+
+    qkv_n: int
+    o_k: int
+    gate_up_n: int
+    down_k: int
+    nh: int
+    nkv: int
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, tp: int) -> "_Shard":
+        nh, nkv, hd, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+        heads = _div(nh, tp, f"num_attention_heads ({nh})")
+        # KV heads are split when there are at least TP of them, else replicated on every rank.
+        kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else nkv
+        inter_shard = _div(inter, tp, f"intermediate_size ({inter})")
+        return cls(
+            # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (METHOD.md 11.3 #23).
+            qkv_n=_div((nh + 2 * nkv) * hd, tp, f"qkv width (num_attention_heads + 2*num_key_value_heads)*head_dim ({(nh + 2 * nkv) * hd})"),
+            o_k=_div(nh * hd, tp, f"num_attention_heads*head_dim ({nh * hd})"),
+            gate_up_n=_div(2 * inter, tp, f"2*intermediate_size ({2 * inter})"),
+            down_k=inter_shard,
+            nh=heads,
+            nkv=kv_heads,
+        )
+
+
+def _operators(cfg: ModelConfig, shard: _Shard, tp: int, pp: int, q: list[int], kv: list[int], tokens: int,
+               attention_type: str, rmsnorm_count: int) -> dict:
+    hidden, layers, batch = cfg.hidden_size, cfg.num_hidden_layers, len(q)
+    communication = []
+    if tp > 1:
+        communication.append({"name": "all_reduce", "type": "collective", "volume_bytes": tokens * hidden * 2,
+                              "count": 2 * layers})
+    if pp > 1:
+        communication.append({"name": "send_recv", "type": "p2p", "volume_bytes": 2 * tokens * hidden * 2,
+                              "count": pp - 1})
+    return {
+        "gemm": [
+            {"name": "qkv_proj", "type": "ColumnParallelLinear", "M": tokens, "N": shard.qkv_n, "K": hidden,
+             "count": layers},
+            {"name": "o_proj", "type": "RowParallelLinear", "M": tokens, "N": hidden, "K": shard.o_k,
+             "count": layers},
+            {"name": "gate_up_proj", "type": "MergedColumnParallelLinear", "M": tokens, "N": shard.gate_up_n,
+             "K": hidden, "count": layers},
+            {"name": "down_proj", "type": "RowParallelLinear", "M": tokens, "N": hidden, "K": shard.down_k,
+             "count": layers},
+            {"name": "lm_head", "type": "Linear", "M": batch, "N": cfg.vocab_size, "K": hidden, "count": 1},
+        ],
+        "attention": {"attention_type": attention_type, "bs": batch, "q_lengths": list(q), "kv_lengths": list(kv),
+                      "nh": shard.nh, "nkv": shard.nkv, "hd": cfg.head_dim, "count": layers},
+        "rmsnorm": {"seq": tokens, "dim": hidden, "count": rmsnorm_count},
+        "siluandmul": {"seq": tokens, "dim": shard.gate_up_n, "count": layers},
+        "communication": communication,
+    }
+
+
+def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1, pp: int = 1,
+                   prefill_attn: str = PREFILL_ATTN_DEFAULT, decode_attn: str = DECODE_ATTN_DEFAULT,
+                   qk_norm_rmsnorm: bool = False) -> dict:
+    """The workload dict (keys in the artifact's order) for a static batch of ``prompt_tokens`` requests.
+
+    ``qk_norm_rmsnorm`` selects the artifact's Qwen3 QK-norm approximation (RMSNorm count 4L + 1 instead of 2L + 1).
+    """
+    for value, what in ((tp, "tp"), (pp, "pp"), (output_tokens, "output_tokens")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise WorkloadError(f"{what} must be an integer >= 1, got {value!r}")
+    prompts = list(prompt_tokens)
+    if not prompts:
+        raise WorkloadError("the batch has no requests")
+    for p in prompts:
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise WorkloadError(f"prompt lengths must be integers >= 1, got {p!r}")
+    _check_backend(prefill_attn, "prefill_attn")
+    _check_backend(decode_attn, "decode_attn")
+    shard = _Shard.of(cfg, tp)
+    layers = cfg.num_hidden_layers
+    rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * layers + 1
+    batch = len(prompts)
+
+    iterations = []
+    for step in range(output_tokens):
+        if step == 0:
+            phase, q, kv, tokens, attn = "prefill", list(prompts), list(prompts), sum(prompts), prefill_attn
+        else:
+            phase, q, kv, tokens, attn = "decode", [1] * batch, [p + step for p in prompts], batch, decode_attn
+        iterations.append({
+            "iteration": step + 1,
+            "phase": phase,
+            "batch_size": batch,
+            "q_lengths": q,
+            "kv_lengths": kv,
+            "num_tokens": tokens,
+            "operators": _operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count),
+        })
+    return {
+        "model": cfg.model,
+        "model_params": cfg.model_params(),
+        "tp_size": tp,
+        "pp_size": pp,
+        "iterations": iterations,
+    }
+
+
+def serialize_workload(workload: dict) -> bytes:
+    """The artifact's serialization: 2-space indent, "," line ends without spaces, ": ", ASCII, no final newline."""
+    return json.dumps(workload, indent=2, ensure_ascii=True).encode("ascii")
+
+
+# --------------------------------------------------------------------------------------------------
+# Workload specifications, naming and the paper set
+# --------------------------------------------------------------------------------------------------
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything that determines one workload file.
+
+    ``single_sequence`` merges the trace's prompts into one request (prompt = their sum);
+    ``prompt_tokens`` then replaces every request's prompt length (after merging);
+    ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name.
+    """
+
+    model_config: str
+    trace: str
+    tp: int = 1
+    pp: int = 1
+    prefill_attn: str = PREFILL_ATTN_DEFAULT
+    decode_attn: str = DECODE_ATTN_DEFAULT
+    qk_norm_rmsnorm: bool = False
+    single_sequence: bool = False
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    name: str | None = None
+
+
+def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int) -> str:
+    """``<config stem>_<trace stem>_<prefill backend prefix>_tp<TP>_pp<PP>.json`` (METHOD.md 6.4)."""
+    return f"{config_stem}_{label}_{prefill_attn.split('_', 1)[0]}_tp{tp}_pp{pp}.json"
+
+
+@dataclass
+class GeneratedWorkload:
+    file_name: str
+    content: bytes = field(repr=False)
+
+
+def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
+             trace_dir: str | Path = DEFAULT_TRACE_DIR) -> GeneratedWorkload:
+    """Resolve a spec's config and trace, build the workload and serialize it."""
+    cfg = load_model_config(spec.model_config, config_dir)
+    trace = load_trace(spec.trace, trace_dir)
+    prompts = list(trace.prompt_tokens)
+    if spec.single_sequence:
+        prompts = [sum(prompts)]
+    if spec.prompt_tokens is not None:
+        _positive_int(spec.prompt_tokens, "prompt_tokens")
+        prompts = [spec.prompt_tokens] * len(prompts)
+    output_tokens = trace.output_tokens if spec.output_tokens is None else spec.output_tokens
+    label = trace.stem if spec.name is None else spec.name
+    if not _LABEL.match(label):
+        raise WorkloadError(f"name {label!r} must start with a letter or digit and contain only letters, digits, "
+                            "'.', '_' and '-'")
+    workload = build_workload(cfg, prompts, output_tokens, tp=spec.tp, pp=spec.pp, prefill_attn=spec.prefill_attn,
+                              decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm)
+    return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp),
+                             serialize_workload(workload))
+
+
+def _paper_set() -> tuple[WorkloadSpec, ...]:
+    """The 25 workloads of the PipeWeave artifact (METHOD.md sections 6.3, 6.5 and 9)."""
+    specs: list[WorkloadSpec] = []
+    both = ("fa2_ragged", "fa3_ragged")
+    # tp1.sh: Qwen2.5-14B, TP1, fa2 (Ampere/Ada/Blackwell) and fa3 (Hopper) files.
+    for trace in ("arxiv_8", "splitwise_32"):
+        specs += [WorkloadSpec("Qwen2.5-14B", trace, tp=1, prefill_attn=a) for a in both]
+    # tp2.sh: Qwen3-32B, TP2; arxiv_16 / splitwise_64 were generated with the QK-norm variant (RMSNorm 4L+1 = 257).
+    for trace, qk_norm in (("arxiv_12", False), ("arxiv_16", True), ("splitwise_48", False), ("splitwise_64", True)):
+        specs += [WorkloadSpec("Qwen3-32B", trace, tp=2, prefill_attn=a, qk_norm_rmsnorm=qk_norm) for a in both]
+    # tp4.sh: Llama-3.1-70B, TP4, fa2 (A100) and fa3 (H100).
+    for trace in ("arxiv_16", "splitwise_64"):
+        specs += [WorkloadSpec("Llama-3.1-70B", trace, tp=4, prefill_attn=a) for a in both]
+    # tp8.sh: Llama-3.1-70B, TP8, fa3 (H800/H20), including the commented-out arxiv_32 / splitwise_72.
+    for trace in ("arxiv_16", "arxiv_32", "splitwise_64", "splitwise_72"):
+        specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=8, prefill_attn="fa3_ragged"))
+    # vllm_tp4_pp2.sh: uniformised traces, TP4 x PP2, fa3.
+    for trace in ("vllm_arxiv16", "vllm_splitwise64"):
+        specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=4, pp=2, prefill_attn="fa3_ragged"))
+    # Orphan single-sequence files (METHOD.md 6.5): one request holding a trace's total prompt; the trace's
+    # output_tokens. The 32,720-token prompt of vllm_s32 is not splitwise_32's sum (33,950): given explicitly.
+    specs.append(WorkloadSpec("Llama-3.1-70B", "arxiv_16", tp=4, pp=2, single_sequence=True, name="vllm_a16"))
+    specs.append(WorkloadSpec("Qwen2.5-14B", "arxiv_8", tp=1, single_sequence=True, name="vllm_a8"))
+    specs.append(WorkloadSpec("Qwen2.5-14B", "splitwise_32", tp=1, single_sequence=True, prompt_tokens=32720,
+                              name="vllm_s32"))
+    return tuple(specs)
+
+
+PAPER_SET: tuple[WorkloadSpec, ...] = _paper_set()
+
+
+def paper_set_names() -> list[str]:
+    """Output file names of the 25 paper workloads (the specs name configs by stem)."""
+    return [output_name(s.model_config, s.name or s.trace, s.prefill_attn, s.tp, s.pp) for s in PAPER_SET]
+
+
+def generate_many(specs: Iterable[WorkloadSpec], config_dir: str | Path = DEFAULT_CONFIG_DIR,
+                  trace_dir: str | Path = DEFAULT_TRACE_DIR) -> list[GeneratedWorkload]:
+    """Generate several workloads in memory (all are validated before any is written)."""
+    return [generate(spec, config_dir, trace_dir) for spec in specs]
+
+
+def write_workloads(workloads: Iterable[GeneratedWorkload], output_dir: str | Path) -> list[Path]:
+    """Write each workload atomically into ``output_dir``; returns the paths written."""
+    from pipeweave.cli import write_atomically
+
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise WorkloadError(f"output_dir {output_dir} exists and is not a directory")
+    paths = []
+    for item in workloads:
+        path = output_dir / item.file_name
+        write_atomically(path, lambda tmp, data=item.content: tmp.write_bytes(data))
+        paths.append(path)
+    return paths
+
+
+__all__ = [
+    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "GeneratedWorkload",
+    "ModelConfig", "PAPER_SET", "Trace", "WorkloadError", "WorkloadSpec", "build_workload", "format_trace",
+    "generate", "generate_many", "load_model_config", "load_trace", "model_config_from_dict", "output_name",
+    "paper_set_names", "parse_trace", "serialize_workload", "write_workloads",
+]
