@@ -125,11 +125,11 @@ def _resolve(name: str | Path, directory: Path, suffix: str, what: str) -> Path:
     path = Path(text)
     if path.is_file():
         return path
-    looks_like_path = path.suffix == suffix or "/" in text or "\\" in text
-    if looks_like_path:
+    if "/" in text or "\\" in text:
         raise WorkloadError(f"{what} file not found: {text}")
-    candidate = Path(directory) / f"{text}{suffix}"
-    if candidate.is_file():
+    stem = text[: -len(suffix)] if text.endswith(suffix) else text
+    candidate = Path(directory) / f"{stem}{suffix}"
+    if stem and candidate.is_file():
         return candidate
     known = _known_stems(Path(directory), suffix)
     listing = ", ".join(known) if known else f"none in {directory}"
@@ -263,7 +263,8 @@ class _Shard:
         inter_shard = _div(inter, tp, f"intermediate_size ({inter})")
         return cls(
             # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (METHOD.md 11.3 #23).
-            qkv_n=_div((nh + 2 * nkv) * hd, tp, f"qkv width (num_attention_heads + 2*num_key_value_heads)*head_dim ({(nh + 2 * nkv) * hd})"),
+            qkv_n=_div((nh + 2 * nkv) * hd, tp,
+                       f"qkv width (num_attention_heads + 2*num_key_value_heads)*head_dim ({(nh + 2 * nkv) * hd})"),
             o_k=_div(nh * hd, tp, f"num_attention_heads*head_dim ({nh * hd})"),
             gate_up_n=_div(2 * inter, tp, f"2*intermediate_size ({2 * inter})"),
             down_k=inter_shard,

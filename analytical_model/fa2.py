@@ -1,0 +1,155 @@
+"""FA2 calculator: FlashInfer's FA2 batch prefill/decode template (METHOD.md §3.6).
+
+Models every attention type containing "fa2" (Ampere/Ada/Blackwell-workstation prefill and all decode
+steps).  Query heads of one GQA group are packed into the q dimension, the KV axis is split into chunks
+by FlashInfer's binary search, and one CTA per (request, packed q tile, KV chunk, KV head) is emitted.
+
+Quirks kept on purpose (METHOD.md §11.1 items 1-4): the trained attention model was fitted on features
+computed with them, so they are *features, not bugs*, and changing any of them changes every sm_max
+feature and requires retraining:
+
+* the CTA→SM mapping is the reference's *effective* static one (its dynamic scheduler runs on exhausted
+  counters): the first 2S CTAs round-robin, then consecutive pairs to SM 0, 0, 1, 1, …;
+* 2 resident CTAs per SM are assumed for scheduling and for the split-KV grid (2·S), whatever the
+  shared-memory check says;
+* MMA FLOPs carry a 33/32 factor, XU counts assume 128 threads per CTA;
+* one KV tile (K *or* V) is counted per iteration, Q once per CTA.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .attention_common import task_pipes
+from .pipes import AttentionProblem, HardwareSpec, ceil_div
+
+XU_PER_ITERATION = (32 + 4) * 128  # exp2 of scores and of rescale factors, 128 threads
+XU_CONSTANT = 128 * 128  # reciprocal at the output
+
+
+def cta_tile_q(packed_lengths, head_dim: int) -> int:
+    """CTA_TILE_Q from the average packed length floor(Σ p_i / B) (step 1)."""
+    packed = list(packed_lengths)
+    avg = sum(packed) // len(packed)
+    if avg > 64 and head_dim < 256:
+        return 128
+    if avg > 16:
+        return 64
+    return 16
+
+
+def cta_tile_kv(cta_q: int, head_dim: int, shared_memory_kb: float, ds_q: int = 2, ds_kv: int = 2) -> int:
+    """CTA_TILE_KV from the shared-memory and register budgets (steps 2-3)."""
+    warps_q = 4 if cta_q > 16 else 1
+    warps_kv = 4 // warps_q
+    mma_q = 2 if cta_q > 64 else 1
+    d_vo = head_dim // 16
+    smem_sm = int(np.floor(shared_memory_kb * 1024))
+    q_bytes = cta_q * head_dim * ds_q
+    kv_stage_bytes = 2 * head_dim * 16 * warps_kv * ds_kv
+    smem_cta = q_bytes + kv_stage_bytes
+    ctas_per_sm = 2 if smem_sm >= 2 * smem_cta else 1
+    smem_tb = smem_sm // ctas_per_sm
+    limit_reg = 8 // mma_q
+    limit_smem = (smem_tb - q_bytes) // kv_stage_bytes
+
+    def invalid(n: int) -> bool:
+        return (
+            d_vo < 4
+            or (d_vo == 4 and n % 2 == 1)
+            or mma_q * (8 * d_vo + 8 * n) >= 256
+            or (ds_kv == 1 and (2 * n) % warps_q != 0)
+        )
+
+    chosen = 1
+    for n in range(min(limit_reg, limit_smem), 0, -1):
+        if not invalid(n):
+            chosen = n
+            break
+    return chosen * warps_kv * 16
+
+
+def _shared_memory_kb(hw: HardwareSpec) -> float:
+    if hw.shared_memory_size is None:
+        raise ValueError(f"shared_memory_size is required by the FA2 calculator but missing for GPU {hw.stem!r}")
+    return hw.shared_memory_size
+
+
+def group_size(problem: AttentionProblem) -> int:
+    return problem.num_qo_heads // problem.num_kv_heads
+
+
+def tile_sizes(problem: AttentionProblem, hw: HardwareSpec) -> tuple[int, int]:
+    """(cta_q, cta_kv) FlashInfer picks for this problem on this GPU."""
+    g = group_size(problem)
+    cta_q = cta_tile_q([q * g for q in problem.q_lengths], problem.head_dim)
+    cta_kv = cta_tile_kv(cta_q, problem.head_dim, _shared_memory_kb(hw), problem.data_size_q, problem.data_size_kv)
+    return cta_q, cta_kv
+
+
+def kv_chunk_size(problem: AttentionProblem, hw: HardwareSpec, cta_q: int | None = None) -> int:
+    """KV chunk size of the split-KV binary search (step 4); always applied."""
+    if cta_q is None:
+        cta_q = tile_sizes(problem, hw)[0]
+    page = 16 if problem.layout == "paged" else 1
+    min_chunk = max(128 // page, 1)
+    max_parallel = (2 * hw.num_sms) // problem.num_kv_heads
+    g = group_size(problem)
+    q_tiles = ceil_div(np.array(problem.q_lengths, dtype=np.int64) * g, cta_q)
+    kv = np.maximum(np.array(problem.kv_lengths, dtype=np.int64), 1)
+    low, high = min_chunk, max(1, int(kv.max()))
+    while low < high:
+        mid = (low + high) // 2
+        work = int(np.sum(q_tiles * ceil_div(kv, mid)))
+        if work > max_parallel:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+def cta_iterations(problem: AttentionProblem, cta_q: int, cta_kv: int, chunk: int) -> np.ndarray:
+    """`it` of every CTA in launch order (step 5), zero-iteration CTAs included."""
+    g = group_size(problem)
+    q = np.array(problem.q_lengths, dtype=np.int64)
+    kv = np.array(problem.kv_lengths, dtype=np.int64)
+    n_tiles = ceil_div(q * g, cta_q)
+    n_chunks = ceil_div(kv, chunk)
+    cells = n_tiles * n_chunks
+    total = int(cells.sum())
+    req = np.repeat(np.arange(problem.batch_size), cells)
+    offset = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(cells) - cells, cells)
+    nc = n_chunks[req]
+    t = offset // nc
+    start = (offset % nc) * chunk
+    kv_r = kv[req]
+    z = np.minimum(chunk, kv_r - start)
+    if problem.causal:
+        upper = kv_r - q[req] + ceil_div((t + 1) * cta_q, g)
+        z = np.minimum(z, np.maximum(upper - start, 0))
+    it = ceil_div(z, cta_kv)
+    return np.repeat(it, problem.num_kv_heads)  # one identical CTA per KV head, consecutively
+
+
+def cta_sm_ids(num_ctas: int, num_sms: int) -> np.ndarray:
+    """Effective static CTA→SM mapping (step 6, quirk §11.1.1)."""
+    j = np.arange(num_ctas, dtype=np.int64)
+    return np.where(j < 2 * num_sms, j % num_sms, ((j - 2 * num_sms) % (2 * num_sms)) // 2)
+
+
+def features(problem: AttentionProblem, hw: HardwareSpec) -> np.ndarray:
+    cta_q, cta_kv = tile_sizes(problem, hw)
+    chunk = kv_chunk_size(problem, hw, cta_q)
+    its = cta_iterations(problem, cta_q, cta_kv, chunk)
+    sm_ids = cta_sm_ids(its.size, hw.num_sms)
+    hd = problem.head_dim
+    mma_per_it = 4 * cta_q * cta_kv * hd
+    # floor(mma_per_it * it / 32) * 33 is linear in it: cta_q >= 16 and cta_kv is a multiple of 16.
+    assert mma_per_it % 32 == 0
+    return task_pipes(
+        sm_ids,
+        its,
+        hw,
+        mma=(0, mma_per_it // 32 * 33),
+        xu=(XU_CONSTANT + cta_q, XU_PER_ITERATION),
+        nbytes=(cta_q * hd * problem.data_size_q, cta_kv * hd * problem.data_size_kv),
+    )

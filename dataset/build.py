@@ -1,0 +1,164 @@
+"""python3 -m dataset.build: real measurements → per-operator training and test CSVs.
+
+For every operator class, the measurements of all sources (dataset/sources.py) are mapped to the
+registry's shapes, repeated keys are averaged, invalid rows are dropped with a logged reason, and
+the analytical features and the ``overall_perf`` target are computed. Rows are split by shape
+(pipeweave/splits.py): no shape is in both files. Output, per operator:
+``dataset/<op>_{train,test}.csv`` in the artifact's schema (METHOD.md §5.3) plus ``source`` and
+``dtype``; and ``dataset/collective.csv`` for the collective models. Generated files are not
+committed.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.pipes import HARDWARE_SPEC_COLUMNS
+from analytical_model.registry import TILE_COLUMNS, compute_features, get_operator
+from analytical_model.tiles import choose_gemm_tiles
+from dataset.sources import load_collectives, load_measurements
+from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.splits import shape_holdout_mask, shape_keys
+
+DATASET_DIR = Path(__file__).resolve().parent
+TRAINABLE_OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
+
+
+def _log_drop(log, op: str, reason: str, frame: pd.DataFrame) -> None:
+    if len(frame):
+        by_gpu = ", ".join(f"{k}: {v}" for k, v in frame["hardware"].value_counts().sort_index().items())
+        log(f"  {op}: dropped {len(frame)} rows ({reason}) [{by_gpu}]")
+
+
+def average_repeats(frame: pd.DataFrame, op: str) -> pd.DataFrame:
+    """One row per (shape, GPU, dtype, source): the mean of repeated measurements."""
+    keys = list(get_operator(op).shape_columns) + ["hardware", "dtype", "source"]
+    return frame.groupby(keys, sort=True, as_index=False, dropna=False)["avg_duration"].mean()
+
+
+def _features_with_row_fallback(op: str, frame: pd.DataFrame, log) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Features for every valid row; rows the calculators reject are dropped, reason logged."""
+    try:
+        return frame, compute_features(op, frame)
+    except ValueError:
+        pass
+    keep, reasons = [], {}
+    for i in range(len(frame)):
+        try:
+            compute_features(op, frame.iloc[[i]])
+            keep.append(i)
+        except ValueError as exc:
+            reasons.setdefault(str(exc).split(";")[0][:120], []).append(i)
+    for reason, rows in reasons.items():
+        _log_drop(log, op, f"calculator rejected: {reason}", frame.iloc[rows])
+    frame = frame.iloc[keep]
+    return frame, compute_features(op, frame)
+
+
+def build_operator(op: str, raw: pd.DataFrame, log=print) -> pd.DataFrame:
+    """Map raw measurements of one operator class to dataset rows (all GPUs, before the split)."""
+    operator = get_operator(op)
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    raw = raw.copy()
+    if "dtype" not in raw.columns:
+        raw["dtype"] = "bfloat16"
+    known = raw["hardware"].map(lambda name: name in registry)
+    _log_drop(log, op, "GPU without a hardware JSON", raw[~known])
+    raw = raw[known]
+    bad = ~np.isfinite(pd.to_numeric(raw["avg_duration"], errors="coerce")) | ~(raw["avg_duration"] > 0)
+    _log_drop(log, op, "missing or non-positive duration", raw[bad])
+    raw = raw[~bad]
+    raw = raw.assign(hardware=raw["hardware"].map(lambda name: registry.get(name).name))
+    frame = average_repeats(raw, op).reset_index(drop=True)
+    frame, features = _features_with_row_fallback(op, frame, log)
+    frame = frame.reset_index(drop=True)
+    features = features.reset_index(drop=True)
+    specs = frame["hardware"].map(registry.get)
+    sm_freq = specs.map(lambda s: s.sm_freq).to_numpy(np.float64)
+    perf = features["ideal_cycles"].to_numpy() / (frame["avg_duration"].to_numpy() * sm_freq)
+    bad = ~np.isfinite(perf) | (perf <= 0)
+    if bad.any():
+        _log_drop(log, op, "zero ideal cycles", frame[bad])
+    columns = list(operator.shape_columns)
+    out = frame[columns].copy()
+    if op == "gemm":
+        for hw_name, rows in frame.groupby("hardware").groups.items():
+            rows = np.asarray(rows)
+            tiles = choose_gemm_tiles(frame.loc[rows, "M"], frame.loc[rows, "N"], frame.loc[rows, "K"], registry.get(hw_name))
+            for column in TILE_COLUMNS:
+                out.loc[rows, column] = tiles[column].astype(np.int64)
+        out[list(TILE_COLUMNS)] = out[list(TILE_COLUMNS)].astype(np.int64)
+    out["avg_duration"] = frame["avg_duration"]
+    out["hardware"] = frame["hardware"]
+    for column in HARDWARE_SPEC_COLUMNS:
+        out[column] = specs.map(lambda s, c=column: s.spec_columns()[c]).to_numpy()
+    for column in operator.feature_names:
+        out[column] = features[column].to_numpy()
+    out["overall_perf"] = perf
+    out["source"] = frame["source"].to_numpy()
+    out["dtype"] = frame["dtype"].to_numpy()
+    out = out[~bad].reset_index(drop=True)
+    return out
+
+
+def split(frame: pd.DataFrame, op: str, test_fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    is_test = shape_holdout_mask(shape_keys(frame, op), test_fraction)
+    return frame[~is_test].reset_index(drop=True), frame[is_test].reset_index(drop=True)
+
+
+def row_count_table(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
+    lines = ["| operator | GPU | train | test |", "|---|---|---|---|"]
+    for op, (train, test) in frames.items():
+        counts = pd.concat(
+            [train["hardware"].value_counts().rename("train"), test["hardware"].value_counts().rename("test")], axis=1
+        ).fillna(0).astype(int).sort_index()
+        for gpu, row in counts.iterrows():
+            lines.append(f"| {op} | {gpu} | {row['train']} | {row['test']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python3 -m dataset.build", description="Build per-operator datasets from real measurements.")
+    parser.add_argument("--ops", default=",".join(TRAINABLE_OPS), help="comma list of operator classes")
+    parser.add_argument("--output_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--test_fraction", type=float, default=0.2, help="share of shapes held out for testing")
+    parser.add_argument("--no_collectives", action="store_true", help="skip dataset/collective.csv")
+    args = parser.parse_args(argv)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for op in ops:
+        if op not in TRAINABLE_OPS:
+            raise UserError(f"unknown operator {op!r}; choose from {', '.join(TRAINABLE_OPS)}")
+    if not 0 < args.test_fraction < 1:
+        raise UserError("--test_fraction must be between 0 and 1")
+    started = time.perf_counter()
+    raw = load_measurements(ops)
+    built = {}
+    for op in ops:
+        if op not in raw or raw[op].empty:
+            print(f"{op}: no measurements found; skipped (no files written)")
+            continue
+        t0 = time.perf_counter()
+        frame = build_operator(op, raw[op])
+        train, test = split(frame, op, args.test_fraction)
+        for name, part in (("train", train), ("test", test)):
+            path = args.output_dir / f"{op}_{name}.csv"
+            write_atomically(path, lambda tmp, p=part: p.to_csv(tmp, index=False))
+        built[op] = (train, test)
+        print(f"{op}: {len(train)} train / {len(test)} test rows ({time.perf_counter() - t0:.1f} s)")
+    if not args.no_collectives:
+        collectives = load_collectives()
+        path = args.output_dir / "collective.csv"
+        write_atomically(path, lambda tmp: collectives.to_csv(tmp, index=False))
+        print(f"collective: {len(collectives)} rows")
+    print(row_count_table(built))
+    print(f"done in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

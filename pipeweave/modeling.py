@@ -1,0 +1,204 @@
+"""Training one operator's model from the dataset CSVs, evaluating it, and writing its directory.
+
+Used by train_mlp.py, train_mlp_quantile.py and the accuracy report. Metrics on efficiency follow
+METHOD.md §5.2; pipeweave adds the duration error |pred − measured| / measured, which is what users
+read (for efficiency p and prediction p̂ it is p / p̂ − 1).
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from analytical_model.registry import get_operator, model_inputs
+from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
+from mlp_model import HIDDEN_DIMS, DROPOUT, checkpoint_path, count_parameters, predict_efficiency
+from pipeweave.splits import shape_keys
+from pipeweave.training import TrainConfig, fit
+
+DATASET_DIR = Path(__file__).resolve().parent.parent / "dataset"
+
+
+def dataset_paths(op: str, dataset_dir: str | Path = DATASET_DIR) -> tuple[Path, Path]:
+    dataset_dir = Path(dataset_dir)
+    return dataset_dir / f"{op}_train.csv", dataset_dir / f"{op}_test.csv"
+
+
+def read_dataset(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; build it with: python3 -m dataset.build --ops {path.stem.rsplit('_', 1)[0]}")
+    return pd.read_csv(path)
+
+
+def canonical_hardware(names) -> list[str]:
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    return [registry.get(n).name for n in names]
+
+
+def load_splits(
+    op: str, dataset_dir: str | Path = DATASET_DIR, holdout_hardware: list[str] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, test). With ``holdout_hardware``, those GPUs leave training entirely and the test set is
+    every row of theirs (train and test shapes): leave-one-GPU-out."""
+    train_path, test_path = dataset_paths(op, dataset_dir)
+    train, test = read_dataset(train_path), read_dataset(test_path)
+    if not holdout_hardware:
+        return train, test
+    held = set(canonical_hardware(holdout_hardware))
+    present = set(train["hardware"]) | set(test["hardware"])
+    missing = held - present
+    if missing:
+        raise ValueError(f"--holdout_hardware {sorted(missing)[0]!r} has no {op} rows; GPUs with data: {', '.join(sorted(present))}")
+    both = pd.concat([train, test], ignore_index=True)
+    return train[~train["hardware"].isin(held)].reset_index(drop=True), both[both["hardware"].isin(held)].reset_index(drop=True)
+
+
+def feature_matrix(frame: pd.DataFrame, op: str) -> np.ndarray:
+    return frame[list(get_operator(op).feature_names)].to_numpy(np.float64)
+
+
+def duration_errors(measured_perf: np.ndarray, predicted_perf: np.ndarray) -> np.ndarray:
+    """|t̂ − t| / t for durations implied by efficiencies (same C_ideal and clock): |p / p̂ − 1|."""
+    return np.abs(np.asarray(measured_perf) / np.asarray(predicted_perf) - 1.0)
+
+
+def efficiency_metrics(y: np.ndarray, pred: np.ndarray) -> dict:
+    pred = np.maximum(pred, 1e-9)
+    rel = np.abs(pred - y) / (y + 1e-8)
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    dur = duration_errors(y, pred)
+    return {
+        "mae": float(np.mean(np.abs(pred - y))),
+        "rmse": float(np.sqrt(np.mean((pred - y) ** 2))),
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+        "mean_relative_error": float(rel.mean()),
+        "median_relative_error": float(np.median(rel)),
+        "accuracy_10_percent": float(np.mean(rel < 0.1) * 100),
+        "accuracy_20_percent": float(np.mean(rel < 0.2) * 100),
+        "accuracy_50_percent": float(np.mean(rel < 0.5) * 100),
+        "duration_mean_abs_pct_error": float(dur.mean() * 100),
+        "duration_median_abs_pct_error": float(np.median(dur) * 100),
+        "duration_within_10_percent": float(np.mean(dur < 0.1) * 100),
+        "duration_within_20_percent": float(np.mean(dur < 0.2) * 100),
+    }
+
+
+def evaluate(frame: pd.DataFrame, predicted: np.ndarray) -> dict:
+    y = frame["overall_perf"].to_numpy(np.float64)
+    result = {"overall": efficiency_metrics(y, predicted), "by_hardware": {}}
+    for hw in pd.unique(frame["hardware"]):
+        rows = (frame["hardware"] == hw).to_numpy()
+        result["by_hardware"][hw] = {**efficiency_metrics(y[rows], predicted[rows]), "test_samples": int(rows.sum())}
+    return result
+
+
+def feature_ranges(frame: pd.DataFrame, op: str) -> dict:
+    out = {}
+    for name in get_operator(op).feature_names:
+        values = frame[name].to_numpy(np.float64)
+        out[name] = {"min": float(values.min()), "max": float(values.max()), "mean": float(values.mean()), "std": float(values.std())}
+    return out
+
+
+def hardware_distribution(frame: pd.DataFrame) -> dict:
+    return {k: int(v) for k, v in frame["hardware"].value_counts().items()}
+
+
+def train_and_evaluate(op: str, train: pd.DataFrame, test: pd.DataFrame, config: TrainConfig):
+    """Fit on ``train``; return (model, history, test predictions, evaluation)."""
+    if len(train) < 10:
+        raise ValueError(f"{op}: only {len(train)} training rows; build the dataset first (python3 -m dataset.build)")
+    started = time.perf_counter()
+    model, history = fit(
+        model_inputs(feature_matrix(train, op)),
+        train["overall_perf"].to_numpy(),
+        config,
+        group_keys=shape_keys(train, op),
+    )
+    history["train_seconds"] = round(time.perf_counter() - started, 1)
+    predicted = predict_efficiency(model, model_inputs(feature_matrix(test, op))) if len(test) else np.zeros(0)
+    evaluation = evaluate(test, predicted) if len(test) else {}
+    return model, history, predicted, evaluation
+
+
+def write_model_dir(
+    out_dir: Path,
+    op: str,
+    model: torch.nn.Module,
+    history: dict,
+    config: TrainConfig,
+    train: pd.DataFrame,
+    test: pd.DataFrame | None,
+    evaluation: dict | None,
+    paths: dict,
+    extra: dict | None = None,
+) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    quantile = config.recipe == "quantile"
+    state = {"model_state_dict": model.state_dict(), "epoch": history["best_epoch"], "train_loss": history["best_train_loss"]}
+    if not quantile:
+        state["val_loss"] = history["best_val_loss"]
+    torch.save(state, checkpoint_path(out_dir, op))
+    operator = get_operator(op)
+    metadata = {
+        "timestamp": datetime.now().isoformat(timespec="seconds"),
+        "model_info": {
+            "model_type": f"{op.upper()}_MLP" + ("_QUANTILE" if quantile else ""),
+            "operator_type": op,
+            "architecture": config.architecture,
+            "target_transform": "log" if config.architecture == "MLP_v2" else "identity",
+            "features": list(operator.feature_names),
+            "target": "overall_perf",
+            "num_features": len(operator.feature_names),
+            "model_parameters": {
+                "input_dim": len(operator.feature_names),
+                "hidden_dims": list(HIDDEN_DIMS),
+                "dropout_rate": DROPOUT,
+                "total_parameters": count_parameters(model),
+            },
+            "batch_norm_position": "post_activation",
+        },
+        "training": {**config.as_dict(), **{k: v for k, v in history.items() if k not in ("train_loss", "val_loss")}},
+        "data_info": {
+            "train_samples": int(len(train)),
+            **({"test_samples": int(len(test))} if test is not None else {}),
+            **paths,
+            "train_hardware_distribution": hardware_distribution(train),
+            **({"test_hardware_distribution": hardware_distribution(test)} if test is not None and len(test) else {}),
+            "train_sources": sorted(pd.unique(train["source"]).tolist()) if "source" in train else [],
+        },
+        "feature_ranges": feature_ranges(train, op),
+        "preprocessing": {"transformation": "log1p only (no standardization)", "note": "This model does not use StandardScaler"},
+    }
+    if quantile:
+        metadata["model_info"].update(
+            loss_function=f"Quantile Loss (q={config.quantile})",
+            quantile=config.quantile,
+            purpose=f"Upper bound prediction ({int(round(config.quantile * 100))}th percentile)",
+        )
+    if evaluation:
+        metadata["evaluation_results"] = evaluation
+    if extra:
+        metadata.update(extra)
+    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    return metadata
+
+
+def worst_cases(test: pd.DataFrame, predicted: np.ndarray, top: int = 100) -> pd.DataFrame:
+    y = test["overall_perf"].to_numpy()
+    pred = np.maximum(predicted, 1e-9)
+    rel = np.abs(pred - y) / (y + 1e-8)
+    out = test.copy()
+    out["predicted"] = pred
+    out["rel_error"] = rel
+    return out.sort_values("rel_error", ascending=False, kind="stable").head(top)
+
+
+def timestamp_dir(root: Path, op: str) -> Path:
+    return Path(root) / op / datetime.now().strftime("%Y%m%d_%H%M%S")

@@ -1,0 +1,380 @@
+"""Workload generator (METHOD.md section 6): byte identity with the artifact, committed files, facts, errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeweave.workload import (DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TRACE_DIR, PAPER_SET, WorkloadError,
+                                WorkloadSpec, build_workload, format_trace, generate, generate_many,
+                                load_model_config, load_trace, model_config_from_dict, paper_set_names, parse_trace)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("PIPEWEAVE_SHARED_DATA", REPO.parent / "shared" / "data"))
+REFERENCE_DIR = SHARED / "pipeweave" / "workload" / "reference"
+SHARED_TRACES = SHARED / "pipeweave" / "workload" / "traces"
+SHARED_CONFIGS = SHARED / "pipeweave" / "config"
+PAPER_NAMES = paper_set_names()
+TRACE_NAMES = ("arxiv_8", "arxiv_12", "arxiv_16", "arxiv_32", "splitwise_32", "splitwise_48", "splitwise_64",
+               "splitwise_72", "vllm_arxiv16", "vllm_splitwise64")
+CLI = [sys.executable, "workload_generator.py"]
+
+
+def _need(path: Path) -> None:
+    if not path.is_dir():
+        pytest.skip(f"shared PipeWeave data not found at {path} (set PIPEWEAVE_SHARED_DATA to the shared/data folder)")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) 25/25 byte identity with the artifact's workload files
+# ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def paper_dir(tmp_path_factory) -> Path:
+    """The paper set generated through the CLI (from the repository root) into a fresh folder."""
+    out = tmp_path_factory.mktemp("paper_set")
+    result = _cli("--paper_set", "--output_dir", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return out
+
+
+def test_paper_set_has_25_distinct_files():
+    assert len(PAPER_SET) == 25
+    assert len(set(PAPER_NAMES)) == 25
+
+
+@pytest.mark.data
+def test_paper_set_matches_reference_listing():
+    _need(REFERENCE_DIR)
+    assert sorted(PAPER_NAMES) == sorted(p.name for p in REFERENCE_DIR.glob("*.json"))
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("name", PAPER_NAMES)
+def test_byte_identical_to_reference(name, paper_dir):
+    _need(REFERENCE_DIR)
+    reference = REFERENCE_DIR / name
+    assert reference.is_file(), f"{name} missing from {REFERENCE_DIR}"
+    assert (paper_dir / name).read_bytes() == reference.read_bytes()
+
+
+@pytest.mark.data
+def test_artifact_inputs_give_identical_workloads():
+    """The generator also reads the artifact's own configs and trace format (CRLF, num_prefill_tokens...)."""
+    _need(SHARED_TRACES)
+    _need(SHARED_CONFIGS)
+    ours = generate_many(PAPER_SET)
+    theirs = generate_many(PAPER_SET, config_dir=SHARED_CONFIGS, trace_dir=SHARED_TRACES)
+    assert [w.file_name for w in ours] == [w.file_name for w in theirs]
+    for a, b in zip(ours, theirs):
+        assert a.content == b.content, a.file_name
+
+
+# ------------------------------------------------------------------------------------------------
+# Traces and configs agree with the artifact
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.data
+@pytest.mark.parametrize("name", TRACE_NAMES)
+def test_trace_agrees_with_artifact(name):
+    _need(SHARED_TRACES)
+    ours = load_trace(name)
+    theirs = load_trace(SHARED_TRACES / f"{name}.csv")
+    assert (ours.prompt_tokens, ours.decode_tokens, ours.output_tokens) == (
+        theirs.prompt_tokens, theirs.decode_tokens, theirs.output_tokens)
+
+
+@pytest.mark.data
+def test_make_traces_reproduces_committed_csvs(tmp_path):
+    _need(SHARED_TRACES)
+    result = subprocess.run([sys.executable, "workload/traces/make_traces.py", "--source", str(SHARED_TRACES),
+                             "--dest", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for name in TRACE_NAMES:
+        assert (tmp_path / f"{name}.csv").read_bytes() == (DEFAULT_TRACE_DIR / f"{name}.csv").read_bytes(), name
+
+
+def test_make_traces_accepts_own_format(tmp_path):
+    """Round trip: converting our own CSVs gives the same bytes (no shared data needed)."""
+    result = subprocess.run([sys.executable, "workload/traces/make_traces.py", "--source", str(DEFAULT_TRACE_DIR),
+                             "--dest", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for name in TRACE_NAMES:
+        assert (tmp_path / f"{name}.csv").read_bytes() == (DEFAULT_TRACE_DIR / f"{name}.csv").read_bytes(), name
+
+
+@pytest.mark.parametrize("name", TRACE_NAMES)
+def test_committed_trace_is_canonical(name):
+    path = DEFAULT_TRACE_DIR / f"{name}.csv"
+    assert path.read_text(encoding="ascii") == format_trace(load_trace(name))
+
+
+@pytest.mark.data
+def test_configs_agree_with_artifact():
+    _need(SHARED_CONFIGS)
+    for path in sorted(DEFAULT_CONFIG_DIR.glob("*.json")):
+        assert load_model_config(path) == load_model_config(SHARED_CONFIGS / path.name)
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) committed workload/*.json are exactly what the generator produces
+# ------------------------------------------------------------------------------------------------
+
+def test_committed_workloads_are_generator_output():
+    generated = {w.file_name: w.content for w in generate_many(PAPER_SET)}
+    committed = {p.name for p in DEFAULT_OUTPUT_DIR.glob("*.json")}
+    assert committed == set(generated), \
+        "workload/ should hold exactly the paper set (python3 workload_generator.py --paper_set)"
+    for name, content in generated.items():
+        assert (DEFAULT_OUTPUT_DIR / name).read_bytes() == content, name
+
+
+# ------------------------------------------------------------------------------------------------
+# (c) METHOD.md facts: section 2 configs, section 6.1 traces, Appendix A.15
+# ------------------------------------------------------------------------------------------------
+
+MODELS = {  # stem: (architecture, H, nh, nkv, hd, I, V, L)  -- METHOD.md section 2
+    "Llama-3-8B": ("LlamaForCausalLM", 4096, 32, 8, 128, 14336, 128256, 32),
+    "Llama-3.1-8B": ("LlamaForCausalLM", 4096, 32, 8, 128, 14336, 128256, 32),
+    "Llama-3-70B": ("LlamaForCausalLM", 8192, 64, 8, 128, 28672, 128256, 80),
+    "Llama-3.1-70B": ("LlamaForCausalLM", 8192, 64, 8, 128, 28672, 128256, 80),
+    "Qwen2-72B": ("Qwen2ForCausalLM", 8192, 64, 8, 128, 29568, 152064, 80),
+    "Qwen2.5-14B": ("Qwen2ForCausalLM", 5120, 40, 8, 128, 13824, 152064, 48),
+    "Qwen2.5-32B": ("Qwen2ForCausalLM", 5120, 40, 8, 128, 27648, 152064, 64),
+    "Qwen3-14B": ("Qwen3ForCausalLM", 5120, 40, 8, 128, 17408, 151936, 40),
+    "Qwen3-32B": ("Qwen3ForCausalLM", 5120, 64, 8, 128, 25600, 151936, 64),
+}
+
+
+@pytest.mark.parametrize("stem", sorted(MODELS))
+def test_model_configs(stem):
+    cfg = load_model_config(stem)
+    assert (cfg.model, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers) == MODELS[stem]
+    raw = json.loads((DEFAULT_CONFIG_DIR / f"{stem}.json").read_text())
+    assert raw["name"] == stem and "_name_or_path" not in raw and raw["provenance"]
+    assert ("head_dim" in raw) == stem.startswith("Qwen3")
+
+
+TRACES = {  # name: (requests, sum of prompts, output_tokens)  -- METHOD.md section 6.1
+    "arxiv_8": (8, 27966, 122), "arxiv_12": (12, 32350, 182), "arxiv_16": (16, 35152, 41),
+    "arxiv_32": (32, 89471, 68), "splitwise_32": (32, 33950, 48), "splitwise_48": (48, 16266, 143),
+    "splitwise_64": (64, 60296, 18), "splitwise_72": (72, 84891, 18), "vllm_arxiv16": (16, 35152, 403),
+    "vllm_splitwise64": (64, 57664, 169),
+}
+
+
+@pytest.mark.parametrize("name", TRACE_NAMES)
+def test_trace_facts(name):
+    trace = load_trace(name)
+    assert (trace.num_requests, sum(trace.prompt_tokens), trace.output_tokens) == TRACES[name]
+    if name == "vllm_arxiv16":
+        assert set(trace.prompt_tokens) == {2197} and set(trace.decode_tokens) == {403}
+    if name == "vllm_splitwise64":
+        assert set(trace.prompt_tokens) == {901} and set(trace.decode_tokens) == {169}
+
+
+def _gemms(iteration):
+    return {g["name"]: (g["M"], g["N"], g["K"], g["count"]) for g in iteration["operators"]["gemm"]}
+
+
+def test_appendix_a15_llama70b_arxiv16_tp4():
+    cfg = load_model_config("Llama-3.1-70B")
+    trace = load_trace("arxiv_16")
+    wl = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=1)
+    its = wl["iterations"]
+    assert len(its) == 41 and [it["iteration"] for it in its] == list(range(1, 42))
+    pre = its[0]
+    assert pre["phase"] == "prefill" and pre["num_tokens"] == 35152 and pre["batch_size"] == 16
+    assert [g["name"] for g in pre["operators"]["gemm"]] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj",
+                                                            "lm_head"]
+    assert _gemms(pre) == {
+        "qkv_proj": (35152, 2560, 8192, 80), "o_proj": (35152, 8192, 2048, 80),
+        "gate_up_proj": (35152, 14336, 8192, 80), "down_proj": (35152, 8192, 7168, 80),
+        "lm_head": (16, 128256, 8192, 1)}
+    attn = pre["operators"]["attention"]
+    assert (attn["attention_type"], attn["nh"], attn["nkv"], attn["hd"], attn["count"]) == (
+        "fa3_ragged", 16, 2, 128, 80)
+    assert attn["q_lengths"] == attn["kv_lengths"] == list(trace.prompt_tokens)
+    assert pre["operators"]["rmsnorm"] == {"seq": 35152, "dim": 8192, "count": 161}
+    assert pre["operators"]["siluandmul"] == {"seq": 35152, "dim": 14336, "count": 80}
+    assert pre["operators"]["communication"] == [
+        {"name": "all_reduce", "type": "collective", "volume_bytes": 575930368, "count": 160}]
+    last = its[-1]
+    assert last["phase"] == "decode" and last["iteration"] == 41 and last["num_tokens"] == 16
+    assert last["q_lengths"] == [1] * 16
+    assert last["kv_lengths"] == [p + 40 for p in trace.prompt_tokens]
+    assert last["kv_lengths"][0] == 3886 and trace.prompt_tokens[0] == 3846
+    assert last["operators"]["attention"]["attention_type"] == "fa2_paged"
+    assert _gemms(last)["lm_head"] == (16, 128256, 8192, 1)
+
+    wl2 = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=2)
+    assert wl2["iterations"][0]["operators"]["communication"][1] == {
+        "name": "send_recv", "type": "p2p", "volume_bytes": 1151860736, "count": 1}
+    assert all(len(it["operators"]["communication"]) == 2 for it in wl2["iterations"])
+
+
+def test_qk_norm_variant_and_tp1_has_no_communication():
+    cfg = load_model_config("Qwen3-32B")
+    def rmsnorm_count(**kw):
+        return build_workload(cfg, [5], 1, tp=2, **kw)["iterations"][0]["operators"]["rmsnorm"]["count"]
+
+    assert rmsnorm_count(qk_norm_rmsnorm=True) == 257
+    assert rmsnorm_count() == 129
+    assert build_workload(load_model_config("Qwen2.5-14B"), [5], 2)["iterations"][1]["operators"]["communication"] == []
+
+
+def test_kv_heads_replicated_when_fewer_than_tp():
+    wl = build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=16)
+    op = wl["iterations"][0]["operators"]
+    assert (op["attention"]["nh"], op["attention"]["nkv"]) == (4, 8)
+    assert op["gemm"][0]["N"] == (64 + 2 * 8) * 128 // 16  # METHOD.md 11.3 item 23: still divided by TP
+
+
+def test_single_sequence_and_overrides():
+    w = generate(WorkloadSpec("Qwen2.5-14B", "splitwise_32", tp=1, single_sequence=True, prompt_tokens=32720,
+                              name="vllm_s32"))
+    assert w.file_name == "Qwen2.5-14B_vllm_s32_fa3_tp1_pp1.json"
+    data = json.loads(w.content)
+    assert len(data["iterations"]) == 48 and data["iterations"][0]["q_lengths"] == [32720]
+    assert data["iterations"][-1]["kv_lengths"] == [32720 + 47]
+    w = generate(WorkloadSpec("Qwen2.5-14B", "arxiv_8", single_sequence=True, output_tokens=3))
+    data = json.loads(w.content)
+    assert w.file_name == "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json"
+    assert len(data["iterations"]) == 3 and data["iterations"][0]["kv_lengths"] == [27966]
+
+
+def test_serialization_format():
+    content = generate(WorkloadSpec("Qwen2.5-14B", "arxiv_8", output_tokens=2)).content
+    text = content.decode("ascii")
+    assert not text.endswith("\n") and text.startswith('{\n  "model": "Qwen2ForCausalLM",\n')
+    assert '"communication": []' in text and not any(line.endswith(" ") for line in text.splitlines())
+
+
+# ------------------------------------------------------------------------------------------------
+# (d) errors
+# ------------------------------------------------------------------------------------------------
+
+def test_tp_not_dividing_heads_names_the_field():
+    with pytest.raises(WorkloadError, match="num_attention_heads"):
+        build_workload(load_model_config("Qwen2.5-14B"), [10], 1, tp=3)
+    cfg = model_config_from_dict({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 6,
+                                  "intermediate_size": 1024, "vocab_size": 100, "num_hidden_layers": 2})
+    with pytest.raises(WorkloadError, match="num_key_value_heads"):
+        build_workload(cfg, [10], 1, tp=4)
+    cfg = model_config_from_dict({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8,
+                                  "intermediate_size": 1022, "vocab_size": 100, "num_hidden_layers": 2})
+    with pytest.raises(WorkloadError, match="intermediate_size"):
+        build_workload(cfg, [10], 1, tp=4)
+
+
+def test_config_errors():
+    base = {"hidden_size": 500, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024,
+            "vocab_size": 100, "num_hidden_layers": 2}
+    with pytest.raises(WorkloadError, match="hidden_size 500 is not divisible by num_attention_heads 8"):
+        model_config_from_dict(base)
+    assert model_config_from_dict({**base, "head_dim": 64}).head_dim == 64
+    assert model_config_from_dict({**base, "head_dim": 64, "_name_or_path": "x/y"}).model == "x/y"
+    assert model_config_from_dict({**base, "head_dim": 64}).model == "unknown"
+    with pytest.raises(WorkloadError, match="missing key 'vocab_size'"):
+        model_config_from_dict({k: v for k, v in base.items() if k != "vocab_size"})
+    with pytest.raises(WorkloadError, match="num_hidden_layers"):
+        model_config_from_dict({**base, "head_dim": 64, "num_hidden_layers": "2"})
+
+
+@pytest.mark.parametrize("tokens", [0, -1])
+def test_output_tokens_below_one(tokens):
+    with pytest.raises(WorkloadError, match="output_tokens"):
+        build_workload(load_model_config("Qwen2.5-14B"), [10], tokens)
+    with pytest.raises(WorkloadError, match="output_tokens"):
+        parse_trace(f"prompt_tokens,decode_tokens,output_tokens\n10,5,{tokens}\n")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty"),
+    ("prompt_tokens,decode_tokens,output_tokens\n", "no requests"),
+    ("a,b,c\n1,2,3\n", "unrecognised header"),
+    ("prompt_tokens,decode_tokens,output_tokens\n10,x,3\n", "decode_tokens is not an integer"),
+    ("prompt_tokens,decode_tokens,output_tokens\n10,5\n", "line 2 has 2 fields"),
+    ("prompt_tokens,decode_tokens,output_tokens\n0,5,3\n", "prompt_tokens must be >= 1"),
+    ("num_prefill_tokens,num_decode_tokens,output_tokens\n10,5,3\n11,5,4\n", "output_tokens differs"),
+])
+def test_bad_trace(text, message):
+    with pytest.raises(WorkloadError, match=message):
+        parse_trace(text, "t")
+
+
+def test_both_trace_formats_parse():
+    ours = parse_trace("request,prompt_tokens,decode_tokens,output_tokens\n1,10,5,3\n2,20,6,3\n")
+    theirs = parse_trace("num_prefill_tokens,num_decode_tokens,output_tokens\r\n10,5,3\r\n20,6,3\r\n")
+    assert ours.prompt_tokens == theirs.prompt_tokens == (10, 20) and ours.output_tokens == theirs.output_tokens == 3
+
+
+def test_unknown_stems_list_known():
+    with pytest.raises(WorkloadError, match=r"unknown model config 'Llama-9'.*Llama-3\.1-70B.*Qwen3-32B"):
+        load_model_config("Llama-9")
+    with pytest.raises(WorkloadError, match=r"unknown trace 'arxiv_9'.*arxiv_16.*vllm_splitwise64"):
+        load_trace("arxiv_9")
+
+
+def test_bad_backend():
+    with pytest.raises(WorkloadError, match="prefill_attn 'fa3' is not one of"):
+        build_workload(load_model_config("Qwen2.5-14B"), [10], 1, prefill_attn="fa3")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--tp", "3"], "num_attention_heads (40) is not divisible"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--output_tokens", "0"], "output_tokens"),
+    (["--model_config", "Nope", "--trace", "arxiv_8"], "known: Llama-3-70B"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "nope"], "known: arxiv_12"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--tp", "two"], "invalid int value"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--bogus"], "unrecognized arguments"),
+    (["--model_config", "Qwen2.5-14B"], "missing --trace"),
+    (["--paper_set", "--tp", "2"], "cannot be combined with --tp"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--name", "../x"], "name"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "missing/file.csv"], "trace file not found"),
+])
+def test_cli_errors(tmp_path, args, message):
+    out = tmp_path / "out"
+    result = _cli(*args, "--output_dir", str(out))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("workload_generator.py: error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_cli_bad_trace_file_leaves_no_output(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("num_prefill_tokens,num_decode_tokens,output_tokens\n10,5,3\nabc,1,3\n")
+    out = tmp_path / "out"
+    result = _cli("--model_config", "Qwen2.5-14B", "--trace", str(bad), "--output_dir", str(out))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "num_prefill_tokens is not an integer" in result.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_cli_single_workload(tmp_path):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"architectures": ["X"], "hidden_size": 64, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 10,
+                               "num_hidden_layers": 2}))
+    result = _cli("--model_config", str(cfg), "--trace", "arxiv_8", "--tp", "2", "--pp", "2", "--prefill_attn",
+                  "fa2_ragged", "--output_tokens", "2", "--output_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "cfg_arxiv_8_fa2_tp2_pp2.json"
+    assert result.stdout.strip() == str(path)
+    data = json.loads(path.read_text())
+    assert data["model"] == "X" and data["model_params"]["head_dim"] == 16 and len(data["iterations"]) == 2
+    assert [c["name"] for c in data["iterations"][1]["operators"]["communication"]] == ["all_reduce", "send_recv"]

@@ -1,0 +1,60 @@
+"""Train one operator's efficiency MLP (METHOD.md §5.1–5.2).
+
+    python3 train_mlp.py --op gemm                      # pipeweave recipe, all GPUs, shape-held-out test
+    python3 train_mlp.py --op attn --holdout_hardware H100   # leave-one-GPU-out evaluation
+    python3 train_mlp.py --op gemm --recipe reference   # the artifact's recipe (sigmoid MLP, MAPE on efficiency)
+
+Writes mlp_models/<op>/<YYYYMMDD_HHMMSS>/ with <op>_mlp_model.pth, metadata.json and
+worst_cases_top100.csv. Needs dataset/<op>_{train,test}.csv (python3 -m dataset.build).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from analytical_model.registry import OPERATORS
+from pipeweave.cli import ArgumentParser, run_cli
+from pipeweave.modeling import DATASET_DIR, dataset_paths, load_splits, timestamp_dir, train_and_evaluate, worst_cases, write_model_dir
+from pipeweave.training import RECIPES, TrainConfig
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(description="Train a per-operator efficiency MLP.")
+    parser.add_argument("--op", required=True, choices=sorted(OPERATORS))
+    parser.add_argument("--recipe", choices=[r for r in RECIPES if r != "quantile"], default="pipeweave")
+    parser.add_argument("--epochs", type=int, help="maximum epochs (default: 400 pipeweave, 2500 reference)")
+    parser.add_argument("--batch_size", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--patience", type=int, help="early-stopping patience (default: 40 pipeweave, 85 reference)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--output_dir", type=Path, default=Path("mlp_models"), help="root; a timestamped directory is created")
+    parser.add_argument("--holdout_hardware", action="append", default=[], metavar="GPU",
+                        help="leave this GPU out of training and test on all its rows (repeatable)")
+    parser.add_argument("--no_progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    config = TrainConfig(recipe=args.recipe, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                         patience=args.patience, seed=args.seed, device=args.device, progress=not args.no_progress)
+    train, test = load_splits(args.op, args.dataset_dir, args.holdout_hardware)
+    model, history, predicted, evaluation = train_and_evaluate(args.op, train, test, config)
+    out_dir = timestamp_dir(args.output_dir, args.op)
+    train_path, test_path = dataset_paths(args.op, args.dataset_dir)
+    write_model_dir(out_dir, args.op, model, history, config, train, test, evaluation,
+                    {"train_path": str(train_path), "test_path": str(test_path),
+                     "holdout_hardware": args.holdout_hardware})
+    worst_cases(test, predicted).to_csv(out_dir / "worst_cases_top100.csv", index=False)
+    overall = evaluation["overall"]
+    print(f"{args.op}: best epoch {history['best_epoch']} of {history['epochs_run']}, {history['train_seconds']} s")
+    print(f"test duration error: mean {overall['duration_mean_abs_pct_error']:.2f} %, "
+          f"median {overall['duration_median_abs_pct_error']:.2f} %")
+    for hw, metrics in evaluation["by_hardware"].items():
+        print(f"  {hw}: mean {metrics['duration_mean_abs_pct_error']:.2f} %, median "
+              f"{metrics['duration_median_abs_pct_error']:.2f} % (n={metrics['test_samples']})")
+    print(f"saved {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
