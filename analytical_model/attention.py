@@ -54,10 +54,20 @@ def attention_problem(
     data_size_o: int = 2,
 ) -> tuple[str, AttentionProblem]:
     key, layout = resolve_attention_type(attention_type)
+    for name, field, value in (("bs", "batch_size", bs), ("nh", "num_qo_heads", nh),
+                               ("nkv", "num_kv_heads", nkv), ("hd", "head_dim", hd)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name} ({field}) must be a positive integer, got {value!r}")
+    lengths = {}
+    for name, values in (("q_lengths", q_lengths), ("kv_lengths", kv_lengths)):
+        try:
+            lengths[name] = tuple(values)
+        except TypeError:
+            raise ValueError(f"{name} must be a list of integers, got {values!r}") from None
     problem = AttentionProblem(
         batch_size=bs,
-        q_lengths=tuple(q_lengths),
-        kv_lengths=tuple(kv_lengths),
+        q_lengths=lengths["q_lengths"],
+        kv_lengths=lengths["kv_lengths"],
         num_qo_heads=nh,
         num_kv_heads=nkv,
         head_dim=hd,

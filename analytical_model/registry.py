@@ -78,35 +78,41 @@ def _int_column(frame: pd.DataFrame, column: str) -> np.ndarray:
 
 
 def gemm_problem(frame: pd.DataFrame, hw: HardwareSpec, dtype: str = "bfloat16") -> GemmProblem:
+    """GEMM problems for the frame's rows: tile columns where given, the tile rule elsewhere."""
     m, n, k = (_int_column(frame, c) for c in ("M", "N", "K"))
-    chosen = choose_gemm_tiles(m, n, k, hw, dtype)
+    given = np.zeros(len(frame), dtype=bool)
     if all(c in frame.columns for c in TILE_COLUMNS):
         given = frame[list(TILE_COLUMNS)].notna().all(axis=1).to_numpy()
+    tiles = {}
+    if given.any():
+        given_rows = frame[given]
+        tiles = {c: _int_column(given_rows, c) for c in TILE_COLUMNS if c != "is_split_k"}
+        tiles["is_split_k"] = _bool_column(given_rows, "is_split_k")
+    if not given.all():
+        chosen = choose_gemm_tiles(m[~given], n[~given], k[~given], hw, dtype)
         if given.any():
             for column in TILE_COLUMNS:
-                values = frame[column].to_numpy()
-                if column == "is_split_k":
-                    override = pd.Series(values).map(_as_bool).to_numpy()
-                else:
-                    override = pd.to_numeric(pd.Series(values), errors="coerce").fillna(0).to_numpy(np.int64)
-                chosen[column] = np.where(given, override, chosen[column])
+                merged = np.empty(len(frame), dtype=chosen[column].dtype)
+                merged[given], merged[~given] = tiles[column], chosen[column]
+                tiles[column] = merged
+        else:
+            tiles = chosen
     return GemmProblem.create(
-        m, n, k, chosen["tile_M"], chosen["tile_N"], chosen["tile_K"], chosen["cta_count"], chosen["is_split_k"],
+        m, n, k, tiles["tile_M"], tiles["tile_N"], tiles["tile_K"], tiles["cta_count"], tiles["is_split_k"],
         data_size_bytes=1 if dtype == "fp8" else 2,
     )
 
 
-def _as_bool(value) -> bool:
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("1", "true", "yes"):
-            return True
-        if lowered in ("0", "false", "no"):
-            return False
-        raise ValueError(f"is_split_k must be 0/1 or true/false, got {value!r}")
-    if pd.isna(value):
-        return False
-    return bool(value)
+def _bool_column(frame: pd.DataFrame, column: str) -> np.ndarray:
+    values = frame[column]
+    if values.dtype == bool:
+        return values.to_numpy()
+    text = values.astype(str).str.strip().str.lower()
+    truthy, falsy = text.isin(["1", "1.0", "true", "yes"]), text.isin(["0", "0.0", "false", "no"])
+    bad = ~(truthy | falsy)
+    if bad.any():
+        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {int(np.flatnonzero(bad)[0])} has {values.iloc[int(np.flatnonzero(bad)[0])]!r}")
+    return truthy.to_numpy()
 
 
 def _gemm(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:

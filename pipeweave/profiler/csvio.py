@@ -1,0 +1,222 @@
+"""Raw measurement CSVs: schema, resumable append-only writer, reader for the dataset builder.
+
+One file per operator, ``dataset/measured/<gpu>/<op>.csv``. A row is written (and flushed) as soon as
+its measurement finishes, so an interrupted run loses at most the row in flight; the next run reads
+the keys already present (op + shape columns + hardware) and measures only what is missing. A row
+cut off mid-write (no final newline) is dropped when the file is reopened.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from .grids import OPS, SHAPE_COLUMNS
+
+MEASUREMENT_COLUMNS = (
+    "hardware",
+    "avg_duration",
+    "median_us",
+    "min_us",
+    "std_us",
+    "repeats",
+    "dtype",
+    "kernel",
+    "torch_version",
+    "cuda_version",
+    "flash_attn_version",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "timestamp",
+)
+
+
+def columns_for(op: str) -> tuple[str, ...]:
+    """Column order of ``<op>.csv``: op, shape columns, then :data:`MEASUREMENT_COLUMNS`."""
+    if op not in SHAPE_COLUMNS:
+        raise ValueError(f"unknown operator {op!r}; choose from {', '.join(OPS)}")
+    return ("op", *SHAPE_COLUMNS[op], *MEASUREMENT_COLUMNS)
+
+
+def key_columns(op: str) -> tuple[str, ...]:
+    return ("op", *SHAPE_COLUMNS[op], "hardware")
+
+
+def format_value(value) -> str:
+    """Canonical text of a cell (the resume key compares text)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def row_key(op: str, shape: dict, hardware: str) -> tuple[str, ...]:
+    return (op, *(format_value(shape[c]) for c in SHAPE_COLUMNS[op]), hardware)
+
+
+def _repair_tail(path: Path) -> int:
+    """Cut a trailing partial line (interrupted write); returns the number of bytes removed."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as handle:
+        handle.seek(-1, os.SEEK_END)
+        if handle.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline.
+        chunk = 65536
+        pos = size
+        cut = 0
+        while pos > 0:
+            start = max(0, pos - chunk)
+            handle.seek(start)
+            data = handle.read(pos - start)
+            idx = data.rfind(b"\n")
+            if idx >= 0:
+                cut = start + idx + 1
+                break
+            pos = start
+        handle.truncate(cut)
+        return size - cut
+
+
+class MeasurementCsv:
+    """Append-only CSV of one operator with resume support."""
+
+    def __init__(self, path: str | Path, op: str):
+        self.path = Path(path)
+        self.op = op
+        self.columns = columns_for(op)
+        self.keys = key_columns(op)
+        self._handle = None
+        self.repaired_bytes = 0
+
+    def _check_header(self) -> bool:
+        """True when the file exists with our header; False when it is absent or empty."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return False
+        self.repaired_bytes = _repair_tail(self.path)
+        with self.path.open(newline="") as handle:
+            header = next(csv.reader(handle), None)
+        if header is None:
+            return False
+        if tuple(header) != self.columns:
+            raise ValueError(
+                f"{self.path}: unexpected columns (written by another version?); move the file away to start over.\n"
+                f"  found:    {','.join(header)}\n  expected: {','.join(self.columns)}"
+            )
+        return True
+
+    def done_keys(self) -> set[tuple[str, ...]]:
+        """Keys of the complete rows already in the file."""
+        if not self._check_header():
+            return set()
+        done = set()
+        with self.path.open(newline="") as handle:
+            reader = csv.reader(handle)
+            next(reader, None)
+            index = [self.columns.index(c) for c in self.keys]
+            for cells in reader:
+                if len(cells) != len(self.columns):
+                    continue  # damaged row: measure it again
+                done.add(tuple(cells[i] for i in index))
+        return done
+
+    def open(self) -> "MeasurementCsv":
+        if self._handle is None:
+            has_header = self._check_header()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = self.path.open("a", newline="")
+            if not has_header:
+                if self.path.stat().st_size:  # header-less garbage (e.g. a cut-off header line)
+                    self._handle.truncate(0)
+                self._write_cells(self.columns)
+        return self
+
+    def _write_cells(self, cells: Sequence[str]) -> None:
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerow(cells)
+        self._handle.write(buffer.getvalue())  # one write per row
+        self._handle.flush()
+
+    def append(self, record: dict) -> None:
+        missing = [c for c in self.columns if c not in record]
+        if missing:
+            raise ValueError(f"{self.op} row lacks columns {missing}")
+        self.open()
+        self._write_cells([format_value(record[c]) for c in self.columns])
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.flush()
+            try:
+                os.fsync(self._handle.fileno())
+            except OSError:
+                pass
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading, for the dataset builder
+
+
+def iter_measured_files(root: str | Path = "dataset/measured") -> Iterator[tuple[str, str, Path]]:
+    """``(gpu directory name, op, path)`` for every ``<root>/<gpu>/<op>.csv`` with a known op, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for gpu_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for path in sorted(gpu_dir.glob("*.csv")):
+            if path.stem in SHAPE_COLUMNS:
+                yield gpu_dir.name, path.stem, path
+
+
+def read_measured(path: str | Path, op: str | None = None):
+    """One measured CSV as a pandas DataFrame in the raw schema; a repeated key keeps its last row."""
+    import pandas as pd
+
+    path = Path(path)
+    op = op or path.stem
+    expected = columns_for(op)
+    frame = pd.read_csv(path, dtype={"attention_type": str, "q_lengths": str, "kv_lengths": str, "kernel": str,
+                                     "flash_attn_version": str, "hardware": str},
+                        keep_default_na=False, na_values={"avg_duration": [""], "sm_clock_mhz": [""],
+                                                           "mem_clock_mhz": [""]})
+    if tuple(frame.columns) != expected:
+        raise ValueError(f"{path}: columns {list(frame.columns)} differ from the raw schema {list(expected)}")
+    return frame.drop_duplicates(subset=list(key_columns(op)), keep="last").reset_index(drop=True)
+
+
+def read_all_measured(root: str | Path = "dataset/measured") -> dict[str, "object"]:
+    """``{op: DataFrame}`` concatenating every GPU's ``<op>.csv`` under ``root`` (empty dict if none)."""
+    import pandas as pd
+
+    frames: dict[str, list] = {}
+    for _gpu, op, path in iter_measured_files(root):
+        frames.setdefault(op, []).append(read_measured(path, op))
+    return {op: pd.concat(parts, ignore_index=True) for op, parts in frames.items()}
+
+
+def append_rows(path: str | Path, op: str, records: Iterable[dict]) -> int:
+    count = 0
+    with MeasurementCsv(path, op) as writer:
+        for record in records:
+            writer.append(record)
+            count += 1
+    return count

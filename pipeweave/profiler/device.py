@@ -1,0 +1,270 @@
+"""The local GPU: name, library versions, clocks at measurement time, output folder, hardware-JSON skeleton.
+
+Everything that touches torch or pynvml is imported lazily; the skeleton builder is a pure function of
+a device-properties object so it can be tested without a GPU.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+NO_CUDA_MESSAGE = ("no CUDA GPU visible: profile_operators.py measures on the local GPU; "
+                   "use --dry_run to see the grid")
+
+
+def cuda_device_count() -> int:
+    """Visible CUDA GPUs (0 when torch is missing or has no CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # broken driver installs raise here
+        return 0
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"torch_version": "", "cuda_version": "", "flash_attn_version": ""}
+    try:
+        import torch
+
+        versions["torch_version"] = torch.__version__
+        versions["cuda_version"] = torch.version.cuda or ""
+    except ImportError:
+        pass
+    try:
+        import flash_attn  # noqa: F401
+
+        versions["flash_attn_version"] = getattr(flash_attn, "__version__", "unknown")
+    except Exception:
+        pass
+    return versions
+
+
+class ClockReader:
+    """Current SM and memory clocks (MHz) through NVML; empty strings when pynvml is unavailable."""
+
+    def __init__(self, device_index: int = 0):
+        self._handle = None
+        self._nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = device_index
+            try:
+                import torch
+
+                index = torch.cuda._get_nvml_device_index(device_index)  # honours CUDA_VISIBLE_DEVICES
+            except Exception:
+                pass
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._nvml = pynvml
+        except Exception:
+            self._handle = None
+
+    @property
+    def available(self) -> bool:
+        return self._handle is not None
+
+    def read(self) -> tuple[int | str, int | str]:
+        if self._handle is None:
+            return "", ""
+        try:
+            nvml = self._nvml
+            return (nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM),
+                    nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_MEM))
+        except Exception:
+            return "", ""
+
+    def max_clocks(self) -> tuple[int | None, int | None]:
+        if self._handle is None:
+            return None, None
+        try:
+            nvml = self._nvml
+            return (nvml.nvmlDeviceGetMaxClockInfo(self._handle, nvml.NVML_CLOCK_SM),
+                    nvml.nvmlDeviceGetMaxClockInfo(self._handle, nvml.NVML_CLOCK_MEM))
+        except Exception:
+            return None, None
+
+    def bus_width(self) -> int | None:
+        if self._handle is None:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryBusWidth(self._handle))
+        except Exception:
+            return None
+
+
+@dataclass
+class DeviceInfo:
+    """What every measured row records about the device and the software."""
+
+    name: str
+    versions: dict[str, str] = field(default_factory=dict)
+    clocks: Callable[[], tuple] = lambda: ("", "")
+
+    def row_fields(self) -> dict:
+        sm, mem = self.clocks()
+        return {
+            "hardware": self.name,
+            "torch_version": self.versions.get("torch_version", ""),
+            "cuda_version": self.versions.get("cuda_version", ""),
+            "flash_attn_version": self.versions.get("flash_attn_version", ""),
+            "sm_clock_mhz": sm,
+            "mem_clock_mhz": mem,
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+
+
+def local_device_info(device_index: int = 0) -> DeviceInfo:
+    import torch
+
+    reader = ClockReader(device_index)
+    return DeviceInfo(name=torch.cuda.get_device_name(device_index), versions=library_versions(), clocks=reader.read)
+
+
+def sanitize(name: str) -> str:
+    text = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")
+    return text or "gpu"
+
+
+def gpu_dir_name(device_name: str, hardware_dir: str | Path | None = None) -> str:
+    """The ``hardware/`` file stem of this GPU when one matches its driver name, else a sanitized name."""
+    try:
+        from analytical_model.hardware import DEFAULT_HARDWARE_DIR, HardwareRegistry
+
+        registry = HardwareRegistry(hardware_dir or DEFAULT_HARDWARE_DIR)
+        if device_name in registry:
+            return registry.get(device_name).stem
+    except Exception:  # no or broken hardware folder: fall back to the driver name
+        pass
+    return sanitize(device_name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hardware JSON skeleton (METHOD.md §1.1)
+
+# FP32 FMA lanes per SM by compute capability (CUDA programming guide throughput table);
+# the special-function unit (XU) issues 16 results per clock per SM on every one of these.
+_FMA_LANES = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128,
+              (10, 0): 128, (10, 3): 128, (12, 0): 128, (12, 1): 128}
+_XU_PER_SM = 16
+
+
+def architecture_for(major: int, minor: int) -> str | None:
+    if major == 8:
+        return "ada" if minor == 9 else "ampere"
+    if major == 9:
+        return "hopper"
+    if major in (10, 11, 12):
+        return "blackwell"
+    return None  # Volta/Turing and anything newer: not a class the analytical model knows
+
+
+def _todo(text: str) -> str:
+    return f"TODO: {text}"
+
+
+def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clock_mhz: int | None = None,
+                      memory_bus_width: int | None = None, today: str | None = None) -> dict:
+    """A hardware JSON for the device described by ``props`` (a ``torch.cuda.get_device_properties`` result).
+
+    Fields the driver reports are filled in; fields it cannot know hold a ``"TODO: …"`` string (which
+    ``analytical_model.hardware.parse_hardware`` rejects, since they must be numbers) and are listed under
+    ``"TODO"``. Values derived by a rule rather than read are listed under ``"CHECK"``.
+    """
+    major, minor = int(props.major), int(props.minor)
+    todo: list[str] = []
+    check: dict[str, str] = {}
+
+    def kb(value) -> float | int | None:
+        if not value:
+            return None
+        v = value / 1024
+        return int(v) if v == int(v) else v
+
+    sm_clock = max_sm_clock_mhz or (int(getattr(props, "clock_rate", 0) or 0) // 1000) or None
+    mem_clock = max_mem_clock_mhz or (int(getattr(props, "memory_clock_rate", 0) or 0) // 1000) or None
+    bus_width = memory_bus_width or int(getattr(props, "memory_bus_width", 0) or 0) or None
+    regs = int(getattr(props, "regs_per_multiprocessor", 0) or 0)
+
+    data: dict = {
+        "name": props.name,
+        "aliases": [],
+        "totalGlobalMem": int(props.total_memory),
+        "computeMajor": major,
+        "computeMinor": minor,
+        "numSms": int(props.multi_processor_count),
+    }
+    if mem_clock and bus_width:
+        # Convention of the shipped files: memory clock × 2 (double data rate) × bus width / 8, in GB/s.
+        data["memBandwidth"] = round(mem_clock * 2 * bus_width / 8 / 1000, 6)
+        check["memBandwidth"] = (f"theoretical DRAM bandwidth from the driver: {mem_clock} MHz × 2 × {bus_width} bit / 8; "
+                                 "compare with the vendor datasheet")
+    else:
+        data["memBandwidth"] = _todo("DRAM bandwidth in GB/s from the vendor datasheet")
+        todo.append("memBandwidth")
+    data["l1CacheSize"] = None
+    check["l1CacheSize"] = "not reported by the driver; optional and unused by the model (KB per SM)"
+    smem = kb(getattr(props, "shared_memory_per_multiprocessor", 0))
+    if smem is not None:
+        data["sharedMemorySize"] = smem
+    else:
+        data["sharedMemorySize"] = _todo("shared memory per SM in KB")
+        todo.append("sharedMemorySize")
+    data["l2CacheSize"] = kb(getattr(props, "L2_cache_size", 0))
+    data["registerFileSize"] = kb(regs * 4) if regs else None
+    data["l2CacheBandwidth"] = _todo("L2 bandwidth in GB/s (vendor figure or a measured L2-resident copy)")
+    todo.append("l2CacheBandwidth")
+    data["sharedMemoryBandwidth"] = 128
+    check["sharedMemoryBandwidth"] = "32 banks × 4 bytes per clock per SM, as on every GPU in hardware/"
+    data["tcBf16"] = _todo("dense BF16 tensor-core FLOP per clock per SM (2 per FMA; e.g. A100 2048, H100 4096)")
+    todo.append("tcBf16")
+    if (major, minor) >= (8, 9):
+        data["tcFp8"] = _todo("dense FP8 tensor-core FLOP per clock per SM (usually 2 × tcBf16)")
+        todo.append("tcFp8")
+    lanes = _FMA_LANES.get((major, minor))
+    if lanes is not None:
+        data["xuFp32"] = _XU_PER_SM
+        data["FmaFp32"] = lanes
+        check["xuFp32"] = f"special-function results per clock per SM for compute capability {major}.{minor}"
+        check["FmaFp32"] = f"FP32 FMA lanes per SM for compute capability {major}.{minor}"
+    else:
+        data["xuFp32"] = _todo("special-function unit results per clock per SM")
+        data["FmaFp32"] = _todo("FP32 FMA lanes per SM")
+        todo += ["xuFp32", "FmaFp32"]
+    if sm_clock:
+        data["smFreq"] = sm_clock
+        check["smFreq"] = ("maximum SM clock reported by the driver, in MHz; the shipped files use the vendor's "
+                           "boost clock, which may differ")
+    else:
+        data["smFreq"] = _todo("SM clock in MHz (vendor boost clock)")
+        todo.append("smFreq")
+    arch = architecture_for(major, minor)
+    if arch:
+        data["architecture"] = arch
+    else:
+        data["architecture"] = _todo(f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
+                                     "is none of them; pick the closest)")
+        todo.append("architecture")
+    data["provenance"] = (f"Skeleton written by profile_operators.py --hardware_json on {today or _dt.date.today().isoformat()} "
+                          "from torch.cuda.get_device_properties"
+                          + (" and NVML" if max_sm_clock_mhz or max_mem_clock_mhz or memory_bus_width else "")
+                          + "; fill the fields listed in TODO, review CHECK, then delete both lists.")
+    data["TODO"] = todo
+    data["CHECK"] = check
+    return data
+
+
+def local_hardware_skeleton(device_index: int = 0) -> dict:
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    reader = ClockReader(device_index)
+    sm, mem = reader.max_clocks()
+    return hardware_skeleton(props, max_sm_clock_mhz=sm, max_mem_clock_mhz=mem, memory_bus_width=reader.bus_width())

@@ -1,0 +1,421 @@
+"""Shape grids for the operator profiler: pure functions, no torch.
+
+Every grid is a list of *rows*: dicts holding the operator's shape columns in the raw-dataset order
+(:data:`SHAPE_COLUMNS`). Two sources feed each grid:
+
+* the LLM shapes of the paper's workloads (METHOD.md §6.3): every model config × TP size × token
+  count gives the per-rank GEMM, attention, RMSNorm, SiLU*Mul and all-reduce shapes;
+* a log-spaced sweep that covers the space between and around them (full grid only).
+
+``--quick`` keeps a handful of token counts and no sweep, so it finishes in minutes on one GPU.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "all_reduce")
+
+SHAPE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "gemm": ("M", "N", "K"),
+    "gemm_fp8": ("M", "N", "K"),
+    "attn": ("attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd"),
+    "rmsnorm": ("seq", "dim"),
+    "siluandmul": ("seq", "dim"),
+    "all_reduce": ("size_bytes", "num_workers"),
+}
+
+DEFAULT_CONFIGS = ("Qwen2.5-14B", "Qwen3-32B", "Llama-3.1-70B")
+DEFAULT_TP = (1, 2, 4, 8)
+
+# Token counts T of one iteration (GEMM M, norm/activation rows, all-reduce T·H·2).
+DECODE_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 72, 96, 128, 192, 256)
+PREFILL_TOKENS = (384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+                  49152, 65536)
+# Σ prompt tokens of the shipped traces (METHOD.md §6.1): the exact prefill M of the paper's workloads.
+PAPER_PREFILL_TOKENS = (16266, 27966, 32350, 33950, 35152, 57664, 60296, 84891, 89471)
+QUICK_TOKENS = (1, 16, 128, 1024, 8192)
+
+# Memory guards: keep single problems within a few GiB so they fit any GPU worth profiling.
+GEMM_MAX_BYTES = 2 ** 33          # A + B + C in BF16
+GEMM_SWEEP_MAX_FLOP = 2 ** 42     # ≈ 4.4 TFLOP: a few ms on a large GPU
+ELEMENTWISE_MAX_ELEMENTS = 2 ** 32  # seq · dim (input) for RMSNorm / SiLU*Mul
+ATTN_PREFILL_MAX_TOKENS = 131072  # Σ q of one prefill batch
+ATTN_DECODE_MAX_KV = 2 ** 21      # Σ kv of one decode batch
+ALLREDUCE_MIN_BYTES = 2 * 1024
+ALLREDUCE_MAX_BYTES = 2 ** 30
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The config keys of METHOD.md §2 (head_dim resolved)."""
+
+    name: str
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_hidden_layers: int
+
+
+def model_from_dict(data: dict, name: str, source: str = "<config>") -> ModelShape:
+    """Read an HF-style config tolerantly (nested ``text_config``, missing ``num_key_value_heads``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a JSON object")
+    if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+
+    def integer(key: str, default=None) -> int:
+        value = data.get(key, default)
+        if value is None:
+            raise ValueError(f"{source}: missing field {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+            raise ValueError(f"{source}: field {key!r} must be a positive integer, got {value!r}")
+        return int(value)
+
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    kv_heads = integer("num_key_value_heads", heads)
+    if data.get("head_dim") is not None:
+        head_dim = integer("head_dim")
+    else:
+        if hidden % heads:
+            raise ValueError(f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        head_dim = hidden // heads
+    return ModelShape(
+        name=name,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=integer("intermediate_size"),
+        vocab_size=integer("vocab_size"),
+        num_hidden_layers=integer("num_hidden_layers"),
+    )
+
+
+def load_model(path: str | Path) -> ModelShape:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON ({exc})") from None
+    return model_from_dict(data, path.stem, str(path))
+
+
+def load_models(stems: Sequence[str], config_dir: str | Path) -> list[ModelShape]:
+    """Load ``<config_dir>/<stem>.json`` for each stem; a missing one is an error naming what exists."""
+    config_dir = Path(config_dir)
+    models = []
+    for stem in stems:
+        path = config_dir / f"{stem}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in config_dir.glob("*.json")) if config_dir.is_dir() else []
+            raise FileNotFoundError(
+                f"model config {stem!r} not found: no {path}"
+                + (f" (available: {', '.join(known)})" if known else f" ({config_dir} holds no configs)")
+            )
+        models.append(load_model(path))
+    return models
+
+
+def load_trace_prompts(trace_dir: str | Path) -> dict[str, tuple[list[int], int]]:
+    """``{trace stem: (prompt lengths, output_tokens)}`` for every trace CSV (METHOD.md §6.1); {} if none."""
+    trace_dir = Path(trace_dir)
+    traces: dict[str, tuple[list[int], int]] = {}
+    if not trace_dir.is_dir():
+        return traces
+    for path in sorted(trace_dir.glob("*.csv")):
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        try:
+            prompts = [int(r["num_prefill_tokens"]) for r in rows]
+            output = int(rows[0]["output_tokens"]) if rows else 0
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: not a trace CSV (num_prefill_tokens, output_tokens): {exc}") from None
+        if prompts and output >= 1:
+            traces[path.stem] = (prompts, output)
+    return traces
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-rank LLM shapes (METHOD.md §6.3)
+
+
+def tp_problem(model: ModelShape, tp: int) -> str | None:
+    """Why ``model`` cannot be split ``tp`` ways (every /TP of §6.3 must be exact), or None."""
+    m = model
+    checks = [
+        ("num_attention_heads", m.num_attention_heads),
+        ("(num_attention_heads + 2·num_key_value_heads)·head_dim", (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim),
+        ("intermediate_size", m.intermediate_size),
+    ]
+    if m.num_key_value_heads >= tp:
+        checks.append(("num_key_value_heads", m.num_key_value_heads))
+    for label, value in checks:
+        if value % tp:
+            return f"{label} = {value} is not divisible by TP {tp}"
+    return None
+
+
+def llm_gemms(model: ModelShape, tp: int, tokens: int, batch: int | None = None) -> list[tuple[str, int, int, int]]:
+    """``(name, M, N, K)`` of the five GEMMs of one iteration with T = ``tokens`` (lm_head M = batch)."""
+    m = model
+    if tp_problem(m, tp):
+        raise ValueError(f"{m.name}: {tp_problem(m, tp)}")
+    hd = m.head_dim
+    return [
+        ("qkv_proj", tokens, (m.num_attention_heads + 2 * m.num_key_value_heads) * hd // tp, m.hidden_size),
+        ("o_proj", tokens, m.hidden_size, m.num_attention_heads * hd // tp),
+        ("gate_up_proj", tokens, 2 * m.intermediate_size // tp, m.hidden_size),
+        ("down_proj", tokens, m.hidden_size, m.intermediate_size // tp),
+        ("lm_head", tokens if batch is None else batch, m.vocab_size, m.hidden_size),
+    ]
+
+
+def attention_heads(model: ModelShape, tp: int) -> tuple[int, int, int]:
+    """Per-rank ``(nh, nkv, hd)``: KV heads are replicated when nkv < TP."""
+    nkv = model.num_key_value_heads
+    return model.num_attention_heads // tp, (nkv // tp if nkv >= tp else nkv), model.head_dim
+
+
+def siluandmul_dim(model: ModelShape, tp: int) -> int:
+    """SiLU*Mul ``dim`` is the INPUT width 2·I/TP (gate | up concatenated), as the workloads pass it."""
+    return 2 * model.intermediate_size // tp
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+def log_space(lo: int, hi: int, per_octave: int, multiple: int = 1) -> list[int]:
+    """Integers from lo to hi (both included), ``per_octave`` points per doubling, rounded to ``multiple``."""
+    if lo <= 0 or hi < lo or per_octave < 1:
+        raise ValueError("log_space needs 0 < lo <= hi and per_octave >= 1")
+    steps = round(math.log2(hi / lo) * per_octave)
+    values = []
+    for i in range(steps + 1):
+        v = lo * 2 ** (i / per_octave)
+        v = max(multiple, int(round(v / multiple)) * multiple)
+        values.append(min(max(v, lo), hi))
+    return sorted(set(values))
+
+
+def list_text(values: Iterable[int]) -> str:
+    """Serialize a length list as the datasets do: "[a,b,…]" without spaces."""
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
+
+
+def _unique(rows: Iterable[dict], columns: Sequence[str]) -> list[dict]:
+    seen = set()
+    out = []
+    for row in rows:
+        key = tuple(row[c] for c in columns)
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
+def _log_uniform_lengths(rng: random.Random, n: int, lo: int, hi: int) -> list[int]:
+    return [int(round(math.exp(math.log(lo) + rng.random() * (math.log(hi) - math.log(lo))))) for _ in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Grids per operator
+
+
+def _tp_pairs(models: Sequence[ModelShape], tps: Sequence[int]) -> list[tuple[ModelShape, int]]:
+    return [(m, tp) for m in models for tp in tps if tp_problem(m, tp) is None]
+
+
+def gemm_grid(models, tps, tokens, *, sweep: bool) -> list[dict]:
+    rows = []
+    for model, tp in _tp_pairs(models, tps):
+        for t in tokens:
+            for name, M, N, K in llm_gemms(model, tp, t):
+                if name == "lm_head" and t not in DECODE_TOKENS:
+                    continue  # lm_head runs on the last token of each request: M = batch size
+                rows.append({"M": M, "N": N, "K": K})
+    if sweep:
+        for M in log_space(1, 65536, 2):
+            for N in log_space(256, 32768, 1):
+                for K in log_space(256, 32768, 1):
+                    if 2 * M * N * K <= GEMM_SWEEP_MAX_FLOP:
+                        rows.append({"M": M, "N": N, "K": K})
+    rows = [r for r in rows if 2 * (r["M"] * r["K"] + r["N"] * r["K"] + r["M"] * r["N"]) <= GEMM_MAX_BYTES]
+    return _unique(rows, SHAPE_COLUMNS["gemm"])
+
+
+def gemm_fp8_grid(gemm_rows: Sequence[dict]) -> list[dict]:
+    """The BF16 grid restricted to what ``torch._scaled_mm`` accepts (K and N multiples of 16)."""
+    return [dict(r) for r in gemm_rows if r["K"] % 16 == 0 and r["N"] % 16 == 0]
+
+
+def attn_grid(models, tps, *, quick: bool, prefill_type: str = "fa2_ragged", decode_type: str = "fa2_paged",
+              traces: dict[str, tuple[list[int], int]] | None = None) -> list[dict]:
+    heads = []
+    for model, tp in _tp_pairs(models, tps):
+        h = attention_heads(model, tp)
+        if h not in heads:
+            heads.append(h)
+    batches: list[tuple[str, list[int], list[int]]] = []  # (type, q, kv)
+    if quick:
+        for bs, length in ((1, 1024), (4, 4096)):
+            batches.append((prefill_type, [length] * bs, [length] * bs))
+        for bs, kv in ((16, 1024), (64, 4096)):
+            batches.append((decode_type, [1] * bs, [kv] * bs))
+    else:
+        for length in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+            for bs in (1, 2, 4, 8, 16, 32, 64):
+                if bs * length <= ATTN_PREFILL_MAX_TOKENS:
+                    batches.append((prefill_type, [length] * bs, [length] * bs))
+        for kv in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+            for bs in (1, 2, 4, 8, 16, 32, 48, 64, 72, 128):
+                if bs * kv <= ATTN_DECODE_MAX_KV:
+                    batches.append((decode_type, [1] * bs, [kv] * bs))
+        # Heterogeneous (ragged) batches with a fixed seed: what real traces look like.
+        rng = random.Random(20260101)
+        for bs in (4, 8, 16, 32, 64):
+            for _ in range(2):
+                lengths = _log_uniform_lengths(rng, bs, 64, 8192)
+                if sum(lengths) <= ATTN_PREFILL_MAX_TOKENS:
+                    batches.append((prefill_type, lengths, lengths))
+                kvs = _log_uniform_lengths(rng, bs, 128, 16384)
+                batches.append((decode_type, [1] * bs, kvs))
+        # The paper's traces: prefill q = kv = prompts; decode after 1 step, half-way, and at the last step.
+        for prompts, output in (traces or {}).values():
+            if sum(prompts) <= ATTN_PREFILL_MAX_TOKENS:
+                batches.append((prefill_type, list(prompts), list(prompts)))
+            for step in sorted({1, max(1, (output - 1) // 2), max(1, output - 1)}):
+                batches.append((decode_type, [1] * len(prompts), [p + step for p in prompts]))
+    rows = []
+    for nh, nkv, hd in heads:
+        for kind, q, kv in batches:
+            rows.append({
+                "attention_type": kind,
+                "bs": len(q),
+                "q_lengths": list_text(q),
+                "kv_lengths": list_text(kv),
+                "nh": nh,
+                "nkv": nkv,
+                "hd": hd,
+            })
+    return _unique(rows, SHAPE_COLUMNS["attn"])
+
+
+def _elementwise_grid(llm_dims: Sequence[int], sweep_dims: Sequence[int], tokens, *, sweep: bool) -> list[dict]:
+    rows = [{"seq": t, "dim": d} for d in llm_dims for t in tokens]
+    if sweep:
+        rows += [{"seq": s, "dim": d} for d in sweep_dims for s in log_space(1, 131072, 1)]
+    rows = [r for r in rows if r["seq"] * r["dim"] <= ELEMENTWISE_MAX_ELEMENTS]
+    return _unique(rows, ("seq", "dim"))
+
+
+def rmsnorm_grid(models, tokens, *, sweep: bool) -> list[dict]:
+    dims = list(dict.fromkeys(m.hidden_size for m in models))
+    sweep_dims = (128, 256, 512, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
+    return _elementwise_grid(dims, sweep_dims, tokens, sweep=sweep)
+
+
+def siluandmul_grid(models, tps, tokens, *, sweep: bool) -> list[dict]:
+    dims = list(dict.fromkeys(siluandmul_dim(m, tp) for m, tp in _tp_pairs(models, tps)))
+    sweep_dims = tuple(2 ** k for k in range(8, 17))  # 256 … 65536 (input width 2·d)
+    return _elementwise_grid(dims, sweep_dims, tokens, sweep=sweep)
+
+
+def allreduce_worker_counts(num_gpus: int) -> list[int]:
+    counts = [w for w in (2, 4, 8) if w <= num_gpus]
+    if num_gpus >= 2 and num_gpus not in counts:
+        counts.append(num_gpus)
+    return counts
+
+
+def allreduce_sizes(models, tokens, *, sweep: bool) -> list[int]:
+    sizes = {t * m.hidden_size * 2 for m in models for t in tokens}  # volume_bytes = T·H·2 (§6.3)
+    if sweep:
+        sizes |= {b for b in log_space(ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES, 2, multiple=256)}
+    return sorted(s for s in sizes if s <= ALLREDUCE_MAX_BYTES)
+
+
+def allreduce_grid(models, tokens, num_gpus: int, *, sweep: bool) -> list[dict]:
+    sizes = allreduce_sizes(models, tokens, sweep=sweep)
+    return [{"size_bytes": s, "num_workers": w} for w in allreduce_worker_counts(num_gpus) for s in sizes]
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole grid
+
+
+@dataclass
+class Grid:
+    rows: dict[str, list[dict]]
+    notes: list[str]
+
+    def sizes(self) -> dict[str, int]:
+        return {op: len(rows) for op, rows in self.rows.items()}
+
+    @property
+    def total(self) -> int:
+        return sum(len(r) for r in self.rows.values())
+
+
+def grid_tokens(quick: bool) -> tuple[int, ...]:
+    if quick:
+        return QUICK_TOKENS
+    return tuple(sorted(set(DECODE_TOKENS) | set(PREFILL_TOKENS) | set(PAPER_PREFILL_TOKENS)))
+
+
+def build_grid(
+    models: Sequence[ModelShape],
+    tps: Sequence[int] = DEFAULT_TP,
+    *,
+    quick: bool = False,
+    ops: Sequence[str] = OPS,
+    num_gpus: int = 1,
+    prefill_attention_type: str = "fa2_ragged",
+    decode_attention_type: str = "fa2_paged",
+    traces: dict[str, tuple[list[int], int]] | None = None,
+) -> Grid:
+    """All rows to measure, per operator; ``notes`` explains (model, TP) pairs and ops left out."""
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ValueError(f"unknown operator(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+    notes = []
+    for model in models:
+        for tp in tps:
+            problem = tp_problem(model, tp)
+            if problem:
+                notes.append(f"{model.name} TP {tp} left out: {problem}")
+    tokens = grid_tokens(quick)
+    sweep = not quick
+    rows: dict[str, list[dict]] = {}
+    gemm_rows = gemm_grid(models, tps, tokens, sweep=sweep) if ("gemm" in ops or "gemm_fp8" in ops) else []
+    for op in OPS:
+        if op not in ops:
+            continue
+        if op == "gemm":
+            rows[op] = gemm_rows
+        elif op == "gemm_fp8":
+            rows[op] = gemm_fp8_grid(gemm_rows)
+        elif op == "attn":
+            rows[op] = attn_grid(models, tps, quick=quick, prefill_type=prefill_attention_type,
+                                 decode_type=decode_attention_type, traces=traces)
+        elif op == "rmsnorm":
+            rows[op] = rmsnorm_grid(models, tokens, sweep=sweep)
+        elif op == "siluandmul":
+            rows[op] = siluandmul_grid(models, tps, tokens, sweep=sweep)
+        elif op == "all_reduce":
+            rows[op] = allreduce_grid(models, tokens, num_gpus, sweep=sweep)
+            if num_gpus < 2:
+                per_count = len(allreduce_sizes(models, tokens, sweep=sweep))
+                notes.append(f"all_reduce needs at least 2 visible GPUs ({num_gpus} visible); "
+                             f"it would measure {per_count} sizes per worker count")
+    return Grid(rows=rows, notes=notes)

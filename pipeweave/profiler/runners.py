@@ -1,0 +1,387 @@
+"""Operator runners: build preallocated inputs for one grid row and return the launch as a closure.
+
+torch (and flash-attn / flashinfer, when installed) are imported lazily, so importing this module needs
+neither CUDA nor torch. Runners work on any torch device, which lets the CPU tests check every code
+path's shapes; the measurements themselves only make sense on CUDA.
+
+Backends, in order of preference (the ``kernel`` column records which one ran):
+
+* gemm: ``torch.nn.functional.linear`` (cuBLAS/cuBLASLt) in BF16.
+* gemm_fp8: ``torch._scaled_mm`` with per-tensor scales, FP8 e4m3 inputs, BF16 output (compute capability ≥ 8.9).
+* attn prefill: FlashAttention-3 (``flash_attn_interface``, Hopper only) → ``fa3_ragged``;
+  FlashAttention-2 ``flash_attn_varlen_func`` → ``fa2_ragged``; torch SDPA restricted to its flash backend
+  (uniform lengths only) → ``fa2_ragged``.
+* attn decode: FlashAttention-2 ``flash_attn_with_kvcache`` on a paged KV cache → ``fa2_paged``; torch SDPA
+  flash backend on a contiguous cache (uniform lengths only) → ``fa2_paged``.
+* rmsnorm, siluandmul: FlashInfer's fused kernels when installed, else torch (``F.rms_norm``; SiLU·Mul in
+  eager torch). Whether a single fused kernel ran is read from the profiler and written into ``kernel``.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+RMSNORM_EPS = 1e-6
+PAGE_SIZE = 256  # FlashAttention-2's paged KV cache needs blocks of a multiple of 256 tokens
+
+
+class Unsupported(Exception):
+    """This row cannot run on the selected backend (not an error: the row is skipped and reported)."""
+
+
+@dataclass
+class Prepared:
+    fn: Callable[[], object]
+    backend: str           # implementation label written into ``kernel``
+    dtype: str
+    fused: bool | None = None  # for element-wise ops: known fused (True), eager (False) or to be profiled (None)
+    keep: list = field(default_factory=list)  # tensors the closure needs (kept alive until measured)
+
+
+def parse_lengths(text: str) -> list[int]:
+    values = ast.literal_eval(text) if isinstance(text, str) else text
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"bad length list {text!r}")
+    return [int(v) for v in values]
+
+
+def _module_version(module) -> str:
+    return str(getattr(module, "__version__", "") or "")
+
+
+class TorchRunners:
+    """Prepare any grid row on ``device``; ``attn_backend`` is auto, fa3, fa2 or sdpa."""
+
+    def __init__(self, device="cuda", attn_backend: str = "auto", elementwise_backend: str = "auto"):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self.generator = None
+        self.fa2 = self._import_fa2() if attn_backend in ("auto", "fa2", "fa3") else None
+        self.fa3 = self._import_fa3() if attn_backend in ("auto", "fa3") else None
+        self.flashinfer = self._import_flashinfer() if elementwise_backend in ("auto", "flashinfer") else None
+        if attn_backend == "fa2" and self.fa2 is None:
+            raise ValueError("--attn_backend fa2: flash_attn is not installed")
+        if attn_backend == "fa3" and self.fa3 is None:
+            raise ValueError("--attn_backend fa3: flash_attn_interface (FlashAttention-3, Hopper) is not available")
+        if elementwise_backend == "flashinfer" and self.flashinfer is None:
+            raise ValueError("flashinfer is not installed")
+        self.prefill_backend = "fa3" if self.fa3 is not None else ("fa2" if self.fa2 is not None else "sdpa")
+        self.decode_backend = "fa2" if self.fa2 is not None else "sdpa"
+        self._checked: dict[str, str | None] = {}
+
+    # -- optional libraries ----------------------------------------------------------------------
+
+    def _import_fa2(self):
+        if not self.is_cuda:
+            return None
+        try:
+            import flash_attn
+
+            return flash_attn
+        except Exception:
+            return None
+
+    def _import_fa3(self):
+        if not self.is_cuda or self.torch.cuda.get_device_capability(self.device)[0] != 9:
+            return None
+        try:
+            import flash_attn_interface
+
+            return flash_attn_interface
+        except Exception:
+            return None
+
+    def _import_flashinfer(self):
+        if not self.is_cuda:
+            return None
+        try:
+            import flashinfer
+
+            return flashinfer
+        except Exception:
+            return None
+
+    @property
+    def prefill_attention_type(self) -> str:
+        return "fa3_ragged" if self.prefill_backend == "fa3" else "fa2_ragged"
+
+    @property
+    def decode_attention_type(self) -> str:
+        return "fa2_paged"
+
+    def describe_backends(self) -> str:
+        fi = f"flashinfer {_module_version(self.flashinfer)}" if self.flashinfer else "torch"
+        return (f"attention prefill: {self.prefill_backend} ({self.prefill_attention_type}), "
+                f"decode: {self.decode_backend} ({self.decode_attention_type}); rmsnorm/siluandmul: {fi}")
+
+    def check_op(self, op: str) -> str | None:
+        """Why ``op`` cannot run here at all (None if it can): a tiny smoke run, cached."""
+        if op in self._checked:
+            return self._checked[op]
+        reason = None
+        if op == "gemm_fp8":
+            if not hasattr(self.torch, "float8_e4m3fn") or not hasattr(self.torch, "_scaled_mm"):
+                reason = "this torch has no FP8 support (torch._scaled_mm)"
+            elif self.is_cuda and self.torch.cuda.get_device_capability(self.device) < (8, 9):
+                reason = "FP8 GEMM needs compute capability 8.9 or newer"
+        if reason is None and op in ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul"):
+            samples = {
+                "gemm": {"M": 16, "N": 128, "K": 128},
+                "gemm_fp8": {"M": 16, "N": 128, "K": 128},
+                "rmsnorm": {"seq": 4, "dim": 256},
+                "siluandmul": {"seq": 4, "dim": 256},
+                "attn": {"attention_type": self.prefill_attention_type, "bs": 2, "q_lengths": "[64,64]",
+                         "kv_lengths": "[64,64]", "nh": 4, "nkv": 2, "hd": 128},
+            }
+            try:
+                self.prepare(op, samples[op]).fn()
+                if op == "attn":
+                    decode = {"attention_type": "fa2_paged", "bs": 2, "q_lengths": "[1,1]", "kv_lengths": "[300,70]",
+                              "nh": 4, "nkv": 2, "hd": 128}
+                    if self.decode_backend == "sdpa":
+                        decode["kv_lengths"] = "[300,300]"
+                    self.prepare(op, decode).fn()
+                if self.is_cuda:
+                    self.torch.cuda.synchronize(self.device)
+            except Exception as exc:  # noqa: BLE001 - report any failure as "cannot run here"
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        self._checked[op] = reason
+        return reason
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    def _randn(self, *shape, dtype=None, scale: float = 1.0):
+        torch = self.torch
+        t = torch.randn(*shape, device=self.device, dtype=torch.float32 if not self.is_cuda else dtype or torch.bfloat16)
+        if scale != 1.0:
+            t.mul_(scale)
+        return t.to(dtype or torch.bfloat16)
+
+    # -- runners ---------------------------------------------------------------------------------
+
+    def prepare(self, op: str, row: dict) -> Prepared:
+        if op in ("gemm", "gemm_fp8"):
+            return self._gemm(int(row["M"]), int(row["N"]), int(row["K"]), fp8=(op == "gemm_fp8"))
+        if op == "attn":
+            return self._attention(row)
+        if op == "rmsnorm":
+            return self._rmsnorm(int(row["seq"]), int(row["dim"]))
+        if op == "siluandmul":
+            return self._siluandmul(int(row["seq"]), int(row["dim"]))
+        raise Unsupported(f"operator {op!r} has no single-GPU runner")
+
+    def _gemm(self, M: int, N: int, K: int, fp8: bool) -> Prepared:
+        torch = self.torch
+        scale = 1.0 / math.sqrt(K)
+        x = self._randn(M, K, scale=1.0)
+        w = self._randn(N, K, scale=scale)
+        if not fp8:
+            F = torch.nn.functional
+            return Prepared(fn=lambda: F.linear(x, w), backend="torch.nn.functional.linear", dtype="bfloat16",
+                            keep=[x, w])
+        if K % 16 or N % 16:
+            raise Unsupported("torch._scaled_mm needs K and N to be multiples of 16")
+        a = x.to(torch.float8_e4m3fn)
+        b = w.to(torch.float8_e4m3fn).t()  # (K, N) column-major, as _scaled_mm requires
+        one = torch.ones((), dtype=torch.float32, device=self.device)
+        del x, w
+        return Prepared(
+            fn=lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+            backend="torch._scaled_mm(e4m3,per-tensor)", dtype="float8_e4m3fn", keep=[a, b, one],
+        )
+
+    def _attention(self, row: dict) -> Prepared:
+        torch = self.torch
+        kind = str(row["attention_type"])
+        q_lens = parse_lengths(row["q_lengths"])
+        kv_lens = parse_lengths(row["kv_lengths"])
+        nh, nkv, hd = int(row["nh"]), int(row["nkv"]), int(row["hd"])
+        bs = int(row["bs"])
+        if len(q_lens) != bs or len(kv_lens) != bs:
+            raise ValueError(f"attention row: bs {bs} but {len(q_lens)} q and {len(kv_lens)} kv lengths")
+        if any(q > kv for q, kv in zip(q_lens, kv_lens)) or min(q_lens) < 1:
+            raise ValueError("attention row: every q length must be between 1 and its kv length")
+        if nh % nkv:
+            raise ValueError(f"attention row: nh {nh} is not a multiple of nkv {nkv}")
+        decode = kind.endswith("_paged")
+        if decode:
+            if kind != self.decode_attention_type:
+                raise Unsupported(f"{kind}: this run measures decode with {self.decode_attention_type}")
+            if self.decode_backend == "fa2":
+                return self._fa2_decode(q_lens, kv_lens, nh, nkv, hd)
+            return self._sdpa(q_lens, kv_lens, nh, nkv, hd, decode=True)
+        if kind != self.prefill_attention_type:
+            raise Unsupported(f"{kind}: this run measures prefill with {self.prefill_attention_type}")
+        if self.prefill_backend in ("fa3", "fa2"):
+            return self._flash_varlen(q_lens, kv_lens, nh, nkv, hd)
+        return self._sdpa(q_lens, kv_lens, nh, nkv, hd, decode=False)
+
+    def _cu_seqlens(self, lengths):
+        torch = self.torch
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        return torch.tensor(cu, dtype=torch.int32, device=self.device)
+
+    def _flash_varlen(self, q_lens, kv_lens, nh, nkv, hd) -> Prepared:
+        module = self.fa3 if self.prefill_backend == "fa3" else self.fa2
+        q = self._randn(sum(q_lens), nh, hd)
+        k = self._randn(sum(kv_lens), nkv, hd)
+        v = self._randn(sum(kv_lens), nkv, hd)
+        cu_q, cu_k = self._cu_seqlens(q_lens), self._cu_seqlens(kv_lens)
+        max_q, max_k = max(q_lens), max(kv_lens)
+        func = module.flash_attn_varlen_func
+
+        def fn():
+            return func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+
+        name = "flash_attn_interface.flash_attn_varlen_func(FA3)" if module is self.fa3 else \
+            "flash_attn.flash_attn_varlen_func(FA2)"
+        return Prepared(fn=fn, backend=name, dtype="bfloat16", keep=[q, k, v, cu_q, cu_k])
+
+    def _fa2_decode(self, q_lens, kv_lens, nh, nkv, hd) -> Prepared:
+        torch = self.torch
+        if any(q != 1 for q in q_lens):
+            raise Unsupported("paged decode rows must have q length 1")
+        bs = len(kv_lens)
+        blocks_per_seq = [math.ceil(kv / PAGE_SIZE) for kv in kv_lens]
+        num_blocks = sum(blocks_per_seq)
+        max_blocks = max(blocks_per_seq)
+        # Pages of one sequence are scattered over the cache, as in a serving engine.
+        order = torch.randperm(num_blocks, device="cpu").to(torch.int32)
+        table = torch.zeros(bs, max_blocks, dtype=torch.int32)
+        pos = 0
+        for i, n in enumerate(blocks_per_seq):
+            table[i, :n] = order[pos:pos + n]
+            pos += n
+        block_table = table.to(self.device)
+        k_cache = self._randn(num_blocks, PAGE_SIZE, nkv, hd)
+        v_cache = self._randn(num_blocks, PAGE_SIZE, nkv, hd)
+        q = self._randn(bs, 1, nh, hd)
+        seqlens = torch.tensor(kv_lens, dtype=torch.int32, device=self.device)
+        func = self.fa2.flash_attn_with_kvcache
+
+        def fn():
+            return func(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=block_table, causal=True)
+
+        return Prepared(fn=fn, backend=f"flash_attn.flash_attn_with_kvcache(FA2,paged,page={PAGE_SIZE})",
+                        dtype="bfloat16", keep=[q, k_cache, v_cache, seqlens, block_table])
+
+    def _sdpa(self, q_lens, kv_lens, nh, nkv, hd, decode: bool) -> Prepared:
+        torch = self.torch
+        F = torch.nn.functional
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if len(set(q_lens)) != 1 or len(set(kv_lens)) != 1:
+            raise Unsupported("torch SDPA (flash backend) runs uniform lengths only; install flash-attn for ragged batches")
+        bs, lq, lk = len(q_lens), q_lens[0], kv_lens[0]
+        if decode and lq != 1:
+            raise Unsupported("decode rows must have q length 1")
+        if not decode and lq != lk:
+            raise Unsupported("torch SDPA aligns the causal mask top-left: prefill rows need q length = kv length")
+        # (B, L, H, D) storage viewed as (B, H, L, D), the layout serving engines hand to the kernel.
+        q = self._randn(bs, lq, nh, hd).transpose(1, 2)
+        k = self._randn(bs, lk, nkv, hd).transpose(1, 2)
+        v = self._randn(bs, lk, nkv, hd).transpose(1, 2)
+        gqa = nh != nkv
+        causal = not decode  # a single query at the end of the sequence sees every key
+
+        def fn():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+        return Prepared(fn=fn, backend="torch.sdpa(flash backend)", dtype="bfloat16", keep=[q, k, v])
+
+    def _rmsnorm(self, seq: int, dim: int) -> Prepared:
+        torch = self.torch
+        x = self._randn(seq, dim)
+        w = self._randn(dim)
+        if self.flashinfer is not None:
+            norm = self.flashinfer.norm.rmsnorm
+            out = torch.empty_like(x)
+            return Prepared(fn=lambda: norm(x, w, RMSNORM_EPS, out=out), backend="flashinfer.norm.rmsnorm",
+                            dtype="bfloat16", fused=True, keep=[x, w, out])
+        F = torch.nn.functional
+        return Prepared(fn=lambda: F.rms_norm(x, (dim,), w, RMSNORM_EPS), backend="torch.nn.functional.rms_norm",
+                        dtype="bfloat16", fused=None, keep=[x, w])
+
+    def _siluandmul(self, seq: int, dim: int) -> Prepared:
+        torch = self.torch
+        if dim % 2:
+            raise ValueError(f"siluandmul dim is the input width 2·d and must be even, got {dim}")
+        d = dim // 2
+        x = self._randn(seq, dim)
+        if self.flashinfer is not None:
+            act = self.flashinfer.activation.silu_and_mul
+            out = torch.empty(seq, d, dtype=x.dtype, device=self.device)
+            return Prepared(fn=lambda: act(x, out=out), backend="flashinfer.activation.silu_and_mul",
+                            dtype="bfloat16", fused=True, keep=[x, out])
+        F = torch.nn.functional
+        gate, up = x[:, :d], x[:, d:]
+        return Prepared(fn=lambda: F.silu(gate) * up, backend="torch eager silu(gate)*up", dtype="bfloat16",
+                        fused=None, keep=[x])
+
+    # -- kernel names ----------------------------------------------------------------------------
+
+    def kernel_names(self, fn) -> list[str] | None:
+        """Names of the GPU kernels one call launches (None when the profiler is unavailable)."""
+        if not self.is_cuda:
+            return None
+        torch = self.torch
+        try:
+            from torch.autograd import DeviceType
+            from torch.profiler import ProfilerActivity, profile
+
+            torch.cuda.synchronize(self.device)
+            with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize(self.device)
+            names = []
+            for event in prof.events():
+                if event.device_type != DeviceType.CUDA:
+                    continue
+                name = event.name
+                if name.startswith(("Memset", "Memcpy", "cudaMem")):
+                    continue
+                names.append(name)
+            return names
+        except Exception:
+            return None
+
+
+def short_kernel_name(name: str, limit: int = 160) -> str:
+    """Drop the ``void `` prefix and the argument list of a demangled kernel name; keep template arguments."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            text = text[:i]
+            break
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def kernel_label(prepared: Prepared, names: list[str] | None) -> str:
+    """The ``kernel`` cell: backend, fused/eager for element-wise ops, and the GPU kernels that ran."""
+    label = prepared.backend
+    if prepared.fused is not None or names is not None:
+        fused = prepared.fused
+        if fused is None and names is not None:
+            fused = len(names) == 1
+        if fused is not None and prepared.dtype == "bfloat16" and prepared.backend.startswith(
+                ("flashinfer.norm", "flashinfer.activation", "torch.nn.functional.rms_norm", "torch eager")):
+            label += " [fused]" if fused else f" [eager, {len(names) if names is not None else '?'} kernels]"
+    if names:
+        unique = list(dict.fromkeys(short_kernel_name(n) for n in names))
+        label += ": " + " | ".join(unique)
+    return label

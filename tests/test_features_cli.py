@@ -1,0 +1,82 @@
+"""python3 -m analytical_model features: output schema and user errors (one line, exit 2, no file)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from analytical_model.registry import ATTENTION_FEATURES, ELEMENTWISE_FEATURES, GEMM_FEATURES
+
+
+def run(repo_root, *args):
+    return subprocess.run([sys.executable, "-m", "analytical_model", *map(str, args)], cwd=repo_root,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "op,rows,features",
+    [
+        ("gemm", {"M": [3, 4096], "N": [2560, 4096], "K": [8192, 4096], "hardware": ["A40", "NVIDIA H100"],
+                  "tile_M": [64, None], "tile_N": [128, None], "tile_K": [64, None], "is_split_k": [1, None],
+                  "cta_count": [60, None]}, GEMM_FEATURES),
+        ("gemm_fp8", {"M": [108], "N": [8192], "K": [1024], "hardware": ["H20"]}, GEMM_FEATURES),
+        ("attn", {"attention_type": ["fa2_ragged"], "bs": [1], "q_lengths": ["[8]"], "kv_lengths": ["[225]"],
+                  "nh": [5], "nkv": [1], "hd": [128], "hardware": ["A40"]}, ATTENTION_FEATURES),
+        ("rmsnorm", {"seq": [2], "dim": [128], "hardware": ["H20"]}, ELEMENTWISE_FEATURES),
+        ("siluandmul", {"seq": [8097], "dim": [768], "hardware": ["H200"]}, ELEMENTWISE_FEATURES),
+    ],
+)
+def test_features_command(tmp_path, repo_root, op, rows, features):
+    src = tmp_path / "in.csv"
+    pd.DataFrame(rows).assign(extra="kept").to_csv(src, index=False)
+    dst = tmp_path / "out.csv"
+    result = run(repo_root, "features", "--op", op, "--input", src, "--output", dst)
+    assert result.returncode == 0, result.stderr
+    out = pd.read_csv(dst)
+    inputs = list(pd.read_csv(src).columns)
+    assert list(out.columns) == inputs + list(features) + ["ideal_cycles"]
+    assert (out[list(features)] >= 0).all().all()
+    if op == "gemm":
+        assert out["tensor_all_cycle"].iloc[0] == pytest.approx(31207.619, rel=1e-6)  # Appendix A.1 tiles given
+    if op == "attn":
+        assert out["tensor_all_ops"].iloc[0] == 8650752  # Appendix A.5
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["features", "--op", "conv"], "invalid choice"),
+        (["features", "--op", "gemm", "--input", "missing.csv"], "input file not found"),
+        (["features", "--op", "gemm", "--input", "{bad_columns}"], "lacks column"),
+        (["features", "--op", "gemm", "--input", "{bad_gpu}"], "unknown GPU 'V100'"),
+        (["features", "--op", "gemm", "--input", "{bad_value}"], "positive integer"),
+        (["features", "--op", "attn", "--input", "{bad_attn}"], "nh"),
+    ],
+)
+def test_bad_input_one_line_exit_2(tmp_path, repo_root, args, message):
+    files = {
+        "bad_columns": pd.DataFrame({"M": [1], "hardware": ["A100"]}),
+        "bad_gpu": pd.DataFrame({"M": [1], "N": [1], "K": [1], "hardware": ["V100"]}),
+        "bad_value": pd.DataFrame({"M": [0], "N": [1], "K": [1], "hardware": ["A100"]}),
+        "bad_attn": pd.DataFrame({"attention_type": ["fa2_paged"], "bs": [1], "q_lengths": ["[1]"],
+                                  "kv_lengths": ["[9]"], "nh": [6], "nkv": [4], "hd": [128], "hardware": ["A100"]}),
+    }
+    resolved = []
+    for arg in args:
+        if arg.startswith("{"):
+            path = tmp_path / f"{arg[1:-1]}.csv"
+            files[arg[1:-1]].to_csv(path, index=False)
+            arg = str(path)
+        resolved.append(arg)
+    dst = tmp_path / "out.csv"
+    if "--input" in resolved:
+        resolved += ["--output", str(dst)]
+    else:
+        resolved += ["--input", "x.csv", "--output", str(dst)]
+    result = run(repo_root, *resolved)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+    assert not dst.exists()

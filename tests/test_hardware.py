@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from analytical_model.hardware import HardwareRegistry, UnknownHardwareError, load_hardware
+
+EXPECTED = {
+    "A100": (108, 1410, "ampere"), "A40": (84, 1740, "ampere"), "RTX A6000": (84, 1800, "ampere"),
+    "L20": (92, 2520, "ada"), "L40": (142, 2490, "ada"), "RTX 6000 Ada": (142, 2505, "ada"),
+    "H100": (132, 1830, "hopper"), "H800": (132, 1830, "hopper"), "H200": (132, 1830, "hopper"),
+    "H20": (78, 1830, "hopper"), "RTX PRO 6000 S": (188, 2340, "blackwell"),
+    "L40S": (142, 2520, "ada"), "B200": (148, 1860, "blackwell"),
+}
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_every_gpu_loads(stem):
+    hw = load_hardware(stem)
+    assert (hw.num_sms, hw.sm_freq, hw.architecture) == EXPECTED[stem]
+
+
+@pytest.mark.parametrize(
+    "name,stem",
+    [("H100", "H100"), ("NVIDIA H100", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("h100_sxm", "H100"),
+     ("NVIDIA A100-SXM4-80GB", "A100"), ("a100_sxm", "A100"), ("RTX_6000_Ada", "RTX 6000 Ada"),
+     ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000 S"), ("rtx_pro_6000_server", "RTX PRO 6000 S"),
+     ("l40s", "L40S"), ("NVIDIA L40", "L40"), ("b200_sxm", "B200")],
+)
+def test_aliases(name, stem):
+    assert load_hardware(name).stem == stem
+
+
+def test_unknown_gpu_lists_known():
+    with pytest.raises(UnknownHardwareError, match=r"unknown GPU 'V100'.*A100.*RTX PRO 6000 S"):
+        load_hardware("V100")
+
+
+def test_sanity_peaks():
+    a100, h100 = load_hardware("A100"), load_hardware("H100")
+    assert a100.tc_bf16 * a100.num_sms * a100.sm_freq * 1e6 == pytest.approx(312e12, rel=0.01)
+    assert h100.tc_bf16 * h100.num_sms * h100.sm_freq * 1e6 == pytest.approx(989e12, rel=0.01)
+    assert h100.uses_sm90_gemm and load_hardware("B200").uses_sm90_gemm
+    assert not load_hardware("RTX PRO 6000 S").uses_sm90_gemm and not a100.uses_sm90_gemm
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda d: d.pop("numSms"), "missing field 'numSms'"),
+        (lambda d: d.update(memBandwidth="fast"), "field 'memBandwidth' must be a positive number"),
+        (lambda d: d.update(numSms=13.5), "field 'numSms' must be an integer"),
+        (lambda d: d.update(architecture="volta"), "field 'architecture' must be one of"),
+        (lambda d: d.update(tcFp8=-1), "field 'tcFp8' must be a non-negative number"),
+        (lambda d: d.pop("computeMajor"), "missing field 'computeMajor'"),
+    ],
+)
+def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
+    shutil.copy(repo_root / "hardware" / "A40.json", tmp_path / "A40.json")
+    data = json.loads((repo_root / "hardware" / "H100.json").read_text())
+    edit(data)
+    (tmp_path / "Broken.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"Broken\.json: {message}"):
+        HardwareRegistry(tmp_path)
+
+
+def test_invalid_json(tmp_path):
+    (tmp_path / "Bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"Bad\.json: invalid JSON"):
+        HardwareRegistry(tmp_path)
