@@ -52,9 +52,10 @@ aiconfigurator GEMM.
     ``gemm``: ``gemm_dtype == bfloat16`` (kernel ``torch.nn.functional.linear``; ``vllm_default`` on a100).
     ``gemm_fp8``: ``gemm_dtype == fp8`` with kernel ``CutlassFP8ScaledMMLinearKernel`` (W8A8 per-tensor CUTLASS
     scaled-mm); ``fp8_block`` / ``nvfp4`` rows are other kernels and are not used. m = tokens = M.
-    Caveat: these rows time vLLM's whole FP8 linear apply; at large M·K they are up to ~3-4x slower than
-    PipeWeave's pure FP8 GEMM timings of the same shape on H100 (activation quantisation is probably included).
-    The lead may want to filter them (``source`` tells them apart).
+    Caveat: on the 416 (M, N, K) shapes shared with PipeWeave's H100 FP8 data these rows are 0.8-1.2x of
+    PipeWeave's time at small M but up to ~4x slower at large M with small K (e.g. 8192x1024x768: 77 µs vs 18 µs),
+    which suggests vLLM's FP8 linear apply is timed including the activation quantisation. ``source`` tells the
+    two apart if they must be filtered.
 
 aiconfigurator attention (context = prefill, generation = decode).
     Kept kernel sources and the attention_type they map to::
@@ -121,6 +122,18 @@ Project measurements (``dataset/measured/<gpu>/*.csv``).
     strings lose their spaces and are checked against ``bs``. A missing or empty folder yields nothing.
 
 Collectives: see :func:`load_collectives`.
+
+Known oddities (kept, not filtered)
+-----------------------------------
+* aiconfigurator decode attention on l40s (1,909 rows) and rtx_pro_6000_server (1,061 rows) implies KV-cache read
+  rates above the DRAM peak (up to 2.5 and 3.2 TB/s against 0.86 and 1.79 TB/s): these are rows whose whole KV
+  cache (<= 100 / 134 MB) fits in the 96 / 128 MB L2, timed warm over repetitions. On A100/H100/H200 the rate
+  saturates at 85-95 % of DRAM peak as expected.
+* Vidur numbers have 1 µs resolution (norms and activations of a few tokens read 1-8 µs).
+* A few aiconfigurator GEMM shapes get more than 2x faster at the next larger M (131 of 188k rows, mostly l40s):
+  different cuBLAS kernel choices, not unit errors.
+* The same GPU appears under two device strings ("NVIDIA H100 80GB HBM3" from aiconfigurator, "NVIDIA H100" from
+  Vidur and PipeWeave); group by ``load_hardware(name).stem`` when a per-GPU view is needed.
 """
 from __future__ import annotations
 
@@ -360,7 +373,7 @@ def _finalize(op: str, frame: pd.DataFrame, log: Log, label: str, check_lists: b
     repeated = int(df.duplicated(key).sum())
     if repeated:
         df = df.groupby(key, sort=False, as_index=False)["avg_duration"].mean()
-        reasons[f"repeated key averaged into its first row"] = repeated
+        reasons["repeated key averaged into its first row"] = repeated
     df = df[COLUMNS[op]].sort_values(["hardware", "source", *SHAPE_COLUMNS[op], "dtype"], kind="mergesort")
     df = df.reset_index(drop=True)
     df["avg_duration"] = df["avg_duration"].astype("float64")
@@ -779,7 +792,7 @@ def load_measurements(ops=None, log: Log = print, measured_dir: Path | str | Non
             unknown = sorted(h for h in frame["hardware"].unique() if h not in registry)
             if unknown:
                 log(f"[measurements] {op}: hardware without a hardware JSON (rows kept): {unknown}")
-    log(f"[measurements] " + ", ".join(f"{op} {len(f)}" for op, f in out.items())
+    log("[measurements] " + ", ".join(f"{op} {len(f)}" for op, f in out.items())
         + f" rows in {time.perf_counter() - start:.1f} s")
     return out
 
