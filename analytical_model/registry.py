@@ -17,8 +17,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from . import gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
-from .attention import ATTENTION_CALCULATORS, attention_features
+from . import fa2_batch, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
+from .attention import ATTENTION_CALCULATORS, attention_problem
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from .pipes import (
     FMA_FEATURES,
@@ -147,22 +147,29 @@ def format_length_list(values) -> str:
 
 
 def _attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    """Per-row problems; FA2 rows go through the batched, bit-identical fast path (fa2_batch)."""
     bs, nh, nkv, hd = (_int_column(frame, c) for c in ("bs", "nh", "nkv", "hd"))
-    rows = []
+    keys, problems = [], []
     for i, (kind, q, kv) in enumerate(zip(frame["attention_type"], frame["q_lengths"], frame["kv_lengths"])):
-        rows.append(
-            attention_features(
-                str(kind),
-                int(bs[i]),
-                parse_length_list(q, "q_lengths"),
-                parse_length_list(kv, "kv_lengths"),
-                int(nh[i]),
-                int(nkv[i]),
-                int(hd[i]),
-                hw,
-            )
+        key, problem = attention_problem(
+            str(kind),
+            int(bs[i]),
+            parse_length_list(q, "q_lengths"),
+            parse_length_list(kv, "kv_lengths"),
+            int(nh[i]),
+            int(nkv[i]),
+            int(hd[i]),
         )
-    return np.vstack(rows)
+        keys.append(key)
+        problems.append(problem)
+    out = np.zeros((len(problems), len(ATTENTION_FEATURES)))
+    fa2_rows = [i for i, key in enumerate(keys) if key == "fa2"]
+    if fa2_rows:
+        out[fa2_rows] = fa2_batch.features_many([problems[i] for i in fa2_rows], hw)
+    for i, key in enumerate(keys):
+        if key != "fa2":
+            out[i] = ATTENTION_CALCULATORS[key](problems[i], hw)
+    return out
 
 
 def _elementwise(calculator) -> Callable[[pd.DataFrame, HardwareSpec], np.ndarray]:

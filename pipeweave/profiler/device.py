@@ -204,7 +204,8 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
     if mem_clock and bus_width:
         # Convention of the shipped files: memory clock × 2 (double data rate) × bus width / 8, in GB/s.
         data["memBandwidth"] = round(mem_clock * 2 * bus_width / 8 / 1000, 6)
-        check["memBandwidth"] = (f"theoretical DRAM bandwidth from the driver: {mem_clock} MHz × 2 × {bus_width} bit / 8; "
+        check["memBandwidth"] = (f"theoretical DRAM bandwidth from the driver: {mem_clock} MHz × 2 × "
+                                 f"{bus_width} bit / 8; "
                                  "compare with the vendor datasheet")
     else:
         data["memBandwidth"] = _todo("DRAM bandwidth in GB/s from the vendor datasheet")
@@ -252,7 +253,8 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
         data["architecture"] = _todo(f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
                                      "is none of them; pick the closest)")
         todo.append("architecture")
-    data["provenance"] = (f"Skeleton written by profile_operators.py --hardware_json on {today or _dt.date.today().isoformat()} "
+    date = today or _dt.date.today().isoformat()
+    data["provenance"] = (f"Skeleton written by profile_operators.py --hardware_json on {date} "
                           "from torch.cuda.get_device_properties"
                           + (" and NVML" if max_sm_clock_mhz or max_mem_clock_mhz or memory_bus_width else "")
                           + "; fill the fields listed in TODO, review CHECK, then delete both lists.")

@@ -126,21 +126,29 @@ def load_models(stems: Sequence[str], config_dir: str | Path) -> list[ModelShape
     return models
 
 
-def load_trace_prompts(trace_dir: str | Path) -> dict[str, tuple[list[int], int]]:
-    """``{trace stem: (prompt lengths, output_tokens)}`` for every trace CSV (METHOD.md §6.1); {} if none."""
+def load_trace_prompts(trace_dir: str | Path, problems: list[str] | None = None) -> dict[str, tuple[list[int], int]]:
+    """``{trace stem: (prompt lengths, output_tokens)}`` for every trace CSV (METHOD.md §6.1); {} if none.
+
+    The prompt column may be ``num_prefill_tokens`` or ``prompt_tokens``. Files that are not traces are
+    skipped (and named in ``problems``): traces only add rows to the attention grid.
+    """
     trace_dir = Path(trace_dir)
     traces: dict[str, tuple[list[int], int]] = {}
     if not trace_dir.is_dir():
         return traces
     for path in sorted(trace_dir.glob("*.csv")):
-        with path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
         try:
-            prompts = [int(r["num_prefill_tokens"]) for r in rows]
-            output = int(rows[0]["output_tokens"]) if rows else 0
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ValueError(f"{path}: not a trace CSV (num_prefill_tokens, output_tokens): {exc}") from None
-        if prompts and output >= 1:
+            with path.open(newline="") as handle:
+                rows = list(csv.DictReader(handle))
+            column = next(c for c in ("num_prefill_tokens", "prompt_tokens") if rows and c in rows[0])
+            prompts = [int(r[column]) for r in rows]
+            output = int(rows[0]["output_tokens"])
+        except (StopIteration, KeyError, ValueError, TypeError, OSError, csv.Error):
+            if problems is not None:
+                problems.append(f"{path}: not a trace CSV (num_prefill_tokens or prompt_tokens, "
+                                "output_tokens); skipped")
+            continue
+        if prompts and output >= 1 and min(prompts) >= 1:
             traces[path.stem] = (prompts, output)
     return traces
 
@@ -154,7 +162,8 @@ def tp_problem(model: ModelShape, tp: int) -> str | None:
     m = model
     checks = [
         ("num_attention_heads", m.num_attention_heads),
-        ("(num_attention_heads + 2·num_key_value_heads)·head_dim", (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim),
+        ("(num_attention_heads + 2·num_key_value_heads)·head_dim",
+         (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim),
         ("intermediate_size", m.intermediate_size),
     ]
     if m.num_key_value_heads >= tp:
@@ -295,7 +304,9 @@ def attn_grid(models, tps, *, quick: bool, prefill_type: str = "fa2_ragged", dec
             if sum(prompts) <= ATTN_PREFILL_MAX_TOKENS:
                 batches.append((prefill_type, list(prompts), list(prompts)))
             for step in sorted({1, max(1, (output - 1) // 2), max(1, output - 1)}):
-                batches.append((decode_type, [1] * len(prompts), [p + step for p in prompts]))
+                kvs = [p + step for p in prompts]
+                if sum(kvs) <= ATTN_DECODE_MAX_KV:
+                    batches.append((decode_type, [1] * len(prompts), kvs))
     rows = []
     for nh, nkv, hd in heads:
         for kind, q, kv in batches:

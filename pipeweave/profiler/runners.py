@@ -36,7 +36,8 @@ class Prepared:
     fn: Callable[[], object]
     backend: str           # implementation label written into ``kernel``
     dtype: str
-    fused: bool | None = None  # for element-wise ops: known fused (True), eager (False) or to be profiled (None)
+    elementwise: bool = False   # rmsnorm / siluandmul: the kernel cell says fused or eager
+    fused: bool | None = None   # known fused (True) / eager (False), or None: count the kernels the profiler sees
     keep: list = field(default_factory=list)  # tensors the closure needs (kept alive until measured)
 
 
@@ -52,59 +53,70 @@ def _module_version(module) -> str:
 
 
 class TorchRunners:
-    """Prepare any grid row on ``device``; ``attn_backend`` is auto, fa3, fa2 or sdpa."""
+    """Prepare any grid row on ``device``.
+
+    ``attn_backend``: auto (FA3 for prefill on Hopper when installed, else FA2 when installed, else SDPA),
+    fa3, fa2 or sdpa. ``elementwise_backend``: auto (FlashInfer when installed, else torch), flashinfer or torch.
+    Call :meth:`check_op` before building the grid: it smoke-tests each backend and, in auto mode, falls back
+    to the next one (see :attr:`notes`), which fixes the attention_type strings the grid must use.
+    """
 
     def __init__(self, device="cuda", attn_backend: str = "auto", elementwise_backend: str = "auto"):
         import torch
 
+        if attn_backend not in ("auto", "fa3", "fa2", "sdpa"):
+            raise ValueError(f"unknown attention backend {attn_backend!r} (auto, fa3, fa2, sdpa)")
+        if elementwise_backend not in ("auto", "flashinfer", "torch"):
+            raise ValueError(f"unknown element-wise backend {elementwise_backend!r} (auto, flashinfer, torch)")
         self.torch = torch
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
-        self.generator = None
-        self.fa2 = self._import_fa2() if attn_backend in ("auto", "fa2", "fa3") else None
-        self.fa3 = self._import_fa3() if attn_backend in ("auto", "fa3") else None
-        self.flashinfer = self._import_flashinfer() if elementwise_backend in ("auto", "flashinfer") else None
-        if attn_backend == "fa2" and self.fa2 is None:
-            raise ValueError("--attn_backend fa2: flash_attn is not installed")
-        if attn_backend == "fa3" and self.fa3 is None:
-            raise ValueError("--attn_backend fa3: flash_attn_interface (FlashAttention-3, Hopper) is not available")
-        if elementwise_backend == "flashinfer" and self.flashinfer is None:
-            raise ValueError("flashinfer is not installed")
-        self.prefill_backend = "fa3" if self.fa3 is not None else ("fa2" if self.fa2 is not None else "sdpa")
-        self.decode_backend = "fa2" if self.fa2 is not None else "sdpa"
+        self.attn_forced = attn_backend != "auto"
+        self.elementwise_forced = elementwise_backend != "auto"
+        self.notes: list[str] = []
+        fa2 = self._import("flash_attn") if attn_backend in ("auto", "fa2", "fa3") else None
+        fa3 = None
+        if attn_backend in ("auto", "fa3") and self.is_cuda and torch.cuda.get_device_capability(self.device)[0] == 9:
+            fa3 = self._import("flash_attn_interface")
+        if attn_backend == "fa2" and fa2 is None:
+            raise ValueError("attention backend fa2: flash_attn is not installed")
+        if attn_backend == "fa3" and fa3 is None:
+            raise ValueError("attention backend fa3: flash_attn_interface (FlashAttention-3) is not installed "
+                             "or this is not a Hopper GPU")
+        self.fa2, self.fa3 = fa2, fa3
+        self.prefill_backend = "fa3" if fa3 is not None else ("fa2" if fa2 is not None else "sdpa")
+        self.decode_backend = "fa2" if fa2 is not None else "sdpa"
+        flashinfer = self._import("flashinfer") if elementwise_backend in ("auto", "flashinfer") else None
+        if elementwise_backend == "flashinfer" and flashinfer is None:
+            raise ValueError("element-wise backend flashinfer: flashinfer is not installed")
+        self.flashinfer_version = _module_version(flashinfer) if flashinfer is not None else ""
+        self.fi_rmsnorm = self._find(flashinfer, ("rmsnorm", "norm.rmsnorm"))
+        self.fi_silu_and_mul = self._find(flashinfer, ("silu_and_mul", "activation.silu_and_mul"))
         self._checked: dict[str, str | None] = {}
 
     # -- optional libraries ----------------------------------------------------------------------
 
-    def _import_fa2(self):
+    def _import(self, name: str):
         if not self.is_cuda:
-            return None
+            return None  # these libraries are CUDA-only
         try:
-            import flash_attn
-
-            return flash_attn
+            return __import__(name)
         except Exception:
             return None
 
-    def _import_fa3(self):
-        if not self.is_cuda or self.torch.cuda.get_device_capability(self.device)[0] != 9:
+    @staticmethod
+    def _find(module, paths):
+        if module is None:
             return None
-        try:
-            import flash_attn_interface
-
-            return flash_attn_interface
-        except Exception:
-            return None
-
-    def _import_flashinfer(self):
-        if not self.is_cuda:
-            return None
-        try:
-            import flashinfer
-
-            return flashinfer
-        except Exception:
-            return None
+        for path in paths:
+            obj = module
+            try:
+                for part in path.split("."):
+                    obj = getattr(obj, part)
+                return obj
+            except AttributeError:
+                continue
+        return None
 
     @property
     def prefill_attention_type(self) -> str:
@@ -115,52 +127,85 @@ class TorchRunners:
         return "fa2_paged"
 
     def describe_backends(self) -> str:
-        fi = f"flashinfer {_module_version(self.flashinfer)}" if self.flashinfer else "torch"
+        fi = f"flashinfer {self.flashinfer_version}".strip()
+        norm = fi if self.fi_rmsnorm is not None else "torch"
+        act = fi if self.fi_silu_and_mul is not None else "torch"
         return (f"attention prefill: {self.prefill_backend} ({self.prefill_attention_type}), "
-                f"decode: {self.decode_backend} ({self.decode_attention_type}); rmsnorm/siluandmul: {fi}")
+                f"decode: {self.decode_backend} ({self.decode_attention_type}); rmsnorm: {norm}; siluandmul: {act}")
+
+    # -- smoke tests -----------------------------------------------------------------------------
+
+    def _smoke(self, op: str, row: dict) -> str | None:
+        try:
+            prepared = self.prepare(op, row)
+            prepared.fn()
+            if self.is_cuda:
+                self.torch.cuda.synchronize(self.device)
+            return None
+        except Exception as exc:  # noqa: BLE001 - any failure means "cannot run here"
+            text = str(exc).strip().splitlines()
+            return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
     def check_op(self, op: str) -> str | None:
-        """Why ``op`` cannot run here at all (None if it can): a tiny smoke run, cached."""
+        """Why ``op`` cannot run here at all (None if it can); falls back between backends in auto mode."""
         if op in self._checked:
             return self._checked[op]
         reason = None
+        torch = self.torch
         if op == "gemm_fp8":
-            if not hasattr(self.torch, "float8_e4m3fn") or not hasattr(self.torch, "_scaled_mm"):
-                reason = "this torch has no FP8 support (torch._scaled_mm)"
-            elif self.is_cuda and self.torch.cuda.get_device_capability(self.device) < (8, 9):
+            if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+                reason = "this torch has no FP8 GEMM (torch._scaled_mm)"
+            elif self.is_cuda and torch.cuda.get_device_capability(self.device) < (8, 9):
                 reason = "FP8 GEMM needs compute capability 8.9 or newer"
-        if reason is None and op in ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul"):
-            samples = {
-                "gemm": {"M": 16, "N": 128, "K": 128},
-                "gemm_fp8": {"M": 16, "N": 128, "K": 128},
-                "rmsnorm": {"seq": 4, "dim": 256},
-                "siluandmul": {"seq": 4, "dim": 256},
-                "attn": {"attention_type": self.prefill_attention_type, "bs": 2, "q_lengths": "[64,64]",
-                         "kv_lengths": "[64,64]", "nh": 4, "nkv": 2, "hd": 128},
-            }
-            try:
-                self.prepare(op, samples[op]).fn()
-                if op == "attn":
-                    decode = {"attention_type": "fa2_paged", "bs": 2, "q_lengths": "[1,1]", "kv_lengths": "[300,70]",
-                              "nh": 4, "nkv": 2, "hd": 128}
-                    if self.decode_backend == "sdpa":
-                        decode["kv_lengths"] = "[300,300]"
-                    self.prepare(op, decode).fn()
-                if self.is_cuda:
-                    self.torch.cuda.synchronize(self.device)
-            except Exception as exc:  # noqa: BLE001 - report any failure as "cannot run here"
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if reason is None:
+            if op in ("gemm", "gemm_fp8"):
+                reason = self._smoke(op, {"M": 16, "N": 128, "K": 128})
+            elif op == "attn":
+                reason = self._check_attention()
+            elif op in ("rmsnorm", "siluandmul"):
+                attr = "fi_rmsnorm" if op == "rmsnorm" else "fi_silu_and_mul"
+                sample = {"seq": 4, "dim": 256}
+                reason = self._smoke(op, sample)
+                if reason and getattr(self, attr) is not None and not self.elementwise_forced:
+                    self.notes.append(f"{op}: flashinfer failed ({reason}); using torch")
+                    setattr(self, attr, None)
+                    reason = self._smoke(op, sample)
+            else:
+                reason = f"operator {op!r} has no single-GPU runner"
         self._checked[op] = reason
         return reason
 
+    def _check_attention(self) -> str | None:
+        prefill = {"attention_type": "", "bs": 2, "q_lengths": "[64,64]", "kv_lengths": "[64,64]",
+                   "nh": 4, "nkv": 2, "hd": 128}
+        while True:
+            prefill["attention_type"] = self.prefill_attention_type
+            reason = self._smoke("attn", prefill)
+            if reason is None:
+                break
+            if self.attn_forced or self.prefill_backend == "sdpa":
+                return f"prefill ({self.prefill_backend}): {reason}"
+            fallback = "fa2" if (self.prefill_backend == "fa3" and self.fa2 is not None) else "sdpa"
+            self.notes.append(f"attention prefill: {self.prefill_backend} failed ({reason}); using {fallback}")
+            self.prefill_backend = fallback
+        decode = {"attention_type": self.decode_attention_type, "bs": 2, "q_lengths": "[1,1]",
+                  "kv_lengths": "[300,300]", "nh": 4, "nkv": 2, "hd": 128}
+        while True:
+            reason = self._smoke("attn", decode)
+            if reason is None:
+                return None
+            if self.attn_forced or self.decode_backend == "sdpa":
+                return f"decode ({self.decode_backend}): {reason}"
+            self.notes.append(f"attention decode: {self.decode_backend} failed ({reason}); using sdpa")
+            self.decode_backend = "sdpa"
+
     # -- inputs ----------------------------------------------------------------------------------
 
-    def _randn(self, *shape, dtype=None, scale: float = 1.0):
-        torch = self.torch
-        t = torch.randn(*shape, device=self.device, dtype=torch.float32 if not self.is_cuda else dtype or torch.bfloat16)
+    def _randn(self, *shape, scale: float = 1.0):
+        t = self.torch.randn(*shape, device=self.device, dtype=self.torch.bfloat16)
         if scale != 1.0:
             t.mul_(scale)
-        return t.to(dtype or torch.bfloat16)
+        return t
 
     # -- runners ---------------------------------------------------------------------------------
 
@@ -177,19 +222,17 @@ class TorchRunners:
 
     def _gemm(self, M: int, N: int, K: int, fp8: bool) -> Prepared:
         torch = self.torch
-        scale = 1.0 / math.sqrt(K)
-        x = self._randn(M, K, scale=1.0)
-        w = self._randn(N, K, scale=scale)
         if not fp8:
+            x = self._randn(M, K)
+            w = self._randn(N, K, scale=1.0 / math.sqrt(K))  # keeps outputs O(1)
             F = torch.nn.functional
             return Prepared(fn=lambda: F.linear(x, w), backend="torch.nn.functional.linear", dtype="bfloat16",
                             keep=[x, w])
         if K % 16 or N % 16:
             raise Unsupported("torch._scaled_mm needs K and N to be multiples of 16")
-        a = x.to(torch.float8_e4m3fn)
-        b = w.to(torch.float8_e4m3fn).t()  # (K, N) column-major, as _scaled_mm requires
+        a = self._randn(M, K).to(torch.float8_e4m3fn)
+        b = self._randn(N, K).to(torch.float8_e4m3fn).t()  # (K, N) column-major, as _scaled_mm requires
         one = torch.ones((), dtype=torch.float32, device=self.device)
-        del x, w
         return Prepared(
             fn=lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
             backend="torch._scaled_mm(e4m3,per-tensor)", dtype="float8_e4m3fn", keep=[a, b, one],
@@ -278,7 +321,8 @@ class TorchRunners:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         if len(set(q_lens)) != 1 or len(set(kv_lens)) != 1:
-            raise Unsupported("torch SDPA (flash backend) runs uniform lengths only; install flash-attn for ragged batches")
+            raise Unsupported("torch SDPA (flash backend) runs uniform lengths only; "
+                              "install flash-attn for ragged batches")
         bs, lq, lk = len(q_lens), q_lens[0], kv_lens[0]
         if decode and lq != 1:
             raise Unsupported("decode rows must have q length 1")
@@ -301,14 +345,14 @@ class TorchRunners:
         torch = self.torch
         x = self._randn(seq, dim)
         w = self._randn(dim)
-        if self.flashinfer is not None:
-            norm = self.flashinfer.norm.rmsnorm
+        if self.fi_rmsnorm is not None:
+            norm = self.fi_rmsnorm
             out = torch.empty_like(x)
-            return Prepared(fn=lambda: norm(x, w, RMSNORM_EPS, out=out), backend="flashinfer.norm.rmsnorm",
-                            dtype="bfloat16", fused=True, keep=[x, w, out])
+            return Prepared(fn=lambda: norm(x, w, RMSNORM_EPS, out=out), backend="flashinfer rmsnorm",
+                            dtype="bfloat16", elementwise=True, fused=True, keep=[x, w, out])
         F = torch.nn.functional
         return Prepared(fn=lambda: F.rms_norm(x, (dim,), w, RMSNORM_EPS), backend="torch.nn.functional.rms_norm",
-                        dtype="bfloat16", fused=None, keep=[x, w])
+                        dtype="bfloat16", elementwise=True, fused=None, keep=[x, w])
 
     def _siluandmul(self, seq: int, dim: int) -> Prepared:
         torch = self.torch
@@ -316,15 +360,15 @@ class TorchRunners:
             raise ValueError(f"siluandmul dim is the input width 2·d and must be even, got {dim}")
         d = dim // 2
         x = self._randn(seq, dim)
-        if self.flashinfer is not None:
-            act = self.flashinfer.activation.silu_and_mul
+        if self.fi_silu_and_mul is not None:
+            act = self.fi_silu_and_mul
             out = torch.empty(seq, d, dtype=x.dtype, device=self.device)
-            return Prepared(fn=lambda: act(x, out=out), backend="flashinfer.activation.silu_and_mul",
-                            dtype="bfloat16", fused=True, keep=[x, out])
+            return Prepared(fn=lambda: act(x, out=out), backend="flashinfer silu_and_mul",
+                            dtype="bfloat16", elementwise=True, fused=True, keep=[x, out])
         F = torch.nn.functional
         gate, up = x[:, :d], x[:, d:]
-        return Prepared(fn=lambda: F.silu(gate) * up, backend="torch eager silu(gate)*up", dtype="bfloat16",
-                        fused=None, keep=[x])
+        return Prepared(fn=lambda: F.silu(gate) * up, backend="torch silu(gate)*up", dtype="bfloat16",
+                        elementwise=True, fused=None, keep=[x])
 
     # -- kernel names ----------------------------------------------------------------------------
 
@@ -374,13 +418,16 @@ def short_kernel_name(name: str, limit: int = 160) -> str:
 def kernel_label(prepared: Prepared, names: list[str] | None) -> str:
     """The ``kernel`` cell: backend, fused/eager for element-wise ops, and the GPU kernels that ran."""
     label = prepared.backend
-    if prepared.fused is not None or names is not None:
+    if prepared.elementwise:
         fused = prepared.fused
-        if fused is None and names is not None:
+        if fused is None and names:
             fused = len(names) == 1
-        if fused is not None and prepared.dtype == "bfloat16" and prepared.backend.startswith(
-                ("flashinfer.norm", "flashinfer.activation", "torch.nn.functional.rms_norm", "torch eager")):
-            label += " [fused]" if fused else f" [eager, {len(names) if names is not None else '?'} kernels]"
+        if fused is None:
+            label += " [fused or eager: unknown, no profiler]"
+        elif fused:
+            label += " [fused]"
+        else:
+            label += f" [eager, {len(names)} kernels]" if names else " [eager]"
     if names:
         unique = list(dict.fromkeys(short_kernel_name(n) for n in names))
         label += ": " + " | ".join(unique)

@@ -1,0 +1,18 @@
+"""End-to-end latency prediction (METHOD.md §7): workload JSON(s) × GPU(s) → prediction JSON(s).
+
+    python3 aggregator.py --workload workload/Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json --hardware A100 \
+        --output e2e/pipeweave_pred/Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json
+    python3 aggregator.py --workload W1.json W2.json --hardware A100,H100 --output out_dir/   # sweep
+    python3 aggregator.py --pairs matrix.csv --output e2e/pipeweave_pred                      # explicit matrix
+
+The logic lives in pipeweave/aggregate.py; see ``--help`` for every flag.
+"""
+from __future__ import annotations
+
+import sys
+
+from pipeweave.aggregate import main
+from pipeweave.cli import run_cli
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

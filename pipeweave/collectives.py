@@ -1,0 +1,633 @@
+"""Collective-communication time models: all-reduce (tensor parallel) and send/recv (pipeline stages).
+
+Replaces the artifact's per-GPU random forests (METHOD.md §5.5, §7.3 "Communication") and fixes the quirks of
+§11.3 items 18-19.
+
+Usage::
+
+    from pipeweave.collectives import CollectivePredictor
+    pred = CollectivePredictor("H100")                        # any name load_hardware accepts
+    pred.predict_ms("all_reduce", [2**20, 2**30], 4)          # ms, vectorised over sizes and/or worker counts
+    pred.predict_ms("send_recv", 2**24, 8)                    # a PP boundary is a 2-party transfer: uses 2 workers
+    CollectivePredictor("L20", allow_analytical=True)         # no data for L20: explicit analytical estimate
+    # training: python3 train_collective_rf.py   (writes collective_models/<GPU>/)
+
+Model
+-----
+One model per GPU (hardware stem) and collective kind, over the features (log2 size_bytes, num_workers):
+for each measured worker count, a piecewise-linear interpolant of log(time) over log2(size) through the
+measurements (dense sweeps - >= 100 sizes, i.e. PipeWeave/Vidur - are first smoothed by a centred rolling median
+over 5 neighbouring sizes). It was chosen over random forests because it is more accurate on held-out sizes on
+every GPU x kind (see ``metadata.json``; the aiconfigurator sweeps have only 21 power-of-two sizes, where a forest
+degrades to a coarse step function with 8-65 % error while interpolation gives 3-8 %), and because the files are
+a few kB. A small random forest in log-log space (``regressor="rf"``, 30 trees, depth 12, min leaf 3) and the
+artifact's exact forest (``regressor="reference_rf"``: [size, num_workers] -> ms, 100 trees, depth 20, min split 5,
+min leaf 2, random_state 42) can be trained instead for comparison; all three share the range handling below.
+
+* **Above the largest measured size** the time grows linearly in bytes:
+  t(s) = t(s_max) + (s - s_max) / B, with B the bandwidth implied by the largest sizes (least-squares slope of
+  time over bytes for the measured sizes in [s_max/4, s_max]; if that slope is not positive, B = s_max / t(s_max)).
+  Forests (and the artifact) return a constant there.
+* **Below the smallest measured size** the time of the smallest size is returned (latency floor).
+* **Unseen worker counts** raise a ValueError listing the measured ones, unless the analytical estimate was
+  explicitly allowed (``allow_analytical=True``), in which case those entries use :func:`analytical_collective_ms`
+  and the kind is added to ``used_analytical`` so that callers can warn visibly. Nothing falls back silently.
+* **send/recv** always uses num_workers = 2 (fix of METHOD §11.3 item 19: the artifact passed the TP size, although
+  every send/recv sweep is a 2-GPU transfer; a PP stage-boundary transfer is a 2-party send/recv whatever TP is).
+* A zero-byte message takes 0 ms.
+
+Sources and precedence
+----------------------
+Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce`` and ``send_recv``; aiconfigurator's
+vLLM ``custom_all_reduce`` rows are a different kernel and are not used). For every (GPU, kind, num_workers) exactly
+one source is used, the first available of:
+
+1. **A PipeWeave** ``dataset/collective/<GPU>/<op>.csv`` (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0): the
+   artifact's own measurements, same harness as its end-to-end runs (includes the PyTorch call overhead:
+   20-55 us at small sizes).
+2. **C aiconfigurator-core 0.12.0** ``systems/data/<system>/comm/nccl/<ver>/nccl_perf.parquet`` (NVIDIA,
+   Apache-2.0): nccl-tests, half precision, single node (lower small-message latency: 6-25 us).
+3. **B Vidur** ``profiling/network/<node>/<op>.csv`` (github.com/microsoft/vidur @ 7d47513, MIT): DGX A100,
+   DGX H100 and A40-pairwise-NVLink nodes, single-node rows only, sizes up to 64 MiB.
+
+Sources are never mixed within one worker count (their harnesses differ by up to ~3x at small sizes), but one GPU
+may combine worker counts from different sources (H100 all-reduce: 2, 4 from PipeWeave, 8 from aiconfigurator);
+``metadata.json`` records the source of every worker count and which lower-precedence sources were skipped.
+
+Analytical estimate
+-------------------
+See :func:`analytical_collective_ms` and :data:`DEFAULT_LINKS`; only used when explicitly allowed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_COLLECTIVE_DIR = REPO_ROOT / "collective_models"
+KINDS = ("all_reduce", "send_recv")
+MODEL_FORMAT = "pipeweave-collective-v1"
+METADATA_FILE = "metadata.json"
+SEND_RECV_WORKERS = 2
+MAX_MODEL_BYTES = 2 * 1024 * 1024
+
+# source precedence (prefix of the ``source`` column of load_collectives) - lower is preferred
+SOURCE_PRECEDENCE = ("pipeweave", "aiconfigurator-core", "vidur")
+SMOOTH_MIN_SIZES = 100  # rolling-median smoothing only for dense sweeps
+SMOOTH_WINDOW = 5
+EXTRAPOLATION_FIT_FRACTION = 4  # fit the extrapolation slope on sizes in [s_max / 4, s_max]
+
+REGRESSORS = ("interp", "rf", "reference_rf")
+SMALL_RF_PARAMS = {"n_estimators": 30, "max_depth": 12, "min_samples_leaf": 3}
+REFERENCE_RF_PARAMS = {"n_estimators": 100, "max_depth": 20, "min_samples_split": 5, "min_samples_leaf": 2}
+
+TRAIN_HINT = "train them with `python3 train_collective_rf.py --hardware <GPU>` (needs collective measurements)"
+ANALYTICAL_HINT = ("explicitly allow the analytical estimate (CollectivePredictor(..., allow_analytical=True); "
+                   "the aggregator's analytical-collectives flag)")
+
+
+# ================================================================================================================
+# analytical estimate
+# ================================================================================================================
+
+@dataclass(frozen=True)
+class LinkSpec:
+    link_gbps: float  # per-GPU, per-direction bandwidth in GB/s (10^9 bytes/s)
+    interconnect: str
+    vendor_figure: str
+
+
+DEFAULT_LINKS: dict[str, LinkSpec] = {
+    # SXM parts: NVLink generation (vendor figure = total bidirectional NVLink bandwidth per GPU)
+    "A100": LinkSpec(300.0, "NVLink 3 (SXM4)", "600 GB/s bidirectional (NVIDIA A100 datasheet)"),
+    "H100": LinkSpec(450.0, "NVLink 4 (SXM5)", "900 GB/s bidirectional (NVIDIA H100 datasheet)"),
+    "H800": LinkSpec(200.0, "NVLink 4, export-reduced (SXM)", "400 GB/s bidirectional (NVIDIA H800 datasheet)"),
+    "H200": LinkSpec(450.0, "NVLink 4 (SXM)", "900 GB/s bidirectional (NVIDIA H200 datasheet)"),
+    "H20": LinkSpec(450.0, "NVLink 4", "900 GB/s bidirectional (NVIDIA H20 datasheet)"),
+    "B200": LinkSpec(900.0, "NVLink 5 (SXM)", "1.8 TB/s bidirectional (NVIDIA DGX B200 / HGX B200 datasheet)"),
+    # PCIe parts (vendor figure = PCIe x16 bidirectional bandwidth; NVLink bridges of A40/RTX A6000 are pairwise only)
+    "A40": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA A40 datasheet)"),
+    "L20": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA L20 datasheet)"),
+    "L40": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA L40 datasheet)"),
+    "L40S": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA L40S datasheet)"),
+    "RTX A6000": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (PCIe 4.0 x16; NVIDIA RTX A6000 datasheet)"),
+    "RTX 6000 Ada": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (PCIe 4.0 x16; no NVLink)"),
+    "RTX PRO 6000 S": LinkSpec(64.0, "PCIe Gen5 x16", "128 GB/s bidirectional (PCIe 5.0 x16; RTX PRO 6000 Blackwell "
+                                                      "Server Edition datasheet)"),
+}
+DEFAULT_LATENCY_US = {"all_reduce": 20.0, "send_recv": 10.0}
+
+
+def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: float, latency_us: float | None = None
+                             ) -> np.ndarray:
+    """Textbook estimate of one collective, in ms (vectorised). Used only when explicitly allowed.
+
+    * ``all_reduce`` (ring): 2 (n - 1) / n * bytes / bus_bandwidth + latency; 0 ms for n = 1.
+    * ``send_recv``: bytes / bandwidth + latency (num_workers is ignored: a point-to-point transfer).
+
+    ``link_gbps`` is the per-GPU, per-direction link bandwidth in **GB/s** (10^9 bytes/s, not gigabits), i.e. half
+    the bidirectional figure vendors quote; ``latency_us`` defaults to :data:`DEFAULT_LATENCY_US` (20 us all-reduce,
+    10 us send/recv: the order of the smallest-message times in the measurements, which range 5-55 us).
+    A zero-byte message takes 0 ms.
+
+    Per-GPU defaults (:data:`DEFAULT_LINKS`; vendor figures are bidirectional per GPU, the model uses half):
+
+    ============== ============================== ========================== ===========
+    GPU            interconnect                   vendor figure              link_gbps
+    ============== ============================== ========================== ===========
+    A100 (SXM4)    NVLink 3                       600 GB/s                   300
+    H100 (SXM5)    NVLink 4                       900 GB/s                   450
+    H800 (SXM)     NVLink 4, export-reduced       400 GB/s                   200
+    H200 (SXM)     NVLink 4                       900 GB/s                   450
+    H20            NVLink 4                       900 GB/s                   450
+    B200 (SXM)     NVLink 5                       1.8 TB/s                   900
+    A40            PCIe Gen4 x16                  64 GB/s                    32
+    L20, L40, L40S PCIe Gen4 x16                  64 GB/s                    32
+    RTX A6000      PCIe Gen4 x16                  64 GB/s                    32
+    RTX 6000 Ada   PCIe Gen4 x16                  64 GB/s                    32
+    RTX PRO 6000 S PCIe Gen5 x16                  128 GB/s                   64
+    ============== ============================== ========================== ===========
+
+    These are peak link rates, so the estimate is optimistic (a lower bound on time). Ratio estimate / measured at
+    the largest measured size (``metadata.json``, ``analytical_over_measured_at_max_size``): 0.99-1.06 for 8-GPU
+    all-reduce on H20/H800/H100/H200, 0.6-0.8 for the other NVLink cases (H100 2-GPU PipeWeave sweep: 0.26),
+    0.36-0.63 on 2-GPU PCIe boards and down to 0.05 on 8x L40S (no P2P; 649 ms measured for 512 MiB).
+    Treat it as a rough placeholder for GPUs without measurements.
+    """
+    _check_kind(kind)
+    if not link_gbps or link_gbps <= 0:
+        raise ValueError(f"link_gbps must be a positive bandwidth in GB/s, got {link_gbps!r}")
+    size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64),
+                                        np.asarray(num_workers, dtype=np.float64))
+    _check_sizes(size)
+    latency_ms = (DEFAULT_LATENCY_US[kind] if latency_us is None else float(latency_us)) * 1e-3
+    seconds_per_byte = 1.0 / (float(link_gbps) * 1e9)
+    if kind == "all_reduce":
+        if np.any(~np.isfinite(workers)) or np.any(workers < 1):
+            raise ValueError("num_workers must be >= 1")
+        factor = 2.0 * (workers - 1.0) / workers
+        out = factor * size * seconds_per_byte * 1e3 + latency_ms
+        out = np.where(workers <= 1, 0.0, out)
+    else:
+        out = size * seconds_per_byte * 1e3 + latency_ms
+    return np.where(size == 0, 0.0, out).astype(np.float64)
+
+
+def default_link(hardware: str) -> LinkSpec:
+    """Default link of a GPU (any name load_hardware accepts)."""
+    stem = _stem(hardware)
+    if stem not in DEFAULT_LINKS:
+        raise ValueError(f"no default link bandwidth for {stem!r}; known: {', '.join(sorted(DEFAULT_LINKS))}")
+    return DEFAULT_LINKS[stem]
+
+
+# ================================================================================================================
+# model files (plain dicts of numpy arrays / sklearn estimators, dumped with joblib)
+# ================================================================================================================
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _check_sizes(size: np.ndarray) -> None:
+    if np.any(~np.isfinite(size)) or np.any(size < 0):
+        raise ValueError("size_bytes must be finite and non-negative")
+
+
+def _stem(hardware: str) -> str:
+    from analytical_model.hardware import load_hardware
+    return load_hardware(hardware).stem
+
+
+def _device_name(stem: str) -> str:
+    from analytical_model.hardware import load_hardware
+    return load_hardware(stem).name
+
+
+def _features(regressor: str, size: np.ndarray, workers: np.ndarray) -> np.ndarray:
+    if regressor == "reference_rf":
+        return np.column_stack([size, workers]).astype(np.float64)
+    return np.column_stack([np.log2(size), workers]).astype(np.float64)
+
+
+def _curve_ms(model: dict, size: np.ndarray, workers: np.ndarray) -> np.ndarray:
+    """Raw regressor output (no range handling); ``size`` already clipped to the measured range."""
+    regressor = model["regressor"]
+    if regressor == "interp":
+        out = np.empty(len(size))
+        for w, curve in model["curves"].items():
+            mask = workers == w
+            if mask.any():
+                out[mask] = np.exp(np.interp(np.log2(size[mask]), curve["log2_size"], curve["log_time_ms"]))
+        return out
+    estimator = model["estimator"]
+    pred = estimator.predict(_features(regressor, size, workers))
+    return np.exp(pred) if model["target"] == "log_ms" else np.asarray(pred, dtype=np.float64)
+
+
+def model_predict_ms(model: dict, size_bytes, num_workers) -> np.ndarray:
+    """Predict with one loaded model dict; worker counts must be measured ones (checked by the caller)."""
+    size = np.asarray(size_bytes, dtype=np.float64).ravel()
+    workers = np.asarray(num_workers, dtype=np.int64).ravel()
+    out = np.zeros(len(size))
+    if not len(size):
+        return out
+    for w in np.unique(workers):
+        ext = model["range"][int(w)]
+        mask = (workers == w) & (size > 0)
+        if not mask.any():
+            continue
+        s = size[mask]
+        clipped = np.clip(s, ext["min_size_bytes"], ext["max_size_bytes"])
+        t = _curve_ms(model, clipped, np.full(len(s), w))
+        above = s > ext["max_size_bytes"]
+        if above.any():
+            t_max = _curve_ms(model, np.array([float(ext["max_size_bytes"])]), np.array([w]))[0]
+            t[above] = t_max + (s[above] - ext["max_size_bytes"]) * ext["ms_per_byte"]
+        out[mask] = t
+    return out
+
+
+# ================================================================================================================
+# predictor
+# ================================================================================================================
+
+def collective_hardware_with_models(model_dir: str | Path = DEFAULT_COLLECTIVE_DIR) -> list[str]:
+    """GPU stems that have at least one collective model file under ``model_dir``."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        return []
+    return sorted(p.name for p in model_dir.iterdir()
+                  if p.is_dir() and any((p / f"{k}_model.joblib").is_file() for k in KINDS))
+
+
+class CollectivePredictor:
+    """Collective times of one GPU (see the module docstring for the model, ranges and fixes)."""
+
+    def __init__(self, hardware: str, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR, allow_analytical: bool = False,
+                 *, link_gbps: float | None = None, latency_us: float | None = None):
+        from analytical_model.hardware import load_hardware
+        spec = load_hardware(hardware)  # unknown names raise UnknownHardwareError (lists the known GPUs)
+        self.hardware = spec.stem
+        self.device_name = spec.name
+        self.model_dir = Path(model_dir)
+        self.allow_analytical = bool(allow_analytical)
+        self.used_analytical: set[str] = set()
+        self.models: dict[str, dict] = {}
+        self.metadata: dict = {}
+        self._link_gbps = link_gbps
+        self._latency_us = latency_us
+        gpu_dir = self.model_dir / self.hardware
+        if not gpu_dir.is_dir():
+            if not self.allow_analytical:
+                have = collective_hardware_with_models(self.model_dir)
+                raise FileNotFoundError(
+                    f"no collective models for {self.hardware} ({self.device_name}) in {self.model_dir}; GPUs with "
+                    f"collective models: {', '.join(have) if have else 'none'}; {TRAIN_HINT}, or {ANALYTICAL_HINT}")
+            return
+        meta_path = gpu_dir / METADATA_FILE
+        if meta_path.is_file():
+            self.metadata = json.loads(meta_path.read_text())
+        for kind in KINDS:
+            path = gpu_dir / f"{kind}_model.joblib"
+            if path.is_file():
+                self.models[kind] = load_model(path)
+
+    # --------------------------------------------------------------------------------------------------------
+    def available(self, kind: str) -> bool:
+        """Whether a measured model exists for ``kind`` (False does not mean predict_ms fails when allowed)."""
+        _check_kind(kind)
+        return kind in self.models
+
+    def worker_counts(self, kind: str) -> list[int]:
+        _check_kind(kind)
+        return sorted(self.models[kind]["range"]) if kind in self.models else []
+
+    def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
+        link = self._link_gbps
+        if link is None:
+            link = default_link(self.hardware).link_gbps
+        return analytical_collective_ms(kind, size_bytes, num_workers, link, self._latency_us)
+
+    def predict_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
+        """Time in ms of one ``kind`` collective of ``size_bytes`` over ``num_workers`` GPUs (broadcast arrays).
+
+        send_recv always uses 2 workers. Unseen worker counts or a missing model raise unless the analytical
+        estimate was allowed; then those entries are estimated analytically and ``kind`` joins ``used_analytical``.
+        """
+        _check_kind(kind)
+        size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
+        shape = size.shape
+        size = size.ravel()
+        _check_sizes(size)
+        workers = workers.ravel()
+        if kind == "send_recv":
+            workers = np.full(len(size), SEND_RECV_WORKERS, dtype=np.int64)
+        else:
+            w = np.asarray(workers, dtype=np.float64)
+            if np.any(~np.isfinite(w)) or np.any(w < 1) or np.any(w != np.round(w)):
+                raise ValueError(f"num_workers must be positive integers, got {np.unique(workers)[:5].tolist()}")
+            workers = w.astype(np.int64)
+        out = np.zeros(len(size))
+        model = self.models.get(kind)
+        if model is None:
+            if not self.allow_analytical:
+                raise FileNotFoundError(
+                    f"no {kind} model for {self.hardware} in {self.model_dir / self.hardware} (models present: "
+                    f"{', '.join(self.models) or 'none'}); {TRAIN_HINT}, or {ANALYTICAL_HINT}")
+            self.used_analytical.add(kind)
+            return self.analytical_ms(kind, size, workers).reshape(shape)
+        known = set(model["range"])
+        if kind == "all_reduce":
+            trivial = workers == 1  # no communication on one GPU
+            workers = np.where(trivial, next(iter(sorted(known))), workers)
+        else:
+            trivial = np.zeros(len(size), dtype=bool)
+        unseen = ~np.isin(workers, list(known))
+        if unseen.any():
+            if not self.allow_analytical:
+                raise ValueError(
+                    f"{self.hardware} {kind}: no measurements for num_workers "
+                    f"{sorted(set(workers[unseen].tolist()))}; measured: {sorted(known)}; "
+                    f"to estimate the others, {ANALYTICAL_HINT}")
+            self.used_analytical.add(kind)
+            out[unseen] = self.analytical_ms(kind, size[unseen], workers[unseen])
+        seen = ~unseen
+        if seen.any():
+            out[seen] = model_predict_ms(model, size[seen], workers[seen])
+        out[trivial] = 0.0
+        return out.reshape(shape)
+
+
+def load_model(path: str | Path) -> dict:
+    import joblib
+    model = joblib.load(path)
+    if not isinstance(model, dict) or model.get("format") != MODEL_FORMAT:
+        raise ValueError(f"{path}: not a {MODEL_FORMAT} collective model (retrain with train_collective_rf.py)")
+    return model
+
+
+# ================================================================================================================
+# training
+# ================================================================================================================
+
+Log = Callable[[str], None]
+
+
+def source_rank(source: str) -> int:
+    for i, prefix in enumerate(SOURCE_PRECEDENCE):
+        if source.startswith(prefix):
+            return i
+    return len(SOURCE_PRECEDENCE)
+
+
+def select_training_data(df, log: Log = print):
+    """Keep NCCL all_reduce / send_recv rows, add ``stem``, and keep one source per (stem, kind, num_workers).
+
+    Returns (selected rows, {(stem, kind): {workers: {"source":..., "skipped": [...]}}}).
+    """
+    import pandas as pd
+    from analytical_model.hardware import load_hardware
+
+    df = df[df["collective"].isin(KINDS)].copy()
+    stems = {h: load_hardware(h).stem for h in df["hardware"].unique()}
+    df["stem"] = df["hardware"].map(stems)
+    df["rank"] = df["source"].map(source_rank)
+    choice: dict[tuple[str, str], dict[int, dict]] = {}
+    keep = []
+    for (stem, kind, workers), g in df.groupby(["stem", "collective", "num_workers"], sort=True):
+        ranked = sorted(g["source"].unique(), key=lambda s: (source_rank(s), s))
+        chosen = ranked[0]
+        keep.append(g[g["source"] == chosen])
+        choice.setdefault((stem, kind), {})[int(workers)] = {"source": chosen, "skipped": ranked[1:]}
+    if not keep:
+        return df.iloc[:0], choice
+    out = pd.concat(keep).sort_values(["stem", "collective", "num_workers", "size_bytes"], kind="mergesort")
+    out = out.groupby(["stem", "collective", "num_workers", "size_bytes"], as_index=False, sort=True)["time_ms"].mean()
+    return out.reset_index(drop=True), choice
+
+
+def heldout_mask(group) -> np.ndarray:
+    """Every 5th size of each worker count (positions 2, 7, 12, ... in size order: the extremes stay in training)."""
+    order = group.sort_values(["num_workers", "size_bytes"], kind="mergesort")
+    position = order.groupby("num_workers").cumcount()
+    mask = (position % 5 == 2).reindex(group.index)
+    return mask.to_numpy(dtype=bool)
+
+
+def _symmetric_rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    """Centred rolling median whose window shrinks symmetrically at the ends (the end points stay unbiased)."""
+    half = window // 2
+    n = len(values)
+    out = np.empty(n)
+    for i in range(n):
+        h = min(half, i, n - 1 - i)
+        out[i] = np.median(values[i - h:i + h + 1])
+    return out
+
+
+def fit_model(group, kind: str, hardware: str, regressor: str = "interp", seed: int = 42,
+              n_estimators: int | None = None, max_depth: int | None = None, min_samples_leaf: int | None = None,
+              n_jobs: int = 1) -> dict:
+    """Fit one (GPU, kind) model on rows with columns num_workers, size_bytes, time_ms."""
+    if regressor not in REGRESSORS:
+        raise ValueError(f"unknown regressor {regressor!r}; expected one of {', '.join(REGRESSORS)}")
+    g = group.groupby(["num_workers", "size_bytes"], as_index=False, sort=True)["time_ms"].mean()
+    model: dict = {"format": MODEL_FORMAT, "kind": kind, "hardware": hardware, "regressor": regressor,
+                   "range": {}, "params": {}}
+    smoothed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for w, gw in g.groupby("num_workers", sort=True):
+        size = gw["size_bytes"].to_numpy(np.float64)
+        log_t = np.log(gw["time_ms"].to_numpy(np.float64))
+        if len(size) >= SMOOTH_MIN_SIZES:
+            log_t = _symmetric_rolling_median(log_t, SMOOTH_WINDOW)
+        smoothed[int(w)] = (size, log_t, gw["time_ms"].to_numpy(np.float64))
+    if regressor == "interp":
+        model["curves"] = {w: {"log2_size": np.log2(s), "log_time_ms": lt} for w, (s, lt, _) in smoothed.items()}
+        model["params"] = {"smoothing": f"centred rolling median of log(time) over {SMOOTH_WINDOW} sizes (shrinking "
+                                        f"symmetrically at the ends) when a worker count has >= {SMOOTH_MIN_SIZES} "
+                                        f"sizes",
+                           "interpolation": "piecewise linear in (log2 size, log time) per worker count"}
+    else:
+        from sklearn.ensemble import RandomForestRegressor
+        if regressor == "reference_rf":
+            params = dict(REFERENCE_RF_PARAMS)
+            target = "ms"
+        else:
+            params = dict(SMALL_RF_PARAMS)
+            target = "log_ms"
+        if regressor == "rf":  # the reference forest is always the artifact's exact configuration
+            for key, value in (("n_estimators", n_estimators), ("max_depth", max_depth),
+                               ("min_samples_leaf", min_samples_leaf)):
+                if value is not None:
+                    params[key] = value
+        size = g["size_bytes"].to_numpy(np.float64)
+        workers = g["num_workers"].to_numpy(np.int64)
+        y = g["time_ms"].to_numpy(np.float64)
+        estimator = RandomForestRegressor(random_state=seed, n_jobs=n_jobs, **params)
+        estimator.fit(_features(regressor, size, workers), np.log(y) if target == "log_ms" else y)
+        estimator.n_jobs = 1
+        model["estimator"] = estimator
+        model["target"] = target
+        features = "[size_bytes, num_workers]" if regressor == "reference_rf" else "[log2(size_bytes), num_workers]"
+        model["params"] = {**params, "random_state": seed, "features": features,
+                           "target": "time_ms" if target == "ms" else "log(time_ms)"}
+    for w, (size, log_t, time_ms) in smoothed.items():
+        s_max = float(size[-1])
+        top = size >= s_max / EXTRAPOLATION_FIT_FRACTION
+        slope = 0.0
+        if top.sum() >= 2:  # least squares on the measured (unsmoothed) times
+            slope = float(np.polyfit(size[top], time_ms[top], 1)[0])
+        t_max = float(np.exp(log_t[-1]))
+        if not np.isfinite(slope) or slope <= 0:
+            slope = t_max / s_max
+        model["range"][w] = {"min_size_bytes": float(size[0]), "max_size_bytes": s_max, "ms_per_byte": slope}
+    return model
+
+
+def _analytical_ratio(stem: str, kind: str, group) -> float | None:
+    """Analytical estimate (default link) / measured time at the largest measured size, for the record."""
+    if stem not in DEFAULT_LINKS:
+        return None
+    top = group.loc[group["size_bytes"].idxmax()]
+    est = analytical_collective_ms(kind, float(top["size_bytes"]), int(top["num_workers"]),
+                                   DEFAULT_LINKS[stem].link_gbps)
+    return round(float(est) / float(top["time_ms"]), 3)
+
+
+def _errors(pred: np.ndarray, true: np.ndarray) -> dict:
+    ape = np.abs(pred / true - 1.0) * 100.0
+    return {"mean_abs_pct_error": round(float(ape.mean()), 3), "median_abs_pct_error": round(float(np.median(ape)), 3),
+            "max_abs_pct_error": round(float(ape.max()), 3), "n": int(len(ape))}
+
+
+def heldout_errors(group, kind: str, hardware: str, regressor: str, **fit_kwargs) -> dict:
+    mask = heldout_mask(group)
+    train, test = group[~mask], group[mask]
+    model = fit_model(train, kind, hardware, regressor, **fit_kwargs)
+    pred = model_predict_ms(model, test["size_bytes"].to_numpy(), test["num_workers"].to_numpy())
+    return _errors(pred, test["time_ms"].to_numpy(np.float64))
+
+
+def save_model(model: dict, path: Path) -> int:
+    import joblib
+    from .cli import write_atomically
+    write_atomically(path, lambda tmp: joblib.dump(model, tmp, compress=3))
+    path.chmod(0o644)
+    return path.stat().st_size
+
+
+def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | Path = DEFAULT_COLLECTIVE_DIR,
+                      regressor: str = "interp", seed: int = 42, n_estimators: int | None = None,
+                      max_depth: int | None = None, compare: bool = True, n_jobs: int = 1, log: Log = print,
+                      frame=None) -> list[dict]:
+    """Train and save models for every (GPU, kind) with data; returns one summary row per GPU x kind."""
+    from dataset.sources import load_collectives
+    from .cli import UserError, write_atomically
+
+    df = load_collectives(log=log) if frame is None else frame
+    data, choice = select_training_data(df, log)
+    if not len(data):
+        raise UserError("no collective measurements found (set PIPEWEAVE_SHARED_DATA to the shared data folder "
+                        "and/or install aiconfigurator-core==0.12.0)")
+    have = sorted(data["stem"].unique())
+    if hardware:
+        wanted = []
+        for name in hardware:
+            stem = _stem(name)
+            if stem not in have:
+                raise UserError(f"no collective measurements for {stem}; GPUs with data: {', '.join(have)}")
+            wanted.append(stem)
+        stems = sorted(set(wanted))
+    else:
+        stems = have
+    output_dir = Path(output_dir)
+    fit_kwargs = {"seed": seed, "n_estimators": n_estimators, "max_depth": max_depth, "n_jobs": n_jobs}
+    rows = []
+    for stem in stems:
+        gpu_dir = output_dir / stem
+        gpu_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"format": MODEL_FORMAT, "hardware": stem, "device_name": _device_name(stem),
+                "created_by": "train_collective_rf.py",
+                "regressor": regressor, "seed": seed,
+                "heldout_protocol": "every 5th size of each worker count (positions 2, 7, 12, ... in size order) "
+                                    "held out; model refit on the rest; errors are |pred/true - 1| in %",
+                "source_precedence": list(SOURCE_PRECEDENCE), "kinds": {}}
+        for kind in KINDS:
+            path = gpu_dir / f"{kind}_model.joblib"
+            group = data[(data["stem"] == stem) & (data["collective"] == kind)].reset_index(drop=True)
+            if not len(group):
+                if path.exists():
+                    path.unlink()
+                continue
+            model = fit_model(group, kind, stem, regressor, **fit_kwargs)
+            file_bytes = save_model(model, path)
+            heldout = {"model": heldout_errors(group, kind, stem, regressor, **fit_kwargs)}
+            if compare:
+                for other in REGRESSORS:
+                    if other != regressor:
+                        heldout[other] = heldout_errors(group, kind, stem, other, seed=seed, n_jobs=n_jobs)
+            by_workers = {}
+            for w, gw in group.groupby("num_workers", sort=True):
+                ext = model["range"][int(w)]
+                by_workers[str(int(w))] = {
+                    "source": choice[(stem, kind)][int(w)]["source"],
+                    "skipped_lower_precedence": choice[(stem, kind)][int(w)]["skipped"],
+                    "rows": int(len(gw)), "min_size_bytes": int(ext["min_size_bytes"]),
+                    "max_size_bytes": int(ext["max_size_bytes"]),
+                    "extrapolation_algbw_GBps": round(1.0 / ext["ms_per_byte"] * 1e3 / 1e9, 3),
+                    "analytical_over_measured_at_max_size": _analytical_ratio(stem, kind, gw)}
+            meta["kinds"][kind] = {"file": path.name, "file_bytes": file_bytes, "rows": int(len(group)),
+                                   "worker_counts": sorted(int(w) for w in group["num_workers"].unique()),
+                                   "params": model["params"], "by_workers": by_workers, "heldout": heldout}
+            if file_bytes > MAX_MODEL_BYTES:
+                log(f"[collectives] warning: {path} is {file_bytes / 2**20:.1f} MiB (> 2 MiB; do not commit it)")
+            rows.append({"hardware": stem, "kind": kind, "rows": int(len(group)),
+                         "workers": meta["kinds"][kind]["worker_counts"], "file_bytes": file_bytes,
+                         "heldout": heldout})
+        meta["data_citation"] = [
+            "A PipeWeave github.com/zksainx/pipeweave @ 55e0317 dataset/collective (Apache-2.0)",
+            "B Vidur github.com/microsoft/vidur @ 7d47513 data/profiling/network (MIT)",
+            "C aiconfigurator-core 0.12.0 systems/data/<system>/comm/nccl (NVIDIA, Apache-2.0)"]
+        write_atomically(gpu_dir / METADATA_FILE,
+                         lambda tmp: tmp.write_text(json.dumps(meta, indent=2, default=_json_default) + "\n"))
+        (gpu_dir / METADATA_FILE).chmod(0o644)
+    return rows
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def format_table(rows: list[dict]) -> str:
+    """Held-out error table (mean / median abs % error) per GPU x kind."""
+    regressors = []
+    for r in rows:
+        for name in r["heldout"]:
+            if name not in regressors:
+                regressors.append(name)
+    header = ["GPU", "kind", "workers", "rows", "file kB"] + [f"{n} mean/median %" for n in regressors]
+    lines = [header]
+    for r in rows:
+        cells = [r["hardware"], r["kind"], ",".join(map(str, r["workers"])), str(r["rows"]),
+                 f"{r['file_bytes'] / 1024:.1f}"]
+        for n in regressors:
+            e = r["heldout"].get(n)
+            cells.append(f"{e['mean_abs_pct_error']:.2f} / {e['median_abs_pct_error']:.2f}" if e else "-")
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+__all__ = ["DEFAULT_COLLECTIVE_DIR", "KINDS", "CollectivePredictor", "collective_hardware_with_models",
+           "analytical_collective_ms", "DEFAULT_LINKS", "DEFAULT_LATENCY_US", "default_link", "train_collectives",
+           "fit_model", "model_predict_ms", "select_training_data", "heldout_mask", "format_table"]

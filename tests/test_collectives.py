@@ -1,0 +1,283 @@
+"""Collective-communication models (pipeweave/collectives.py, train_collective_rf.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeweave.cli import UserError
+from pipeweave.collectives import (
+    DEFAULT_COLLECTIVE_DIR, DEFAULT_LINKS, KINDS, MAX_MODEL_BYTES, CollectivePredictor, analytical_collective_ms,
+    collective_hardware_with_models, fit_model, heldout_errors, heldout_mask, load_model, model_predict_ms,
+    save_model, select_training_data, train_collectives,
+)
+
+GiB, MiB = 2**30, 2**20
+COMMITTED = collective_hardware_with_models(DEFAULT_COLLECTIVE_DIR)
+
+
+def _quiet(*_args, **_kwargs):
+    pass
+
+
+def _synthetic(hardware="NVIDIA H100", source="pipeweave test", kind="all_reduce", workers=(2, 4),
+               sizes=None, bw_bytes_per_ms=1e8, latency_ms=0.02) -> pd.DataFrame:
+    """time = latency + algorithmic factor * size / bandwidth, on a dense (150-size) or given grid."""
+    sizes = np.unique(np.geomspace(2048, 256 * MiB, 150).astype(np.int64)) if sizes is None else np.asarray(sizes)
+    frames = []
+    for w in workers:
+        factor = 2 * (w - 1) / w if kind == "all_reduce" else 1.0
+        frames.append(pd.DataFrame({"collective": kind, "hardware": hardware, "num_workers": w,
+                                    "devices_per_node": w, "size_bytes": sizes,
+                                    "time_ms": latency_ms + factor * sizes / bw_bytes_per_ms, "source": source}))
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def synthetic_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("collective_models")
+    frame = pd.concat([_synthetic(), _synthetic(kind="send_recv", workers=(2,))], ignore_index=True)
+    rows = train_collectives(output_dir=out, frame=frame, compare=False, log=_quiet)
+    assert {(r["hardware"], r["kind"]) for r in rows} == {("H100", "all_reduce"), ("H100", "send_recv")}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# committed models (no data needed)
+# ------------------------------------------------------------------------------------------------
+
+def test_committed_models_exist_small_and_documented():
+    assert COMMITTED, f"no committed collective models under {DEFAULT_COLLECTIVE_DIR}"
+    for stem in COMMITTED:
+        gpu_dir = DEFAULT_COLLECTIVE_DIR / stem
+        meta = json.loads((gpu_dir / "metadata.json").read_text())
+        assert meta["hardware"] == stem
+        for path in gpu_dir.glob("*.joblib"):
+            assert path.stat().st_size < MAX_MODEL_BYTES, f"{path} is {path.stat().st_size} bytes"
+            kind = path.name.removesuffix("_model.joblib")
+            assert kind in meta["kinds"], path
+            info = meta["kinds"][kind]
+            assert info["heldout"]["model"]["mean_abs_pct_error"] < 10, (stem, kind)
+            assert all(w["source"] for w in info["by_workers"].values())
+
+
+@pytest.mark.parametrize("stem", COMMITTED)
+def test_committed_models_predict_sane(stem):
+    pred = CollectivePredictor(stem)
+    assert pred.hardware == stem
+    for kind in KINDS:
+        if not pred.available(kind):
+            continue
+        model = pred.models[kind]
+        for w in pred.worker_counts(kind):
+            small, large = pred.predict_ms(kind, [MiB, GiB], w)
+            assert 0 < small < large, (stem, kind, w)
+            top = model["range"][w]["max_size_bytes"]
+            at_top, beyond, far = pred.predict_ms(kind, [top, 2 * top, 8 * top], w)
+            assert np.isfinite(far) and 0 < at_top < beyond < far, (stem, kind, w)
+        assert not pred.used_analytical
+
+
+def test_send_recv_uses_two_workers():
+    stem = next(s for s in COMMITTED if CollectivePredictor(s).available("send_recv"))
+    pred = CollectivePredictor(stem)
+    assert pred.worker_counts("send_recv") == [2]
+    sizes = np.array([64 * 1024, 16 * MiB, 256 * MiB])
+    expected = pred.predict_ms("send_recv", sizes, 2)
+    for tp in (1, 4, 8, 16):  # the artifact passed the TP size here; a PP boundary is always 2-party
+        np.testing.assert_array_equal(pred.predict_ms("send_recv", sizes, tp), expected)
+    assert not pred.used_analytical
+
+
+def test_vectorised_broadcast_and_zero():
+    pred = CollectivePredictor(COMMITTED[0])
+    kind = "all_reduce" if pred.available("all_reduce") else "send_recv"
+    w = pred.worker_counts(kind)[0]
+    out = pred.predict_ms(kind, np.array([[MiB, 2 * MiB], [4 * MiB, 0]]), w)
+    assert out.shape == (2, 2) and out[1, 1] == 0.0 and np.all(out.ravel()[:3] > 0)
+    assert pred.predict_ms(kind, np.array([]), w).shape == (0,)
+
+
+def test_unknown_gpu_kind_and_bad_inputs():
+    with pytest.raises(ValueError, match="known GPUs"):
+        CollectivePredictor("NoSuchGPU 9000")
+    pred = CollectivePredictor(COMMITTED[0])
+    with pytest.raises(ValueError, match="unknown collective kind"):
+        pred.predict_ms("all_gather", MiB, 2)
+    with pytest.raises(ValueError, match="unknown collective kind"):
+        pred.available("p2p")
+    with pytest.raises(ValueError, match="non-negative"):
+        pred.predict_ms("all_reduce", -1, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# synthetic models
+# ------------------------------------------------------------------------------------------------
+
+def test_missing_model_dir_message(synthetic_dir):
+    with pytest.raises(FileNotFoundError) as err:
+        CollectivePredictor("L20", model_dir=synthetic_dir)
+    message = str(err.value)
+    assert "L20" in message and "H100" in message  # lists the GPUs that have models
+    assert "train_collective_rf.py" in message and "allow_analytical" in message
+    pred = CollectivePredictor("L20", model_dir=synthetic_dir, allow_analytical=True)
+    assert not pred.available("all_reduce")
+    value = pred.predict_ms("all_reduce", GiB, 2)
+    assert value == pytest.approx(analytical_collective_ms("all_reduce", GiB, 2, DEFAULT_LINKS["L20"].link_gbps))
+    assert pred.used_analytical == {"all_reduce"}
+
+
+def test_unseen_workers_error_unless_analytical_allowed(synthetic_dir):
+    pred = CollectivePredictor("H100", model_dir=synthetic_dir)
+    assert pred.worker_counts("all_reduce") == [2, 4]
+    with pytest.raises(ValueError, match=r"num_workers \[8\].*measured: \[2, 4\].*allow_analytical"):
+        pred.predict_ms("all_reduce", MiB, [4, 8])
+    assert not pred.used_analytical
+    allowed = CollectivePredictor("H100", model_dir=synthetic_dir, allow_analytical=True)
+    out = allowed.predict_ms("all_reduce", MiB, [4, 8])
+    np.testing.assert_allclose(out[0], pred.predict_ms("all_reduce", MiB, 4))
+    np.testing.assert_allclose(out[1], analytical_collective_ms("all_reduce", MiB, 8, DEFAULT_LINKS["H100"].link_gbps))
+    assert allowed.used_analytical == {"all_reduce"}
+    assert pred.predict_ms("all_reduce", MiB, 1) == 0.0  # one GPU: nothing to reduce
+
+
+def test_missing_kind_needs_permission(tmp_path):
+    train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
+    pred = CollectivePredictor("H100", model_dir=tmp_path)
+    assert pred.available("all_reduce") and not pred.available("send_recv")
+    with pytest.raises(FileNotFoundError, match="no send_recv model"):
+        pred.predict_ms("send_recv", MiB, 2)
+    allowed = CollectivePredictor("H100", model_dir=tmp_path, allow_analytical=True)
+    assert allowed.predict_ms("send_recv", MiB, 2) > 0 and allowed.used_analytical == {"send_recv"}
+
+
+def test_interpolation_accuracy_and_linear_extrapolation(synthetic_dir):
+    pred = CollectivePredictor("H100", model_dir=synthetic_dir)
+    sizes = np.geomspace(4096, 128 * MiB, 37)
+    truth = 0.02 + 1.5 * sizes / 1e8  # 4 workers: 2 (n-1)/n = 1.5
+    np.testing.assert_allclose(pred.predict_ms("all_reduce", sizes, 4), truth, rtol=0.01)
+    beyond = np.array([512 * MiB, 4 * GiB, 64 * GiB])
+    np.testing.assert_allclose(pred.predict_ms("all_reduce", beyond, 4), 0.02 + 1.5 * beyond / 1e8, rtol=0.01)
+    below = pred.predict_ms("all_reduce", [1, 1024], 4)
+    np.testing.assert_allclose(below, pred.predict_ms("all_reduce", 2048, 4))  # latency floor
+
+
+def test_metadata_and_precedence(tmp_path):
+    pipeweave = _synthetic(workers=(2, 4), bw_bytes_per_ms=1e8)
+    aic = _synthetic(hardware="NVIDIA H100 80GB HBM3", source="aiconfigurator-core 0.12.0 h100_sxm/x",
+                     workers=(2, 8), sizes=2 ** np.arange(10, 30), bw_bytes_per_ms=4e8)
+    vidur = _synthetic(source="vidur 7d47513 network/h100_dgx/all_reduce.csv", workers=(8, 16), bw_bytes_per_ms=2e8)
+    data, choice = select_training_data(pd.concat([vidur, aic, pipeweave], ignore_index=True))
+    sources = {w: c["source"] for w, c in choice[("H100", "all_reduce")].items()}
+    assert sources == {2: "pipeweave test", 4: "pipeweave test", 8: "aiconfigurator-core 0.12.0 h100_sxm/x",
+                       16: "vidur 7d47513 network/h100_dgx/all_reduce.csv"}
+    assert choice[("H100", "all_reduce")][2]["skipped"] == ["aiconfigurator-core 0.12.0 h100_sxm/x"]
+    train_collectives(output_dir=tmp_path, frame=pd.concat([vidur, aic, pipeweave]), compare=False, log=_quiet)
+    meta = json.loads((tmp_path / "H100" / "metadata.json").read_text())
+    info = meta["kinds"]["all_reduce"]
+    assert info["worker_counts"] == [2, 4, 8, 16]
+    assert info["by_workers"]["8"]["rows"] == 20 and info["by_workers"]["8"]["max_size_bytes"] == 2**29
+    assert info["file_bytes"] == (tmp_path / "H100" / "all_reduce_model.joblib").stat().st_size
+    pred = CollectivePredictor("H100", model_dir=tmp_path)
+    assert pred.predict_ms("all_reduce", 64 * MiB, 2) == pytest.approx(0.02 + 64 * MiB / 1e8, rel=0.01)
+
+
+def test_heldout_mask_keeps_extremes():
+    frame = _synthetic(workers=(2, 4), sizes=2 ** np.arange(11, 23))  # 12 sizes each
+    mask = heldout_mask(frame)
+    for w in (2, 4):
+        held = np.flatnonzero(mask[(frame["num_workers"] == w).to_numpy()])
+        assert held.tolist() == [2, 7]
+
+
+def test_forest_regressors_and_determinism(tmp_path):
+    frame = _synthetic(workers=(2, 4))
+    a = fit_model(frame, "all_reduce", "H100", "rf", n_estimators=5, max_depth=6)
+    b = fit_model(frame, "all_reduce", "H100", "rf", n_estimators=5, max_depth=6)
+    sizes = np.geomspace(2048, 4 * GiB, 25)
+    np.testing.assert_array_equal(model_predict_ms(a, sizes, 4), model_predict_ms(b, sizes, 4))
+    save_model(a, tmp_path / "H100" / "all_reduce_model.joblib")
+    pred = CollectivePredictor("H100", model_dir=tmp_path)
+    out = pred.predict_ms("all_reduce", [MiB, GiB, 4 * GiB], 2)
+    assert np.all(np.isfinite(out)) and out[0] < out[1] < out[2]  # forests + linear extrapolation
+    ref = fit_model(frame, "all_reduce", "H100", "reference_rf", n_estimators=3)  # overrides ignored: exact config
+    assert ref["estimator"].n_estimators == 100 and ref["estimator"].max_depth == 20
+    interp = heldout_errors(frame, "all_reduce", "H100", "interp")
+    assert interp["mean_abs_pct_error"] < 1.0
+    i1 = fit_model(frame, "all_reduce", "H100")
+    save_model(i1, tmp_path / "x.joblib")
+    i2 = load_model(tmp_path / "x.joblib")
+    np.testing.assert_array_equal(model_predict_ms(i1, sizes, 2), model_predict_ms(i2, sizes, 2))
+
+
+def test_analytical_formula():
+    # ring all-reduce: 2 (n-1)/n * bytes / bw + latency
+    assert analytical_collective_ms("all_reduce", 1e9, 4, 100.0, 0.0) == pytest.approx(15.0)
+    assert analytical_collective_ms("all_reduce", 1e9, 2, 100.0, 20.0) == pytest.approx(10.02)
+    assert analytical_collective_ms("send_recv", 1e9, 8, 100.0, 5.0) == pytest.approx(10.005)
+    assert analytical_collective_ms("all_reduce", 1e9, 1, 100.0) == 0.0
+    assert analytical_collective_ms("send_recv", 0, 2, 100.0) == 0.0
+    np.testing.assert_allclose(analytical_collective_ms("all_reduce", [1e9, 2e9], [2, 8], 100.0, 0.0), [10.0, 35.0])
+    with pytest.raises(ValueError):
+        analytical_collective_ms("all_reduce", 1e9, 2, 0.0)
+    with pytest.raises(ValueError, match="unknown collective kind"):
+        analytical_collective_ms("broadcast", 1e9, 2, 100.0)
+    stems = {p.stem for p in (Path(__file__).resolve().parent.parent / "hardware").glob("*.json")}
+    assert stems <= set(DEFAULT_LINKS), f"no default link for {sorted(stems - set(DEFAULT_LINKS))}"
+
+
+def test_cli_flag_errors(tmp_path):
+    import train_collective_rf
+    with pytest.raises(UserError, match="reference_forest"):
+        train_collective_rf.main(["--reference_forest", "--n_estimators", "10", "--output_dir", str(tmp_path)])
+    with pytest.raises(UserError, match="rf only"):
+        train_collective_rf.main(["--regressor", "interp", "--max_depth", "5", "--output_dir", str(tmp_path)])
+    with pytest.raises(UserError):
+        train_collective_rf.main(["--n_estimators", "0", "--output_dir", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------------
+# real data
+# ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def collectives():
+    from dataset.sources import aiconfigurator_data_dir, load_collectives, shared_data_dir
+    if shared_data_dir() is None:
+        pytest.skip("shared measurement data not found (set PIPEWEAVE_SHARED_DATA to the shared/data folder)")
+    if aiconfigurator_data_dir() is None:
+        pytest.skip("aiconfigurator-core (0.12.0) is not installed")
+    return load_collectives(log=_quiet)
+
+
+@pytest.mark.data
+def test_committed_models_match_data(collectives):
+    data, choice = select_training_data(collectives)
+    assert set(data["stem"].unique()) == set(COMMITTED), "retrain: python3 train_collective_rf.py"
+    for (stem, kind), g in data.groupby(["stem", "collective"]):
+        pred = CollectivePredictor(stem)
+        assert sorted(pred.worker_counts(kind)) == sorted(g["num_workers"].unique().tolist())
+        ape = np.abs(pred.predict_ms(kind, g["size_bytes"], g["num_workers"]) / g["time_ms"] - 1)
+        assert ape.mean() < 0.03, (stem, kind, ape.mean())
+        meta = pred.metadata["kinds"][kind]
+        for w, info in meta["by_workers"].items():
+            assert info["source"] == choice[(stem, kind)][int(w)]["source"]
+    # PipeWeave's own measurements take precedence over aiconfigurator and Vidur
+    assert choice[("A100", "all_reduce")][8]["source"].startswith("pipeweave")
+    assert choice[("H100", "all_reduce")][8]["source"].startswith("aiconfigurator")
+
+
+@pytest.mark.data
+def test_heldout_error_reproducible_and_beats_reference(collectives):
+    data, _ = select_training_data(collectives)
+    g = data[(data["stem"] == "H800") & (data["collective"] == "send_recv")].reset_index(drop=True)
+    meta = json.loads((DEFAULT_COLLECTIVE_DIR / "H800" / "metadata.json").read_text())
+    ours = heldout_errors(g, "send_recv", "H800", meta["regressor"])
+    assert ours == meta["kinds"]["send_recv"]["heldout"]["model"]
+    reference = meta["kinds"]["send_recv"]["heldout"].get("reference_rf")
+    if reference:
+        assert ours["mean_abs_pct_error"] <= reference["mean_abs_pct_error"]

@@ -1,0 +1,580 @@
+"""Operator profiler: grids, resume, CSV schema, hardware-JSON skeleton and CLI, all on the CPU.
+
+The one test that needs a GPU is marked ``cuda`` and skipped (reason "no CUDA GPU") elsewhere.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import profile_operators
+from analytical_model.hardware import parse_hardware
+from pipeweave.cli import run_cli
+from pipeweave.profiler import csvio, grids
+from pipeweave.profiler.device import NO_CUDA_MESSAGE, DeviceInfo, gpu_dir_name, hardware_skeleton, sanitize
+from pipeweave.profiler.runners import Prepared, Unsupported, kernel_label, short_kernel_name
+from pipeweave.profiler.session import measure_grid
+from pipeweave.profiler.timing import FakeTimer, summarize
+
+REPO = Path(__file__).resolve().parent.parent
+
+# METHOD.md §2 values of the paper's three models.
+PAPER_CONFIGS = {
+    "Qwen2.5-14B": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "num_attention_heads": 40,
+                    "num_key_value_heads": 8, "intermediate_size": 13824, "vocab_size": 152064,
+                    "num_hidden_layers": 48},
+    "Qwen3-32B": {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+                  "num_hidden_layers": 64},
+    "Llama-3.1-70B": {"architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "num_attention_heads": 64,
+                      "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+                      "num_hidden_layers": 80},
+}
+
+
+@pytest.fixture
+def config_dir(tmp_path):
+    folder = tmp_path / "config"
+    folder.mkdir()
+    for stem, data in PAPER_CONFIGS.items():
+        (folder / f"{stem}.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.fixture
+def models(config_dir):
+    return grids.load_models(grids.DEFAULT_CONFIGS, config_dir)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Grids
+
+
+def test_model_loader_is_tolerant():
+    m = grids.model_from_dict({"text_config": PAPER_CONFIGS["Llama-3.1-70B"]}, "L")
+    assert (m.head_dim, m.num_key_value_heads) == (128, 8)
+    m = grids.model_from_dict({k: v for k, v in PAPER_CONFIGS["Qwen2.5-14B"].items() if k != "num_key_value_heads"},
+                              "Q")
+    assert m.num_key_value_heads == 40  # HF default: no GQA
+    assert grids.model_from_dict(PAPER_CONFIGS["Qwen3-32B"], "Q3").head_dim == 128  # explicit, ≠ 5120/64
+    with pytest.raises(ValueError, match="intermediate_size"):
+        grids.model_from_dict({k: v for k, v in PAPER_CONFIGS["Qwen3-32B"].items() if k != "intermediate_size"}, "x")
+
+
+def test_missing_config_names_the_available_ones(config_dir):
+    with pytest.raises(FileNotFoundError, match="available: Llama-3.1-70B"):
+        grids.load_models(["Nope-7B"], config_dir)
+
+
+def test_quick_grid_sizes(models):
+    grid = grids.build_grid(models, grids.DEFAULT_TP, quick=True, num_gpus=1)
+    assert grid.sizes() == {"gemm": 239, "gemm_fp8": 239, "attn": 32, "rmsnorm": 10, "siluandmul": 60,
+                            "all_reduce": 0}
+    assert grid.total <= 600  # what keeps --quick under 5 minutes on one GPU
+    assert any("all_reduce needs at least 2 visible GPUs" in n for n in grid.notes)
+    eight = grids.build_grid(models, grids.DEFAULT_TP, quick=True, num_gpus=8)
+    assert len(eight.rows["all_reduce"]) == 3 * 10
+    assert {r["num_workers"] for r in eight.rows["all_reduce"]} == {2, 4, 8}
+
+
+def test_full_grid_is_larger_and_unique(models):
+    quick = grids.build_grid(models, quick=True, num_gpus=1)
+    full = grids.build_grid(models, quick=False, num_gpus=1)
+    for op in ("gemm", "attn", "rmsnorm", "siluandmul"):
+        assert len(full.rows[op]) > 3 * len(quick.rows[op])
+        keys = [tuple(r[c] for c in grids.SHAPE_COLUMNS[op]) for r in full.rows[op]]
+        assert len(keys) == len(set(keys))
+    # the quick GEMM shapes are a subset of the full grid, so a full run after a quick one resumes
+    full_keys = {(r["M"], r["N"], r["K"]) for r in full.rows["gemm"]}
+    assert all((r["M"], r["N"], r["K"]) in full_keys for r in quick.rows["gemm"])
+
+
+def test_llm_shapes_are_divided_by_tp(models):
+    for model in models:
+        for tp in (1, 2, 4, 8):
+            shapes = {name: (M, N, K) for name, M, N, K in grids.llm_gemms(model, tp, 64)}
+            hd, nh, nkv = model.head_dim, model.num_attention_heads, model.num_key_value_heads
+            assert shapes["qkv_proj"][1] * tp == (nh + 2 * nkv) * hd
+            assert shapes["o_proj"][2] * tp == nh * hd
+            assert shapes["gate_up_proj"][1] * tp == 2 * model.intermediate_size
+            assert shapes["down_proj"][2] * tp == model.intermediate_size
+            assert shapes["lm_head"][1:] == (model.vocab_size, model.hidden_size)
+            assert grids.siluandmul_dim(model, tp) * tp == 2 * model.intermediate_size
+
+
+def test_expected_llm_shapes_present(models):
+    grid = grids.build_grid(models, quick=True, num_gpus=1)
+    gemm = {(r["M"], r["N"], r["K"]) for r in grid.rows["gemm"]}
+    for t in grids.QUICK_TOKENS:
+        # Llama-3.1-70B at TP 4 (METHOD.md A.15): qkv, o, gate_up, down
+        assert (t, 2560, 8192) in gemm
+        assert (t, 8192, 2048) in gemm
+        assert (t, 14336, 8192) in gemm
+        assert (t, 8192, 7168) in gemm
+    assert (16, 128256, 8192) in gemm          # lm_head, M = batch
+    assert (8192, 128256, 8192) not in gemm    # ... never M = prefill tokens
+    silu = {(r["seq"], r["dim"]) for r in grid.rows["siluandmul"]}
+    assert (1024, 14336) in silu               # input width 2·I/TP for Llama TP 4
+    assert {(r["seq"], r["dim"]) for r in grid.rows["rmsnorm"]} >= {(1, 5120), (8192, 8192)}
+    heads = {(r["nh"], r["nkv"], r["hd"]) for r in grid.rows["attn"]}
+    assert heads == {(40, 8, 128), (20, 4, 128), (10, 2, 128), (5, 1, 128),
+                     (64, 8, 128), (32, 4, 128), (16, 2, 128), (8, 1, 128)}
+    full = grids.build_grid(models, quick=False, num_gpus=8)
+    assert (35152, 2560, 8192) in {(r["M"], r["N"], r["K"]) for r in full.rows["gemm"]}  # arxiv_16 prefill
+    assert {"size_bytes": 575930368, "num_workers": 4} in full.rows["all_reduce"]       # A.15 all-reduce
+
+
+def test_attention_rows_are_well_formed(models):
+    traces = {"t": ([100, 3000, 20], 5)}
+    grid = grids.build_grid(models, quick=False, num_gpus=1, traces=traces)
+    rows = grid.rows["attn"]
+    assert {r["attention_type"] for r in rows} == {"fa2_ragged", "fa2_paged"}
+    for r in rows:
+        q = json.loads(r["q_lengths"])
+        kv = json.loads(r["kv_lengths"])
+        assert " " not in r["q_lengths"] and len(q) == len(kv) == r["bs"]
+        assert all(1 <= a <= b for a, b in zip(q, kv))
+        if r["attention_type"].endswith("paged"):
+            assert set(q) == {1}
+            assert sum(kv) <= grids.ATTN_DECODE_MAX_KV
+        else:
+            assert q == kv and sum(q) <= grids.ATTN_PREFILL_MAX_TOKENS
+    # the trace's batches: prefill, and decode after 1, 2 and 4 steps (output_tokens 5)
+    kvs = {(r["attention_type"], r["kv_lengths"]) for r in rows if r["nh"] == 16}
+    assert ("fa2_ragged", "[100,3000,20]") in kvs
+    assert {("fa2_paged", "[101,3001,21]"), ("fa2_paged", "[102,3002,22]"), ("fa2_paged", "[104,3004,24]")} <= kvs
+    fa3 = grids.build_grid(models, quick=True, ops=["attn"], prefill_attention_type="fa3_ragged")
+    assert {r["attention_type"] for r in fa3.rows["attn"]} == {"fa3_ragged", "fa2_paged"}
+
+
+def test_fp8_grid_and_caps(models):
+    grid = grids.build_grid(models, quick=False, num_gpus=1)
+    assert all(r["K"] % 16 == 0 and r["N"] % 16 == 0 for r in grid.rows["gemm_fp8"])
+    assert all(2 * (r["M"] * r["K"] + r["N"] * r["K"] + r["M"] * r["N"]) <= grids.GEMM_MAX_BYTES
+               for r in grid.rows["gemm"])
+    assert all(r["seq"] * r["dim"] <= grids.ELEMENTWISE_MAX_ELEMENTS for r in grid.rows["siluandmul"])
+
+
+def test_tp_that_does_not_divide_is_left_out(models):
+    grid = grids.build_grid(models, [3], quick=True, ops=["gemm"])
+    assert grid.rows["gemm"] == []
+    assert any("Qwen2.5-14B TP 3" in n for n in grid.notes)
+    with pytest.raises(ValueError, match="unknown operator"):
+        grids.build_grid(models, quick=True, ops=["conv"])
+
+
+def test_log_space():
+    assert grids.log_space(1, 16, 1) == [1, 2, 4, 8, 16]
+    values = grids.log_space(256, 32768, 2, multiple=64)
+    assert values[0] == 256 and values[-1] == 32768 and all(v % 64 == 0 for v in values)
+    assert values == sorted(set(values))
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement loop with a fake timer: resume, schema
+
+
+def _fake_prepare(calls: list | None = None):
+    def prepare(op, row):
+        if calls is not None:
+            calls.append((op, dict(row)))
+        dtype = "float8_e4m3fn" if op == "gemm_fp8" else "bfloat16"
+        return Prepared(fn=lambda: None, backend=f"fake-{op}", dtype=dtype)
+    return prepare
+
+
+FAKE_DEVICE = DeviceInfo(name="NVIDIA Fake GPU", versions={"torch_version": "2.x", "cuda_version": "12.4"},
+                         clocks=lambda: (1980, 2619))
+
+
+def _run(rows, out_dir, timer, prepare=None, **kwargs):
+    return measure_grid(rows, out_dir=out_dir, device=FAKE_DEVICE, prepare=prepare or _fake_prepare(), timer=timer,
+                        repeats=4, warmup=1, progress=False, log=lambda msg: None, **kwargs)
+
+
+def _small_rows(models):
+    grid = grids.build_grid(models, [4], quick=True, ops=["gemm", "attn", "rmsnorm"], num_gpus=1)
+    return {op: rows[:6] for op, rows in grid.rows.items()}
+
+
+def test_second_run_measures_nothing_new(models, tmp_path):
+    rows = _small_rows(models)
+    first = FakeTimer()
+    summary = _run(rows, tmp_path, first)
+    assert summary.measured == 18 and first.calls == 18
+    second = FakeTimer()
+    again = _run(rows, tmp_path, second)
+    assert second.calls == 0 and again.measured == 0
+    assert all(s.already_done == 6 for s in again.ops.values())
+    for op in rows:
+        with (tmp_path / f"{op}.csv").open() as handle:
+            assert len(list(csv.DictReader(handle))) == 6
+
+
+def test_interrupted_file_resumes(models, tmp_path):
+    rows = _small_rows(models)
+    calls = []
+
+    def interrupt_on_fourth(op, row):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return _fake_prepare(calls)(op, row)
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(rows, tmp_path, FakeTimer(), prepare=interrupt_on_fourth)
+    path = tmp_path / "gemm.csv"
+    assert len(path.read_text().splitlines()) == 1 + 3  # header + the rows finished before the interrupt
+    with path.open("a") as handle:  # a row cut off mid-write
+        handle.write("gemm,1,2560,81")
+    timer = FakeTimer()
+    summary = _run(rows, tmp_path, timer)
+    assert summary.ops["gemm"].already_done == 3 and summary.ops["gemm"].measured == 3
+    assert timer.calls == 3 + 6 + 6
+    lines = path.read_text().splitlines()
+    assert len(lines) == 7 and all(len(next(csv.reader([line]))) == len(csvio.columns_for("gemm")) for line in lines)
+    keys = [tuple(line.split(",")[:4]) for line in lines[1:]]
+    assert len(set(keys)) == 6
+
+
+def test_deadline_stops_before_new_rows(models, tmp_path):
+    rows = _small_rows(models)
+    timer = FakeTimer()
+    summary = _run(rows, tmp_path, timer, deadline=time.monotonic() - 1)
+    assert summary.stopped_early and timer.calls == 0
+    assert sum(s.left for s in summary.ops.values()) == 18
+
+
+def test_unsupported_and_failed_rows_are_not_written(models, tmp_path):
+    rows = {"gemm": [{"M": 1, "N": 128, "K": 128}, {"M": 2, "N": 128, "K": 128}, {"M": 3, "N": 128, "K": 128}]}
+    cleaned = []
+
+    def prepare(op, row):
+        if row["M"] == 1:
+            raise Unsupported("not on this backend")
+        if row["M"] == 2:
+            raise RuntimeError("CUDA out of memory\nmore details")
+        return _fake_prepare()(op, row)
+
+    summary = _run(rows, tmp_path, FakeTimer(), prepare=prepare, after_error=lambda: cleaned.append(1))
+    s = summary.ops["gemm"]
+    assert (s.measured, s.unsupported, s.failed) == (1, 1, 1) and cleaned == [1]
+    assert len((tmp_path / "gemm.csv").read_text().splitlines()) == 2
+
+
+def test_csv_schema(models, tmp_path):
+    rows = _small_rows(models)
+    _run(rows, tmp_path, FakeTimer(duration_us=20.0))
+    expected_tail = ["hardware", "avg_duration", "median_us", "min_us", "std_us", "repeats", "dtype", "kernel",
+                     "torch_version", "cuda_version", "flash_attn_version", "sm_clock_mhz", "mem_clock_mhz",
+                     "timestamp"]
+    assert list(csvio.columns_for("gemm")) == ["op", "M", "N", "K", *expected_tail]
+    assert list(csvio.columns_for("attn")) == ["op", "attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv",
+                                                "hd", *expected_tail]
+    assert list(csvio.columns_for("all_reduce")) == ["op", "size_bytes", "num_workers", *expected_tail]
+    with (tmp_path / "gemm.csv").open() as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames == list(csvio.columns_for("gemm"))
+        first = next(reader)
+    assert first["op"] == "gemm" and first["hardware"] == "NVIDIA Fake GPU"
+    # fake durations 20.0, 20.1, 20.2, 20.3 µs
+    assert float(first["avg_duration"]) == pytest.approx(20.15)
+    assert float(first["median_us"]) == pytest.approx(20.15)
+    assert float(first["min_us"]) == pytest.approx(20.0)
+    assert float(first["std_us"]) == pytest.approx(summarize([20.0, 20.1, 20.2, 20.3]).std_us, abs=1e-4)
+    assert first["repeats"] == "4" and first["dtype"] == "bfloat16" and first["kernel"] == "fake-gemm"
+    assert (first["sm_clock_mhz"], first["mem_clock_mhz"], first["flash_attn_version"]) == ("1980", "2619", "")
+    assert first["timestamp"].endswith("Z")
+    frames = csvio.read_all_measured(tmp_path.parent)
+    assert set(frames) == {"gemm", "attn", "rmsnorm"}
+    attn = frames["attn"]
+    assert attn["q_lengths"].str.startswith("[").all() and attn["bs"].dtype.kind == "i"
+    assert list(csvio.iter_measured_files(tmp_path.parent))[0][0] == tmp_path.name
+
+
+def test_header_mismatch_is_an_error(tmp_path):
+    path = tmp_path / "gemm.csv"
+    path.write_text("M,N,K,avg_duration\n1,2,3,4.0\n")
+    with pytest.raises(ValueError, match="unexpected columns"):
+        csvio.MeasurementCsv(path, "gemm").done_keys()
+
+
+def test_summarize_and_fake_timer():
+    stats = summarize([3.0, 1.0, 2.0])
+    assert (stats.mean_us, stats.median_us, stats.min_us, stats.std_us, stats.repeats) == (2.0, 2.0, 1.0, 1.0, 3)
+    assert summarize([5.0]).std_us == 0.0
+    with pytest.raises(ValueError):
+        summarize([])
+    ran = []
+    timer = FakeTimer(duration_us=lambda call: 7.0 * call, call=True)
+    assert timer.measure(lambda: ran.append(1), 2, 10) == [7.0, 7.1] and ran == [1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel labels and CPU smoke runs of the torch runners
+
+
+def test_kernel_labels():
+    name = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
+            "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)")
+    assert short_kernel_name(name) == \
+        "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
+    eager = Prepared(fn=lambda: None, backend="torch silu(gate)*up", dtype="bfloat16", elementwise=True)
+    assert kernel_label(eager, ["void silu_kernel(float*)", "void mul_kernel(float*)"]) == \
+        "torch silu(gate)*up [eager, 2 kernels]: silu_kernel | mul_kernel"
+    assert kernel_label(eager, ["void rms(x)"]).startswith("torch silu(gate)*up [fused]")
+    assert "unknown" in kernel_label(eager, None)
+    gemm = Prepared(fn=lambda: None, backend="torch.nn.functional.linear", dtype="bfloat16")
+    assert kernel_label(gemm, None) == "torch.nn.functional.linear"
+
+
+def test_torch_runners_on_cpu():
+    torch = pytest.importorskip("torch")
+    from pipeweave.profiler.runners import TorchRunners
+
+    runners = TorchRunners("cpu", attn_backend="sdpa")
+    assert runners.prefill_attention_type == "fa2_ragged" and runners.decode_attention_type == "fa2_paged"
+    out = runners.prepare("gemm", {"M": 3, "N": 32, "K": 64}).fn()
+    assert tuple(out.shape) == (3, 32) and out.dtype == torch.bfloat16
+    assert runners.check_op("gemm") is None
+    prefill = {"attention_type": "fa2_ragged", "bs": 2, "q_lengths": "[16,16]", "kv_lengths": "[16,16]",
+               "nh": 4, "nkv": 2, "hd": 64}
+    assert tuple(runners.prepare("attn", prefill).fn().shape) == (2, 4, 16, 64)
+    decode = dict(prefill, q_lengths="[1,1]", kv_lengths="[40,40]")
+    decode["attention_type"] = "fa2_paged"
+    assert tuple(runners.prepare("attn", decode).fn().shape) == (2, 4, 1, 64)
+    with pytest.raises(Unsupported):
+        runners.prepare("attn", dict(prefill, q_lengths="[16,8]", kv_lengths="[16,8]"))
+    with pytest.raises(Unsupported):
+        runners.prepare("attn", dict(prefill, attention_type="fa3_ragged"))
+    assert tuple(runners.prepare("rmsnorm", {"seq": 5, "dim": 256}).fn().shape) == (5, 256)
+    prepared = runners.prepare("siluandmul", {"seq": 5, "dim": 256})
+    assert tuple(prepared.fn().shape) == (5, 128) and prepared.elementwise
+    with pytest.raises(ValueError):
+        runners.prepare("siluandmul", {"seq": 5, "dim": 255})
+    if runners.check_op("gemm_fp8") is None:  # CPU torch._scaled_mm exists in recent torch
+        assert tuple(runners.prepare("gemm_fp8", {"M": 3, "N": 32, "K": 64}).fn().shape) == (3, 32)
+    assert runners.kernel_names(lambda: None) is None  # no profiler run off-GPU
+
+
+def test_runners_measured_with_fake_timer(models, tmp_path):
+    pytest.importorskip("torch")
+    from pipeweave.profiler.runners import TorchRunners
+
+    runners = TorchRunners("cpu", attn_backend="sdpa")
+    rows = {"gemm": [{"M": 2, "N": 64, "K": 32}],
+            "attn": [{"attention_type": "fa2_paged", "bs": 2, "q_lengths": "[1,1]", "kv_lengths": "[30,30]",
+                      "nh": 4, "nkv": 1, "hd": 64},
+                     {"attention_type": "fa2_ragged", "bs": 2, "q_lengths": "[9,30]", "kv_lengths": "[9,30]",
+                      "nh": 4, "nkv": 1, "hd": 64}],
+            "siluandmul": [{"seq": 3, "dim": 64}]}
+    timer = FakeTimer(call=True)
+    summary = _run(rows, tmp_path, timer, prepare=runners.prepare)
+    assert summary.measured == 3 and summary.ops["attn"].unsupported == 1  # ragged needs flash-attn
+    with (tmp_path / "siluandmul.csv").open() as handle:
+        assert next(csv.DictReader(handle))["kernel"].startswith("torch silu(gate)*up [fused or eager")
+
+
+# ----------------------------------------------------------------------------------------------
+# Hardware JSON skeleton
+
+
+def _h100_like_props(**overrides):
+    props = dict(name="NVIDIA Test GPU 80GB", major=9, minor=0, multi_processor_count=132,
+                 total_memory=84929216512, L2_cache_size=50 * 2 ** 20, shared_memory_per_multiprocessor=233472,
+                 regs_per_multiprocessor=65536, clock_rate=1980000, memory_clock_rate=2619000,
+                 memory_bus_width=5120)
+    props.update(overrides)
+    return SimpleNamespace(**props)
+
+
+def test_hardware_skeleton_rejected_until_filled():
+    data = hardware_skeleton(_h100_like_props(), today="2026-01-01")
+    json.dumps(data)  # serializable
+    assert data["name"] == "NVIDIA Test GPU 80GB" and data["numSms"] == 132
+    assert (data["computeMajor"], data["computeMinor"], data["architecture"]) == (9, 0, "hopper")
+    assert data["memBandwidth"] == pytest.approx(3352.32)  # the convention of hardware/H100.json
+    assert (data["l2CacheSize"], data["sharedMemorySize"], data["registerFileSize"]) == (51200, 228, 256)
+    assert (data["smFreq"], data["FmaFp32"], data["xuFp32"], data["sharedMemoryBandwidth"]) == (1980, 128, 16, 128)
+    assert data["TODO"] == ["l2CacheBandwidth", "tcBf16", "tcFp8"]
+    assert all(str(data[f]).startswith("TODO") for f in data["TODO"])
+    assert "memBandwidth" in data["CHECK"] and "smFreq" in data["CHECK"]
+    with pytest.raises(ValueError, match="must be a positive number"):
+        parse_hardware(data, "Test", "Test.json")
+    filled = dict(data, l2CacheBandwidth=8820, tcBf16=4096, tcFp8=8192)
+    del filled["TODO"], filled["CHECK"]
+    spec = parse_hardware(filled, "Test", "Test.json")
+    assert (spec.num_sms, spec.tc_bf16, spec.tc_fp8, spec.architecture) == (132, 4096, 8192, "hopper")
+
+
+def test_hardware_skeleton_without_clock_fields_and_old_gpus():
+    bare = _h100_like_props(major=8, minor=0)
+    for attr in ("clock_rate", "memory_clock_rate", "memory_bus_width", "regs_per_multiprocessor"):
+        delattr(bare, attr)
+    data = hardware_skeleton(bare)
+    assert data["TODO"] == ["memBandwidth", "l2CacheBandwidth", "tcBf16", "smFreq"]
+    assert "tcFp8" not in data and data["FmaFp32"] == 64 and data["architecture"] == "ampere"
+    assert data["registerFileSize"] is None
+    with pytest.raises(ValueError):
+        parse_hardware(data, "x", "x.json")
+    # NVML values win over the properties
+    assert hardware_skeleton(bare, max_sm_clock_mhz=1410, max_mem_clock_mhz=1593, memory_bus_width=5120)[
+        "memBandwidth"] == pytest.approx(2039.04)
+    turing = hardware_skeleton(_h100_like_props(major=7, minor=5))
+    assert "architecture" in turing["TODO"] and turing["FmaFp32"] == 64
+
+
+def test_gpu_dir_name():
+    assert gpu_dir_name("NVIDIA H100 80GB HBM3") == "H100"  # alias in hardware/H100.json
+    assert gpu_dir_name("NVIDIA GeForce RTX 4090") == "NVIDIA_GeForce_RTX_4090"
+    assert sanitize("a/b c") == "a_b_c"
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI on the CPU
+
+
+def test_cli_dry_run(config_dir, capsys):
+    code = run_cli(profile_operators.main, ["--dry_run", "--quick", "--config_dir", str(config_dir)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"^  gemm +239 rows$", out, re.M) and re.search(r"^  total +\d+ rows$", out, re.M)
+
+
+def test_cli_measurement_without_gpu_exits_2(config_dir, capsys, monkeypatch):
+    monkeypatch.setattr(profile_operators, "cuda_device_count", lambda: 0)
+    code = run_cli(profile_operators.main, ["--quick", "--config_dir", str(config_dir)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines() == [f"{Path(sys.argv[0]).name}: error: {NO_CUDA_MESSAGE}"]
+    code = run_cli(profile_operators.main, ["--hardware_json", "x.json"])
+    assert code == 2 and "no CUDA GPU visible" in capsys.readouterr().err
+
+
+def test_cli_bad_flags(config_dir, capsys):
+    for argv in (["--ops", "conv"], ["--tp", "0"], ["--repeats", "0"], ["--configs", "Nope", "--dry_run",
+                                                                          "--config_dir", str(config_dir)]):
+        assert run_cli(profile_operators.main, argv) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+class _FakeRunners:
+    """Stands in for TorchRunners so the CLI's measurement path runs on the CPU."""
+
+    prefill_attention_type = "fa2_ragged"
+    decode_attention_type = "fa2_paged"
+
+    def __init__(self, device, attn_backend="auto", elementwise_backend="auto"):
+        self.notes = ["attention prefill: fa3 failed (fake); using fa2"]
+
+    def check_op(self, op):
+        return "FP8 GEMM needs compute capability 8.9 or newer" if op == "gemm_fp8" else None
+
+    def describe_backends(self):
+        return "fake backends"
+
+    def prepare(self, op, row):
+        return _fake_prepare()(op, row)
+
+    def kernel_names(self, fn):
+        return ["void fake_kernel<1>(int)"]
+
+
+def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    import pipeweave.profiler.device as device_module
+    import pipeweave.profiler.runners as runners_module
+    import pipeweave.profiler.timing as timing_module
+
+    class Timer(FakeTimer):
+        flush_bytes = 100 * 2 ** 20
+
+        def __init__(self, device, max_row_seconds):
+            super().__init__()
+
+    monkeypatch.setattr(profile_operators, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(profile_operators, "_warm_up_gpu", lambda torch, device: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(device_module, "local_device_info", lambda index: FAKE_DEVICE)
+    monkeypatch.setattr(runners_module, "TorchRunners", _FakeRunners)
+    monkeypatch.setattr(timing_module, "CudaEventTimer", Timer)
+    argv = ["--quick", "--configs", "Llama-3.1-70B", "--tp", "8", "--config_dir", str(config_dir),
+            "--output_dir", str(tmp_path), "--no_progress"]
+    assert run_cli(profile_operators.main, argv) == 0
+    out = capsys.readouterr().out
+    assert "gemm_fp8: skipped, cannot run on this GPU" in out and "all_reduce: skipped" in out
+    assert "note: attention prefill: fa3 failed" in out
+    folder = tmp_path / "NVIDIA_Fake_GPU"
+    assert sorted(p.name for p in folder.glob("*.csv")) == ["attn.csv", "gemm.csv", "rmsnorm.csv", "siluandmul.csv"]
+    gemm = csvio.read_measured(folder / "gemm.csv")
+    assert len(gemm) == 23 and (gemm["kernel"] == "fake-gemm: fake_kernel<1>").all()
+    assert run_cli(profile_operators.main, argv) == 0  # resume: nothing new
+    assert "measured 0 rows" in capsys.readouterr().out
+    assert len(csvio.read_measured(folder / "gemm.csv")) == 23
+
+
+@pytest.mark.skipif(_cuda_available(), reason="checks the message printed where no GPU is visible")
+def test_script_without_gpu_prints_one_line(config_dir):
+    proc = subprocess.run([sys.executable, str(REPO / "profile_operators.py"), "--quick", "--config_dir",
+                           str(config_dir)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"profile_operators.py: error: {NO_CUDA_MESSAGE}"
+
+
+# ----------------------------------------------------------------------------------------------
+# all_reduce plumbing on CPU (gloo), and the real thing on a GPU
+
+
+def test_allreduce_plumbing_with_gloo(tmp_path):
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from pipeweave.profiler.collective import AllReduceOptions, measure_allreduce
+
+    rows = [{"size_bytes": 4096, "num_workers": 2}, {"size_bytes": 65536, "num_workers": 2}]
+    path = tmp_path / "all_reduce.csv"
+    options = AllReduceOptions(repeats=2, warmup=1, backend="gloo", device="cpu")
+    measure_allreduce(rows, csv_path=path, hardware="cpu-test", versions={}, options=options)
+    with path.open() as handle:
+        written = list(csv.DictReader(handle))
+    assert [(r["size_bytes"], r["num_workers"]) for r in written] == [("4096", "2"), ("65536", "2")]
+    assert all(float(r["avg_duration"]) > 0 and r["kernel"] == "torch.distributed.all_reduce(gloo)" for r in written)
+    assert csvio.MeasurementCsv(path, "all_reduce").done_keys() == {
+        csvio.row_key("all_reduce", r, "cpu-test") for r in rows}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA GPU")
+def test_quick_gemm_on_gpu(config_dir, tmp_path):
+    argv = ["--quick", "--ops", "gemm", "--configs", "Llama-3.1-70B", "--tp", "8", "--config_dir", str(config_dir),
+            "--output_dir", str(tmp_path), "--repeats", "5", "--warmup", "1", "--no_progress", "--max_minutes", "3"]
+    assert run_cli(profile_operators.main, argv) == 0
+    files = list(tmp_path.glob("*/gemm.csv"))
+    assert len(files) == 1
+    frame = csvio.read_measured(files[0])
+    models = grids.load_models(["Llama-3.1-70B"], config_dir)
+    expected = len(grids.build_grid(models, [8], quick=True, ops=["gemm"]).rows["gemm"])
+    assert len(frame) == expected == 23 and (frame["avg_duration"] > 0).all()
+    assert (frame["min_us"] <= frame["median_us"]).all() and (frame["repeats"] >= 1).all()
+    assert frame["kernel"].str.startswith("torch.nn.functional.linear").all()
+    # a second run measures nothing new
+    assert run_cli(profile_operators.main, argv) == 0
+    assert len(csvio.read_measured(files[0])) == expected
