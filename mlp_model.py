@@ -69,9 +69,9 @@ class MLP_v2(nn.Module):  # noqa: N801 - the artifact's name
 ARCHITECTURES = {"MLP": MLP, "MLP_v2": MLP_v2}
 
 
-def build_model(architecture: str, input_dim: int) -> nn.Module:
+def build_model(architecture: str, input_dim: int, dropout: float = DROPOUT) -> nn.Module:
     try:
-        return ARCHITECTURES[architecture](input_dim)
+        return ARCHITECTURES[architecture](input_dim, dropout=dropout)
     except KeyError:
         raise ValueError(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}") from None
 
@@ -105,7 +105,7 @@ def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple
     metadata = json.loads(meta_path.read_text())
     params = metadata["model_info"]["model_parameters"]
     architecture = metadata["model_info"].get("architecture", "MLP")
-    model = build_model(architecture, int(params["input_dim"]))
+    model = build_model(architecture, int(params["input_dim"]), dropout=float(params.get("dropout_rate", DROPOUT)))
     state = torch.load(checkpoint_path(model_dir, op), map_location=device, weights_only=True)
     model.load_state_dict(state["model_state_dict"])
     model.to(device).eval()

@@ -32,11 +32,15 @@ def main(argv=None) -> int:
     parser.add_argument("--output_dir", type=Path, default=Path("mlp_models"), help="root; a timestamped directory is created")
     parser.add_argument("--holdout_hardware", action="append", default=[], metavar="GPU",
                         help="leave this GPU out of training and test on all its rows (repeatable)")
+    parser.add_argument("--max_rows_per_gpu", type=int, default=20000,
+                        help="train on at most this many rows per GPU, drawn with --seed (0: all rows)")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
 
     config = TrainConfig(recipe=args.recipe, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         patience=args.patience, seed=args.seed, device=args.device, progress=not args.no_progress)
+                         patience=args.patience, seed=args.seed, device=args.device, threads=args.threads,
+                         max_rows_per_gpu=args.max_rows_per_gpu or None, progress=not args.no_progress)
     train, test = load_splits(args.op, args.dataset_dir, args.holdout_hardware)
     model, history, predicted, evaluation = train_and_evaluate(args.op, train, test, config)
     out_dir = timestamp_dir(args.output_dir, args.op)

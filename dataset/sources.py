@@ -62,14 +62,16 @@ aiconfigurator attention (context = prefill, generation = decode).
 
         a100_sxm   vllm_flash_attn      (vllm-flash-attn FA2)  -> fa2_ragged / fa2_paged
         l40s, rtx_pro_6000_server  vllm_flash_attn_fa2         -> fa2_ragged / fa2_paged
-        h100_sxm, h200_sxm  vllm_flash_attn_fa3                -> fa3_ragged / fa3_paged
+        h100_sxm, h200_sxm  vllm_flash_attn_fa3                -> fa3_ragged / fa2_paged
 
     Context rows are prefill: ``bs = batch_size``, ``q = [isl]*bs``, ``kv = [isl+step]*bs`` (step is always 0,
     so kv = q), layout "ragged" like PipeWeave's prefill. Generation rows are one-token decode: ``q = [1]*bs``
     (isl is 1) and ``kv = [isl+step]*bs``, the attended KV length (aiconfigurator keys its table by
-    ``isl + step``), layout "paged". On Hopper the measured decode kernel is FA3, so it is labelled
-    ``fa3_paged`` (not the ``fa2_paged`` PipeWeave's workloads use for decode on every GPU): the label says what
-    was measured, and the FA3 calculator has a paged tiling. Dropped: ``vllm_flash_attn_fa4`` (head_dim 512,
+    ``isl + step``), layout "paged". On Hopper the measured decode kernel is FA3, but it is labelled
+    ``fa2_paged``, the decode type PipeWeave's workloads use on every GPU, so that the features the model
+    learns decode from are the ones the aggregator computes at inference. (The FA3 calculator would also
+    mis-describe large decode batches: above 8192 works it schedules a single head, METHOD.md §11.1.5, which
+    made the first Hopper decode model 70 % wrong on held-out shapes.) Dropped: ``vllm_flash_attn_fa4`` (head_dim 512,
     no calculator), FP8 KV cache (all flashinfer/triton rows on l40s/rtx are FP8-KV), sliding-window rows
     (``window_size != 0``), ``beam_width != 1``, ``attn_dtype != bfloat16``, head_dim not a multiple of 16 or
     above 256. **b200_sxm attention is not used**: its vLLM 0.24 kernels are FlashInfer's TRT-LLM-gen kernels
@@ -182,7 +184,7 @@ AIC_FALLBACK_SYSTEMS = ("a100_sxm", "b200_sxm", "h100_sxm", "h200_sxm", "l40s", 
 AIC_ATTENTION_KERNELS: dict[str, tuple[str, str]] = {
     "vllm_flash_attn": ("fa2_ragged", "fa2_paged"),  # a100_sxm, vLLM 0.14: vllm-flash-attn FA2 (Ampere)
     "vllm_flash_attn_fa2": ("fa2_ragged", "fa2_paged"),  # l40s, rtx_pro_6000_server
-    "vllm_flash_attn_fa3": ("fa3_ragged", "fa3_paged"),  # h100_sxm, h200_sxm
+    "vllm_flash_attn_fa3": ("fa3_ragged", "fa2_paged"),  # h100_sxm, h200_sxm; decode labelled as the workloads do
 }
 AIC_GEMM_FP8_KERNELS = ("CutlassFP8ScaledMMLinearKernel",)
 AIC_MOE_KERNELS = ("vllm_unquantizedfusedmoe_triton_tritonexperts", "vllm_fused_moe")

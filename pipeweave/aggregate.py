@@ -36,10 +36,12 @@ back with index arrays. ``python3 -m benchmarks.aggregator`` times it.
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -53,8 +55,11 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import compute_features, get_operator
 from pipeweave.cli import UserError, write_atomically
-from pipeweave.predictor import DEFAULT_MODEL_DIR, REPO_ROOT, KernelPredictor, duration_us
 
+# torch (through pipeweave.predictor) is imported only when models are loaded, so that flag and workload errors
+# are reported quickly
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_DIR = REPO_ROOT / "mlp_models"
 DEFAULT_QUANTILE_DIR = REPO_ROOT / "mlp_models_quantile"
 DEFAULT_WORKLOAD_DIR = REPO_ROOT / "workload"
 
@@ -384,8 +389,11 @@ class Aggregator:
                             f"got {collective_estimate!r}")
         self.hardware_dir = Path(hardware_dir)
         self.registry = hardware_registry(self.hardware_dir)
-        self.predictor = KernelPredictor(model_dir, device, self.hardware_dir)
-        self.quantile_predictor = KernelPredictor(quantile_dir, device, self.hardware_dir) if quantile_dir else None
+        self.model_dir = Path(model_dir)
+        self.device = device
+        self.quantile_dir = Path(quantile_dir) if quantile_dir else None
+        self._predictor = None
+        self._quantile_predictor = None
         self.quantile_ops: dict[str, bool] = {}
         if collective_dir is None:
             from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR
@@ -394,8 +402,29 @@ class Aggregator:
         self.collective_estimate = collective_estimate
         self.log = log or (lambda message: None)
         self._collective_predictors: dict[str, object] = {}
+        self._warned: set[tuple[str, str, int]] = set()
 
     # ---------------------------------------------------------------------------------------------
+    @property
+    def predictor(self):
+        """The point-prediction KernelPredictor (created, and torch imported, on first use)."""
+        if self._predictor is None:
+            from pipeweave.predictor import KernelPredictor
+
+            self._predictor = KernelPredictor(self.model_dir, self.device, self.hardware_dir)
+        return self._predictor
+
+    @property
+    def quantile_predictor(self):
+        """KernelPredictor of the quantile (upper-efficiency) models, None without --quantiles."""
+        if self.quantile_dir is None:
+            return None
+        if self._quantile_predictor is None:
+            from pipeweave.predictor import KernelPredictor
+
+            self._quantile_predictor = KernelPredictor(self.quantile_dir, self.device, self.hardware_dir)
+        return self._quantile_predictor
+
     def gpu(self, name: str) -> HardwareSpec:
         return self.registry.get(name)
 
@@ -452,9 +481,18 @@ class Aggregator:
     # ---------------------------------------------------------------------------------------------
     def predict(self, jobs: Sequence[Job]) -> list[Prediction]:
         """Predict every job; raises before returning anything if any job cannot be predicted."""
+        with gc_paused():
+            return self._predict(jobs)
+
+    def _predict(self, jobs: Sequence[Job]) -> list[Prediction]:
         ops = sorted({op for job in jobs for op in job.workload.ops()}, key=list(KERNEL_CATEGORIES.values()).index)
-        self.load_models(ops)
+        # collectives first (cheap, no torch): a missing collective model fails before the MLPs are loaded
         collective_of = {id(job): self.collective_predictor(job) for job in jobs if job.workload.has_communication}
+        coll_ms: dict[int, tuple[np.ndarray, list[str]]] = {}
+        for j, job in enumerate(jobs):
+            if job.workload.has_communication:
+                coll_ms[j] = self._collectives(job, collective_of[id(job)])
+        self.load_models(ops)
 
         # 1. unique (GPU, shape) rows per operator class, and each job's map from its local shapes to them
         tables: dict[str, dict[tuple[str, tuple], int]] = {op: {} for op in ops}
@@ -475,18 +513,13 @@ class Aggregator:
         # 2. one feature computation and one forward pass per operator class
         unique_ms: dict[str, np.ndarray] = {}
         optimistic_ms: dict[str, np.ndarray] = {}
-        for op, table in tables.items():
-            keys = list(table)  # dict order = row order
-            features = self._features(op, keys)
-            unique_ms[op], optimistic_ms[op] = self._durations(op, keys, features)
+        with single_thread_inference(self.device):
+            for op, table in tables.items():
+                keys = list(table)  # dict order = row order
+                features = self._features(op, keys)
+                unique_ms[op], optimistic_ms[op] = self._durations(op, keys, features)
 
-        # 3. collectives: once per distinct (kind, bytes, workers) of each collective predictor
-        coll_ms: dict[int, np.ndarray] = {}
-        for j, job in enumerate(jobs):
-            if job.workload.has_communication:
-                coll_ms[j] = self._collectives(job, collective_of[id(job)])
-
-        # 4. scatter back and assemble the outputs
+        # 3. scatter back and assemble the outputs
         out = []
         for j, job in enumerate(jobs):
             single = np.zeros(len(job.workload.inst_code))
@@ -501,16 +534,20 @@ class Aggregator:
                         best[rows] = optimistic_ms[op][ids]
             rows = np.flatnonzero(codes == 4)
             if rows.size:
-                single[rows] = coll_ms[j][job.workload.inst_local[rows]]
+                single[rows] = coll_ms[j][0][job.workload.inst_local[rows]]
                 if best is not None:
                     best[rows] = single[rows]
             source = None
             if job.workload.has_communication:
                 predictor = collective_of[id(job)]
-                source = f"{predictor.hardware} collective models"
-                if predictor.used_analytical:
-                    used = sorted(predictor.used_analytical)
-                    source += f" + analytical estimate for {', '.join(used)}"
+                measured = [k for k in COLLECTIVE_KINDS if k not in coll_ms[j][1]
+                            and any(kind == k for kind, _ in job.workload.collectives)]
+                parts = []
+                if measured:
+                    parts.append(f"{predictor.hardware} collective models ({', '.join(measured)})")
+                if coll_ms[j][1]:
+                    parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
+                source = " + ".join(parts)
             out.append(Prediction(job, build_result(job, single, best), source))
         return out
 
@@ -537,6 +574,8 @@ class Aggregator:
         operator = get_operator(op)
         ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
         freq = np.array([self.registry.get(stem).sm_freq for stem, _ in keys], dtype=np.float64)
+        from pipeweave.predictor import duration_us
+
         efficiency = self.predictor.efficiency_from_features(op, features)
         point = duration_us(ideal, efficiency, freq) / 1000.0
         if self.quantile_predictor is not None and self.quantile_ops.get(op):
@@ -544,16 +583,19 @@ class Aggregator:
             return point, duration_us(ideal, upper, freq) / 1000.0
         return point, point
 
-    def _collectives(self, job: Job, predictor) -> np.ndarray:
+    def _collectives(self, job: Job, predictor) -> tuple[np.ndarray, list[str]]:
+        """(ms per unique collective of the job's workload, kinds that used the analytical estimate)."""
         workload = job.workload
         out = np.zeros(len(workload.collectives))
+        analytical = []
         for kind in COLLECTIVE_KINDS:
             rows = [i for i, (k, _) in enumerate(workload.collectives) if k == kind]
             if not rows:
                 continue
             sizes = np.array([workload.collectives[i][1] for i in rows], dtype=np.float64)
             workers = workload.tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
-            before = set(predictor.used_analytical)
+            measured = predictor.available(kind) and (
+                workers in predictor.worker_counts(kind) or (kind == "all_reduce" and workers == 1))
             try:
                 out[rows] = predictor.predict_ms(kind, sizes, workers)
             except (ValueError, FileNotFoundError) as exc:
@@ -561,13 +603,47 @@ class Aggregator:
                 raise UserError(f"{workload.stem} on {job.hardware.stem}: cannot predict {kind} with "
                                 f"{predictor.hardware}'s collective models: {message.split('; ')[0]}; "
                                 f"{FLAG_HINT}") from None
-            if kind in predictor.used_analytical and kind not in before:
-                # used_analytical only grows: warn the first time a kind of this predictor falls back
-                self.log(
-                    f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
-                    f"estimate (--collective_estimate analytical: pipeweave.collectives.analytical_collective_ms, "
-                    f"peak link bandwidth + fixed latency, not measurements) because no measured model covers it")
-        return out
+            if not measured:
+                analytical.append(kind)
+                if (predictor.hardware, kind, workers) not in self._warned:
+                    self._warned.add((predictor.hardware, kind, workers))
+                    self.log(
+                        f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
+                        f"estimate (--collective_estimate analytical: pipeweave.collectives.analytical_collective_ms, "
+                        f"peak link bandwidth + fixed latency, not measurements) because no measured model covers it")
+        return out, analytical
+
+
+@contextmanager
+def gc_paused():
+    """No cyclic garbage collection while the output objects are built: the thousands of small dicts
+    otherwise trigger full collections over torch's and pandas' heaps (≈ 5 ms for a 403-iteration
+    workload). Nothing built here is cyclic; the previous state is restored."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextmanager
+def single_thread_inference(device: str):
+    """One intra-op thread for CPU inference: the batches here are small (hundreds of rows), where thread
+    start-up and contention with other processes cost far more than they save (measured: 240 ms vs 24 ms
+    for a 403-iteration workload on a busy 2-core machine)."""
+    if not str(device).startswith("cpu"):
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def attention_features_batch(shapes: list[tuple], hw: HardwareSpec) -> np.ndarray:
@@ -596,8 +672,10 @@ def attention_features_batch(shapes: list[tuple], hw: HardwareSpec) -> np.ndarra
 # output
 # ==================================================================================================
 
-def _entry(single: float, count: int) -> dict:
-    return {"single_duration_ms": round(single, 6), "count": count, "total_duration_ms": round(single * count, 6)}
+def round6(values: np.ndarray) -> list[float]:
+    """Round to 6 decimals, vectorised: rint(x·10⁶) / 10⁶ is the double nearest to the 6-decimal value
+    (prints cleanly); it can differ from Python's round() only for values within an ulp of a tie."""
+    return (np.rint(np.asarray(values, dtype=np.float64) * 1e6) / 1e6).tolist()
 
 
 def build_result(job: Job, single: np.ndarray, optimistic: np.ndarray | None = None) -> dict:
@@ -607,25 +685,26 @@ def build_result(job: Job, single: np.ndarray, optimistic: np.ndarray | None = N
     weighted = single * workload.inst_count
     # bincount accumulates in input order: the same sequence of additions as Σ over an iteration's operators
     iter_total = np.bincount(workload.inst_iter, weights=weighted, minlength=n_iter).tolist()
-    singles = single.tolist()
+    singles = round6(single)
+    totals = round6(weighted)
+    iter_rounded = round6(iter_total)
     counts = workload.counts_int
     iterations = []
     for position in range(n_iter):
         durations: dict = {"gemm": {}}
         for category, name, i in workload.layout[position]:
-            entry = _entry(singles[i], counts[i])
+            entry = {"single_duration_ms": singles[i], "count": counts[i], "total_duration_ms": totals[i]}
             if category == "gemm":
                 durations["gemm"][name] = entry
             elif category == "communication":
                 durations.setdefault("communication", {})[name] = entry
             else:
                 durations[category] = entry
-        ordered = {key: durations[key] for key in CATEGORIES if key in durations}
-        iterations.append({
+        iterations.append({  # layout entries are in CATEGORIES order, so the keys are too
             "iteration": workload.numbers[position],
             "phase": workload.phases[position],
-            "operator_durations": ordered,
-            "total_duration_ms": round(iter_total[position], 6),
+            "operator_durations": durations,
+            "total_duration_ms": iter_rounded[position],
         })
     summary = summarize(workload.phases, iter_total)
     if optimistic is not None:

@@ -17,7 +17,7 @@ import torch
 
 from analytical_model.registry import get_operator, model_inputs
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
-from mlp_model import HIDDEN_DIMS, DROPOUT, checkpoint_path, count_parameters, predict_efficiency
+from mlp_model import HIDDEN_DIMS, checkpoint_path, count_parameters, predict_efficiency
 from pipeweave.splits import shape_keys
 from pipeweave.training import TrainConfig, fit
 
@@ -110,8 +110,18 @@ def hardware_distribution(frame: pd.DataFrame) -> dict:
     return {k: int(v) for k, v in frame["hardware"].value_counts().items()}
 
 
+def cap_rows_per_gpu(frame: pd.DataFrame, cap: int | None, seed: int) -> pd.DataFrame:
+    """At most ``cap`` rows per GPU, drawn with a fixed seed (keeps training time bounded)."""
+    if cap is None:
+        return frame
+    parts = [rows if len(rows) <= cap else rows.sample(cap, random_state=seed)
+             for _, rows in frame.groupby("hardware", sort=True)]
+    return pd.concat(parts).sort_index()
+
+
 def train_and_evaluate(op: str, train: pd.DataFrame, test: pd.DataFrame, config: TrainConfig):
-    """Fit on ``train``; return (model, history, test predictions, evaluation)."""
+    """Fit on ``train`` (capped per GPU if configured); return (model, history, test predictions, evaluation)."""
+    train = cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed)
     if len(train) < 10:
         raise ValueError(f"{op}: only {len(train)} training rows; build the dataset first (python3 -m dataset.build)")
     started = time.perf_counter()
@@ -159,7 +169,7 @@ def write_model_dir(
             "model_parameters": {
                 "input_dim": len(operator.feature_names),
                 "hidden_dims": list(HIDDEN_DIMS),
-                "dropout_rate": DROPOUT,
+                "dropout_rate": config.dropout,
                 "total_parameters": count_parameters(model),
             },
             "batch_norm_position": "post_activation",

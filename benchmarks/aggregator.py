@@ -1,0 +1,130 @@
+"""End-to-end prediction speed of the aggregator.
+
+    python3 -m benchmarks.aggregator [--workload W.json] [--hardware H20] [--runs 15] [--model_dir mlp_models]
+
+Loads the models once, then times the in-process prediction of one workload (default: the 403-iteration
+``Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2``) — everything from the parsed workload to the finished
+output object: dedup, features, MLP passes, collectives, scatter and summary; not the JSON file read
+(timed separately) nor the output write — as the median of ``--runs`` runs, and the wall time of a
+whole ``python3 aggregator.py ...`` process (median of ``--process_runs``; includes interpreter start,
+imports, model loading and writing the output). No cache survives between runs.
+
+If ``--model_dir`` lacks a model for an operator class, untrained models of the same architecture are
+written to a temporary directory and used instead (timing does not depend on the weights); the
+output says so. The last line is ``in_process_ms=<float> whole_process_s=<float>``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_WORKLOAD = REPO / "workload" / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
+KERNEL_OPS = ("gemm", "attn", "rmsnorm", "siluandmul")
+
+
+def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, efficiency: dict | None = None,
+                           stamp: str = "20000101_000000") -> Path:
+    """Untrained MLP_v2 models in the real directory layout (``<root>/<op>/<stamp>/``), for tests and timing.
+
+    The last layer is scaled down and its bias set so that the predicted efficiency is about
+    ``efficiency[op]`` (defaults: 0.5 for GEMM/attention, 1e-4 for the element-wise ops, their usual scale).
+    """
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from analytical_model.registry import get_operator
+    from mlp_model import build_model
+    from pipeweave.modeling import write_model_dir
+    from pipeweave.training import TrainConfig
+
+    defaults = {"gemm": 0.5, "attn": 0.5, "rmsnorm": 1e-4, "siluandmul": 1e-4}
+    defaults.update(efficiency or {})
+    torch.manual_seed(seed)
+    root = Path(root)
+    for op in ops:
+        names = list(get_operator(op).feature_names)
+        model = build_model("MLP_v2", len(names))
+        with torch.no_grad():
+            last = model.network[-1]
+            last.weight.mul_(0.01)
+            last.bias.fill_(float(np.log(defaults.get(op, 0.5))))
+        model.eval()
+        train = pd.DataFrame(np.ones((2, len(names))), columns=names).assign(hardware="untrained")
+        history = {"best_epoch": 0, "best_train_loss": 0.0, "best_val_loss": 0.0}
+        write_model_dir(root / op / stamp, op, model, history, TrainConfig(recipe="pipeweave"), train, None, None,
+                        {"paths": "untrained (benchmarks.aggregator.write_untrained_models)"}, extra=None)
+    return root
+
+
+def models_present(model_dir: Path) -> bool:
+    return all(any((d / f"{op}_mlp_model.pth").is_file() for d in (model_dir / op).glob("*")) for op in KERNEL_OPS)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
+    parser.add_argument("--hardware", default="H20")
+    parser.add_argument("--model_dir", default=str(REPO / "mlp_models"))
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--process_runs", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    from pipeweave.aggregate import Aggregator, Job, dumps_result, load_workload
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(args.model_dir)
+        if not models_present(model_dir):
+            model_dir = write_untrained_models(Path(tmp) / "models")
+            print(f"note: {args.model_dir} lacks a model for some operator class; timing with untrained models "
+                  f"of the same architecture in {model_dir} (speed does not depend on the weights)")
+        started = time.perf_counter()
+        aggregator = Aggregator(model_dir=model_dir, log=None)
+        workload = load_workload(args.workload)
+        job = Job(workload, aggregator.gpu(args.hardware))
+        aggregator.predict([job])  # loads the models, warms caches of the hardware registry
+        print(f"setup (models + first prediction): {time.perf_counter() - started:.2f} s")
+
+        parse = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            load_workload(args.workload)
+            parse.append(time.perf_counter() - t0)
+        times = []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            result = aggregator.predict([Job(workload, job.hardware)])[0].result
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        text = dumps_result(result)
+        dump_s = time.perf_counter() - t0
+        in_process_ms = statistics.median(times) * 1000
+        print(f"workload: {Path(args.workload).name} ({len(workload.numbers)} iterations) on {job.hardware.stem}")
+        print(f"read + validate workload JSON: {statistics.median(parse) * 1000:.2f} ms (median of 5)")
+        print(f"in-process prediction: median {in_process_ms:.2f} ms, min {min(times) * 1000:.2f} ms, "
+              f"max {max(times) * 1000:.2f} ms over {args.runs} runs")
+        print(f"serialise output JSON ({len(text) / 1e6:.1f} MB): {dump_s * 1000:.1f} ms")
+
+        out = Path(tmp) / "out.json"
+        command = [sys.executable, str(REPO / "aggregator.py"), "--workload", args.workload, "--hardware",
+                   args.hardware, "--model_dir", str(model_dir), "--output", str(out)]
+        walls = []
+        for _ in range(args.process_runs):
+            t0 = time.perf_counter()
+            subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env={**os.environ})
+            walls.append(time.perf_counter() - t0)
+        whole_s = statistics.median(walls)
+        print(f"whole process (python3 aggregator.py ...): median {whole_s:.2f} s over {args.process_runs} runs")
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    print(f"in_process_ms={in_process_ms:.3f} whole_process_s={whole_s:.3f}")
+
+
+if __name__ == "__main__":
+    main()

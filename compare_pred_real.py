@@ -1,0 +1,27 @@
+"""Static-batch predictions vs measured runs (METHOD.md §8.1, with the fixes described in pipeweave/compare.py).
+
+    python3 compare_pred_real.py                        # e2e/pipeweave_comparison.csv + .png, table on stdout
+    python3 compare_pred_real.py --markdown docs/E2E.md # also the full report (static + vLLM tables)
+    python3 compare_pred_real.py --summarize_real       # rebuild e2e/real/measured_runs.csv from the shared data
+
+Errors are against the median of the measured repetitions; a roofline baseline and the artifact's published
+predictions are shown beside PipeWeave.
+"""
+from __future__ import annotations
+
+import sys
+
+from pipeweave.cli import run_cli
+from pipeweave.compare import main_static, main_summarize
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--summarize_real" in argv:
+        argv.remove("--summarize_real")
+        return main_summarize(argv)
+    return main_static(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,168 @@
+"""python3 -m pipeweave.accuracy: generate docs/ACCURACY.md from the shipped models and the datasets.
+
+Two evaluations, both on data the evaluated model never trained on, both as the error of the
+**duration** |t̂ − t| / t:
+
+* shape-held-out: the shipped model (mlp_models/<op>/<latest>/, trained on dataset/<op>_train.csv)
+  on dataset/<op>_test.csv, whose shapes are absent from training on every GPU;
+* leave-one-GPU-out: for each GPU with data, a model trained with the same recipe on the other GPUs'
+  training rows (capped per GPU, see LOGO_*), evaluated on every row of the held-out GPU. These models
+  are not shipped; their results are cached in docs/accuracy_logo.json (``--retrain_logo`` recomputes).
+
+Beside them: a pure roofline (max of compute time at the spec peak and DRAM time at the spec
+bandwidth, from the same analytical features) and the artifact's own per-GPU figures from its
+metadata (errors of overall_perf on its own data, which the artifact reports; they cannot be turned
+into duration errors without its per-row predictions, so they are shown as published).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.registry import get_operator
+from pipeweave.cli import ArgumentParser, run_cli, write_atomically
+from pipeweave.modeling import DATASET_DIR, dataset_paths, duration_errors, load_splits, read_dataset, train_and_evaluate
+from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
+from pipeweave.training import TrainConfig
+
+REPO = Path(__file__).resolve().parent.parent
+OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
+LOGO_MAX_ROWS_PER_GPU = 8000
+LOGO_EPOCHS = 100
+ARTIFACT_METADATA = "pipeweave/mlp_models_metadata"
+
+
+def roofline_us(frame: pd.DataFrame, op: str) -> np.ndarray:
+    """max(compute cycles at peak, DRAM cycles at peak bandwidth) / clock."""
+    operator = get_operator(op)
+    compute = sum(frame[name].to_numpy(np.float64) for name in operator.ideal_cycle_features)
+    memory = frame["global_cycle"].to_numpy(np.float64)
+    return np.maximum(compute, memory) / frame["sm_freq"].to_numpy(np.float64)
+
+
+def error_summary(errors: np.ndarray) -> dict:
+    return {"mean": float(np.mean(errors) * 100), "median": float(np.median(errors) * 100), "n": int(len(errors))}
+
+
+def shape_holdout_results(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict:
+    _, test_path = dataset_paths(op, dataset_dir)
+    test = read_dataset(test_path)
+    _, metadata, directory = predictor.model(op)
+    features = test[list(get_operator(op).feature_names)].to_numpy(np.float64)
+    predicted = predictor.efficiency_from_features(op, features)
+    measured = test["overall_perf"].to_numpy(np.float64)
+    model_err = duration_errors(measured, predicted)
+    roof_err = np.abs(roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
+    out = {"model_dir": str(directory.relative_to(REPO)) if directory.is_relative_to(REPO) else str(directory), "by_gpu": {}}
+    for gpu in sorted(pd.unique(test["hardware"])):
+        rows = (test["hardware"] == gpu).to_numpy()
+        out["by_gpu"][gpu] = {"model": error_summary(model_err[rows]), "roofline": error_summary(roof_err[rows])}
+    out["overall"] = {"model": error_summary(model_err), "roofline": error_summary(roof_err)}
+    return out
+
+
+def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
+    train_path, test_path = dataset_paths(op, dataset_dir)
+    gpus = sorted(set(read_dataset(train_path)["hardware"]) | set(read_dataset(test_path)["hardware"]))
+    out = {}
+    if len(gpus) < 2:
+        return out
+    for gpu in gpus:
+        started = time.perf_counter()
+        train, test = load_splits(op, dataset_dir, [gpu])
+        config = TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
+        _, history, predicted, _ = train_and_evaluate(op, train, test, config)
+        err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted)
+        roof = np.abs(roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
+        out[gpu] = {"model": error_summary(err), "roofline": error_summary(roof), "train_rows": history["train_rows"]}
+        log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} % ({time.perf_counter() - started:.0f} s)")
+    return out
+
+
+def artifact_figures(shared: Path | None) -> dict:
+    """{op: {canonical GPU name: mean relative error of overall_perf (%)}} from the artifact metadata."""
+    if shared is None:
+        return {}
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    out = {}
+    for op in OPS:
+        path = shared / ARTIFACT_METADATA / f"{op}.json"
+        if not path.is_file():
+            continue
+        by_hw = json.loads(path.read_text()).get("evaluation_results", {}).get("by_hardware", {})
+        out[op] = {registry.get(k).name if k in registry else k: v["mean_relative_error"] * 100 for k, v in by_hw.items()}
+    return out
+
+
+def fmt(summary: dict | None) -> str:
+    return "—" if not summary else f"{summary['mean']:.1f} / {summary['median']:.1f}"
+
+
+def render(results: dict, logo: dict, artifact: dict) -> str:
+    lines = [
+        "# Kernel-level accuracy",
+        "",
+        "Generated by `python3 -m pipeweave.accuracy` — do not edit by hand.",
+        "",
+        "Cells are **duration** errors |t̂ − t| / t in %, `mean / median`, on rows the evaluated model never",
+        "trained on. *Shape-held-out*: the shipped model on `dataset/<op>_test.csv` (no shape of it is in training,",
+        "on any GPU). *LOGO*: leave-one-GPU-out, a model trained with the same recipe on the other GPUs",
+        f"(at most {LOGO_MAX_ROWS_PER_GPU} training rows per GPU, {LOGO_EPOCHS} epochs) and tested on every row of",
+        "the held-out GPU. *Roofline*: max(compute at spec peak, DRAM traffic at spec bandwidth) from the same",
+        "analytical features. *Artifact*: PipeWeave's published per-GPU mean relative error of `overall_perf`",
+        "on its own (unpublished) data, as reported in its metadata — an efficiency error on different data,",
+        "shown for orientation only (`*` = GPU unseen in its training).",
+        "",
+    ]
+    for op, res in results.items():
+        artifact_op = artifact.get(op, {})
+        lines += [f"## {op}", "", f"Model: `{res['model_dir']}`", "",
+                  "| GPU | n test | shape-held-out | roofline (same rows) | LOGO | LOGO roofline | artifact (efficiency) |",
+                  "|---|---|---|---|---|---|---|"]
+        for gpu, cell in res["by_gpu"].items():
+            lo = logo.get(op, {}).get(gpu, {})
+            art = artifact_op.get(gpu)
+            lines.append(
+                f"| {gpu} | {cell['model']['n']} | {fmt(cell['model'])} | {fmt(cell['roofline'])} | "
+                f"{fmt(lo.get('model'))} | {fmt(lo.get('roofline'))} | {'—' if art is None else f'{art:.1f}'} |"
+            )
+        lines.append(f"| **all** | {res['overall']['model']['n']} | {fmt(res['overall']['model'])} | "
+                     f"{fmt(res['overall']['roofline'])} | | | |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(prog="python3 -m pipeweave.accuracy", description="Generate docs/ACCURACY.md.")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "ACCURACY.md")
+    parser.add_argument("--logo_cache", type=Path, default=REPO / "docs" / "accuracy_logo.json")
+    parser.add_argument("--retrain_logo", action="store_true", help="recompute leave-one-GPU-out models")
+    args = parser.parse_args(argv)
+    from dataset.sources import shared_data_dir
+
+    ops = [o for o in args.ops.split(",") if o]
+    predictor = KernelPredictor(args.model_dir)
+    results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
+    logo = json.loads(args.logo_cache.read_text()) if args.logo_cache.is_file() else {}
+    for op in ops:
+        if args.retrain_logo or op not in logo:
+            print(f"leave-one-GPU-out for {op} ...")
+            logo[op] = logo_results(op, args.dataset_dir)
+            write_atomically(args.logo_cache, lambda tmp: tmp.write_text(json.dumps(logo, indent=2)))
+    text = render(results, logo, artifact_figures(shared_data_dir()))
+    write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,448 @@
+"""End-to-end aggregator (pipeweave/aggregate.py, aggregator.py), the batched FA2 path and predict_kernels.py.
+
+Models are untrained MLP_v2 networks written to a temporary directory in the real layout
+(benchmarks.aggregator.write_untrained_models): the tests check plumbing, not accuracy.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analytical_model import fa2, fa2_batch, fa3
+from analytical_model.attention import attention_problem
+from analytical_model.hardware import load_hardware
+from analytical_model.registry import compute_features, get_operator
+from benchmarks.aggregator import write_untrained_models
+from pipeweave import aggregate
+from pipeweave.aggregate import Aggregator, Job, WorkloadFormatError, load_workload, parse_workload
+from pipeweave.cli import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO / "workload"
+TP1 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+TP1_FA3 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json"
+PP2 = WORKLOADS / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
+TP2 = WORKLOADS / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    return write_untrained_models(tmp_path_factory.mktemp("models"))
+
+
+def small(path: Path, tmp_path: Path, iterations: int = 6, name: str | None = None, edit=None) -> Path:
+    """A copy of a workload with its first ``iterations`` iterations (optionally edited)."""
+    data = json.loads(path.read_text())
+    data["iterations"] = data["iterations"][:iterations]
+    if edit:
+        edit(data)
+    out = tmp_path / (name or path.name)
+    out.write_text(json.dumps(data, indent=2))
+    return out
+
+
+def run_aggregator(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "aggregator.py"), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+# ---------------------------------------------------------------------------------------------------
+# batched FA2 features: bit-identical to the per-launch calculator
+# ---------------------------------------------------------------------------------------------------
+
+def random_problems(rng, n):
+    problems = []
+    for i in range(n):
+        bs = int(rng.integers(1, 24))
+        nkv = int(rng.choice([1, 2, 4, 8]))
+        nh = nkv * int(rng.choice([1, 2, 4, 8]))
+        hd = int(rng.choice([64, 128, 256]))
+        if i % 3 == 0:
+            q, kv, kind = np.ones(bs, int), rng.integers(1, 40000, bs), "fa2_paged"
+        elif i % 3 == 1:
+            q = rng.integers(1, 4000, bs)
+            kv, kind = q + rng.integers(0, 700, bs), "fa2_ragged"
+        else:
+            q = rng.integers(1, 64, bs)
+            kv, kind = q + rng.integers(0, 9000, bs), "fa2_paged"
+        _, p = attention_problem(kind, bs, q.tolist(), kv.tolist(), nh, nkv, hd, causal=bool(i % 5),
+                                 data_size_q=int(rng.choice([1, 2])), data_size_kv=int(rng.choice([1, 2])))
+        problems.append(p)
+    return problems
+
+
+@pytest.mark.parametrize("gpu", ["H100", "A100", "L40", "RTX PRO 6000 S", "H20"])
+def test_fa2_batch_is_bit_identical(gpu):
+    hw = load_hardware(gpu)
+    problems = random_problems(np.random.default_rng(hash(gpu) % 2**32), 120)
+    expected = np.vstack([fa2.features(p, hw) for p in problems])
+    assert np.array_equal(fa2_batch.features_many(problems, hw), expected)
+    # single problems and the empty batch
+    assert np.array_equal(fa2_batch.features_many(problems[:1], hw), expected[:1])
+    assert fa2_batch.features_many([], hw).shape == (0, 15)
+
+
+def test_fa2_batch_matches_on_paper_workload_decode_steps():
+    data = json.loads(PP2.read_text())
+    hw = load_hardware("H800")
+    problems = [attention_problem(a["attention_type"], a["bs"], a["q_lengths"], a["kv_lengths"], a["nh"], a["nkv"],
+                                  a["hd"])[1]
+                for a in (it["operators"]["attention"] for it in data["iterations"][1:60])]
+    expected = np.vstack([fa2.features(p, hw) for p in problems])
+    assert np.array_equal(fa2_batch.features_many(problems, hw), expected)
+
+
+def test_registry_attention_rows_unchanged_by_fast_path():
+    rows = [("fa2_paged", 3, "[1,1,1]", "[10,500,9000]"), ("fa3_ragged", 2, "[300,20]", "[300,20]"),
+            ("fa2_ragged", 2, "[300,20]", "[310,20]")]
+    frame = pd.DataFrame(rows, columns=["attention_type", "bs", "q_lengths", "kv_lengths"]).assign(
+        nh=32, nkv=8, hd=128, hardware="H100")
+    got = compute_features("attn", frame)[list(get_operator("attn").feature_names)].to_numpy()
+    hw = load_hardware("H100")
+    expected = []
+    for kind, bs, q, kv in rows:
+        key, p = attention_problem(kind, bs, json.loads(q), json.loads(kv), 32, 8, 128)
+        expected.append((fa2 if key == "fa2" else fa3).features(p, hw))
+    assert np.array_equal(got, np.vstack(expected))
+
+
+# ---------------------------------------------------------------------------------------------------
+# output schema, dedup vs naive, sweep
+# ---------------------------------------------------------------------------------------------------
+
+def test_output_schema_and_key_order(models, tmp_path):
+    workload = load_workload(small(PP2, tmp_path))
+    agg = Aggregator(model_dir=models, log=None)
+    result = agg.predict([Job(workload, agg.gpu("H20"))])[0].result
+    assert list(result) == ["model", "hardware", "tp_size", "pp_size", "iterations", "summary"]
+    assert result["hardware"] == "NVIDIA H20" and (result["tp_size"], result["pp_size"]) == (4, 2)
+    assert list(result["summary"]) == list(aggregate.SUMMARY_KEYS)
+    first = result["iterations"][0]
+    assert list(first) == ["iteration", "phase", "operator_durations", "total_duration_ms"]
+    assert list(first["operator_durations"]) == ["gemm", "attention", "rmsnorm", "siluandmul", "communication"]
+    assert list(first["operator_durations"]["gemm"]) == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"]
+    assert list(first["operator_durations"]["communication"]) == ["all_reduce", "send_recv"]
+    entry = first["operator_durations"]["attention"]
+    assert list(entry) == ["single_duration_ms", "count", "total_duration_ms"]
+    assert entry["total_duration_ms"] == pytest.approx(entry["single_duration_ms"] * entry["count"], abs=2e-6)
+    for it in result["iterations"]:
+        for value in (it["total_duration_ms"], *(e["single_duration_ms"] for e in it["operator_durations"]["gemm"].values())):
+            assert value > 0 and round(value, 6) == value
+    text = aggregate.dumps_result(result)
+    assert text.startswith('{\n  "model": ') and json.loads(text) == result
+    # no communication key in TP1 workloads
+    tp1 = agg.predict([Job(load_workload(small(TP1, tmp_path)), agg.gpu("A100"))])[0].result
+    assert "communication" not in tp1["iterations"][0]["operator_durations"]
+
+
+def naive_prediction(agg: Aggregator, path: Path, gpu: str) -> dict:
+    """The reference's structure: every operator of every iteration on its own (batch of 1), per-launch
+    calculators, Python sums; collectives with the same predictor."""
+    data = json.loads(path.read_text())
+    hw = load_hardware(gpu)
+    predictor = agg.predictor
+    coll = agg.collective_predictor(Job(load_workload(path), hw)) if data["iterations"][0]["operators"].get(
+        "communication") else None
+
+    def kernel_ms(op, frame):
+        if op == "attn":
+            row = frame.iloc[0]
+            key, p = attention_problem(row["attention_type"], int(row["bs"]), list(row["q_lengths"]),
+                                       list(row["kv_lengths"]), int(row["nh"]), int(row["nkv"]), int(row["hd"]))
+            feats = (fa2 if key == "fa2" else fa3).features(p, hw)[None, :]
+        else:
+            feats = get_operator(op).features(frame, hw)
+        ideal = get_operator(op).ideal_cycles(feats.astype(np.float32)).astype(np.float64)
+        eff = predictor.efficiency_from_features(op, feats)
+        return float(ideal[0] / (eff[0] * hw.sm_freq) / 1000.0)
+
+    totals, phases, singles = [], [], []
+    for it in data["iterations"]:
+        ops = it["operators"]
+        total = 0.0
+        for g in ops["gemm"]:
+            ms = kernel_ms("gemm", pd.DataFrame([{"M": g["M"], "N": g["N"], "K": g["K"]}]))
+            singles.append(ms)
+            total += ms * g["count"]
+        a = ops["attention"]
+        ms = kernel_ms("attn", pd.DataFrame([{k: a[k] for k in ("attention_type", "bs", "q_lengths", "kv_lengths",
+                                                                 "nh", "nkv", "hd")}]))
+        singles.append(ms)
+        total += ms * a["count"]
+        for name in ("rmsnorm", "siluandmul"):
+            ms = kernel_ms(name, pd.DataFrame([{"seq": ops[name]["seq"], "dim": ops[name]["dim"]}]))
+            singles.append(ms)
+            total += ms * ops[name]["count"]
+        for c in ops.get("communication", []):
+            kind = "all_reduce" if "all_reduce" in c["name"] else "send_recv"
+            workers = data["tp_size"] if kind == "all_reduce" else 2
+            ms = float(coll.predict_ms(kind, c["volume_bytes"], workers))
+            singles.append(ms)
+            total += ms * c["count"]
+        totals.append(total)
+        phases.append(it["phase"])
+    return {"totals": totals, "singles": singles, "summary": aggregate.summarize(phases, totals)}
+
+
+@pytest.mark.parametrize("path,gpu", [(PP2, "H20"), (TP1, "L40"), (TP1_FA3, "H100")])
+def test_dedup_batched_equals_naive_per_iteration(models, tmp_path, path, gpu):
+    workload_path = small(path, tmp_path, iterations=8)
+    agg = Aggregator(model_dir=models, log=None)
+    result = agg.predict([Job(load_workload(workload_path), agg.gpu(gpu))])[0].result
+    naive = naive_prediction(agg, workload_path, gpu)
+    got_totals = [it["total_duration_ms"] for it in result["iterations"]]
+    # features are bit-identical (tested above); the MLP runs in float32, where batch-1 and batched matrix
+    # products may differ in the last bits (~1e-7 relative): that is the only tolerance needed
+    np.testing.assert_allclose(got_totals, np.round(naive["totals"], 6), rtol=1e-6, atol=2e-6)
+    got_singles = [e["single_duration_ms"] for it in result["iterations"]
+                   for cat in it["operator_durations"].values()
+                   for e in (cat.values() if "count" not in cat else [cat])]
+    np.testing.assert_allclose(got_singles, np.round(naive["singles"], 6), rtol=1e-6, atol=2e-6)
+    for key in aggregate.SUMMARY_KEYS:
+        assert result["summary"][key] == pytest.approx(naive["summary"][key], rel=1e-6)
+
+
+def test_dedup_features_identical_to_per_row(models, tmp_path):
+    workload = load_workload(small(PP2, tmp_path, iterations=12))
+    agg = Aggregator(model_dir=models, log=None)
+    hw = load_hardware("H20")
+    keys = [("H20", s) for s in workload.shapes["attn"]]
+    batched = agg._features("attn", keys)
+    per_row = []
+    for kind, bs, q, kv, nh, nkv, hd in workload.shapes["attn"]:
+        key, p = attention_problem(kind, bs, q, kv, nh, nkv, hd)
+        per_row.append((fa2 if key == "fa2" else fa3).features(p, hw))
+    assert np.array_equal(batched, np.vstack(per_row))
+
+
+def test_sweep_mode_matches_single_runs(models, tmp_path):
+    w1 = small(TP1, tmp_path, 5)
+    w2 = small(TP1_FA3, tmp_path, 4)
+    out_dir = tmp_path / "sweep"
+    proc = run_aggregator("--workload", w1, w2, "--hardware", "A100,RTX 6000 Ada", "--model_dir", models,
+                          "--output", out_dir)
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in out_dir.iterdir())
+    assert names == sorted(f"{w.stem}_{g}.json" for w in (w1, w2) for g in ("A100", "RTX_6000_Ada"))
+    assert proc.stdout.count("Prefill duration:") == 4 and "Predicted 4 pairs" in proc.stdout
+    agg = Aggregator(model_dir=models, log=None)
+    single = agg.predict([Job(load_workload(w2), agg.gpu("RTX 6000 Ada"))])[0].result
+    swept = json.loads((out_dir / f"{w2.stem}_RTX_6000_Ada.json").read_text())
+    np.testing.assert_allclose([it["total_duration_ms"] for it in swept["iterations"]],
+                               [it["total_duration_ms"] for it in single["iterations"]], rtol=1e-6)
+    # --pairs: explicit matrix from standard input, per-pair collective hardware
+    pairs = f"workload,hardware,collective_hardware\n# comment\n{w1},A40,\n{small(TP2, tmp_path, 3)},H100,H100\n"
+    proc = subprocess.run([sys.executable, str(REPO / "aggregator.py"), "--pairs", "-", "--model_dir", str(models),
+                           "--output", str(tmp_path / "pairs")], input=pairs, capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "pairs").iterdir()) == sorted(
+        [f"{w1.stem}_A40.json", f"{TP2.stem}_H100.json"])
+    assert "Communication: H100 collective models (all_reduce)" in proc.stdout
+
+
+def test_prefill_iterations_are_summed_and_decode_is_the_rest(models, tmp_path):
+    def two_prefills(data):
+        second = copy.deepcopy(data["iterations"][0])
+        second["iteration"] = 2
+        data["iterations"].insert(1, second)
+        for i, it in enumerate(data["iterations"], start=1):
+            it["iteration"] = i
+
+    path = small(TP1, tmp_path, 4, name="two_prefills.json", edit=two_prefills)
+    agg = Aggregator(model_dir=models, log=None)
+    result = agg.predict([Job(load_workload(path), agg.gpu("A100"))])[0].result
+    totals = [it["total_duration_ms"] for it in result["iterations"]]
+    assert result["iterations"][0]["total_duration_ms"] == result["iterations"][1]["total_duration_ms"]
+    assert result["summary"]["prefill_duration_ms"] == pytest.approx(totals[0] + totals[1], abs=2e-6)
+    assert result["summary"]["decode_avg_duration_ms"] == pytest.approx(np.mean(totals[2:]), abs=2e-6)
+    assert result["summary"]["total_duration_ms"] == pytest.approx(sum(totals), abs=5e-6)
+
+
+def test_collective_workers_all_reduce_tp_and_send_recv_two(models, tmp_path, monkeypatch):
+    calls = []
+
+    class Fake:
+        hardware = "H20"
+        used_analytical: set = set()
+
+        def available(self, kind):
+            return True
+
+        def worker_counts(self, kind):
+            return [2, 4, 8]
+
+        def predict_ms(self, kind, size, workers):
+            calls.append((kind, workers))
+            return np.full(np.shape(size), 0.5)
+
+    agg = Aggregator(model_dir=models, log=None)
+    monkeypatch.setattr(agg, "collective_predictor", lambda job: Fake())
+    result = agg.predict([Job(load_workload(small(PP2, tmp_path, 3)), agg.gpu("H20"))])[0].result
+    assert sorted(set(calls)) == [("all_reduce", 4), ("send_recv", 2)]
+    comm = result["iterations"][1]["operator_durations"]["communication"]
+    assert comm["all_reduce"] == {"single_duration_ms": 0.5, "count": 160, "total_duration_ms": 80.0}
+    assert comm["send_recv"]["single_duration_ms"] == 0.5
+
+
+def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path):
+    empty = tmp_path / "no_collectives"
+    empty.mkdir()
+    path = small(TP2, tmp_path, 3)
+    with pytest.raises(UserError, match="--collective_estimate analytical"):
+        Aggregator(model_dir=models, collective_dir=empty, log=None).predict(
+            [Job(load_workload(path), load_hardware("L20"))])
+    lines = []
+    agg = Aggregator(model_dir=models, collective_dir=empty, collective_estimate="analytical", log=lines.append)
+    prediction = agg.predict([Job(load_workload(path), agg.gpu("L20"))])[0]
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "ANALYTICAL" in warnings[0] and "analytical_collective_ms" in warnings[0]
+    assert "ANALYTICAL" in prediction.collective_source
+    assert prediction.result["iterations"][0]["operator_durations"]["communication"]["all_reduce"][
+        "single_duration_ms"] > 0
+
+
+def test_quantile_models_give_optimistic_summary(models, tmp_path):
+    quantile = write_untrained_models(tmp_path / "quantile", ops=("gemm", "attn"),
+                                      efficiency={"gemm": 0.9, "attn": 0.9})
+    agg = Aggregator(model_dir=models, quantile_dir=quantile, log=None)
+    summary = agg.predict([Job(load_workload(small(TP1, tmp_path, 4)), agg.gpu("A100"))])[0].result["summary"]
+    assert list(summary)[:4] == list(aggregate.SUMMARY_KEYS)
+    assert [k for k in summary if k.startswith("optimistic_")] == [f"optimistic_{k}" for k in aggregate.SUMMARY_KEYS]
+    assert 0 < summary["optimistic_total_duration_ms"] < summary["total_duration_ms"]
+    assert agg.quantile_ops == {"gemm": True, "attn": True, "rmsnorm": False, "siluandmul": False}
+
+
+# ---------------------------------------------------------------------------------------------------
+# validation messages (in-process) and CLI errors (subprocess: one line, exit 2, no output file)
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["iterations"][2]["operators"]["gemm"][1].update(M=-5),
+     "iteration 3: operators.gemm[1].M must be a positive integer, got -5"),
+    (lambda d: d["iterations"][1]["operators"]["attention"].update(q_lengths=[1, 2]),
+     "iteration 2: operators.attention.q_lengths has 2 entries but bs is 8"),
+    (lambda d: d["iterations"][0]["operators"]["attention"].update(attention_type="xformers"),
+     "iteration 1: operators.attention.attention_type: unknown attention_type"),
+    (lambda d: d["iterations"][3]["operators"].update(moe={"M": 1}),
+     "iteration 4: unknown operator class operators.moe"),
+    (lambda d: d["iterations"][0]["operators"]["rmsnorm"].update(count=1.5),
+     "iteration 1: operators.rmsnorm.count must be a non-negative integer"),
+    (lambda d: d["iterations"][1].update(phase="warmup"), "iteration 2: phase must be"),
+    (lambda d: d["iterations"][0]["operators"].update(communication=[{"name": "all_gather", "type": "collective",
+                                                                     "volume_bytes": 4, "count": 1}]),
+     "iteration 1: operators.communication[0]: unknown collective 'all_gather'"),
+    (lambda d: d.update(tp_size=0), "tp_size must be a positive integer"),
+    (lambda d: d.update(iterations=[]), "'iterations' must be a non-empty list"),
+])
+def test_malformed_workload_names_iteration_and_field(edit, message):
+    data = json.loads(TP1.read_text())
+    data["iterations"] = data["iterations"][:5]
+    edit(data)
+    with pytest.raises(WorkloadFormatError) as info:
+        parse_workload(data, "w.json")
+    assert message in str(info.value)
+
+
+def assert_cli_error(proc: subprocess.CompletedProcess, *needles: str, output: Path | None = None):
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aggregator.py: error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+    if output is not None:
+        assert not output.exists()
+
+
+def test_cli_unknown_gpu_lists_known(models, tmp_path):
+    out = tmp_path / "out.json"
+    proc = run_aggregator("--workload", small(TP1, tmp_path, 3), "--hardware", "Z100", "--model_dir", models,
+                          "--output", out)
+    assert_cli_error(proc, "unknown GPU 'Z100'", "H100", "RTX 6000 Ada", output=out)
+
+
+def test_cli_malformed_workload(models, tmp_path):
+    path = small(TP1, tmp_path, 4, edit=lambda d: d["iterations"][2]["operators"]["gemm"][1].update(M=-5))
+    out = tmp_path / "out.json"
+    proc = run_aggregator("--workload", path, "--hardware", "A100", "--model_dir", models, "--output", out)
+    assert_cli_error(proc, "iteration 3: operators.gemm[1].M must be a positive integer", output=out)
+
+
+def test_cli_communication_without_collective_model(models, tmp_path):
+    empty = tmp_path / "no_collectives"
+    empty.mkdir()
+    out = tmp_path / "out.json"
+    proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
+                          "--collective_dir", empty, "--output", out)
+    assert_cli_error(proc, "communication", "--collective_hardware GPU", "--collective_estimate analytical",
+                     output=out)
+
+
+def test_cli_missing_model_names_file_and_training_command(tmp_path):
+    out = tmp_path / "out.json"
+    proc = run_aggregator("--workload", small(TP1, tmp_path, 3), "--hardware", "A100", "--model_dir",
+                          tmp_path / "nothing", "--output", out)
+    assert_cli_error(proc, "gemm_mlp_model.pth", "python3 train_mlp.py --op gemm", output=out)
+
+
+def test_cli_sweep_needs_output_directory(models, tmp_path):
+    proc = run_aggregator("--workload", small(TP1, tmp_path, 3), "--hardware", "A100,H100", "--model_dir", models,
+                          "--output", tmp_path / "x.json")
+    assert_cli_error(proc, "must be a directory", output=tmp_path / "x.json")
+
+
+# ---------------------------------------------------------------------------------------------------
+# predict_kernels.py
+# ---------------------------------------------------------------------------------------------------
+
+def test_predict_kernels_passes_columns_through(models, tmp_path):
+    from pipeweave.kernels import main
+
+    src = tmp_path / "in.csv"
+    src.write_text('M,N,K,hardware,note\n16,4096,4096,H100,"a,b"\n4096,4096,4096,RTX_6000_Ada,x\n')
+    out = tmp_path / "out.csv"
+    assert main(["--op", "gemm", "--input", str(src), "--output", str(out), "--model_dir", str(models)]) == 0
+    frame = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(frame.columns) == ["M", "N", "K", "hardware", "note", "predicted_us"]
+    assert frame["note"].tolist() == ["a,b", "x"] and frame["hardware"].tolist() == ["H100", "RTX_6000_Ada"]
+    assert (frame["predicted_us"].astype(float) > 0).all()
+    agg = Aggregator(model_dir=models, log=None)
+    expected = agg._durations("gemm", [("H100", (16, 4096, 4096))],
+                              agg._features("gemm", [("H100", (16, 4096, 4096))]))[0][0] * 1000
+    assert float(frame["predicted_us"][0]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_predict_kernels_unknown_gpu_names_row(models, tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("seq,dim,hardware\n8,4096,A100\n8,4096,Z9\n")
+    out = tmp_path / "out.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "predict_kernels.py"), "--op", "rmsnorm", "--input", str(src),
+                           "--output", str(out), "--model_dir", str(models)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        proc.stderr.strip()] and "row 2 (CSV line 3): unknown GPU 'Z9'" in proc.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# with real trained models (skipped until mlp_models/ holds them)
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.data
+def test_paper_workload_with_trained_models(tmp_path):
+    missing = [op for op in ("gemm", "attn", "rmsnorm", "siluandmul")
+               if not list((REPO / "mlp_models" / op).glob(f"*/{op}_mlp_model.pth"))]
+    if missing:
+        pytest.skip(f"no trained models in mlp_models/ for {', '.join(missing)}")
+    agg = Aggregator(log=None)
+    result = agg.predict([Job(load_workload(small(TP1, tmp_path, 10)), agg.gpu("A100"))])[0].result
+    summary = result["summary"]
+    assert 0 < summary["decode_avg_duration_ms"] < summary["prefill_duration_ms"] < summary["total_duration_ms"]

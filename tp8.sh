@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Llama-3.1-70B, TP8, FA3 (METHOD.md §9, tp8.sh): arxiv_16 and splitwise_64 on H800 and H20 (the artifact's
+# active runs), plus arxiv_32 and splitwise_72 on H800 (commented out in the artifact's script, but their H800
+# outputs are part of its stored comparison) — 6 runs.
+# Collectives (8-worker all-reduce): each GPU uses its OWN measured collective models (H800 and H20: PipeWeave
+# 8-worker sweeps), given explicitly below.
+# Writes e2e/pipeweave_pred/<workload stem>_<GPU>.json; extra flags pass through to aggregator.py.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+workloads=(Llama-3.1-70B_arxiv_16_fa3_tp8_pp1 Llama-3.1-70B_splitwise_64_fa3_tp8_pp1
+           Llama-3.1-70B_arxiv_32_fa3_tp8_pp1 Llama-3.1-70B_splitwise_72_fa3_tp8_pp1)
+for w in "${workloads[@]}"; do
+  if [[ ! -f "workload/$w.json" ]]; then python3 workload_generator.py --paper_set; break; fi
+done
+
+python3 aggregator.py --pairs - --output e2e/pipeweave_pred --model_dir mlp_models --hardware_dir hardware \
+  --device cpu "$@" <<'EOF'
+workload,hardware,collective_hardware
+workload/Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json,H800,H800
+workload/Llama-3.1-70B_splitwise_64_fa3_tp8_pp1.json,H800,H800
+workload/Llama-3.1-70B_arxiv_32_fa3_tp8_pp1.json,H800,H800
+workload/Llama-3.1-70B_splitwise_72_fa3_tp8_pp1.json,H800,H800
+workload/Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json,H20,H20
+workload/Llama-3.1-70B_splitwise_64_fa3_tp8_pp1.json,H20,H20
+EOF

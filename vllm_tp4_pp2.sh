@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Llama-3.1-70B, TP4 x PP2, FA3 (METHOD.md §9, vllm_tp4_pp2.sh): vllm_arxiv16 and vllm_splitwise64 on H800 and
+# H20 — 4 runs. Compared with the vLLM measurements by compare_vllm_pred_real.py.
+# Collectives: 4-worker all-reduce (TP) and a 2-party send/recv (PP stage boundary).
+#   * H20 uses its OWN measured models for both (PipeWeave all-reduce 4/8 workers, send/recv 2).
+#   * H800 uses its OWN measured send/recv, but its only all-reduce sweep is 8 workers (PipeWeave) and no other
+#     source covers H800. Rather than borrow another GPU's all-reduce (H100's NVLink is 2.25x faster than H800's
+#     export-reduced one), --collective_estimate analytical is given: the 4-worker H800 all-reduce uses the
+#     documented analytical estimate (ring all-reduce at H800's 200 GB/s per-direction NVLink + 20 us latency,
+#     pipeweave.collectives.analytical_collective_ms), and aggregator.py prints a WARNING line naming it.
+#     Nothing else falls back: the flag only applies where no measured model covers a collective.
+# Writes e2e/pipeweave_pred/<workload stem>_<GPU>.json; extra flags pass through to aggregator.py.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+workloads=(Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2 Llama-3.1-70B_vllm_splitwise64_fa3_tp4_pp2)
+for w in "${workloads[@]}"; do
+  if [[ ! -f "workload/$w.json" ]]; then python3 workload_generator.py --paper_set; break; fi
+done
+
+python3 aggregator.py --pairs - --output e2e/pipeweave_pred --model_dir mlp_models --hardware_dir hardware \
+  --device cpu --collective_estimate analytical "$@" <<'EOF'
+workload,hardware,collective_hardware
+workload/Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json,H800,H800
+workload/Llama-3.1-70B_vllm_splitwise64_fa3_tp4_pp2.json,H800,H800
+workload/Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json,H20,H20
+workload/Llama-3.1-70B_vllm_splitwise64_fa3_tp4_pp2.json,H20,H20
+EOF
