@@ -120,8 +120,10 @@ def features_from_arrays(
     # step 1: CTA_TILE_Q from the average packed length; steps 2-3: CTA_TILE_KV (few distinct inputs)
     avg = _segment_sum(packed, starts) // bs
     cta_q = np.where((avg > 64) & (hd < 256), 128, np.where(avg > 16, 64, 16)).astype(np.int64)
-    combos, inverse = np.unique(np.stack([cta_q, hd, ds_q, ds_kv], axis=1), axis=0, return_inverse=True)
-    cta_kv = np.array([_cta_tile_kv(int(a), int(b), smem, int(c), int(d)) for a, b, c, d in combos],
+    combo = np.stack([cta_q, hd, ds_q, ds_kv], axis=1)
+    code = ((cta_q * (int(hd.max()) + 1) + hd) * (int(ds_q.max()) + 1) + ds_q) * (int(ds_kv.max()) + 1) + ds_kv
+    _, first_index, inverse = np.unique(code, return_index=True, return_inverse=True)
+    cta_kv = np.array([_cta_tile_kv(int(a), int(b), smem, int(c), int(d)) for a, b, c, d in combo[first_index]],
                       dtype=np.int64)[inverse.reshape(-1)]
 
     # step 4: split-KV chunk size, binary search of every problem in lock step

@@ -43,6 +43,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -53,7 +54,7 @@ from analytical_model import fa2_batch
 from analytical_model.attention import ATTENTION_CALCULATORS, attention_problem, resolve_attention_type
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
-from analytical_model.registry import compute_features, get_operator
+from analytical_model.registry import get_operator
 from pipeweave.cli import UserError, write_atomically
 
 # torch (through pipeweave.predictor) is imported only when models are loaded, so that flag and workload errors
@@ -649,14 +650,15 @@ def single_thread_inference(device: str):
 def attention_features_batch(shapes: list[tuple], hw: HardwareSpec) -> np.ndarray:
     """Features of validated attention shape keys on one GPU; FA2 rows through the batched path."""
     out = np.zeros((len(shapes), len(get_operator("attn").feature_names)))
-    kinds = [resolve_attention_type(shape[0]) for shape in shapes]
+    resolved = {kind: resolve_attention_type(kind) for kind in {shape[0] for shape in shapes}}
+    kinds = [resolved[shape[0]] for shape in shapes]
     fa2_rows = [i for i, (key, _) in enumerate(kinds) if key == "fa2"]
     if fa2_rows:
         sel = [shapes[i] for i in fa2_rows]
         bs = np.fromiter((s[1] for s in sel), dtype=np.int64, count=len(sel))
         total = int(bs.sum())
-        q = np.fromiter((v for s in sel for v in s[2]), dtype=np.int64, count=total)
-        kv = np.fromiter((v for s in sel for v in s[3]), dtype=np.int64, count=total)
+        q = np.fromiter(chain.from_iterable(s[2] for s in sel), dtype=np.int64, count=total)
+        kv = np.fromiter(chain.from_iterable(s[3] for s in sel), dtype=np.int64, count=total)
         nh, nkv, hd = (np.fromiter((s[k] for s in sel), dtype=np.int64, count=len(sel)) for k in (4, 5, 6))
         paged = np.array([kinds[i][1] == "paged" for i in fa2_rows], dtype=bool)
         out[fa2_rows] = fa2_batch.features_from_arrays(bs, q, kv, nh, nkv, hd, paged, hw)
@@ -823,7 +825,8 @@ def read_pairs(path: str) -> list[tuple[str, str, str | None]]:
     header = [h.strip() for h in next(reader)]
     if header[:2] != ["workload", "hardware"] or any(h not in ("workload", "hardware", "collective_hardware")
                                                      for h in header):
-        raise UserError(f"--pairs {path}: header must be 'workload,hardware[,collective_hardware]', got {','.join(header)!r}")
+        raise UserError(f"--pairs {path}: header must be 'workload,hardware[,collective_hardware]', "
+                        f"got {','.join(header)!r}")
     pairs = []
     for line_no, row in enumerate(reader, start=2):
         row = [cell.strip() for cell in row]

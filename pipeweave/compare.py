@@ -34,12 +34,14 @@ Baselines
   communication takes exactly the durations of the PipeWeave prediction it is compared beside (same collective
   models), so the two differ only in the kernel model. Counts (BF16, 2 bytes per element):
   GEMM 2MNK FLOPs, 2(MK + KN + MN) bytes; attention 4·hd·nh·Σ causal (query, key) pairs FLOPs
-  (pairs = q(kv − q) + q(q + 1)/2 per request), bytes 2·hd·(2·nh·Σq + 2·nkv·Σkv) (Q read, O written, K and V read);
+  (pairs = q(kv − q) + q(q + 1)/2 per request), bytes 2·hd·(2·nh·Σq + 2·nkv·Σkv) (Q read, O written, K, V
+  read);
   RMSNorm 4·seq·dim FLOPs (non-tensor, ignored by the tensor roof) and 2·(2·seq·dim + dim) bytes; SiLU*Mul on input
   width dim: 2·(seq·dim + seq·dim/2) bytes.
 * **Artifact predictions** (source A, ``e2e/<method>_comparison.csv``, the shared copies in
   ``$PIPEWEAVE_SHARED_DATA/pipeweave/e2e/baselines/``, read in place): only their prediction columns are used and
-  their errors are recomputed against the same medians. The artifact's roofline files carry no decode prediction
+  their errors are recomputed against the same medians; our outputs keep those errors, not the artifact's
+  prediction values. The artifact's roofline files carry no decode prediction
   (its decode column is 0, a schema mismatch, METHOD.md §8.1), so that column is left empty.
 """
 from __future__ import annotations
@@ -249,8 +251,6 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
                      config_dir: Path = DEFAULT_CONFIG_DIR) -> pd.DataFrame:
     """Summaries of every prediction JSON in ``pred_dir`` whose name follows the aggregator's naming."""
     pred_dir = Path(pred_dir)
-    if not pred_dir.is_dir():
-        raise FileNotFoundError(f"prediction directory not found: {pred_dir} (run the batch scripts, e.g. ./tp1.sh)")
     names = config_model_names(config_dir)
     rows = []
     for path in sorted(pred_dir.glob("*.json")):
@@ -307,11 +307,13 @@ def roofline_kernel_ms(op: str, shapes: list[tuple], hw) -> np.ndarray:
 
 
 def roofline_prediction(workload_path: str | Path, hardware: str, prediction: dict | None = None,
-                        hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> dict:
+                        hardware_dir: Path = DEFAULT_HARDWARE_DIR, own_collectives: bool = False) -> dict:
     """The aggregator's output object with roofline kernel durations.
 
     Communication durations are copied from ``prediction`` (a PipeWeave aggregator output for the same workload
-    and GPU), so that both use the same collective models; without it a workload with communication is an error.
+    and GPU), so that both use the same collective models. Without a prediction, ``own_collectives`` predicts
+    them as the batch scripts do (the GPU's own collective models, the analytical estimate where none covers a
+    collective); otherwise a workload with communication is an error.
     """
     from pipeweave.aggregate import KERNEL_CATEGORIES, Job, build_result, load_workload
 
@@ -324,9 +326,16 @@ def roofline_prediction(workload_path: str | Path, hardware: str, prediction: di
             unique = roofline_kernel_ms(op, workload.shapes[op], hw)
             single[rows] = unique[workload.inst_local[rows]]
     comm = np.flatnonzero(workload.inst_code == 4)
-    if comm.size:
-        if prediction is None:
+    if comm.size and prediction is None:
+        if not own_collectives:
             raise UserError(f"{workload.stem}: roofline needs the PipeWeave prediction's communication durations")
+        from pipeweave.aggregate import Aggregator
+
+        aggregator = Aggregator(hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
+        job = Job(workload, hw)
+        ms, _ = aggregator._collectives(job, aggregator.collective_predictor(job))
+        single[comm] = ms[workload.inst_local[comm]]
+    elif comm.size:
         iterations = prediction["iterations"]
         if len(iterations) != len(workload.numbers):
             raise UserError(f"{workload.stem}: the prediction has {len(iterations)} iterations, the workload "
@@ -390,12 +399,23 @@ def read_artifact_baselines(baselines_dir: Path | None, hardware_dir: Path = DEF
     return pd.DataFrame(static_rows), pd.DataFrame(vllm_rows), notes
 
 
-def _roofline_for_row(pred_row, workload_dir: Path, hardware_dir: Path) -> dict | None:
-    workload_path = Path(workload_dir) / f"{pred_row['workload']}.json"
+def _roofline_for_row(run, pred_row, workload_dir: Path, hardware_dir: Path) -> dict | None:
+    """Roofline summary of a measured run: on the predicted workload file (communication copied from the
+    prediction), or — without a prediction — on the workload the batch scripts use for it (FA3 prefill on Hopper,
+    FA2 elsewhere), with the GPU's own collective models."""
+    if pred_row is not None:
+        workload_path = Path(workload_dir) / f"{pred_row['workload']}.json"
+        if not workload_path.is_file():
+            return None
+        prediction = json.loads(Path(pred_row["path"]).read_text())
+        return roofline_prediction(workload_path, pred_row["gpu"], prediction, hardware_dir)["summary"]
+    hopper = hardware_registry(Path(hardware_dir)).get(run["gpu"]).architecture == "hopper"
+    fa = "fa3" if hopper or run["kind"] == "vllm" else "fa2"
+    stem = f"{run['model']}_{run['trace']}_{fa}_tp{run['tp']}_pp{run['pp']}"
+    workload_path = Path(workload_dir) / f"{stem}.json"
     if not workload_path.is_file():
         return None
-    prediction = json.loads(Path(pred_row["path"]).read_text())
-    return roofline_prediction(workload_path, pred_row["gpu"], prediction, hardware_dir)["summary"]
+    return roofline_prediction(workload_path, run["gpu"], None, hardware_dir, own_collectives=True)["summary"]
 
 
 def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, roofline: bool = True,
@@ -427,7 +447,7 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
             row[f"err_{metric}_pct"] = float(ape(value, run[f"{metric}_ms_median"]))
         row["err_mean_pct"] = float(np.mean([row[f"err_{m}_pct"] for m in metrics]))
         if roofline:
-            summary = _roofline_for_row(pred, workload_dir, hardware_dir) if pred is not None else None
+            summary = _roofline_for_row(run, pred, workload_dir, hardware_dir)
             keys = {"prefill": "prefill_duration_ms", "decode": "decode_avg_duration_ms", "total": "total_duration_ms"}
             for metric in metrics:
                 value = summary[keys[metric]] if summary else np.nan
@@ -442,8 +462,9 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
                     sel = sel[(sel["tp"] == run["tp"]) & (sel["pp"] == run["pp"])]
                 errors = []
                 for metric in metrics:
+                    # only the re-scored errors are kept: the artifact's prediction values themselves are not
+                    # copied into our outputs (shared-data usage rule: derived figures only)
                     value = float(sel.iloc[0][f"pred_{metric}_ms"]) if len(sel) else np.nan
-                    row[f"artifact_{method}_{metric}_ms"] = value
                     error = float(ape(value, run[f"{metric}_ms_median"]))
                     row[f"artifact_{method}_err_{metric}_pct"] = error
                     errors.append(error)
@@ -524,17 +545,20 @@ def markdown_methods(table: pd.DataFrame) -> str:
 
 
 def markdown_vllm(table: pd.DataFrame) -> str:
-    methods = [(label, col) for label, col in
-               [("PipeWeave", "pred_total_ms"), ("roofline", "roofline_total_ms")]
-               + [(f"artifact {m}", f"artifact_{m}_total_ms") for m in ARTIFACT_METHODS] if col in table]
+    ours = [(label, col) for label, col in (("PipeWeave", "pred_total_ms"), ("roofline", "roofline_total_ms"))
+            if col in table]
+    artifact = [(f"artifact {m} err %", f"artifact_{m}_err_total_pct") for m in ARTIFACT_METHODS
+                if f"artifact_{m}_err_total_pct" in table]
     lines = ["| GPU | TP×PP | model | trace | n | measured total ms (median) | "
-             + " | ".join(f"{label} ms (err %)" for label, _ in methods) + " |",
-             "|---|---|---|---|---|---|" + "---|" * len(methods)]
+             + " | ".join(f"{label} ms (err %)" for label, _ in ours)
+             + "".join(f" | {label}" for label, _ in artifact) + " |",
+             "|---|---|---|---|---|---|" + "---|" * (len(ours) + len(artifact))]
     for _, r in table.iterrows():
         cells = []
-        for _, col in methods:
+        for _, col in ours:
             err = float(ape(r[col], r["real_total_median_ms"]))
             cells.append(f"{_fmt(r[col])} ({_fmt(err)})")
+        cells += [_fmt(r[col]) for _, col in artifact]
         lines.append(f"| {r['gpu']} | {r['tp']}×{r['pp']} | {r['model']} | {r['trace']} | {r['repeats']} | "
                      f"{_fmt(r['real_total_median_ms'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -551,7 +575,8 @@ def markdown_summary(summary: list[dict], metrics: Sequence[str] = METRICS) -> s
 
 
 def plot(static: pd.DataFrame | None, vllm: pd.DataFrame | None, path: str | Path) -> Path:
-    """Predicted vs measured (median) for every metric, log-log, one colour per GPU."""
+    """Predicted vs measured (median) for every metric, log-log, one colour per GPU; PipeWeave filled markers,
+    this project's roofline hollow ones."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -567,14 +592,20 @@ def plot(static: pd.DataFrame | None, vllm: pd.DataFrame | None, path: str | Pat
         if table is None or not len(table):
             continue
         for metric in metrics:
-            pred = table[f"pred_{metric}_ms"].to_numpy(np.float64)
             real = table[f"real_{metric}_median_ms"].to_numpy(np.float64)
-            ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
-            for gpu in gpus:
-                sel = ok & (table["gpu"].to_numpy() == gpu)
-                if sel.any():
-                    ax.scatter(real[sel], pred[sel], color=colours[gpu], marker="*" if suffix else markers[metric],
-                               s=70 if suffix else 36, edgecolors="black", linewidths=0.3)
+            for prefix, filled in (("pred", True), ("roofline", False)):
+                if f"{prefix}_{metric}_ms" not in table:
+                    continue
+                pred = table[f"{prefix}_{metric}_ms"].to_numpy(np.float64)
+                ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
+                for gpu in gpus:
+                    sel = ok & (table["gpu"].to_numpy() == gpu)
+                    if not sel.any():
+                        continue
+                    style = ({"color": colours[gpu], "edgecolors": "black", "linewidths": 0.3} if filled else
+                             {"facecolors": "none", "edgecolors": colours[gpu], "linewidths": 0.9})
+                    ax.scatter(real[sel], pred[sel], marker="*" if suffix else markers[metric],
+                               s=(70 if suffix else 36) * (1 if filled else 0.7), **style)
                     values.extend(real[sel].tolist() + pred[sel].tolist())
     if values:
         lo, hi = min(values) / 1.5, max(values) * 1.5
@@ -586,7 +617,7 @@ def plot(static: pd.DataFrame | None, vllm: pd.DataFrame | None, path: str | Pat
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("measured latency, median of repetitions (ms)")
-    ax.set_ylabel("PipeWeave predicted latency (ms)")
+    ax.set_ylabel("predicted latency (ms): PipeWeave filled, roofline hollow")
     ax.set_title("End-to-end latency: predicted vs measured")
     from matplotlib.lines import Line2D
     handles = [Line2D([], [], marker="o", ls="", color=colours[g], label=g) for g in gpus]
@@ -642,8 +673,8 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "**Error metric.** |predicted − median(measured)| / median(measured), per metric: prefill, decode per step "
         "(predicted mean decode step vs measured median step latency) and total; *mean err* is the mean of the "
         "three. The reference value is the median over the repetitions for every method — not the repetition "
-        "closest to each prediction, as the artifact's scripts did (METHOD.md §11.4 item 25), so the artifact's "
-        "own published errors are recomputed here and are higher than in its CSVs.",
+        "closest to each prediction, as the artifact's scripts did (METHOD.md §11.4 item 25); the artifact's "
+        "published predictions are therefore re-scored here and their errors differ from those in its CSVs.",
         "",
         "**What was fitted on what.** Nothing in these predictions was fitted on end-to-end measurements: the only "
         "learned parts are the per-operator efficiency MLPs (trained on operator benchmark data, `train_mlp.py`) "
@@ -654,7 +685,8 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "
-        "to the PipeWeave prediction beside it (see `pipeweave/compare.py`). *Artifact* columns: the published "
+        "to the PipeWeave prediction beside it (for a run without a prediction: the GPU's own collective models, "
+        "as the batch scripts use them; see `pipeweave/compare.py`). *Artifact* columns: the published "
         "predictions of the PipeWeave artifact (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0, "
         "`e2e/<method>_comparison.csv`, prediction columns only; shared copies filtered to the GPUs with "
         "measurements), errors recomputed against the same medians. The artifact's roofline has no decode "
@@ -679,8 +711,9 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
                   markdown_summary(error_summary(vllm), ("total",)), "", markdown_vllm(vllm), ""]
     if plot_path is not None:
         parts += ["## Plot", "", f"![predicted vs measured]({rel(plot_path)})", "",
-                  f"`{rel(plot_path)}`: predicted vs measured (median), log axes, one colour per GPU; circles "
-                  "prefill, squares decode step, triangles total, stars vLLM total; dashed lines ±20 %.", ""]
+                  f"`{rel(plot_path)}`: predicted vs measured (median), log axes, one colour per GPU; filled markers "
+                  "PipeWeave, hollow markers the roofline baseline; circles prefill, squares decode step, triangles "
+                  "total, stars vLLM total; dashed lines ±20 %.", ""]
     if notes:
         parts += ["## Notes", ""] + [f"* {n}" for n in notes] + [""]
     return "\n".join(parts)
@@ -711,6 +744,12 @@ def _inputs(args, kind: str):
     preds = load_predictions(args.pred_dir, hardware_dir)
     baselines_dir = Path(args.baselines_dir) if args.baselines_dir else artifact_baselines_dir()
     static_base, vllm_base, notes = read_artifact_baselines(baselines_dir, hardware_dir)
+    if not len(preds):
+        shown = os.path.relpath(args.pred_dir, REPO_ROOT) if Path(args.pred_dir).resolve().is_relative_to(
+            REPO_ROOT) else args.pred_dir
+        notes.insert(0, f"no PipeWeave predictions in {shown}: run the batch scripts (./tp1.sh, ./tp2.sh, "
+                        "./tp4.sh, ./tp8.sh, ./vllm_tp4_pp2.sh) once trained models are in mlp_models/; only the "
+                        "baselines are shown")
     return real, preds, static_base, vllm_base, notes, hardware_dir
 
 
@@ -746,8 +785,9 @@ def main_static(argv: list[str] | None = None) -> int:
     print()
     print(markdown_static(static))
     missing = static[~np.isfinite(static["pred_total_ms"].to_numpy(np.float64))]
-    for _, r in missing.iterrows():
-        notes.append(f"no prediction for measured run {r['gpu']} TP{r['tp']} {r['model']} {r['trace']}")
+    if len(preds):  # (with no predictions at all, _inputs already says so once)
+        for _, r in missing.iterrows():
+            notes.append(f"no prediction for measured run {r['gpu']} TP{r['tp']} {r['model']} {r['trace']}")
     for note in notes:
         print(f"note: {note}")
     print(f"\nWrote {args.output} and {plot_path}")

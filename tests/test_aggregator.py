@@ -131,9 +131,12 @@ def test_output_schema_and_key_order(models, tmp_path):
     assert list(first["operator_durations"]["communication"]) == ["all_reduce", "send_recv"]
     entry = first["operator_durations"]["attention"]
     assert list(entry) == ["single_duration_ms", "count", "total_duration_ms"]
-    assert entry["total_duration_ms"] == pytest.approx(entry["single_duration_ms"] * entry["count"], abs=2e-6)
+    # total = round(single × count) with the unrounded single: within count × 0.5e-6 of rounded single × count
+    assert entry["total_duration_ms"] == pytest.approx(entry["single_duration_ms"] * entry["count"],
+                                                       abs=entry["count"] * 1e-6)
     for it in result["iterations"]:
-        for value in (it["total_duration_ms"], *(e["single_duration_ms"] for e in it["operator_durations"]["gemm"].values())):
+        gemms = it["operator_durations"]["gemm"].values()
+        for value in (it["total_duration_ms"], *(e["single_duration_ms"] for e in gemms)):
             assert value > 0 and round(value, 6) == value
     text = aggregate.dumps_result(result)
     assert text.startswith('{\n  "model": ') and json.loads(text) == result

@@ -1,0 +1,206 @@
+"""Comparison of predictions with measured runs (pipeweave/compare.py, compare_pred_real.py,
+compare_vllm_pred_real.py) on small synthetic files, plus the roofline baseline."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analytical_model.hardware import load_hardware
+from pipeweave import compare
+from pipeweave.aggregate import load_workload
+
+REPO = Path(__file__).resolve().parent.parent
+TP2 = REPO / "workload" / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
+
+
+def record(run, rep, prefill_s, decode_s, total_s):
+    return json.dumps({"run_name": run, "batch_size": 8, "input_len": 100, "output_len": 10,
+                       "total_prefill_tokens": 800, "total_decode_tokens": 80, "iteration": rep,
+                       "prefill_latency": prefill_s, "prefill_throughput": 1.0, "median_decode_latency": decode_s,
+                       "median_decode_throughput": 1.0, "total_latency": total_s, "overall_throughput": 1.0})
+
+
+@pytest.fixture()
+def synthetic(tmp_path):
+    """Five repetitions of one TP1 and one TP2 run, one vLLM run, and matching predictions."""
+    real = tmp_path / "real"
+    real.mkdir()
+    prefill = [1.0, 1.1, 1.2, 1.3, 5.0]  # median 1.2 s, best-of-repetitions would pick 1.0
+    decode = [0.010, 0.011, 0.012, 0.013, 0.050]
+    total = [2.0, 2.1, 2.2, 2.3, 9.0]
+    (real / "e2e_A100.jsonl").write_text("\n".join(
+        record("Qwen2.5-14B-arxiv_8", i, p, d, t) for i, (p, d, t) in enumerate(zip(prefill, decode, total))) + "\n")
+    (real / "e2e_tp2_RTX_6000_Ada.jsonl").write_text("\n".join(
+        record("Qwen3-32B-arxiv_12", i, 2.0 + i, 0.02, 4.0 + i) for i in range(5)) + "\n")
+    (real / "vllm_arxiv16_H800_llama70B.json").write_text(json.dumps(
+        {"avg_latency": 11.0, "latencies": [10.0, 10.5, 11.0, 12.0, 11.5], "percentiles": {}}))
+    pred = tmp_path / "pred"
+    pred.mkdir()
+
+    def write(name, prefill_ms, decode_ms, total_ms):
+        (pred / name).write_text(json.dumps({"model": "m", "hardware": "h", "tp_size": 1, "pp_size": 1,
+                                             "iterations": [], "summary": {
+                                                 "prefill_duration_ms": prefill_ms, "decode_avg_duration_ms": decode_ms,
+                                                 "decode_total_duration_ms": 0.0, "total_duration_ms": total_ms}}))
+
+    write("Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json", 1000.0, 10.0, 2000.0)  # = the best repetition
+    write("Qwen3-32B_arxiv_12_fa2_tp2_pp1_RTX_6000_Ada.json", 4000.0, 20.0, 6000.0)
+    write("Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2_H800.json", 0.0, 0.0, 12000.0)
+    write("not_a_prediction.json", 1.0, 1.0, 1.0)
+    return real, pred
+
+
+def test_summaries_are_median_min_max_over_repetitions(synthetic):
+    real_dir, _ = synthetic
+    summary = compare.load_real(real_dir)
+    row = summary[(summary["gpu"] == "A100")].iloc[0]
+    assert (row["tp"], row["pp"], row["model"], row["trace"], row["repeats"]) == (1, 1, "Qwen2.5-14B", "arxiv_8", 5)
+    assert row["prefill_ms_median"] == pytest.approx(1200.0)
+    assert (row["prefill_ms_min"], row["prefill_ms_max"]) == pytest.approx((1000.0, 5000.0))
+    assert row["decode_ms_median"] == pytest.approx(12.0) and row["total_ms_median"] == pytest.approx(2200.0)
+    tp2 = summary[summary["gpu"] == "RTX 6000 Ada"].iloc[0]
+    assert (tp2["tp"], tp2["model"], tp2["trace"]) == (2, "Qwen3-32B", "arxiv_12")
+    vllm = summary[summary["kind"] == "vllm"].iloc[0]
+    assert (vllm["gpu"], vllm["tp"], vllm["pp"], vllm["model"], vllm["trace"]) == (
+        "H800", 4, 2, "Llama-3.1-70B", "vllm_arxiv16")
+    assert vllm["total_ms_median"] == pytest.approx(11000.0) and np.isnan(vllm["prefill_ms_median"])
+
+
+def test_error_uses_median_not_best_repetition(synthetic):
+    real_dir, pred_dir = synthetic
+    table = compare.compare(compare.load_real(real_dir), compare.load_predictions(pred_dir), "static",
+                            roofline=False)
+    row = table[table["gpu"] == "A100"].iloc[0]
+    # the prediction equals the best repetition exactly; the reference scripts would report 0 % here
+    assert row["err_prefill_pct"] == pytest.approx(abs(1000 - 1200) / 1200 * 100)
+    assert row["err_decode_pct"] == pytest.approx(abs(10 - 12) / 12 * 100)
+    assert row["err_total_pct"] == pytest.approx(abs(2000 - 2200) / 2200 * 100)
+    assert row["err_mean_pct"] == pytest.approx(np.mean([200 / 1200, 2 / 12, 200 / 2200]) * 100)
+    other = table[table["gpu"] == "RTX 6000 Ada"].iloc[0]
+    assert other["err_prefill_pct"] == pytest.approx(0.0) and other["err_total_pct"] == pytest.approx(0.0)
+    vllm = compare.compare(compare.load_real(real_dir), compare.load_predictions(pred_dir), "vllm", roofline=False)
+    assert vllm.iloc[0]["err_total_pct"] == pytest.approx(1000 / 11000 * 100)
+    summary = compare.error_summary(table)
+    assert summary[0]["runs"] == 2 and summary[0]["worst_run"].startswith("A100 TP1 Qwen2.5-14B arxiv_8")
+
+
+def test_summary_csv_round_trip(synthetic, tmp_path):
+    real_dir, _ = synthetic
+    out = tmp_path / "summary" / compare.REAL_SUMMARY_NAME
+    assert compare.main_summarize(["--source", str(real_dir), "--output", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == compare.SUMMARY_COLUMNS and len(frame) == 3
+    from_csv = compare.load_real(out.parent)
+    from_raw = compare.load_real(real_dir)
+    for column in ("prefill_ms_median", "decode_ms_median", "total_ms_median", "total_ms_max"):
+        np.testing.assert_allclose(from_csv[column], from_raw[column], rtol=1e-6, atol=1e-3)
+
+
+def test_prediction_names():
+    names = ["Llama-3.1-70B", "Qwen2.5-14B", "Qwen3-32B"]
+    parsed = compare.parse_prediction_name("Qwen2.5-14B_splitwise_32_fa3_tp1_pp1_RTX_PRO_6000_S", names)
+    assert (parsed.model, parsed.trace, parsed.fa, parsed.tp, parsed.pp, parsed.gpu_tag) == (
+        "Qwen2.5-14B", "splitwise_32", "fa3", 1, 1, "RTX_PRO_6000_S")
+    assert parsed.workload_stem == "Qwen2.5-14B_splitwise_32_fa3_tp1_pp1"
+    vllm = compare.parse_prediction_name("Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2_H800", names)
+    assert (vllm.trace, vllm.tp, vllm.pp, vllm.gpu_tag) == ("vllm_arxiv16", 4, 2, "H800")
+    assert compare.parse_prediction_name("summary", names) is None
+
+
+def test_roofline_kernels_non_negative_and_exact():
+    h100 = load_hardware("H100")
+    gemm = compare.roofline_kernel_ms("gemm", [(4096, 4096, 4096), (1, 1, 1)], h100)
+    peak = h100.tc_bf16 * h100.num_sms * h100.sm_freq * 1e6
+    assert gemm[0] == pytest.approx(2 * 4096**3 / peak * 1e3)  # compute bound
+    assert gemm[1] == pytest.approx(2 * 3 / (h100.mem_bandwidth * 1e9) * 1e3)  # memory bound
+    attn = compare.roofline_kernel_ms("attn", [("fa2_paged", 2, (1, 1), (100, 200), 32, 8, 128),
+                                               ("fa3_ragged", 1, (4096,), (4096,), 32, 8, 128)], h100)
+    decode_bytes = 2 * 128 * (2 * 32 * 2 + 2 * 8 * 300)
+    assert attn[0] == pytest.approx(decode_bytes / (h100.mem_bandwidth * 1e9) * 1e3)
+    assert attn[1] == pytest.approx(4 * 128 * 32 * (4096 * 4097 // 2) / peak * 1e3)  # causal prefill: compute bound
+    for op in ("rmsnorm", "siluandmul"):
+        values = compare.roofline_kernel_ms(op, [(1, 8), (4096, 8192)], h100)
+        assert (values > 0).all() and values[1] > values[0]
+
+
+@pytest.mark.parametrize("gpu", ["A100", "H100", "RTX PRO 6000 S", "L20"])
+def test_roofline_workload_is_positive_and_copies_communication(gpu, tmp_path):
+    data = json.loads(TP2.read_text())
+    data["iterations"] = data["iterations"][:4]
+    path = tmp_path / TP2.name
+    path.write_text(json.dumps(data))
+    workload = load_workload(path)
+    fake = {"iterations": [{"operator_durations": {"communication": {"all_reduce": {"single_duration_ms": 0.25}}}}
+                           for _ in workload.numbers]}
+    result = compare.roofline_prediction(path, gpu, fake)
+    for it in result["iterations"]:
+        assert it["total_duration_ms"] > 0
+        for category in ("attention", "rmsnorm", "siluandmul"):
+            assert it["operator_durations"][category]["single_duration_ms"] >= 0
+        assert it["operator_durations"]["communication"]["all_reduce"]["single_duration_ms"] == 0.25
+    assert result["summary"]["prefill_duration_ms"] > result["summary"]["decode_avg_duration_ms"] > 0
+    with pytest.raises(Exception, match="communication"):
+        compare.roofline_prediction(path, gpu, None)
+
+
+def test_compare_scripts_write_csv_markdown_and_plot(synthetic, tmp_path):
+    real_dir, pred_dir = synthetic
+    base = tmp_path / "baselines"
+    base.mkdir()
+    (base / "pipeweave_comparison.csv").write_text(
+        "Hardware,TP,PP,Model,Workload,FA_Version,pred_prefill_ms,real_prefill_ms,MAPE_prefill(%),pred_decode_ms,"
+        "real_decode_ms,MAPE_decode(%),pred_total_ms,real_total_ms,MAPE_total(%),avg_MAPE(%)\n"
+        "A100,1,1,Qwen2.5-14B,arxiv_8,fa2,1100,1000,10,11,10,10,2100,2000,5,8\n")
+    (base / "roofline_comparison.csv").write_text(
+        (base / "pipeweave_comparison.csv").read_text().replace(",11,10,10,", ",0,10,100,"))
+    (base / "vllm_comparison.csv").write_text("Method,Hardware,Workload,Model,pred_e2e_ms,real_e2e_ms,MAPE_e2e(%)\n"
+                                              "pipeweave,H800,arxiv16,Llama-3.1-70B,11100,11028,0.6\n")
+    out = tmp_path / "out"
+    common = ["--pred_dir", str(pred_dir), "--real_dir", str(real_dir), "--baselines_dir", str(base),
+              "--no_roofline"]
+    proc = subprocess.run([sys.executable, str(REPO / "compare_pred_real.py"), *common, "--output",
+                           str(out / "cmp.csv"), "--plot", str(out / "cmp.png"), "--markdown", str(out / "E2E.md")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "cmp.csv")
+    row = table[table["gpu"] == "A100"].iloc[0]
+    assert row["artifact_pipeweave_err_prefill_pct"] == pytest.approx(100 / 1200 * 100, abs=0.01)
+    assert np.isnan(row["artifact_roofline_err_decode_pct"])  # the artifact's roofline has no decode prediction
+    assert not [c for c in table.columns if c.startswith("artifact_") and c.endswith("_ms")]  # errors only
+    assert (out / "cmp.png").read_bytes()[:4] == b"\x89PNG"
+    text = (out / "E2E.md").read_text()
+    assert "| A100 | 1 | Qwen2.5-14B | arxiv_8 |" in text and "cmp.png" in text and "vLLM" in text
+    assert "Nothing in these predictions was fitted on end-to-end measurements" in text
+    proc = subprocess.run([sys.executable, str(REPO / "compare_vllm_pred_real.py"), *common, "--output",
+                           str(out / "v.csv"), "--plot", str(out / "v.png")], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    vllm = pd.read_csv(out / "v.csv")
+    assert vllm.iloc[0]["real_total_median_ms"] == pytest.approx(11000.0)
+    assert vllm.iloc[0]["artifact_pipeweave_err_total_pct"] == pytest.approx(100 / 11000 * 100, abs=0.01)
+
+
+def test_missing_baselines_are_skipped_with_a_note(tmp_path):
+    static, vllm, notes = compare.read_artifact_baselines(tmp_path / "absent")
+    assert static.empty and vllm.empty and "not found" in notes[0]
+
+
+@pytest.mark.data
+def test_committed_summary_matches_shared_data(shared_data, tmp_path):
+    out = tmp_path / compare.REAL_SUMMARY_NAME
+    compare.main_summarize(["--source", str(shared_data / "pipeweave" / "e2e" / "real"), "--output", str(out)])
+    assert out.read_text() == (REPO / "e2e" / "real" / compare.REAL_SUMMARY_NAME).read_text()
+
+
+@pytest.mark.data
+def test_artifact_baselines_parse(shared_data):
+    static, vllm, notes = compare.read_artifact_baselines(shared_data / "pipeweave" / "e2e" / "baselines")
+    assert set(static["method"]) == set(compare.ARTIFACT_METHODS) and not notes
+    assert static[static["method"] == "roofline"]["pred_decode_ms"].isna().all()
+    assert set(vllm["trace"]) == {"vllm_arxiv16", "vllm_splitwise64"}
