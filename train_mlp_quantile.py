@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     train = read_dataset(train_path)
     config = TrainConfig(recipe="quantile", quantile=args.quantile, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, seed=args.seed, device=args.device, progress=not args.no_progress)
-    inputs = model_inputs(feature_matrix(train, args.op))
+    inputs = model_inputs(feature_matrix(train, args.op, config))
     model, history = fit(inputs, train["overall_perf"].to_numpy(), config)
     predicted = predict_efficiency(model, inputs)
     out_dir = timestamp_dir(args.output_dir, args.op)

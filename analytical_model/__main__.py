@@ -1,7 +1,8 @@
 """python3 -m analytical_model features --op OP --input IN.csv --output OUT.csv
 
 Reads the operator's shape columns and ``hardware`` from IN.csv and writes every input column plus
-the feature columns (METHOD.md §4.1 names and order) and ``ideal_cycles``. For gemm, optional
+the feature columns (METHOD.md §4.1 names and order) and ``ideal_cycles`` (``--descriptors`` adds the
+shape descriptors of analytical_model/descriptors.py before ``ideal_cycles``). For gemm, optional
 columns tile_M, tile_N, tile_K, is_split_k, cta_count override the tile rule row by row.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--input", required=True, type=Path)
     features.add_argument("--output", required=True, type=Path)
     features.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR)
+    features.add_argument("--descriptors", action="store_true",
+                          help="also write the shape descriptors the pipeweave models take (after the features)")
     args = parser.parse_args(argv)
 
     if not args.input.is_file():
@@ -37,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         result = compute_features(args.op, frame, args.hardware_dir)
     except ValueError as exc:
         raise UserError(f"{args.input}: {exc}") from None
+    if not args.descriptors:
+        result = result.drop(columns=list(OPERATORS[args.op].descriptor_names))
     output = pd.concat([frame, result], axis=1)
     write_atomically(args.output, lambda tmp: output.to_csv(tmp, index=False))
     print(f"wrote {len(output)} rows to {args.output}")

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from . import fa2_batch, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
+from . import descriptors, fa2_batch, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
 from .attention import ATTENTION_CALCULATORS, attention_problem
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from .pipes import (
@@ -48,7 +48,13 @@ class OperatorClass:
     ideal_cycle_features: tuple[str, ...]
     calculators: dict[str, Callable]
     compute: Callable[[pd.DataFrame, HardwareSpec], np.ndarray]
+    descriptor_names: tuple[str, ...]
+    describe: Callable[[pd.DataFrame, HardwareSpec], np.ndarray]
     optional_columns: tuple[str, ...] = ()
+
+    def input_names(self, with_descriptors: bool = True) -> tuple[str, ...]:
+        """MLP input columns: the METHOD.md features, then (pipeweave recipe) the shape descriptors."""
+        return self.feature_names + (self.descriptor_names if with_descriptors else ())
 
     def features(self, frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
         """float64 features, one row per frame row, all on the GPU ``hw``."""
@@ -172,6 +178,36 @@ def _attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
     return out
 
 
+def _describe_gemm(operand_bytes: int, fp8: bool):
+    def describe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+        m, n, k = (_int_column(frame, c) for c in ("M", "N", "K"))
+        return descriptors.gemm(m, n, k, hw, operand_bytes, hw.tc_fp8 if fp8 else hw.tc_bf16)
+
+    return describe
+
+
+def _describe_attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    return descriptors.attention(
+        _int_column(frame, "bs"),
+        [parse_length_list(v, "q_lengths") for v in frame["q_lengths"]],
+        [parse_length_list(v, "kv_lengths") for v in frame["kv_lengths"]],
+        _int_column(frame, "nh"), _int_column(frame, "nkv"), _int_column(frame, "hd"), hw,
+    )
+
+
+def _describe_elementwise(output_fraction: float):
+    def describe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+        return descriptors.elementwise(_int_column(frame, "seq"), _int_column(frame, "dim"), hw, output_fraction)
+
+    return describe
+
+
+def _describe_moe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    kinds = frame["weight_type"].astype(str).to_numpy()
+    passes = np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")], axis=-1)
+    return descriptors.moe(*(_int_column(frame, c) for c in ("M", "E", "topk", "H", "N")), hw, passes.astype(float))
+
+
 def _elementwise(calculator) -> Callable[[pd.DataFrame, HardwareSpec], np.ndarray]:
     def compute(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
         problem = ElementwiseProblem.create(_int_column(frame, "seq"), _int_column(frame, "dim"))
@@ -208,6 +244,8 @@ OPERATORS: dict[str, OperatorClass] = {
             ideal_cycle_features=("tensor_all_cycle",),
             calculators={"sm80": gemm_sm80.features, "sm90": gemm_sm90.features},
             compute=_gemm,
+            descriptor_names=descriptors.GEMM_DESCRIPTORS,
+            describe=_describe_gemm(2, fp8=False),
         ),
         OperatorClass(
             key="gemm_fp8",
@@ -217,6 +255,8 @@ OPERATORS: dict[str, OperatorClass] = {
             ideal_cycle_features=("tensor_all_cycle",),
             calculators={"fp8": gemm_fp8.features},
             compute=_gemm_fp8,
+            descriptor_names=descriptors.GEMM_DESCRIPTORS,
+            describe=_describe_gemm(1, fp8=True),
         ),
         OperatorClass(
             key="attn",
@@ -226,6 +266,8 @@ OPERATORS: dict[str, OperatorClass] = {
             ideal_cycle_features=("tensor_all_cycle",),
             calculators=dict(ATTENTION_CALCULATORS),
             compute=_attention,
+            descriptor_names=descriptors.ATTENTION_DESCRIPTORS,
+            describe=_describe_attention,
         ),
         OperatorClass(
             key="rmsnorm",
@@ -235,6 +277,8 @@ OPERATORS: dict[str, OperatorClass] = {
             ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
             calculators={"rmsnorm": rmsnorm.features},
             compute=_elementwise(rmsnorm),
+            descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
+            describe=_describe_elementwise(1.0),
         ),
         OperatorClass(
             key="siluandmul",
@@ -244,6 +288,8 @@ OPERATORS: dict[str, OperatorClass] = {
             ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
             calculators={"siluandmul": siluandmul.features},
             compute=_elementwise(siluandmul),
+            descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
+            describe=_describe_elementwise(0.5),
         ),
         OperatorClass(
             key="moe",
@@ -253,6 +299,8 @@ OPERATORS: dict[str, OperatorClass] = {
             ideal_cycle_features=("tensor_all_cycle",),
             calculators={"triton_moe": triton_moe.features},
             compute=_moe,
+            descriptor_names=descriptors.MOE_DESCRIPTORS,
+            describe=_describe_moe,
         ),
     )
 }
@@ -268,7 +316,7 @@ def get_operator(key: str) -> OperatorClass:
 def compute_features(
     op: str, frame: pd.DataFrame, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR
 ) -> pd.DataFrame:
-    """Features (float64, METHOD.md names and order) and ``ideal_cycles`` for rows of mixed GPUs.
+    """Features (float64, METHOD.md names and order), shape descriptors and ``ideal_cycles``, rows of mixed GPUs.
 
     ``frame`` needs the operator's shape columns and ``hardware`` (any name the hardware loader
     accepts). The result has the frame's index.
@@ -278,6 +326,7 @@ def compute_features(
         raise ValueError("input lacks column 'hardware'")
     registry = hardware_registry(Path(hardware_dir))
     out = np.zeros((len(frame), len(operator.feature_names)))
+    described = np.zeros((len(frame), len(operator.descriptor_names)))
     hardware = frame["hardware"].astype(str).to_numpy()
     for name in pd.unique(hardware):
         rows = np.flatnonzero(hardware == name)
@@ -286,7 +335,10 @@ def compute_features(
         except ValueError as exc:
             raise ValueError(f"row {rows[0]}: {exc}") from None
         out[rows] = operator.features(frame.iloc[rows], hw)
+        described[rows] = operator.describe(frame.iloc[rows], hw)
     result = pd.DataFrame(out, columns=list(operator.feature_names), index=frame.index)
+    for i, name in enumerate(operator.descriptor_names):
+        result[name] = described[:, i]
     result["ideal_cycles"] = operator.ideal_cycles(out.astype(np.float32)).astype(np.float64)
     return result
 

@@ -53,40 +53,56 @@ FP8_TILE = (128, 128, 128)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1}
 
 
-def _cta_time(tile_m, tile_n, k_extent, hw: HardwareSpec, ds: int, tensor_rate: float):
-    """Cycles one CTA needs: max of MMA work and operand loads at the SM's share of L2 bandwidth."""
-    compute = 2.0 * tile_m * tile_n * k_extent / tensor_rate
+def _candidate_grid(candidates) -> np.ndarray:
+    """(tile_m, tile_n, tile_k, splits) for every candidate × split factor, in preference order."""
+    return np.array([(tm, tn, tk, s) for tm, tn, tk in candidates for s in SPLIT_FACTORS], dtype=np.int64)
+
+
+ROW_CHUNK = 4096  # rows costed at once: bounds the (rows × candidates) temporaries to a few MB
+
+
+def _pick(m, n, k, grid: np.ndarray, hw: HardwareSpec, ds: int, sm90: bool) -> np.ndarray:
+    """Columns tile_M, tile_N, tile_K, cta_count, is_split_k of the cheapest ``grid`` entry per row."""
+    tm, tn, tk, splits = (grid[:, i][None, :] for i in range(4))
     l2_bytes_per_cycle = hw.l2_cache_bandwidth * 1e9 / (hw.sm_freq * 1e6) / hw.num_sms
-    memory = ds * (tile_m + tile_n) * k_extent / l2_bytes_per_cycle
-    return np.maximum(compute, memory)
+    out = np.empty(m.shape + (5,), dtype=np.int64)
+    for start in range(0, len(m), ROW_CHUNK):
+        rows = slice(start, start + ROW_CHUNK)
+        mm, nn, kk = m[rows, None], n[rows, None], k[rows, None]
+        tiles = ceil_div(mm, tm) * ceil_div(nn, tn)
+        k_slice = ceil_div(ceil_div(ceil_div(kk, tk) * tk, splits), tk) * tk
+        ctas = tiles * splits
+        split = splits > 1
+        valid = ~split | ((k_slice >= 2 * tk) & (tiles < hw.num_sms))
+        if sm90:
+            valid &= ~split | ((2 * tiles <= hw.num_sms) & (kk >= 2048) & (ctas <= hw.num_sms))
+        per_cta = np.maximum(2.0 * tm * tn / hw.tc_bf16, ds * (tm + tn) / l2_bytes_per_cycle) * k_slice
+        reduction = np.where(split, 8.0 * tm * tn * splits / l2_bytes_per_cycle, 0.0)
+        cost = np.where(valid, ceil_div(ctas, hw.num_sms) * per_cta + reduction, np.inf)
+        best = np.argmax(cost <= cost.min(axis=1, keepdims=True) * (1 + 1e-9), axis=1)
+        pick = np.arange(len(best))
+        chosen_tiles = tiles[pick, best]
+        chosen_split = splits[0, best]
+        cta_count = np.where((chosen_split == 1) & sm90, np.minimum(chosen_tiles, hw.num_sms), ctas[pick, best])
+        out[rows] = np.stack([tm[0, best], tn[0, best], tk[0, best], cta_count, chosen_split > 1], axis=-1)
+    return out
 
 
-def _best_tiles(m, n, k, hw: HardwareSpec, candidates, ds: int, sm90: bool):
-    best_cost = np.full(m.shape, np.inf)
-    choice = np.zeros(m.shape + (5,), dtype=np.int64)
-    for tile_m, tile_n, tile_k in candidates:
-        tiles = ceil_div(m, tile_m) * ceil_div(n, tile_n)
-        k_p = ceil_div(k, tile_k) * tile_k
-        for splits in SPLIT_FACTORS:
-            k_slice = ceil_div(ceil_div(k_p, splits), tile_k) * tile_k
-            ctas = tiles * splits
-            valid = (k_slice >= 2 * tile_k) | (splits == 1)
-            if splits > 1:
-                valid &= tiles < hw.num_sms
-                if sm90:
-                    valid &= (2 * tiles <= hw.num_sms) & (k >= 2048) & (ctas <= hw.num_sms)
-            waves = ceil_div(ctas, hw.num_sms)
-            cost = waves * _cta_time(tile_m, tile_n, k_slice, hw, ds, hw.tc_bf16)
-            if splits > 1:
-                reduction_bytes = 4.0 * tile_m * tile_n * splits * 2
-                l2_bytes_per_cycle = hw.l2_cache_bandwidth * 1e9 / (hw.sm_freq * 1e6) / hw.num_sms
-                cost = cost + reduction_bytes / l2_bytes_per_cycle
-            better = valid & (cost < best_cost * (1 - 1e-9))
-            best_cost = np.where(better, cost, best_cost)
-            cta_count = np.minimum(tiles, hw.num_sms) if (sm90 and splits == 1) else ctas
-            row = np.stack(np.broadcast_arrays(tile_m, tile_n, tile_k, cta_count, splits > 1), axis=-1)
-            choice = np.where(better[..., None], row, choice)
-    return choice
+def _best_tiles(m, n, k, hw: HardwareSpec, candidates, ds: int, sm90: bool) -> np.ndarray:
+    """Cheapest candidate per row (see ``_pick``). Cost = waves × per-CTA cycles (max of MMA work at the
+    SM's tensor rate and operand bytes at its share of L2 bandwidth) + the fp32 split-K reduction through
+    L2; the first candidate in listed order (larger tiles, then fewer splits) within 1e-9 of the minimum wins.
+
+    Rows whose output has at least one tile per SM even with the largest tile can never split K, so
+    they are costed on the unsplit candidates only (same choice, a fraction of the work)."""
+    grid = _candidate_grid(candidates)
+    largest_m, largest_n = grid[:, 0].max(), grid[:, 1].max()
+    may_split = ceil_div(m, largest_m) * ceil_div(n, largest_n) < hw.num_sms
+    out = np.empty(m.shape + (5,), dtype=np.int64)
+    out[may_split] = _pick(m[may_split], n[may_split], k[may_split], grid, hw, ds, sm90)
+    unsplit = grid[grid[:, 3] == 1]
+    out[~may_split] = _pick(m[~may_split], n[~may_split], k[~may_split], unsplit, hw, ds, sm90)
+    return out
 
 
 def choose_gemm_tiles(M, N, K, hw: HardwareSpec, dtype: str = "bfloat16") -> dict[str, np.ndarray]:

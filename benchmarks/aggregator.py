@@ -50,7 +50,7 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
     torch.manual_seed(seed)
     root = Path(root)
     for op in ops:
-        names = list(get_operator(op).feature_names)
+        names = list(get_operator(op).input_names())
         model = build_model("MLP_v2", len(names))
         with torch.no_grad():
             last = model.network[-1]

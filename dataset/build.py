@@ -113,7 +113,7 @@ def build_operator(op: str, raw: pd.DataFrame, log=print, workers: int = 1) -> p
     out["hardware"] = frame["hardware"]
     for column in HARDWARE_SPEC_COLUMNS:
         out[column] = specs.map(lambda s, c=column: s.spec_columns()[c]).to_numpy()
-    for column in operator.feature_names:
+    for column in operator.feature_names + operator.descriptor_names:
         out[column] = features[column].to_numpy()
     out["overall_perf"] = perf
     out["source"] = frame["source"].to_numpy()

@@ -50,7 +50,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from analytical_model import fa2_batch
+from analytical_model import descriptors, fa2_batch
 from analytical_model.attention import ATTENTION_CALCULATORS, attention_problem, resolve_attention_type
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
@@ -517,8 +517,8 @@ class Aggregator:
         with single_thread_inference(self.device):
             for op, table in tables.items():
                 keys = list(table)  # dict order = row order
-                features = self._features(op, keys)
-                unique_ms[op], optimistic_ms[op] = self._durations(op, keys, features)
+                features, described = self._features(op, keys)
+                unique_ms[op], optimistic_ms[op] = self._durations(op, keys, features, described)
 
         # 3. scatter back and assemble the outputs
         out = []
@@ -552,12 +552,13 @@ class Aggregator:
             out.append(Prediction(job, build_result(job, single, best), source))
         return out
 
-    def _features(self, op: str, keys: list[tuple[str, tuple]]) -> np.ndarray:
-        """float64 features of the unique (GPU stem, shape) rows of one operator class."""
+    def _features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:
+        """float64 (features, shape descriptors) of the unique (GPU stem, shape) rows of one operator class."""
         operator = get_operator(op)
         features = np.zeros((len(keys), len(operator.feature_names)))
+        described = np.zeros((len(keys), len(operator.descriptor_names)))
         if not keys:
-            return features
+            return features, described
         stems = np.array([stem for stem, _ in keys], dtype=object)
         for stem in dict.fromkeys(stems.tolist()):
             rows = np.flatnonzero(stems == stem)
@@ -565,22 +566,24 @@ class Aggregator:
             shapes = [keys[i][1] for i in rows]
             if op == "attn":
                 features[rows] = attention_features_batch(shapes, hw)
+                described[rows] = descriptors.attention(*zip(*(shape[1:] for shape in shapes)), hw)
             else:
                 frame = pd.DataFrame(shapes, columns=list(operator.shape_columns))
                 features[rows] = operator.features(frame, hw)
-        return features
+                described[rows] = operator.describe(frame, hw)
+        return features, described
 
-    def _durations(self, op: str, keys, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _durations(self, op: str, keys, features: np.ndarray, described: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(point, optimistic) durations in ms of the unique rows."""
         operator = get_operator(op)
         ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
         freq = np.array([self.registry.get(stem).sm_freq for stem, _ in keys], dtype=np.float64)
         from pipeweave.predictor import duration_us
 
-        efficiency = self.predictor.efficiency_from_features(op, features)
+        efficiency = self.predictor.efficiency_from_features(op, features, described)
         point = duration_us(ideal, efficiency, freq) / 1000.0
         if self.quantile_predictor is not None and self.quantile_ops.get(op):
-            upper = self.quantile_predictor.efficiency_from_features(op, features)
+            upper = self.quantile_predictor.efficiency_from_features(op, features, described)
             return point, duration_us(ideal, upper, freq) / 1000.0
         return point, point
 

@@ -58,8 +58,13 @@ def load_splits(
     return train[~train["hardware"].isin(held)].reset_index(drop=True), both[both["hardware"].isin(held)].reset_index(drop=True)
 
 
-def feature_matrix(frame: pd.DataFrame, op: str) -> np.ndarray:
-    return frame[list(get_operator(op).feature_names)].to_numpy(np.float64)
+def feature_matrix(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndarray:
+    return frame[list(input_names(op, config))].to_numpy(np.float64)
+
+
+def input_names(op: str, config: TrainConfig) -> tuple[str, ...]:
+    """The pipeweave recipe adds the shape descriptors; the reference and quantile recipes use METHOD.md's features."""
+    return get_operator(op).input_names(with_descriptors=config.recipe == "pipeweave")
 
 
 def duration_errors(measured_perf: np.ndarray, predicted_perf: np.ndarray) -> np.ndarray:
@@ -98,9 +103,9 @@ def evaluate(frame: pd.DataFrame, predicted: np.ndarray) -> dict:
     return result
 
 
-def feature_ranges(frame: pd.DataFrame, op: str) -> dict:
+def feature_ranges(frame: pd.DataFrame, names) -> dict:
     out = {}
-    for name in get_operator(op).feature_names:
+    for name in names:
         values = frame[name].to_numpy(np.float64)
         out[name] = {"min": float(values.min()), "max": float(values.max()), "mean": float(values.mean()), "std": float(values.std())}
     return out
@@ -126,13 +131,13 @@ def train_and_evaluate(op: str, train: pd.DataFrame, test: pd.DataFrame, config:
         raise ValueError(f"{op}: only {len(train)} training rows; build the dataset first (python3 -m dataset.build)")
     started = time.perf_counter()
     model, history = fit(
-        model_inputs(feature_matrix(train, op)),
+        model_inputs(feature_matrix(train, op, config)),
         train["overall_perf"].to_numpy(),
         config,
         group_keys=shape_keys(train, op),
     )
     history["train_seconds"] = round(time.perf_counter() - started, 1)
-    predicted = predict_efficiency(model, model_inputs(feature_matrix(test, op))) if len(test) else np.zeros(0)
+    predicted = predict_efficiency(model, model_inputs(feature_matrix(test, op, config))) if len(test) else np.zeros(0)
     evaluation = evaluate(test, predicted) if len(test) else {}
     return model, history, predicted, evaluation
 
@@ -155,7 +160,7 @@ def write_model_dir(
     if not quantile:
         state["val_loss"] = history["best_val_loss"]
     torch.save(state, checkpoint_path(out_dir, op))
-    operator = get_operator(op)
+    names = list(input_names(op, config))
     metadata = {
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "model_info": {
@@ -163,11 +168,11 @@ def write_model_dir(
             "operator_type": op,
             "architecture": config.architecture,
             "target_transform": "log" if config.architecture == "MLP_v2" else "identity",
-            "features": list(operator.feature_names),
+            "features": names,
             "target": "overall_perf",
-            "num_features": len(operator.feature_names),
+            "num_features": len(names),
             "model_parameters": {
-                "input_dim": len(operator.feature_names),
+                "input_dim": len(names),
                 "hidden_dims": list(HIDDEN_DIMS),
                 "dropout_rate": config.dropout,
                 "total_parameters": count_parameters(model),
@@ -183,7 +188,7 @@ def write_model_dir(
             **({"test_hardware_distribution": hardware_distribution(test)} if test is not None and len(test) else {}),
             "train_sources": sorted(pd.unique(train["source"]).tolist()) if "source" in train else [],
         },
-        "feature_ranges": feature_ranges(train, op),
+        "feature_ranges": feature_ranges(train, names),
         "preprocessing": {"transformation": "log1p only (no standardization)", "note": "This model does not use StandardScaler"},
     }
     if quantile:

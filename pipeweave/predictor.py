@@ -44,22 +44,38 @@ class KernelPredictor:
             get_operator(op)
             directory = latest_model_dir(self.model_dir, op)
             model, metadata = load_model_dir(directory, op, self.device)
-            expected = list(get_operator(op).feature_names)
-            if metadata["model_info"]["features"] != expected:
-                raise ValueError(f"{directory}/metadata.json: features differ from the registry's {op} features")
+            operator = get_operator(op)
+            names = metadata["model_info"]["features"]
+            if names not in (list(operator.input_names(True)), list(operator.input_names(False))):
+                raise ValueError(f"{directory}/metadata.json: its features are not the registry's {op} inputs")
             self._models[op] = (model, metadata, directory)
         return self._models[op]
 
-    def efficiency_from_features(self, op: str, features: np.ndarray) -> np.ndarray:
+    def uses_descriptors(self, op: str) -> bool:
+        _, metadata, _ = self.model(op)
+        return len(metadata["model_info"]["features"]) > len(get_operator(op).feature_names)
+
+    def efficiency_from_features(self, op: str, features: np.ndarray, described: np.ndarray | None = None) -> np.ndarray:
+        """Efficiency from the pipe features and (for models trained with them) the shape descriptors."""
+        model, _, directory = self.model(op)
+        inputs = features
+        if self.uses_descriptors(op):
+            if described is None:
+                raise ValueError(f"{directory} needs the {op} shape descriptors as well as the features")
+            inputs = np.concatenate([features, described], axis=1)
+        return predict_efficiency(model, model_inputs(inputs), self.device)
+
+    def efficiency_from_frame(self, op: str, frame: pd.DataFrame) -> np.ndarray:
+        """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""
+        _, metadata, _ = self.model(op)
+        inputs = frame[metadata["model_info"]["features"]].to_numpy(np.float64)
         model, _, _ = self.model(op)
-        return predict_efficiency(model, model_inputs(features), self.device)
+        return predict_efficiency(model, model_inputs(inputs), self.device)
 
     def predict_frame(self, op: str, frame: pd.DataFrame) -> pd.DataFrame:
         """Features, ideal cycles, predicted efficiency and ``predicted_us`` for rows of shapes + ``hardware``."""
         features = compute_features(op, frame, self.hardware_dir)
-        operator = get_operator(op)
-        values = features[list(operator.feature_names)].to_numpy()
-        efficiency = self.efficiency_from_features(op, values)
+        efficiency = self.efficiency_from_frame(op, features)
         sm_freq = frame["hardware"].map(lambda name: self.hardware.get(name).sm_freq).to_numpy(np.float64)
         features["predicted_perf"] = efficiency
         features["predicted_us"] = duration_us(features["ideal_cycles"].to_numpy(), efficiency, sm_freq)

@@ -162,8 +162,9 @@ def naive_prediction(agg: Aggregator, path: Path, gpu: str) -> dict:
             feats = (fa2 if key == "fa2" else fa3).features(p, hw)[None, :]
         else:
             feats = get_operator(op).features(frame, hw)
+        described = get_operator(op).describe(frame, hw)
         ideal = get_operator(op).ideal_cycles(feats.astype(np.float32)).astype(np.float64)
-        eff = predictor.efficiency_from_features(op, feats)
+        eff = predictor.efficiency_from_features(op, feats, described)
         return float(ideal[0] / (eff[0] * hw.sm_freq) / 1000.0)
 
     totals, phases, singles = [], [], []
@@ -217,7 +218,7 @@ def test_dedup_features_identical_to_per_row(models, tmp_path):
     agg = Aggregator(model_dir=models, log=None)
     hw = load_hardware("H20")
     keys = [("H20", s) for s in workload.shapes["attn"]]
-    batched = agg._features("attn", keys)
+    batched, _ = agg._features("attn", keys)
     per_row = []
     for kind, bs, q, kv, nh, nkv, hd in workload.shapes["attn"]:
         key, p = attention_problem(kind, bs, q, kv, nh, nkv, hd)
@@ -417,8 +418,8 @@ def test_predict_kernels_passes_columns_through(models, tmp_path):
     assert frame["note"].tolist() == ["a,b", "x"] and frame["hardware"].tolist() == ["H100", "RTX_6000_Ada"]
     assert (frame["predicted_us"].astype(float) > 0).all()
     agg = Aggregator(model_dir=models, log=None)
-    expected = agg._durations("gemm", [("H100", (16, 4096, 4096))],
-                              agg._features("gemm", [("H100", (16, 4096, 4096))]))[0][0] * 1000
+    keys = [("H100", (16, 4096, 4096))]
+    expected = agg._durations("gemm", keys, *agg._features("gemm", keys))[0][0] * 1000
     assert float(frame["predicted_us"][0]) == pytest.approx(expected, rel=1e-6)
 
 
