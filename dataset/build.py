@@ -122,6 +122,23 @@ def build_operator(op: str, raw: pd.DataFrame, log=print, workers: int = 1) -> p
     return out
 
 
+def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame) -> pd.DataFrame:
+    """FP8 GEMM rows of GPUs that have no BF16 GEMM measurement, in the gemm schema (``dtype`` fp8).
+
+    Features and descriptors of these rows use the FP8 calculator and the FP8 tensor rate, so in cycle
+    space their ``overall_perf`` is the same kind of efficiency as a BF16 row's; they give the BF16
+    model the only measurements of compute-starved, bandwidth-rich GPUs (H20, H800). Tile columns hold
+    the FP8 kernel's 128×128×128 tiles.
+    """
+    extra = fp8[~fp8["hardware"].isin(set(gemm["hardware"]))].copy()
+    if extra.empty:
+        return extra
+    extra["tile_M"] = extra["tile_N"] = extra["tile_K"] = 128
+    extra["is_split_k"] = 0
+    extra["cta_count"] = -(-extra["M"] // 128) * -(-extra["N"] // 128)
+    return extra[list(gemm.columns)]
+
+
 def split(frame: pd.DataFrame, op: str, test_fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     is_test = shape_holdout_mask(shape_keys(frame, op), test_fraction)
     return frame[~is_test].reset_index(drop=True), frame[is_test].reset_index(drop=True)
@@ -154,14 +171,22 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.test_fraction < 1:
         raise UserError("--test_fraction must be between 0 and 1")
     started = time.perf_counter()
-    raw = load_measurements(ops)
-    built = {}
+    raw = load_measurements(sorted(set(ops) | ({"gemm_fp8"} if "gemm" in ops else set())))
+    built, built_frames = {}, {}
     for op in ops:
         if op not in raw or raw[op].empty:
             print(f"{op}: no measurements found; skipped (no files written)")
             continue
         t0 = time.perf_counter()
         frame = build_operator(op, raw[op], workers=args.workers)
+        if op == "gemm" and not raw.get("gemm_fp8", pd.DataFrame()).empty:
+            fp8 = built_frames.get("gemm_fp8")
+            if fp8 is None:
+                fp8 = build_operator("gemm_fp8", raw["gemm_fp8"], workers=args.workers)
+            extra = fp8_rows_for_gemm(frame, fp8)
+            print(f"gemm: + {len(extra)} FP8 rows of GPUs without BF16 data ({', '.join(sorted(pd.unique(extra['hardware'])))})")
+            frame = pd.concat([frame, extra], ignore_index=True)
+        built_frames[op] = frame
         train, test = split(frame, op, args.test_fraction)
         for name, part in (("train", train), ("test", test)):
             path = args.output_dir / f"{op}_{name}.csv"

@@ -42,13 +42,19 @@ Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce`` and
 vLLM ``custom_all_reduce`` rows are a different kernel and are not used). For every (GPU, kind, num_workers) exactly
 one source is used, the first available of:
 
-1. **A PipeWeave** ``dataset/collective/<GPU>/<op>.csv`` (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0): the
-   artifact's own measurements, same harness as its end-to-end runs (includes the PyTorch call overhead:
-   20-55 us at small sizes).
-2. **C aiconfigurator-core 0.12.0** ``systems/data/<system>/comm/nccl/<ver>/nccl_perf.parquet`` (NVIDIA,
-   Apache-2.0): nccl-tests, half precision, single node (lower small-message latency: 6-25 us).
-3. **B Vidur** ``profiling/network/<node>/<op>.csv`` (github.com/microsoft/vidur @ 7d47513, MIT): DGX A100,
-   DGX H100 and A40-pairwise-NVLink nodes, single-node rows only, sizes up to 64 MiB.
+1. **C aiconfigurator-core 0.12.0** ``systems/data/<system>/comm/nccl/<ver>/nccl_perf.parquet`` (NVIDIA,
+   Apache-2.0): nccl-tests, half precision, single node: GPU time of the collective (6-25 us at small sizes).
+2. **B Vidur** ``profiling/network/<node>/<op>.csv`` (github.com/microsoft/vidur @ 7d47513, MIT): DGX A100,
+   DGX H100 and A40-pairwise-NVLink nodes, kineto GPU kernel times, single-node rows only, sizes up to 64 MiB.
+3. **A PipeWeave** ``dataset/collective/<GPU>/<op>.csv`` (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0): the
+   artifact's own sweeps, timed from the host, so they include the PyTorch call overhead (20-55 us at small
+   sizes, e.g. 68 us for a 0.5 MB 2-GPU all-reduce on H100 where nccl-tests measures 11 us).
+
+Why GPU-time sources first: serving engines launch decode steps from CUDA graphs, so the host-side call
+overhead overlaps GPU work and what adds to latency is the kernel time. With the host-timed sweeps first, a
+decode step of Qwen3-32B at TP2 on H100 (128 all-reduces) carried about 8 ms of all-reduce and was predicted 35 %
+too slow (docs/E2E.md, before this change: H100 TP2 runs 14-26 % mean error). This precedence was chosen after
+seeing that end-to-end error; the reason above is independent of it, and docs/E2E.md reports both.
 
 Sources are never mixed within one worker count (their harnesses differ by up to ~3x at small sizes), but one GPU
 may combine worker counts from different sources (H100 all-reduce: 2, 4 from PipeWeave, 8 from aiconfigurator);
@@ -76,7 +82,7 @@ SEND_RECV_WORKERS = 2
 MAX_MODEL_BYTES = 2 * 1024 * 1024
 
 # source precedence (prefix of the ``source`` column of load_collectives) - lower is preferred
-SOURCE_PRECEDENCE = ("pipeweave", "aiconfigurator-core", "vidur")
+SOURCE_PRECEDENCE = ("aiconfigurator-core", "vidur", "pipeweave")
 SMOOTH_MIN_SIZES = 100  # rolling-median smoothing only for dense sweeps
 SMOOTH_WINDOW = 5
 EXTRAPOLATION_FIT_FRACTION = 4  # fit the extrapolation slope on sizes in [s_max / 4, s_max]

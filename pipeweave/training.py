@@ -9,7 +9,7 @@ Two recipes:
   log of the duration ratio, so the model is fitted on what users read (duration error) rather than
   on efficiency (quirk §11.2.13). Validation holds out 20 % of the *shapes* (every GPU's rows of a
   shape together), so early stopping rewards generalisation to unseen shapes. Fewer epochs suffice
-  (max 200, early stopping after 25, plateau patience 10).
+  (max 300, early stopping after 25, plateau patience 10).
 
 Training runs on one CPU thread by default: with two cores shared by other work, PyTorch's
 intra-op threads oversubscribe them and an epoch took 10× longer in our measurements.
@@ -52,7 +52,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
-        defaults = {"pipeweave": (200, 25), "reference": (2500, 85), "quantile": (200, None)}[self.recipe]
+        defaults = {"pipeweave": (300, 25), "reference": (2500, 85), "quantile": (200, None)}[self.recipe]
         if self.epochs is None:
             self.epochs = defaults[0]
         if self.patience is None:

@@ -1,0 +1,186 @@
+"""Dataset builder, splits, training recipes, model directories and the training CLIs on small synthetic data."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from analytical_model.registry import get_operator
+from dataset.build import build_operator, fp8_rows_for_gemm, split
+from mlp_model import MLP, MLP_v2, count_parameters, latest_model_dir, load_model_dir
+from pipeweave.predictor import KernelPredictor
+from pipeweave.splits import shape_holdout_mask, shape_keys
+from pipeweave.training import TrainConfig, fit, validation_split
+
+
+def synthetic_gemm(n=400, seed=0, gpus=("H100", "A100")) -> pd.DataFrame:
+    """Measurements with a smooth, learnable efficiency (a fraction of the roofline)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for gpu in gpus:
+        m = rng.integers(1, 8192, n)
+        nn = rng.choice([1024, 2048, 4096, 8192], n)
+        k = rng.choice([1024, 4096, 8192], n)
+        flops = 2.0 * m * nn * k
+        rows.append(pd.DataFrame({"M": m, "N": nn, "K": k, "hardware": gpu,
+                                  "avg_duration": 3.0 + flops / (400e12 if gpu == "H100" else 200e12) * 1e6,
+                                  "source": "synthetic", "dtype": "bfloat16"}))
+    return pd.concat(rows, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def gemm_dataset(tmp_path_factory):
+    frame = build_operator("gemm", synthetic_gemm(), log=lambda *a: None)
+    train, test = split(frame, "gemm", 0.2)
+    root = tmp_path_factory.mktemp("dataset")
+    train.to_csv(root / "gemm_train.csv", index=False)
+    test.to_csv(root / "gemm_test.csv", index=False)
+    return root, train, test
+
+
+def test_parameter_counts_match_method():
+    assert count_parameters(MLP(11)) == 45185 and count_parameters(MLP(15)) == 46209
+    assert count_parameters(MLP(7)) == 44161 and count_parameters(MLP(4)) == 43393
+    assert count_parameters(MLP_v2(11)) == 45185  # same body, no parameters in the sigmoid
+
+
+def test_build_schema_and_shape_split(gemm_dataset):
+    _, train, test = gemm_dataset
+    operator = get_operator("gemm")
+    expected = (["M", "N", "K", "tile_M", "tile_N", "tile_K", "is_split_k", "cta_count", "avg_duration", "hardware",
+                 "tc_bf16", "xu_fp32", "fma_fp32", "num_sms", "sm_freq", "mem_bandwidth", "l2_cache_bandwidth",
+                 "shared_memory_bandwidth"] + list(operator.feature_names) + list(operator.descriptor_names)
+                + ["overall_perf", "source", "dtype"])
+    assert list(train.columns) == expected
+    assert set(train["hardware"]) == {"NVIDIA H100", "NVIDIA A100-SXM4-80GB"}  # canonical driver names
+    assert not set(shape_keys(train, "gemm")) & set(shape_keys(test, "gemm"))
+    assert 0.1 < len(test) / (len(train) + len(test)) < 0.3
+    perf = train["tensor_all_cycle"] / (train["avg_duration"] * train["sm_freq"])
+    np.testing.assert_allclose(train["overall_perf"], perf, rtol=1e-6)
+
+
+def test_build_drops_and_logs_invalid_rows():
+    raw = synthetic_gemm(20).copy()
+    raw.loc[0, "avg_duration"] = -1.0
+    raw.loc[1, "hardware"] = "V100"
+    raw.loc[2, "M"] = 0
+    messages = []
+    out = build_operator("gemm", raw, log=messages.append)
+    assert len(out) == len(raw) - 3
+    text = "\n".join(messages)
+    assert "GPU without a hardware JSON" in text and "non-positive duration" in text and "calculator rejected" in text
+
+
+def test_repeated_keys_are_averaged():
+    raw = synthetic_gemm(5)
+    doubled = pd.concat([raw, raw.assign(avg_duration=raw["avg_duration"] * 3)], ignore_index=True)
+    out = build_operator("gemm", doubled, log=lambda *a: None)
+    assert len(out) == len(raw.drop_duplicates(["M", "N", "K", "hardware"]))
+    merged = out.merge(raw, on=["M", "N", "K"], suffixes=("", "_raw"))
+    np.testing.assert_allclose(merged["avg_duration"], 2 * merged["avg_duration_raw"])
+
+
+def test_fp8_rows_only_for_gpus_without_bf16():
+    gemm = build_operator("gemm", synthetic_gemm(10), log=lambda *a: None)
+    fp8_raw = synthetic_gemm(10, gpus=("H100", "H20")).assign(dtype="fp8")
+    fp8 = build_operator("gemm_fp8", fp8_raw, log=lambda *a: None)
+    extra = fp8_rows_for_gemm(gemm, fp8)
+    assert set(extra["hardware"]) == {"NVIDIA H20"} and list(extra.columns) == list(gemm.columns)
+    assert (extra["dtype"] == "fp8").all() and (extra["tile_M"] == 128).all()
+
+
+def test_shape_split_is_deterministic_and_order_free():
+    keys = np.array([f"{i}|{i * 7}" for i in range(2000)], dtype=object)
+    mask = shape_holdout_mask(keys)
+    assert np.array_equal(mask[::-1], shape_holdout_mask(keys[::-1]))
+    assert 0.15 < mask.mean() < 0.25
+
+
+def test_reference_validation_split_semantics():
+    n = 103
+    train_idx, val_idx = validation_split(n, TrainConfig(recipe="reference"), None)
+    perm = np.random.RandomState(42).permutation(n)
+    assert set(val_idx) == set(perm[:21]) and len(train_idx) == n - 21  # ceil(0.2 n) validation rows
+
+
+def test_grouped_validation_keeps_shapes_together():
+    keys = np.repeat(np.array([f"s{i}" for i in range(50)], dtype=object), 3)
+    train_idx, val_idx = validation_split(len(keys), TrainConfig(), keys)
+    assert not set(keys[train_idx]) & set(keys[val_idx])
+
+
+def test_training_is_deterministic_and_learns(gemm_dataset):
+    _, train, test = gemm_dataset
+    names = list(get_operator("gemm").input_names())
+    x = np.log1p(train[names].to_numpy(np.float32))
+    config = TrainConfig(epochs=40, patience=40, progress=False)
+    model_a, hist_a = fit(x, train["overall_perf"].to_numpy(), config, shape_keys(train, "gemm"))
+    model_b, hist_b = fit(x, train["overall_perf"].to_numpy(), config, shape_keys(train, "gemm"))
+    for key, value in model_a.state_dict().items():
+        assert torch.equal(value, model_b.state_dict()[key])
+    assert hist_a["val_loss"] == hist_b["val_loss"]
+    assert hist_a["best_val_loss"] < hist_a["val_loss"][0]
+
+
+def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp_path, repo_root):
+    root, _, test = gemm_dataset
+    result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--epochs", "5", "--dataset_dir", str(root),
+                             "--output_dir", str(tmp_path), "--no_progress"], cwd=repo_root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    directory = latest_model_dir(tmp_path, "gemm")
+    meta = json.loads((directory / "metadata.json").read_text())
+    assert meta["model_info"]["features"] == list(get_operator("gemm").input_names())
+    assert meta["model_info"]["architecture"] == "MLP_v2" and meta["evaluation_results"]["by_hardware"]
+    worst = pd.read_csv(directory / "worst_cases_top100.csv")
+    assert list(worst.columns[-2:]) == ["predicted", "rel_error"] and worst["rel_error"].is_monotonic_decreasing
+    model, _ = load_model_dir(directory, "gemm")
+    assert not model.training
+    out = KernelPredictor(tmp_path).predict_frame("gemm", test[["M", "N", "K", "hardware"]].head(5))
+    assert (out["predicted_us"] > 0).all()
+
+
+def test_reference_recipe_uses_method_features(gemm_dataset, tmp_path, repo_root):
+    root, _, _ = gemm_dataset
+    result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--recipe", "reference", "--epochs", "3",
+                             "--dataset_dir", str(root), "--output_dir", str(tmp_path), "--no_progress"],
+                            cwd=repo_root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((latest_model_dir(tmp_path, "gemm") / "metadata.json").read_text())
+    assert meta["model_info"]["features"] == list(get_operator("gemm").feature_names)
+    assert meta["model_info"]["architecture"] == "MLP" and meta["model_info"]["model_parameters"]["dropout_rate"] == 0.1
+
+
+def test_quantile_cli_reports(gemm_dataset, tmp_path, repo_root):
+    root, _, _ = gemm_dataset
+    result = subprocess.run([sys.executable, "train_mlp_quantile.py", "--op", "gemm", "--epochs", "3", "--topk", "5",
+                             "--dataset_dir", str(root), "--output_dir", str(tmp_path), "--no_progress"],
+                            cwd=repo_root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    directory = latest_model_dir(tmp_path, "gemm")
+    summary = pd.read_csv(directory / "kernel_reports" / "summary.csv")
+    assert set(summary["hardware"]) == {"NVIDIA H100", "NVIDIA A100-SXM4-80GB"}
+    assert (summary["topk_count"] <= 5).all()
+    meta = json.loads((directory / "metadata.json").read_text())
+    assert meta["model_info"]["model_type"] == "GEMM_MLP_QUANTILE" and "val_loss" not in torch.load(
+        directory / "gemm_mlp_model.pth", weights_only=True)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--op", "conv"], "invalid choice"),
+    (["--op", "gemm", "--dataset_dir", "/nonexistent"], "python3 -m dataset.build"),
+])
+def test_train_mlp_bad_input(args, message, repo_root, tmp_path):
+    result = subprocess.run([sys.executable, "train_mlp.py", *args, "--output_dir", str(tmp_path)], cwd=repo_root,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_model_names_file_and_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"python3 train_mlp.py --op attn"):
+        KernelPredictor(tmp_path).model("attn")
