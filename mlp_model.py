@@ -51,19 +51,30 @@ class MLP(nn.Module):
 
 
 class MLP_v2(nn.Module):  # noqa: N801 - the artifact's name
-    """Unbounded output; pipeweave trains it to predict log(overall_perf)."""
+    """Unbounded output; pipeweave trains it to predict log(overall_perf).
+
+    ``log_bounds`` (saved with the weights) clamps the predicted log-efficiency at inference to the
+    training targets' range widened by ``BOUND_MARGIN`` on each side: an unbounded network fed shapes or
+    GPUs far from its data can otherwise extrapolate to efficiencies of 1e-20 or 1e20 (seen in a
+    leave-one-GPU-out run before the clamp). The sigmoid of ``MLP`` plays this role in the reference.
+    """
 
     target_transform = "log"
+    BOUND_MARGIN = float(np.log(4.0))
 
     def __init__(self, input_dim: int, hidden_dims=HIDDEN_DIMS, dropout: float = DROPOUT):
         super().__init__()
         self.network = nn.Sequential(*_body(input_dim, hidden_dims, dropout))
+        self.register_buffer("log_bounds", torch.tensor([-float("inf"), float("inf")]))
+
+    def set_target_range(self, log_targets: torch.Tensor) -> None:
+        self.log_bounds.copy_(torch.stack([log_targets.min() - self.BOUND_MARGIN, log_targets.max() + self.BOUND_MARGIN]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x).squeeze(-1)
 
     def efficiency(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.exp(self.forward(x))
+        return torch.exp(torch.clamp(self.forward(x), self.log_bounds[0], self.log_bounds[1]))
 
 
 ARCHITECTURES = {"MLP": MLP, "MLP_v2": MLP_v2}

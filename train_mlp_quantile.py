@@ -20,7 +20,8 @@ import pandas as pd
 from analytical_model.registry import model_inputs
 from mlp_model import predict_efficiency
 from pipeweave.cli import ArgumentParser, UserError, run_cli
-from pipeweave.modeling import DATASET_DIR, dataset_paths, feature_matrix, read_dataset, timestamp_dir, write_model_dir
+from pipeweave.modeling import (DATASET_DIR, cap_rows_per_gpu, dataset_paths, feature_matrix, read_dataset,
+                                timestamp_dir, write_model_dir)
 from pipeweave.training import TrainConfig, fit
 
 QUANTILE_OPS = ("gemm", "gemm_fp8", "attn", "moe")
@@ -67,6 +68,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
     parser.add_argument("--output_dir", type=Path, default=Path("mlp_models_quantile"))
+    parser.add_argument("--max_rows_per_gpu", type=int, default=20000,
+                        help="fit on at most this many rows per GPU, drawn with --seed (0: all); reports cover all rows")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     if not 0 < args.quantile < 1:
@@ -75,15 +79,16 @@ def main(argv=None) -> int:
     train_path, _ = dataset_paths(args.op, args.dataset_dir)
     train = read_dataset(train_path)
     config = TrainConfig(recipe="quantile", quantile=args.quantile, epochs=args.epochs, batch_size=args.batch_size,
-                         lr=args.lr, seed=args.seed, device=args.device, progress=not args.no_progress)
-    inputs = model_inputs(feature_matrix(train, args.op, config))
-    model, history = fit(inputs, train["overall_perf"].to_numpy(), config)
-    predicted = predict_efficiency(model, inputs)
+                         lr=args.lr, seed=args.seed, device=args.device, threads=args.threads,
+                         progress=not args.no_progress)
+    fitted = cap_rows_per_gpu(train, args.max_rows_per_gpu or None, args.seed)
+    model, history = fit(model_inputs(feature_matrix(fitted, args.op, config)), fitted["overall_perf"].to_numpy(), config)
+    predicted = predict_efficiency(model, model_inputs(feature_matrix(train, args.op, config)))
     out_dir = timestamp_dir(args.output_dir, args.op)
     files = kernel_reports(train, predicted, args.threshold, args.topk, out_dir / "kernel_reports")
     below = float(np.mean(train["overall_perf"].to_numpy() < predicted) * 100)
     write_model_dir(out_dir, args.op, model, history, config, train, None, None,
-                    {"train_path": str(train_path), "validation": "none: the quantile model is fitted on the whole train file"},
+                    {"train_path": str(train_path), "validation": "none: fitted on the train file (at most --max_rows_per_gpu rows per GPU), best training loss kept"},
                     extra={"kernel_reports": {
                         "report_directory": "kernel_reports",
                         "description": "kernels whose measured efficiency is below the predicted upper bound",

@@ -7,7 +7,9 @@ Two evaluations, both on data the evaluated model never trained on, both as the 
   on dataset/<op>_test.csv, whose shapes are absent from training on every GPU;
 * leave-one-GPU-out: for each GPU with data, a model trained with the same recipe on the other GPUs'
   training rows (capped per GPU, see LOGO_*), evaluated on every row of the held-out GPU. These models
-  are not shipped; their results are cached in docs/accuracy_logo.json (``--retrain_logo`` recomputes).
+  are not shipped; their results are cached per operator in docs/accuracy_logo/<op>.json
+  (``--retrain_logo`` recomputes; ``--logo_only`` computes the cache without rendering, so operators can
+  be run in parallel processes).
 
 Beside them: a pure roofline (max of compute time at the spec peak and DRAM time at the spec
 bandwidth, from the same analytical features) and the artifact's own per-GPU figures from its
@@ -143,20 +145,26 @@ def main(argv=None) -> int:
     parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "ACCURACY.md")
-    parser.add_argument("--logo_cache", type=Path, default=REPO / "docs" / "accuracy_logo.json")
+    parser.add_argument("--logo_cache", type=Path, default=REPO / "docs" / "accuracy_logo",
+                        help="directory of per-operator leave-one-GPU-out results")
     parser.add_argument("--retrain_logo", action="store_true", help="recompute leave-one-GPU-out models")
+    parser.add_argument("--logo_only", action="store_true", help="only compute the leave-one-GPU-out cache")
     args = parser.parse_args(argv)
     from dataset.sources import shared_data_dir
 
     ops = [o for o in args.ops.split(",") if o]
+    logo = {}
+    for op in ops:
+        cache = args.logo_cache / f"{op}.json"
+        if args.retrain_logo or not cache.is_file():
+            print(f"leave-one-GPU-out for {op} ...")
+            result = logo_results(op, args.dataset_dir)
+            write_atomically(cache, lambda tmp: tmp.write_text(json.dumps(result, indent=2)))
+        logo[op] = json.loads(cache.read_text())
+    if args.logo_only:
+        return 0
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
-    logo = json.loads(args.logo_cache.read_text()) if args.logo_cache.is_file() else {}
-    for op in ops:
-        if args.retrain_logo or op not in logo:
-            print(f"leave-one-GPU-out for {op} ...")
-            logo[op] = logo_results(op, args.dataset_dir)
-            write_atomically(args.logo_cache, lambda tmp: tmp.write_text(json.dumps(logo, indent=2)))
     text = render(results, logo, artifact_figures(shared_data_dir()))
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
     print(f"wrote {args.output}")

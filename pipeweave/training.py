@@ -19,7 +19,7 @@ intra-op threads oversubscribe them and an epoch took 10× longer in our measure
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -47,7 +47,6 @@ class TrainConfig:
     threads: int = 1
     max_rows_per_gpu: int | None = None
     progress: bool = True
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
@@ -126,6 +125,8 @@ def fit(
     x_val, y_val = x_all[val_idx].to(device), y_all[val_idx].to(device)
 
     model = build_model(config.architecture, x_all.shape[1], dropout=config.dropout).to(device)
+    if hasattr(model, "set_target_range"):
+        model.set_target_range(y_train)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = None
     if config.scheduler_patience is not None:
