@@ -87,7 +87,7 @@ def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
 
 
 def artifact_figures(shared: Path | None) -> dict:
-    """{op: {canonical GPU name: mean relative error of overall_perf (%)}} from the artifact metadata."""
+    """{op: {canonical GPU name: "<mean relative error of overall_perf> %" (* if unseen in its training)}}."""
     if shared is None:
         return {}
     registry = hardware_registry(DEFAULT_HARDWARE_DIR)
@@ -96,8 +96,11 @@ def artifact_figures(shared: Path | None) -> dict:
         path = shared / ARTIFACT_METADATA / f"{op}.json"
         if not path.is_file():
             continue
-        by_hw = json.loads(path.read_text()).get("evaluation_results", {}).get("by_hardware", {})
-        out[op] = {registry.get(k).name if k in registry else k: v["mean_relative_error"] * 100 for k, v in by_hw.items()}
+        metadata = json.loads(path.read_text())
+        by_hw = metadata.get("evaluation_results", {}).get("by_hardware", {})
+        trained = set(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
+        out[op] = {registry.get(k).name if k in registry else k:
+                   f"{v['mean_relative_error'] * 100:.1f}{'' if k in trained else '*'}" for k, v in by_hw.items()}
     return out
 
 
@@ -131,7 +134,7 @@ def render(results: dict, logo: dict, artifact: dict) -> str:
             art = artifact_op.get(gpu)
             lines.append(
                 f"| {gpu} | {cell['model']['n']} | {fmt(cell['model'])} | {fmt(cell['roofline'])} | "
-                f"{fmt(lo.get('model'))} | {fmt(lo.get('roofline'))} | {'—' if art is None else f'{art:.1f}'} |"
+                f"{fmt(lo.get('model'))} | {fmt(lo.get('roofline'))} | {art or '—'} |"
             )
         lines.append(f"| **all** | {res['overall']['model']['n']} | {fmt(res['overall']['model'])} | "
                      f"{fmt(res['overall']['roofline'])} | | | |")

@@ -184,3 +184,4 @@ def test_train_mlp_bad_input(args, message, repo_root, tmp_path):
 def test_missing_model_names_file_and_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"python3 train_mlp.py --op attn"):
         KernelPredictor(tmp_path).model("attn")
+
