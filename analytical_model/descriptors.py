@@ -43,17 +43,23 @@ def gemm(m, n, k, hw: HardwareSpec, operand_bytes: int = 2, rate: float | None =
 
 
 def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.ndarray:
-    """Per row: causal (bottom-right aligned) QK^T and PV FLOPs; Q and O once, K and V once per KV head."""
-    rows = []
-    for b, q, kv, heads, kv_heads, dim in zip(bs, q_lengths, kv_lengths, nh, nkv, hd):
-        q = np.asarray(q, dtype=np.float64)
-        kv = np.asarray(kv, dtype=np.float64)
-        pairs = float(np.sum(q * (kv - q) + q * (q + 1) / 2))
-        flops = 4.0 * dim * heads * pairs
-        nbytes = 2.0 * (2 * kv.sum() * kv_heads * dim + 2 * q.sum() * heads * dim)
-        rows.append((b, q.mean(), kv.mean(), heads, kv_heads, dim, tensor_cycles(flops, hw.tc_bf16, hw),
-                     dram_cycles(nbytes, hw)))
-    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(ATTENTION_DESCRIPTORS))
+    """Per row: causal (bottom-right aligned) QK^T and PV FLOPs; Q and O once, K and V once per KV head.
+
+    Vectorised over rows: the per-request lists are flattened once and summed per row with bincount.
+    """
+    bs = np.asarray(bs, dtype=np.int64)
+    rows = np.repeat(np.arange(len(bs)), [len(q) for q in q_lengths])
+    q = np.fromiter((v for lengths in q_lengths for v in lengths), dtype=np.float64, count=len(rows))
+    kv = np.fromiter((v for lengths in kv_lengths for v in lengths), dtype=np.float64, count=len(rows))
+    count = np.bincount(rows, minlength=len(bs)).astype(np.float64)
+    sum_q = np.bincount(rows, weights=q, minlength=len(bs))
+    sum_kv = np.bincount(rows, weights=kv, minlength=len(bs))
+    pairs = np.bincount(rows, weights=q * (kv - q) + q * (q + 1) / 2, minlength=len(bs))
+    heads, kv_heads, dim = (np.asarray(x, dtype=np.float64) for x in (nh, nkv, hd))
+    flops = 4.0 * dim * heads * pairs
+    nbytes = 2.0 * (2 * sum_kv * kv_heads * dim + 2 * sum_q * heads * dim)
+    return np.stack([bs.astype(np.float64), sum_q / count, sum_kv / count, heads, kv_heads, dim,
+                     tensor_cycles(flops, hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)
 
 
 def elementwise(seq, dim, hw: HardwareSpec, output_fraction: float) -> np.ndarray:
