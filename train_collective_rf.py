@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from analytical_model.hardware import load_hardware
 from pipeweave.cli import ArgumentParser, UserError, run_cli
 from pipeweave.collectives import MAX_MODEL_BYTES, format_table, train_collectives
 
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
             raise UserError(f"--{flag} must be >= 1, got {value}")
     output_dir = args.output_dir or REPO / ("collective_models_reference" if args.reference_forest
                                            else "collective_models")
+    for name in args.hardware:
+        load_hardware(name)  # an unknown GPU is reported before any data is read
 
     rows = train_collectives(hardware=args.hardware, output_dir=output_dir, regressor=regressor, seed=args.seed,
                              n_estimators=args.n_estimators, max_depth=args.max_depth, compare=not args.no_compare,

@@ -148,10 +148,6 @@ def parse_length_list(value, column: str) -> list[int]:
     return [int(v) for v in items]
 
 
-def format_length_list(values) -> str:
-    return "[" + ",".join(str(int(v)) for v in values) + "]"
-
-
 def _attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
     """Per-row problems; FA2 rows go through the batched, bit-identical fast path (fa2_batch)."""
     bs, nh, nkv, hd = (_int_column(frame, c) for c in ("bs", "nh", "nkv", "hd"))

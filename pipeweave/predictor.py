@@ -67,9 +67,8 @@ class KernelPredictor:
 
     def efficiency_from_frame(self, op: str, frame: pd.DataFrame) -> np.ndarray:
         """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""
-        _, metadata, _ = self.model(op)
+        model, metadata, _ = self.model(op)
         inputs = frame[metadata["model_info"]["features"]].to_numpy(np.float64)
-        model, _, _ = self.model(op)
         return predict_efficiency(model, model_inputs(inputs), self.device)
 
     def predict_frame(self, op: str, frame: pd.DataFrame) -> pd.DataFrame:

@@ -232,7 +232,6 @@ def test_fa3_head_replication_switch_at_8192_works():
 
 
 def test_fa3_stable_descending_sort_and_tie_break():
-    gpu = dataclasses.replace(hw("H100"), num_sms=2)
     # Requests 0 and 2 share kv 500 (kept in input order), request 1 (kv 900) goes first.
     p = problem([100, 50, 300], [500, 900, 500], 1, 1, 128, causal=False)
     its, deltas = fa3.tile_sequence(p, 128, 128)

@@ -239,7 +239,6 @@ class TorchRunners:
         )
 
     def _attention(self, row: dict) -> Prepared:
-        torch = self.torch
         kind = str(row["attention_type"])
         q_lens = parse_lengths(row["q_lengths"])
         kv_lens = parse_lengths(row["kv_lengths"])
