@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         grid = grids.build_grid(models, args.tp, quick=args.quick, ops=args.ops, num_gpus=num_gpus, traces=traces)
         print_grid(grid,
-                   f"{mode} grid for {', '.join(m.name for m in models)} at TP {','.join(map(str, args.tp))}"
+                   f"{mode} grid for {', '.join(m.stem for m in models)} at TP {','.join(map(str, args.tp))}"
                    f" ({num_gpus} CUDA GPU{'s' if num_gpus != 1 else ''} visible"
                    + (f", {len(traces)} traces" if traces else "") + "):")
         if "attn" in args.ops:

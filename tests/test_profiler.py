@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeweave.cli import UserError
+
 import profile_operators
 from analytical_model.hardware import parse_hardware
 from pipeweave.cli import run_cli
@@ -67,19 +69,14 @@ def _cuda_available() -> bool:
 # Grids
 
 
-def test_model_loader_is_tolerant():
-    m = grids.model_from_dict({"text_config": PAPER_CONFIGS["Llama-3.1-70B"]}, "L")
-    assert (m.head_dim, m.num_key_value_heads) == (128, 8)
-    m = grids.model_from_dict({k: v for k, v in PAPER_CONFIGS["Qwen2.5-14B"].items() if k != "num_key_value_heads"},
-                              "Q")
-    assert m.num_key_value_heads == 40  # HF default: no GQA
-    assert grids.model_from_dict(PAPER_CONFIGS["Qwen3-32B"], "Q3").head_dim == 128  # explicit, ≠ 5120/64
-    with pytest.raises(ValueError, match="intermediate_size"):
-        grids.model_from_dict({k: v for k, v in PAPER_CONFIGS["Qwen3-32B"].items() if k != "intermediate_size"}, "x")
+def test_grids_read_configs_with_the_workload_loader(models):
+    by_stem = {m.stem: m for m in models}
+    assert by_stem["Qwen3-32B"].head_dim == 128  # explicit head_dim, not 5120 / 64
+    assert by_stem["Llama-3.1-70B"].num_key_value_heads == 8
 
 
 def test_missing_config_names_the_available_ones(config_dir):
-    with pytest.raises(FileNotFoundError, match="available: Llama-3.1-70B"):
+    with pytest.raises(UserError, match=r"unknown model config 'Nope-7B' \(known: .*Llama-3.1-70B"):
         grids.load_models(["Nope-7B"], config_dir)
 
 

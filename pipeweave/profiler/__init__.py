@@ -20,14 +20,14 @@ from .csvio import (
     row_key,
 )
 from .device import NO_CUDA_MESSAGE, DeviceInfo, gpu_dir_name, hardware_skeleton
-from .grids import DEFAULT_CONFIGS, DEFAULT_TP, OPS, SHAPE_COLUMNS, Grid, ModelShape, build_grid, load_models
+from .grids import DEFAULT_CONFIGS, DEFAULT_TP, OPS, SHAPE_COLUMNS, Grid, build_grid, load_models
 from .session import RunSummary, measure_grid
 from .timing import CudaEventTimer, FakeTimer, Stats, Timer, summarize
 
 __all__ = [
     "MEASUREMENT_COLUMNS", "MeasurementCsv", "columns_for", "iter_measured_files", "key_columns",
     "read_all_measured", "read_measured", "row_key", "NO_CUDA_MESSAGE", "DeviceInfo", "gpu_dir_name",
-    "hardware_skeleton", "DEFAULT_CONFIGS", "DEFAULT_TP", "OPS", "SHAPE_COLUMNS", "Grid", "ModelShape",
+    "hardware_skeleton", "DEFAULT_CONFIGS", "DEFAULT_TP", "OPS", "SHAPE_COLUMNS", "Grid",
     "build_grid", "load_models", "RunSummary", "measure_grid", "CudaEventTimer", "FakeTimer", "Stats", "Timer",
     "summarize",
 ]

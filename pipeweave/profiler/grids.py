@@ -12,12 +12,13 @@ Every grid is a list of *rows*: dicts holding the operator's shape columns in th
 from __future__ import annotations
 
 import csv
-import json
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from pipeweave.workload import ModelConfig, load_model_config
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "all_reduce")
 
@@ -51,79 +52,9 @@ ALLREDUCE_MIN_BYTES = 2 * 1024
 ALLREDUCE_MAX_BYTES = 2 ** 30
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The config keys of METHOD.md §2 (head_dim resolved)."""
-
-    name: str
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_hidden_layers: int
-
-
-def model_from_dict(data: dict, name: str, source: str = "<config>") -> ModelShape:
-    """Read an HF-style config tolerantly (nested ``text_config``, missing ``num_key_value_heads``)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a JSON object")
-    if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
-        data = data["text_config"]
-
-    def integer(key: str, default=None) -> int:
-        value = data.get(key, default)
-        if value is None:
-            raise ValueError(f"{source}: missing field {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
-            raise ValueError(f"{source}: field {key!r} must be a positive integer, got {value!r}")
-        return int(value)
-
-    hidden = integer("hidden_size")
-    heads = integer("num_attention_heads")
-    kv_heads = integer("num_key_value_heads", heads)
-    if data.get("head_dim") is not None:
-        head_dim = integer("head_dim")
-    else:
-        if hidden % heads:
-            raise ValueError(f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
-        head_dim = hidden // heads
-    return ModelShape(
-        name=name,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=integer("intermediate_size"),
-        vocab_size=integer("vocab_size"),
-        num_hidden_layers=integer("num_hidden_layers"),
-    )
-
-
-def load_model(path: str | Path) -> ModelShape:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc})") from None
-    return model_from_dict(data, path.stem, str(path))
-
-
-def load_models(stems: Sequence[str], config_dir: str | Path) -> list[ModelShape]:
-    """Load ``<config_dir>/<stem>.json`` for each stem; a missing one is an error naming what exists."""
-    config_dir = Path(config_dir)
-    models = []
-    for stem in stems:
-        path = config_dir / f"{stem}.json"
-        if not path.is_file():
-            known = sorted(p.stem for p in config_dir.glob("*.json")) if config_dir.is_dir() else []
-            raise FileNotFoundError(
-                f"model config {stem!r} not found: no {path}"
-                + (f" (available: {', '.join(known)})" if known else f" ({config_dir} holds no configs)")
-            )
-        models.append(load_model(path))
-    return models
+def load_models(stems: Sequence[str], config_dir: str | Path) -> list[ModelConfig]:
+    """The model configs of ``stems`` (the workload generator's loader: unknown stems list the known ones)."""
+    return [load_model_config(stem, config_dir) for stem in stems]
 
 
 def load_trace_prompts(trace_dir: str | Path, problems: list[str] | None = None) -> dict[str, tuple[list[int], int]]:
@@ -157,7 +88,7 @@ def load_trace_prompts(trace_dir: str | Path, problems: list[str] | None = None)
 # Per-rank LLM shapes (METHOD.md §6.3)
 
 
-def tp_problem(model: ModelShape, tp: int) -> str | None:
+def tp_problem(model: ModelConfig, tp: int) -> str | None:
     """Why ``model`` cannot be split ``tp`` ways (every /TP of §6.3 must be exact), or None."""
     m = model
     checks = [
@@ -174,11 +105,11 @@ def tp_problem(model: ModelShape, tp: int) -> str | None:
     return None
 
 
-def llm_gemms(model: ModelShape, tp: int, tokens: int, batch: int | None = None) -> list[tuple[str, int, int, int]]:
+def llm_gemms(model: ModelConfig, tp: int, tokens: int, batch: int | None = None) -> list[tuple[str, int, int, int]]:
     """``(name, M, N, K)`` of the five GEMMs of one iteration with T = ``tokens`` (lm_head M = batch)."""
     m = model
     if tp_problem(m, tp):
-        raise ValueError(f"{m.name}: {tp_problem(m, tp)}")
+        raise ValueError(f"{m.stem}: {tp_problem(m, tp)}")
     hd = m.head_dim
     return [
         ("qkv_proj", tokens, (m.num_attention_heads + 2 * m.num_key_value_heads) * hd // tp, m.hidden_size),
@@ -189,13 +120,13 @@ def llm_gemms(model: ModelShape, tp: int, tokens: int, batch: int | None = None)
     ]
 
 
-def attention_heads(model: ModelShape, tp: int) -> tuple[int, int, int]:
+def attention_heads(model: ModelConfig, tp: int) -> tuple[int, int, int]:
     """Per-rank ``(nh, nkv, hd)``: KV heads are replicated when nkv < TP."""
     nkv = model.num_key_value_heads
     return model.num_attention_heads // tp, (nkv // tp if nkv >= tp else nkv), model.head_dim
 
 
-def siluandmul_dim(model: ModelShape, tp: int) -> int:
+def siluandmul_dim(model: ModelConfig, tp: int) -> int:
     """SiLU*Mul ``dim`` is the INPUT width 2·I/TP (gate | up concatenated), as the workloads pass it."""
     return 2 * model.intermediate_size // tp
 
@@ -241,7 +172,7 @@ def _log_uniform_lengths(rng: random.Random, n: int, lo: int, hi: int) -> list[i
 # Grids per operator
 
 
-def _tp_pairs(models: Sequence[ModelShape], tps: Sequence[int]) -> list[tuple[ModelShape, int]]:
+def _tp_pairs(models: Sequence[ModelConfig], tps: Sequence[int]) -> list[tuple[ModelConfig, int]]:
     return [(m, tp) for m in models for tp in tps if tp_problem(m, tp) is None]
 
 
@@ -385,7 +316,7 @@ def grid_tokens(quick: bool) -> tuple[int, ...]:
 
 
 def build_grid(
-    models: Sequence[ModelShape],
+    models: Sequence[ModelConfig],
     tps: Sequence[int] = DEFAULT_TP,
     *,
     quick: bool = False,
@@ -404,7 +335,7 @@ def build_grid(
         for tp in tps:
             problem = tp_problem(model, tp)
             if problem:
-                notes.append(f"{model.name} TP {tp} left out: {problem}")
+                notes.append(f"{model.stem} TP {tp} left out: {problem}")
     tokens = grid_tokens(quick)
     sweep = not quick
     rows: dict[str, list[dict]] = {}
