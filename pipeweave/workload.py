@@ -244,8 +244,11 @@ def _check_backend(value: str, flag: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Shard:
-    """Per-rank sizes; computing them validates every exact division by TP."""
+class RankShapes:
+    """Per-TP-rank sizes of METHOD.md §6.3; computing them validates every exact division by TP.
+
+    Shared by the workload generator and the profiler's shape grids.
+    """
 
     qkv_n: int
     o_k: int
@@ -255,7 +258,7 @@ class _Shard:
     nkv: int
 
     @classmethod
-    def of(cls, cfg: ModelConfig, tp: int) -> "_Shard":
+    def of(cls, cfg: ModelConfig, tp: int) -> "RankShapes":
         nh, nkv, hd, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
         heads = _div(nh, tp, f"num_attention_heads ({nh})")
         # KV heads are split when there are at least TP of them, else replicated on every rank.
@@ -273,7 +276,7 @@ class _Shard:
         )
 
 
-def _operators(cfg: ModelConfig, shard: _Shard, tp: int, pp: int, q: list[int], kv: list[int], tokens: int,
+def _operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int], tokens: int,
                attention_type: str, rmsnorm_count: int) -> dict:
     hidden, layers, batch = cfg.hidden_size, cfg.num_hidden_layers, len(q)
     communication = []
@@ -321,7 +324,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             raise WorkloadError(f"prompt lengths must be integers >= 1, got {p!r}")
     _check_backend(prefill_attn, "prefill_attn")
     _check_backend(decode_attn, "decode_attn")
-    shard = _Shard.of(cfg, tp)
+    shard = RankShapes.of(cfg, tp)
     layers = cfg.num_hidden_layers
     rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * layers + 1
     batch = len(prompts)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from pipeweave.workload import ModelConfig, load_model_config
+from pipeweave.workload import ModelConfig, RankShapes, WorkloadError, load_model_config
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "all_reduce")
 
@@ -90,45 +90,35 @@ def load_trace_prompts(trace_dir: str | Path, problems: list[str] | None = None)
 
 def tp_problem(model: ModelConfig, tp: int) -> str | None:
     """Why ``model`` cannot be split ``tp`` ways (every /TP of §6.3 must be exact), or None."""
-    m = model
-    checks = [
-        ("num_attention_heads", m.num_attention_heads),
-        ("(num_attention_heads + 2·num_key_value_heads)·head_dim",
-         (m.num_attention_heads + 2 * m.num_key_value_heads) * m.head_dim),
-        ("intermediate_size", m.intermediate_size),
-    ]
-    if m.num_key_value_heads >= tp:
-        checks.append(("num_key_value_heads", m.num_key_value_heads))
-    for label, value in checks:
-        if value % tp:
-            return f"{label} = {value} is not divisible by TP {tp}"
+    try:
+        RankShapes.of(model, tp)
+    except WorkloadError as exc:
+        return str(exc)
     return None
 
 
 def llm_gemms(model: ModelConfig, tp: int, tokens: int, batch: int | None = None) -> list[tuple[str, int, int, int]]:
     """``(name, M, N, K)`` of the five GEMMs of one iteration with T = ``tokens`` (lm_head M = batch)."""
-    m = model
-    if tp_problem(m, tp):
-        raise ValueError(f"{m.stem}: {tp_problem(m, tp)}")
-    hd = m.head_dim
+    rank = RankShapes.of(model, tp)
+    hidden = model.hidden_size
     return [
-        ("qkv_proj", tokens, (m.num_attention_heads + 2 * m.num_key_value_heads) * hd // tp, m.hidden_size),
-        ("o_proj", tokens, m.hidden_size, m.num_attention_heads * hd // tp),
-        ("gate_up_proj", tokens, 2 * m.intermediate_size // tp, m.hidden_size),
-        ("down_proj", tokens, m.hidden_size, m.intermediate_size // tp),
-        ("lm_head", tokens if batch is None else batch, m.vocab_size, m.hidden_size),
+        ("qkv_proj", tokens, rank.qkv_n, hidden),
+        ("o_proj", tokens, hidden, rank.o_k),
+        ("gate_up_proj", tokens, rank.gate_up_n, hidden),
+        ("down_proj", tokens, hidden, rank.down_k),
+        ("lm_head", tokens if batch is None else batch, model.vocab_size, hidden),
     ]
 
 
 def attention_heads(model: ModelConfig, tp: int) -> tuple[int, int, int]:
     """Per-rank ``(nh, nkv, hd)``: KV heads are replicated when nkv < TP."""
-    nkv = model.num_key_value_heads
-    return model.num_attention_heads // tp, (nkv // tp if nkv >= tp else nkv), model.head_dim
+    rank = RankShapes.of(model, tp)
+    return rank.nh, rank.nkv, model.head_dim
 
 
 def siluandmul_dim(model: ModelConfig, tp: int) -> int:
     """SiLU*Mul ``dim`` is the INPUT width 2·I/TP (gate | up concatenated), as the workloads pass it."""
-    return 2 * model.intermediate_size // tp
+    return RankShapes.of(model, tp).gate_up_n
 
 
 # ----------------------------------------------------------------------------------------------
