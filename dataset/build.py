@@ -172,21 +172,24 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--test_fraction must be between 0 and 1")
     started = time.perf_counter()
     raw = load_measurements(sorted(set(ops) | ({"gemm_fp8"} if "gemm" in ops else set())))
-    built, built_frames = {}, {}
+    built, operator_frames = {}, {}
+
+    def operator_frame(op: str) -> pd.DataFrame:
+        """Each operator is built once, also when GEMM borrows the FP8 rows."""
+        if op not in operator_frames:
+            operator_frames[op] = build_operator(op, raw[op], workers=args.workers)
+        return operator_frames[op]
+
     for op in ops:
         if op not in raw or raw[op].empty:
             print(f"{op}: no measurements found; skipped (no files written)")
             continue
         t0 = time.perf_counter()
-        frame = build_operator(op, raw[op], workers=args.workers)
+        frame = operator_frame(op)
         if op == "gemm" and not raw.get("gemm_fp8", pd.DataFrame()).empty:
-            fp8 = built_frames.get("gemm_fp8")
-            if fp8 is None:
-                fp8 = build_operator("gemm_fp8", raw["gemm_fp8"], workers=args.workers)
-            extra = fp8_rows_for_gemm(frame, fp8)
+            extra = fp8_rows_for_gemm(frame, operator_frame("gemm_fp8"))
             print(f"gemm: + {len(extra)} FP8 rows of GPUs without BF16 data ({', '.join(sorted(pd.unique(extra['hardware'])))})")
             frame = pd.concat([frame, extra], ignore_index=True)
-        built_frames[op] = frame
         train, test = split(frame, op, args.test_fraction)
         for name, part in (("train", train), ("test", test)):
             path = args.output_dir / f"{op}_{name}.csv"
