@@ -16,12 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
 from pipeweave.profiler import grids
 from pipeweave.profiler.device import NO_CUDA_MESSAGE, cuda_device_count
 
 REPO = Path(__file__).resolve().parent
-SINGLE_GPU_OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul")
+SINGLE_GPU_OPS = operator_keys(profiled=True)
 
 
 def _int_list(text: str, flag: str) -> list[int]:

@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
 # Rebuild the datasets and retrain every shipped model (mlp_models/, mlp_models_quantile/, collective_models/),
-# then regenerate docs/ACCURACY.md. Two chains run in parallel, one per CPU core; each prints its timings.
+# then regenerate docs/ACCURACY.md. The operator lists come from the registry (python3 -m analytical_model list);
+# the training jobs run two at a time, one per CPU core, and each prints its timing.
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m dataset.build
 rm -rf mlp_models mlp_models_quantile
-chain_a() {
-  for op in gemm rmsnorm siluandmul moe; do /usr/bin/time -f "train_mlp $op: %e s" python3 train_mlp.py --op "$op" --no_progress; done
-  for op in gemm moe; do /usr/bin/time -f "train_mlp_quantile $op: %e s" python3 train_mlp_quantile.py --op "$op" --topk 100 --no_progress; done
+training_jobs() {
+  for op in $(python3 -m analytical_model list --trainable --keys); do echo "train_mlp.py --op $op --no_progress"; done
+  for op in $(python3 -m analytical_model list --quantile --keys); do
+    echo "train_mlp_quantile.py --op $op --topk 100 --no_progress"
+  done
+  echo "train_collective_rf.py"
 }
-chain_b() {
-  for op in attn gemm_fp8; do /usr/bin/time -f "train_mlp $op: %e s" python3 train_mlp.py --op "$op" --no_progress; done
-  for op in attn gemm_fp8; do /usr/bin/time -f "train_mlp_quantile $op: %e s" python3 train_mlp_quantile.py --op "$op" --topk 100 --no_progress; done
-  /usr/bin/time -f "train_collective_rf: %e s" python3 train_collective_rf.py
-}
-chain_a & a=$!
-chain_b & b=$!
-wait "$a" "$b"
+training_jobs | xargs -P 2 -I{} sh -c '/usr/bin/time -f "{}: %e s" python3 {}'
 python3 -m pipeweave.accuracy --retrain_logo

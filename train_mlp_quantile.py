@@ -17,25 +17,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analytical_model.registry import model_inputs
+from analytical_model.registry import get_operator, model_inputs, operator_keys
 from mlp_model import predict_efficiency
 from pipeweave.cli import ArgumentParser, UserError, run_cli
 from pipeweave.modeling import (DATASET_DIR, cap_rows_per_gpu, dataset_paths, feature_matrix, read_dataset,
                                 timestamp_dir, write_model_dir)
 from pipeweave.training import TrainConfig, fit
 
-QUANTILE_OPS = ("gemm", "gemm_fp8", "attn", "moe")
-REPORT_KEYS = ("weight_type", "M", "E", "topk", "H", "N", "K", "attention_type", "bs", "q_lengths", "kv_lengths",
-               "nh", "nkv", "hd")
+QUANTILE_OPS = operator_keys(quantile=True)
 
 
-def kernel_reports(train: pd.DataFrame, predicted: np.ndarray, threshold: float, topk: int | None, out_dir: Path) -> list[str]:
+def kernel_reports(op: str, train: pd.DataFrame, predicted: np.ndarray, threshold: float, topk: int | None, out_dir: Path) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = train.copy()
     frame["pred_perf"] = np.maximum(predicted, 1e-9)
     frame["perf_diff"] = frame["overall_perf"] - frame["pred_perf"]
     frame["rel_gap"] = frame["perf_diff"] / (frame["pred_perf"] + 1e-9)
-    columns = [c for c in REPORT_KEYS if c in frame.columns] + ["avg_duration", "overall_perf", "pred_perf", "perf_diff", "rel_gap"]
+    columns = list(get_operator(op).shape_columns) + ["avg_duration", "overall_perf", "pred_perf", "perf_diff", "rel_gap"]
     files, summary = [], []
     for hw, rows in frame.groupby("hardware", sort=True):
         under = rows[rows["perf_diff"] < threshold].sort_values("perf_diff", kind="stable")
@@ -85,7 +83,7 @@ def main(argv=None) -> int:
     model, history = fit(model_inputs(feature_matrix(fitted, args.op, config)), fitted["overall_perf"].to_numpy(), config)
     predicted = predict_efficiency(model, model_inputs(feature_matrix(train, args.op, config)))
     out_dir = timestamp_dir(args.output_dir, args.op)
-    files = kernel_reports(train, predicted, args.threshold, args.topk, out_dir / "kernel_reports")
+    files = kernel_reports(args.op, train, predicted, args.threshold, args.topk, out_dir / "kernel_reports")
     below = float(np.mean(train["overall_perf"].to_numpy() < predicted) * 100)
     write_model_dir(out_dir, args.op, model, history, config, train, None, None,
                     {"train_path": str(train_path), "validation": "none: fitted on the train file (at most --max_rows_per_gpu rows per GPU), best training loss kept"},

@@ -1,9 +1,13 @@
 """python3 -m analytical_model features --op OP --input IN.csv --output OUT.csv
+python3 -m analytical_model list [--trainable | --quantile | --profiled] [--keys]
 
 Reads the operator's shape columns and ``hardware`` from IN.csv and writes every input column plus
 the feature columns (METHOD.md §4.1 names and order) and ``ideal_cycles`` (``--descriptors`` adds the
 shape descriptors of analytical_model/descriptors.py before ``ideal_cycles``). For gemm, optional
 columns tile_M, tile_N, tile_K, is_split_k, cta_count override the tile rule row by row.
+
+``list`` prints the operator registry (one line per operator class: key, description, shape columns, where it is
+used); ``--keys`` prints only the keys, one per line, for shell loops such as train_all.sh.
 """
 from __future__ import annotations
 
@@ -15,20 +19,44 @@ import pandas as pd
 from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
 
 from .hardware import DEFAULT_HARDWARE_DIR
-from .registry import OPERATORS, compute_features
+from .registry import OPERATORS, compute_features, get_operator, operator_keys
+
+
+def list_operators(args) -> None:
+    keys = operator_keys(trainable=args.trainable or None, quantile=args.quantile or None,
+                         profiled=args.profiled or None)
+    if args.keys:
+        print("\n".join(keys))
+        return
+    for key in keys:
+        op = get_operator(key)
+        uses = [name for name, flag in (("trained", op.trainable), ("quantile model", op.quantile),
+                                        ("profiled", op.profiled)) if flag]
+        if op.workload_key:
+            uses.append(f"workload key {op.workload_key!r}")
+        print(f"{key:11} {op.description}; shape columns {','.join(op.shape_columns)}; {', '.join(uses)}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python3 -m analytical_model", description="Analytical pipe features of GPU kernels.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     features = sub.add_parser("features", help="compute analytical features for a CSV of shapes")
-    features.add_argument("--op", required=True, choices=sorted(OPERATORS))
+    features.add_argument("--op", required=True, choices=list(OPERATORS),
+                          help="; ".join(f"{key}: {op.description}" for key, op in OPERATORS.items()))
     features.add_argument("--input", required=True, type=Path)
     features.add_argument("--output", required=True, type=Path)
     features.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR)
     features.add_argument("--descriptors", action="store_true",
                           help="also write the shape descriptors the pipeweave models take (after the features)")
+    listing = sub.add_parser("list", help="list the registered operator classes")
+    for flag, what in (("trainable", "with a trained efficiency model"), ("quantile", "with a quantile model"),
+                       ("profiled", "that profile_operators.py measures")):
+        listing.add_argument(f"--{flag}", action="store_true", help=f"only operators {what}")
+    listing.add_argument("--keys", action="store_true", help="print only the keys, one per line")
     args = parser.parse_args(argv)
+    if args.command == "list":
+        list_operators(args)
+        return 0
 
     if not args.input.is_file():
         raise UserError(f"input file not found: {args.input}")

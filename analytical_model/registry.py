@@ -1,24 +1,30 @@
-"""The operator registry: everything downstream (dataset builder, training, kernel prediction and the
-aggregator) reads operator classes from here.
+"""The operator registry: the single source of every per-operator fact.
 
-Each :class:`OperatorClass` knows its shape columns, its calculators (per architecture or attention
-backend), its feature names in MLP input order (METHOD.md §4.1) and which features sum to the ideal
-cycle count ``C_ideal`` that turns an efficiency into a duration (METHOD.md §4.2–4.3).
+Each :class:`OperatorClass` says how an operator appears in workloads (``workload_key``), which columns
+describe one shape (``shape_columns``, ``optional_columns``), its calculators per architecture or
+attention backend, its feature names in MLP input order (docs/METHOD.md §4.1), which features sum to the
+ideal cycle count ``C_ideal`` (§4.2–4.3), its shape descriptors, and what the tools do with it
+(``trainable``, ``quantile``, ``profiled``). The dataset builder, the training scripts, the profiler, the
+kernel predictor, the aggregator and the reports all derive their operator lists and columns from here.
 
-Adding an operator = one calculator module + one entry in ``OPERATORS``.
+Feature functions take a *mapping of column name to 1-D values* (a dict of numpy arrays or lists, or a
+pandas DataFrame): the prediction path never needs pandas. ``python3 -m analytical_model list`` prints
+the registry.
+
+Adding an operator = one calculator module + one :func:`register` call (or one entry in ``OPERATORS``).
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
-import pandas as pd
 
 from . import descriptors, fa2_batch, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
-from .attention import ATTENTION_CALCULATORS, attention_problem
+from .attention import ATTENTION_CALCULATORS, attention_problem, resolve_attention_type
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from .pipes import (
     FMA_FEATURES,
@@ -37,68 +43,177 @@ ATTENTION_FEATURES = TENSOR_FEATURES + XU_FEATURES + MEMORY_FEATURES
 ELEMENTWISE_FEATURES = FMA_FEATURES + XU_FEATURES + MEMORY_FEATURES
 TILE_COLUMNS = ("tile_M", "tile_N", "tile_K", "is_split_k", "cta_count")
 MOE_WEIGHT_TYPES = ("w13", "w2", "layer")
+#: the memory-pipe feature the kernel roofline compares with the compute cycles (DRAM traffic at peak bandwidth)
+DRAM_CYCLE_FEATURE = "global_cycle"
+
+#: column name -> one value per row (numpy array, list or pandas Series); a pandas DataFrame is one
+Columns = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class OperatorClass:
+    """Everything the tools know about one operator class.
+
+    ``compute(operator, columns, hw)`` returns the float64 features of the rows on GPU ``hw`` and may use
+    ``operator.calculators``; ``describe(columns, hw)`` returns the shape descriptors.
+    """
+
     key: str
     description: str
     shape_columns: tuple[str, ...]
     feature_names: tuple[str, ...]
     ideal_cycle_features: tuple[str, ...]
     calculators: dict[str, Callable]
-    compute: Callable[[pd.DataFrame, HardwareSpec], np.ndarray]
+    compute: Callable[["OperatorClass", Columns, HardwareSpec], np.ndarray]
     descriptor_names: tuple[str, ...]
-    describe: Callable[[pd.DataFrame, HardwareSpec], np.ndarray]
+    describe: Callable[[Columns, HardwareSpec], np.ndarray]
     optional_columns: tuple[str, ...] = ()
+    #: shape columns that hold text (a type name, or a list written "[a,b]"); the others are integers
+    text_columns: tuple[str, ...] = ()
+    #: data type of the measured kernels, unless a dataset row says otherwise
+    dtype: str = "bfloat16"
+    #: key of the operator under an iteration's "operators" in a workload JSON; None: not in workloads
+    workload_key: str | None = None
+    #: the dataset builder makes dataset/<key>_{train,test}.csv and train_mlp.py trains a model
+    trainable: bool = True
+    #: an upper-bound (quantile) model is trained and shipped (train_mlp_quantile.py, aggregator --quantiles)
+    quantile: bool = False
+    #: profile_operators.py measures it on a local GPU
+    profiled: bool = False
+
+    @property
+    def int_columns(self) -> tuple[str, ...]:
+        return tuple(c for c in self.shape_columns if c not in self.text_columns)
 
     def input_names(self, with_descriptors: bool = True) -> tuple[str, ...]:
-        """MLP input columns: the METHOD.md features, then (pipeweave recipe) the shape descriptors."""
+        """MLP input columns: the docs/METHOD.md features, then (pipeweave recipe) the shape descriptors."""
         return self.feature_names + (self.descriptor_names if with_descriptors else ())
 
-    def features(self, frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-        """float64 features, one row per frame row, all on the GPU ``hw``."""
-        missing = [c for c in self.shape_columns if c not in frame.columns]
+    def calculator(self, name: str) -> Callable:
+        """The calculator registered under ``name`` (an architecture or attention backend)."""
+        try:
+            return self.calculators[name]
+        except KeyError:
+            raise ValueError(f"{self.key}: no calculator {name!r}; known: {', '.join(self.calculators)}") from None
+
+    def _check_columns(self, columns: Columns) -> int:
+        missing = [c for c in self.shape_columns if c not in columns]
         if missing:
             raise ValueError(f"{self.key}: input lacks column(s) {', '.join(missing)}")
-        if len(frame) == 0:
+        return len(columns[self.shape_columns[0]])
+
+    def features(self, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        """float64 features, one row per input row, all on the GPU ``hw``."""
+        rows = self._check_columns(columns)
+        if rows == 0:
             return np.zeros((0, len(self.feature_names)))
-        return np.asarray(self.compute(frame, hw), dtype=np.float64).reshape(len(frame), len(self.feature_names))
+        return np.asarray(self.compute(self, columns, hw), dtype=np.float64).reshape(rows, len(self.feature_names))
+
+    def descriptors(self, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        """float64 shape descriptors, one row per input row."""
+        rows = self._check_columns(columns)
+        if rows == 0:
+            return np.zeros((0, len(self.descriptor_names)))
+        return np.asarray(self.describe(columns, hw), dtype=np.float64).reshape(rows, len(self.descriptor_names))
 
     def ideal_cycles(self, features32: np.ndarray) -> np.ndarray:
-        """C_ideal from float32 features: the float32 sum of the ideal-cycle columns (METHOD.md §4.3)."""
+        """C_ideal from float32 features: the float32 sum of the ideal-cycle columns (docs/METHOD.md §4.3)."""
         idx = [self.feature_names.index(name) for name in self.ideal_cycle_features]
         total = features32[:, idx[0]].astype(np.float32)
         for i in idx[1:]:
             total = total + features32[:, i].astype(np.float32)
         return total
 
+    def kernel_roofline_cycles(self, columns: Columns) -> np.ndarray:
+        """The kernel roofline: max(ideal compute cycles at spec peak, DRAM cycles at spec bandwidth).
 
-def _int_column(frame: pd.DataFrame, column: str) -> np.ndarray:
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
+        ``columns`` holds the feature columns (e.g. a dataset CSV). Not to be confused with the end-to-end
+        roofline baseline of :mod:`pipeweave.compare`, which sums per-operator roofline times of a workload.
+        """
+        compute = sum(np.asarray(columns[name], dtype=np.float64) for name in self.ideal_cycle_features)
+        return np.maximum(compute, np.asarray(columns[DRAM_CYCLE_FEATURE], dtype=np.float64))
+
+
+# --------------------------------------------------------------------------------------------------
+# column access without pandas
+# --------------------------------------------------------------------------------------------------
+
+def _values(columns: Columns, column: str) -> np.ndarray:
+    values = columns[column]
+    to_numpy = getattr(values, "to_numpy", None)
+    return to_numpy() if to_numpy is not None else np.asarray(values)
+
+
+def _as_number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _int_column(columns: Columns, column: str) -> np.ndarray:
+    raw = _values(columns, column)
+    if raw.dtype.kind in "iu":
+        return raw.astype(np.int64)
+    if raw.dtype.kind in "fb":
+        values = raw.astype(np.float64)
+    else:
+        values = np.fromiter((_as_number(v) for v in raw), dtype=np.float64, count=len(raw))
     bad = ~np.isfinite(values) | (values != np.floor(values))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"column {column!r} must hold integers; row {row} has {frame[column].iloc[row]!r}")
+        raise ValueError(f"column {column!r} must hold integers; row {row} has {raw[row]!r}")
     return values.astype(np.int64)
 
 
-def gemm_problem(frame: pd.DataFrame, hw: HardwareSpec, dtype: str = "bfloat16") -> GemmProblem:
-    """GEMM problems for the frame's rows: tile columns where given, the tile rule elsewhere."""
-    m, n, k = (_int_column(frame, c) for c in ("M", "N", "K"))
-    given = np.zeros(len(frame), dtype=bool)
-    if all(c in frame.columns for c in TILE_COLUMNS):
-        given = frame[list(TILE_COLUMNS)].notna().all(axis=1).to_numpy()
+def _bool_column(columns: Columns, column: str) -> np.ndarray:
+    raw = _values(columns, column)
+    if raw.dtype == bool:
+        return raw
+    text = np.char.lower(np.char.strip(raw.astype(str)))
+    truthy, falsy = np.isin(text, ["1", "1.0", "true", "yes"]), np.isin(text, ["0", "0.0", "false", "no"])
+    bad = ~(truthy | falsy)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {row} has {raw[row]!r}")
+    return truthy
+
+
+def _present(columns: Columns, column: str) -> np.ndarray:
+    """True where the row has a value (not None, NaN or missing), like pandas' notna."""
+    raw = _values(columns, column)
+    if raw.dtype.kind == "f":
+        return ~np.isnan(raw)
+    if raw.dtype.kind != "O":
+        return np.ones(len(raw), dtype=bool)
+    return np.fromiter((v is not None and type(v).__name__ != "NAType" and not (isinstance(v, float) and math.isnan(v))
+                        for v in raw), dtype=bool, count=len(raw))
+
+
+def _take(columns: Columns, names, rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: _values(columns, name)[rows] for name in names}
+
+
+# --------------------------------------------------------------------------------------------------
+# feature functions
+# --------------------------------------------------------------------------------------------------
+
+def gemm_problem(columns: Columns, hw: HardwareSpec, dtype: str = "bfloat16") -> GemmProblem:
+    """GEMM problems for the rows: tile columns where given, the tile rule elsewhere."""
+    m, n, k = (_int_column(columns, c) for c in ("M", "N", "K"))
+    given = np.zeros(len(m), dtype=bool)
+    if all(c in columns for c in TILE_COLUMNS):
+        given = np.logical_and.reduce([_present(columns, c) for c in TILE_COLUMNS])
     tiles = {}
     if given.any():
-        given_rows = frame[given]
+        given_rows = _take(columns, TILE_COLUMNS, given)
         tiles = {c: _int_column(given_rows, c) for c in TILE_COLUMNS if c != "is_split_k"}
         tiles["is_split_k"] = _bool_column(given_rows, "is_split_k")
     if not given.all():
         chosen = choose_gemm_tiles(m[~given], n[~given], k[~given], hw, dtype)
         if given.any():
             for column in TILE_COLUMNS:
-                merged = np.empty(len(frame), dtype=chosen[column].dtype)
+                merged = np.empty(len(m), dtype=chosen[column].dtype)
                 merged[given], merged[~given] = tiles[column], chosen[column]
                 tiles[column] = merged
         else:
@@ -109,26 +224,13 @@ def gemm_problem(frame: pd.DataFrame, hw: HardwareSpec, dtype: str = "bfloat16")
     )
 
 
-def _bool_column(frame: pd.DataFrame, column: str) -> np.ndarray:
-    values = frame[column]
-    if values.dtype == bool:
-        return values.to_numpy()
-    text = values.astype(str).str.strip().str.lower()
-    truthy, falsy = text.isin(["1", "1.0", "true", "yes"]), text.isin(["0", "0.0", "false", "no"])
-    bad = ~(truthy | falsy)
-    if bad.any():
-        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {int(np.flatnonzero(bad)[0])} has {values.iloc[int(np.flatnonzero(bad)[0])]!r}")
-    return truthy.to_numpy()
+def _gemm(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    calculator = operator.calculator("sm90" if hw.uses_sm90_gemm else "sm80")
+    return calculator(gemm_problem(columns, hw), hw)
 
 
-def _gemm(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-    problem = gemm_problem(frame, hw)
-    calculator = gemm_sm90 if hw.uses_sm90_gemm else gemm_sm80
-    return calculator.features(problem, hw)
-
-
-def _gemm_fp8(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-    return gemm_fp8.features(gemm_problem(frame, hw, dtype="fp8"), hw)
+def _gemm_fp8(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    return operator.calculator("fp8")(gemm_problem(columns, hw, dtype=operator.dtype), hw)
 
 
 def parse_length_list(value, column: str) -> list[int]:
@@ -148,158 +250,200 @@ def parse_length_list(value, column: str) -> list[int]:
     return [int(v) for v in items]
 
 
-def _attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-    """Per-row problems; FA2 rows go through the batched, bit-identical fast path (fa2_batch)."""
-    bs, nh, nkv, hd = (_int_column(frame, c) for c in ("bs", "nh", "nkv", "hd"))
-    keys, problems = [], []
-    for i, (kind, q, kv) in enumerate(zip(frame["attention_type"], frame["q_lengths"], frame["kv_lengths"])):
-        key, problem = attention_problem(
-            str(kind),
-            int(bs[i]),
-            parse_length_list(q, "q_lengths"),
-            parse_length_list(kv, "kv_lengths"),
-            int(nh[i]),
-            int(nkv[i]),
-            int(hd[i]),
-        )
-        keys.append(key)
-        problems.append(problem)
-    out = np.zeros((len(problems), len(ATTENTION_FEATURES)))
-    fa2_rows = [i for i, key in enumerate(keys) if key == "fa2"]
-    if fa2_rows:
-        out[fa2_rows] = fa2_batch.features_many([problems[i] for i in fa2_rows], hw)
-    for i, key in enumerate(keys):
-        if key != "fa2":
-            out[i] = ATTENTION_CALCULATORS[key](problems[i], hw)
+def _length_lists(columns: Columns, column: str) -> list:
+    """Per row a tuple/list of ints; workload shapes arrive as tuples and are used as they are."""
+    return [v if type(v) is tuple else parse_length_list(v, column) for v in columns[column]]
+
+
+def _attention_arrays(columns: Columns):
+    """(kinds, bs, q lists, kv lists, nh, nkv, hd) of attention rows, validated as AttentionProblem would."""
+    bs, nh, nkv, hd = (_int_column(columns, c) for c in ("bs", "nh", "nkv", "hd"))
+    kinds = [str(v) for v in _values(columns, "attention_type")]
+    q, kv = _length_lists(columns, "q_lengths"), _length_lists(columns, "kv_lengths")
+    q_count = np.fromiter(map(len, q), dtype=np.int64, count=len(q))
+    kv_count = np.fromiter(map(len, kv), dtype=np.int64, count=len(kv))
+    ok = (bs > 0) & (nh > 0) & (nkv > 0) & (hd > 0) & (q_count == bs) & (kv_count == bs)
+    if ok.all():
+        ok = (nh % nkv == 0)
+        q_flat = np.fromiter((v for lengths in q for v in lengths), dtype=np.int64, count=int(bs.sum()))
+        kv_flat = np.fromiter((v for lengths in kv for v in lengths), dtype=np.int64, count=int(bs.sum()))
+        row = np.repeat(np.arange(len(bs)), bs)
+        bad_request = (q_flat <= 0) | (q_flat > kv_flat)
+        ok &= np.bincount(row[bad_request], minlength=len(bs)) == 0
+    for i in np.flatnonzero(~ok):  # the per-row constructor raises the precise error
+        attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
+    return kinds, bs, q, kv, nh, nkv, hd
+
+
+def _attention(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    """FA2 rows in one vectorised pass (fa2_batch, bit-identical to the per-launch calculator), others per row."""
+    kinds, bs, q, kv, nh, nkv, hd = _attention_arrays(columns)
+    resolved = {kind: resolve_attention_type(kind) for kind in set(kinds)}
+    out = np.zeros((len(kinds), len(operator.feature_names)))
+    fa2_rows = np.array([resolved[kind][0] == "fa2" for kind in kinds], dtype=bool)
+    if fa2_rows.any():
+        sel = np.flatnonzero(fa2_rows)
+        count = int(bs[sel].sum())
+        q_flat = np.fromiter((v for i in sel for v in q[i]), dtype=np.int64, count=count)
+        kv_flat = np.fromiter((v for i in sel for v in kv[i]), dtype=np.int64, count=count)
+        paged = np.array([resolved[kinds[i]][1] == "paged" for i in sel], dtype=bool)
+        out[sel] = fa2_batch.features_from_arrays(bs[sel], q_flat, kv_flat, nh[sel], nkv[sel], hd[sel], paged, hw)
+    for i in np.flatnonzero(~fa2_rows):
+        key, problem = attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
+        out[i] = operator.calculator(key)(problem, hw)
     return out
 
 
 def _describe_gemm(operand_bytes: int, fp8: bool):
-    def describe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-        m, n, k = (_int_column(frame, c) for c in ("M", "N", "K"))
+    def describe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        m, n, k = (_int_column(columns, c) for c in ("M", "N", "K"))
         return descriptors.gemm(m, n, k, hw, operand_bytes, hw.tc_fp8 if fp8 else hw.tc_bf16)
 
     return describe
 
 
-def _describe_attention(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+def _describe_attention(columns: Columns, hw: HardwareSpec) -> np.ndarray:
     return descriptors.attention(
-        _int_column(frame, "bs"),
-        [parse_length_list(v, "q_lengths") for v in frame["q_lengths"]],
-        [parse_length_list(v, "kv_lengths") for v in frame["kv_lengths"]],
-        _int_column(frame, "nh"), _int_column(frame, "nkv"), _int_column(frame, "hd"), hw,
+        _int_column(columns, "bs"), _length_lists(columns, "q_lengths"), _length_lists(columns, "kv_lengths"),
+        _int_column(columns, "nh"), _int_column(columns, "nkv"), _int_column(columns, "hd"), hw,
     )
 
 
 def _describe_elementwise(output_fraction: float):
-    def describe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-        return descriptors.elementwise(_int_column(frame, "seq"), _int_column(frame, "dim"), hw, output_fraction)
+    def describe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        return descriptors.elementwise(_int_column(columns, "seq"), _int_column(columns, "dim"), hw, output_fraction)
 
     return describe
 
 
-def _describe_moe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-    kinds = frame["weight_type"].astype(str).to_numpy()
-    passes = np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")], axis=-1)
-    return descriptors.moe(*(_int_column(frame, c) for c in ("M", "E", "topk", "H", "N")), hw, passes.astype(float))
-
-
-def _elementwise(calculator) -> Callable[[pd.DataFrame, HardwareSpec], np.ndarray]:
-    def compute(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-        problem = ElementwiseProblem.create(_int_column(frame, "seq"), _int_column(frame, "dim"))
-        return calculator.features(problem, hw)
-
-    return compute
-
-
-def _moe(frame: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
-    """``weight_type`` w13 / w2 is one pass; ``layer`` (a whole MoE layer) is the sum of both passes."""
-    dims = [_int_column(frame, c) for c in ("M", "E", "topk", "H", "N")]
-    kinds = frame["weight_type"].astype(str).to_numpy()
-    unknown = sorted(set(kinds) - set(MOE_WEIGHT_TYPES))
+def _moe_kinds(columns: Columns) -> np.ndarray:
+    kinds = _values(columns, "weight_type").astype(str)
+    unknown = sorted(set(kinds.tolist()) - set(MOE_WEIGHT_TYPES))
     if unknown:
         raise ValueError(f"weight_type must be one of {MOE_WEIGHT_TYPES}, got {unknown[0]!r}")
-    out = np.zeros((len(frame), len(GEMM_FEATURES)))
+    return kinds
+
+
+def _describe_moe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    kinds = _moe_kinds(columns)
+    passes = np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")], axis=-1)
+    return descriptors.moe(*(_int_column(columns, c) for c in ("M", "E", "topk", "H", "N")), hw, passes.astype(float))
+
+
+def _elementwise(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    problem = ElementwiseProblem.create(_int_column(columns, "seq"), _int_column(columns, "dim"))
+    return operator.calculator(operator.key)(problem, hw)
+
+
+def _moe(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    """``weight_type`` w13 / w2 is one pass; ``layer`` (a whole MoE layer) is the sum of both passes."""
+    dims = [_int_column(columns, c) for c in ("M", "E", "topk", "H", "N")]
+    kinds = _moe_kinds(columns)
+    out = np.zeros((len(kinds), len(operator.feature_names)))
     for pass_type in ("w13", "w2"):
         rows = (kinds == pass_type) | (kinds == "layer")
         if rows.any():
             problem = MoeProblem.create(*(d[rows] for d in dims), pass_type=pass_type)
-            out[rows] += triton_moe.features(problem, hw)
+            out[rows] += operator.calculator("triton_moe")(problem, hw)
     return out
 
 
-OPERATORS: dict[str, OperatorClass] = {
-    op.key: op
-    for op in (
-        OperatorClass(
-            key="gemm",
-            description="BF16 dense GEMM",
-            shape_columns=("M", "N", "K"),
-            optional_columns=TILE_COLUMNS,
-            feature_names=GEMM_FEATURES,
-            ideal_cycle_features=("tensor_all_cycle",),
-            calculators={"sm80": gemm_sm80.features, "sm90": gemm_sm90.features},
-            compute=_gemm,
-            descriptor_names=descriptors.GEMM_DESCRIPTORS,
-            describe=_describe_gemm(2, fp8=False),
-        ),
-        OperatorClass(
-            key="gemm_fp8",
-            description="FP8 dense GEMM (per-tensor scaled)",
-            shape_columns=("M", "N", "K"),
-            feature_names=GEMM_FEATURES,
-            ideal_cycle_features=("tensor_all_cycle",),
-            calculators={"fp8": gemm_fp8.features},
-            compute=_gemm_fp8,
-            descriptor_names=descriptors.GEMM_DESCRIPTORS,
-            describe=_describe_gemm(1, fp8=True),
-        ),
-        OperatorClass(
-            key="attn",
-            description="FlashAttention/FlashInfer prefill and decode",
-            shape_columns=("attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd"),
-            feature_names=ATTENTION_FEATURES,
-            ideal_cycle_features=("tensor_all_cycle",),
-            calculators=dict(ATTENTION_CALCULATORS),
-            compute=_attention,
-            descriptor_names=descriptors.ATTENTION_DESCRIPTORS,
-            describe=_describe_attention,
-        ),
-        OperatorClass(
-            key="rmsnorm",
-            description="fused RMSNorm",
-            shape_columns=("seq", "dim"),
-            feature_names=ELEMENTWISE_FEATURES,
-            ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
-            calculators={"rmsnorm": rmsnorm.features},
-            compute=_elementwise(rmsnorm),
-            descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
-            describe=_describe_elementwise(1.0),
-        ),
-        OperatorClass(
-            key="siluandmul",
-            description="SiLU(gate)*up activation",
-            shape_columns=("seq", "dim"),
-            feature_names=ELEMENTWISE_FEATURES,
-            ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
-            calculators={"siluandmul": siluandmul.features},
-            compute=_elementwise(siluandmul),
-            descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
-            describe=_describe_elementwise(0.5),
-        ),
-        OperatorClass(
-            key="moe",
-            description="Triton fused-MoE (w13 and w2 passes)",
-            shape_columns=("weight_type", "M", "E", "topk", "H", "N"),
-            feature_names=GEMM_FEATURES,
-            ideal_cycle_features=("tensor_all_cycle",),
-            calculators={"triton_moe": triton_moe.features},
-            compute=_moe,
-            descriptor_names=descriptors.MOE_DESCRIPTORS,
-            describe=_describe_moe,
-        ),
-    )
-}
+OPERATORS: dict[str, OperatorClass] = {}
+
+
+def register(operator: OperatorClass) -> OperatorClass:
+    """Add an operator class to the registry (the order of registration is the order of every listing)."""
+    if operator.key in OPERATORS:
+        raise ValueError(f"operator {operator.key!r} is already registered")
+    if operator.workload_key and operator.workload_key in {op.workload_key for op in OPERATORS.values()}:
+        raise ValueError(f"workload key {operator.workload_key!r} is already used")
+    OPERATORS[operator.key] = operator
+    return operator
+
+
+register(OperatorClass(
+    key="gemm",
+    description="BF16 dense GEMM",
+    shape_columns=("M", "N", "K"),
+    optional_columns=TILE_COLUMNS,
+    feature_names=GEMM_FEATURES,
+    ideal_cycle_features=("tensor_all_cycle",),
+    calculators={"sm80": gemm_sm80.features, "sm90": gemm_sm90.features},
+    compute=_gemm,
+    descriptor_names=descriptors.GEMM_DESCRIPTORS,
+    describe=_describe_gemm(2, fp8=False),
+    workload_key="gemm",
+    quantile=True,
+    profiled=True,
+))
+register(OperatorClass(
+    key="gemm_fp8",
+    description="FP8 dense GEMM (per-tensor scaled)",
+    shape_columns=("M", "N", "K"),
+    feature_names=GEMM_FEATURES,
+    ideal_cycle_features=("tensor_all_cycle",),
+    calculators={"fp8": gemm_fp8.features},
+    compute=_gemm_fp8,
+    descriptor_names=descriptors.GEMM_DESCRIPTORS,
+    describe=_describe_gemm(1, fp8=True),
+    dtype="fp8",
+    quantile=True,
+    profiled=True,
+))
+register(OperatorClass(
+    key="attn",
+    description="FlashAttention/FlashInfer prefill and decode",
+    shape_columns=("attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd"),
+    text_columns=("attention_type", "q_lengths", "kv_lengths"),
+    feature_names=ATTENTION_FEATURES,
+    ideal_cycle_features=("tensor_all_cycle",),
+    calculators=dict(ATTENTION_CALCULATORS),
+    compute=_attention,
+    descriptor_names=descriptors.ATTENTION_DESCRIPTORS,
+    describe=_describe_attention,
+    workload_key="attention",
+    quantile=True,
+    profiled=True,
+))
+register(OperatorClass(
+    key="rmsnorm",
+    description="fused RMSNorm",
+    shape_columns=("seq", "dim"),
+    feature_names=ELEMENTWISE_FEATURES,
+    ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
+    calculators={"rmsnorm": rmsnorm.features},
+    compute=_elementwise,
+    descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
+    describe=_describe_elementwise(1.0),
+    workload_key="rmsnorm",
+    profiled=True,
+))
+register(OperatorClass(
+    key="siluandmul",
+    description="SiLU(gate)*up activation",
+    shape_columns=("seq", "dim"),
+    feature_names=ELEMENTWISE_FEATURES,
+    ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
+    calculators={"siluandmul": siluandmul.features},
+    compute=_elementwise,
+    descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
+    describe=_describe_elementwise(0.5),
+    workload_key="siluandmul",
+    profiled=True,
+))
+register(OperatorClass(
+    key="moe",
+    description="Triton fused-MoE (w13 and w2 passes)",
+    shape_columns=("weight_type", "M", "E", "topk", "H", "N"),
+    text_columns=("weight_type",),
+    feature_names=GEMM_FEATURES,
+    ideal_cycle_features=("tensor_all_cycle",),
+    calculators={"triton_moe": triton_moe.features},
+    compute=_moe,
+    descriptor_names=descriptors.MOE_DESCRIPTORS,
+    describe=_describe_moe,
+    quantile=True,
+))
 
 
 def get_operator(key: str) -> OperatorClass:
@@ -309,14 +453,31 @@ def get_operator(key: str) -> OperatorClass:
         raise ValueError(f"unknown operator {key!r}; known: {', '.join(OPERATORS)}") from None
 
 
-def compute_features(
-    op: str, frame: pd.DataFrame, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR
-) -> pd.DataFrame:
-    """Features (float64, METHOD.md names and order), shape descriptors and ``ideal_cycles``, rows of mixed GPUs.
+def operator_keys(*, trainable: bool | None = None, quantile: bool | None = None, profiled: bool | None = None,
+                  in_workloads: bool | None = None) -> tuple[str, ...]:
+    """Registry keys, in registration order, filtered by the given properties."""
+    wanted = {"trainable": trainable, "quantile": quantile, "profiled": profiled}
+    return tuple(
+        op.key for op in OPERATORS.values()
+        if all(value is None or getattr(op, name) == value for name, value in wanted.items())
+        and (in_workloads is None or (op.workload_key is not None) == in_workloads)
+    )
 
-    ``frame`` needs the operator's shape columns and ``hardware`` (any name the hardware loader
-    accepts). The result has the frame's index.
+
+def workload_operators() -> dict[str, OperatorClass]:
+    """Workload JSON key -> operator class, for the operators that appear in workloads (registration order)."""
+    return {op.workload_key: op for op in OPERATORS.values() if op.workload_key is not None}
+
+
+def compute_features(op: str, frame, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR):
+    """Features (float64, docs/METHOD.md names and order), shape descriptors and ``ideal_cycles`` as a
+    pandas DataFrame with the frame's index; rows may be on different GPUs.
+
+    ``frame`` (a pandas DataFrame) needs the operator's shape columns and ``hardware`` (any name the
+    hardware loader accepts). For the CSV-facing tools; prediction uses :meth:`OperatorClass.features`.
     """
+    import pandas as pd
+
     operator = get_operator(op)
     if "hardware" not in frame.columns:
         raise ValueError("input lacks column 'hardware'")
@@ -330,8 +491,9 @@ def compute_features(
             hw = registry.get(name)
         except ValueError as exc:
             raise ValueError(f"row {rows[0]}: {exc}") from None
-        out[rows] = operator.features(frame.iloc[rows], hw)
-        described[rows] = operator.describe(frame.iloc[rows], hw)
+        part = frame.iloc[rows]
+        out[rows] = operator.features(part, hw)
+        described[rows] = operator.descriptors(part, hw)
     result = pd.DataFrame(out, columns=list(operator.feature_names), index=frame.index)
     for i, name in enumerate(operator.descriptor_names):
         result[name] = described[:, i]
@@ -340,5 +502,5 @@ def compute_features(
 
 
 def model_inputs(features: np.ndarray) -> np.ndarray:
-    """The MLP input: log1p of the float32-cast features (METHOD.md §0.3, §4.1)."""
+    """The MLP input: log1p of the float32-cast features (docs/METHOD.md §0.3, §4.1)."""
     return np.log1p(np.asarray(features, dtype=np.float32))

@@ -24,9 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from analytical_model.registry import workload_operators
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_WORKLOAD = REPO / "workload" / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
-KERNEL_OPS = ("gemm", "attn", "rmsnorm", "siluandmul")
+KERNEL_OPS = tuple(op.key for op in workload_operators().values())
 
 
 def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, efficiency: dict | None = None,

@@ -21,14 +21,14 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HARDWARE_SPEC_COLUMNS
-from analytical_model.registry import TILE_COLUMNS, compute_features, get_operator
+from analytical_model.registry import TILE_COLUMNS, compute_features, get_operator, operator_keys
 from analytical_model.tiles import choose_gemm_tiles
 from dataset.sources import load_collectives, load_measurements
 from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
 from pipeweave.splits import shape_holdout_mask, shape_keys
 
 DATASET_DIR = Path(__file__).resolve().parent
-TRAINABLE_OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
+TRAINABLE_OPS = operator_keys(trainable=True)
 
 
 def _log_drop(log, op: str, reason: str, frame: pd.DataFrame) -> None:

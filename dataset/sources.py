@@ -151,6 +151,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from analytical_model.registry import get_operator, operator_keys
+
 Log = Callable[[str], None]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -159,19 +161,12 @@ DEFAULT_MEASURED_DIR = REPO_ROOT / "dataset" / "measured"
 PIPEWEAVE_COMMIT = "55e0317"
 VIDUR_COMMIT = "7d47513"
 
-OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
-SHAPE_COLUMNS: dict[str, list[str]] = {
-    "gemm": ["M", "N", "K"],
-    "gemm_fp8": ["M", "N", "K"],
-    "attn": ["attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd"],
-    "rmsnorm": ["seq", "dim"],
-    "siluandmul": ["seq", "dim"],
-    "moe": ["weight_type", "M", "E", "topk", "H", "N"],
-}
-STRING_SHAPE_COLUMNS = {"attention_type", "q_lengths", "kv_lengths", "weight_type"}
-INT_COLUMNS = {op: [c for c in cols if c not in STRING_SHAPE_COLUMNS] for op, cols in SHAPE_COLUMNS.items()}
+OPS = operator_keys(trainable=True)
+SHAPE_COLUMNS: dict[str, list[str]] = {op: list(get_operator(op).shape_columns) for op in OPS}
+STRING_SHAPE_COLUMNS = {c for op in OPS for c in get_operator(op).text_columns}
+INT_COLUMNS = {op: list(get_operator(op).int_columns) for op in OPS}
 COLUMNS = {op: [*cols, "hardware", "dtype", "avg_duration", "source"] for op, cols in SHAPE_COLUMNS.items()}
-DEFAULT_DTYPE = {op: "bfloat16" for op in OPS} | {"gemm_fp8": "fp8"}
+DEFAULT_DTYPE = {op: get_operator(op).dtype for op in OPS}
 OP_ALIASES = {"attention": "attn", "silu_and_mul": "siluandmul", "siluandmul": "siluandmul", "fp8_gemm": "gemm_fp8"}
 
 COLLECTIVE_COLUMNS = ["collective", "hardware", "num_workers", "devices_per_node", "size_bytes", "time_ms", "source"]

@@ -27,25 +27,22 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
-from analytical_model.registry import get_operator
+from analytical_model.registry import get_operator, operator_keys
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically
 from pipeweave.modeling import DATASET_DIR, dataset_paths, duration_errors, load_splits, read_dataset, train_and_evaluate
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
 from pipeweave.training import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
-OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
+OPS = operator_keys(trainable=True)
 LOGO_MAX_ROWS_PER_GPU = 8000
 LOGO_EPOCHS = 100
 ARTIFACT_METADATA = "pipeweave/mlp_models_metadata"
 
 
 def roofline_us(frame: pd.DataFrame, op: str) -> np.ndarray:
-    """max(compute cycles at peak, DRAM cycles at peak bandwidth) / clock."""
-    operator = get_operator(op)
-    compute = sum(frame[name].to_numpy(np.float64) for name in operator.ideal_cycle_features)
-    memory = frame["global_cycle"].to_numpy(np.float64)
-    return np.maximum(compute, memory) / frame["sm_freq"].to_numpy(np.float64)
+    """The kernel roofline (:meth:`OperatorClass.kernel_roofline_cycles`) in µs: cycles / clock."""
+    return get_operator(op).kernel_roofline_cycles(frame) / frame["sm_freq"].to_numpy(np.float64)
 
 
 def error_summary(errors: np.ndarray) -> dict:

@@ -43,18 +43,15 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
-import pandas as pd
 
-from analytical_model import descriptors, fa2_batch
-from analytical_model.attention import ATTENTION_CALCULATORS, attention_problem, resolve_attention_type
+from analytical_model.attention import resolve_attention_type
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
-from analytical_model.registry import get_operator
+from analytical_model.registry import get_operator, workload_operators
 from pipeweave.cli import UserError, write_atomically
 
 # torch (through pipeweave.predictor) is imported only when models are loaded, so that flag and workload errors
@@ -65,7 +62,7 @@ DEFAULT_QUANTILE_DIR = REPO_ROOT / "mlp_models_quantile"
 DEFAULT_WORKLOAD_DIR = REPO_ROOT / "workload"
 
 #: workload operator key → registry operator class, in output order
-KERNEL_CATEGORIES = {"gemm": "gemm", "attention": "attn", "rmsnorm": "rmsnorm", "siluandmul": "siluandmul"}
+KERNEL_CATEGORIES = {key: operator.key for key, operator in workload_operators().items()}
 CATEGORIES = (*KERNEL_CATEGORIES, "communication")
 COLLECTIVE_KINDS = ("all_reduce", "send_recv")
 SEND_RECV_WORKERS = 2
@@ -564,13 +561,9 @@ class Aggregator:
             rows = np.flatnonzero(stems == stem)
             hw = self.registry.get(stem)
             shapes = [keys[i][1] for i in rows]
-            if op == "attn":
-                features[rows] = attention_features_batch(shapes, hw)
-                described[rows] = descriptors.attention(*zip(*(shape[1:] for shape in shapes)), hw)
-            else:
-                frame = pd.DataFrame(shapes, columns=list(operator.shape_columns))
-                features[rows] = operator.features(frame, hw)
-                described[rows] = operator.describe(frame, hw)
+            columns = {name: [shape[i] for shape in shapes] for i, name in enumerate(operator.shape_columns)}
+            features[rows] = operator.features(columns, hw)
+            described[rows] = operator.descriptors(columns, hw)
         return features, described
 
     def _durations(self, op: str, keys, features: np.ndarray, described: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -648,29 +641,6 @@ def single_thread_inference(device: str):
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def attention_features_batch(shapes: list[tuple], hw: HardwareSpec) -> np.ndarray:
-    """Features of validated attention shape keys on one GPU; FA2 rows through the batched path."""
-    out = np.zeros((len(shapes), len(get_operator("attn").feature_names)))
-    resolved = {kind: resolve_attention_type(kind) for kind in {shape[0] for shape in shapes}}
-    kinds = [resolved[shape[0]] for shape in shapes]
-    fa2_rows = [i for i, (key, _) in enumerate(kinds) if key == "fa2"]
-    if fa2_rows:
-        sel = [shapes[i] for i in fa2_rows]
-        bs = np.fromiter((s[1] for s in sel), dtype=np.int64, count=len(sel))
-        total = int(bs.sum())
-        q = np.fromiter(chain.from_iterable(s[2] for s in sel), dtype=np.int64, count=total)
-        kv = np.fromiter(chain.from_iterable(s[3] for s in sel), dtype=np.int64, count=total)
-        nh, nkv, hd = (np.fromiter((s[k] for s in sel), dtype=np.int64, count=len(sel)) for k in (4, 5, 6))
-        paged = np.array([kinds[i][1] == "paged" for i in fa2_rows], dtype=bool)
-        out[fa2_rows] = fa2_batch.features_from_arrays(bs, q, kv, nh, nkv, hd, paged, hw)
-    for i, (key, _) in enumerate(kinds):
-        if key != "fa2":
-            kind, bs, q, kv, nh, nkv, hd = shapes[i]
-            _, problem = attention_problem(kind, bs, q, kv, nh, nkv, hd)
-            out[i] = ATTENTION_CALCULATORS[key](problem, hw)
-    return out
 
 
 # ==================================================================================================

@@ -58,6 +58,7 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.registry import workload_operators
 from pipeweave.cli import ArgumentParser, UserError, write_atomically
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -648,7 +649,7 @@ def table_csv(table: pd.DataFrame) -> str:
 
 def latest_model_dirs(model_dir: Path) -> dict[str, str]:
     out = {}
-    for op in ("gemm", "attn", "rmsnorm", "siluandmul"):
+    for op in (operator.key for operator in workload_operators().values()):
         dirs = sorted(d for d in (Path(model_dir) / op).glob("*") if (d / f"{op}_mlp_model.pth").is_file())
         if dirs:
             out[op] = str(dirs[-1].relative_to(REPO_ROOT) if dirs[-1].is_relative_to(REPO_ROOT) else dirs[-1])

@@ -18,16 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from analytical_model.registry import get_operator, operator_keys
 from pipeweave.workload import ModelConfig, RankShapes, WorkloadError, load_model_config
 
-OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "all_reduce")
+#: the registry's profiled kernels, then the collective (not a registry operator: no analytical features)
+OPS = (*operator_keys(profiled=True), "all_reduce")
 
 SHAPE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "gemm": ("M", "N", "K"),
-    "gemm_fp8": ("M", "N", "K"),
-    "attn": ("attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd"),
-    "rmsnorm": ("seq", "dim"),
-    "siluandmul": ("seq", "dim"),
+    **{op: get_operator(op).shape_columns for op in operator_keys(profiled=True)},
     "all_reduce": ("size_bytes", "num_workers"),
 }
 

@@ -1,0 +1,110 @@
+"""The operator registry is the single source: a toy operator (one calculator + one registry entry) flows
+through features, the training-data schema and the kernel-prediction plumbing; the tools' operator lists
+are the registry's."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analytical_model import registry
+from analytical_model.hardware import load_hardware
+from analytical_model.pipes import HARDWARE_SPEC_COLUMNS
+from analytical_model.registry import OPERATORS, OperatorClass, compute_features, get_operator, operator_keys
+from dataset import build, sources  # imported before any toy registration: their lists are computed at import
+from pipeweave import accuracy
+from pipeweave.profiler import grids
+
+
+def copy_calculator(rows: np.ndarray, width: np.ndarray, hw) -> np.ndarray:
+    """A memory-bound row copy: one FMA per element, every byte read and written once (BF16)."""
+    elements = rows.astype(np.float64) * width
+    fma_cycles = elements / (hw.num_sms * 128)
+    dram_cycles = 4.0 * elements / 1024 / hw.mem_bandwidth / 1024**2 * hw.sm_freq * 1e6
+    return np.stack([fma_cycles, dram_cycles], axis=-1)
+
+
+def toy_operator() -> OperatorClass:
+    def compute(operator, columns, hw):
+        rows, width = (registry._int_column(columns, c) for c in ("rows", "width"))
+        return operator.calculator("copy")(rows, width, hw)
+
+    return OperatorClass(
+        key="toy_copy",
+        description="toy row copy (test only)",
+        shape_columns=("rows", "width"),
+        feature_names=("fma_all_cycle", "global_cycle"),
+        ideal_cycle_features=("fma_all_cycle",),
+        calculators={"copy": copy_calculator},
+        compute=compute,
+        descriptor_names=("shape_rows",),
+        describe=lambda columns, hw: np.asarray(columns["rows"], dtype=np.float64)[:, None],
+        workload_key="toy_copy",
+    )
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """Register the toy operator for one test (the registry is restored afterwards)."""
+    monkeypatch.setattr(registry, "OPERATORS", dict(OPERATORS))
+    return registry.register(toy_operator())
+
+
+def test_toy_operator_features(toy):
+    frame = pd.DataFrame({"rows": [1, 64, 4096], "width": [8192, 8192, 5120], "hardware": ["H100", "A100", "H100"]})
+    out = compute_features("toy_copy", frame)
+    assert list(out.columns) == ["fma_all_cycle", "global_cycle", "shape_rows", "ideal_cycles"]
+    h100 = load_hardware("H100")
+    expected = copy_calculator(np.array([1]), np.array([8192]), h100)[0]
+    assert out.loc[0, ["fma_all_cycle", "global_cycle"]].tolist() == pytest.approx(expected.tolist())
+    assert out["ideal_cycles"].tolist() == pytest.approx(out["fma_all_cycle"].tolist(), rel=1e-6)
+    # the same numbers from a plain mapping of numpy arrays (the prediction path, no pandas)
+    columns = {"rows": np.array([1, 4096]), "width": np.array([8192, 5120])}
+    assert toy.features(columns, h100) == pytest.approx(out.loc[[0, 2], list(toy.feature_names)].to_numpy())
+    assert "toy_copy" in operator_keys(trainable=True) and "toy_copy" in registry.workload_operators()
+
+
+def test_toy_operator_training_schema(toy):
+    raw = pd.DataFrame({"rows": [16, 16, 256], "width": [4096, 4096, 4096], "hardware": ["H100"] * 3,
+                        "avg_duration": [2.0, 4.0, 9.0], "source": ["test"] * 3})
+    built = build.build_operator("toy_copy", raw, log=lambda message: None)
+    assert list(built.columns) == ["rows", "width", "avg_duration", "hardware", *HARDWARE_SPEC_COLUMNS,
+                                   "fma_all_cycle", "global_cycle", "shape_rows", "overall_perf", "source", "dtype"]
+    assert built["avg_duration"].tolist() == [3.0, 9.0]  # repeats of a shape are averaged
+    h100 = load_hardware("H100")
+    ideal = toy.ideal_cycles(built[list(toy.feature_names)].to_numpy(np.float32))
+    assert built["overall_perf"].to_numpy() == pytest.approx(ideal / (built["avg_duration"].to_numpy() * h100.sm_freq))
+
+
+def test_toy_operator_prediction(toy, tmp_path):
+    from benchmarks.aggregator import write_untrained_models
+    from pipeweave.predictor import KernelPredictor
+
+    write_untrained_models(tmp_path, ops=("toy_copy",), efficiency={"toy_copy": 0.25})
+    predictor = KernelPredictor(tmp_path)
+    frame = pd.DataFrame({"rows": [8, 512], "width": [4096, 8192], "hardware": ["A100", "H100"]})
+    out = predictor.predict_frame("toy_copy", frame)
+    freq = np.array([load_hardware("A100").sm_freq, load_hardware("H100").sm_freq])
+    assert out["predicted_perf"].to_numpy() == pytest.approx([0.25, 0.25], rel=0.05)
+    assert out["predicted_us"].to_numpy() == pytest.approx(
+        out["ideal_cycles"].to_numpy() / (out["predicted_perf"].to_numpy() * freq))
+
+
+def test_tools_take_their_operator_lists_from_the_registry():
+    assert build.TRAINABLE_OPS == sources.OPS == accuracy.OPS == operator_keys(trainable=True)
+    for op in sources.OPS:
+        assert tuple(sources.SHAPE_COLUMNS[op]) == get_operator(op).shape_columns
+    assert grids.OPS[:-1] == operator_keys(profiled=True) and grids.OPS[-1] == "all_reduce"
+    assert set(operator_keys(quantile=True)) <= set(operator_keys(trainable=True))
+
+
+def test_calculators_are_the_ones_used():
+    """Replacing a registered calculator changes the features: the registry's table is what runs."""
+    gemm = get_operator("gemm")
+    hw = load_hardware("H100")
+    columns = {"M": np.array([128]), "N": np.array([4096]), "K": np.array([4096])}
+    marked = OperatorClass(**{**gemm.__dict__, "calculators": {
+        "sm90": lambda problem, hw: np.full((1, len(gemm.feature_names)), 7.0), "sm80": gemm.calculators["sm80"]}})
+    assert marked.features(columns, hw).tolist() == [[7.0] * len(gemm.feature_names)]
+    with pytest.raises(ValueError, match="no calculator 'sm90'"):
+        OperatorClass(**{**gemm.__dict__, "calculators": {}}).features(columns, hw)
