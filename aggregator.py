@@ -5,7 +5,8 @@
     python3 aggregator.py --workload W1.json W2.json --hardware A100,H100 --output out_dir/   # sweep
     python3 aggregator.py --pairs matrix.csv --output e2e/pipeweave_pred                      # explicit matrix
 
-The logic lives in pipeweave/aggregate.py; see ``--help`` for every flag.
+The command line is pipeweave/aggregate.py (the engine pipeweave/engine.py, the workload schema
+pipeweave/schema.py, the output pipeweave/report.py); see ``--help`` for every flag.
 """
 from __future__ import annotations
 

@@ -316,25 +316,27 @@ def roofline_prediction(workload_path: str | Path, hardware: str, prediction: di
     them as the batch scripts do (the GPU's own collective models, the analytical estimate where none covers a
     collective); otherwise a workload with communication is an error.
     """
-    from pipeweave.aggregate import KERNEL_CATEGORIES, Job, build_result, load_workload
+    from pipeweave.engine import Job
+    from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, load_workload
+    from pipeweave.report import build_result
 
     workload = load_workload(workload_path)
     hw = hardware_registry(Path(hardware_dir)).get(hardware)
     single = np.zeros(len(workload.inst_code))
-    for code, op in enumerate(KERNEL_CATEGORIES.values()):
-        rows = np.flatnonzero(workload.inst_code == code)
+    for category, op in KERNEL_CATEGORIES.items():
+        rows = np.flatnonzero(workload.inst_code == CATEGORY_CODE[category])
         if rows.size:
             unique = roofline_kernel_ms(op, workload.shapes[op], hw)
             single[rows] = unique[workload.inst_local[rows]]
-    comm = np.flatnonzero(workload.inst_code == 4)
+    comm = np.flatnonzero(workload.inst_code == COMMUNICATION_CODE)
     if comm.size and prediction is None:
         if not own_collectives:
             raise UserError(f"{workload.stem}: roofline needs the PipeWeave prediction's communication durations")
-        from pipeweave.aggregate import Aggregator
+        from pipeweave.engine import Engine
 
-        aggregator = Aggregator(hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
+        engine = Engine(hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
         job = Job(workload, hw)
-        ms, _ = aggregator._collectives(job, aggregator.collective_predictor(job))
+        ms, _ = engine.collective_durations(job, engine.collective_predictor(job))
         single[comm] = ms[workload.inst_local[comm]]
     elif comm.size:
         iterations = prediction["iterations"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from pipeweave.cli import UserError
+from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG_DIR = REPO_ROOT / "config"
@@ -276,40 +277,34 @@ class RankShapes:
         )
 
 
-def _operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int], tokens: int,
-               attention_type: str, rmsnorm_count: int) -> dict:
+def _iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
+                         tokens: int, attention_type: str, rmsnorm_count: int) -> dict:
+    """The typed operators of one iteration (keyword arguments of :class:`pipeweave.schema.Iteration`)."""
     hidden, layers, batch = cfg.hidden_size, cfg.num_hidden_layers, len(q)
     communication = []
     if tp > 1:
-        communication.append({"name": "all_reduce", "type": "collective", "volume_bytes": tokens * hidden * 2,
-                              "count": 2 * layers})
+        communication.append(CollectiveOp("all_reduce", tokens * hidden * 2, 2 * layers, type="collective"))
     if pp > 1:
-        communication.append({"name": "send_recv", "type": "p2p", "volume_bytes": 2 * tokens * hidden * 2,
-                              "count": pp - 1})
+        communication.append(CollectiveOp("send_recv", 2 * tokens * hidden * 2, pp - 1, type="p2p"))
     return {
         "gemm": [
-            {"name": "qkv_proj", "type": "ColumnParallelLinear", "M": tokens, "N": shard.qkv_n, "K": hidden,
-             "count": layers},
-            {"name": "o_proj", "type": "RowParallelLinear", "M": tokens, "N": hidden, "K": shard.o_k,
-             "count": layers},
-            {"name": "gate_up_proj", "type": "MergedColumnParallelLinear", "M": tokens, "N": shard.gate_up_n,
-             "K": hidden, "count": layers},
-            {"name": "down_proj", "type": "RowParallelLinear", "M": tokens, "N": hidden, "K": shard.down_k,
-             "count": layers},
-            {"name": "lm_head", "type": "Linear", "M": batch, "N": cfg.vocab_size, "K": hidden, "count": 1},
+            GemmOp("qkv_proj", tokens, shard.qkv_n, hidden, layers, type="ColumnParallelLinear"),
+            GemmOp("o_proj", tokens, hidden, shard.o_k, layers, type="RowParallelLinear"),
+            GemmOp("gate_up_proj", tokens, shard.gate_up_n, hidden, layers, type="MergedColumnParallelLinear"),
+            GemmOp("down_proj", tokens, hidden, shard.down_k, layers, type="RowParallelLinear"),
+            GemmOp("lm_head", batch, cfg.vocab_size, hidden, 1, type="Linear"),
         ],
-        "attention": {"attention_type": attention_type, "bs": batch, "q_lengths": list(q), "kv_lengths": list(kv),
-                      "nh": shard.nh, "nkv": shard.nkv, "hd": cfg.head_dim, "count": layers},
-        "rmsnorm": {"seq": tokens, "dim": hidden, "count": rmsnorm_count},
-        "siluandmul": {"seq": tokens, "dim": shard.gate_up_n, "count": layers},
+        "attention": AttentionOp(attention_type, batch, tuple(q), tuple(kv), shard.nh, shard.nkv, cfg.head_dim, layers),
+        "rmsnorm": ElementwiseOp(tokens, hidden, rmsnorm_count),
+        "siluandmul": ElementwiseOp(tokens, shard.gate_up_n, layers),
         "communication": communication,
     }
 
 
 def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1, pp: int = 1,
                    prefill_attn: str = PREFILL_ATTN_DEFAULT, decode_attn: str = DECODE_ATTN_DEFAULT,
-                   qk_norm_rmsnorm: bool = False) -> dict:
-    """The workload dict (keys in the artifact's order) for a static batch of ``prompt_tokens`` requests.
+                   qk_norm_rmsnorm: bool = False) -> Workload:
+    """The workload (:class:`pipeweave.schema.Workload`) of a static batch of ``prompt_tokens`` requests.
 
     ``qk_norm_rmsnorm`` selects the artifact's Qwen3 QK-norm approximation (RMSNorm count 4L + 1 instead of 2L + 1).
     """
@@ -335,27 +330,16 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             phase, q, kv, tokens, attn = "prefill", list(prompts), list(prompts), sum(prompts), prefill_attn
         else:
             phase, q, kv, tokens, attn = "decode", [1] * batch, [p + step for p in prompts], batch, decode_attn
-        iterations.append({
-            "iteration": step + 1,
-            "phase": phase,
-            "batch_size": batch,
-            "q_lengths": q,
-            "kv_lengths": kv,
-            "num_tokens": tokens,
-            "operators": _operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count),
-        })
-    return {
-        "model": cfg.model,
-        "model_params": cfg.model_params(),
-        "tp_size": tp,
-        "pp_size": pp,
-        "iterations": iterations,
-    }
+        iterations.append(Iteration(
+            phase, step + 1, batch_size=batch, q_lengths=q, kv_lengths=kv, num_tokens=tokens,
+            **_iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count),
+        ))
+    return Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params())
 
 
-def serialize_workload(workload: dict) -> bytes:
+def serialize_workload(workload: Workload) -> bytes:
     """The artifact's serialization: 2-space indent, "," line ends without spaces, ": ", ASCII, no final newline."""
-    return json.dumps(workload, indent=2, ensure_ascii=True).encode("ascii")
+    return workload.to_json_bytes()
 
 
 # --------------------------------------------------------------------------------------------------

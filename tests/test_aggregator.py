@@ -218,7 +218,7 @@ def test_dedup_features_identical_to_per_row(models, tmp_path):
     agg = Aggregator(model_dir=models, log=None)
     hw = load_hardware("H20")
     keys = [("H20", s) for s in workload.shapes["attn"]]
-    batched, _ = agg._features("attn", keys)
+    batched, _ = agg.kernel_features("attn", keys)
     per_row = []
     for kind, bs, q, kv, nh, nkv, hd in workload.shapes["attn"]:
         key, p = attention_problem(kind, bs, q, kv, nh, nkv, hd)
@@ -419,7 +419,7 @@ def test_predict_kernels_passes_columns_through(models, tmp_path):
     assert (frame["predicted_us"].astype(float) > 0).all()
     agg = Aggregator(model_dir=models, log=None)
     keys = [("H100", (16, 4096, 4096))]
-    expected = agg._durations("gemm", keys, *agg._features("gemm", keys))[0][0] * 1000
+    expected = agg.kernel_durations("gemm", keys, *agg.kernel_features("gemm", keys))[0][0] * 1000
     assert float(frame["predicted_us"][0]) == pytest.approx(expected, rel=1e-6)
 
 

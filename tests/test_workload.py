@@ -190,7 +190,7 @@ def _gemms(iteration):
 def test_appendix_a15_llama70b_arxiv16_tp4():
     cfg = load_model_config("Llama-3.1-70B")
     trace = load_trace("arxiv_16")
-    wl = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=1)
+    wl = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=1).to_dict()
     its = wl["iterations"]
     assert len(its) == 41 and [it["iteration"] for it in its] == list(range(1, 42))
     pre = its[0]
@@ -218,6 +218,8 @@ def test_appendix_a15_llama70b_arxiv16_tp4():
     assert _gemms(last)["lm_head"] == (16, 128256, 8192, 1)
 
     wl2 = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=2)
+    assert [op.kind for op in wl2.iterations[0].communication] == ["all_reduce", "send_recv"]
+    wl2 = wl2.to_dict()
     assert wl2["iterations"][0]["operators"]["communication"][1] == {
         "name": "send_recv", "type": "p2p", "volume_bytes": 1151860736, "count": 1}
     assert all(len(it["operators"]["communication"]) == 2 for it in wl2["iterations"])
@@ -226,18 +228,17 @@ def test_appendix_a15_llama70b_arxiv16_tp4():
 def test_qk_norm_variant_and_tp1_has_no_communication():
     cfg = load_model_config("Qwen3-32B")
     def rmsnorm_count(**kw):
-        return build_workload(cfg, [5], 1, tp=2, **kw)["iterations"][0]["operators"]["rmsnorm"]["count"]
+        return build_workload(cfg, [5], 1, tp=2, **kw).iterations[0].rmsnorm.count
 
     assert rmsnorm_count(qk_norm_rmsnorm=True) == 257
     assert rmsnorm_count() == 129
-    assert build_workload(load_model_config("Qwen2.5-14B"), [5], 2)["iterations"][1]["operators"]["communication"] == []
+    assert build_workload(load_model_config("Qwen2.5-14B"), [5], 2).iterations[1].communication == []
 
 
 def test_kv_heads_replicated_when_fewer_than_tp():
-    wl = build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=16)
-    op = wl["iterations"][0]["operators"]
-    assert (op["attention"]["nh"], op["attention"]["nkv"]) == (4, 8)
-    assert op["gemm"][0]["N"] == (64 + 2 * 8) * 128 // 16  # METHOD.md 11.3 item 23: still divided by TP
+    first = build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=16).iterations[0]
+    assert (first.attention.nh, first.attention.nkv) == (4, 8)
+    assert first.gemm[0].N == (64 + 2 * 8) * 128 // 16  # METHOD.md 11.3 item 23: still divided by TP
 
 
 def test_single_sequence_and_overrides():

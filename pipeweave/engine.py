@@ -1,0 +1,411 @@
+"""The prediction engine (docs/METHOD.md §7): workloads × GPUs → per-operator and per-iteration durations.
+
+For every (workload, GPU) pair the predicted duration of each operator instance is
+
+* a kernel (the registry's workload operators: GEMM, attention, RMSNorm, SiLU*Mul): analytical features
+  on that GPU → float32 → log1p → the operator's MLP → efficiency → ``C_ideal / (efficiency × f_SM)`` (§4.3);
+* a collective: the collective model of a GPU (:mod:`pipeweave.collectives`); all-reduce with
+  ``num_workers = tp_size``, send/recv with ``num_workers = 2`` (a pipeline-stage boundary is a two-party
+  transfer; fix of quirk §11.3.19).
+
+**Public surface** (what other features plug into):
+
+* ``Engine(model_dir=..., hardware_dir=..., collective_dir=..., collective_estimate=..., quantile_dir=...,
+  calibration=None)``: models are loaded once, on first use.
+* ``Engine.predict(jobs)``: any number of :class:`Job` (workload, GPU) pairs in one batch → :class:`Prediction`
+  (the docs/METHOD.md §7.5 output object of :mod:`pipeweave.report`).
+* ``Engine.predict_workload(workload, hardware)``: one in-memory :class:`pipeweave.schema.Workload` (or a
+  path) on one GPU → the output object; no JSON file needed.
+* ``Engine.iteration_ms(iteration, hardware, tp_size=1)``: the duration of one
+  :class:`pipeweave.schema.Iteration` (e.g. a batch of mixed prefill/decode requests of a serving simulator),
+  memoised on the iteration's operators, so asking again for the same batch costs a dictionary lookup.
+* ``calibration``: an object with ``apply(kind, hardware, durations_ms) -> durations_ms`` (``kind`` is a registry
+  operator key or a collective kind), called on every kernel and collective duration before they are summed; a
+  per-GPU multiplicative correction is ``durations_ms * factor[hardware.stem]``. None = no correction.
+* A capacity check (e.g. memory) belongs before :meth:`Engine.predict`, on the :class:`Job` list: it needs the
+  workload and the GPU spec, both on the job.
+
+**Speed.** Nothing is computed per iteration: every operator instance of every requested pair is gathered
+first, identical shapes are deduplicated per (operator class, GPU), features are computed vectorised once per
+operator class (FA2 attention through :mod:`analytical_model.fa2_batch`, bit-identical to the per-launch
+calculator), each MLP runs once on its whole batch, collectives are predicted once per distinct message, and the
+results are scattered back with index arrays. ``python3 -m benchmarks.aggregator`` times it.
+
+**Fixes of docs/METHOD.md §11.3** (all deliberate): GEMM tiles from the registry's tile rule, not a 130 MB CSV
+lookup (16); an unknown GPU, an operator class without a model or a malformed workload is an error, never a
+silently dropped operator (17); no silent 0 ms for communication: a workload with collectives needs a usable
+collective model or the explicit, visibly warned ``--collective_estimate analytical`` (18); send/recv with 2
+workers (19); one batched forward pass per operator class (20); several prefill iterations are summed (22).
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.pipes import HardwareSpec
+from analytical_model.registry import get_operator
+from pipeweave.cli import UserError
+from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
+from pipeweave.paths import DEFAULT_MODEL_DIR
+from pipeweave.report import build_result
+from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
+
+# torch (through pipeweave.predictor) is imported only when models are loaded, so that flag and workload errors
+# are reported quickly
+
+SEND_RECV_WORKERS = 2
+COLLECTIVE_ESTIMATES = ("model", "analytical")
+FLAG_HINT = "give --collective_hardware GPU (a GPU with collective models) or --collective_estimate analytical"
+
+Log = Callable[[str], None]
+
+
+class Calibration(Protocol):
+    """A correction of predicted durations, applied per operator class (or collective kind) and GPU."""
+
+    def apply(self, kind: str, hardware: HardwareSpec, durations_ms: np.ndarray) -> np.ndarray: ...
+
+
+# ==================================================================================================
+# prediction
+# ==================================================================================================
+
+@dataclass
+class Job:
+    """One (workload, GPU) pair; ``collective_hardware`` None = the prediction GPU's own models."""
+
+    workload: FlatWorkload
+    hardware: HardwareSpec
+    collective_hardware: str | None = None
+
+
+@dataclass
+class Prediction:
+    job: Job
+    result: dict
+    collective_source: str | None = None  # "<GPU> models", "<GPU> models + analytical (kinds)", ...
+
+
+class Engine:
+    """Loads models once; :meth:`predict` handles any number of (workload, GPU) pairs in one batch."""
+
+    def __init__(
+        self,
+        model_dir: str | Path = DEFAULT_MODEL_DIR,
+        hardware_dir: str | Path = DEFAULT_HARDWARE_DIR,
+        device: str = "cpu",
+        collective_dir: str | Path | None = None,
+        collective_estimate: str = "model",
+        quantile_dir: str | Path | None = None,
+        calibration: Calibration | None = None,
+        log: Log | None = print,
+    ):
+        if collective_estimate not in COLLECTIVE_ESTIMATES:
+            raise UserError(f"--collective_estimate must be one of {', '.join(COLLECTIVE_ESTIMATES)}, "
+                            f"got {collective_estimate!r}")
+        self.hardware_dir = Path(hardware_dir)
+        self.registry = hardware_registry(self.hardware_dir)
+        self.model_dir = Path(model_dir)
+        self.device = device
+        self.quantile_dir = Path(quantile_dir) if quantile_dir else None
+        self._predictor = None
+        self._quantile_predictor = None
+        self.quantile_ops: dict[str, bool] = {}
+        if collective_dir is None:
+            from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR
+            collective_dir = DEFAULT_COLLECTIVE_DIR
+        self.collective_dir = Path(collective_dir)
+        self.collective_estimate = collective_estimate
+        self.log = log or (lambda message: None)
+        self._collective_predictors: dict[str, object] = {}
+        self._warned: set[tuple[str, str, int]] = set()
+        self.calibration = calibration
+        self._iteration_ms: dict[tuple, float] = {}
+        self._loaded: set[str] = set()
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def predictor(self):
+        """The point-prediction KernelPredictor (created, and torch imported, on first use)."""
+        if self._predictor is None:
+            from pipeweave.predictor import KernelPredictor
+
+            self._predictor = KernelPredictor(self.model_dir, self.device, self.hardware_dir)
+        return self._predictor
+
+    @property
+    def quantile_predictor(self):
+        """KernelPredictor of the quantile (upper-efficiency) models, None without --quantiles."""
+        if self.quantile_dir is None:
+            return None
+        if self._quantile_predictor is None:
+            from pipeweave.predictor import KernelPredictor
+
+            self._quantile_predictor = KernelPredictor(self.quantile_dir, self.device, self.hardware_dir)
+        return self._quantile_predictor
+
+    def gpu(self, name: str) -> HardwareSpec:
+        return self.registry.get(name)
+
+    def load_models(self, ops: Iterable[str]) -> None:
+        """Load every needed model now, so that a missing one fails before any work (names file + command)."""
+        for op in ops:
+            if op in self._loaded:
+                continue
+            _, metadata, directory = self.predictor.model(op)
+            self._loaded.add(op)
+            self.log(f"Loaded {op} model: {directory} ({metadata['model_info'].get('architecture', 'MLP')})")
+            if self.quantile_predictor is not None and op not in self.quantile_ops:
+                try:
+                    _, _, qdir = self.quantile_predictor.model(op)
+                    self.quantile_ops[op] = True
+                    self.log(f"Loaded {op} quantile model: {qdir}")
+                except FileNotFoundError:
+                    self.quantile_ops[op] = False
+                    self.log(f"Note: no {op} quantile model under {self.quantile_predictor.model_dir}/{op}; "
+                             f"optimistic {op} durations use the point prediction")
+        if self.quantile_predictor is not None and self.quantile_ops and not any(self.quantile_ops.values()):
+            raise FileNotFoundError(
+                f"--quantiles: no quantile model for any of {', '.join(self.quantile_ops)} under "
+                f"{self.quantile_predictor.model_dir} (expected <dir>/<op>/<timestamp>/<op>_mlp_model.pth); "
+                f"train one with: python3 train_mlp_quantile.py --op {next(iter(self.quantile_ops))}")
+
+    def collective_predictor(self, job: Job):
+        """The CollectivePredictor a job's collectives use; errors name the flags to give."""
+        from pipeweave.collectives import CollectivePredictor, collective_hardware_with_models
+
+        have = collective_hardware_with_models(self.collective_dir)
+        analytical = self.collective_estimate == "analytical"
+        if job.collective_hardware:
+            stem = self.gpu(job.collective_hardware).stem
+            if stem not in have and not analytical:
+                raise UserError(
+                    f"--collective_hardware {job.collective_hardware}: no collective models for {stem} in "
+                    f"{self.collective_dir} (GPUs with collective models: {', '.join(have) or 'none'}); "
+                    f"{FLAG_HINT}")
+        else:
+            stem = job.hardware.stem
+            if stem not in have and not analytical:
+                raise UserError(
+                    f"{job.workload.stem}: the workload has communication ({job.workload.collective_summary()}) but "
+                    f"{stem} has no collective models in {self.collective_dir} (GPUs with collective models: "
+                    f"{', '.join(have) or 'none'}); {FLAG_HINT}")
+        if stem not in self._collective_predictors:
+            try:
+                self._collective_predictors[stem] = CollectivePredictor(stem, self.collective_dir,
+                                                                        allow_analytical=analytical)
+            except FileNotFoundError as exc:
+                raise UserError(f"{exc.args[0] if exc.args else exc}; {FLAG_HINT}") from None
+        return self._collective_predictors[stem]
+
+    # ---------------------------------------------------------------------------------------------
+    def predict(self, jobs: Sequence[Job]) -> list[Prediction]:
+        """Predict every job; raises before returning anything if any job cannot be predicted."""
+        with gc_paused():
+            return self._predict(jobs)
+
+    def predict_workload(self, workload: Workload | FlatWorkload | str | Path, hardware: str | HardwareSpec,
+                         collective_hardware: str | None = None) -> dict:
+        """The output object (docs/METHOD.md §7.5) of one workload on one GPU; ``workload`` may be an in-memory
+        :class:`pipeweave.schema.Workload`, a flattened one or a workload file."""
+        if isinstance(workload, Workload):
+            workload = FlatWorkload.of(workload)
+        elif not isinstance(workload, FlatWorkload):
+            workload = load_workload(workload)
+        spec = hardware if isinstance(hardware, HardwareSpec) else self.gpu(hardware)
+        return self.predict([Job(workload, spec, collective_hardware)])[0].result
+
+    def iteration_ms(self, iteration: Iteration, hardware: str | HardwareSpec, tp_size: int = 1,
+                     collective_hardware: str | None = None) -> float:
+        """Predicted duration (ms) of one iteration, memoised on its operators, GPU and parallelism."""
+        spec = hardware if isinstance(hardware, HardwareSpec) else self.gpu(hardware)
+        key = (spec.stem, collective_hardware, tp_size, iteration.signature())
+        found = self._iteration_ms.get(key)
+        if found is None:
+            workload = FlatWorkload.of(Workload([iteration], tp_size=tp_size), stem="iteration")
+            result = self.predict([Job(workload, spec, collective_hardware)])[0].result
+            found = self._iteration_ms[key] = result["summary"]["total_duration_ms"]
+        return found
+
+    def _predict(self, jobs: Sequence[Job]) -> list[Prediction]:
+        ops = sorted({op for job in jobs for op in job.workload.ops()}, key=list(KERNEL_CATEGORIES.values()).index)
+        # collectives first (cheap, no torch): a missing collective model fails before the MLPs are loaded
+        collective_of = {id(job): self.collective_predictor(job) for job in jobs if job.workload.has_communication}
+        coll_ms: dict[int, tuple[np.ndarray, list[str]]] = {}
+        for j, job in enumerate(jobs):
+            if job.workload.has_communication:
+                coll_ms[j] = self.collective_durations(job, collective_of[id(job)])
+        self.load_models(ops)
+
+        # 1. unique (GPU, shape) rows per operator class, and each job's map from its local shapes to them
+        tables: dict[str, dict[tuple[str, tuple], int]] = {op: {} for op in ops}
+        maps: dict[tuple[int, str], np.ndarray] = {}
+        for j, job in enumerate(jobs):
+            stem = job.hardware.stem
+            for op in job.workload.ops():
+                table = tables[op]
+                ids = np.empty(len(job.workload.shapes[op]), dtype=np.int64)
+                for i, shape in enumerate(job.workload.shapes[op]):
+                    key = (stem, shape)
+                    found = table.get(key)
+                    if found is None:
+                        found = table[key] = len(table)
+                    ids[i] = found
+                maps[(j, op)] = ids
+
+        # 2. one feature computation and one forward pass per operator class
+        unique_ms: dict[str, np.ndarray] = {}
+        optimistic_ms: dict[str, np.ndarray] = {}
+        with single_thread_inference(self.device):
+            for op, table in tables.items():
+                keys = list(table)  # dict order = row order
+                features, described = self.kernel_features(op, keys)
+                unique_ms[op], optimistic_ms[op] = self.kernel_durations(op, keys, features, described)
+
+        # 3. scatter back and assemble the outputs
+        out = []
+        for j, job in enumerate(jobs):
+            single = np.zeros(len(job.workload.inst_code))
+            best = np.zeros(len(job.workload.inst_code)) if self.quantile_predictor is not None else None
+            codes = job.workload.inst_code
+            for category, op in KERNEL_CATEGORIES.items():
+                rows = np.flatnonzero(codes == CATEGORY_CODE[category])
+                if rows.size:
+                    ids = maps[(j, op)][job.workload.inst_local[rows]]
+                    single[rows] = unique_ms[op][ids]
+                    if best is not None:
+                        best[rows] = optimistic_ms[op][ids]
+            rows = np.flatnonzero(codes == COMMUNICATION_CODE)
+            if rows.size:
+                single[rows] = coll_ms[j][0][job.workload.inst_local[rows]]
+                if best is not None:
+                    best[rows] = single[rows]
+            source = None
+            if job.workload.has_communication:
+                predictor = collective_of[id(job)]
+                measured = [k for k in COLLECTIVE_KINDS if k not in coll_ms[j][1]
+                            and any(kind == k for kind, _ in job.workload.collectives)]
+                parts = []
+                if measured:
+                    parts.append(f"{predictor.hardware} collective models ({', '.join(measured)})")
+                if coll_ms[j][1]:
+                    parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
+                source = " + ".join(parts)
+            out.append(Prediction(job, build_result(job, single, best), source))
+        return out
+
+    def kernel_features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:
+        """float64 (features, shape descriptors) of the unique (GPU stem, shape) rows of one operator class."""
+        operator = get_operator(op)
+        features = np.zeros((len(keys), len(operator.feature_names)))
+        described = np.zeros((len(keys), len(operator.descriptor_names)))
+        if not keys:
+            return features, described
+        stems = np.array([stem for stem, _ in keys], dtype=object)
+        for stem in dict.fromkeys(stems.tolist()):
+            rows = np.flatnonzero(stems == stem)
+            hw = self.registry.get(stem)
+            shapes = [keys[i][1] for i in rows]
+            columns = {name: [shape[i] for shape in shapes] for i, name in enumerate(operator.shape_columns)}
+            features[rows] = operator.features(columns, hw)
+            described[rows] = operator.descriptors(columns, hw)
+        return features, described
+
+    def kernel_durations(self, op: str, keys, features: np.ndarray, described: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """(point, optimistic) durations in ms of the unique (GPU stem, shape) rows, calibrated if asked."""
+        operator = get_operator(op)
+        ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
+        freq = np.array([self.registry.get(stem).sm_freq for stem, _ in keys], dtype=np.float64)
+        from pipeweave.predictor import duration_us
+
+        efficiency = self.predictor.efficiency_from_features(op, features, described)
+        stems = [stem for stem, _ in keys]
+        point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0)
+        if self.quantile_predictor is not None and self.quantile_ops.get(op):
+            upper = self.quantile_predictor.efficiency_from_features(op, features, described)
+            return point, self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0)
+        return point, point
+
+    def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray) -> np.ndarray:
+        """``ms`` after the calibration's per-GPU correction (unchanged without a calibration)."""
+        if self.calibration is None or not len(ms):
+            return ms
+        stems_array = np.asarray(stems, dtype=object)
+        out = np.array(ms, dtype=np.float64)
+        for stem in dict.fromkeys(stems):
+            rows = np.flatnonzero(stems_array == stem)
+            out[rows] = self.calibration.apply(kind, self.gpu(stem), out[rows])
+        return out
+
+    def collective_durations(self, job: Job, predictor) -> tuple[np.ndarray, list[str]]:
+        """(ms per unique collective of the job's workload, kinds that used the analytical estimate)."""
+        workload = job.workload
+        out = np.zeros(len(workload.collectives))
+        analytical = []
+        for kind in COLLECTIVE_KINDS:
+            rows = [i for i, (k, _) in enumerate(workload.collectives) if k == kind]
+            if not rows:
+                continue
+            sizes = np.array([workload.collectives[i][1] for i in rows], dtype=np.float64)
+            workers = workload.tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
+            measured = predictor.available(kind) and (
+                workers in predictor.worker_counts(kind) or (kind == "all_reduce" and workers == 1))
+            try:
+                out[rows] = self._calibrated(kind, [job.hardware.stem] * len(rows),
+                                             predictor.predict_ms(kind, sizes, workers))
+            except (ValueError, FileNotFoundError) as exc:
+                message = exc.args[0] if exc.args else str(exc)
+                raise UserError(f"{workload.stem} on {job.hardware.stem}: cannot predict {kind} with "
+                                f"{predictor.hardware}'s collective models: {message.split('; ')[0]}; "
+                                f"{FLAG_HINT}") from None
+            if not measured:
+                analytical.append(kind)
+                if (predictor.hardware, kind, workers) not in self._warned:
+                    self._warned.add((predictor.hardware, kind, workers))
+                    self.log(
+                        f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
+                        f"estimate (--collective_estimate analytical: pipeweave.collectives.analytical_collective_ms, "
+                        f"peak link bandwidth + fixed latency, not measurements) because no measured model covers it")
+        return out, analytical
+
+
+@contextmanager
+def gc_paused():
+    """No cyclic garbage collection while the output objects are built: the thousands of small dicts
+    otherwise trigger full collections over torch's and pandas' heaps (≈ 5 ms for a 403-iteration
+    workload). Nothing built here is cyclic; the previous state is restored."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextmanager
+def single_thread_inference(device: str):
+    """One intra-op thread for CPU inference: the batches here are small (hundreds of rows), where thread
+    start-up and contention with other processes cost far more than they save (measured: 240 ms vs 24 ms
+    for a 403-iteration workload on a busy 2-core machine)."""
+    if not str(device).startswith("cpu"):
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+Aggregator = Engine  # the name the aggregator CLI and earlier code use

@@ -1,0 +1,124 @@
+"""A workload flattened for the engine: one row per operator instance, distinct shapes per operator class.
+
+:class:`FlatWorkload` turns a validated :class:`pipeweave.schema.Workload` into index arrays (iteration,
+repeat count, category, index of the distinct shape or collective), so that the engine computes each distinct
+shape once and scatters the durations back without a Python loop per instance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from analytical_model.registry import workload_operators
+from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+from pipeweave.schema import Category, Workload, read_workload
+
+#: workload operator key → registry operator class, in output order
+KERNEL_CATEGORIES = {key: operator.key for key, operator in workload_operators().items()}
+#: the categories in output order; a FlatWorkload's ``inst_code`` indexes this tuple
+CATEGORIES = tuple(c.value for c in Category)
+CATEGORY_CODE = {category: code for code, category in enumerate(CATEGORIES)}
+COMMUNICATION_CODE = CATEGORY_CODE[Category.COMMUNICATION.value]
+
+
+@dataclass
+class FlatWorkload:
+    """A validated workload flattened into operator instances (iteration order, then category order), with the
+    distinct kernel shapes per registry operator and the distinct collectives."""
+
+    path: Path | None
+    stem: str
+    model: str
+    tp_size: int
+    pp_size: int
+    numbers: list[int]  # the "iteration" field of every iteration
+    phases: list[str]
+    #: per iteration: [(category, name or None, instance index)], in output order
+    layout: list[list[tuple[str, str | None, int]]]
+    #: per registry op: unique shape keys (tuples of the operator's shape columns)
+    shapes: dict[str, list[tuple]]
+    #: unique (kind, volume_bytes) of the collectives
+    collectives: list[tuple[str, int]]
+    inst_iter: np.ndarray  # iteration position of every instance
+    inst_count: np.ndarray  # float64 repeat counts
+    inst_code: np.ndarray  # index into CATEGORIES
+    inst_local: np.ndarray  # index into shapes[op] (kernels) or collectives
+    counts_int: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, workload: Workload, stem: str = "workload", path: Path | None = None) -> "FlatWorkload":
+        shapes: dict[str, list[tuple]] = {op: [] for op in KERNEL_CATEGORIES.values()}
+        index: dict[str, dict[tuple, int]] = {op: {} for op in KERNEL_CATEGORIES.values()}
+        inst_iter, inst_count, inst_code, inst_local, layout = [], [], [], [], []
+
+        def add(position: int, category: str, name, local: int, count: int, entries: list) -> None:
+            entries.append((category, name, len(inst_iter)))
+            inst_iter.append(position)
+            inst_count.append(count)
+            inst_code.append(CATEGORY_CODE[category])
+            inst_local.append(local)
+
+        def local_index(table: dict, values: list, key: tuple) -> int:
+            found = table.get(key)
+            if found is None:
+                found = table[key] = len(values)
+                values.append(key)
+            return found
+
+        collectives: list[tuple[str, int]] = []
+        coll_index: dict[tuple[str, int], int] = {}
+        for position, iteration in enumerate(workload.iterations):
+            entries: list = []
+            for category, name, op in iteration.kernels():
+                registry_op = KERNEL_CATEGORIES[category.value]
+                local = local_index(index[registry_op], shapes[registry_op], op.shape)
+                add(position, category.value, name, local, op.count, entries)
+            for op in iteration.communication:
+                local = local_index(coll_index, collectives, (op.kind, op.volume_bytes))
+                add(position, Category.COMMUNICATION.value, op.name, local, op.count, entries)
+            layout.append(entries)
+        return cls(
+            path=path, stem=stem, model=workload.model, tp_size=workload.tp_size, pp_size=workload.pp_size,
+            numbers=[it.iteration for it in workload.iterations], phases=[it.phase for it in workload.iterations],
+            layout=layout, shapes=shapes, collectives=collectives,
+            inst_iter=np.asarray(inst_iter, dtype=np.int64), inst_count=np.asarray(inst_count, dtype=np.float64),
+            inst_code=np.asarray(inst_code, dtype=np.int64), inst_local=np.asarray(inst_local, dtype=np.int64),
+            counts_int=inst_count,
+        )
+
+    @property
+    def has_communication(self) -> bool:
+        return bool(self.collectives)
+
+    def ops(self) -> list[str]:
+        return [op for op in KERNEL_CATEGORIES.values() if self.shapes[op]]
+
+    def collective_summary(self) -> str:
+        return ", ".join(sorted({kind for kind, _ in self.collectives}))
+
+
+def parse_workload(data, source: str = "workload", path: Path | None = None) -> FlatWorkload:
+    """Validate a workload object (docs/METHOD.md §6.4) and flatten it; errors name iteration and field."""
+    stem = Path(source).stem if path is None else path.stem
+    return FlatWorkload.of(Workload.from_dict(data, source), stem, path)
+
+
+def resolve_workload_path(name: str | Path, workload_dir: Path = DEFAULT_WORKLOAD_DIR) -> Path:
+    path = Path(name)
+    if path.is_file():
+        return path
+    if "/" not in str(name):
+        candidate = workload_dir / (str(name) if str(name).endswith(".json") else f"{name}.json")
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"workload file not found: {name}")
+
+
+def load_workload(name: str | Path, workload_dir: Path = DEFAULT_WORKLOAD_DIR) -> FlatWorkload:
+    """A workload file (a path, or a stem of ``workload_dir``), validated and flattened."""
+    path = resolve_workload_path(name, workload_dir)
+    return FlatWorkload.of(read_workload(path), path.stem, path)
+
+

@@ -1,0 +1,90 @@
+"""The prediction report: the docs/METHOD.md §7.5 output object of one (workload, GPU) pair and its summary.
+
+Iteration duration = Σ single × count (unrounded); the summary holds the prefill time (Σ of the prefill
+iterations: several are summed, quirk §11.3.22 fixed), the mean and total of the decode iterations and the total.
+Values are rounded to 6 decimals only when written.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+
+SUMMARY_KEYS = ("prefill_duration_ms", "decode_avg_duration_ms", "decode_total_duration_ms", "total_duration_ms")
+
+def round6(values: np.ndarray) -> list[float]:
+    """Round to 6 decimals, vectorised: rint(x·10⁶) / 10⁶ is the double nearest to the 6-decimal value
+    (prints cleanly); it can differ from Python's round() only for values within an ulp of a tie."""
+    return (np.rint(np.asarray(values, dtype=np.float64) * 1e6) / 1e6).tolist()
+
+
+def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None) -> dict:
+    """The §7.5 output object of a :class:`pipeweave.engine.Job` from per-instance single durations (ms,
+    unrounded; ``optimistic``: the quantile models' durations, added as ``summary.optimistic_*``)."""
+    workload = job.workload
+    n_iter = len(workload.numbers)
+    weighted = single * workload.inst_count
+    # bincount accumulates in input order: the same sequence of additions as Σ over an iteration's operators
+    iter_total = np.bincount(workload.inst_iter, weights=weighted, minlength=n_iter).tolist()
+    singles = round6(single)
+    totals = round6(weighted)
+    iter_rounded = round6(iter_total)
+    counts = workload.counts_int
+    iterations = []
+    for position in range(n_iter):
+        durations: dict = {"gemm": {}}
+        for category, name, i in workload.layout[position]:
+            entry = {"single_duration_ms": singles[i], "count": counts[i], "total_duration_ms": totals[i]}
+            if category == "gemm":
+                durations["gemm"][name] = entry
+            elif category == "communication":
+                durations.setdefault("communication", {})[name] = entry
+            else:
+                durations[category] = entry
+        iterations.append({  # layout entries are in CATEGORIES order, so the keys are too
+            "iteration": workload.numbers[position],
+            "phase": workload.phases[position],
+            "operator_durations": durations,
+            "total_duration_ms": iter_rounded[position],
+        })
+    summary = summarize(workload.phases, iter_total)
+    if optimistic is not None:
+        best_total = np.bincount(workload.inst_iter, weights=optimistic * workload.inst_count, minlength=n_iter)
+        for key, value in summarize(workload.phases, best_total.tolist()).items():
+            summary[f"optimistic_{key}"] = value
+    return {
+        "model": workload.model,
+        "hardware": job.hardware.name,
+        "tp_size": workload.tp_size,
+        "pp_size": workload.pp_size,
+        "iterations": iterations,
+        "summary": summary,
+    }
+
+
+def summarize(phases: Sequence[str], totals: Sequence[float]) -> dict:
+    """Prefill = Σ of the prefill iterations (quirk §11.3.22 fixed), decode = all other iterations."""
+    prefill = 0.0
+    decode = []
+    for phase, total in zip(phases, totals):
+        if phase == "prefill":
+            prefill += total
+        else:
+            decode.append(total)
+    decode_total = sum(decode)
+    return {
+        "prefill_duration_ms": round(prefill, 6),
+        "decode_avg_duration_ms": round(decode_total / len(decode), 6) if decode else 0.0,
+        "decode_total_duration_ms": round(decode_total, 6),
+        "total_duration_ms": round(sum(totals), 6),
+    }
+
+
+def dumps_result(result: dict) -> str:
+    return json.dumps(result, indent=2) + "\n"
+
+
+def output_name(workload_stem: str, hardware) -> str:
+    """``<workload stem>_<GPU stem, spaces as _>.json``."""
+    return f"{workload_stem}_{hardware.stem.replace(' ', '_')}.json"

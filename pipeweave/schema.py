@@ -1,0 +1,371 @@
+"""The workload schema as code (docs/METHOD.md §6.4): typed entities shared by the generator and the aggregator.
+
+A :class:`Workload` is a list of :class:`Iteration` objects; each iteration holds its operators by
+:class:`Category`: a list of named :class:`GemmOp`, at most one :class:`AttentionOp`, :class:`ElementwiseOp`
+for RMSNorm and SiLU*Mul, and a list of named :class:`CollectiveOp`. ``Workload.from_dict`` validates a parsed
+JSON object (every error names the iteration and the field); ``Workload.to_dict`` writes the JSON object with
+the keys in the artifact's order, so the generator's files stay byte-identical to the artifact's.
+
+The kernel categories map to registry operator classes through the registry's ``workload_key``
+(:func:`analytical_model.registry.workload_operators`); each kernel entry's ``shape`` is the tuple of that
+operator's shape columns.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from analytical_model.attention import resolve_attention_type
+from pipeweave.cli import UserError
+
+
+class WorkloadFormatError(UserError):
+    """A workload that does not follow docs/METHOD.md §6.4; the message names the iteration and field."""
+
+
+class Category(str, Enum):
+    """The operator classes of a workload iteration, in output order (the keys under ``operators``)."""
+
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    RMSNORM = "rmsnorm"
+    SILUANDMUL = "siluandmul"
+    COMMUNICATION = "communication"
+
+
+KERNEL_CATEGORIES = (Category.GEMM, Category.ATTENTION, Category.RMSNORM, Category.SILUANDMUL)
+PHASES = ("prefill", "decode")
+COLLECTIVE_KINDS = ("all_reduce", "send_recv")
+
+
+def collective_kind(name: str, kind_type: str = "") -> str | None:
+    """all_reduce / send_recv from a communication entry's name and type (None if neither)."""
+    lowered = name.lower()
+    if "all_reduce" in lowered or "allreduce" in lowered:
+        return "all_reduce"
+    if "send" in lowered or "recv" in lowered or str(kind_type).lower() == "p2p":
+        return "send_recv"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# entities
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class GemmOp:
+    name: str
+    M: int
+    N: int
+    K: int
+    count: int
+    type: str | None = None  # the framework's layer class, informational
+
+    @property
+    def shape(self) -> tuple:
+        return (self.M, self.N, self.K)
+
+    def to_dict(self) -> dict:
+        head = {"name": self.name} if self.type is None else {"name": self.name, "type": self.type}
+        return {**head, "M": self.M, "N": self.N, "K": self.K, "count": self.count}
+
+
+@dataclass(slots=True)
+class AttentionOp:
+    attention_type: str
+    bs: int
+    q_lengths: tuple[int, ...]
+    kv_lengths: tuple[int, ...]
+    nh: int
+    nkv: int
+    hd: int
+    count: int
+
+    @property
+    def shape(self) -> tuple:
+        return (self.attention_type, self.bs, self.q_lengths, self.kv_lengths, self.nh, self.nkv, self.hd)
+
+    def to_dict(self) -> dict:
+        return {"attention_type": self.attention_type, "bs": self.bs, "q_lengths": list(self.q_lengths),
+                "kv_lengths": list(self.kv_lengths), "nh": self.nh, "nkv": self.nkv, "hd": self.hd,
+                "count": self.count}
+
+
+@dataclass(slots=True)
+class ElementwiseOp:
+    """RMSNorm or SiLU*Mul over ``seq`` rows of ``dim`` elements."""
+
+    seq: int
+    dim: int
+    count: int
+
+    @property
+    def shape(self) -> tuple:
+        return (self.seq, self.dim)
+
+    def to_dict(self) -> dict:
+        return {"seq": self.seq, "dim": self.dim, "count": self.count}
+
+
+@dataclass(slots=True)
+class CollectiveOp:
+    name: str
+    volume_bytes: int
+    count: int
+    type: str = ""
+
+    @property
+    def kind(self) -> str:
+        return collective_kind(self.name, self.type)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "type": self.type, "volume_bytes": self.volume_bytes, "count": self.count}
+
+
+@dataclass(slots=True)
+class Iteration:
+    """One forward pass. ``batch_size``, ``q_lengths``, ``kv_lengths`` and ``num_tokens`` describe the batch
+    (written by the generator, not needed for prediction)."""
+
+    phase: str
+    iteration: int = 1
+    gemm: list[GemmOp] = field(default_factory=list)
+    attention: AttentionOp | None = None
+    rmsnorm: ElementwiseOp | None = None
+    siluandmul: ElementwiseOp | None = None
+    communication: list[CollectiveOp] = field(default_factory=list)
+    batch_size: int | None = None
+    q_lengths: list[int] | None = None
+    kv_lengths: list[int] | None = None
+    num_tokens: int | None = None
+
+    def kernels(self):
+        """(category, name or None, op) of every kernel entry, in output order."""
+        for op in self.gemm:
+            yield Category.GEMM, op.name, op
+        for category in KERNEL_CATEGORIES[1:]:
+            op = getattr(self, category.value)
+            if op is not None:
+                yield category, None, op
+
+    def signature(self) -> tuple:
+        """A hashable key of everything that determines the iteration's predicted duration."""
+        return (tuple((c.value, name, op.shape, op.count) for c, name, op in self.kernels()),
+                tuple((op.kind, op.volume_bytes, op.count) for op in self.communication))
+
+    def to_dict(self) -> dict:
+        out: dict = {"iteration": self.iteration, "phase": self.phase}
+        for key in ("batch_size", "q_lengths", "kv_lengths", "num_tokens"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        operators: dict = {"gemm": [op.to_dict() for op in self.gemm]}
+        for category in KERNEL_CATEGORIES[1:]:
+            op = getattr(self, category.value)
+            if op is not None:
+                operators[category.value] = op.to_dict()
+        operators["communication"] = [op.to_dict() for op in self.communication]
+        out["operators"] = operators
+        return out
+
+
+@dataclass(slots=True)
+class Workload:
+    """A whole workload: iterations plus the parallelism they were generated for."""
+
+    iterations: list[Iteration]
+    model: str = "model"
+    tp_size: int = 1
+    pp_size: int = 1
+    model_params: dict | None = None
+
+    def to_dict(self) -> dict:
+        head: dict = {"model": self.model}
+        if self.model_params is not None:
+            head["model_params"] = self.model_params
+        return {**head, "tp_size": self.tp_size, "pp_size": self.pp_size,
+                "iterations": [it.to_dict() for it in self.iterations]}
+
+    def to_json_bytes(self) -> bytes:
+        """The artifact's serialization: 2-space indent, ASCII, no final newline."""
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=True).encode("ascii")
+
+    @classmethod
+    def from_dict(cls, data, source: str = "workload") -> "Workload":
+        return _Reader(source).workload(data)
+
+
+def read_workload(path: str | Path) -> Workload:
+    """Read and validate a workload JSON file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkloadFormatError(f"{path}: not valid JSON ({exc})") from None
+    return Workload.from_dict(data, str(path))
+
+
+# --------------------------------------------------------------------------------------------------
+# validation (one reader per workload: it caches attention-type checks)
+# --------------------------------------------------------------------------------------------------
+
+def _is_pos_int(value) -> bool:
+    return type(value) is int and value > 0
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _int_list_problem(value, bs: int) -> str | None:
+    """None if ``value`` is a list of ``bs`` positive ints, else what is wrong."""
+    if type(value) is not list:
+        return "must be a list of positive integers"
+    if len(value) != bs:
+        return f"has {len(value)} entries but bs is {bs}"
+    for v in value:
+        if type(v) is not int or v <= 0:
+            return f"entries must be positive integers, got {v!r}"
+    return None
+
+
+class _Reader:
+    def __init__(self, source: str):
+        self.source = source
+        self.attention_types: dict[str, str | None] = {}
+
+    def fail(self, message: str):
+        raise WorkloadFormatError(f"{self.source}: {message}")
+
+    def object(self, value, at: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(f"{at} must be an object")
+        return value
+
+    def positive(self, op: dict, keys, at: str) -> None:
+        for key in keys:
+            if not _is_pos_int(op.get(key)):
+                self.fail(f"{at}.{key} must be a positive integer, got {op.get(key)!r}")
+
+    def count(self, op: dict, at: str) -> int:
+        if not _is_count(op.get("count")):
+            self.fail(f"{at}.count must be a non-negative integer, got {op.get('count')!r}")
+        return op["count"]
+
+    def name(self, op: dict, at: str, names: set) -> str:
+        name = op.get("name")
+        if not isinstance(name, str) or not name:
+            self.fail(f"{at}.name must be a non-empty string, got {name!r}")
+        if name in names:
+            self.fail(f"{at}.name {name!r} is used twice in this iteration")
+        names.add(name)
+        return name
+
+    def named_list(self, operators: dict, key: str, where: str) -> list:
+        entries = operators.get(key, [])
+        if not isinstance(entries, list):
+            self.fail(f"{where}: operators.{key} must be a list")
+        return entries
+
+    def workload(self, data) -> Workload:
+        if not isinstance(data, dict):
+            self.fail("expected a JSON object with an 'iterations' list")
+        iterations = data.get("iterations")
+        if not isinstance(iterations, list) or not iterations:
+            self.fail("'iterations' must be a non-empty list")
+        sizes = {}
+        for key in ("tp_size", "pp_size"):
+            value = data.get(key, 1)
+            if not _is_pos_int(value):
+                self.fail(f"{key} must be a positive integer, got {value!r}")
+            sizes[key] = value
+        model = data.get("model", Path(self.source).stem)
+        if not isinstance(model, str):
+            self.fail(f"model must be a string, got {model!r}")
+        return Workload([self.iteration(it, position) for position, it in enumerate(iterations)], model=model,
+                        model_params=data.get("model_params"), **sizes)
+
+    def iteration(self, iteration, position: int) -> Iteration:
+        where = f"iteration {position + 1}"
+        if not isinstance(iteration, dict):
+            self.fail(f"{where}: must be an object")
+        number = iteration.get("iteration", position + 1)
+        if not _is_pos_int(number):
+            self.fail(f"{where}: iteration must be a positive integer, got {number!r}")
+        phase = iteration.get("phase")
+        if phase not in PHASES:
+            self.fail(f"{where}: phase must be \"prefill\" or \"decode\", got {phase!r}")
+        operators = iteration.get("operators")
+        if not isinstance(operators, dict):
+            self.fail(f"{where}: operators must be an object")
+        known = [c.value for c in Category]
+        unknown = [key for key in operators if key not in known]
+        if unknown:
+            self.fail(f"{where}: unknown operator class operators.{unknown[0]} (known: {', '.join(known)})")
+        out = Iteration(phase=phase, iteration=number, batch_size=iteration.get("batch_size"),
+                        q_lengths=iteration.get("q_lengths"), kv_lengths=iteration.get("kv_lengths"),
+                        num_tokens=iteration.get("num_tokens"))
+        names: set = set()
+        out.gemm = [self.gemm(op, f"{where}: operators.gemm[{i}]", names)
+                    for i, op in enumerate(self.named_list(operators, "gemm", where))]
+        if "attention" in operators:
+            out.attention = self.attention(operators["attention"], f"{where}: operators.attention")
+        for category in (Category.RMSNORM, Category.SILUANDMUL):
+            if category.value in operators:
+                setattr(out, category.value,
+                        self.elementwise(operators[category.value], f"{where}: operators.{category.value}"))
+        names = set()
+        out.communication = [self.collective(op, f"{where}: operators.communication[{i}]", names)
+                             for i, op in enumerate(self.named_list(operators, "communication", where))]
+        return out
+
+    def gemm(self, op, at: str, names: set) -> GemmOp:
+        op = self.object(op, at)
+        name = self.name(op, at, names)
+        self.positive(op, ("M", "N", "K"), at)
+        return GemmOp(name, op["M"], op["N"], op["K"], self.count(op, at), op.get("type"))
+
+    def attention(self, op, at: str) -> AttentionOp:
+        op = self.object(op, at)
+        kind = op.get("attention_type")
+        if not isinstance(kind, str):
+            self.fail(f"{at}.attention_type must be a string, got {kind!r}")
+        if kind not in self.attention_types:
+            try:
+                resolve_attention_type(kind)
+                self.attention_types[kind] = None
+            except ValueError as exc:
+                self.attention_types[kind] = str(exc)
+        if self.attention_types[kind]:
+            self.fail(f"{at}.attention_type: {self.attention_types[kind]}")
+        self.positive(op, ("bs", "nh", "nkv", "hd"), at)
+        if op["nh"] % op["nkv"]:
+            self.fail(f"{at}: nh ({op['nh']}) must be divisible by nkv ({op['nkv']})")
+        for key in ("q_lengths", "kv_lengths"):
+            problem = _int_list_problem(op.get(key), op["bs"])
+            if problem:
+                self.fail(f"{at}.{key} {problem}")
+        q, kv = op["q_lengths"], op["kv_lengths"]
+        for j, (a, b) in enumerate(zip(q, kv)):
+            if a > b:
+                self.fail(f"{at}: q_lengths[{j}] = {a} exceeds kv_lengths[{j}] = {b}")
+        return AttentionOp(kind, op["bs"], tuple(q), tuple(kv), op["nh"], op["nkv"], op["hd"], self.count(op, at))
+
+    def elementwise(self, op, at: str) -> ElementwiseOp:
+        op = self.object(op, at)
+        self.positive(op, ("seq", "dim"), at)
+        return ElementwiseOp(op["seq"], op["dim"], self.count(op, at))
+
+    def collective(self, op, at: str, names: set) -> CollectiveOp:
+        op = self.object(op, at)
+        name = self.name(op, at, names)
+        kind_type = op.get("type", "")
+        if collective_kind(name, kind_type) is None:
+            self.fail(f"{at}: unknown collective {name!r} (type {kind_type!r}); expected a name containing "
+                      "'all_reduce', or 'send'/'recv' or type 'p2p'")
+        volume = op.get("volume_bytes")
+        if type(volume) is not int or volume < 0:
+            self.fail(f"{at}.volume_bytes must be a non-negative integer, got {volume!r}")
+        return CollectiveOp(name, volume, self.count(op, at), kind_type)

@@ -1,0 +1,110 @@
+"""The workload schema (pipeweave/schema.py) and the engine's public surface (pipeweave/engine.py): in-memory
+workloads, memoised single iterations, calibration hooks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analytical_model.registry import workload_operators
+from benchmarks.aggregator import write_untrained_models
+from pipeweave.engine import Engine, Job
+from pipeweave.flatten import load_workload
+from pipeweave.schema import (KERNEL_CATEGORIES, AttentionOp, Category, CollectiveOp, ElementwiseOp, GemmOp, Iteration,
+                              Workload, WorkloadFormatError, read_workload)
+
+REPO = Path(__file__).resolve().parent.parent
+TP2 = REPO / "workload" / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> Engine:
+    return Engine(model_dir=write_untrained_models(tmp_path_factory.mktemp("models")), log=None)
+
+
+def small_workload(iterations: int = 4) -> Workload:
+    workload = read_workload(TP2)
+    workload.iterations = workload.iterations[:iterations]
+    return workload
+
+
+def mixed_batch() -> Iteration:
+    """A serving-style batch: one prefill request of 300 tokens and three decode requests."""
+    q, kv = (300, 1, 1, 1), (300, 513, 77, 1025)
+    tokens = sum(q)
+    return Iteration("prefill", gemm=[GemmOp("qkv_proj", tokens, 5120, 5120, 64), GemmOp("lm_head", 4, 151936, 5120, 1)],
+                     attention=AttentionOp("fa2_ragged", 4, q, kv, 32, 4, 128, 64),
+                     rmsnorm=ElementwiseOp(tokens, 5120, 129), siluandmul=ElementwiseOp(tokens, 13824, 64),
+                     communication=[CollectiveOp("all_reduce", tokens * 5120 * 2, 128, "collective")])
+
+
+def test_schema_categories_are_the_registry_workload_keys():
+    assert [c.value for c in KERNEL_CATEGORIES] == list(workload_operators())
+    assert [c.value for c in Category][-1] == "communication"
+
+
+def test_schema_round_trip_is_exact():
+    data = json.loads(TP2.read_text())
+    assert Workload.from_dict(data, "w.json").to_dict() == data
+
+
+def test_schema_errors_name_iteration_and_field():
+    data = small_workload(2).to_dict()
+    data["iterations"][1]["operators"]["siluandmul"]["dim"] = "4"
+    with pytest.raises(WorkloadFormatError, match=r"w.json: iteration 2: operators.siluandmul.dim must be a positive"):
+        Workload.from_dict(data, "w.json")
+
+
+def test_predict_workload_from_memory_equals_file(engine, tmp_path):
+    workload = small_workload()
+    path = tmp_path / "w.json"
+    path.write_bytes(workload.to_json_bytes())
+    from_memory = engine.predict_workload(workload, "A100")
+    from_file = engine.predict([Job(load_workload(path), engine.gpu("A100"))])[0].result
+    assert from_memory["iterations"] == from_file["iterations"]
+    assert from_memory["summary"] == from_file["summary"] and from_memory["summary"]["total_duration_ms"] > 0
+
+
+def test_iteration_ms_is_the_one_iteration_total_and_memoised(engine):
+    batch = mixed_batch()
+    first = engine.iteration_ms(batch, "A100", tp_size=2)
+    whole = engine.predict_workload(Workload([batch], tp_size=2), "A100")
+    assert first == whole["summary"]["total_duration_ms"] > 0
+    # a memo hit: the same batch again, even as a new object, does not predict again
+    calls = []
+    original = engine.predict
+    engine.predict = lambda jobs: calls.append(jobs) or original(jobs)
+    try:
+        assert engine.iteration_ms(mixed_batch(), "A100", tp_size=2) == first
+        assert not calls
+        engine.iteration_ms(mixed_batch(), "H100", tp_size=2)
+        assert len(calls) == 1
+    finally:
+        del engine.predict
+
+
+class Scale:
+    """A per-GPU multiplicative calibration of the kind the engine accepts."""
+
+    def __init__(self, factors: dict[str, float]):
+        self.factors, self.seen = factors, set()
+
+    def apply(self, kind, hardware, durations_ms):
+        self.seen.add(kind)
+        return durations_ms * self.factors.get(hardware.stem, 1.0)
+
+
+def test_calibration_scales_every_kernel_and_collective(engine):
+    workload = small_workload(3)
+    plain = engine.predict_workload(workload, "A100")
+    calibration = Scale({"A100": 2.0})
+    calibrated = Engine(model_dir=engine.model_dir, calibration=calibration, log=None).predict_workload(workload, "A100")
+    for before, after in zip(plain["iterations"], calibrated["iterations"]):
+        assert after["total_duration_ms"] == pytest.approx(2 * before["total_duration_ms"], rel=1e-6)
+    assert calibration.seen == {"gemm", "attn", "rmsnorm", "siluandmul", "all_reduce"}
+    other = Engine(model_dir=engine.model_dir, calibration=Scale({"A100": 2.0}), log=None).predict_workload(workload,
+                                                                                                      "H100")
+    assert other["summary"] == engine.predict_workload(workload, "H100")["summary"]
+    assert np.isfinite(calibrated["summary"]["total_duration_ms"])
