@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analytical_model.registry import get_operator, model_inputs, operator_keys
-from mlp_model import predict_efficiency
+from analytical_model.registry import get_operator, operator_keys
 from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.mlp import model_inputs
 from pipeweave.modeling import (DATASET_DIR, cap_rows_per_gpu, dataset_paths, feature_matrix, read_dataset,
                                 timestamp_dir, write_model_dir)
+from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
 
 QUANTILE_OPS = operator_keys(quantile=True)

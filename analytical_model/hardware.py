@@ -10,9 +10,9 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from .pipes import ARCHITECTURES, HardwareSpec
+from pipeweave.paths import DEFAULT_HARDWARE_DIR
 
-DEFAULT_HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
+from .pipes import ARCHITECTURES, HardwareSpec
 
 _REQUIRED_NUMBERS = {
     "numSms": "num_sms",

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from analytical_model.registry import workload_operators
+from pipeweave.mlp import weights_path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_WORKLOAD = REPO / "workload" / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
@@ -43,7 +44,7 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
     import torch
 
     from analytical_model.registry import get_operator
-    from mlp_model import build_model
+    from pipeweave.torch_mlp import build_model
     from pipeweave.modeling import write_model_dir
     from pipeweave.training import TrainConfig
 
@@ -67,7 +68,7 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
 
 
 def models_present(model_dir: Path) -> bool:
-    return all(any((d / f"{op}_mlp_model.pth").is_file() for d in (model_dir / op).glob("*")) for op in KERNEL_OPS)
+    return all(any(weights_path(d, op).is_file() for d in (model_dir / op).glob("*")) for op in KERNEL_OPS)
 
 
 def main(argv=None) -> None:

@@ -62,7 +62,7 @@ def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor) -> 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
-        prog="predict_kernels.py",
+        prog="pipeweave-predict-kernels",
         description="Predict kernel durations (µs) for a CSV of operator shapes with the trained MLPs.",
     )
     parser.add_argument("--op", required=True, choices=list(OPERATORS), help="operator class")
@@ -70,14 +70,13 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="root of the trained MLPs")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     frame = read_shapes(args.input)
-    predictor = KernelPredictor(args.model_dir, args.device, args.hardware_dir)
+    predictor = KernelPredictor(args.model_dir, args.hardware_dir)
     out = predict_shapes(frame, args.op, predictor)
     write_atomically(args.output, lambda tmp: out.to_csv(tmp, index=False))
     print(f"Predicted {len(out)} {args.op} kernels -> {args.output}")

@@ -27,10 +27,8 @@ from typing import Iterable, Sequence
 from pipeweave.cli import UserError
 from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG_DIR = REPO_ROOT / "config"
-DEFAULT_TRACE_DIR = REPO_ROOT / "workload" / "traces"
-DEFAULT_OUTPUT_DIR = REPO_ROOT / "workload"
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+from pipeweave.paths import DEFAULT_WORKLOAD_OUTPUT_DIR as DEFAULT_OUTPUT_DIR
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
