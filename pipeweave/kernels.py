@@ -62,7 +62,7 @@ def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor) -> 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
-        prog="pipeweave-predict-kernels",
+        prog="predict_kernels.py",
         description="Predict kernel durations (µs) for a CSV of operator shapes with the trained MLPs.",
     )
     parser.add_argument("--op", required=True, choices=list(OPERATORS), help="operator class")
