@@ -20,7 +20,8 @@ measurements (dense sweeps - >= 100 sizes, i.e. PipeWeave/Vidur - are first smoo
 over 5 neighbouring sizes). It was chosen over random forests because it is more accurate on held-out sizes on
 every GPU x kind (see ``metadata.json``; the aiconfigurator sweeps have only 21 power-of-two sizes, where a forest
 degrades to a coarse step function with 8-65 % error while interpolation gives 3-8 %), and because the files are
-a few kB. A small random forest in log-log space (``regressor="rf"``, 30 trees, depth 12, min leaf 3) and the
+small JSON (2-241 kB) that prediction reads with numpy alone. A small random forest in log-log space
+(``regressor="rf"``, 30 trees, depth 12, min leaf 3; saved with joblib, loading needs scikit-learn) and the
 artifact's exact forest (``regressor="reference_rf"``: [size, num_workers] -> ms, 100 trees, depth 20, min split 5,
 min leaf 2, random_state 42) can be trained instead for comparison; all three share the range handling below.
 

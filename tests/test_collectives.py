@@ -287,3 +287,15 @@ def test_heldout_error_reproducible_and_beats_reference(collectives):
     reference = meta["kinds"]["send_recv"]["heldout"].get("reference_rf")
     if reference:
         assert ours["mean_abs_pct_error"] <= reference["mean_abs_pct_error"]
+
+
+def test_retraining_with_another_regressor_replaces_the_model_file(tmp_path):
+    """interp writes JSON, forests joblib; switching regressors must not leave the other file to be picked up."""
+    frame = _synthetic(workers=(2, 4))
+    train_collectives(output_dir=tmp_path, frame=frame, regressor="rf", n_estimators=3, max_depth=4, compare=False,
+                      log=_quiet)
+    assert sorted(p.name for p in (tmp_path / "H100").glob("*_model.*")) == ["all_reduce_model.joblib"]
+    assert CollectivePredictor("H100", model_dir=tmp_path).models["all_reduce"]["regressor"] == "rf"
+    train_collectives(output_dir=tmp_path, frame=frame, compare=False, log=_quiet)
+    assert sorted(p.name for p in (tmp_path / "H100").glob("*_model.*")) == ["all_reduce_model.json"]
+    assert CollectivePredictor("H100", model_dir=tmp_path).models["all_reduce"]["regressor"] == "interp"
