@@ -6,13 +6,26 @@ prediction command never imports the training stack.
 """
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from pathlib import Path
 
 from pipeweave.cli import run_cli
 
+#: top-level modules that only the training extras install
+TRAINING_MODULES = {"torch", "sklearn", "joblib", "tqdm", "matplotlib", "aiconfigurator"}
+
 
 def _run(module: str, function: str = "main") -> int:
-    return run_cli(getattr(import_module(module), function))
+    """Run ``module.function`` as a command; a missing training extra is one error line, not a traceback."""
+    try:
+        return run_cli(getattr(import_module(module), function))
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TRAINING_MODULES:
+            raise
+        print(f"{Path(sys.argv[0]).name}: error: this command needs the training extras "
+              f"(pip install 'pipeweave[train]'; module {exc.name!r} is missing)", file=sys.stderr)
+        return 2
 
 
 def aggregate() -> int:

@@ -209,3 +209,17 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
                           .read_text())["summary"]
     for key, value in expected.items():
         assert got["summary"][key] == pytest.approx(value, rel=1e-6)
+
+
+def test_console_script_without_training_extras_is_one_error_line(monkeypatch, capsys):
+    from pipeweave import commands
+
+    def missing(name):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(commands, "import_module", missing)
+    monkeypatch.setattr(sys, "argv", ["pipeweave-export-mlp"])
+    assert commands.export_mlp() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pipeweave-export-mlp: error: this command needs the training extras (pip install "
+                   "'pipeweave[train]'; module 'torch' is missing)"]
