@@ -223,3 +223,13 @@ def test_console_script_without_training_extras_is_one_error_line(monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["pipeweave-export-mlp: error: this command needs the training extras (pip install "
                    "'pipeweave[train]'; module 'torch' is missing)"]
+
+
+def test_console_scripts_point_at_commands():
+    from pipeweave import commands
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "pipeweave-aggregate" in scripts and "pipeweave-predict-kernels" in scripts
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        assert module == "pipeweave.commands" and callable(getattr(commands, function)), name
