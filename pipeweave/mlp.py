@@ -10,18 +10,17 @@ weight file ``<op>_mlp_weights.npz`` that this module reads. Its arrays (all flo
 ``features``                the input feature names, in order (strings; the same as ``metadata.json``)
 ``num_layers``              number of linear layers L (int; 4 for the shipped models)
 ``linear{i}.weight/.bias``  layer i's weight (out, in) and bias, i = 0 .. L-1
-``bn{i}.mean/.var/.weight``  the batch norm after layer i's ReLU (i < L-1): running mean and variance,
-``bn{i}.bias/.eps``          affine weight and bias, and eps (float64), applied explicitly (not folded)
+``bn{i}.mean/.var/.weight`` the batch norm after layer i's ReLU (i < L-1): running mean and variance,
+``bn{i}.bias/.eps``         affine weight and bias, and eps (float64), as trained (not folded)
 ``log_bounds``              MLP_v2 only: [low, high] clamp of the predicted log-efficiency
 =========================== ===================================================================================
 
 Forward (eval mode; dropout is the identity): ``h = x``; for each hidden layer ``h = bn(relu(W h + b))`` with
-``bn(z) = (z - mean) / sqrt(var + eps) * weight + bias``; then ``y = W h + b`` of the last layer. The file keeps the
-batch-norm statistics as trained; :class:`NumpyMLP` folds each batch norm into the following linear layer when it
-loads (in float64, exact to rounding), which halves the work of the pass. Efficiency is
-``sigmoid(y)`` for ``MLP`` and ``exp(clip(y, *log_bounds))`` for ``MLP_v2`` (docs/METHOD.md §5.1). The pass runs
-in float64 on the float32 weights; it agrees with the torch model to ~1e-7 relative (tested ≤ 1e-6 on every
-shipped model).
+``bn(z) = (z - mean) / sqrt(var + eps) * weight + bias``; then ``y = W h + b`` of the last layer. Efficiency is
+``sigmoid(y)`` for ``MLP`` and ``exp(clip(y, *log_bounds))`` for ``MLP_v2`` (docs/METHOD.md §5.1).
+:class:`NumpyMLP` folds each batch norm into the following linear layer when it loads (in float64: exact to
+rounding), which halves the work of the pass, and runs the pass in float64. It equals the torch model evaluated in
+float64 to ~1e-14 relative, and torch's float32 pass to float32 rounding (≤ ~1e-5; tests/test_runtime.py).
 
 A model directory ``<root>/<op>/<timestamp>/`` holds the weight file and ``metadata.json``; :func:`load_model_dir`
 checks that the two agree.
@@ -120,8 +119,8 @@ class NumpyMLP:
         # the default OpenBLAS threads, 47 ms with one).
         with _blas_threads().limit(limits=1, user_api="blas"):
             y = self.output(model_inputs(features))
-        if self.log_bounds is None:
-            return 1.0 / (1.0 + np.exp(-y))
+        if self.log_bounds is None:  # sigmoid(y) = exp(-log(1 + exp(-y))), without overflow for very negative y
+            return np.exp(-np.logaddexp(0.0, -y))
         return np.exp(np.clip(y, self.log_bounds[0], self.log_bounds[1]))
 
 
