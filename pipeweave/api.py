@@ -27,12 +27,11 @@ from pipeweave import paths
 
 
 @lru_cache(maxsize=8)
-def _aggregator(model_dir: str, hardware_dir: str, collective_dir: str, collective_estimate: str,
-                quantile_dir: str | None):
-    from pipeweave.aggregate import Aggregator
+def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_estimate: str, quantile_dir: str | None):
+    from pipeweave.engine import Engine
 
-    return Aggregator(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
-                      collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=None)
+    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
+                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=None)
 
 
 @lru_cache(maxsize=8)
@@ -43,7 +42,7 @@ def _kernel_predictor(model_dir: str, hardware_dir: str):
 
 
 def predict_workload(
-    workload: str | Path | Mapping,
+    workload,
     hardware: str,
     *,
     collective_hardware: str | None = None,
@@ -56,25 +55,24 @@ def predict_workload(
 ) -> dict:
     """End-to-end latency of one workload on one GPU: the object ``pipeweave-aggregate`` writes (docs/METHOD.md §7.5).
 
-    ``workload`` is a workload JSON file, the stem of a shipped workload (``workload/<stem>.json``) or the parsed
-    JSON object itself. ``hardware`` is a GPU name (file stem such as ``"H100"``, driver name, or aiconfigurator
-    key). ``collective_hardware``, ``collective_estimate`` (``"model"`` or ``"analytical"``) and ``quantiles``
-    (adds ``summary.optimistic_*``) are the aggregator's flags of the same names. The result's ``summary`` holds
-    ``prefill_duration_ms``, ``decode_avg_duration_ms``, ``decode_total_duration_ms`` and ``total_duration_ms``.
+    ``workload`` is a workload JSON file, the stem of a shipped workload (``workload/<stem>.json``), the parsed JSON
+    object (a dict) or a :class:`pipeweave.schema.Workload`. ``hardware`` is a GPU name (file stem such as
+    ``"H100"``, driver name, or aiconfigurator key). ``collective_hardware``, ``collective_estimate`` (``"model"``
+    or ``"analytical"``) and ``quantiles`` (adds ``summary.optimistic_*``) are the aggregator's flags of the same
+    names. The result's ``summary`` holds ``prefill_duration_ms``, ``decode_avg_duration_ms``,
+    ``decode_total_duration_ms`` and ``total_duration_ms``. For many calls on in-memory iterations (a serving
+    simulator), :class:`pipeweave.engine.Engine` offers ``iteration_ms`` and calibration.
 
     Raises ``FileNotFoundError`` / ``ValueError`` (an unknown GPU lists the known ones; a malformed workload names
     the iteration and field; a missing model names the file).
     """
-    from pipeweave.aggregate import Job, load_workload, parse_workload
+    from pipeweave.flatten import parse_workload
 
-    aggregator = _aggregator(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
-                             str(quantile_dir) if quantiles else None)
+    engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
+                     str(quantile_dir) if quantiles else None)
     if isinstance(workload, Mapping):
-        parsed = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
-    else:
-        parsed = load_workload(workload)
-    job = Job(parsed, aggregator.gpu(hardware), collective_hardware)
-    return aggregator.predict([job])[0].result
+        workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
+    return engine.predict_workload(workload, hardware, collective_hardware)
 
 
 def predict_kernels(
@@ -87,13 +85,11 @@ def predict_kernels(
 ) -> np.ndarray:
     """Predicted duration in µs of each kernel (row) of ``shapes`` on ``hardware`` (one name, or one per row).
 
-    ``op`` is a registry operator (``gemm``, ``gemm_fp8``, ``attn``, ``rmsnorm``, ``siluandmul``, ``moe``);
-    ``shapes`` maps its shape columns to equal-length sequences, as the ``predict_kernels`` CSV does (gemm:
-    ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh, nkv, hd`` with per-request lists; ...).
+    ``op`` is a registry operator (``python3 -m analytical_model list``: ``gemm``, ``gemm_fp8``, ``attn``,
+    ``rmsnorm``, ``siluandmul``, ``moe``); ``shapes`` maps its shape columns to equal-length sequences, as the
+    ``predict_kernels`` CSV does (gemm: ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh, nkv,
+    hd`` with per-request lists; ...). No pandas needed.
     """
-    import pandas as pd  # the registry's feature functions take a frame of shapes
-
-    frame = pd.DataFrame({name: list(values) for name, values in shapes.items()})
-    frame["hardware"] = [hardware] * len(frame) if isinstance(hardware, str) else list(hardware)
-    predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
-    return predictor.predict_frame(op, frame)["predicted_us"].to_numpy(np.float64)
+    rows = len(next(iter(shapes.values()))) if shapes else 0
+    names = [hardware] * rows if isinstance(hardware, str) else list(hardware)
+    return _kernel_predictor(str(model_dir), str(hardware_dir)).predict_columns(op, shapes, names)

@@ -10,54 +10,62 @@ accepts). The output holds every input column unchanged (extra columns pass thro
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator
 from pipeweave.cli import ArgumentParser, UserError, write_atomically
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
 
 
-def read_shapes(path: str | Path) -> pd.DataFrame:
-    """Read a CSV as text (so that pass-through columns are written back exactly as read)."""
+def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a CSV, as text (so that pass-through columns are written back exactly as read)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input CSV not found: {path}")
-    try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"{path}: empty file (expected a header row)") from None
+    with open(path, newline="", encoding="utf-8") as handle:
+        lines = list(csv.reader(handle))
+    if not lines:
+        raise UserError(f"{path}: empty file (expected a header row)")
+    header, rows = lines[0], [row for row in lines[1:] if row]  # blank lines are skipped
+    for position, row in enumerate(rows):
+        if len(row) != len(header):
+            raise UserError(f"{path}: row {position + 1} has {len(row)} fields, the header {len(header)}")
+    return header, rows
 
 
-def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor) -> pd.DataFrame:
-    """``frame`` plus ``predicted_us``; unknown GPUs and missing columns are errors naming the row/column."""
+def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor) -> np.ndarray:
+    """``predicted_us`` per row; unknown GPUs and missing columns are errors naming the row/column."""
     operator = get_operator(op)
-    missing = [c for c in (*operator.shape_columns, "hardware") if c not in frame.columns]
+    missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
     if missing:
         raise UserError(f"input lacks column(s) {', '.join(missing)} needed by --op {op} "
                         f"(shape columns: {', '.join(operator.shape_columns)}, plus hardware)")
-    registry = hardware_registry(predictor.hardware_dir)
-    hardware = frame["hardware"].astype(str).str.strip()
-    for name in pd.unique(hardware):
-        if name not in registry:
-            row = int(np.flatnonzero((hardware == name).to_numpy())[0])
-            raise UserError(f"row {row + 1} (CSV line {row + 2}): unknown GPU {name!r}; known GPUs: "
-                            f"{', '.join(registry.known())}")
-    out = frame.copy()
-    if len(frame) == 0:
-        out["predicted_us"] = pd.Series(dtype=float)
-        return out
-    columns = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in frame.columns]
-    compute = frame[columns].replace("", np.nan).assign(hardware=hardware.to_numpy())
+    index = {name: i for i, name in enumerate(header)}
+    hardware = [row[index["hardware"]].strip() for row in rows]
+    for position, name in enumerate(hardware):
+        if name not in predictor.hardware:
+            raise UserError(f"row {position + 1} (CSV line {position + 2}): unknown GPU {name!r}; known GPUs: "
+                            f"{', '.join(predictor.hardware.known())}")
+    used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
+    columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
+    if not rows:
+        return np.zeros(0)
     try:
-        predicted = predictor.predict_frame(op, compute.reset_index(drop=True))
+        return predictor.predict_columns(op, columns, hardware)
     except ValueError as exc:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
-    out["predicted_us"] = predicted["predicted_us"].to_numpy()
-    return out
+
+
+def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray) -> None:
+    """The input rows unchanged plus a ``predicted_us`` column."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow([*header, "predicted_us"])
+        writer.writerows([*row, repr(float(us))] for row, us in zip(rows, predicted_us))
 
 
 def build_parser() -> ArgumentParser:
@@ -75,9 +83,9 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    frame = read_shapes(args.input)
+    header, rows = read_shapes(args.input)
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
-    out = predict_shapes(frame, args.op, predictor)
-    write_atomically(args.output, lambda tmp: out.to_csv(tmp, index=False))
-    print(f"Predicted {len(out)} {args.op} kernels -> {args.output}")
+    predicted = predict_shapes(header, rows, args.op, predictor)
+    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted))
+    print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
     return 0

@@ -2,12 +2,13 @@
 
 ``KernelPredictor`` loads the newest model directory per operator class once (the exported numpy weights of
 :mod:`pipeweave.mlp`: no torch) and predicts whole batches of shapes in one forward pass per operator. pandas is
-needed only by the frame methods (dataset CSVs, ``predict_kernels``), not by the aggregator's array path.
+needed only by the frame methods (dataset CSVs, the accuracy report), not by :meth:`predict_columns` (the
+``predict_kernels`` tool and the Python API) or the aggregator.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -79,3 +80,17 @@ class KernelPredictor:
         features["predicted_perf"] = efficiency
         features["predicted_us"] = duration_us(features["ideal_cycles"].to_numpy(), efficiency, sm_freq)
         return features
+
+    def predict_columns(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str]) -> np.ndarray:
+        """Predicted µs per row of a column mapping (the operator's shape columns) on ``hardware[row]``."""
+        operator = get_operator(op)
+        names = np.asarray(list(hardware), dtype=object)
+        out = np.zeros(len(names))
+        for name in dict.fromkeys(names.tolist()):
+            rows = np.flatnonzero(names == name)
+            hw = self.hardware.get(name)
+            part = {column: [values[i] for i in rows] for column, values in columns.items()}
+            features, described = operator.features(part, hw), operator.descriptors(part, hw)
+            ideal = operator.ideal_cycles(features.astype(np.float32))
+            out[rows] = duration_us(ideal, self.efficiency_from_features(op, features, described), hw.sm_freq)
+        return out

@@ -115,12 +115,12 @@ from pipeweave.aggregate import main
 main(["--workload", "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2", "--hardware", "H100", "--quantiles",
       "--output", sys.argv[1]])
 pipeweave.predict_kernels("gemm", {"M": [1], "N": [1024], "K": [1024]}, "H100")
-heavy = sorted(m for m in ("torch", "sklearn", "joblib") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "sklearn", "joblib", "pandas") if m in sys.modules)
 print("heavy:", ",".join(heavy))
 """
 
 
-def test_prediction_path_imports_no_torch_or_sklearn(tmp_path):
+def test_prediction_path_imports_no_torch_sklearn_or_pandas(tmp_path):
     out = tmp_path / "pred.json"
     proc = subprocess.run([sys.executable, "-c", PREDICTION_SCRIPT, str(out)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
@@ -146,11 +146,14 @@ def test_api_matches_the_aggregator_and_predict_kernels(tmp_path):
     from pipeweave.predictor import KernelPredictor
 
     columns, _ = SHAPES["gemm"]
-    us = pipeweave.predict_kernels("gemm", columns, "H100")
-    pd = pytest.importorskip("pandas")
-    expected = KernelPredictor().predict_frame("gemm", pd.DataFrame(columns).assign(hardware="H100"))["predicted_us"]
-    np.testing.assert_array_equal(us, expected.to_numpy())
+    gpus = ["H100", "NVIDIA A100-SXM4-80GB"] * 3
+    us = pipeweave.predict_kernels("gemm", columns, gpus)
+    pd = pytest.importorskip("pandas")  # the frame path of the CSV-facing tools, as the reference
+    expected = KernelPredictor().predict_frame("gemm", pd.DataFrame(columns).assign(hardware=gpus))["predicted_us"]
+    np.testing.assert_allclose(us, expected.to_numpy(), rtol=1e-12)  # same pass, batched per GPU
     assert us.shape == (6,) and np.all(us > 0)
+    np.testing.assert_array_equal(pipeweave.predict_kernels("gemm", columns, "H100"),
+                                  pipeweave.predict_kernels("gemm", columns, ["H100"] * 6))  # one name for all rows
 
 
 def test_api_docstring_examples():
