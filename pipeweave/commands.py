@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeweave.cli import run_cli
 
 #: top-level modules that only the training extras install
-TRAINING_MODULES = {"torch", "sklearn", "joblib", "tqdm", "matplotlib", "aiconfigurator"}
+TRAINING_MODULES = {"torch", "sklearn", "joblib", "pandas", "tqdm", "matplotlib", "aiconfigurator"}
 
 
 def _run(module: str, function: str = "main") -> int:
