@@ -10,7 +10,7 @@ output object: dedup, features, MLP passes, collectives, scatter and summary; no
 
 Whole process: the wall time and peak resident memory (``ru_maxrss`` of the child, measured from a small launcher
 process) of ``python3 aggregator.py ...`` (includes interpreter start, imports, model loading and writing the
-output), interleaved with ``python3 -c "import numpy"`` as the baseline (and ``import numpy, pandas``), medians over ``--process_runs``. With
+output), interleaved with ``python3 -c "import numpy"`` as the baseline, medians over ``--process_runs``. With
 ``--python``, both children run that interpreter in a scratch directory, importing its installed pipeweave
 (``pipeweave-aggregate``) and its shipped models. The summary of the output is compared with the committed
 prediction of the same pair in ``e2e/pipeweave_pred/`` when there is one.
@@ -163,21 +163,17 @@ def main(argv=None) -> None:
         command = ([python, "-c", INSTALLED_AGGREGATE, *flags] if args.python
                    else [python, str(REPO / "aggregator.py"), *flags])
         label = f"{python} -c 'pipeweave-aggregate'" if args.python else "python3 aggregator.py"
-        runs = {"numpy": [], "pandas": [], "aggregate": []}
-        for _ in range(args.process_runs):  # interleaved, so that all see the same machine load
+        runs = {"numpy": [], "aggregate": []}
+        for _ in range(args.process_runs):  # interleaved, so that both see the same machine load
             runs["numpy"].append(child_run([python, "-c", "import numpy"], Path(tmp)))
-            runs["pandas"].append(child_run([python, "-c", "import numpy, pandas"], Path(tmp)))
             runs["aggregate"].append(child_run(command, Path(tmp)))
         numpy_s, numpy_mb = (statistics.median(v) for v in zip(*runs["numpy"]))
-        pandas_s, pandas_mb = (statistics.median(v) for v in zip(*runs["pandas"]))
         whole_s = statistics.median(wall for wall, _ in runs["aggregate"])
         peak_mb = max(mb for _, mb in runs["aggregate"])
         print(f"whole process ({label} ...): median {whole_s:.2f} s over {args.process_runs} runs, "
               f"peak memory {peak_mb:.0f} MB")
         print(f"python -c 'import numpy': median {numpy_s:.2f} s, peak memory {numpy_mb:.0f} MB; "
               f"whole process / import numpy = {whole_s / numpy_s:.1f}x")
-        print(f"python -c 'import numpy, pandas' (pandas: still imported by the registry): median {pandas_s:.2f} s, "
-              f"peak memory {pandas_mb:.0f} MB")
         committed = REPO / "e2e" / "pipeweave_pred" / output_name(Path(args.workload).stem, job.hardware)
         if committed.is_file() and not untrained and model_dir.resolve() == (REPO / "mlp_models").resolve():
             print(f"summary vs committed {committed.relative_to(REPO)}: {summary_difference(out, committed)}")
