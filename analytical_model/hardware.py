@@ -10,9 +10,10 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from pipeweave.paths import DEFAULT_HARDWARE_DIR
+
 from .pipes import ARCHITECTURES, HardwareSpec
 
-DEFAULT_HARDWARE_DIR = Path(__file__).resolve().parent.parent / "hardware"
 
 _REQUIRED_NUMBERS = {
     "numSms": "num_sms",

@@ -405,32 +405,25 @@ register(OperatorClass(
     quantile=True,
     profiled=True,
 ))
-register(OperatorClass(
-    key="rmsnorm",
-    description="fused RMSNorm",
-    shape_columns=("seq", "dim"),
-    feature_names=ELEMENTWISE_FEATURES,
-    ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
-    calculators={"rmsnorm": rmsnorm.features},
-    compute=_elementwise,
-    descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
-    describe=_describe_elementwise(1.0),
-    workload_key="rmsnorm",
-    profiled=True,
-))
-register(OperatorClass(
-    key="siluandmul",
-    description="SiLU(gate)*up activation",
-    shape_columns=("seq", "dim"),
-    feature_names=ELEMENTWISE_FEATURES,
-    ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
-    calculators={"siluandmul": siluandmul.features},
-    compute=_elementwise,
-    descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
-    describe=_describe_elementwise(0.5),
-    workload_key="siluandmul",
-    profiled=True,
-))
+def _elementwise_operator(key: str, description: str, calculator, output_fraction: float) -> OperatorClass:
+    """RMSNorm and SiLU*Mul: one CTA per token row; ``output_fraction`` of the input width is written."""
+    return OperatorClass(
+        key=key,
+        description=description,
+        shape_columns=("seq", "dim"),
+        feature_names=ELEMENTWISE_FEATURES,
+        ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
+        calculators={key: calculator},
+        compute=_elementwise,
+        descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
+        describe=_describe_elementwise(output_fraction),
+        workload_key=key,
+        profiled=True,
+    )
+
+
+register(_elementwise_operator("rmsnorm", "fused RMSNorm", rmsnorm.features, 1.0))
+register(_elementwise_operator("siluandmul", "SiLU(gate)*up activation", siluandmul.features, 0.5))
 register(OperatorClass(
     key="moe",
     description="Triton fused-MoE (w13 and w2 passes)",

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from analytical_model.registry import workload_operators
+from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_WORKLOAD = REPO / "workload" / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
+DEFAULT_WORKLOAD = DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
 KERNEL_OPS = tuple(op.key for op in workload_operators().values())
 
 
@@ -74,7 +74,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
     parser.add_argument("--hardware", default="H20")
-    parser.add_argument("--model_dir", default=str(REPO / "mlp_models"))
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--process_runs", type=int, default=3)
     args = parser.parse_args(argv)
@@ -115,12 +115,12 @@ def main(argv=None) -> None:
         print(f"serialise output JSON ({len(text) / 1e6:.1f} MB): {dump_s * 1000:.1f} ms")
 
         out = Path(tmp) / "out.json"
-        command = [sys.executable, str(REPO / "aggregator.py"), "--workload", args.workload, "--hardware",
+        command = [sys.executable, str(REPO_ROOT / "aggregator.py"), "--workload", args.workload, "--hardware",
                    args.hardware, "--model_dir", str(model_dir), "--output", str(out)]
         walls = []
         for _ in range(args.process_runs):
             t0 = time.perf_counter()
-            subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env={**os.environ})
+            subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, env={**os.environ})
             walls.append(time.perf_counter() - t0)
         whole_s = statistics.median(walls)
         print(f"whole process (python3 aggregator.py ...): median {whole_s:.2f} s over {args.process_runs} runs")

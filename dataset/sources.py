@@ -1,146 +1,20 @@
 """Real kernel and collective measurements, read in place and returned in one common schema.
 
-Sources (cite them in anything derived; see ../shared/data/README.md and its MANIFEST.tsv):
+Sources: A the PipeWeave artifact (FP8 GEMM CSVs, collective sweeps), B Vidur (FP16 per-layer operator times,
+network sweeps), C aiconfigurator-core 0.12.0 (vLLM tables of the installed package, located, never imported),
+and the project's own ``dataset/measured/<gpu>/*.csv``. Nothing is copied into the repository.
 
-* **A PipeWeave** (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0): ``dataset/gemm_fp8_{train,test}.csv``
-  (FP8 GEMM, ``avg_duration`` in µs) and ``dataset/collective/<GPU>/<op>.csv`` (ms, bytes).
-* **B Vidur** (github.com/microsoft/vidur @ 7d47513, MIT): ``profiling/compute/<gpu>/<org>/<model>/mlp.csv``
-  (FP16 per-layer operator times, ms) and ``profiling/network/<node>/<op>.csv`` (ms, bytes).
-* **C aiconfigurator-core 0.12.0** (PyPI, NVIDIA, Apache-2.0): ``systems/data/<system>/<family>/<framework>/
-  <version>/<table>.parquet`` read from the installed package (never imported: only its location is looked up).
-* **Project measurements**: ``dataset/measured/<gpu>/*.csv`` written by the project's own profiler.
+Every loader returns one DataFrame per operator class with the registry's shape columns plus ``hardware`` (the
+device name as in the data), ``dtype``, ``avg_duration`` [µs] and ``source``; rows are cleaned (each drop logged
+with its count and reason), repeated keys averaged and sorted stably by (hardware, source, shape, dtype).
+Collectives come from :func:`load_collectives` in their own schema.
 
-Nothing is copied into the repository; every loader reads the files where they lie.
-
-Common schema (one DataFrame per operator class; every frame also has ``hardware``, ``dtype``,
-``avg_duration`` [µs] and ``source``)::
-
-    gemm, gemm_fp8  M, N, K
-    attn            attention_type, bs, q_lengths, kv_lengths, nh, nkv, hd   (lists as "[a,b,...]", no spaces)
-    rmsnorm         seq, dim
-    siluandmul      seq, dim             (dim = width of the fused gate|up input = 2·I/TP, METHOD.md §3.11)
-    moe             weight_type, M, E, topk, H, N
-
-``hardware`` is the device name as it appears in the data (e.g. "NVIDIA H100 80GB HBM3"); every such string
-resolves through ``analytical_model.hardware.load_hardware``. Shape columns are int64, ``avg_duration`` float64.
-Each frame is sorted by (hardware, source, shape columns, dtype) with a stable sort, so the row order depends only
-on the data. Collectives come from :func:`load_collectives` in their own schema (see there).
-
-Cleaning, applied to every source (each drop is logged with its count and reason):
-rows with a missing value, a non-finite / zero / negative latency, a non-positive or non-integer shape, or (attn)
-``nh % nkv != 0`` are dropped; rows that repeat the same (shape, hardware, dtype, source) key are averaged into one
-row (mean of ``avg_duration``). The same shape may still appear once per source (e.g. two Vidur models with the same
-hidden size); that is intended: they are independent measurements.
-
-Choices and why
----------------
-
-aiconfigurator framework and version.
-    Only the **vLLM** tables are used, at the package's default query version (``systems/query_versions.yaml``:
-    vllm 0.24.0; a100_sxm overrides to 0.14.0); a table missing at that version falls back to the newest version
-    folder that has it (logged; only l40s custom all-reduce, 0.22.0). Reasons: PipeWeave's end-to-end
-    measurements are vLLM (H800 TP4xPP2) and a static-batch harness on FlashInfer FA2/FA3 kernels; vLLM is the
-    only framework whose tables cover all six systems with the kernels the analytical calculators model — BF16
-    ``torch.nn.functional.linear`` (cuBLAS, like PipeWeave's BF16 GEMM data), FlashAttention-2 on Ampere/Ada/
-    Blackwell-workstation and FlashAttention-3 on Hopper (the FA2/FA3 algorithms of METHOD.md §3.6/3.7), and the
-    Triton fused-MoE kernel (METHOD.md §3.12). TRT-LLM uses its own FMHA kernels ("torch_flow"), which match no
-    calculator; SGLang's FA3 overlaps vLLM's on Hopper but has no MoE Triton rows on every system. Systems are
-    those whose hardware JSON names an ``aiconfiguratorSystem`` (a100_sxm, h100_sxm, h200_sxm, l40s,
-    rtx_pro_6000_server, b200_sxm). L40S rows are labelled "NVIDIA L40S", never L40.
-
-aiconfigurator GEMM.
-    ``gemm``: ``gemm_dtype == bfloat16`` (kernel ``torch.nn.functional.linear``; ``vllm_default`` on a100).
-    ``gemm_fp8``: ``gemm_dtype == fp8`` with kernel ``CutlassFP8ScaledMMLinearKernel`` (W8A8 per-tensor CUTLASS
-    scaled-mm); ``fp8_block`` / ``nvfp4`` rows are other kernels and are not used. m = tokens = M.
-    Caveat: on the 416 (M, N, K) shapes shared with PipeWeave's H100 FP8 data these rows are 0.8-1.2x of
-    PipeWeave's time at small M but up to ~4x slower at large M with small K (e.g. 8192x1024x768: 77 µs vs 18 µs),
-    which suggests vLLM's FP8 linear apply is timed including the activation quantisation. ``source`` tells the
-    two apart if they must be filtered.
-
-aiconfigurator attention (context = prefill, generation = decode).
-    Kept kernel sources and the attention_type they map to::
-
-        a100_sxm   vllm_flash_attn      (vllm-flash-attn FA2)  -> fa2_ragged / fa2_paged
-        l40s, rtx_pro_6000_server  vllm_flash_attn_fa2         -> fa2_ragged / fa2_paged
-        h100_sxm, h200_sxm  vllm_flash_attn_fa3                -> fa3_ragged / fa2_paged
-
-    Context rows are prefill: ``bs = batch_size``, ``q = [isl]*bs``, ``kv = [isl+step]*bs`` (step is always 0,
-    so kv = q), layout "ragged" like PipeWeave's prefill. Generation rows are one-token decode: ``q = [1]*bs``
-    (isl is 1) and ``kv = [isl+step]*bs``, the attended KV length (aiconfigurator keys its table by
-    ``isl + step``), layout "paged". On Hopper the measured decode kernel is FA3, but it is labelled
-    ``fa2_paged``, the decode type PipeWeave's workloads use on every GPU, so that the features the model
-    learns decode from are the ones the aggregator computes at inference. (The FA3 calculator would also
-    mis-describe large decode batches: above 8192 works it schedules a single head, METHOD.md §11.1.5, which
-    made the first Hopper decode model 70 % wrong on held-out shapes.) Dropped: ``vllm_flash_attn_fa4`` (head_dim 512,
-    no calculator), FP8 KV cache (all flashinfer/triton rows on l40s/rtx are FP8-KV), sliding-window rows
-    (``window_size != 0``), ``beam_width != 1``, ``attn_dtype != bfloat16``, head_dim not a multiple of 16 or
-    above 256. **b200_sxm attention is not used**: its vLLM 0.24 kernels are FlashInfer's TRT-LLM-gen kernels
-    (``vllm_flashinfer_trtllmprefill/decode``), neither FA2 nor FA3 (the FA-CUTLASS calculator is not wired
-    end-to-end). ``AIC_ATTENTION_KERNELS`` holds this mapping.
-
-aiconfigurator MoE.
-    ``moe_perf`` rows with ``moe_dtype == bfloat16`` and the Triton fused-MoE kernel
-    (``vllm_unquantizedfusedmoe_triton_tritonexperts`` in vLLM 0.24; ``vllm_fused_moe`` in a100's vLLM 0.14).
-    Columns: ``num_tokens`` = tokens entering the layer on one GPU (before top-k duplication) -> M;
-    ``num_experts`` = routed experts of the model -> E; ``topk`` -> topk; ``hidden_size`` -> H;
-    ``inter_size`` = the model's per-expert intermediate size, **unsharded**; ``moe_tp_size`` splits it across
-    GPUs, so the per-GPU expert width is N = inter_size / moe_tp_size (latency roughly halves from TP1 to TP2);
-    ``moe_ep_size`` shards the experts. Only ``moe_ep_size == 1`` rows are kept (with EP the local token count
-    per expert is set by the routing, which the calculator's shape cannot express). Only ``distribution ==
-    "balanced"`` rows are kept by default, because the Triton-MoE calculator assumes ideal round-robin routing;
-    power-law rows differ from balanced by up to +12 % (median) at large token counts. a100_sxm has only
-    power-law rows, so it contributes no MoE rows unless ``moe_distributions`` is widened.
-    ``weight_type = "layer"``: one row times a whole fused-MoE layer (token alignment, w13 pass, SiLU*Mul, w2
-    pass, top-k reduction); the router GEMM is not part of the op. rtx_pro_6000_server and b200_sxm have no
-    Triton BF16 MoE rows (FlashInfer CUTLASS / TRT-LLM kernels) and are not used.
-
-Vidur (FP16, ``dtype = float16``).
-    GPU folders: a100 -> "NVIDIA A100-SXM4-80GB" (Vidur does not record SXM vs PCIe; the DGX A100 it documents
-    is SXM4 80 GB), a40 -> "NVIDIA A40", h100 -> "NVIDIA H100" (DGX H100 or H100 NVL, not recorded).
-    Statistic: ``time_stats.<op>.median`` (robust to the occasional slow repetition; Vidur's own predictor uses the
-    median), ms -> µs. Note the 1 µs resolution of the raw numbers. Per row (num_tokens = T, TP = t,
-    hd = n_embd / n_head, kvh = n_kv_head / t if n_kv_head >= t else n_kv_head):
-
-        attn_pre_proj   gemm M=T, N=(n_head/t + 2*kvh)*hd, K=n_embd     (QKV, column parallel)
-        attn_post_proj  gemm M=T, N=n_embd, K=n_head*hd/t               (row parallel)
-        mlp_up_proj     gemm M=T, N=2*n_expanded/t (gated) or n_expanded/t, K=n_embd
-        mlp_down_proj   gemm M=T, N=n_embd, K=n_expanded/t
-        input_layernorm, post_attention_layernorm   rmsnorm seq=T, dim=n_embd  (RMSNorm models only)
-        mlp_act         siluandmul seq=T, dim=2*n_expanded/t            (gated-SiLU models only)
-
-    Norm and activation types come from Vidur's model configs: phi-2 uses LayerNorm and (non-gated) GELU, so
-    it contributes GEMMs only; Llama-2/3, CodeLlama, Qwen-72B (Qwen v1) and internlm-20b use RMSNorm and SwiGLU.
-    A model not in ``VIDUR_MODEL_NORM_ACT`` contributes GEMMs only (logged). Qwen, internlm and phi-2
-    projections carry a bias; their GEMM rows are kept (the bias epilogue is small).
-
-PipeWeave FP8 GEMM.
-    Both CSVs, only ``M, N, K, hardware, avg_duration`` (the stored features are recomputed by the lead);
-    ``source`` keeps train and test apart so the published split can be reproduced.
-
-Project measurements (``dataset/measured/<gpu>/*.csv``).
-    Required columns: ``op`` (operator class; "attention", "silu_and_mul", "fp8_gemm" are accepted aliases),
-    ``hardware``, ``avg_duration`` [µs] and the op's shape columns; ``dtype`` is kept when present (normalised:
-    bf16 -> bfloat16, fp16/half -> float16, float8*/fp8* -> fp8), other columns are ignored. Attention list
-    strings lose their spaces and are checked against ``bs``. A missing or empty folder yields nothing.
-
-Collectives: see :func:`load_collectives`.
-
-Known oddities (kept, not filtered)
------------------------------------
-* aiconfigurator decode attention on l40s (1,909 rows) and rtx_pro_6000_server (1,061 rows) implies KV-cache read
-  rates above the DRAM peak (up to 2.5 and 3.2 TB/s against 0.86 and 1.79 TB/s): these are rows whose whole KV
-  cache (<= 100 / 134 MB) fits in the 96 / 128 MB L2, timed warm over repetitions. On A100/H100/H200 the rate
-  saturates at 85-95 % of DRAM peak as expected.
-* Vidur numbers have 1 µs resolution (norms and activations of a few tokens read 1-8 µs).
-* A few aiconfigurator GEMM shapes get more than 2x faster at the next larger M (131 of 188k rows, mostly l40s):
-  different cuBLAS kernel choices, not unit errors.
-* The same GPU appears under two device strings ("NVIDIA H100 80GB HBM3" from aiconfigurator, "NVIDIA H100" from
-  Vidur and PipeWeave); group by ``load_hardware(name).stem`` when a per-GPU view is needed.
+docs/DATA.md says, per source, what is read, how each measurement becomes an operator shape and why (kernel
+choices, units, the decode labelling, MoE widths, Vidur's layer mapping) and which oddities are kept.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import time
 from importlib import metadata
@@ -152,11 +26,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from analytical_model.registry import get_operator, operator_keys
+from pipeweave.paths import DEFAULT_MEASURED_DIR, REPO_ROOT, existing_shared_data_dir
 
 Log = Callable[[str], None]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MEASURED_DIR = REPO_ROOT / "dataset" / "measured"
 
 PIPEWEAVE_COMMIT = "55e0317"
 VIDUR_COMMIT = "7d47513"
@@ -224,13 +97,6 @@ _DTYPE_ALIASES = {
 # ================================================================================================================
 # locations
 # ================================================================================================================
-
-def shared_data_dir() -> Path | None:
-    """The shared measurement folder: $PIPEWEAVE_SHARED_DATA, else <repo>/../shared/data; None if absent."""
-    env = os.environ.get("PIPEWEAVE_SHARED_DATA")
-    path = Path(env) if env else REPO_ROOT.parent / "shared" / "data"
-    return path if path.is_dir() else None
-
 
 def aiconfigurator_data_dir() -> Path | None:
     """``systems/data`` of the installed aiconfigurator-core package (found without importing it); None if absent."""
@@ -674,7 +540,7 @@ def load_vidur(ops=None, log: Log = print, statistic: str = VIDUR_STATISTIC,
                data_dir: Path | None = None) -> dict[str, pd.DataFrame]:
     """Vidur's FP16 per-layer timings (``profiling/compute/*/**/mlp.csv``) as gemm / rmsnorm / siluandmul rows."""
     ops = _wanted(ops)
-    data_dir = data_dir or shared_data_dir()
+    data_dir = data_dir or existing_shared_data_dir()
     base = data_dir / "vidur" / "profiling" / "compute" if data_dir else None
     if base is None or not base.is_dir():
         log("[vidur] shared Vidur data not found; skipped")
@@ -699,7 +565,7 @@ def load_vidur(ops=None, log: Log = print, statistic: str = VIDUR_STATISTIC,
 
 def load_pipeweave_fp8(log: Log = print, data_dir: Path | None = None) -> pd.DataFrame:
     """PipeWeave's FP8 GEMM measurements (train and test CSVs; ``source`` names the file)."""
-    data_dir = data_dir or shared_data_dir()
+    data_dir = data_dir or existing_shared_data_dir()
     frames = []
     for name in ("gemm_fp8_train.csv", "gemm_fp8_test.csv"):
         path = data_dir / "pipeweave" / "dataset" / name if data_dir else None
@@ -837,7 +703,7 @@ def load_collectives(log: Log = print, intra_node_only: bool = True, include_cus
     """
     start = time.perf_counter()
     frames = []
-    data_dir = data_dir or shared_data_dir()
+    data_dir = data_dir or existing_shared_data_dir()
     if data_dir is not None and (data_dir / "pipeweave" / "dataset" / "collective").is_dir():
         base = data_dir / "pipeweave" / "dataset" / "collective"
         for path in sorted(base.glob("*/*.csv")):

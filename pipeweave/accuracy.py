@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--retrain_logo", action="store_true", help="recompute leave-one-GPU-out models")
     parser.add_argument("--logo_only", action="store_true", help="only compute the leave-one-GPU-out cache")
     args = parser.parse_args(argv)
-    from dataset.sources import shared_data_dir
+    from pipeweave.paths import existing_shared_data_dir
 
     ops = [o for o in args.ops.split(",") if o]
     logo = {}
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         return 0
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
-    text = render(results, logo, artifact_figures(shared_data_dir()))
+    text = render(results, logo, artifact_figures(existing_shared_data_dir()))
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
     print(f"wrote {args.output}")
     return 0

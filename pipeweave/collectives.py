@@ -73,8 +73,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_COLLECTIVE_DIR = REPO_ROOT / "collective_models"
+from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
+
 KINDS = ("all_reduce", "send_recv")
 MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"

@@ -25,12 +25,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from pipeweave.cli import UserError
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR, DEFAULT_WORKLOAD_DIR
 from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG_DIR = REPO_ROOT / "config"
-DEFAULT_TRACE_DIR = REPO_ROOT / "workload" / "traces"
-DEFAULT_OUTPUT_DIR = REPO_ROOT / "workload"
+DEFAULT_OUTPUT_DIR = DEFAULT_WORKLOAD_DIR
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
