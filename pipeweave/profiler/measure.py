@@ -31,8 +31,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
     """Measure the grid of the parsed ``profile_operators.py`` flags; 0 unless nothing could be measured."""
     import torch
 
-    from pipeweave.profiler.csvio import MeasurementCsv, row_key
-    from pipeweave.profiler.device import gpu_dir_name, library_versions, local_device_info
+    from pipeweave.profiler.device import gpu_dir_name, local_device_info
     from pipeweave.profiler.runners import TorchRunners
     from pipeweave.profiler.session import measure_grid
     from pipeweave.profiler.timing import CudaEventTimer
@@ -96,39 +95,48 @@ def measure(args, models, traces, num_gpus: int) -> int:
 
     stopped = summary.stopped_early
     if "all_reduce" in grid.rows and grid.rows["all_reduce"] and not stopped:
-        from pipeweave.profiler.collective import AllReduceOptions, measure_allreduce
-
-        names = {torch.cuda.get_device_name(i) for i in range(num_gpus)}
-        if len(names) > 1:
-            print(f"warning: the visible GPUs differ ({', '.join(sorted(names))}); all_reduce rows are "
-                  f"labelled {info.name!r}")
-        path = out_dir / "all_reduce.csv"
-        done = MeasurementCsv(path, "all_reduce").done_keys()
-        rows = [r for r in grid.rows["all_reduce"] if row_key("all_reduce", r, info.name) not in done]
-        print(f"all_reduce: {len(rows)} of {len(grid.rows['all_reduce'])} rows to measure")
-        if rows:
-            del timer
-            torch.cuda.empty_cache()
-            options = AllReduceOptions(repeats=args.repeats, warmup=args.warmup,
-                                       max_row_seconds=args.max_row_seconds,
-                                       deadline_epoch=(time.time() + deadline - time.monotonic()) if deadline else None)
-            try:
-                measure_allreduce(rows, csv_path=path, hardware=info.name, versions=library_versions(),
-                                  options=options)
-            except Exception as exc:  # noqa: BLE001 - a worker's NCCL error arrives here; keep what was written
-                text = str(exc).strip().splitlines()
-                print(f"all_reduce: failed ({type(exc).__name__}: {text[-1] if text else ''})", file=sys.stderr)
-            done = MeasurementCsv(path, "all_reduce").done_keys()
-            left = sum(row_key("all_reduce", r, info.name) not in done for r in grid.rows["all_reduce"])
-            print(f"all_reduce: {left} rows left")
-            if left and deadline is not None and time.monotonic() >= deadline:
-                stopped = True
+        del timer
+        stopped = measure_allreduce_rows(args, grid.rows["all_reduce"], out_dir, info, num_gpus, deadline)
     if stopped:
         print(f"stopped after --max_minutes {args.max_minutes:g}; run the same command again to resume")
     minutes = (time.monotonic() - start) / 60
     print(f"finished in {minutes:.1f} min")
     failed = sum(s.failed for s in summary.ops.values())
     return 1 if summary.measured == 0 and failed else 0
+
+
+def measure_allreduce_rows(args, grid_rows: list[dict], out_dir: Path, info, num_gpus: int,
+                           deadline: float | None) -> bool:
+    """Measure the all-reduce rows not yet in ``<out_dir>/all_reduce.csv`` over all visible GPUs; True if
+    --max_minutes stopped it with rows left."""
+    import torch
+
+    from pipeweave.profiler.collective import AllReduceOptions, measure_allreduce
+    from pipeweave.profiler.csvio import MeasurementCsv, row_key
+    from pipeweave.profiler.device import library_versions
+
+    names = {torch.cuda.get_device_name(i) for i in range(num_gpus)}
+    if len(names) > 1:
+        print(f"warning: the visible GPUs differ ({', '.join(sorted(names))}); all_reduce rows are "
+              f"labelled {info.name!r}")
+    path = out_dir / "all_reduce.csv"
+    done = MeasurementCsv(path, "all_reduce").done_keys()
+    rows = [r for r in grid_rows if row_key("all_reduce", r, info.name) not in done]
+    print(f"all_reduce: {len(rows)} of {len(grid_rows)} rows to measure")
+    if not rows:
+        return False
+    torch.cuda.empty_cache()
+    options = AllReduceOptions(repeats=args.repeats, warmup=args.warmup, max_row_seconds=args.max_row_seconds,
+                               deadline_epoch=(time.time() + deadline - time.monotonic()) if deadline else None)
+    try:
+        measure_allreduce(rows, csv_path=path, hardware=info.name, versions=library_versions(), options=options)
+    except Exception as exc:  # noqa: BLE001 - a worker's NCCL error arrives here; keep what was written
+        text = str(exc).strip().splitlines()
+        print(f"all_reduce: failed ({type(exc).__name__}: {text[-1] if text else ''})", file=sys.stderr)
+    done = MeasurementCsv(path, "all_reduce").done_keys()
+    left = sum(row_key("all_reduce", r, info.name) not in done for r in grid_rows)
+    print(f"all_reduce: {left} rows left")
+    return bool(left and deadline is not None and time.monotonic() >= deadline)
 
 
 def warm_up_gpu(torch, device, seconds: float = 1.0) -> None:
