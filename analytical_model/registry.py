@@ -111,11 +111,11 @@ class OperatorClass:
             total = total + features32[:, i].astype(np.float32)
         return total
 
-    def kernel_roofline_cycles(self, columns: Columns) -> np.ndarray:
-        """The kernel roofline: max(ideal compute cycles at spec peak, DRAM cycles at spec bandwidth).
+    def feature_roofline_cycles(self, columns: Columns) -> np.ndarray:
+        """The *feature roofline*: max(ideal compute cycles, DRAM cycles), both analytical features at spec peaks.
 
-        ``columns`` holds the feature columns (e.g. a dataset CSV). Not to be confused with the end-to-end
-        roofline baseline of :mod:`pipeweave.compare`, which sums per-operator roofline times of a workload.
+        ``columns`` holds the feature columns (e.g. a dataset CSV). Not to be confused with the *shape roofline*
+        of the end-to-end comparison (:mod:`pipeweave.baselines`), which uses FLOP and byte counts of the shapes.
         """
         compute = sum(np.asarray(columns[name], dtype=np.float64) for name in self.ideal_cycle_features)
         return np.maximum(compute, np.asarray(columns[DRAM_CYCLE_FEATURE], dtype=np.float64))
@@ -134,35 +134,28 @@ def register(operator: OperatorClass) -> OperatorClass:
     return operator
 
 
-register(OperatorClass(
-    key="gemm",
-    description="BF16 dense GEMM",
-    shape_columns=("M", "N", "K"),
-    optional_columns=TILE_COLUMNS,
-    feature_names=GEMM_FEATURES,
-    ideal_cycle_features=("tensor_all_cycle",),
-    calculators={"sm80": gemm_sm80.features, "sm90": gemm_sm90.features},
-    compute=gemm,
-    descriptor_names=descriptors.GEMM_DESCRIPTORS,
-    describe=describe_gemm(2, fp8=False),
-    workload_key="gemm",
-    quantile=True,
-    profiled=True,
-))
-register(OperatorClass(
-    key="gemm_fp8",
-    description="FP8 dense GEMM (per-tensor scaled)",
-    shape_columns=("M", "N", "K"),
-    feature_names=GEMM_FEATURES,
-    ideal_cycle_features=("tensor_all_cycle",),
-    calculators={"fp8": gemm_fp8.features},
-    compute=gemm_fp8_features,
-    descriptor_names=descriptors.GEMM_DESCRIPTORS,
-    describe=describe_gemm(1, fp8=True),
-    dtype="fp8",
-    quantile=True,
-    profiled=True,
-))
+def _gemm_operator(key: str, description: str, calculators: dict, compute, operand_bytes: int, **extra) -> OperatorClass:
+    """BF16 and FP8 GEMM share shapes, features, descriptors and the ideal-cycle column."""
+    return OperatorClass(
+        key=key,
+        description=description,
+        shape_columns=("M", "N", "K"),
+        feature_names=GEMM_FEATURES,
+        ideal_cycle_features=("tensor_all_cycle",),
+        calculators=calculators,
+        compute=compute,
+        descriptor_names=descriptors.GEMM_DESCRIPTORS,
+        describe=describe_gemm(operand_bytes, fp8=operand_bytes == 1),
+        quantile=True,
+        profiled=True,
+        **extra,
+    )
+
+
+register(_gemm_operator("gemm", "BF16 dense GEMM", {"sm80": gemm_sm80.features, "sm90": gemm_sm90.features}, gemm, 2,
+                        optional_columns=TILE_COLUMNS, workload_key="gemm"))
+register(_gemm_operator("gemm_fp8", "FP8 dense GEMM (per-tensor scaled)", {"fp8": gemm_fp8.features},
+                        gemm_fp8_features, 1, dtype="fp8"))
 register(OperatorClass(
     key="attn",
     description="FlashAttention/FlashInfer prefill and decode",

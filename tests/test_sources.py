@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dataset import sources
+from dataset import aiconfigurator
 from dataset.sources import (COLLECTIVE_COLUMNS, COLUMNS, INT_COLUMNS, OPS, SHAPE_COLUMNS, aiconfigurator_data_dir,
                              load_aiconfigurator, load_collectives, load_measured, load_measurements, load_vidur)
 from pipeweave.paths import existing_shared_data_dir, shared_data_dir
@@ -101,7 +101,7 @@ def test_measured_reader(tmp_path):
 
 def test_load_measurements_without_shared_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path / "absent"))
-    monkeypatch.setattr(sources, "aiconfigurator_data_dir", lambda: None)
+    monkeypatch.setattr(aiconfigurator, "aiconfigurator_data_dir", lambda: None)
     _write(tmp_path / "measured" / "L40" / "x.csv", pd.DataFrame({
         "op": ["rmsnorm"], "seq": [8], "dim": [5120], "hardware": ["NVIDIA L40"], "avg_duration": [2.5],
         "dtype": ["bfloat16"]}))
