@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 
 from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
-                                DEFAULT_TRACE_DIR, PAPER_SET, PREFILL_ATTN_DEFAULT, WorkloadSpec, generate_many,
-                                write_workloads)
+                                DEFAULT_TRACE_DIR, PREFILL_ATTN_DEFAULT)
 
 # Flags that describe a single workload (not allowed together with --paper_set).
 _SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
