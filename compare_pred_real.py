@@ -12,16 +12,7 @@ from __future__ import annotations
 import sys
 
 from pipeweave.cli import run_cli
-from pipeweave.compare import main_static, main_summarize
-
-
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--summarize_real" in argv:
-        argv.remove("--summarize_real")
-        return main_summarize(argv)
-    return main_static(argv)
-
+from pipeweave.compare import main_pred_real
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(run_cli(main_pred_real))

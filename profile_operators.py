@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
-from analytical_model.registry import operator_keys
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MEASURED_DIR, DEFAULT_TRACE_DIR
 from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
 from pipeweave.profiler import grids
+from pipeweave.profiler.measure import print_grid
 from pipeweave.profiler.device import NO_CUDA_MESSAGE, cuda_device_count
 
-REPO = Path(__file__).resolve().parent
-SINGLE_GPU_OPS = operator_keys(profiled=True)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -46,8 +44,8 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="small grid that finishes in minutes")
     parser.add_argument("--configs", default=",".join(grids.DEFAULT_CONFIGS),
                         help="model config stems under --config_dir (default: the paper's three)")
-    parser.add_argument("--config_dir", default=str(REPO / "config"), help="folder of HF-style config JSONs")
-    parser.add_argument("--trace_dir", default=str(REPO / "workload" / "traces"),
+    parser.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="folder of HF-style config JSONs")
+    parser.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR),
                         help="trace CSVs whose batches join the full attention grid (skipped if absent)")
     parser.add_argument("--tp", default=",".join(str(t) for t in grids.DEFAULT_TP),
                         help="tensor-parallel sizes (default 1,2,4,8; sizes that do not divide a model are left out)")
@@ -56,7 +54,7 @@ def parse_args(argv):
     parser.add_argument("--max_row_seconds", type=float, default=None,
                         help="GPU time budget per shape; long kernels get fewer repeats, at least 5 "
                              "(default 1, quick 0.25)")
-    parser.add_argument("--output_dir", default=str(REPO / "dataset" / "measured"),
+    parser.add_argument("--output_dir", default=str(DEFAULT_MEASURED_DIR),
                         help="root of the measured dataset (default dataset/measured)")
     parser.add_argument("--hardware_json", metavar="PATH", default=None,
                         help="write a hardware JSON skeleton for this GPU to PATH and exit")
@@ -123,15 +121,6 @@ def write_hardware_json(path: Path, device: int) -> int:
     return 0
 
 
-def print_grid(grid: grids.Grid, header: str) -> None:
-    print(header)
-    for op, rows in grid.rows.items():
-        print(f"  {op:<11} {len(rows):>6} rows")
-    print(f"  {'total':<11} {grid.total:>6} rows")
-    for note in grid.notes:
-        print(f"  note: {note}")
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     num_gpus = cuda_device_count()
@@ -163,122 +152,9 @@ def main(argv=None) -> int:
         raise UserError(NO_CUDA_MESSAGE)
     if args.device >= num_gpus:
         raise UserError(f"--device {args.device}: only {num_gpus} CUDA GPU(s) visible")
+    from pipeweave.profiler.measure import measure
+
     return measure(args, models, traces, num_gpus)
-
-
-def measure(args, models, traces, num_gpus: int) -> int:
-    import torch
-
-    from pipeweave.profiler.csvio import MeasurementCsv, row_key
-    from pipeweave.profiler.device import gpu_dir_name, library_versions, local_device_info
-    from pipeweave.profiler.runners import TorchRunners
-    from pipeweave.profiler.session import measure_grid
-    from pipeweave.profiler.timing import CudaEventTimer
-
-    start = time.monotonic()
-    deadline = start + 60 * args.max_minutes if args.max_minutes else None
-    torch.cuda.set_device(args.device)
-    device = torch.device("cuda", args.device)
-    info = local_device_info(args.device)
-    out_dir = Path(args.output_dir) / gpu_dir_name(info.name)
-    print(f"GPU {args.device}: {info.name} → {out_dir}")
-
-    runners = TorchRunners(device, attn_backend=args.attn_backend, elementwise_backend=args.elementwise_backend)
-    ops = []
-    for op in args.ops:
-        if op == "all_reduce":
-            if num_gpus < 2:
-                print("all_reduce: skipped, needs at least 2 visible GPUs")
-                continue
-            ops.append(op)
-            continue
-        reason = runners.check_op(op)
-        if reason:
-            print(f"{op}: skipped, cannot run on this GPU ({reason})")
-        else:
-            ops.append(op)
-    for note in runners.notes:
-        print(f"note: {note}")
-    print(runners.describe_backends())
-    grid = grids.build_grid(models, args.tp, quick=args.quick, ops=ops, num_gpus=num_gpus, traces=traces,
-                            prefill_attention_type=runners.prefill_attention_type,
-                            decode_attention_type=runners.decode_attention_type)
-    print_grid(grid, f"{'quick' if args.quick else 'full'} grid:")
-
-    _warm_up_gpu(torch, device)
-    timer = CudaEventTimer(device, max_row_seconds=args.max_row_seconds)
-    print(f"timing: CUDA events, L2 flush of {timer.flush_bytes / 2**20:.0f} MiB before each repeat, "
-          f"{args.warmup} warm-up + up to {args.repeats} repeats per shape")
-
-    def after_error():
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-    single = {op: rows for op, rows in grid.rows.items() if op in SINGLE_GPU_OPS}
-    summary = measure_grid(
-        single,
-        out_dir=out_dir,
-        device=info,
-        prepare=runners.prepare,
-        timer=timer,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        kernel_names=None if args.no_kernel_names else runners.kernel_names,
-        after_error=after_error,
-        deadline=deadline,
-        progress=not args.no_progress,
-    )
-    print(f"measured {summary.measured} rows into {out_dir}:")
-    for line in summary.lines():
-        print(line)
-
-    stopped = summary.stopped_early
-    if "all_reduce" in grid.rows and grid.rows["all_reduce"] and not stopped:
-        from pipeweave.profiler.collective import AllReduceOptions, measure_allreduce
-
-        names = {torch.cuda.get_device_name(i) for i in range(num_gpus)}
-        if len(names) > 1:
-            print(f"warning: the visible GPUs differ ({', '.join(sorted(names))}); all_reduce rows are "
-                  f"labelled {info.name!r}")
-        path = out_dir / "all_reduce.csv"
-        done = MeasurementCsv(path, "all_reduce").done_keys()
-        rows = [r for r in grid.rows["all_reduce"] if row_key("all_reduce", r, info.name) not in done]
-        print(f"all_reduce: {len(rows)} of {len(grid.rows['all_reduce'])} rows to measure")
-        if rows:
-            del timer
-            torch.cuda.empty_cache()
-            options = AllReduceOptions(repeats=args.repeats, warmup=args.warmup,
-                                       max_row_seconds=args.max_row_seconds,
-                                       deadline_epoch=(time.time() + deadline - time.monotonic()) if deadline else None)
-            try:
-                measure_allreduce(rows, csv_path=path, hardware=info.name, versions=library_versions(),
-                                  options=options)
-            except Exception as exc:  # noqa: BLE001 - a worker's NCCL error arrives here; keep what was written
-                text = str(exc).strip().splitlines()
-                print(f"all_reduce: failed ({type(exc).__name__}: {text[-1] if text else ''})", file=sys.stderr)
-            done = MeasurementCsv(path, "all_reduce").done_keys()
-            left = sum(row_key("all_reduce", r, info.name) not in done for r in grid.rows["all_reduce"])
-            print(f"all_reduce: {left} rows left")
-            if left and deadline is not None and time.monotonic() >= deadline:
-                stopped = True
-    if stopped:
-        print(f"stopped after --max_minutes {args.max_minutes:g}; run the same command again to resume")
-    minutes = (time.monotonic() - start) / 60
-    print(f"finished in {minutes:.1f} min")
-    failed = sum(s.failed for s in summary.ops.values())
-    return 1 if summary.measured == 0 and failed else 0
-
-
-def _warm_up_gpu(torch, device, seconds: float = 1.0) -> None:
-    """Raise the clocks before the first measurement (a second of large BF16 GEMMs)."""
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    end = time.monotonic() + seconds
-    with torch.no_grad():
-        while time.monotonic() < end:
-            for _ in range(10):
-                a @ a
-            torch.cuda.synchronize(device)
-    del a
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from analytical_model.hardware import load_hardware
 from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.paths import REPO_ROOT
 from pipeweave.collectives import MAX_MODEL_BYTES, format_table, train_collectives
 
-REPO = Path(__file__).resolve().parent
 
 
 def main(argv=None) -> int:
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UserError(f"--{flag} must be >= 1, got {value}")
-    output_dir = args.output_dir or REPO / ("collective_models_reference" if args.reference_forest
+    output_dir = args.output_dir or REPO_ROOT / ("collective_models_reference" if args.reference_forest
                                            else "collective_models")
     for name in args.hardware:
         load_hardware(name)  # an unknown GPU is reported before any data is read

@@ -10,11 +10,10 @@ worst_cases_top100.csv. Needs dataset/<op>_{train,test}.csv (python3 -m dataset.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from analytical_model.registry import OPERATORS
 from pipeweave.cli import ArgumentParser, run_cli
-from pipeweave.modeling import DATASET_DIR, dataset_paths, load_splits, timestamp_dir, train_and_evaluate, worst_cases, write_model_dir
+from pipeweave.modeling import add_training_arguments, dataset_paths, load_splits, timestamp_dir, train_and_evaluate, worst_cases, write_model_dir
 from pipeweave.training import RECIPES, TrainConfig
 
 
@@ -22,20 +21,12 @@ def main(argv=None) -> int:
     parser = ArgumentParser(description="Train a per-operator efficiency MLP.")
     parser.add_argument("--op", required=True, choices=sorted(OPERATORS))
     parser.add_argument("--recipe", choices=[r for r in RECIPES if r != "quantile"], default="pipeweave")
-    parser.add_argument("--epochs", type=int, help="maximum epochs (default: 300 pipeweave, 2500 reference)")
-    parser.add_argument("--batch_size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    add_training_arguments(parser, output_dir="mlp_models", epochs_default=None,
+                           epochs_help="maximum epochs (default: 300 pipeweave, 2500 reference)",
+                           rows_help="train on at most this many rows per GPU, drawn with --seed (0: all rows)")
     parser.add_argument("--patience", type=int, help="early-stopping patience (default: 25 pipeweave, 85 reference)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--output_dir", type=Path, default=Path("mlp_models"), help="root; a timestamped directory is created")
     parser.add_argument("--holdout_hardware", action="append", default=[], metavar="GPU",
                         help="leave this GPU out of training and test on all its rows (repeatable)")
-    parser.add_argument("--max_rows_per_gpu", type=int, default=20000,
-                        help="train on at most this many rows per GPU, drawn with --seed (0: all rows)")
-    parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads")
-    parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
 
     config = TrainConfig(recipe=args.recipe, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,

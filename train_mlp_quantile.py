@@ -12,46 +12,18 @@ models for an optimistic latency.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from analytical_model.registry import get_operator, operator_keys
+from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, UserError, run_cli
 from pipeweave.mlp import model_inputs
-from pipeweave.modeling import (DATASET_DIR, cap_rows_per_gpu, dataset_paths, feature_matrix, read_dataset,
-                                timestamp_dir, write_model_dir)
+from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, feature_matrix,
+                                kernel_reports, read_dataset, timestamp_dir, write_model_dir)
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
 
 QUANTILE_OPS = operator_keys(quantile=True)
-
-
-def kernel_reports(op: str, train: pd.DataFrame, predicted: np.ndarray, threshold: float, topk: int | None, out_dir: Path) -> list[str]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    frame = train.copy()
-    frame["pred_perf"] = np.maximum(predicted, 1e-9)
-    frame["perf_diff"] = frame["overall_perf"] - frame["pred_perf"]
-    frame["rel_gap"] = frame["perf_diff"] / (frame["pred_perf"] + 1e-9)
-    columns = list(get_operator(op).shape_columns) + ["avg_duration", "overall_perf", "pred_perf", "perf_diff", "rel_gap"]
-    files, summary = [], []
-    for hw, rows in frame.groupby("hardware", sort=True):
-        under = rows[rows["perf_diff"] < threshold].sort_values("perf_diff", kind="stable")
-        top = under if topk is None else under.head(topk)
-        name = f"topk_underperforming_{hw}.csv"
-        top[columns].to_csv(out_dir / name, index=False)
-        files.append(name)
-        summary.append({
-            "hardware": hw, "total_underperforming": len(under),
-            "avg_perf_diff": under["perf_diff"].mean() if len(under) else 0.0,
-            "min_perf_diff": under["perf_diff"].min() if len(under) else 0.0,
-            "avg_rel_gap": under["rel_gap"].mean() if len(under) else 0.0,
-            "min_rel_gap": under["rel_gap"].min() if len(under) else 0.0,
-            "topk_count": len(top),
-        })
-    pd.DataFrame(summary).to_csv(out_dir / "summary.csv", index=False)
-    return files + ["summary.csv"]
 
 
 def main(argv=None) -> int:
@@ -60,17 +32,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quantile", type=float, default=0.8)
     parser.add_argument("--threshold", type=float, default=0.0, help="perf_diff below this flags a kernel")
     parser.add_argument("--topk", type=int, help="rows per GPU in the reports (default: all)")
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--batch_size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--output_dir", type=Path, default=Path("mlp_models_quantile"))
-    parser.add_argument("--max_rows_per_gpu", type=int, default=20000,
-                        help="fit on at most this many rows per GPU, drawn with --seed (0: all); reports cover all rows")
-    parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads")
-    parser.add_argument("--no_progress", action="store_true")
+    add_training_arguments(parser, output_dir="mlp_models_quantile", epochs_default=200, epochs_help="epochs",
+                           rows_help="fit on at most this many rows per GPU, drawn with --seed (0: all); reports "
+                                     "cover all rows")
     args = parser.parse_args(argv)
     if not 0 < args.quantile < 1:
         raise UserError("--quantile must be between 0 and 1")

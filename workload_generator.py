@@ -1,6 +1,6 @@
 """Generate workload JSON files (METHOD.md section 6) from a model config and a request trace.
 
-The logic lives in pipeweave/generate.py and pipeweave/workload.py.
+The logic lives in pipeweave/generate_cli.py, pipeweave/generate.py and pipeweave/workload.py.
 
 Examples (from the repository root):
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from pipeweave.cli import run_cli
-from pipeweave.generate import main
+from pipeweave.generate_cli import main
 
 if __name__ == "__main__":
     sys.exit(run_cli(main))

@@ -80,18 +80,8 @@ def attention_problem(
     return key, problem
 
 
-def attention_features(
-    attention_type: str,
-    bs: int,
-    q_lengths: Sequence[int],
-    kv_lengths: Sequence[int],
-    nh: int,
-    nkv: int,
-    hd: int,
-    hw: HardwareSpec,
-    causal: bool = True,
-    **data_sizes: int,
-) -> np.ndarray:
+def attention_features(attention_type: str, bs: int, q_lengths: Sequence[int], kv_lengths: Sequence[int], nh: int,
+                       nkv: int, hd: int, hw: HardwareSpec, causal: bool = True, **data_sizes: int) -> np.ndarray:
     """The 15 attention features (float64, METHOD.md §4.1 order) of one kernel launch."""
     key, problem = attention_problem(attention_type, bs, q_lengths, kv_lengths, nh, nkv, hd, causal, **data_sizes)
     return ATTENTION_CALCULATORS[key](problem, hw)

@@ -14,6 +14,9 @@ problem index:
   :func:`analytical_model.attention_common.task_pipes`, so the result is **bit-identical** to calling
   ``fa2.features`` on every problem (``tests/test_aggregator.py`` checks this on random batches).
 
+:func:`features_from_arrays` is one long function on purpose: it mirrors :func:`analytical_model.fa2.features`
+step by step, and cutting it up would pass a dozen lock-step arrays between the pieces.
+
 Integer intermediates are int64; a batch whose totals could approach 2**62 falls back to the
 per-problem path (which uses Python integers), so the identity holds for every input.
 """

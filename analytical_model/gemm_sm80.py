@@ -10,14 +10,13 @@ import numpy as np
 from .pipes import GemmProblem, HardwareSpec, ceil_div, compute_pipe, memory_pipe, stack_features
 
 
-def features(problem: GemmProblem, hw: HardwareSpec, tensor_rate: float | None = None) -> np.ndarray:
+def features(problem: GemmProblem, hw: HardwareSpec) -> np.ndarray:
     p = problem
     _, k_slice = p.split_k_slice()
     waves = ceil_div(p.cta_count, hw.num_sms)
     tile_flops = 2.0 * p.tile_m * p.tile_n * k_slice
     bytes_sm = p.data_size_bytes * (p.tile_m * k_slice + p.tile_n * k_slice) * waves
-    rate = hw.tc_bf16 if tensor_rate is None else tensor_rate
     return stack_features(
-        compute_pipe(p.flops_padded, tile_flops * waves, rate, hw.num_sms),
+        compute_pipe(p.flops_padded, tile_flops * waves, hw.tc_bf16, hw.num_sms),
         memory_pipe(p.bytes_total, bytes_sm, hw),
     )

@@ -14,6 +14,7 @@ from pipeweave.paths import DEFAULT_HARDWARE_DIR
 
 from .pipes import ARCHITECTURES, HardwareSpec
 
+
 _REQUIRED_NUMBERS = {
     "numSms": "num_sms",
     "memBandwidth": "mem_bandwidth",

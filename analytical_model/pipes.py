@@ -305,3 +305,16 @@ class MoeProblem:
 
 def stack_features(*blocks: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.atleast_2d(b) for b in blocks], axis=-1)
+
+
+def row_kernel_features(problem: "ElementwiseProblem", fma_per_cta, xu_per_cta, hw: HardwareSpec) -> np.ndarray:
+    """FMA, XU and memory pipes of an element-wise kernel with one CTA per token row (§3.10–3.11): CTAs dealt
+    evenly over the SMs, each reading its row once."""
+    ctas = problem.rows
+    busiest = uniform_sm_max(ctas, hw.num_sms)
+    row_bytes = problem.dim * problem.dtype_size
+    return stack_features(
+        compute_pipe(fma_per_cta * ctas, fma_per_cta * busiest, hw.fma_fp32, hw.num_sms),
+        compute_pipe(xu_per_cta * ctas, xu_per_cta * busiest, hw.xu_fp32, hw.num_sms),
+        memory_pipe(row_bytes * ctas, row_bytes * busiest, hw),
+    )

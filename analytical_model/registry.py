@@ -7,47 +7,34 @@ ideal cycle count ``C_ideal`` (§4.2–4.3), its shape descriptors, and what the
 (``trainable``, ``quantile``, ``profiled``). The dataset builder, the training scripts, the profiler, the
 kernel predictor, the aggregator and the reports all derive their operator lists and columns from here.
 
-Feature functions take a *mapping of column name to 1-D values* (a dict of numpy arrays or lists, or a
-pandas DataFrame): the prediction path never needs pandas. ``python3 -m analytical_model list`` prints
+Feature functions (:mod:`analytical_model.operator_features`) take a *mapping of column name to 1-D values*
+(:mod:`analytical_model.columns`: a dict of numpy arrays or lists, or a pandas DataFrame): the prediction path
+never needs pandas. ``python3 -m analytical_model list`` prints
 the registry.
 
 Adding an operator = one calculator module + one :func:`register` call (or one entry in ``OPERATORS``).
 """
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import numpy as np
 
-from . import descriptors, fa2_batch, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
-from .attention import ATTENTION_CALCULATORS, attention_problem, resolve_attention_type
+from . import descriptors, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
+from .attention import ATTENTION_CALCULATORS
+from .columns import Columns
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
-from .pipes import (
-    FMA_FEATURES,
-    MEMORY_FEATURES,
-    TENSOR_FEATURES,
-    XU_FEATURES,
-    ElementwiseProblem,
-    GemmProblem,
-    HardwareSpec,
-    MoeProblem,
-)
-from .tiles import choose_gemm_tiles
+from .operator_features import (TILE_COLUMNS, attention, describe_attention, describe_elementwise, describe_gemm,
+                                describe_moe, elementwise, gemm, gemm_fp8_features, moe)
+from .pipes import FMA_FEATURES, MEMORY_FEATURES, TENSOR_FEATURES, XU_FEATURES, HardwareSpec
 
 GEMM_FEATURES = TENSOR_FEATURES + MEMORY_FEATURES
 ATTENTION_FEATURES = TENSOR_FEATURES + XU_FEATURES + MEMORY_FEATURES
 ELEMENTWISE_FEATURES = FMA_FEATURES + XU_FEATURES + MEMORY_FEATURES
-TILE_COLUMNS = ("tile_M", "tile_N", "tile_K", "is_split_k", "cta_count")
-MOE_WEIGHT_TYPES = ("w13", "w2", "layer")
 #: the memory-pipe feature the kernel roofline compares with the compute cycles (DRAM traffic at peak bandwidth)
 DRAM_CYCLE_FEATURE = "global_cycle"
-
-#: column name -> one value per row (numpy array, list or pandas Series); a pandas DataFrame is one
-Columns = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -124,228 +111,14 @@ class OperatorClass:
             total = total + features32[:, i].astype(np.float32)
         return total
 
-    def kernel_roofline_cycles(self, columns: Columns) -> np.ndarray:
-        """The kernel roofline: max(ideal compute cycles at spec peak, DRAM cycles at spec bandwidth).
+    def feature_roofline_cycles(self, columns: Columns) -> np.ndarray:
+        """The *feature roofline*: max(ideal compute cycles, DRAM cycles), both analytical features at spec peaks.
 
-        ``columns`` holds the feature columns (e.g. a dataset CSV). Not to be confused with the end-to-end
-        roofline baseline of :mod:`pipeweave.compare`, which sums per-operator roofline times of a workload.
+        ``columns`` holds the feature columns (e.g. a dataset CSV). Not to be confused with the *shape roofline*
+        of the end-to-end comparison (:mod:`pipeweave.baselines`), which uses FLOP and byte counts of the shapes.
         """
         compute = sum(np.asarray(columns[name], dtype=np.float64) for name in self.ideal_cycle_features)
         return np.maximum(compute, np.asarray(columns[DRAM_CYCLE_FEATURE], dtype=np.float64))
-
-
-# --------------------------------------------------------------------------------------------------
-# column access without pandas
-# --------------------------------------------------------------------------------------------------
-
-def _values(columns: Columns, column: str) -> np.ndarray:
-    values = columns[column]
-    to_numpy = getattr(values, "to_numpy", None)
-    return to_numpy() if to_numpy is not None else np.asarray(values)
-
-
-def _as_number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _int_column(columns: Columns, column: str) -> np.ndarray:
-    raw = _values(columns, column)
-    if raw.dtype.kind in "iu":
-        return raw.astype(np.int64)
-    if raw.dtype.kind in "fb":
-        values = raw.astype(np.float64)
-    else:
-        values = np.fromiter((_as_number(v) for v in raw), dtype=np.float64, count=len(raw))
-    bad = ~np.isfinite(values) | (values != np.floor(values))
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"column {column!r} must hold integers; row {row} has {raw[row]!r}")
-    return values.astype(np.int64)
-
-
-def _bool_column(columns: Columns, column: str) -> np.ndarray:
-    raw = _values(columns, column)
-    if raw.dtype == bool:
-        return raw
-    text = np.char.lower(np.char.strip(raw.astype(str)))
-    truthy, falsy = np.isin(text, ["1", "1.0", "true", "yes"]), np.isin(text, ["0", "0.0", "false", "no"])
-    bad = ~(truthy | falsy)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {row} has {raw[row]!r}")
-    return truthy
-
-
-def _present(columns: Columns, column: str) -> np.ndarray:
-    """True where the row has a value (not None, NaN or missing), like pandas' notna."""
-    raw = _values(columns, column)
-    if raw.dtype.kind == "f":
-        return ~np.isnan(raw)
-    if raw.dtype.kind != "O":
-        return np.ones(len(raw), dtype=bool)
-    return np.fromiter((v is not None and type(v).__name__ != "NAType" and not (isinstance(v, float) and math.isnan(v))
-                        for v in raw), dtype=bool, count=len(raw))
-
-
-def _take(columns: Columns, names, rows: np.ndarray) -> dict[str, np.ndarray]:
-    return {name: _values(columns, name)[rows] for name in names}
-
-
-# --------------------------------------------------------------------------------------------------
-# feature functions
-# --------------------------------------------------------------------------------------------------
-
-def gemm_problem(columns: Columns, hw: HardwareSpec, dtype: str = "bfloat16") -> GemmProblem:
-    """GEMM problems for the rows: tile columns where given, the tile rule elsewhere."""
-    m, n, k = (_int_column(columns, c) for c in ("M", "N", "K"))
-    given = np.zeros(len(m), dtype=bool)
-    if all(c in columns for c in TILE_COLUMNS):
-        given = np.logical_and.reduce([_present(columns, c) for c in TILE_COLUMNS])
-    tiles = {}
-    if given.any():
-        given_rows = _take(columns, TILE_COLUMNS, given)
-        tiles = {c: _int_column(given_rows, c) for c in TILE_COLUMNS if c != "is_split_k"}
-        tiles["is_split_k"] = _bool_column(given_rows, "is_split_k")
-    if not given.all():
-        chosen = choose_gemm_tiles(m[~given], n[~given], k[~given], hw, dtype)
-        if given.any():
-            for column in TILE_COLUMNS:
-                merged = np.empty(len(m), dtype=chosen[column].dtype)
-                merged[given], merged[~given] = tiles[column], chosen[column]
-                tiles[column] = merged
-        else:
-            tiles = chosen
-    return GemmProblem.create(
-        m, n, k, tiles["tile_M"], tiles["tile_N"], tiles["tile_K"], tiles["cta_count"], tiles["is_split_k"],
-        data_size_bytes=1 if dtype == "fp8" else 2,
-    )
-
-
-def _gemm(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    calculator = operator.calculator("sm90" if hw.uses_sm90_gemm else "sm80")
-    return calculator(gemm_problem(columns, hw), hw)
-
-
-def _gemm_fp8(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    return operator.calculator("fp8")(gemm_problem(columns, hw, dtype=operator.dtype), hw)
-
-
-def parse_length_list(value, column: str) -> list[int]:
-    """Parse "[a,b,...]" (or a list) into positive ints; errors name the column."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        items = list(value)
-    else:
-        try:
-            items = json.loads(str(value))
-        except json.JSONDecodeError:
-            raise ValueError(f"{column} must be a list like [a,b], got {value!r}") from None
-        if not isinstance(items, list):
-            items = [items]
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
-            raise ValueError(f"{column} entries must be integers, got {item!r}")
-    return [int(v) for v in items]
-
-
-def _length_lists(columns: Columns, column: str) -> list:
-    """Per row a tuple/list of ints; workload shapes arrive as tuples and are used as they are."""
-    return [v if type(v) is tuple else parse_length_list(v, column) for v in columns[column]]
-
-
-def _attention_arrays(columns: Columns):
-    """(kinds, bs, q lists, kv lists, nh, nkv, hd) of attention rows, validated as AttentionProblem would."""
-    bs, nh, nkv, hd = (_int_column(columns, c) for c in ("bs", "nh", "nkv", "hd"))
-    kinds = [str(v) for v in _values(columns, "attention_type")]
-    q, kv = _length_lists(columns, "q_lengths"), _length_lists(columns, "kv_lengths")
-    q_count = np.fromiter(map(len, q), dtype=np.int64, count=len(q))
-    kv_count = np.fromiter(map(len, kv), dtype=np.int64, count=len(kv))
-    ok = (bs > 0) & (nh > 0) & (nkv > 0) & (hd > 0) & (q_count == bs) & (kv_count == bs)
-    if ok.all():
-        ok = (nh % nkv == 0)
-        q_flat = np.fromiter((v for lengths in q for v in lengths), dtype=np.int64, count=int(bs.sum()))
-        kv_flat = np.fromiter((v for lengths in kv for v in lengths), dtype=np.int64, count=int(bs.sum()))
-        row = np.repeat(np.arange(len(bs)), bs)
-        bad_request = (q_flat <= 0) | (q_flat > kv_flat)
-        ok &= np.bincount(row[bad_request], minlength=len(bs)) == 0
-    for i in np.flatnonzero(~ok):  # the per-row constructor raises the precise error
-        attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
-    return kinds, bs, q, kv, nh, nkv, hd
-
-
-def _attention(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    """FA2 rows in one vectorised pass (fa2_batch, bit-identical to the per-launch calculator), others per row."""
-    kinds, bs, q, kv, nh, nkv, hd = _attention_arrays(columns)
-    resolved = {kind: resolve_attention_type(kind) for kind in set(kinds)}
-    out = np.zeros((len(kinds), len(operator.feature_names)))
-    fa2_rows = np.array([resolved[kind][0] == "fa2" for kind in kinds], dtype=bool)
-    if fa2_rows.any():
-        sel = np.flatnonzero(fa2_rows)
-        count = int(bs[sel].sum())
-        q_flat = np.fromiter((v for i in sel for v in q[i]), dtype=np.int64, count=count)
-        kv_flat = np.fromiter((v for i in sel for v in kv[i]), dtype=np.int64, count=count)
-        paged = np.array([resolved[kinds[i]][1] == "paged" for i in sel], dtype=bool)
-        out[sel] = fa2_batch.features_from_arrays(bs[sel], q_flat, kv_flat, nh[sel], nkv[sel], hd[sel], paged, hw)
-    for i in np.flatnonzero(~fa2_rows):
-        key, problem = attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
-        out[i] = operator.calculator(key)(problem, hw)
-    return out
-
-
-def _describe_gemm(operand_bytes: int, fp8: bool):
-    def describe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
-        m, n, k = (_int_column(columns, c) for c in ("M", "N", "K"))
-        return descriptors.gemm(m, n, k, hw, operand_bytes, hw.tc_fp8 if fp8 else hw.tc_bf16)
-
-    return describe
-
-
-def _describe_attention(columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    return descriptors.attention(
-        _int_column(columns, "bs"), _length_lists(columns, "q_lengths"), _length_lists(columns, "kv_lengths"),
-        _int_column(columns, "nh"), _int_column(columns, "nkv"), _int_column(columns, "hd"), hw,
-    )
-
-
-def _describe_elementwise(output_fraction: float):
-    def describe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
-        return descriptors.elementwise(_int_column(columns, "seq"), _int_column(columns, "dim"), hw, output_fraction)
-
-    return describe
-
-
-def _moe_kinds(columns: Columns) -> np.ndarray:
-    kinds = _values(columns, "weight_type").astype(str)
-    unknown = sorted(set(kinds.tolist()) - set(MOE_WEIGHT_TYPES))
-    if unknown:
-        raise ValueError(f"weight_type must be one of {MOE_WEIGHT_TYPES}, got {unknown[0]!r}")
-    return kinds
-
-
-def _describe_moe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    kinds = _moe_kinds(columns)
-    passes = np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")], axis=-1)
-    return descriptors.moe(*(_int_column(columns, c) for c in ("M", "E", "topk", "H", "N")), hw, passes.astype(float))
-
-
-def _elementwise(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    problem = ElementwiseProblem.create(_int_column(columns, "seq"), _int_column(columns, "dim"))
-    return operator.calculator(operator.key)(problem, hw)
-
-
-def _moe(operator: OperatorClass, columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    """``weight_type`` w13 / w2 is one pass; ``layer`` (a whole MoE layer) is the sum of both passes."""
-    dims = [_int_column(columns, c) for c in ("M", "E", "topk", "H", "N")]
-    kinds = _moe_kinds(columns)
-    out = np.zeros((len(kinds), len(operator.feature_names)))
-    for pass_type in ("w13", "w2"):
-        rows = (kinds == pass_type) | (kinds == "layer")
-        if rows.any():
-            problem = MoeProblem.create(*(d[rows] for d in dims), pass_type=pass_type)
-            out[rows] += operator.calculator("triton_moe")(problem, hw)
-    return out
 
 
 OPERATORS: dict[str, OperatorClass] = {}
@@ -361,35 +134,28 @@ def register(operator: OperatorClass) -> OperatorClass:
     return operator
 
 
-register(OperatorClass(
-    key="gemm",
-    description="BF16 dense GEMM",
-    shape_columns=("M", "N", "K"),
-    optional_columns=TILE_COLUMNS,
-    feature_names=GEMM_FEATURES,
-    ideal_cycle_features=("tensor_all_cycle",),
-    calculators={"sm80": gemm_sm80.features, "sm90": gemm_sm90.features},
-    compute=_gemm,
-    descriptor_names=descriptors.GEMM_DESCRIPTORS,
-    describe=_describe_gemm(2, fp8=False),
-    workload_key="gemm",
-    quantile=True,
-    profiled=True,
-))
-register(OperatorClass(
-    key="gemm_fp8",
-    description="FP8 dense GEMM (per-tensor scaled)",
-    shape_columns=("M", "N", "K"),
-    feature_names=GEMM_FEATURES,
-    ideal_cycle_features=("tensor_all_cycle",),
-    calculators={"fp8": gemm_fp8.features},
-    compute=_gemm_fp8,
-    descriptor_names=descriptors.GEMM_DESCRIPTORS,
-    describe=_describe_gemm(1, fp8=True),
-    dtype="fp8",
-    quantile=True,
-    profiled=True,
-))
+def _gemm_operator(key: str, description: str, calculators: dict, compute, operand_bytes: int, **extra) -> OperatorClass:
+    """BF16 and FP8 GEMM share shapes, features, descriptors and the ideal-cycle column."""
+    return OperatorClass(
+        key=key,
+        description=description,
+        shape_columns=("M", "N", "K"),
+        feature_names=GEMM_FEATURES,
+        ideal_cycle_features=("tensor_all_cycle",),
+        calculators=calculators,
+        compute=compute,
+        descriptor_names=descriptors.GEMM_DESCRIPTORS,
+        describe=describe_gemm(operand_bytes, fp8=operand_bytes == 1),
+        quantile=True,
+        profiled=True,
+        **extra,
+    )
+
+
+register(_gemm_operator("gemm", "BF16 dense GEMM", {"sm80": gemm_sm80.features, "sm90": gemm_sm90.features}, gemm, 2,
+                        optional_columns=TILE_COLUMNS, workload_key="gemm"))
+register(_gemm_operator("gemm_fp8", "FP8 dense GEMM (per-tensor scaled)", {"fp8": gemm_fp8.features},
+                        gemm_fp8_features, 1, dtype="fp8"))
 register(OperatorClass(
     key="attn",
     description="FlashAttention/FlashInfer prefill and decode",
@@ -398,39 +164,32 @@ register(OperatorClass(
     feature_names=ATTENTION_FEATURES,
     ideal_cycle_features=("tensor_all_cycle",),
     calculators=dict(ATTENTION_CALCULATORS),
-    compute=_attention,
+    compute=attention,
     descriptor_names=descriptors.ATTENTION_DESCRIPTORS,
-    describe=_describe_attention,
+    describe=describe_attention,
     workload_key="attention",
     quantile=True,
     profiled=True,
 ))
-register(OperatorClass(
-    key="rmsnorm",
-    description="fused RMSNorm",
-    shape_columns=("seq", "dim"),
-    feature_names=ELEMENTWISE_FEATURES,
-    ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
-    calculators={"rmsnorm": rmsnorm.features},
-    compute=_elementwise,
-    descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
-    describe=_describe_elementwise(1.0),
-    workload_key="rmsnorm",
-    profiled=True,
-))
-register(OperatorClass(
-    key="siluandmul",
-    description="SiLU(gate)*up activation",
-    shape_columns=("seq", "dim"),
-    feature_names=ELEMENTWISE_FEATURES,
-    ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
-    calculators={"siluandmul": siluandmul.features},
-    compute=_elementwise,
-    descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
-    describe=_describe_elementwise(0.5),
-    workload_key="siluandmul",
-    profiled=True,
-))
+def _elementwise_operator(key: str, description: str, calculator, output_fraction: float) -> OperatorClass:
+    """RMSNorm and SiLU*Mul: one CTA per token row; ``output_fraction`` of the input width is written."""
+    return OperatorClass(
+        key=key,
+        description=description,
+        shape_columns=("seq", "dim"),
+        feature_names=ELEMENTWISE_FEATURES,
+        ideal_cycle_features=("fma_all_cycle", "xu_all_cycle"),
+        calculators={key: calculator},
+        compute=elementwise,
+        descriptor_names=descriptors.ELEMENTWISE_DESCRIPTORS,
+        describe=describe_elementwise(output_fraction),
+        workload_key=key,
+        profiled=True,
+    )
+
+
+register(_elementwise_operator("rmsnorm", "fused RMSNorm", rmsnorm.features, 1.0))
+register(_elementwise_operator("siluandmul", "SiLU(gate)*up activation", siluandmul.features, 0.5))
 register(OperatorClass(
     key="moe",
     description="Triton fused-MoE (w13 and w2 passes)",
@@ -439,9 +198,9 @@ register(OperatorClass(
     feature_names=GEMM_FEATURES,
     ideal_cycle_features=("tensor_all_cycle",),
     calculators={"triton_moe": triton_moe.features},
-    compute=_moe,
+    compute=moe,
     descriptor_names=descriptors.MOE_DESCRIPTORS,
-    describe=_describe_moe,
+    describe=describe_moe,
     quantile=True,
 ))
 

@@ -8,15 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pipes import (
-    ElementwiseProblem,
-    HardwareSpec,
-    ceil_div,
-    compute_pipe,
-    memory_pipe,
-    stack_features,
-    uniform_sm_max,
-)
+from .pipes import ElementwiseProblem, HardwareSpec, ceil_div, row_kernel_features
 
 FMA_CALIBRATION = 1.616838
 XU_CALIBRATION = 1.666667
@@ -43,11 +35,4 @@ def per_cta_counts(dim: np.ndarray, dtype_size: int) -> tuple[np.ndarray, np.nda
 
 def features(problem: ElementwiseProblem, hw: HardwareSpec) -> np.ndarray:
     fma, xu = per_cta_counts(problem.dim, problem.dtype_size)
-    ctas = problem.rows
-    busiest = uniform_sm_max(ctas, hw.num_sms)
-    row_bytes = problem.dim * problem.dtype_size
-    return stack_features(
-        compute_pipe(fma * ctas, fma * busiest, hw.fma_fp32, hw.num_sms),
-        compute_pipe(xu * ctas, xu * busiest, hw.xu_fp32, hw.num_sms),
-        memory_pipe(row_bytes * ctas, row_bytes * busiest, hw),
-    )
+    return row_kernel_features(problem, fma, xu, hw)

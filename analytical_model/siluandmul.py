@@ -7,15 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pipes import (
-    ElementwiseProblem,
-    HardwareSpec,
-    ceil_div,
-    compute_pipe,
-    memory_pipe,
-    stack_features,
-    uniform_sm_max,
-)
+from .pipes import ElementwiseProblem, HardwareSpec, ceil_div, row_kernel_features
 
 VEC = 8
 FMA_PER_ELEMENT = 4 * 1.71875
@@ -35,11 +27,4 @@ def features(problem: ElementwiseProblem, hw: HardwareSpec) -> np.ndarray:
     tail = np.where(rem > 0, np.minimum(rem, block), 0)
     fma = fma + tail * FMA_PER_ELEMENT
     xu = xu + tail * XU_PER_ELEMENT
-    ctas = problem.rows
-    busiest = uniform_sm_max(ctas, hw.num_sms)
-    row_bytes = dim * problem.dtype_size
-    return stack_features(
-        compute_pipe(fma * ctas, fma * busiest, hw.fma_fp32, hw.num_sms),
-        compute_pipe(xu * ctas, xu * busiest, hw.xu_fp32, hw.num_sms),
-        memory_pipe(row_bytes * ctas, row_bytes * busiest, hw),
-    )
+    return row_kernel_features(problem, fma, xu, hw)

@@ -24,15 +24,9 @@ Rule, per architecture:
   (one wave, cta_count = tiles·s ≤ SMs, is_split_k true) is used if the same cost model says it is
   faster. Ties go to the larger tile (fewer CTAs), then to the order listed.
 
-The rule is a model of a library heuristic, not a reading of one (no public data names the kernels
-cuBLAS picked). It is validated by what the tiles are for, the accuracy of the model trained on their
-features, and for FP8 by reproducing the artifact's implied tiles (all 25,228 rows). Measured against a
-uniform rule (128×128×32 tiles, 64×128 for M ≤ 64, one CTA per tile, persistent grid on Hopper): in a small
-experiment (8,000 BF16 rows per GPU, 100 epochs) the uniform rule's GEMM model was more accurate on held-out
-shapes (6.8 % vs 8.6 % mean duration error; without the shape descriptors 8.3 % vs 10.1 %), but at the shipped
-scale (20,000 rows per GPU, up to 300 epochs) both gave 5.8 %, and the end-to-end error over the 26 measured
-runs was 10.8 % with the uniform rule against 7.7 % with this one (H20, which has no BF16 data, 28-41 % off),
-so this rule is kept.
+The rule is a model of a library heuristic, not a reading of one (no public data names the kernels cuBLAS
+picked); for FP8 it reproduces the artifact's implied tiles. How it compares with a uniform-tile rule (kernel and
+end-to-end accuracy) is measured in the README, "GEMM tiles without a dataset".
 """
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from analytical_model.registry import workload_operators
 from pipeweave.aggregate import output_name
 from pipeweave.mlp import weights_path
+from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_WORKLOAD = REPO / "workload" / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
+DEFAULT_WORKLOAD = DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
 KERNEL_OPS = tuple(op.key for op in workload_operators().values())
 
 
@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
     parser.add_argument("--hardware", default="H20")
-    parser.add_argument("--model_dir", default=str(REPO / "mlp_models"))
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--process_runs", type=int, default=5)
     parser.add_argument("--python", help="interpreter of an installed pipeweave for the whole-process runs "
@@ -161,7 +161,7 @@ def main(argv=None) -> None:
             flags += ["--model_dir", str(model_dir.resolve())]
         python = args.python or sys.executable
         command = ([python, "-c", INSTALLED_AGGREGATE, *flags] if args.python
-                   else [python, str(REPO / "aggregator.py"), *flags])
+                   else [python, str(REPO_ROOT / "aggregator.py"), *flags])
         label = f"{python} -c 'pipeweave-aggregate'" if args.python else "python3 aggregator.py"
         runs = {"numpy": [], "aggregate": []}
         for _ in range(args.process_runs):  # interleaved, so that both see the same machine load
@@ -174,9 +174,9 @@ def main(argv=None) -> None:
               f"peak memory {peak_mb:.0f} MB")
         print(f"python -c 'import numpy': median {numpy_s:.2f} s, peak memory {numpy_mb:.0f} MB; "
               f"whole process / import numpy = {whole_s / numpy_s:.1f}x")
-        committed = REPO / "e2e" / "pipeweave_pred" / output_name(Path(args.workload).stem, job.hardware)
-        if committed.is_file() and not untrained and model_dir.resolve() == (REPO / "mlp_models").resolve():
-            print(f"summary vs committed {committed.relative_to(REPO)}: {summary_difference(out, committed)}")
+        committed = REPO_ROOT / "e2e" / "pipeweave_pred" / output_name(Path(args.workload).stem, job.hardware)
+        if committed.is_file() and not untrained and model_dir.resolve() == (REPO_ROOT / "mlp_models").resolve():
+            print(f"summary vs committed {committed.relative_to(REPO_ROOT)}: {summary_difference(out, committed)}")
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(f"in_process_ms={in_process_ms:.3f} whole_process_s={whole_s:.3f} numpy_import_s={numpy_s:.3f} "
           f"ratio={whole_s / numpy_s:.2f} peak_mb={peak_mb:.1f}")

@@ -25,9 +25,9 @@ from analytical_model.registry import TILE_COLUMNS, compute_features, get_operat
 from analytical_model.tiles import choose_gemm_tiles
 from dataset.sources import load_collectives, load_measurements
 from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.paths import DATASET_DIR
 from pipeweave.splits import shape_holdout_mask, shape_keys
 
-DATASET_DIR = Path(__file__).resolve().parent
 TRAINABLE_OPS = operator_keys(trainable=True)
 
 

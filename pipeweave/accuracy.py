@@ -11,7 +11,7 @@ Two evaluations, both on data the evaluated model never trained on, both as the 
   (``--retrain_logo`` recomputes; ``--logo_only`` computes the cache without rendering, so operators can
   be run in parallel processes).
 
-Beside them: a pure roofline (max of compute time at the spec peak and DRAM time at the spec
+Beside them: the feature roofline (max of compute time at the spec peak and DRAM time at the spec
 bandwidth, from the same analytical features) and the artifact's own per-GPU figures from its
 metadata (errors of overall_perf on its own data, which the artifact reports; they cannot be turned
 into duration errors without its per-row predictions, so they are shown as published).
@@ -29,20 +29,21 @@ import pandas as pd
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically
-from pipeweave.modeling import DATASET_DIR, dataset_paths, duration_errors, load_splits, read_dataset, train_and_evaluate
+from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
+from pipeweave.modeling import dataset_paths, duration_errors, load_splits, read_dataset, train_and_evaluate
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
 from pipeweave.training import TrainConfig
 
-REPO = Path(__file__).resolve().parent.parent
 OPS = operator_keys(trainable=True)
 LOGO_MAX_ROWS_PER_GPU = 8000
 LOGO_EPOCHS = 100
 ARTIFACT_METADATA = "pipeweave/mlp_models_metadata"
 
 
-def roofline_us(frame: pd.DataFrame, op: str) -> np.ndarray:
-    """The kernel roofline (:meth:`OperatorClass.kernel_roofline_cycles`) in µs: cycles / clock."""
-    return get_operator(op).kernel_roofline_cycles(frame) / frame["sm_freq"].to_numpy(np.float64)
+def feature_roofline_us(frame: pd.DataFrame, op: str) -> np.ndarray:
+    """The feature roofline (:meth:`OperatorClass.feature_roofline_cycles`: the analytical ideal-cycle and DRAM-cycle
+    features at spec peaks) in µs. Not the shape roofline of the end-to-end comparison (:mod:`pipeweave.baselines`)."""
+    return get_operator(op).feature_roofline_cycles(frame) / frame["sm_freq"].to_numpy(np.float64)
 
 
 def error_summary(errors: np.ndarray) -> dict:
@@ -56,8 +57,8 @@ def shape_holdout_results(op: str, predictor: KernelPredictor, dataset_dir: Path
     predicted = predictor.efficiency_from_frame(op, test)
     measured = test["overall_perf"].to_numpy(np.float64)
     model_err = duration_errors(measured, predicted)
-    roof_err = np.abs(roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
-    out = {"model_dir": str(directory.relative_to(REPO)) if directory.is_relative_to(REPO) else str(directory), "by_gpu": {}}
+    roof_err = np.abs(feature_roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
+    out = {"model_dir": str(directory.relative_to(REPO_ROOT)) if directory.is_relative_to(REPO_ROOT) else str(directory), "by_gpu": {}}
     for gpu in sorted(pd.unique(test["hardware"])):
         rows = (test["hardware"] == gpu).to_numpy()
         out["by_gpu"][gpu] = {"model": error_summary(model_err[rows]), "roofline": error_summary(roof_err[rows])}
@@ -77,7 +78,7 @@ def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
         config = TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
         _, history, predicted, _ = train_and_evaluate(op, train, test, config)
         err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted)
-        roof = np.abs(roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
+        roof = np.abs(feature_roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
         out[gpu] = {"model": error_summary(err), "roofline": error_summary(roof), "train_rows": history["train_rows"]}
         log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} % ({time.perf_counter() - started:.0f} s)")
     return out
@@ -144,13 +145,13 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--output", type=Path, default=REPO / "docs" / "ACCURACY.md")
-    parser.add_argument("--logo_cache", type=Path, default=REPO / "docs" / "accuracy_logo",
+    parser.add_argument("--output", type=Path, default=DOCS_DIR / "ACCURACY.md")
+    parser.add_argument("--logo_cache", type=Path, default=DOCS_DIR / "accuracy_logo",
                         help="directory of per-operator leave-one-GPU-out results")
     parser.add_argument("--retrain_logo", action="store_true", help="recompute leave-one-GPU-out models")
     parser.add_argument("--logo_only", action="store_true", help="only compute the leave-one-GPU-out cache")
     args = parser.parse_args(argv)
-    from dataset.sources import shared_data_dir
+    from pipeweave.paths import existing_shared_data_dir
 
     ops = [o for o in args.ops.split(",") if o]
     logo = {}
@@ -165,7 +166,7 @@ def main(argv=None) -> int:
         return 0
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
-    text = render(results, logo, artifact_figures(shared_data_dir()))
+    text = render(results, logo, artifact_figures(existing_shared_data_dir()))
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
     print(f"wrote {args.output}")
     return 0

@@ -120,6 +120,44 @@ def _read_text(path: str) -> str:
     return p.read_text(encoding="utf-8")
 
 
+def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
+    """The file each job writes: ``output`` (default predictions.json) for one pair, else one file per pair in
+    the directory ``output``; errors before any work when that is impossible."""
+    if len(jobs) == 1:
+        target = Path(output or "predictions.json")
+        if target.is_dir():
+            target = target / output_name(jobs[0].workload.stem, jobs[0].hardware)
+        return [target]
+    if not output:
+        raise UserError(f"{len(jobs)} (workload, GPU) pairs: give --output DIRECTORY for one file per pair")
+    out_dir = Path(output)
+    if out_dir.suffix == ".json" or out_dir.is_file():
+        raise UserError(f"--output {out_dir}: with {len(jobs)} pairs --output must be a directory")
+    targets = [out_dir / output_name(job.workload.stem, job.hardware) for job in jobs]
+    duplicates = {t for t in targets if targets.count(t) > 1}
+    if duplicates:
+        raise UserError(f"two pairs would write the same file {sorted(duplicates)[0]}")
+    return targets
+
+
+def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
+    summary = prediction.result["summary"]
+    job = prediction.job
+    if several:
+        print(f"== {job.workload.stem} on {job.hardware.stem}")
+    if prediction.collective_source:
+        print(f"Communication: {prediction.collective_source}")
+    print(f"Prefill duration: {summary['prefill_duration_ms']:.3f} ms")
+    print(f"Decode avg duration: {summary['decode_avg_duration_ms']:.3f} ms")
+    print(f"Total duration: {summary['total_duration_ms']:.3f} ms")
+    if "optimistic_total_duration_ms" in summary:
+        print(f"Optimistic (quantile models) prefill / decode avg / total: "
+              f"{summary['optimistic_prefill_duration_ms']:.3f} / "
+              f"{summary['optimistic_decode_avg_duration_ms']:.3f} / "
+              f"{summary['optimistic_total_duration_ms']:.3f} ms")
+    print(f"Predictions saved to {target}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     registry = hardware_registry(Path(args.hardware_dir))
@@ -149,21 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         registry.get(args.collective_hardware)  # unknown name: error listing the known GPUs
 
     several = len(jobs) > 1
-    if several:
-        out_dir = Path(args.output) if args.output else None
-        if out_dir is None:
-            raise UserError(f"{len(jobs)} (workload, GPU) pairs: give --output DIRECTORY for one file per pair")
-        if out_dir.suffix == ".json" or out_dir.is_file():
-            raise UserError(f"--output {out_dir}: with {len(jobs)} pairs --output must be a directory")
-        targets = [out_dir / output_name(job.workload.stem, job.hardware) for job in jobs]
-        duplicates = {t for t in targets if targets.count(t) > 1}
-        if duplicates:
-            raise UserError(f"two pairs would write the same file {sorted(duplicates)[0]}")
-    else:
-        target = Path(args.output or "predictions.json")
-        if target.is_dir():
-            target = target / output_name(jobs[0].workload.stem, jobs[0].hardware)
-        targets = [target]
+    targets = output_targets(jobs, args.output)
 
     if args.quantiles and not Path(args.quantile_dir).is_dir():
         raise FileNotFoundError(f"--quantiles: quantile model directory not found: {args.quantile_dir} "
@@ -183,21 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     for prediction, target in zip(predictions, targets):
         text = dumps_result(prediction.result)
         write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
-        summary = prediction.result["summary"]
-        job = prediction.job
-        if several:
-            print(f"== {job.workload.stem} on {job.hardware.stem}")
-        if prediction.collective_source:
-            print(f"Communication: {prediction.collective_source}")
-        print(f"Prefill duration: {summary['prefill_duration_ms']:.3f} ms")
-        print(f"Decode avg duration: {summary['decode_avg_duration_ms']:.3f} ms")
-        print(f"Total duration: {summary['total_duration_ms']:.3f} ms")
-        if "optimistic_total_duration_ms" in summary:
-            print(f"Optimistic (quantile models) prefill / decode avg / total: "
-                  f"{summary['optimistic_prefill_duration_ms']:.3f} / "
-                  f"{summary['optimistic_decode_avg_duration_ms']:.3f} / "
-                  f"{summary['optimistic_total_duration_ms']:.3f} ms")
-        print(f"Predictions saved to {target}")
+        print_summary(prediction, target, several)
     if several:
         print(f"Predicted {len(jobs)} pairs in {elapsed * 1000:.1f} ms (models loaded once)")
     return 0

@@ -75,6 +75,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
+
 KINDS = ("all_reduce", "send_recv")
 MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"

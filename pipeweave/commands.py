@@ -40,7 +40,7 @@ def predict_kernels() -> int:
 
 def generate_workload() -> int:
     """pipeweave-generate-workload: workload JSON from a model config and a trace (workload_generator.py)."""
-    return _run("pipeweave.generate")
+    return _run("pipeweave.generate_cli")
 
 
 def features() -> int:

@@ -52,7 +52,7 @@ from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
-from pipeweave.paths import DEFAULT_MODEL_DIR
+from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
 
@@ -112,10 +112,7 @@ class Engine:
         self._predictor = None
         self._quantile_predictor = None
         self.quantile_ops: dict[str, bool] = {}
-        if collective_dir is None:
-            from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR
-            collective_dir = DEFAULT_COLLECTIVE_DIR
-        self.collective_dir = Path(collective_dir)
+        self.collective_dir = Path(DEFAULT_COLLECTIVE_DIR if collective_dir is None else collective_dir)
         self.collective_estimate = collective_estimate
         self.log = log or (lambda message: None)
         self._collective_predictors: dict[str, object] = {}

@@ -1,67 +1,127 @@
-"""The workload generator's command line (``workload_generator.py``, ``pipeweave-generate-workload``).
-
-Turns a model config and a request trace into static-batch workload JSON files (docs/METHOD.md §6); the
-generation itself is :mod:`pipeweave.workload`.
+"""Workload files: the specification of one workload, its file name, the paper's 25 workloads (docs/METHOD.md
+§6.5, §9), and generating and writing them (the logic behind ``workload_generator.py``).
 """
 from __future__ import annotations
 
-from pipeweave.cli import ArgumentParser, UserError
-from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
-                                DEFAULT_TRACE_DIR, PAPER_SET, PREFILL_ATTN_DEFAULT, WorkloadSpec, generate_many,
-                                write_workloads)
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
 
-# Flags that describe a single workload (not allowed together with --paper_set).
-_SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
-                 "single_sequence", "prompt_tokens", "output_tokens", "name")
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+from pipeweave.workload import (DECODE_ATTN_DEFAULT, PREFILL_ATTN_DEFAULT, WorkloadError, positive_int, build_workload,
+                                load_model_config, load_trace, serialize_workload)
 
-
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(
-        prog="workload_generator.py",
-        description="Turn a model config and a request trace into a static-batch workload JSON "
-                    "(one prefill iteration, then one decode iteration per further output token).")
-    p.add_argument("--model_config", help="config JSON path, or a stem of config/ (e.g. Llama-3.1-70B)")
-    p.add_argument("--trace", help="trace CSV path, or a stem of workload/traces/ (e.g. arxiv_16)")
-    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1); must divide the sharded widths exactly")
-    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1); adds a send_recv entry when > 1")
-    p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}; "
-                                          f"one of {', '.join(ATTENTION_BACKENDS)})")
-    p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT})")
-    p.add_argument("--qk_norm_rmsnorm", action="store_true", default=None,
-                   help="Qwen3 QK-norm approximation: RMSNorm count 4L+1 instead of 2L+1")
-    p.add_argument("--single_sequence", action="store_true", default=None,
-                   help="merge the trace's prompts into one request whose prompt is their sum")
-    p.add_argument("--prompt_tokens", type=int,
-                   help="replace every request's prompt length (after --single_sequence) by this value")
-    p.add_argument("--output_tokens", type=int, help="number of iterations (overrides the trace's output_tokens)")
-    p.add_argument("--name", help="label used in place of the trace stem in the output file name")
-    p.add_argument("--paper_set", action="store_true",
-                   help=f"regenerate the {len(PAPER_SET)} workloads of the PipeWeave paper")
-    p.add_argument("--output_dir", default=str(DEFAULT_OUTPUT_DIR), help="output directory (default: workload/)")
-    p.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="where config stems are looked up")
-    p.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR), help="where trace stems are looked up")
-    return p
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.paper_set:
-        given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]
-        if given:
-            raise UserError(f"--paper_set cannot be combined with {', '.join(given)}")
-        specs = list(PAPER_SET)
-    else:
-        missing = [f"--{name}" for name in ("model_config", "trace") if getattr(args, name) is None]
-        if missing:
-            raise UserError(f"missing {' and '.join(missing)} (or use --paper_set)")
-        specs = [WorkloadSpec(
-            model_config=args.model_config, trace=args.trace,
-            tp=1 if args.tp is None else args.tp, pp=1 if args.pp is None else args.pp,
-            prefill_attn=args.prefill_attn or PREFILL_ATTN_DEFAULT, decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
-            qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
-            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name)]
-    workloads = generate_many(specs, args.config_dir, args.trace_dir)
-    for path in write_workloads(workloads, args.output_dir):
-        print(path)
-    return 0
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything that determines one workload file.
 
+    ``single_sequence`` merges the trace's prompts into one request (prompt = their sum);
+    ``prompt_tokens`` then replaces every request's prompt length (after merging);
+    ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name.
+    """
+
+    model_config: str
+    trace: str
+    tp: int = 1
+    pp: int = 1
+    prefill_attn: str = PREFILL_ATTN_DEFAULT
+    decode_attn: str = DECODE_ATTN_DEFAULT
+    qk_norm_rmsnorm: bool = False
+    single_sequence: bool = False
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    name: str | None = None
+
+
+def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int) -> str:
+    """``<config stem>_<trace stem>_<prefill backend prefix>_tp<TP>_pp<PP>.json`` (METHOD.md 6.4)."""
+    return f"{config_stem}_{label}_{prefill_attn.split('_', 1)[0]}_tp{tp}_pp{pp}.json"
+
+
+@dataclass
+class GeneratedWorkload:
+    file_name: str
+    content: bytes = field(repr=False)
+
+
+def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
+             trace_dir: str | Path = DEFAULT_TRACE_DIR) -> GeneratedWorkload:
+    """Resolve a spec's config and trace, build the workload and serialize it."""
+    cfg = load_model_config(spec.model_config, config_dir)
+    trace = load_trace(spec.trace, trace_dir)
+    prompts = list(trace.prompt_tokens)
+    if spec.single_sequence:
+        prompts = [sum(prompts)]
+    if spec.prompt_tokens is not None:
+        positive_int(spec.prompt_tokens, "prompt_tokens")
+        prompts = [spec.prompt_tokens] * len(prompts)
+    output_tokens = trace.output_tokens if spec.output_tokens is None else spec.output_tokens
+    label = trace.stem if spec.name is None else spec.name
+    if not _LABEL.match(label):
+        raise WorkloadError(f"name {label!r} must start with a letter or digit and contain only letters, digits, "
+                            "'.', '_' and '-'")
+    workload = build_workload(cfg, prompts, output_tokens, tp=spec.tp, pp=spec.pp, prefill_attn=spec.prefill_attn,
+                              decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm)
+    return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp),
+                             serialize_workload(workload))
+
+
+def _paper_set() -> tuple[WorkloadSpec, ...]:
+    """The 25 workloads of the PipeWeave artifact (METHOD.md sections 6.3, 6.5 and 9)."""
+    specs: list[WorkloadSpec] = []
+    both = ("fa2_ragged", "fa3_ragged")
+    # tp1.sh: Qwen2.5-14B, TP1, fa2 (Ampere/Ada/Blackwell) and fa3 (Hopper) files.
+    for trace in ("arxiv_8", "splitwise_32"):
+        specs += [WorkloadSpec("Qwen2.5-14B", trace, tp=1, prefill_attn=a) for a in both]
+    # tp2.sh: Qwen3-32B, TP2; arxiv_16 / splitwise_64 were generated with the QK-norm variant (RMSNorm 4L+1 = 257).
+    for trace, qk_norm in (("arxiv_12", False), ("arxiv_16", True), ("splitwise_48", False), ("splitwise_64", True)):
+        specs += [WorkloadSpec("Qwen3-32B", trace, tp=2, prefill_attn=a, qk_norm_rmsnorm=qk_norm) for a in both]
+    # tp4.sh: Llama-3.1-70B, TP4, fa2 (A100) and fa3 (H100).
+    for trace in ("arxiv_16", "splitwise_64"):
+        specs += [WorkloadSpec("Llama-3.1-70B", trace, tp=4, prefill_attn=a) for a in both]
+    # tp8.sh: Llama-3.1-70B, TP8, fa3 (H800/H20), including the commented-out arxiv_32 / splitwise_72.
+    for trace in ("arxiv_16", "arxiv_32", "splitwise_64", "splitwise_72"):
+        specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=8, prefill_attn="fa3_ragged"))
+    # vllm_tp4_pp2.sh: uniformised traces, TP4 x PP2, fa3.
+    for trace in ("vllm_arxiv16", "vllm_splitwise64"):
+        specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=4, pp=2, prefill_attn="fa3_ragged"))
+    # Orphan single-sequence files (METHOD.md 6.5): one request holding a trace's total prompt; the trace's
+    # output_tokens. The 32,720-token prompt of vllm_s32 is not splitwise_32's sum (33,950): given explicitly.
+    specs.append(WorkloadSpec("Llama-3.1-70B", "arxiv_16", tp=4, pp=2, single_sequence=True, name="vllm_a16"))
+    specs.append(WorkloadSpec("Qwen2.5-14B", "arxiv_8", tp=1, single_sequence=True, name="vllm_a8"))
+    specs.append(WorkloadSpec("Qwen2.5-14B", "splitwise_32", tp=1, single_sequence=True, prompt_tokens=32720,
+                              name="vllm_s32"))
+    return tuple(specs)
+
+
+PAPER_SET: tuple[WorkloadSpec, ...] = _paper_set()
+
+
+def paper_set_names() -> list[str]:
+    """Output file names of the 25 paper workloads (the specs name configs by stem)."""
+    return [output_name(s.model_config, s.name or s.trace, s.prefill_attn, s.tp, s.pp) for s in PAPER_SET]
+
+
+def generate_many(specs: Iterable[WorkloadSpec], config_dir: str | Path = DEFAULT_CONFIG_DIR,
+                  trace_dir: str | Path = DEFAULT_TRACE_DIR) -> list[GeneratedWorkload]:
+    """Generate several workloads in memory (all are validated before any is written)."""
+    return [generate(spec, config_dir, trace_dir) for spec in specs]
+
+
+def write_workloads(workloads: Iterable[GeneratedWorkload], output_dir: str | Path) -> list[Path]:
+    """Write each workload atomically into ``output_dir``; returns the paths written."""
+    from pipeweave.cli import write_atomically
+
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise WorkloadError(f"output_dir {output_dir} exists and is not a directory")
+    paths = []
+    for item in workloads:
+        path = output_dir / item.file_name
+        write_atomically(path, lambda tmp, data=item.content: tmp.write_bytes(data))
+        paths.append(path)
+    return paths

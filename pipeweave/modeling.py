@@ -18,11 +18,10 @@ import torch
 from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave.mlp import checkpoint_path, model_inputs, weights_path
+from pipeweave.paths import DATASET_DIR
 from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency
 from pipeweave.splits import shape_keys
 from pipeweave.training import TrainConfig, fit
-
-DATASET_DIR = Path(__file__).resolve().parent.parent / "dataset"
 
 
 def dataset_paths(op: str, dataset_dir: str | Path = DATASET_DIR) -> tuple[Path, Path]:
@@ -219,3 +218,49 @@ def worst_cases(test: pd.DataFrame, predicted: np.ndarray, top: int = 100) -> pd
 
 def timestamp_dir(root: Path, op: str) -> Path:
     return Path(root) / op / datetime.now().strftime("%Y%m%d_%H%M%S")
+
+
+def add_training_arguments(parser, *, output_dir: str, epochs_default: int | None, epochs_help: str,
+                           rows_help: str) -> None:
+    """The flags train_mlp.py and train_mlp_quantile.py share (defined once, so they stay the same)."""
+    parser.add_argument("--epochs", type=int, default=epochs_default, help=epochs_help)
+    parser.add_argument("--batch_size", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--output_dir", type=Path, default=Path(output_dir),
+                        help="root; a timestamped directory is created")
+    parser.add_argument("--max_rows_per_gpu", type=int, default=20000, help=rows_help)
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads")
+    parser.add_argument("--no_progress", action="store_true")
+
+
+def kernel_reports(op: str, train: pd.DataFrame, predicted: np.ndarray, threshold: float, topk: int | None,
+                   out_dir: Path) -> list[str]:
+    """Per GPU, the kernels whose measured efficiency is more than ``threshold`` below the quantile model's
+    predicted upper bound (``topk_underperforming_<GPU>.csv``, worst first) and ``summary.csv``; returns the
+    file names written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = train.copy()
+    frame["pred_perf"] = np.maximum(predicted, 1e-9)
+    frame["perf_diff"] = frame["overall_perf"] - frame["pred_perf"]
+    frame["rel_gap"] = frame["perf_diff"] / (frame["pred_perf"] + 1e-9)
+    columns = list(get_operator(op).shape_columns) + ["avg_duration", "overall_perf", "pred_perf", "perf_diff", "rel_gap"]
+    files, summary = [], []
+    for hw, rows in frame.groupby("hardware", sort=True):
+        under = rows[rows["perf_diff"] < threshold].sort_values("perf_diff", kind="stable")
+        top = under if topk is None else under.head(topk)
+        name = f"topk_underperforming_{hw}.csv"
+        top[columns].to_csv(out_dir / name, index=False)
+        files.append(name)
+        summary.append({
+            "hardware": hw, "total_underperforming": len(under),
+            "avg_perf_diff": under["perf_diff"].mean() if len(under) else 0.0,
+            "min_perf_diff": under["perf_diff"].min() if len(under) else 0.0,
+            "avg_rel_gap": under["rel_gap"].mean() if len(under) else 0.0,
+            "min_rel_gap": under["rel_gap"].min() if len(under) else 0.0,
+            "topk_count": len(top),
+        })
+    pd.DataFrame(summary).to_csv(out_dir / "summary.csv", index=False)
+    return files + ["summary.csv"]

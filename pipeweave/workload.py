@@ -4,7 +4,8 @@ A workload is a static batch: one prefill iteration holding every request of the
 iteration per further generated token (``output_tokens`` iterations in all). Each iteration lists the
 operators of the whole model (GEMMs, attention, RMSNorm, SiLU*Mul, collectives) with per-TP-rank shapes and
 repeat counts. The JSON text is written exactly as the PipeWeave artifact writes it, so regenerating the
-paper's 25 workloads reproduces the artifact's files byte for byte.
+paper's 25 workloads reproduces the artifact's files byte for byte. Operators are the typed entities of
+:mod:`pipeweave.schema`; workload specifications, file names and the paper set are in :mod:`pipeweave.generate`.
 
 Traces are CSV files with one request per row. Two header layouts are accepted:
 
@@ -19,16 +20,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from pipeweave.cli import UserError
-from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
-
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.paths import DEFAULT_WORKLOAD_OUTPUT_DIR as DEFAULT_OUTPUT_DIR
+from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
@@ -80,7 +79,7 @@ class ModelConfig:
         }
 
 
-def _positive_int(value, what: str) -> int:
+def positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WorkloadError(f"{what} must be a positive integer, got {value!r}")
     return value
@@ -94,10 +93,10 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     for key in _MODEL_KEYS:
         if key not in cfg:
             raise WorkloadError(f"config {stem}: missing key '{key}'")
-        values[key] = _positive_int(cfg[key], f"config {stem}: {key}")
+        values[key] = positive_int(cfg[key], f"config {stem}: {key}")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if cfg.get("head_dim") is not None:
-        head_dim = _positive_int(cfg["head_dim"], f"config {stem}: head_dim")
+        head_dim = positive_int(cfg["head_dim"], f"config {stem}: head_dim")
     else:
         if hidden % heads:
             raise WorkloadError(f"config {stem}: no head_dim and hidden_size {hidden} is not divisible by "
@@ -340,128 +339,8 @@ def serialize_workload(workload: Workload) -> bytes:
     return workload.to_json_bytes()
 
 
-# --------------------------------------------------------------------------------------------------
-# Workload specifications, naming and the paper set
-# --------------------------------------------------------------------------------------------------
-
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """Everything that determines one workload file.
-
-    ``single_sequence`` merges the trace's prompts into one request (prompt = their sum);
-    ``prompt_tokens`` then replaces every request's prompt length (after merging);
-    ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name.
-    """
-
-    model_config: str
-    trace: str
-    tp: int = 1
-    pp: int = 1
-    prefill_attn: str = PREFILL_ATTN_DEFAULT
-    decode_attn: str = DECODE_ATTN_DEFAULT
-    qk_norm_rmsnorm: bool = False
-    single_sequence: bool = False
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    name: str | None = None
-
-
-def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int) -> str:
-    """``<config stem>_<trace stem>_<prefill backend prefix>_tp<TP>_pp<PP>.json`` (METHOD.md 6.4)."""
-    return f"{config_stem}_{label}_{prefill_attn.split('_', 1)[0]}_tp{tp}_pp{pp}.json"
-
-
-@dataclass
-class GeneratedWorkload:
-    file_name: str
-    content: bytes = field(repr=False)
-
-
-def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
-             trace_dir: str | Path = DEFAULT_TRACE_DIR) -> GeneratedWorkload:
-    """Resolve a spec's config and trace, build the workload and serialize it."""
-    cfg = load_model_config(spec.model_config, config_dir)
-    trace = load_trace(spec.trace, trace_dir)
-    prompts = list(trace.prompt_tokens)
-    if spec.single_sequence:
-        prompts = [sum(prompts)]
-    if spec.prompt_tokens is not None:
-        _positive_int(spec.prompt_tokens, "prompt_tokens")
-        prompts = [spec.prompt_tokens] * len(prompts)
-    output_tokens = trace.output_tokens if spec.output_tokens is None else spec.output_tokens
-    label = trace.stem if spec.name is None else spec.name
-    if not _LABEL.match(label):
-        raise WorkloadError(f"name {label!r} must start with a letter or digit and contain only letters, digits, "
-                            "'.', '_' and '-'")
-    workload = build_workload(cfg, prompts, output_tokens, tp=spec.tp, pp=spec.pp, prefill_attn=spec.prefill_attn,
-                              decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm)
-    return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp),
-                             serialize_workload(workload))
-
-
-def _paper_set() -> tuple[WorkloadSpec, ...]:
-    """The 25 workloads of the PipeWeave artifact (METHOD.md sections 6.3, 6.5 and 9)."""
-    specs: list[WorkloadSpec] = []
-    both = ("fa2_ragged", "fa3_ragged")
-    # tp1.sh: Qwen2.5-14B, TP1, fa2 (Ampere/Ada/Blackwell) and fa3 (Hopper) files.
-    for trace in ("arxiv_8", "splitwise_32"):
-        specs += [WorkloadSpec("Qwen2.5-14B", trace, tp=1, prefill_attn=a) for a in both]
-    # tp2.sh: Qwen3-32B, TP2; arxiv_16 / splitwise_64 were generated with the QK-norm variant (RMSNorm 4L+1 = 257).
-    for trace, qk_norm in (("arxiv_12", False), ("arxiv_16", True), ("splitwise_48", False), ("splitwise_64", True)):
-        specs += [WorkloadSpec("Qwen3-32B", trace, tp=2, prefill_attn=a, qk_norm_rmsnorm=qk_norm) for a in both]
-    # tp4.sh: Llama-3.1-70B, TP4, fa2 (A100) and fa3 (H100).
-    for trace in ("arxiv_16", "splitwise_64"):
-        specs += [WorkloadSpec("Llama-3.1-70B", trace, tp=4, prefill_attn=a) for a in both]
-    # tp8.sh: Llama-3.1-70B, TP8, fa3 (H800/H20), including the commented-out arxiv_32 / splitwise_72.
-    for trace in ("arxiv_16", "arxiv_32", "splitwise_64", "splitwise_72"):
-        specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=8, prefill_attn="fa3_ragged"))
-    # vllm_tp4_pp2.sh: uniformised traces, TP4 x PP2, fa3.
-    for trace in ("vllm_arxiv16", "vllm_splitwise64"):
-        specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=4, pp=2, prefill_attn="fa3_ragged"))
-    # Orphan single-sequence files (METHOD.md 6.5): one request holding a trace's total prompt; the trace's
-    # output_tokens. The 32,720-token prompt of vllm_s32 is not splitwise_32's sum (33,950): given explicitly.
-    specs.append(WorkloadSpec("Llama-3.1-70B", "arxiv_16", tp=4, pp=2, single_sequence=True, name="vllm_a16"))
-    specs.append(WorkloadSpec("Qwen2.5-14B", "arxiv_8", tp=1, single_sequence=True, name="vllm_a8"))
-    specs.append(WorkloadSpec("Qwen2.5-14B", "splitwise_32", tp=1, single_sequence=True, prompt_tokens=32720,
-                              name="vllm_s32"))
-    return tuple(specs)
-
-
-PAPER_SET: tuple[WorkloadSpec, ...] = _paper_set()
-
-
-def paper_set_names() -> list[str]:
-    """Output file names of the 25 paper workloads (the specs name configs by stem)."""
-    return [output_name(s.model_config, s.name or s.trace, s.prefill_attn, s.tp, s.pp) for s in PAPER_SET]
-
-
-def generate_many(specs: Iterable[WorkloadSpec], config_dir: str | Path = DEFAULT_CONFIG_DIR,
-                  trace_dir: str | Path = DEFAULT_TRACE_DIR) -> list[GeneratedWorkload]:
-    """Generate several workloads in memory (all are validated before any is written)."""
-    return [generate(spec, config_dir, trace_dir) for spec in specs]
-
-
-def write_workloads(workloads: Iterable[GeneratedWorkload], output_dir: str | Path) -> list[Path]:
-    """Write each workload atomically into ``output_dir``; returns the paths written."""
-    from pipeweave.cli import write_atomically
-
-    output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise WorkloadError(f"output_dir {output_dir} exists and is not a directory")
-    paths = []
-    for item in workloads:
-        path = output_dir / item.file_name
-        write_atomically(path, lambda tmp, data=item.content: tmp.write_bytes(data))
-        paths.append(path)
-    return paths
-
-
 __all__ = [
-    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "GeneratedWorkload",
-    "ModelConfig", "PAPER_SET", "Trace", "WorkloadError", "WorkloadSpec", "build_workload", "format_trace",
-    "generate", "generate_many", "load_model_config", "load_trace", "model_config_from_dict", "output_name",
-    "paper_set_names", "parse_trace", "serialize_workload", "write_workloads",
+    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "ModelConfig", "RankShapes",
+    "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config", "load_trace",
+    "model_config_from_dict", "parse_trace", "serialize_workload",
 ]

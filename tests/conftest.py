@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def shared_data_dir() -> Path:
-    return Path(os.environ.get("PIPEWEAVE_SHARED_DATA", REPO.parent / "shared" / "data"))
+from pipeweave.paths import REPO_ROOT as REPO
+from pipeweave.paths import shared_data_dir  # the location the code reads
 
 
 @pytest.fixture(scope="session")

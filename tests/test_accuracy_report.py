@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeweave.accuracy import error_summary, render, roofline_us
+from pipeweave.accuracy import error_summary, feature_roofline_us, render
 
 
 def test_roofline_is_max_of_compute_and_dram_time():
     frame = pd.DataFrame({"tensor_all_cycle": [1000.0, 10.0], "global_cycle": [10.0, 2000.0], "sm_freq": [1000.0, 1000.0]})
-    np.testing.assert_allclose(roofline_us(frame, "gemm"), [1.0, 2.0])
+    np.testing.assert_allclose(feature_roofline_us(frame, "gemm"), [1.0, 2.0])
     elementwise = pd.DataFrame({"fma_all_cycle": [3.0], "xu_all_cycle": [4.0], "global_cycle": [5.0], "sm_freq": [1.0]})
-    np.testing.assert_allclose(roofline_us(elementwise, "rmsnorm"), [7.0])
+    np.testing.assert_allclose(feature_roofline_us(elementwise, "rmsnorm"), [7.0])
 
 
 def test_error_summary_and_render():

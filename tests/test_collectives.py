@@ -251,8 +251,9 @@ def test_cli_flag_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def collectives():
-    from dataset.sources import aiconfigurator_data_dir, load_collectives, shared_data_dir
-    if shared_data_dir() is None:
+    from dataset.sources import aiconfigurator_data_dir, load_collectives
+    from pipeweave.paths import existing_shared_data_dir
+    if existing_shared_data_dir() is None:
         pytest.skip("shared measurement data not found (set PIPEWEAVE_SHARED_DATA to the shared/data folder)")
     if aiconfigurator_data_dir() is None:
         pytest.skip("aiconfigurator-core (0.12.0) is not installed")
@@ -266,8 +267,11 @@ def test_committed_models_match_data(collectives):
     for (stem, kind), g in data.groupby(["stem", "collective"]):
         pred = CollectivePredictor(stem)
         assert sorted(pred.worker_counts(kind)) == sorted(g["num_workers"].unique().tolist())
-        ape = np.abs(pred.predict_ms(kind, g["size_bytes"], g["num_workers"]) / g["time_ms"] - 1)
-        assert ape.mean() < 0.03, (stem, kind, ape.mean())
+        # the committed model is what training on the current data gives (not an in-sample accuracy check)
+        fresh = fit_model(g, kind, stem, pred.metadata["regressor"])
+        np.testing.assert_allclose(pred.predict_ms(kind, g["size_bytes"], g["num_workers"]),
+                                   model_predict_ms(fresh, g["size_bytes"], g["num_workers"]), rtol=1e-9,
+                                   err_msg=f"{stem} {kind}: retrain with python3 train_collective_rf.py")
         meta = pred.metadata["kinds"][kind]
         for w, info in meta["by_workers"].items():
             assert info["source"] == choice[(stem, kind)][int(w)]["source"]
@@ -278,15 +282,15 @@ def test_committed_models_match_data(collectives):
 
 
 @pytest.mark.data
-def test_heldout_error_reproducible_and_beats_reference(collectives):
+@pytest.mark.slow
+def test_heldout_error_beats_reference_forest(collectives):
+    """On sizes held out of training (every 5th), the shipped regressor beats the artifact's forest; both are
+    trained and scored here, nothing is read back from the metadata the trainer wrote."""
     data, _ = select_training_data(collectives)
     g = data[(data["stem"] == "H800") & (data["collective"] == "send_recv")].reset_index(drop=True)
-    meta = json.loads((DEFAULT_COLLECTIVE_DIR / "H800" / "metadata.json").read_text())
-    ours = heldout_errors(g, "send_recv", "H800", meta["regressor"])
-    assert ours == meta["kinds"]["send_recv"]["heldout"]["model"]
-    reference = meta["kinds"]["send_recv"]["heldout"].get("reference_rf")
-    if reference:
-        assert ours["mean_abs_pct_error"] <= reference["mean_abs_pct_error"]
+    ours = heldout_errors(g, "send_recv", "H800", "interp")
+    reference = heldout_errors(g, "send_recv", "H800", "reference_rf")
+    assert ours["mean_abs_pct_error"] < reference["mean_abs_pct_error"], (ours, reference)
 
 
 def test_retraining_with_another_regressor_replaces_the_model_file(tmp_path):

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analytical_model.hardware import load_hardware
-from pipeweave import compare
+from pipeweave import baselines, compare, measured_runs
 from pipeweave.aggregate import load_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def synthetic(tmp_path):
 
 def test_summaries_are_median_min_max_over_repetitions(synthetic):
     real_dir, _ = synthetic
-    summary = compare.load_real(real_dir)
+    summary = measured_runs.load_real(real_dir)
     row = summary[(summary["gpu"] == "A100")].iloc[0]
     assert (row["tp"], row["pp"], row["model"], row["trace"], row["repeats"]) == (1, 1, "Qwen2.5-14B", "arxiv_8", 5)
     assert row["prefill_ms_median"] == pytest.approx(1200.0)
@@ -74,7 +74,7 @@ def test_summaries_are_median_min_max_over_repetitions(synthetic):
 
 def test_error_uses_median_not_best_repetition(synthetic):
     real_dir, pred_dir = synthetic
-    table = compare.compare(compare.load_real(real_dir), compare.load_predictions(pred_dir), "static",
+    table = compare.compare(measured_runs.load_real(real_dir), compare.load_predictions(pred_dir), "static",
                             roofline=False)
     row = table[table["gpu"] == "A100"].iloc[0]
     # the prediction equals the best repetition exactly; the reference scripts would report 0 % here
@@ -84,20 +84,20 @@ def test_error_uses_median_not_best_repetition(synthetic):
     assert row["err_mean_pct"] == pytest.approx(np.mean([200 / 1200, 2 / 12, 200 / 2200]) * 100)
     other = table[table["gpu"] == "RTX 6000 Ada"].iloc[0]
     assert other["err_prefill_pct"] == pytest.approx(0.0) and other["err_total_pct"] == pytest.approx(0.0)
-    vllm = compare.compare(compare.load_real(real_dir), compare.load_predictions(pred_dir), "vllm", roofline=False)
+    vllm = compare.compare(measured_runs.load_real(real_dir), compare.load_predictions(pred_dir), "vllm", roofline=False)
     assert vllm.iloc[0]["err_total_pct"] == pytest.approx(1000 / 11000 * 100)
-    summary = compare.error_summary(table)
+    summary = measured_runs.error_summary(table)
     assert summary[0]["runs"] == 2 and summary[0]["worst_run"].startswith("A100 TP1 Qwen2.5-14B arxiv_8")
 
 
 def test_summary_csv_round_trip(synthetic, tmp_path):
     real_dir, _ = synthetic
-    out = tmp_path / "summary" / compare.REAL_SUMMARY_NAME
+    out = tmp_path / "summary" / measured_runs.REAL_SUMMARY_NAME
     assert compare.main_summarize(["--source", str(real_dir), "--output", str(out)]) == 0
     frame = pd.read_csv(out)
-    assert list(frame.columns) == compare.SUMMARY_COLUMNS and len(frame) == 3
-    from_csv = compare.load_real(out.parent)
-    from_raw = compare.load_real(real_dir)
+    assert list(frame.columns) == measured_runs.SUMMARY_COLUMNS and len(frame) == 3
+    from_csv = measured_runs.load_real(out.parent)
+    from_raw = measured_runs.load_real(real_dir)
     for column in ("prefill_ms_median", "decode_ms_median", "total_ms_median", "total_ms_max"):
         np.testing.assert_allclose(from_csv[column], from_raw[column], rtol=1e-6, atol=1e-3)
 
@@ -115,17 +115,17 @@ def test_prediction_names():
 
 def test_roofline_kernels_non_negative_and_exact():
     h100 = load_hardware("H100")
-    gemm = compare.roofline_kernel_ms("gemm", [(4096, 4096, 4096), (1, 1, 1)], h100)
+    gemm = baselines.shape_roofline_kernel_ms("gemm", [(4096, 4096, 4096), (1, 1, 1)], h100)
     peak = h100.tc_bf16 * h100.num_sms * h100.sm_freq * 1e6
     assert gemm[0] == pytest.approx(2 * 4096**3 / peak * 1e3)  # compute bound
     assert gemm[1] == pytest.approx(2 * 3 / (h100.mem_bandwidth * 1e9) * 1e3)  # memory bound
-    attn = compare.roofline_kernel_ms("attn", [("fa2_paged", 2, (1, 1), (100, 200), 32, 8, 128),
+    attn = baselines.shape_roofline_kernel_ms("attn", [("fa2_paged", 2, (1, 1), (100, 200), 32, 8, 128),
                                                ("fa3_ragged", 1, (4096,), (4096,), 32, 8, 128)], h100)
     decode_bytes = 2 * 128 * (2 * 32 * 2 + 2 * 8 * 300)
     assert attn[0] == pytest.approx(decode_bytes / (h100.mem_bandwidth * 1e9) * 1e3)
     assert attn[1] == pytest.approx(4 * 128 * 32 * (4096 * 4097 // 2) / peak * 1e3)  # causal prefill: compute bound
     for op in ("rmsnorm", "siluandmul"):
-        values = compare.roofline_kernel_ms(op, [(1, 8), (4096, 8192)], h100)
+        values = baselines.shape_roofline_kernel_ms(op, [(1, 8), (4096, 8192)], h100)
         assert (values > 0).all() and values[1] > values[0]
 
 
@@ -138,7 +138,7 @@ def test_roofline_workload_is_positive_and_copies_communication(gpu, tmp_path):
     workload = load_workload(path)
     fake = {"iterations": [{"operator_durations": {"communication": {"all_reduce": {"single_duration_ms": 0.25}}}}
                            for _ in workload.numbers]}
-    result = compare.roofline_prediction(path, gpu, fake)
+    result = baselines.shape_roofline_prediction(path, gpu, fake)
     for it in result["iterations"]:
         assert it["total_duration_ms"] > 0
         for category in ("attention", "rmsnorm", "siluandmul"):
@@ -146,7 +146,7 @@ def test_roofline_workload_is_positive_and_copies_communication(gpu, tmp_path):
         assert it["operator_durations"]["communication"]["all_reduce"]["single_duration_ms"] == 0.25
     assert result["summary"]["prefill_duration_ms"] > result["summary"]["decode_avg_duration_ms"] > 0
     with pytest.raises(Exception, match="communication"):
-        compare.roofline_prediction(path, gpu, None)
+        baselines.shape_roofline_prediction(path, gpu, None)
 
 
 def test_compare_scripts_write_csv_markdown_and_plot(synthetic, tmp_path):
@@ -187,20 +187,20 @@ def test_compare_scripts_write_csv_markdown_and_plot(synthetic, tmp_path):
 
 
 def test_missing_baselines_are_skipped_with_a_note(tmp_path):
-    static, vllm, notes = compare.read_artifact_baselines(tmp_path / "absent")
+    static, vllm, notes = baselines.read_artifact_baselines(tmp_path / "absent")
     assert static.empty and vllm.empty and "not found" in notes[0]
 
 
 @pytest.mark.data
 def test_committed_summary_matches_shared_data(shared_data, tmp_path):
-    out = tmp_path / compare.REAL_SUMMARY_NAME
+    out = tmp_path / measured_runs.REAL_SUMMARY_NAME
     compare.main_summarize(["--source", str(shared_data / "pipeweave" / "e2e" / "real"), "--output", str(out)])
-    assert out.read_text() == (REPO / "e2e" / "real" / compare.REAL_SUMMARY_NAME).read_text()
+    assert out.read_text() == (REPO / "e2e" / "real" / measured_runs.REAL_SUMMARY_NAME).read_text()
 
 
 @pytest.mark.data
 def test_artifact_baselines_parse(shared_data):
-    static, vllm, notes = compare.read_artifact_baselines(shared_data / "pipeweave" / "e2e" / "baselines")
-    assert set(static["method"]) == set(compare.ARTIFACT_METHODS) and not notes
+    static, vllm, notes = baselines.read_artifact_baselines(shared_data / "pipeweave" / "e2e" / "baselines")
+    assert set(static["method"]) == set(baselines.ARTIFACT_METHODS) and not notes
     assert static[static["method"] == "roofline"]["pred_decode_ms"].isna().all()
     assert set(vllm["trace"]) == {"vllm_arxiv16", "vllm_splitwise64"}

@@ -496,6 +496,7 @@ class _FakeRunners:
 def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     import pipeweave.profiler.device as device_module
+    import pipeweave.profiler.measure as measure_module
     import pipeweave.profiler.runners as runners_module
     import pipeweave.profiler.timing as timing_module
 
@@ -506,7 +507,7 @@ def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, caps
             super().__init__()
 
     monkeypatch.setattr(profile_operators, "cuda_device_count", lambda: 1)
-    monkeypatch.setattr(profile_operators, "_warm_up_gpu", lambda torch, device: None)
+    monkeypatch.setattr(measure_module, "warm_up_gpu", lambda torch, device: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
     monkeypatch.setattr(device_module, "local_device_info", lambda index: FAKE_DEVICE)
     monkeypatch.setattr(runners_module, "TorchRunners", _FakeRunners)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from analytical_model import registry
+from analytical_model.columns import int_column
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import HARDWARE_SPEC_COLUMNS
 from analytical_model.registry import OPERATORS, OperatorClass, compute_features, get_operator, operator_keys
@@ -26,7 +27,7 @@ def copy_calculator(rows: np.ndarray, width: np.ndarray, hw) -> np.ndarray:
 
 def toy_operator() -> OperatorClass:
     def compute(operator, columns, hw):
-        rows, width = (registry._int_column(columns, c) for c in ("rows", "width"))
+        rows, width = (int_column(columns, c) for c in ("rows", "width"))
         return operator.calculator("copy")(rows, width, hw)
 
     return OperatorClass(

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dataset import sources
+from dataset import aiconfigurator
 from dataset.sources import (COLLECTIVE_COLUMNS, COLUMNS, INT_COLUMNS, OPS, SHAPE_COLUMNS, aiconfigurator_data_dir,
-                             load_aiconfigurator, load_collectives, load_measured, load_measurements, load_vidur,
-                             shared_data_dir)
+                             load_aiconfigurator, load_collectives, load_measured, load_measurements, load_vidur)
+from pipeweave.paths import existing_shared_data_dir, shared_data_dir
 
 
 def _quiet(_message: str) -> None:
@@ -40,9 +40,9 @@ def _check_schema(op: str, frame: pd.DataFrame) -> None:
 
 def test_shared_data_dir_follows_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path))
-    assert shared_data_dir() == tmp_path
+    assert shared_data_dir() == existing_shared_data_dir() == tmp_path
     monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path / "absent"))
-    assert shared_data_dir() is None
+    assert shared_data_dir() == tmp_path / "absent" and existing_shared_data_dir() is None
 
 
 def test_measured_folder_absent_or_empty(tmp_path):
@@ -101,7 +101,7 @@ def test_measured_reader(tmp_path):
 
 def test_load_measurements_without_shared_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path / "absent"))
-    monkeypatch.setattr(sources, "aiconfigurator_data_dir", lambda: None)
+    monkeypatch.setattr(aiconfigurator, "aiconfigurator_data_dir", lambda: None)
     _write(tmp_path / "measured" / "L40" / "x.csv", pd.DataFrame({
         "op": ["rmsnorm"], "seq": [8], "dim": [5120], "hardware": ["NVIDIA L40"], "avg_duration": [2.5],
         "dtype": ["bfloat16"]}))
@@ -120,7 +120,7 @@ def test_load_measurements_without_shared_sources(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 
 def _need_data():
-    if shared_data_dir() is None:
+    if existing_shared_data_dir() is None:
         pytest.skip("shared measurement data not found (set PIPEWEAVE_SHARED_DATA to the shared/data folder)")
     if aiconfigurator_data_dir() is None:
         pytest.skip("aiconfigurator-core (0.12.0) is not installed")

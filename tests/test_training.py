@@ -129,6 +129,7 @@ def test_training_is_deterministic_and_learns(gemm_dataset):
     assert hist_a["best_val_loss"] < hist_a["val_loss"][0]
 
 
+@pytest.mark.slow
 def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp_path, repo_root):
     root, _, test = gemm_dataset
     result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--epochs", "5", "--dataset_dir", str(root),
@@ -146,6 +147,7 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
     assert (out["predicted_us"] > 0).all()
 
 
+@pytest.mark.slow
 def test_reference_recipe_uses_method_features(gemm_dataset, tmp_path, repo_root):
     root, _, _ = gemm_dataset
     result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--recipe", "reference", "--epochs", "3",
@@ -157,6 +159,7 @@ def test_reference_recipe_uses_method_features(gemm_dataset, tmp_path, repo_root
     assert meta["model_info"]["architecture"] == "MLP" and meta["model_info"]["model_parameters"]["dropout_rate"] == 0.1
 
 
+@pytest.mark.slow
 def test_quantile_cli_reports(gemm_dataset, tmp_path, repo_root):
     root, _, _ = gemm_dataset
     result = subprocess.run([sys.executable, "train_mlp_quantile.py", "--op", "gemm", "--epochs", "3", "--topk", "5",

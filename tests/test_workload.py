@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeweave.workload import (DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TRACE_DIR, PAPER_SET, WorkloadError,
-                                WorkloadSpec, build_workload, format_trace, generate, generate_many,
-                                load_model_config, load_trace, model_config_from_dict, paper_set_names, parse_trace)
+from pipeweave.generate import PAPER_SET, WorkloadSpec, generate, generate_many, paper_set_names
+from pipeweave.workload import (DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TRACE_DIR, WorkloadError, build_workload,
+                                format_trace, load_model_config, load_trace, model_config_from_dict, parse_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PIPEWEAVE_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -11,7 +11,7 @@ import csv
 import io
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from .grids import OPS, SHAPE_COLUMNS
 
@@ -211,12 +211,3 @@ def read_all_measured(root: str | Path = "dataset/measured") -> dict[str, "objec
     for _gpu, op, path in iter_measured_files(root):
         frames.setdefault(op, []).append(read_measured(path, op))
     return {op: pd.concat(parts, ignore_index=True) for op, parts in frames.items()}
-
-
-def append_rows(path: str | Path, op: str, records: Iterable[dict]) -> int:
-    count = 0
-    with MeasurementCsv(path, op) as writer:
-        for record in records:
-            writer.append(record)
-            count += 1
-    return count

@@ -116,25 +116,11 @@ def measure_grid(
                     summary.left += len(todo) - index
                     stopped = True
                     break
-                prepared = None
                 failed = False
                 try:
                     prepared = prepare(op, row)
-                    durations = timer.measure(prepared.fn, repeats, warmup)
-                    names = kernel_names(prepared.fn) if kernel_names is not None else None
-                    stats = summarize(durations)
-                    record = dict(op=op, **row)
-                    record.update(device.row_fields())
-                    record.update(
-                        avg_duration=stats.mean_us,
-                        median_us=stats.median_us,
-                        min_us=stats.min_us,
-                        std_us=stats.std_us,
-                        repeats=stats.repeats,
-                        dtype=prepared.dtype,
-                        kernel=kernel_label(prepared, names),
-                    )
-                    writers[op].append(record)
+                    writers[op].append(_measured_record(op, row, prepared, timer, repeats, warmup, kernel_names,
+                                                        device))
                     summary.measured += 1
                 except Unsupported as exc:
                     summary.unsupported += 1
@@ -148,7 +134,7 @@ def measure_grid(
                     failed = True
                     say(f"{op} {_row_text(row)}: {_first_line(exc)}")
                 finally:
-                    prepared = None
+                    prepared = None  # noqa: F841 - drop the inputs before the next shape allocates its own
                     if bar is not None:
                         bar.update(1)
                 if failed and after_error is not None:
@@ -165,6 +151,19 @@ def measure_grid(
         for writer in writers.values():
             writer.close()
     return RunSummary(ops=summaries, stopped_early=stopped)
+
+
+def _measured_record(op: str, row: dict, prepared: Prepared, timer, repeats: int, warmup: int, kernel_names,
+                     device: DeviceInfo) -> dict:
+    """Time one prepared shape and return its CSV record (shape, device fields, statistics, kernel label)."""
+    durations = timer.measure(prepared.fn, repeats, warmup)
+    names = kernel_names(prepared.fn) if kernel_names is not None else None
+    stats = summarize(durations)
+    record = dict(op=op, **row)
+    record.update(device.row_fields())
+    record.update(avg_duration=stats.mean_us, median_us=stats.median_us, min_us=stats.min_us, std_us=stats.std_us,
+                  repeats=stats.repeats, dtype=prepared.dtype, kernel=kernel_label(prepared, names))
+    return record
 
 
 def _row_text(row: dict) -> str:

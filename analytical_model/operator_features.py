@@ -1,0 +1,147 @@
+"""Feature and descriptor functions of the registered operator classes (one pair per operator family).
+
+``compute(operator, columns, hw)`` maps the shape columns of the rows (a column mapping, see
+:mod:`analytical_model.columns`) to the calculator's input problem and calls the calculator the operator
+registers (``operator.calculator(name)``); ``describe(columns, hw)`` gives the shape descriptors.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import descriptors, fa2_batch
+from .attention import attention_problem, resolve_attention_type
+from .columns import Columns, bool_column, column_values, int_column, length_lists, present, take
+from .pipes import ElementwiseProblem, GemmProblem, HardwareSpec, MoeProblem
+from .tiles import choose_gemm_tiles
+
+TILE_COLUMNS = ("tile_M", "tile_N", "tile_K", "is_split_k", "cta_count")
+MOE_WEIGHT_TYPES = ("w13", "w2", "layer")
+
+
+
+def gemm_problem(columns: Columns, hw: HardwareSpec, dtype: str = "bfloat16") -> GemmProblem:
+    """GEMM problems for the rows: tile columns where given, the tile rule elsewhere."""
+    m, n, k = (int_column(columns, c) for c in ("M", "N", "K"))
+    given = np.zeros(len(m), dtype=bool)
+    if all(c in columns for c in TILE_COLUMNS):
+        given = np.logical_and.reduce([present(columns, c) for c in TILE_COLUMNS])
+    tiles = {}
+    if given.any():
+        given_rows = take(columns, TILE_COLUMNS, given)
+        tiles = {c: int_column(given_rows, c) for c in TILE_COLUMNS if c != "is_split_k"}
+        tiles["is_split_k"] = bool_column(given_rows, "is_split_k")
+    if not given.all():
+        chosen = choose_gemm_tiles(m[~given], n[~given], k[~given], hw, dtype)
+        if given.any():
+            for column in TILE_COLUMNS:
+                merged = np.empty(len(m), dtype=chosen[column].dtype)
+                merged[given], merged[~given] = tiles[column], chosen[column]
+                tiles[column] = merged
+        else:
+            tiles = chosen
+    return GemmProblem.create(
+        m, n, k, tiles["tile_M"], tiles["tile_N"], tiles["tile_K"], tiles["cta_count"], tiles["is_split_k"],
+        data_size_bytes=1 if dtype == "fp8" else 2,
+    )
+
+
+def gemm(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    calculator = operator.calculator("sm90" if hw.uses_sm90_gemm else "sm80")
+    return calculator(gemm_problem(columns, hw), hw)
+
+
+def gemm_fp8_features(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    return operator.calculator("fp8")(gemm_problem(columns, hw, dtype=operator.dtype), hw)
+
+
+def _attention_arrays(columns: Columns):
+    """(kinds, bs, q lists, kv lists, nh, nkv, hd) of attention rows, validated as AttentionProblem would."""
+    bs, nh, nkv, hd = (int_column(columns, c) for c in ("bs", "nh", "nkv", "hd"))
+    kinds = [str(v) for v in column_values(columns, "attention_type")]
+    q, kv = length_lists(columns, "q_lengths"), length_lists(columns, "kv_lengths")
+    q_count = np.fromiter(map(len, q), dtype=np.int64, count=len(q))
+    kv_count = np.fromiter(map(len, kv), dtype=np.int64, count=len(kv))
+    ok = (bs > 0) & (nh > 0) & (nkv > 0) & (hd > 0) & (q_count == bs) & (kv_count == bs)
+    if ok.all():
+        ok = (nh % nkv == 0)
+        q_flat = np.fromiter((v for lengths in q for v in lengths), dtype=np.int64, count=int(bs.sum()))
+        kv_flat = np.fromiter((v for lengths in kv for v in lengths), dtype=np.int64, count=int(bs.sum()))
+        row = np.repeat(np.arange(len(bs)), bs)
+        bad_request = (q_flat <= 0) | (q_flat > kv_flat)
+        ok &= np.bincount(row[bad_request], minlength=len(bs)) == 0
+    for i in np.flatnonzero(~ok):  # the per-row constructor raises the precise error
+        attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
+    return kinds, bs, q, kv, nh, nkv, hd
+
+
+def attention(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    """FA2 rows in one vectorised pass (fa2_batch, bit-identical to the per-launch calculator), others per row."""
+    kinds, bs, q, kv, nh, nkv, hd = _attention_arrays(columns)
+    resolved = {kind: resolve_attention_type(kind) for kind in set(kinds)}
+    out = np.zeros((len(kinds), len(operator.feature_names)))
+    fa2_rows = np.array([resolved[kind][0] == "fa2" for kind in kinds], dtype=bool)
+    if fa2_rows.any():
+        sel = np.flatnonzero(fa2_rows)
+        count = int(bs[sel].sum())
+        q_flat = np.fromiter((v for i in sel for v in q[i]), dtype=np.int64, count=count)
+        kv_flat = np.fromiter((v for i in sel for v in kv[i]), dtype=np.int64, count=count)
+        paged = np.array([resolved[kinds[i]][1] == "paged" for i in sel], dtype=bool)
+        out[sel] = fa2_batch.features_from_arrays(bs[sel], q_flat, kv_flat, nh[sel], nkv[sel], hd[sel], paged, hw)
+    for i in np.flatnonzero(~fa2_rows):
+        key, problem = attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
+        out[i] = operator.calculator(key)(problem, hw)
+    return out
+
+
+def describe_gemm(operand_bytes: int, fp8: bool):
+    def describe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        m, n, k = (int_column(columns, c) for c in ("M", "N", "K"))
+        return descriptors.gemm(m, n, k, hw, operand_bytes, hw.tc_fp8 if fp8 else hw.tc_bf16)
+
+    return describe
+
+
+def describe_attention(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    return descriptors.attention(
+        int_column(columns, "bs"), length_lists(columns, "q_lengths"), length_lists(columns, "kv_lengths"),
+        int_column(columns, "nh"), int_column(columns, "nkv"), int_column(columns, "hd"), hw,
+    )
+
+
+def describe_elementwise(output_fraction: float):
+    def describe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        return descriptors.elementwise(int_column(columns, "seq"), int_column(columns, "dim"), hw, output_fraction)
+
+    return describe
+
+
+def _moe_kinds(columns: Columns) -> np.ndarray:
+    kinds = column_values(columns, "weight_type").astype(str)
+    unknown = sorted(set(kinds.tolist()) - set(MOE_WEIGHT_TYPES))
+    if unknown:
+        raise ValueError(f"weight_type must be one of {MOE_WEIGHT_TYPES}, got {unknown[0]!r}")
+    return kinds
+
+
+def describe_moe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    kinds = _moe_kinds(columns)
+    passes = np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")], axis=-1)
+    return descriptors.moe(*(int_column(columns, c) for c in ("M", "E", "topk", "H", "N")), hw, passes.astype(float))
+
+
+def elementwise(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    problem = ElementwiseProblem.create(int_column(columns, "seq"), int_column(columns, "dim"))
+    return operator.calculator(operator.key)(problem, hw)
+
+
+def moe(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    """``weight_type`` w13 / w2 is one pass; ``layer`` (a whole MoE layer) is the sum of both passes."""
+    dims = [int_column(columns, c) for c in ("M", "E", "topk", "H", "N")]
+    kinds = _moe_kinds(columns)
+    out = np.zeros((len(kinds), len(operator.feature_names)))
+    for pass_type in ("w13", "w2"):
+        rows = (kinds == pass_type) | (kinds == "layer")
+        if rows.any():
+            problem = MoeProblem.create(*(d[rows] for d in dims), pass_type=pass_type)
+            out[rows] += operator.calculator("triton_moe")(problem, hw)
+    return out

@@ -1,0 +1,264 @@
+"""aiconfigurator-core 0.12.0 (source C): the vLLM GEMM, FP8 GEMM, attention and fused-MoE tables of the installed
+package, read in place (the package is located, never imported).
+
+docs/DATA.md, "C. aiconfigurator-core 0.12.0", says which framework, versions and kernels are used and why, how
+context and generation rows become prefill and decode shapes, and how MoE widths are derived.
+"""
+from __future__ import annotations
+
+import importlib.util
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from analytical_model.hardware import hardware_registry
+from dataset.common import (Log, collective_frame, concat_frames, finalize, read_parquet, uniform_lists, version_key,
+                            wanted_ops)
+
+AIC_FRAMEWORK = "vllm"
+AIC_DEFAULT_VERSIONS = {"default": "0.24.0", "a100_sxm": "0.14.0"}  # used only if query_versions.yaml is unreadable
+# kernel_source -> (attention_type of context rows, attention_type of generation rows)
+AIC_ATTENTION_KERNELS: dict[str, tuple[str, str]] = {
+    "vllm_flash_attn": ("fa2_ragged", "fa2_paged"),  # a100_sxm, vLLM 0.14: vllm-flash-attn FA2 (Ampere)
+    "vllm_flash_attn_fa2": ("fa2_ragged", "fa2_paged"),  # l40s, rtx_pro_6000_server
+    "vllm_flash_attn_fa3": ("fa3_ragged", "fa2_paged"),  # h100_sxm, h200_sxm; decode labelled as the workloads do
+}
+AIC_GEMM_FP8_KERNELS = ("CutlassFP8ScaledMMLinearKernel",)
+AIC_MOE_KERNELS = ("vllm_unquantizedfusedmoe_triton_tritonexperts", "vllm_fused_moe")
+AIC_MOE_DISTRIBUTIONS = ("balanced",)
+AIC_CUSTOM_ALLREDUCE_BACKEND = "vllm_graph"
+AIC_ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "float16": 2, "int8": 1, "float": 4, "float32": 4}
+
+
+def aiconfigurator_data_dir() -> Path | None:
+    """``systems/data`` of the installed aiconfigurator-core package (found without importing it); None if absent."""
+    try:
+        spec = importlib.util.find_spec("aiconfigurator_core")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
+    return path if path.is_dir() else None
+
+
+def aiconfigurator_version() -> str:
+    try:
+        return metadata.version("aiconfigurator-core")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _aic_query_versions(root: Path) -> dict[str, str]:
+    """{system or "default": vllm version} from systems/query_versions.yaml (hard-coded defaults if unreadable)."""
+    path = root.parent / "query_versions.yaml"
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+        out = {"default": str(data["defaults"][AIC_FRAMEWORK]["current"])}
+        for system, frameworks in (data.get("overrides") or {}).items():
+            if AIC_FRAMEWORK in (frameworks or {}):
+                out[system] = str(frameworks[AIC_FRAMEWORK]["current"])
+        return out
+    except Exception:  # noqa: BLE001
+        return dict(AIC_DEFAULT_VERSIONS)
+
+
+def aiconfigurator_systems() -> tuple[str, ...]:
+    """aiconfigurator systems that some hardware JSON maps to (``aiconfiguratorSystem``)."""
+    registry = hardware_registry()
+    return tuple(sorted({s.aiconfigurator_system for s in registry.specs.values() if s.aiconfigurator_system}))
+
+
+def _aic_table(root: Path, system: str, family: str, framework: str, table: str, preferred: str | None,
+               log: Log) -> Path | None:
+    base = root / system / family / framework
+    if preferred and (base / preferred / f"{table}.parquet").is_file():
+        return base / preferred / f"{table}.parquet"
+    if not base.is_dir():
+        return None
+    versions = sorted((p.name for p in base.iterdir() if (p / f"{table}.parquet").is_file()), key=version_key)
+    if not versions:
+        return None
+    log(f"[aiconfigurator] {system}: {family}/{framework}/{preferred} has no {table}; using newest {versions[-1]}")
+    return base / versions[-1] / f"{table}.parquet"
+
+
+def _aic_source(root: Path, path: Path) -> str:
+    return f"aiconfigurator-core {aiconfigurator_version()} {path.relative_to(root).as_posix()}"
+
+
+def log_kept(log: Log, label: str, op: str, total: int, reasons: dict[str, int]) -> None:
+    detail = "; ".join(f"{n} {r}" for r, n in reasons.items() if n)
+    if detail:
+        log(f"[{label}] {op}: of {total} rows, filtered out {detail}")
+
+
+def filter_rows(df: pd.DataFrame, mask, reason: str, reasons: dict[str, int]) -> pd.DataFrame:
+    mask = np.asarray(mask, dtype=bool)
+    reasons[reason] = reasons.get(reason, 0) + int((~mask).sum())
+    return df.loc[mask]
+
+
+def _aic_gemm(root: Path, system: str, version: str, ops: tuple[str, ...], log: Log) -> dict[str, pd.DataFrame]:
+    path = _aic_table(root, system, "gemm", AIC_FRAMEWORK, "gemm_perf", version, log)
+    if path is None:
+        return {}
+    raw = read_parquet(path, ["device", "kernel_source", "gemm_dtype", "m", "n", "k", "latency"])
+    source, label = _aic_source(root, path), f"aiconfigurator {system}"
+    out = {}
+    for op, dtype in (("gemm", "bfloat16"), ("gemm_fp8", "fp8")):
+        if op not in ops:
+            continue
+        reasons: dict[str, int] = {}
+        df = filter_rows(raw, raw["gemm_dtype"] == dtype, "other gemm_dtype", reasons)
+        if op == "gemm_fp8":
+            df = filter_rows(df, df["kernel_source"].isin(AIC_GEMM_FP8_KERNELS), "other fp8 kernel", reasons)
+        log_kept(log, label, op, len(raw), reasons)
+        if df.empty:
+            continue
+        frame = pd.DataFrame({"M": df["m"], "N": df["n"], "K": df["k"], "hardware": df["device"], "dtype": dtype,
+                              "avg_duration": df["latency"] * 1000.0, "source": source})
+        out[op] = finalize(op, frame, log, label)
+    return out
+
+
+def _aic_attention(root: Path, system: str, version: str, log: Log) -> pd.DataFrame | None:
+    frames = []
+    label = f"aiconfigurator {system}"
+    for phase, table in ((0, "context_attention_perf"), (1, "generation_attention_perf")):
+        path = _aic_table(root, system, "attention", AIC_FRAMEWORK, table, version, log)
+        if path is None:
+            continue
+        raw = read_parquet(path, ["device", "kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads",
+                                   "head_dim", "beam_width", "attn_dtype", "kv_cache_dtype", "step", "window_size",
+                                   "latency"])
+        reasons: dict[str, int] = {}
+        df = filter_rows(raw, raw["kernel_source"].isin(list(AIC_ATTENTION_KERNELS)),
+                     "kernel not FA2/FA3 (" + ",".join(sorted(set(raw["kernel_source"]) - set(AIC_ATTENTION_KERNELS)))
+                     + ")", reasons)
+        df = filter_rows(df, df["attn_dtype"] == "bfloat16", "attn_dtype not bfloat16", reasons)
+        df = filter_rows(df, df["kv_cache_dtype"] == "bfloat16", "fp8 KV cache", reasons)
+        if "window_size" in df.columns:
+            df = filter_rows(df, df["window_size"].fillna(0) == 0, "sliding window", reasons)
+        df = filter_rows(df, df["beam_width"].fillna(1) == 1, "beam_width != 1", reasons)
+        df = filter_rows(df, (df["head_dim"] % 16 == 0) & (df["head_dim"] <= 256), "head_dim unsupported", reasons)
+        log_kept(log, label, f"attn ({table})", len(raw), reasons)
+        if df.empty:
+            continue
+        bs = df["batch_size"].astype("int64")
+        q = df["isl"].astype("int64")
+        kv = q + df["step"].astype("int64")
+        frames.append(pd.DataFrame({
+            "attention_type": df["kernel_source"].map(lambda k: AIC_ATTENTION_KERNELS[k][phase]),
+            "bs": bs, "q_lengths": uniform_lists(bs, q), "kv_lengths": uniform_lists(bs, kv),
+            "nh": df["num_heads"], "nkv": df["num_key_value_heads"], "hd": df["head_dim"],
+            "hardware": df["device"], "dtype": "bfloat16", "avg_duration": df["latency"] * 1000.0,
+            "source": _aic_source(root, path)}))
+    if not frames:
+        return None
+    return finalize("attn", pd.concat(frames, ignore_index=True), log, label)
+
+
+def _aic_moe(root: Path, system: str, version: str, log: Log, distributions: tuple[str, ...]) -> pd.DataFrame | None:
+    path = _aic_table(root, system, "moe", AIC_FRAMEWORK, "moe_perf", version, log)
+    if path is None:
+        return None
+    raw = read_parquet(path, ["device", "kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size",
+                               "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution", "latency"])
+    label = f"aiconfigurator {system}"
+    reasons: dict[str, int] = {}
+    df = filter_rows(raw, raw["moe_dtype"] == "bfloat16", "moe_dtype not bfloat16", reasons)
+    df = filter_rows(df, df["kernel_source"].isin(AIC_MOE_KERNELS), "kernel not Triton fused-MoE", reasons)
+    df = filter_rows(df, df["moe_ep_size"] == 1, "expert parallel (moe_ep_size > 1)", reasons)
+    df = filter_rows(df, df["distribution"].isin(distributions),
+                 "routing distribution not in " + ",".join(distributions), reasons)
+    df = filter_rows(df, df["inter_size"] % df["moe_tp_size"] == 0, "inter_size not divisible by moe_tp_size", reasons)
+    log_kept(log, label, "moe", len(raw), reasons)
+    if df.empty:
+        return None
+    frame = pd.DataFrame({"weight_type": "layer", "M": df["num_tokens"], "E": df["num_experts"], "topk": df["topk"],
+                          "H": df["hidden_size"], "N": df["inter_size"] // df["moe_tp_size"],
+                          "hardware": df["device"], "dtype": "bfloat16", "avg_duration": df["latency"] * 1000.0,
+                          "source": _aic_source(root, path)})
+    return finalize("moe", frame, log, label)
+
+
+def load_aiconfigurator(ops=None, log: Log = print, systems: Iterable[str] | None = None,
+                        moe_distributions: Iterable[str] = AIC_MOE_DISTRIBUTIONS,
+                        root: Path | None = None) -> dict[str, pd.DataFrame]:
+    """aiconfigurator-core vLLM kernel tables in the common schema (see the module docstring for the choices).
+
+    Returns {op: frame} for the ops that have rows; {} (logged) when the package is not installed.
+    """
+    ops = wanted_ops(ops)
+    root = root or aiconfigurator_data_dir()
+    if root is None:
+        log("[aiconfigurator] aiconfigurator-core is not installed; skipped")
+        return {}
+    versions = _aic_query_versions(root)
+    systems = tuple(systems) if systems is not None else aiconfigurator_systems()
+    parts: dict[str, list[pd.DataFrame]] = {op: [] for op in ops}
+    for system in systems:
+        if not (root / system).is_dir():
+            log(f"[aiconfigurator] no data folder for system {system}; skipped")
+            continue
+        version = versions.get(system, versions["default"])
+        if "gemm" in ops or "gemm_fp8" in ops:
+            for op, frame in _aic_gemm(root, system, version, ops, log).items():
+                parts[op].append(frame)
+        if "attn" in ops:
+            parts["attn"].append(_aic_attention(root, system, version, log))
+        if "moe" in ops:
+            parts["moe"].append(_aic_moe(root, system, version, log, tuple(moe_distributions)))
+    out = {op: concat_frames(op, frames) for op, frames in parts.items()}
+    return {op: frame for op, frame in out.items() if not frame.empty}
+
+
+def load_aiconfigurator_collectives(root: Path | None, include_custom_allreduce: bool, log: Log) -> list[pd.DataFrame]:
+    """NCCL all-reduce (newest version with half-precision rows) and, if asked, vLLM's custom all-reduce of every
+    system, in the collective schema (see :func:`dataset.collective_sources.load_collectives`)."""
+    frames: list[pd.DataFrame] = []
+    root = root or aiconfigurator_data_dir()
+    if root is None:
+        log("[collectives] aiconfigurator-core not installed; skipped")
+        return frames
+    versions = _aic_query_versions(root)
+    for system in aiconfigurator_systems():
+        nccl_dir = root / system / "comm" / "nccl"
+        chosen = None
+        if nccl_dir.is_dir():
+            for ver in sorted((p.name for p in nccl_dir.iterdir()), key=version_key, reverse=True):
+                path = nccl_dir / ver / "nccl_perf.parquet"
+                if not path.is_file():
+                    continue
+                d = read_parquet(path, ["device", "op_name", "nccl_dtype", "num_gpus", "message_size", "latency"])
+                d = d[(d["op_name"] == "all_reduce") & (d["nccl_dtype"] == "half")]
+                if len(d) and "device" in d.columns:
+                    chosen = (path, d)
+                    break
+        if chosen is None:
+            log(f"[collectives] aiconfigurator {system}: no NCCL half all_reduce table; skipped")
+        else:
+            path, d = chosen
+            frames.append(collective_frame("all_reduce", d["device"], d["num_gpus"], d["num_gpus"],
+                                            d["message_size"] * AIC_ELEMENT_BYTES["half"], d["latency"],
+                                            _aic_source(root, path)))
+        if include_custom_allreduce:
+            path = _aic_table(root, system, "comm", AIC_FRAMEWORK, "custom_allreduce_perf",
+                              versions.get(system, versions["default"]), log)
+            if path is None:
+                log(f"[collectives] aiconfigurator {system}: no vLLM custom_allreduce_perf; skipped")
+                continue
+            d = read_parquet(path, ["device", "kernel_source", "allreduce_dtype", "num_gpus", "message_size",
+                                     "latency", "backend"])
+            keep = d["backend"] == AIC_CUSTOM_ALLREDUCE_BACKEND if "backend" in d.columns else \
+                d["kernel_source"].astype(str).str.contains("graph")
+            d = d[keep & d["allreduce_dtype"].isin(["bfloat16", "float16", "half"])]
+            frames.append(collective_frame("custom_all_reduce", d["device"], d["num_gpus"], d["num_gpus"],
+                                            d["message_size"] * 2, d["latency"], _aic_source(root, path)))
+    return frames

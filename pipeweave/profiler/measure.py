@@ -1,0 +1,151 @@
+"""Measuring the profiler's grid on the local CUDA GPU(s): the work behind ``profile_operators.py``.
+
+:func:`measure` resolves which operators can run here, builds the grid, times the single-GPU operators with CUDA
+events (:mod:`pipeweave.profiler.session`) and then, with two or more GPUs, the all-reduce sweep
+(:mod:`pipeweave.profiler.collective`); every row is appended to ``<output_dir>/<gpu>/<op>.csv`` as soon as it is
+measured, so a rerun resumes.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from analytical_model.registry import operator_keys
+from pipeweave.profiler import grids
+
+#: the operators timed one GPU at a time (the registry's profiled kernels); all_reduce needs several GPUs
+SINGLE_GPU_OPS = operator_keys(profiled=True)
+
+
+def print_grid(grid: grids.Grid, header: str) -> None:
+    print(header)
+    for op, rows in grid.rows.items():
+        print(f"  {op:<11} {len(rows):>6} rows")
+    print(f"  {'total':<11} {grid.total:>6} rows")
+    for note in grid.notes:
+        print(f"  note: {note}")
+
+
+def measure(args, models, traces, num_gpus: int) -> int:
+    """Measure the grid of the parsed ``profile_operators.py`` flags; 0 unless nothing could be measured."""
+    import torch
+
+    from pipeweave.profiler.device import gpu_dir_name, local_device_info
+    from pipeweave.profiler.runners import TorchRunners
+    from pipeweave.profiler.session import measure_grid
+    from pipeweave.profiler.timing import CudaEventTimer
+
+    start = time.monotonic()
+    deadline = start + 60 * args.max_minutes if args.max_minutes else None
+    torch.cuda.set_device(args.device)
+    device = torch.device("cuda", args.device)
+    info = local_device_info(args.device)
+    out_dir = Path(args.output_dir) / gpu_dir_name(info.name)
+    print(f"GPU {args.device}: {info.name} → {out_dir}")
+
+    runners = TorchRunners(device, attn_backend=args.attn_backend, elementwise_backend=args.elementwise_backend)
+    ops = []
+    for op in args.ops:
+        if op == "all_reduce":
+            if num_gpus < 2:
+                print("all_reduce: skipped, needs at least 2 visible GPUs")
+                continue
+            ops.append(op)
+            continue
+        reason = runners.check_op(op)
+        if reason:
+            print(f"{op}: skipped, cannot run on this GPU ({reason})")
+        else:
+            ops.append(op)
+    for note in runners.notes:
+        print(f"note: {note}")
+    print(runners.describe_backends())
+    grid = grids.build_grid(models, args.tp, quick=args.quick, ops=ops, num_gpus=num_gpus, traces=traces,
+                            prefill_attention_type=runners.prefill_attention_type,
+                            decode_attention_type=runners.decode_attention_type)
+    print_grid(grid, f"{'quick' if args.quick else 'full'} grid:")
+
+    warm_up_gpu(torch, device)
+    timer = CudaEventTimer(device, max_row_seconds=args.max_row_seconds)
+    print(f"timing: CUDA events, L2 flush of {timer.flush_bytes / 2**20:.0f} MiB before each repeat, "
+          f"{args.warmup} warm-up + up to {args.repeats} repeats per shape")
+
+    def after_error():
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+    single = {op: rows for op, rows in grid.rows.items() if op in SINGLE_GPU_OPS}
+    summary = measure_grid(
+        single,
+        out_dir=out_dir,
+        device=info,
+        prepare=runners.prepare,
+        timer=timer,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        kernel_names=None if args.no_kernel_names else runners.kernel_names,
+        after_error=after_error,
+        deadline=deadline,
+        progress=not args.no_progress,
+    )
+    print(f"measured {summary.measured} rows into {out_dir}:")
+    for line in summary.lines():
+        print(line)
+
+    stopped = summary.stopped_early
+    if "all_reduce" in grid.rows and grid.rows["all_reduce"] and not stopped:
+        del timer
+        stopped = measure_allreduce_rows(args, grid.rows["all_reduce"], out_dir, info, num_gpus, deadline)
+    if stopped:
+        print(f"stopped after --max_minutes {args.max_minutes:g}; run the same command again to resume")
+    minutes = (time.monotonic() - start) / 60
+    print(f"finished in {minutes:.1f} min")
+    failed = sum(s.failed for s in summary.ops.values())
+    return 1 if summary.measured == 0 and failed else 0
+
+
+def measure_allreduce_rows(args, grid_rows: list[dict], out_dir: Path, info, num_gpus: int,
+                           deadline: float | None) -> bool:
+    """Measure the all-reduce rows not yet in ``<out_dir>/all_reduce.csv`` over all visible GPUs; True if
+    --max_minutes stopped it with rows left."""
+    import torch
+
+    from pipeweave.profiler.collective import AllReduceOptions, measure_allreduce
+    from pipeweave.profiler.csvio import MeasurementCsv, row_key
+    from pipeweave.profiler.device import library_versions
+
+    names = {torch.cuda.get_device_name(i) for i in range(num_gpus)}
+    if len(names) > 1:
+        print(f"warning: the visible GPUs differ ({', '.join(sorted(names))}); all_reduce rows are "
+              f"labelled {info.name!r}")
+    path = out_dir / "all_reduce.csv"
+    done = MeasurementCsv(path, "all_reduce").done_keys()
+    rows = [r for r in grid_rows if row_key("all_reduce", r, info.name) not in done]
+    print(f"all_reduce: {len(rows)} of {len(grid_rows)} rows to measure")
+    if not rows:
+        return False
+    torch.cuda.empty_cache()
+    options = AllReduceOptions(repeats=args.repeats, warmup=args.warmup, max_row_seconds=args.max_row_seconds,
+                               deadline_epoch=(time.time() + deadline - time.monotonic()) if deadline else None)
+    try:
+        measure_allreduce(rows, csv_path=path, hardware=info.name, versions=library_versions(), options=options)
+    except Exception as exc:  # noqa: BLE001 - a worker's NCCL error arrives here; keep what was written
+        text = str(exc).strip().splitlines()
+        print(f"all_reduce: failed ({type(exc).__name__}: {text[-1] if text else ''})", file=sys.stderr)
+    done = MeasurementCsv(path, "all_reduce").done_keys()
+    left = sum(row_key("all_reduce", r, info.name) not in done for r in grid_rows)
+    print(f"all_reduce: {left} rows left")
+    return bool(left and deadline is not None and time.monotonic() >= deadline)
+
+
+def warm_up_gpu(torch, device, seconds: float = 1.0) -> None:
+    """Raise the clocks before the first measurement (a second of large BF16 GEMMs)."""
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    end = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            for _ in range(10):
+                a @ a
+            torch.cuda.synchronize(device)
+    del a
