@@ -53,31 +53,25 @@ class FlatWorkload:
         index: dict[str, dict[tuple, int]] = {op: {} for op in KERNEL_CATEGORIES.values()}
         inst_iter, inst_count, inst_code, inst_local, layout = [], [], [], [], []
 
-        def add(position: int, category: str, name, local: int, count: int, entries: list) -> None:
-            entries.append((category, name, len(inst_iter)))
-            inst_iter.append(position)
-            inst_count.append(count)
-            inst_code.append(CATEGORY_CODE[category])
-            inst_local.append(local)
-
-        def local_index(table: dict, values: list, key: tuple) -> int:
-            found = table.get(key)
-            if found is None:
-                found = table[key] = len(values)
-                values.append(key)
-            return found
-
         collectives: list[tuple[str, int]] = []
         coll_index: dict[tuple[str, int], int] = {}
+        communication = Category.COMMUNICATION.value
         for position, iteration in enumerate(workload.iterations):
             entries: list = []
-            for category, name, op in iteration.kernels():
-                registry_op = KERNEL_CATEGORIES[category.value]
-                local = local_index(index[registry_op], shapes[registry_op], op.shape)
-                add(position, category.value, name, local, op.count, entries)
-            for op in iteration.communication:
-                local = local_index(coll_index, collectives, (op.kind, op.volume_bytes))
-                add(position, Category.COMMUNICATION.value, op.name, local, op.count, entries)
+            items = [(category, name, index[KERNEL_CATEGORIES[category]], shapes[KERNEL_CATEGORIES[category]],
+                      op.shape, op.count) for category, name, op in iteration.kernels()]
+            items += [(communication, op.name, coll_index, collectives, (op.kind, op.volume_bytes), op.count)
+                      for op in iteration.communication]
+            for category, name, table, values, key, count in items:
+                local = table.get(key)
+                if local is None:  # a shape (or message) not seen before
+                    local = table[key] = len(values)
+                    values.append(key)
+                entries.append((category, name, len(inst_iter)))
+                inst_iter.append(position)
+                inst_count.append(count)
+                inst_code.append(CATEGORY_CODE[category])
+                inst_local.append(local)
             layout.append(entries)
         return cls(
             path=path, stem=stem, model=workload.model, tp_size=workload.tp_size, pp_size=workload.pp_size,

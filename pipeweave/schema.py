@@ -36,6 +36,9 @@ class Category(str, Enum):
 
 
 KERNEL_CATEGORIES = (Category.GEMM, Category.ATTENTION, Category.RMSNORM, Category.SILUANDMUL)
+#: the keys under "operators" (plain strings: the readers and the engine compare them many times)
+CATEGORY_KEYS = tuple(c.value for c in Category)
+_SINGLE_KERNEL_KEYS = tuple(c.value for c in KERNEL_CATEGORIES[1:])  # one entry per iteration at most
 PHASES = ("prefill", "decode")
 COLLECTIVE_KINDS = ("all_reduce", "send_recv")
 
@@ -142,17 +145,17 @@ class Iteration:
     num_tokens: int | None = None
 
     def kernels(self):
-        """(category, name or None, op) of every kernel entry, in output order."""
+        """(category key, name or None, op) of every kernel entry, in output order."""
         for op in self.gemm:
-            yield Category.GEMM, op.name, op
-        for category in KERNEL_CATEGORIES[1:]:
-            op = getattr(self, category.value)
+            yield "gemm", op.name, op
+        for key in _SINGLE_KERNEL_KEYS:
+            op = getattr(self, key)
             if op is not None:
-                yield category, None, op
+                yield key, None, op
 
     def signature(self) -> tuple:
         """A hashable key of everything that determines the iteration's predicted duration."""
-        return (tuple((c.value, name, op.shape, op.count) for c, name, op in self.kernels()),
+        return (tuple((key, name, op.shape, op.count) for key, name, op in self.kernels()),
                 tuple((op.kind, op.volume_bytes, op.count) for op in self.communication))
 
     def to_dict(self) -> dict:
@@ -162,10 +165,10 @@ class Iteration:
             if value is not None:
                 out[key] = value
         operators: dict = {"gemm": [op.to_dict() for op in self.gemm]}
-        for category in KERNEL_CATEGORIES[1:]:
-            op = getattr(self, category.value)
+        for key in _SINGLE_KERNEL_KEYS:
+            op = getattr(self, key)
             if op is not None:
-                operators[category.value] = op.to_dict()
+                operators[key] = op.to_dict()
         operators["communication"] = [op.to_dict() for op in self.communication]
         out["operators"] = operators
         return out
@@ -300,10 +303,9 @@ class _Reader:
         operators = iteration.get("operators")
         if not isinstance(operators, dict):
             self.fail(f"{where}: operators must be an object")
-        known = [c.value for c in Category]
-        unknown = [key for key in operators if key not in known]
+        unknown = [key for key in operators if key not in CATEGORY_KEYS]
         if unknown:
-            self.fail(f"{where}: unknown operator class operators.{unknown[0]} (known: {', '.join(known)})")
+            self.fail(f"{where}: unknown operator class operators.{unknown[0]} (known: {', '.join(CATEGORY_KEYS)})")
         out = Iteration(phase=phase, iteration=number, batch_size=iteration.get("batch_size"),
                         q_lengths=iteration.get("q_lengths"), kv_lengths=iteration.get("kv_lengths"),
                         num_tokens=iteration.get("num_tokens"))
@@ -312,16 +314,21 @@ class _Reader:
                     for i, op in enumerate(self.named_list(operators, "gemm", where))]
         if "attention" in operators:
             out.attention = self.attention(operators["attention"], f"{where}: operators.attention")
-        for category in (Category.RMSNORM, Category.SILUANDMUL):
-            if category.value in operators:
-                setattr(out, category.value,
-                        self.elementwise(operators[category.value], f"{where}: operators.{category.value}"))
+        for key in ("rmsnorm", "siluandmul"):
+            if key in operators:
+                setattr(out, key, self.elementwise(operators[key], f"{where}: operators.{key}"))
         names = set()
         out.communication = [self.collective(op, f"{where}: operators.communication[{i}]", names)
                              for i, op in enumerate(self.named_list(operators, "communication", where))]
         return out
 
     def gemm(self, op, at: str, names: set) -> GemmOp:
+        if type(op) is dict:  # fast path for a valid entry; any doubt goes through the checks that name the field
+            name, m, n, k, count = op.get("name"), op.get("M"), op.get("N"), op.get("K"), op.get("count")
+            if (type(name) is str and name and name not in names and type(m) is int and m > 0 and type(n) is int
+                    and n > 0 and type(k) is int and k > 0 and type(count) is int and count >= 0):
+                names.add(name)
+                return GemmOp(name, m, n, k, count, op.get("type"))
         op = self.object(op, at)
         name = self.name(op, at, names)
         self.positive(op, ("M", "N", "K"), at)
@@ -354,6 +361,10 @@ class _Reader:
         return AttentionOp(kind, op["bs"], tuple(q), tuple(kv), op["nh"], op["nkv"], op["hd"], self.count(op, at))
 
     def elementwise(self, op, at: str) -> ElementwiseOp:
+        if type(op) is dict:  # fast path, as for GEMM
+            seq, dim, count = op.get("seq"), op.get("dim"), op.get("count")
+            if type(seq) is int and seq > 0 and type(dim) is int and dim > 0 and type(count) is int and count >= 0:
+                return ElementwiseOp(seq, dim, count)
         op = self.object(op, at)
         self.positive(op, ("seq", "dim"), at)
         return ElementwiseOp(op["seq"], op["dim"], self.count(op, at))
