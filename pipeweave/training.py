@@ -110,6 +110,24 @@ def target_values(perf: np.ndarray, config: TrainConfig) -> np.ndarray:
     return np.log(perf) if config.recipe == "pipeweave" else perf
 
 
+def _train_epoch(model: nn.Module, optimizer, loss_fn, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
+                 batch_size: int) -> float:
+    """One pass over the rows in ``order``; returns the mean training loss (grad-norm clipped at 1)."""
+    model.train()
+    total = 0.0
+    for start in range(0, len(x), batch_size):
+        batch = order[start : start + batch_size]
+        if len(batch) < 2:  # BatchNorm needs two rows
+            continue
+        optimizer.zero_grad()
+        loss = loss_fn(model(x[batch]), y[batch])
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        total += loss.item() * len(batch)
+    return total / max(len(x), 1)
+
+
 def fit(
     inputs: np.ndarray, perf: np.ndarray, config: TrainConfig, group_keys: np.ndarray | None = None
 ) -> tuple[nn.Module, dict]:
@@ -145,22 +163,9 @@ def fit(
 
         bar = tqdm(epochs, desc=f"train ({config.recipe})", unit="epoch", leave=False)
         epochs = bar
-    n_train = len(x_train)
     for epoch in epochs:
-        model.train()
-        order = torch.randperm(n_train, generator=generator).to(device)
-        total = 0.0
-        for start in range(0, n_train, config.batch_size):
-            batch = order[start : start + config.batch_size]
-            if len(batch) < 2:  # BatchNorm needs two rows
-                continue
-            optimizer.zero_grad()
-            loss = loss_fn(model(x_train[batch]), y_train[batch])
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            total += loss.item() * len(batch)
-        train_loss = total / max(n_train, 1)
+        order = torch.randperm(len(x_train), generator=generator).to(device)
+        train_loss = _train_epoch(model, optimizer, loss_fn, x_train, y_train, order, config.batch_size)
         history["train_loss"].append(train_loss)
         if len(x_val):
             model.eval()
