@@ -32,8 +32,11 @@ def read_shapes(path: str | Path) -> pd.DataFrame:
         raise UserError(f"{path}: empty file (expected a header row)") from None
 
 
-def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor) -> pd.DataFrame:
-    """``frame`` plus ``predicted_us``; unknown GPUs and missing columns are errors naming the row/column."""
+def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor, calibration=None) -> pd.DataFrame:
+    """``frame`` plus ``predicted_us``; unknown GPUs and missing columns are errors naming the row/column.
+
+    With a ``calibration`` (pipeweave.calibration), the rows on its GPU are corrected and marked in a
+    ``calibration`` column (the file); other rows are unchanged and the column is empty there."""
     operator = get_operator(op)
     missing = [c for c in (*operator.shape_columns, "hardware") if c not in frame.columns]
     if missing:
@@ -57,6 +60,13 @@ def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor) -> 
     except ValueError as exc:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
     out["predicted_us"] = predicted["predicted_us"].to_numpy()
+    if calibration is not None:
+        stems = [registry.get(name).stem for name in hardware]
+        calibration.check_hardware(stems)
+        types = compute["attention_type"].tolist() if op == "attn" else None
+        features = predicted[list(operator.feature_names)].to_numpy()
+        out["predicted_us"] = calibration.scale_kernels(op, stems, features, types, out["predicted_us"].to_numpy())
+        out["calibration"] = [str(calibration.path) if stem == calibration.hardware else "" for stem in stems]
     return out
 
 
@@ -71,14 +81,22 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="root of the trained MLPs")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
     parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    parser.add_argument("--calibration", default=None, metavar="JSON",
+                        help="a calibration written by calibrate.py: corrects the rows of its GPU (column "
+                             "'calibration' names the file); refused if no row is on that GPU")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     frame = read_shapes(args.input)
+    calibration = None
+    if args.calibration:
+        from pipeweave.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration)
     predictor = KernelPredictor(args.model_dir, args.device, args.hardware_dir)
-    out = predict_shapes(frame, args.op, predictor)
+    out = predict_shapes(frame, args.op, predictor, calibration)
     write_atomically(args.output, lambda tmp: out.to_csv(tmp, index=False))
     print(f"Predicted {len(out)} {args.op} kernels -> {args.output}")
     return 0
