@@ -28,7 +28,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.cli import ArgumentParser, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.modeling import dataset_paths, duration_errors, load_splits, read_dataset, train_and_evaluate
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
     text = render(results, logo, artifact_figures(existing_shared_data_dir()))
+    text = keep_marked_sections(text, args.output)  # e.g. the k-shot section (pipeweave.calibration_eval)
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
     print(f"wrote {args.output}")
     return 0

@@ -283,3 +283,17 @@ def test_prior_file_is_consistent():
     assert np.all(np.linalg.eigvalsh(prior.covariance()) > 0)
     cal = Calibration("A100", "A100", np.zeros(len(PARAMS)), np.zeros(len(PARAMS)), {}, {}, {})
     np.testing.assert_array_equal(cal.scale_collectives("A100", np.ones(3)), np.ones(3))
+
+
+def test_marked_sections_survive_regeneration(tmp_path):
+    from pipeweave.cli import keep_marked_sections, write_marked_section
+
+    doc = tmp_path / "DOC.md"
+    doc.write_text("# Report\n\nold body\n")
+    write_marked_section(doc, "calibration-x", "## Section\n\nnumbers 1")
+    write_marked_section(doc, "calibration-x", "## Section\n\nnumbers 2")  # replaced, not appended twice
+    text = doc.read_text()
+    assert text.count("calibration-x:begin") == 1 and "numbers 2" in text and "numbers 1" not in text
+    regenerated = keep_marked_sections("# Report\n\nnew body", doc)
+    assert regenerated.startswith("# Report\n\nnew body") and "numbers 2" in regenerated
+    assert keep_marked_sections("# Other", tmp_path / "absent.md") == "# Other"
