@@ -22,8 +22,8 @@ them and writes ``pipeweave/calibration_prior.json``), never from end-to-end run
 
 Fit. Each measurement is an equation log(measured) = log(Σ_terms base · exp(x θ)) + ε: a measured kernel is
 one term; an end-to-end prefill, decode step or total latency is the sum over the workload's kernel and
-collective instances. The MAP estimate minimises Σ (residual / σ)² + θᵀ Σ₀⁻¹ θ by Gauss-Newton (a ridge
-regression when every equation is one kernel). No data gives θ = 0, the zero-shot model.
+collective instances. The MAP estimate minimises Σ huber(residual / σ) + θᵀ Σ₀⁻¹ θ by Gauss-Newton (a robust
+ridge regression when every equation is one kernel). No data gives θ = 0, the zero-shot model.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ COMMUNICATION = len(PARAMS) - 1
 OP_CLASS = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "rmsnorm": "elementwise", "siluandmul": "elementwise", "moe": "moe"}
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
 FORMAT_VERSION = 1
+HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
 
 
 def kernel_classes(op: str, attention_types=None) -> np.ndarray:
@@ -173,33 +174,39 @@ class Equations:
 
 
 def fit_map(equations: Equations, prior: Prior, max_iter: int = 50) -> tuple[np.ndarray, np.ndarray]:
-    """(θ, posterior standard deviations) minimising Σ (log residual / σ)² + θᵀ Σ₀⁻¹ θ (Gauss-Newton)."""
+    """(θ, posterior standard deviations): MAP of the prior and a Huber likelihood of the log residuals.
+
+    Gauss-Newton with iteratively reweighted least squares: residuals beyond ``HUBER`` σ count linearly, so
+    one odd kernel among a few shots does not drag the whole correction (kernel residuals are heavy-tailed).
+    """
     precision = np.linalg.inv(prior.covariance())
     theta = np.zeros(len(PARAMS))
-    weights = 1.0 / equations.sigma ** 2 if len(equations.measured) else np.zeros(0)
     log_measured = np.log(equations.measured)
+    sigma = equations.sigma
 
-    def objective(t):
+    def evaluate(t):
         pred, jac = equations.predict(t)
-        r = np.log(pred) - log_measured
-        return float(np.sum(weights * r * r) + t @ precision @ t), r, jac
+        u = (np.log(pred) - log_measured) / sigma
+        loss = np.where(np.abs(u) <= HUBER, u * u, 2 * HUBER * np.abs(u) - HUBER ** 2)
+        return float(np.sum(loss) + t @ precision @ t), u, jac
 
-    value, residual, jac = objective(theta)
-    hessian = precision
+    value, u, jac = evaluate(theta)
     for _ in range(max_iter):
+        weights = np.minimum(1.0, HUBER / np.maximum(np.abs(u), 1e-12)) / sigma ** 2
         hessian = jac.T @ (weights[:, None] * jac) + precision
-        step = -np.linalg.solve(hessian, jac.T @ (weights * residual) + precision @ theta)
+        step = -np.linalg.solve(hessian, jac.T @ (weights * u * sigma) + precision @ theta)
         scale = 1.0
         while True:
             candidate = theta + scale * step
-            new_value, new_residual, new_jac = objective(candidate)
+            new_value, new_u, new_jac = evaluate(candidate)
             if new_value <= value + 1e-12 or scale < 1e-4:
                 break
             scale /= 2
-        theta, converged = candidate, abs(value - new_value) < 1e-12 * max(1.0, value)
-        value, residual, jac = new_value, new_residual, new_jac
-        if converged or np.max(np.abs(scale * step)) < 1e-10:
+        converged = abs(value - new_value) <= 1e-12 * max(1.0, value) or np.max(np.abs(scale * step)) < 1e-10
+        theta, value, u, jac = candidate, new_value, new_u, new_jac
+        if converged:
             break
+    weights = np.minimum(1.0, HUBER / np.maximum(np.abs(u), 1e-12)) / sigma ** 2
     hessian = jac.T @ (weights[:, None] * jac) + precision
     return theta, np.sqrt(np.diag(np.linalg.inv(hessian)))
 
