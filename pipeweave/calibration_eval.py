@@ -171,8 +171,12 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ops = list(results)
-    fig, axes = plt.subplots(1, len(ops), figsize=(3.2 * len(ops), 3.2), sharey=False)
-    for ax, op in zip(np.atleast_1d(axes), ops):
+    columns = 3
+    rows = -(-len(ops) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(ops):]:
+        ax.axis("off")
+    for ax, op in zip(axes.ravel(), ops):
         for gpu, cell in results[op].items():
             ks = [k for k in SHOTS if str(k) in cell["shots"]]
             ax.plot([max(k, 1) for k in ks], [cell["shots"][str(k)]["mean"] for k in ks], marker="o", label=gpu[7:][:14])
@@ -181,8 +185,8 @@ def plot(results: dict, path: Path) -> None:
         ax.set_title(op)
         ax.set_xlabel("calibration kernels k")
         ax.grid(alpha=0.3)
+        ax.set_ylabel("mean duration error %")
         ax.legend(fontsize=6)
-    np.atleast_1d(axes)[0].set_ylabel("mean duration error %")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
