@@ -42,6 +42,7 @@ PIPES = ("compute", "memory")
 KERNEL_PARAMS = tuple(f"{c}.{p}" for c in CLASSES for p in PIPES)
 PARAMS = KERNEL_PARAMS + ("communication",)
 COMMUNICATION = len(PARAMS) - 1
+COLLECTIVE_KINDS = ("all_reduce", "send_recv")
 OP_CLASS = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "rmsnorm": "elementwise", "siluandmul": "elementwise", "moe": "moe"}
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
 FORMAT_VERSION = 1
@@ -243,22 +244,20 @@ class Calibration:
     def factors(self, op: str, features: np.ndarray, attention_types=None) -> np.ndarray:
         return np.exp(design(op, features, attention_types) @ self.theta)
 
-    def scale_kernels(self, op: str, stems, features: np.ndarray, attention_types, *durations: np.ndarray):
-        """``durations`` (arrays over the same rows) with the rows on this GPU scaled; others untouched."""
-        rows = np.asarray([stem == self.hardware for stem in stems], dtype=bool)
-        if not rows.any():
-            return durations if len(durations) > 1 else durations[0]
-        types = None if attention_types is None else [attention_types[i] for i in np.flatnonzero(rows)]
-        factor = self.factors(op, np.asarray(features)[rows], types)
-        out = []
-        for values in durations:
-            values = np.array(values, dtype=np.float64, copy=True)
-            values[rows] *= factor
-            out.append(values)
-        return tuple(out) if len(out) > 1 else out[0]
+    def apply(self, kind: str, hardware, durations_ms: np.ndarray, features: np.ndarray | None = None,
+              shapes=None) -> np.ndarray:
+        """The engine's hook (pipeweave.engine.Calibration): durations of one GPU's rows of one operator class
+        (features and shape keys given) or collective kind; other GPUs' rows come back unchanged."""
+        if hardware.stem != self.hardware:
+            return durations_ms
+        if kind in COLLECTIVE_KINDS:
+            return durations_ms * float(np.exp(self.theta[COMMUNICATION]))
+        types = [shape[0] for shape in shapes] if kind == "attn" else None
+        return durations_ms * self.factors(kind, features, types)
 
-    def scale_collectives(self, stem: str, durations: np.ndarray) -> np.ndarray:
-        return durations * float(np.exp(self.theta[COMMUNICATION])) if stem == self.hardware else durations
+    def record(self, hardware) -> dict | None:
+        """What a prediction on ``hardware`` records (None for a GPU this calibration does not change)."""
+        return self.summary() if hardware.stem == self.hardware else None
 
     def check_hardware(self, stems) -> None:
         """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing)."""

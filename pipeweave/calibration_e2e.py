@@ -46,11 +46,12 @@ def errors(summary: dict, truth: dict) -> dict:
 
 
 def evaluate(real_dir: Path, workload_dir: Path, hardware_dir: Path, log=print) -> pd.DataFrame:
-    from pipeweave.aggregate import Aggregator, Job, load_workload
+    from pipeweave.engine import Engine, Job
+    from pipeweave.flatten import load_workload
 
     prior = load_prior()
     registry = hardware_registry(hardware_dir)
-    aggregator = Aggregator(hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
+    aggregator = Engine(hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
     real = load_real(real_dir, hardware_dir)
     rows = []
     for (gpu, kind), runs in real.groupby(["gpu", "kind"], sort=True):

@@ -21,7 +21,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
-from analytical_model.registry import compute_features, get_operator
+from analytical_model.registry import get_operator
 from pipeweave.calibration import (PARAMS, Calibration, Equations, Prior, communication_design, design, file_digest,
                                    fit_map, kernel_classes, load_prior, DEFAULT_PRIOR_PATH, OP_CLASS)
 from pipeweave.cli import ArgumentParser, UserError
@@ -72,7 +72,7 @@ def read_e2e_csv(path: str | Path) -> pd.DataFrame:
 
 
 def resolve_run_workload(name: str, csv_path: Path) -> Path:
-    from pipeweave.aggregate import resolve_workload_path
+    from pipeweave.flatten import resolve_workload_path
 
     candidate = csv_path.parent / name
     if not Path(name).is_file() and candidate.is_file():
@@ -82,13 +82,15 @@ def resolve_run_workload(name: str, csv_path: Path) -> Path:
 
 def memory_footprint_bytes(workload) -> float:
     """Per-GPU bytes a workload needs at least: its GEMM weights (BF16) plus the largest KV cache it holds."""
+    from pipeweave.flatten import CATEGORY_CODE
+
     first = workload.inst_iter == 0
     weights = 0.0
-    for i in np.flatnonzero(first & (workload.inst_code == 0)):
+    for i in np.flatnonzero(first & (workload.inst_code == CATEGORY_CODE["gemm"])):
         _, n, k = workload.shapes["gemm"][workload.inst_local[i]]
         weights += n * k * BF16_BYTES * workload.inst_count[i]
     kv = 0.0
-    for i in np.flatnonzero(workload.inst_code == 1):
+    for i in np.flatnonzero(workload.inst_code == CATEGORY_CODE["attention"]):
         _, _, _, kv_lengths, _, nkv, hd = workload.shapes["attn"][workload.inst_local[i]]
         kv = max(kv, 2 * sum(kv_lengths) * nkv * hd * BF16_BYTES * workload.inst_count[i])
     return weights + kv
@@ -103,7 +105,8 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
 
 def instance_terms(aggregator, workload, spec: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
     """(zero-shot single duration in ms, design row) of every operator instance of ``workload`` on ``spec``."""
-    from pipeweave.aggregate import Job, KERNEL_CATEGORIES
+    from pipeweave.engine import Job
+    from pipeweave.flatten import CATEGORY_CODE, KERNEL_CATEGORIES
 
     result = aggregator.predict([Job(workload, spec)])[0].result
     single = np.zeros(len(workload.inst_code))
@@ -113,14 +116,12 @@ def instance_terms(aggregator, workload, spec: HardwareSpec) -> tuple[np.ndarray
             entry = durations[category][name] if name is not None else durations[category]
             single[i] = entry["single_duration_ms"]
     x = communication_design(len(single))
-    for code, op in enumerate(KERNEL_CATEGORIES.values()):
-        rows = np.flatnonzero(workload.inst_code == code)
+    for category, op in KERNEL_CATEGORIES.items():
+        rows = np.flatnonzero(workload.inst_code == CATEGORY_CODE[category])
         if not rows.size:
             continue
         shapes = workload.shapes[op]
-        frame = pd.DataFrame([list(shape) for shape in shapes], columns=list(get_operator(op).shape_columns))
-        frame["hardware"] = spec.stem
-        features = compute_features(op, frame)[list(get_operator(op).feature_names)].to_numpy()
+        features, _ = aggregator.kernel_features(op, [(spec.stem, shape) for shape in shapes])
         unique_x = design(op, features, [s[0] for s in shapes] if op == "attn" else None)
         x[rows] = unique_x[workload.inst_local[rows]]
     return single, x
@@ -245,7 +246,9 @@ def build_parser() -> ArgumentParser:
 def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=None,
               hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, log=print) -> Calibration:
     """Validate every input, build the equations and fit; nothing is written here."""
-    from pipeweave.aggregate import DEFAULT_MODEL_DIR, Aggregator, load_workload
+    from pipeweave.engine import Engine
+    from pipeweave.flatten import load_workload
+    from pipeweave.paths import DEFAULT_MODEL_DIR
 
     registry = hardware_registry(Path(hardware_dir))
     spec = registry.get(hardware)
@@ -253,8 +256,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     if not e2e and not kernels:
         raise UserError("give measurements: --e2e CSV and/or --kernels CSV ...")
     model_dir = Path(model_dir or DEFAULT_MODEL_DIR)
-    aggregator = Aggregator(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate="analytical",
-                            log=None)
+    aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
     runs, parts, fitted_from = [], [], {}
     if e2e:
         frame = read_e2e_csv(e2e)

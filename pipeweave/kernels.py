@@ -61,12 +61,15 @@ def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor, cal
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
     out["predicted_us"] = predicted["predicted_us"].to_numpy()
     if calibration is not None:
-        stems = [registry.get(name).stem for name in hardware]
-        calibration.check_hardware(stems)
-        types = compute["attention_type"].tolist() if op == "attn" else None
-        features = predicted[list(operator.feature_names)].to_numpy()
-        out["predicted_us"] = calibration.scale_kernels(op, stems, features, types, out["predicted_us"].to_numpy())
-        out["calibration"] = [str(calibration.path) if stem == calibration.hardware else "" for stem in stems]
+        stems = np.array([registry.get(name).stem for name in hardware], dtype=object)
+        calibration.check_hardware(stems.tolist())
+        rows = np.flatnonzero(stems == calibration.hardware)
+        shapes = compute[list(operator.shape_columns)].to_numpy()[rows]
+        features = predicted[list(operator.feature_names)].to_numpy()[rows]
+        corrected = np.array(out["predicted_us"], dtype=np.float64)
+        corrected[rows] = calibration.apply(op, registry.get(calibration.hardware), corrected[rows], features, shapes)
+        out["predicted_us"] = corrected
+        out["calibration"] = np.where(stems == calibration.hardware, str(calibration.path), "")
     return out
 
 

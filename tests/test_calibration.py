@@ -281,8 +281,17 @@ def test_prior_file_is_consistent():
     prior = load_prior()
     assert isinstance(prior, Prior) and prior.sigma_e2e > 0 and prior.tau_comm > 0
     assert np.all(np.linalg.eigvalsh(prior.covariance()) > 0)
-    cal = Calibration("A100", "A100", np.zeros(len(PARAMS)), np.zeros(len(PARAMS)), {}, {}, {})
-    np.testing.assert_array_equal(cal.scale_collectives("A100", np.ones(3)), np.ones(3))
+
+
+def test_engine_hook_scales_collectives_of_its_gpu_only():
+    from analytical_model.hardware import load_hardware
+
+    theta = np.zeros(len(PARAMS))
+    theta[COMMUNICATION] = np.log(2.0)
+    cal = Calibration("A100", "NVIDIA A100-SXM4-80GB", theta, np.zeros(len(PARAMS)), {}, {}, {})
+    np.testing.assert_allclose(cal.apply("all_reduce", load_hardware("A100"), np.ones(3)), 2.0)
+    np.testing.assert_array_equal(cal.apply("all_reduce", load_hardware("H100"), np.ones(3)), 1.0)
+    assert cal.record(load_hardware("H100")) is None and cal.record(load_hardware("A100"))["factors"]
 
 
 def test_marked_sections_survive_regeneration(tmp_path):
