@@ -49,14 +49,16 @@ FORMAT_VERSION = 1
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
 
 
-def kernel_classes(op: str, attention_types=None) -> np.ndarray:
-    """Calibration class of each row: attention splits into prefill and decode (paged layout = decode kernel)."""
-    if op != "attn":
-        get_operator(op)
-        return np.full(0 if attention_types is None else len(attention_types), OP_CLASS[op], dtype=object)
-    layouts = {kind: resolve_attention_type(str(kind))[1] for kind in set(attention_types)}
-    return np.array(["attn_decode" if layouts[kind] == "paged" else "attn_prefill" for kind in attention_types],
-                    dtype=object)
+def kernel_classes(op: str, n: int, attention_types=None) -> np.ndarray:
+    """Calibration class of ``n`` kernels of ``op``; attention splits into prefill and decode by its layout
+    (the paged kernel is the decode kernel in every workload and dataset row)."""
+    if op == "attn":
+        layouts = {kind: resolve_attention_type(str(kind))[1] for kind in set(attention_types)}
+        return np.array(["attn_decode" if layouts[kind] == "paged" else "attn_prefill" for kind in attention_types],
+                        dtype=object)
+    if op not in OP_CLASS:
+        raise ValueError(f"operator {op!r} has no calibration class (known: {', '.join(OP_CLASS)}, attn)")
+    return np.full(n, OP_CLASS[op], dtype=object)
 
 
 def pipe_split(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,7 +76,7 @@ def pipe_split(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def design(op: str, features: np.ndarray, attention_types=None) -> np.ndarray:
     """Design rows x (n × len(PARAMS)) of kernels of one operator class."""
     features = np.asarray(features, dtype=np.float64)
-    classes = kernel_classes(op, attention_types) if op == "attn" else np.full(len(features), OP_CLASS[op], dtype=object)
+    classes = kernel_classes(op, len(features), attention_types)
     compute, memory = pipe_split(op, features)
     x = np.zeros((len(features), len(PARAMS)))
     for cls in np.unique(classes):
@@ -131,7 +133,8 @@ class Prior:
 def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"calibration prior {path} not found; generate it with python3 -m pipeweave.calibration_eval")
+        raise FileNotFoundError(f"calibration prior {path} not found; "
+                                f"generate it with python3 -m pipeweave.calibration_eval")
     return Prior.from_dict(json.loads(path.read_text()))
 
 

@@ -23,7 +23,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.calibration import (PARAMS, Calibration, Equations, Prior, communication_design, design, file_digest,
-                                   fit_map, kernel_classes, load_prior, DEFAULT_PRIOR_PATH, OP_CLASS)
+                                   fit_map, kernel_classes, load_prior, DEFAULT_PRIOR_PATH)
 from pipeweave.cli import ArgumentParser, UserError
 
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
@@ -216,7 +216,7 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         features = predicted[list(get_operator(op).feature_names)].to_numpy()
         types = frame["attention_type"].tolist() if op == "attn" else None
         x = design(op, features, types)
-        classes = kernel_classes(op, types) if op == "attn" else np.full(len(frame), OP_CLASS[op], dtype=object)
+        classes = kernel_classes(op, len(frame), types)
         sigma = np.array([prior.sigma_kernel[c] for c in classes])
     keep = base > 0
     return Equations(np.arange(int(keep.sum())), base[keep], x[keep], measured[keep], sigma[keep],
@@ -256,7 +256,9 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     if not e2e and not kernels:
         raise UserError("give measurements: --e2e CSV and/or --kernels CSV ...")
     model_dir = Path(model_dir or DEFAULT_MODEL_DIR)
-    aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate="analytical", log=None)
+    # the analytical collective estimate where no measured model covers a run's collectives, with its WARNING
+    aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate="analytical",
+                        log=lambda message: print(message) if message.startswith("WARNING") else None)
     runs, parts, fitted_from = [], [], {}
     if e2e:
         frame = read_e2e_csv(e2e)

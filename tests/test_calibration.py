@@ -208,7 +208,7 @@ def test_predict_kernels_applies_and_records_calibration(a100_calibration, tmp_p
 
 
 def test_kernel_csv_calibration(tmp_path):
-    measured = tmp_path / "gemm.csv"
+    measured = tmp_path / "measured_gemm.csv"
     rows = [f"gemm,{m},4096,4096,NVIDIA A40,{t}" for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0))]
     measured.write_text("op,M,N,K,hardware,avg_duration\n" + "\n".join(rows) + "\n")
     out = tmp_path / "a40.json"
@@ -250,16 +250,17 @@ def test_bad_e2e_input_is_one_line_exit_2(tmp_path, capsys, rows, needle):
 def test_malformed_e2e_csv(tmp_path, capsys, content, needle):
     csv = tmp_path / "m.csv"
     csv.write_text(content)
-    code = run_cli(calibration_fit.main, ["--hardware", "A100", "--e2e", str(csv), "--output", str(tmp_path / "c.json")])
+    code = run_cli(calibration_fit.main, ["--hardware", "A100", "--e2e", str(csv), "--output",
+                                          str(tmp_path / "c.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and needle in err[0]
     assert not (tmp_path / "c.json").exists()
 
 
 def test_kernel_csv_errors(tmp_path, capsys):
-    other_gpu = tmp_path / "gemm.csv"
+    other_gpu = tmp_path / "measured_gemm.csv"
     other_gpu.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,16,16,NVIDIA H100,5.0\n")
-    unknown = tmp_path / "rmsnorm.csv"
+    unknown = tmp_path / "measured_rmsnorm.csv"
     unknown.write_text("op,seq,dim,avg_duration,colour\nrmsnorm,1,128,3.0,red\n")
     for path, needle in ((other_gpu, "not on A100"), (unknown, "unknown column(s) colour")):
         code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(path), "--output",
@@ -306,3 +307,18 @@ def test_marked_sections_survive_regeneration(tmp_path):
     regenerated = keep_marked_sections("# Report\n\nnew body", doc)
     assert regenerated.startswith("# Report\n\nnew body") and "numbers 2" in regenerated
     assert keep_marked_sections("# Other", tmp_path / "absent.md") == "# Other"
+
+
+def test_all_reduce_measurements_inform_only_the_communication_factor(tmp_path):
+    from pipeweave.collectives import CollectivePredictor
+
+    sizes = np.array([1 << 16, 1 << 20, 1 << 24], dtype=np.float64)
+    measured = CollectivePredictor("A100").predict_ms("all_reduce", sizes, 2) * 1000.0 * 2.0  # twice as slow
+    csv = tmp_path / "measured_all_reduce.csv"
+    csv.write_text("op,size_bytes,num_workers,hardware,avg_duration\n" + "".join(
+        f"all_reduce,{int(s)},2,NVIDIA A100-SXM4-80GB,{t}\n" for s, t in zip(sizes, measured)))
+    out = tmp_path / "cal.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(csv), "--output", str(out)]) == 0
+    cal = load_calibration(out)
+    assert 1.6 < np.exp(cal.theta[COMMUNICATION]) < 2.0
+    np.testing.assert_array_equal(cal.theta[:COMMUNICATION], 0.0)
