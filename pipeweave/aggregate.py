@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     predictions = engine.predict(jobs)
     elapsed = time.perf_counter() - started
+    if calibration is not None:
+        ops = {op for job in jobs if job.hardware.stem == calibration.hardware for op in job.workload.ops()}
+        for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
+            print(warning)
     for prediction, target in zip(predictions, targets):
         text = dumps_result(prediction.result)
         write_atomically(target, lambda tmp, text=text: tmp.write_text(text))

@@ -262,6 +262,14 @@ class Calibration:
         """What a prediction on ``hardware`` records (None for a GPU this calibration does not change)."""
         return self.summary() if hardware.stem == self.hardware else None
 
+    def stale_models(self, loaded: dict) -> list[str]:
+        """WARNING lines for operators whose model (``{op: directory}``) is not the one the calibration was
+        fitted against: a retrained model has other biases, so the correction may no longer fit."""
+        return [f"WARNING: --calibration {self.path} was fitted against the {op} model {Path(fitted).name}, "
+                f"this prediction uses {Path(loaded[op]).name}; recalibrate with calibrate.py"
+                for op, fitted in sorted(self.base_models.items())
+                if op in loaded and Path(fitted).name != Path(loaded[op]).name]
+
     def check_hardware(self, stems) -> None:
         """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing)."""
         stems = list(dict.fromkeys(stems))

@@ -322,3 +322,18 @@ def test_all_reduce_measurements_inform_only_the_communication_factor(tmp_path):
     cal = load_calibration(out)
     assert 1.6 < np.exp(cal.theta[COMMUNICATION]) < 2.0
     np.testing.assert_array_equal(cal.theta[:COMMUNICATION], 0.0)
+
+
+def test_calibration_warns_when_the_base_model_changed(a100_calibration, tmp_path, capsys):
+    data = json.loads(a100_calibration.read_text())
+    data["base_models"]["gemm"] = "mlp_models/gemm/19990101_000000"
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(data))
+    out = tmp_path / "pred.json"
+    assert run_cli(aggregate.main, ["--workload", str(small(TP1, tmp_path)), "--hardware", "A100", "--calibration",
+                                    str(changed), "--output", str(out)]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "gemm model 19990101_000000" in warnings[0]
+    assert run_cli(aggregate.main, ["--workload", str(small(TP1, tmp_path)), "--hardware", "A100", "--calibration",
+                                    str(a100_calibration), "--output", str(out)]) == 0
+    assert "WARNING" not in capsys.readouterr().out
