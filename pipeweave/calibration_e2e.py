@@ -20,9 +20,9 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.calibration import Calibration, Equations, fit_map, load_prior
 from pipeweave.calibration_fit import run_equations
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
-from pipeweave.compare import DEFAULT_REAL_DIR, DEFAULT_WORKLOAD_DIR, load_real
+from pipeweave.measured_runs import DEFAULT_REAL_DIR, load_real
+from pipeweave.paths import DEFAULT_WORKLOAD_DIR, DOCS_DIR, E2E_DIR
 
-REPO = Path(__file__).resolve().parent.parent
 METRICS = {"prefill": "prefill_duration_ms", "decode": "decode_avg_duration_ms", "total": "total_duration_ms"}
 EQUATION_KEYS = {"prefill": "prefill_ms", "decode": "decode_step_ms", "total": "total_ms"}
 SECTION = "calibration-e2e"
@@ -129,8 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--real_dir", type=Path, default=DEFAULT_REAL_DIR)
     parser.add_argument("--workload_dir", type=Path, default=DEFAULT_WORKLOAD_DIR)
     parser.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR)
-    parser.add_argument("--csv", type=Path, default=REPO / "e2e" / "calibration_loro.csv")
-    parser.add_argument("--markdown", type=Path, default=REPO / "docs" / "E2E.md")
+    parser.add_argument("--csv", type=Path, default=E2E_DIR / "calibration_loro.csv")
+    parser.add_argument("--markdown", type=Path, default=DOCS_DIR / "E2E.md")
     args = parser.parse_args(argv)
     pairs = evaluate(args.real_dir, args.workload_dir, args.hardware_dir, log=lambda m: print(m, flush=True))
     write_atomically(args.csv, lambda tmp: pairs.to_csv(tmp, index=False, float_format="%.3f"))

@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from analytical_model.registry import get_operator
-from pipeweave.calibration import CLASSES, DEFAULT_PRIOR_PATH, PARAMS, Equations, Prior, design, fit_map, kernel_classes
+from pipeweave.calibration import (CLASSES, DEFAULT_PRIOR_PATH, PARAMS, Equations, Prior, design, fit_map,
+                                   kernel_classes)
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
-from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_predictions
-from pipeweave.modeling import DATASET_DIR
+from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data,
+                                  logo_predictions)
+from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
-REPO = Path(__file__).resolve().parent.parent
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
 SHOTS = (0, 8, 32, 128)
 DRAWS = 5
@@ -203,8 +204,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="LOGO model cache (trained when missing)")
     parser.add_argument("--prior", type=Path, default=DEFAULT_PRIOR_PATH)
-    parser.add_argument("--accuracy_md", type=Path, default=REPO / "docs" / "ACCURACY.md")
-    parser.add_argument("--png", type=Path, default=REPO / "docs" / "calibration_kshot.png")
+    parser.add_argument("--accuracy_md", type=Path, default=DOCS_DIR / "ACCURACY.md")
+    parser.add_argument("--png", type=Path, default=DOCS_DIR / "calibration_kshot.png")
     args = parser.parse_args(argv)
     results, prior = evaluate(args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
     write_atomically(args.prior, lambda tmp: tmp.write_text(json.dumps(prior.as_dict(), indent=2) + "\n"))

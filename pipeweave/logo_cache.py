@@ -20,10 +20,10 @@ import pandas as pd
 
 from pipeweave.cli import write_atomically
 from pipeweave.modeling import dataset_paths, load_splits, train_and_evaluate, write_model_dir
+from pipeweave.paths import REPO_ROOT
 from pipeweave.training import TrainConfig
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CACHE = REPO / ".cache" / "logo"
+DEFAULT_CACHE = REPO_ROOT / ".cache" / "logo"
 LOGO_MAX_ROWS_PER_GPU = 8000
 LOGO_EPOCHS = 100
 
@@ -91,7 +91,7 @@ def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) ->
 
 def main(argv=None) -> int:
     from pipeweave.cli import ArgumentParser
-    from pipeweave.modeling import DATASET_DIR
+    from pipeweave.paths import DATASET_DIR
 
     parser = ArgumentParser(prog="python3 -m pipeweave.logo_cache",
                             description="Train (or verify) the cached leave-one-GPU-out models.")
