@@ -14,7 +14,7 @@ for w in "${workloads[@]}"; do
 done
 
 python3 aggregator.py --pairs - --output e2e/pipeweave_pred --model_dir mlp_models --hardware_dir hardware \
-  --device cpu "$@" <<'EOF'
+  "$@" <<'EOF'
 workload,hardware
 # Hopper: FA3 prefill
 workload/Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json,H100

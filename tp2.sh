@@ -15,7 +15,7 @@ for w in "${workloads[@]}"; do
 done
 
 python3 aggregator.py --pairs - --output e2e/pipeweave_pred --model_dir mlp_models --hardware_dir hardware \
-  --device cpu "$@" <<'EOF'
+  "$@" <<'EOF'
 workload,hardware,collective_hardware
 workload/Qwen3-32B_arxiv_16_fa2_tp2_pp1.json,A100,A100
 workload/Qwen3-32B_arxiv_12_fa2_tp2_pp1.json,A100,A100

@@ -15,7 +15,7 @@ for w in "${workloads[@]}"; do
 done
 
 python3 aggregator.py --pairs - --output e2e/pipeweave_pred --model_dir mlp_models --hardware_dir hardware \
-  --device cpu "$@" <<'EOF'
+  "$@" <<'EOF'
 workload,hardware,collective_hardware
 workload/Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json,H800,H800
 workload/Llama-3.1-70B_splitwise_64_fa3_tp8_pp1.json,H800,H800

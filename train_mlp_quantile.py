@@ -15,11 +15,12 @@ import sys
 
 import numpy as np
 
-from analytical_model.registry import model_inputs, operator_keys
-from mlp_model import predict_efficiency
+from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.mlp import model_inputs
 from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, feature_matrix,
                                 kernel_reports, read_dataset, timestamp_dir, write_model_dir)
+from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
 
 QUANTILE_OPS = operator_keys(quantile=True)

@@ -19,7 +19,7 @@ for w in "${workloads[@]}"; do
 done
 
 python3 aggregator.py --pairs - --output e2e/pipeweave_pred --model_dir mlp_models --hardware_dir hardware \
-  --device cpu --collective_estimate analytical "$@" <<'EOF'
+  --collective_estimate analytical "$@" <<'EOF'
 workload,hardware,collective_hardware
 workload/Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json,H800,H800
 workload/Llama-3.1-70B_vllm_splitwise64_fa3_tp4_pp2.json,H800,H800

@@ -1,5 +1,7 @@
 """Generate workload JSON files (METHOD.md section 6) from a model config and a request trace.
 
+The logic lives in pipeweave/generate_cli.py, pipeweave/generate.py and pipeweave/workload.py.
+
 Examples (from the repository root):
 
     python3 workload_generator.py --paper_set
@@ -11,66 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from pipeweave.cli import ArgumentParser, UserError, run_cli
-from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
-from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
-                                DEFAULT_TRACE_DIR, PREFILL_ATTN_DEFAULT)
-
-# Flags that describe a single workload (not allowed together with --paper_set).
-_SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
-                 "single_sequence", "prompt_tokens", "output_tokens", "name")
-
-
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(
-        prog="workload_generator.py",
-        description="Turn a model config and a request trace into a static-batch workload JSON "
-                    "(one prefill iteration, then one decode iteration per further output token).")
-    p.add_argument("--model_config", help="config JSON path, or a stem of config/ (e.g. Llama-3.1-70B)")
-    p.add_argument("--trace", help="trace CSV path, or a stem of workload/traces/ (e.g. arxiv_16)")
-    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1); must divide the sharded widths exactly")
-    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1); adds a send_recv entry when > 1")
-    p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}; "
-                                          f"one of {', '.join(ATTENTION_BACKENDS)})")
-    p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT})")
-    p.add_argument("--qk_norm_rmsnorm", action="store_true", default=None,
-                   help="Qwen3 QK-norm approximation: RMSNorm count 4L+1 instead of 2L+1")
-    p.add_argument("--single_sequence", action="store_true", default=None,
-                   help="merge the trace's prompts into one request whose prompt is their sum")
-    p.add_argument("--prompt_tokens", type=int,
-                   help="replace every request's prompt length (after --single_sequence) by this value")
-    p.add_argument("--output_tokens", type=int, help="number of iterations (overrides the trace's output_tokens)")
-    p.add_argument("--name", help="label used in place of the trace stem in the output file name")
-    p.add_argument("--paper_set", action="store_true",
-                   help=f"regenerate the {len(PAPER_SET)} workloads of the PipeWeave paper")
-    p.add_argument("--output_dir", default=str(DEFAULT_OUTPUT_DIR), help="output directory (default: workload/)")
-    p.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="where config stems are looked up")
-    p.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR), help="where trace stems are looked up")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.paper_set:
-        given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]
-        if given:
-            raise UserError(f"--paper_set cannot be combined with {', '.join(given)}")
-        specs = list(PAPER_SET)
-    else:
-        missing = [f"--{name}" for name in ("model_config", "trace") if getattr(args, name) is None]
-        if missing:
-            raise UserError(f"missing {' and '.join(missing)} (or use --paper_set)")
-        specs = [WorkloadSpec(
-            model_config=args.model_config, trace=args.trace,
-            tp=1 if args.tp is None else args.tp, pp=1 if args.pp is None else args.pp,
-            prefill_attn=args.prefill_attn or PREFILL_ATTN_DEFAULT, decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
-            qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
-            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name)]
-    workloads = generate_many(specs, args.config_dir, args.trace_dir)
-    for path in write_workloads(workloads, args.output_dir):
-        print(path)
-    return 0
-
+from pipeweave.cli import run_cli
+from pipeweave.generate_cli import main
 
 if __name__ == "__main__":
     sys.exit(run_cli(main))

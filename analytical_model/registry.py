@@ -259,7 +259,3 @@ def compute_features(op: str, frame, hardware_dir: str | Path = DEFAULT_HARDWARE
     result["ideal_cycles"] = operator.ideal_cycles(out.astype(np.float32)).astype(np.float64)
     return result
 
-
-def model_inputs(features: np.ndarray) -> np.ndarray:
-    """The MLP input: log1p of the float32-cast features (docs/METHOD.md §0.3, §4.1)."""
-    return np.log1p(np.asarray(features, dtype=np.float32))

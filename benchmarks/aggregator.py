@@ -1,21 +1,29 @@
-"""End-to-end prediction speed of the aggregator.
+"""End-to-end prediction speed and memory of the aggregator.
 
     python3 -m benchmarks.aggregator [--workload W.json] [--hardware H20] [--runs 15] [--model_dir mlp_models]
+    python3 -m benchmarks.aggregator --python /path/to/venv/bin/python    # whole process of an installed copy
 
 Loads the models once, then times the in-process prediction of one workload (default: the 403-iteration
 ``Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2``) — everything from the parsed workload to the finished
 output object: dedup, features, MLP passes, collectives, scatter and summary; not the JSON file read
-(timed separately) nor the output write — as the median of ``--runs`` runs, and the wall time of a
-whole ``python3 aggregator.py ...`` process (median of ``--process_runs``; includes interpreter start,
-imports, model loading and writing the output). No cache survives between runs.
+(timed separately) nor the output write — as the median of ``--runs`` runs.
+
+Whole process: the wall time and peak resident memory (``ru_maxrss`` of the child, measured from a small launcher
+process) of ``python3 aggregator.py ...`` (includes interpreter start, imports, model loading and writing the
+output), interleaved with ``python3 -c "import numpy"`` as the baseline, medians over ``--process_runs``. With
+``--python``, both children run that interpreter in a scratch directory, importing its installed pipeweave
+(``pipeweave-aggregate``) and its shipped models. The summary of the output is compared with the committed
+prediction of the same pair in ``e2e/pipeweave_pred/`` when there is one.
 
 If ``--model_dir`` lacks a model for an operator class, untrained models of the same architecture are
 written to a temporary directory and used instead (timing does not depend on the weights); the
-output says so. The last line is ``in_process_ms=<float> whole_process_s=<float>``.
+output says so. The last line is ``in_process_ms=<float> whole_process_s=<float> numpy_import_s=<float>
+ratio=<float> peak_mb=<float>``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -25,6 +33,8 @@ import time
 from pathlib import Path
 
 from analytical_model.registry import workload_operators
+from pipeweave.aggregate import output_name
+from pipeweave.mlp import weights_path
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, REPO_ROOT
 
 DEFAULT_WORKLOAD = DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
@@ -43,7 +53,7 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
     import torch
 
     from analytical_model.registry import get_operator
-    from mlp_model import build_model
+    from pipeweave.torch_mlp import build_model
     from pipeweave.modeling import write_model_dir
     from pipeweave.training import TrainConfig
 
@@ -67,7 +77,35 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
 
 
 def models_present(model_dir: Path) -> bool:
-    return all(any((d / f"{op}_mlp_model.pth").is_file() for d in (model_dir / op).glob("*")) for op in KERNEL_OPS)
+    return all(any(weights_path(d, op).is_file() for d in (model_dir / op).glob("*")) for op in KERNEL_OPS)
+
+
+INSTALLED_AGGREGATE = "import sys; from pipeweave.commands import aggregate; sys.exit(aggregate())"
+
+
+# Measures one command from a small launcher process: a child forked from this (large) process would count the
+# parent's pages in its ru_maxrss until it execs.
+LAUNCHER = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+            "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def child_run(command: list[str], cwd: Path) -> tuple[float, float]:
+    """Wall seconds and peak resident MB (``ru_maxrss``) of one run of ``command``."""
+    done = subprocess.run([sys.executable, "-c", LAUNCHER, *command], cwd=cwd, check=True, capture_output=True,
+                          text=True)
+    wall, max_rss_kb = done.stdout.split()
+    return float(wall), float(max_rss_kb) / 1024
+
+
+def summary_difference(output: Path, committed: Path) -> str:
+    """'identical' or the largest relative difference of the summary values."""
+    got = json.loads(output.read_text())["summary"]
+    want = json.loads(committed.read_text())["summary"]
+    if got == want:
+        return "identical"
+    worst = max((abs(got[k] / want[k] - 1.0), k) for k in want if want[k])
+    return f"max relative difference {worst[0]:.1e} ({worst[1]})"
 
 
 def main(argv=None) -> None:
@@ -76,14 +114,17 @@ def main(argv=None) -> None:
     parser.add_argument("--hardware", default="H20")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--process_runs", type=int, default=3)
+    parser.add_argument("--process_runs", type=int, default=5)
+    parser.add_argument("--python", help="interpreter of an installed pipeweave for the whole-process runs "
+                                         "(default: this one, running the checkout's aggregator.py)")
     args = parser.parse_args(argv)
 
     from pipeweave.aggregate import Aggregator, Job, dumps_result, load_workload
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model_dir)
-        if not models_present(model_dir):
+        untrained = not models_present(model_dir)
+        if untrained:
             model_dir = write_untrained_models(Path(tmp) / "models")
             print(f"note: {args.model_dir} lacks a model for some operator class; timing with untrained models "
                   f"of the same architecture in {model_dir} (speed does not depend on the weights)")
@@ -115,17 +156,30 @@ def main(argv=None) -> None:
         print(f"serialise output JSON ({len(text) / 1e6:.1f} MB): {dump_s * 1000:.1f} ms")
 
         out = Path(tmp) / "out.json"
-        command = [sys.executable, str(REPO_ROOT / "aggregator.py"), "--workload", args.workload, "--hardware",
-                   args.hardware, "--model_dir", str(model_dir), "--output", str(out)]
-        walls = []
-        for _ in range(args.process_runs):
-            t0 = time.perf_counter()
-            subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, env={**os.environ})
-            walls.append(time.perf_counter() - t0)
-        whole_s = statistics.median(walls)
-        print(f"whole process (python3 aggregator.py ...): median {whole_s:.2f} s over {args.process_runs} runs")
+        flags = ["--workload", str(Path(args.workload).resolve()), "--hardware", args.hardware, "--output", str(out)]
+        if untrained or not args.python:  # an installed copy uses its own shipped models
+            flags += ["--model_dir", str(model_dir.resolve())]
+        python = args.python or sys.executable
+        command = ([python, "-c", INSTALLED_AGGREGATE, *flags] if args.python
+                   else [python, str(REPO_ROOT / "aggregator.py"), *flags])
+        label = f"{python} -c 'pipeweave-aggregate'" if args.python else "python3 aggregator.py"
+        runs = {"numpy": [], "aggregate": []}
+        for _ in range(args.process_runs):  # interleaved, so that both see the same machine load
+            runs["numpy"].append(child_run([python, "-c", "import numpy"], Path(tmp)))
+            runs["aggregate"].append(child_run(command, Path(tmp)))
+        numpy_s, numpy_mb = (statistics.median(v) for v in zip(*runs["numpy"]))
+        whole_s = statistics.median(wall for wall, _ in runs["aggregate"])
+        peak_mb = max(mb for _, mb in runs["aggregate"])
+        print(f"whole process ({label} ...): median {whole_s:.2f} s over {args.process_runs} runs, "
+              f"peak memory {peak_mb:.0f} MB")
+        print(f"python -c 'import numpy': median {numpy_s:.2f} s, peak memory {numpy_mb:.0f} MB; "
+              f"whole process / import numpy = {whole_s / numpy_s:.1f}x")
+        committed = REPO_ROOT / "e2e" / "pipeweave_pred" / output_name(Path(args.workload).stem, job.hardware)
+        if committed.is_file() and not untrained and model_dir.resolve() == (REPO_ROOT / "mlp_models").resolve():
+            print(f"summary vs committed {committed.relative_to(REPO_ROOT)}: {summary_difference(out, committed)}")
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print(f"in_process_ms={in_process_ms:.3f} whole_process_s={whole_s:.3f}")
+    print(f"in_process_ms={in_process_ms:.3f} whole_process_s={whole_s:.3f} numpy_import_s={numpy_s:.3f} "
+          f"ratio={whole_s / numpy_s:.2f} peak_mb={peak_mb:.1f}")
 
 
 if __name__ == "__main__":

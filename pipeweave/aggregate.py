@@ -58,7 +58,6 @@ def build_parser():
                              "--collective_dir)")
     parser.add_argument("--output", default=None,
                         help="output JSON for one pair (default predictions.json); a directory when several pairs")
-    parser.add_argument("--device", default="cpu", help="torch device of the MLPs: cpu (default) or cuda")
     parser.add_argument("--collective_hardware", default=None, metavar="GPU",
                         help="GPU whose collective models predict the communication (default: the prediction GPU, "
                              "if it has collective models; otherwise a workload with communication is an error)")
@@ -206,7 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(
         model_dir=args.model_dir,
         hardware_dir=args.hardware_dir,
-        device=args.device,
         collective_dir=args.collective_dir,
         collective_estimate=args.collective_estimate,
         quantile_dir=args.quantile_dir if args.quantiles else None,

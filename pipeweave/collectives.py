@@ -20,7 +20,8 @@ measurements (dense sweeps - >= 100 sizes, i.e. PipeWeave/Vidur - are first smoo
 over 5 neighbouring sizes). It was chosen over random forests because it is more accurate on held-out sizes on
 every GPU x kind (see ``metadata.json``; the aiconfigurator sweeps have only 21 power-of-two sizes, where a forest
 degrades to a coarse step function with 8-65 % error while interpolation gives 3-8 %), and because the files are
-a few kB. A small random forest in log-log space (``regressor="rf"``, 30 trees, depth 12, min leaf 3) and the
+small JSON (2-241 kB) that prediction reads with numpy alone. A small random forest in log-log space
+(``regressor="rf"``, 30 trees, depth 12, min leaf 3; saved with joblib, loading needs scikit-learn) and the
 artifact's exact forest (``regressor="reference_rf"``: [size, num_workers] -> ms, 100 trees, depth 20, min split 5,
 min leaf 2, random_state 42) can be trained instead for comparison; all three share the range handling below.
 
@@ -192,8 +193,25 @@ def default_link(hardware: str) -> LinkSpec:
 
 
 # ================================================================================================================
-# model files (plain dicts of numpy arrays / sklearn estimators, dumped with joblib)
+# model files: the interpolation model as JSON (read with numpy alone), forests as joblib (need scikit-learn)
 # ================================================================================================================
+
+MODEL_SUFFIXES = {"interp": ".json", "rf": ".joblib", "reference_rf": ".joblib"}
+
+
+def model_file(gpu_dir: Path, kind: str, regressor: str) -> Path:
+    """Where a model of ``regressor`` is written: ``<kind>_model.json`` (interp) or ``<kind>_model.joblib``."""
+    return Path(gpu_dir) / f"{kind}_model{MODEL_SUFFIXES[regressor]}"
+
+
+def find_model_file(gpu_dir: Path, kind: str) -> Path | None:
+    """The model file of ``kind`` in ``gpu_dir`` (JSON preferred; training leaves only one), or None."""
+    for suffix in dict.fromkeys(MODEL_SUFFIXES.values()):
+        path = Path(gpu_dir) / f"{kind}_model{suffix}"
+        if path.is_file():
+            return path
+    return None
+
 
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
@@ -269,7 +287,7 @@ def collective_hardware_with_models(model_dir: str | Path = DEFAULT_COLLECTIVE_D
     if not model_dir.is_dir():
         return []
     return sorted(p.name for p in model_dir.iterdir()
-                  if p.is_dir() and any((p / f"{k}_model.joblib").is_file() for k in KINDS))
+                  if p.is_dir() and any(find_model_file(p, k) for k in KINDS))
 
 
 class CollectivePredictor:
@@ -300,8 +318,8 @@ class CollectivePredictor:
         if meta_path.is_file():
             self.metadata = json.loads(meta_path.read_text())
         for kind in KINDS:
-            path = gpu_dir / f"{kind}_model.joblib"
-            if path.is_file():
+            path = find_model_file(gpu_dir, kind)
+            if path is not None:
                 self.models[kind] = load_model(path)
 
     # --------------------------------------------------------------------------------------------------------
@@ -371,8 +389,15 @@ class CollectivePredictor:
 
 
 def load_model(path: str | Path) -> dict:
-    import joblib
-    model = joblib.load(path)
+    path = Path(path)
+    if path.suffix == ".json":
+        model = _model_from_json(json.loads(path.read_text()))
+    else:
+        try:
+            import joblib
+        except ImportError:
+            raise ValueError(f"{path}: a forest model needs scikit-learn and joblib (pip install '.[train]')") from None
+        model = joblib.load(path)
     if not isinstance(model, dict) or model.get("format") != MODEL_FORMAT:
         raise ValueError(f"{path}: not a {MODEL_FORMAT} collective model (retrain with train_collective_rf.py)")
     return model
@@ -520,10 +545,33 @@ def heldout_errors(group, kind: str, hardware: str, regressor: str, **fit_kwargs
     return _errors(pred, test["time_ms"].to_numpy(np.float64))
 
 
+def _model_to_json(model: dict) -> dict:
+    """The interpolation model as JSON: worker counts become string keys, arrays lists (floats round-trip)."""
+    if model["regressor"] != "interp":
+        raise ValueError(f"only the interp model is written as JSON, not {model['regressor']!r}")
+    return {**model, "range": {str(w): ext for w, ext in model["range"].items()},
+            "curves": {str(w): {name: np.asarray(values).tolist() for name, values in curve.items()}
+                       for w, curve in model["curves"].items()}}
+
+
+def _model_from_json(data: dict) -> dict:
+    if not isinstance(data, dict) or "range" not in data or "curves" not in data:
+        return data  # rejected by the format check of load_model
+    return {**data, "range": {int(w): ext for w, ext in data["range"].items()},
+            "curves": {int(w): {name: np.asarray(values, dtype=np.float64) for name, values in curve.items()}
+                       for w, curve in data["curves"].items()}}
+
+
 def save_model(model: dict, path: Path) -> int:
-    import joblib
+    """Write ``model`` as JSON (``.json``, interp only) or with joblib (``.joblib``); returns the file size."""
     from .cli import write_atomically
-    write_atomically(path, lambda tmp: joblib.dump(model, tmp, compress=3))
+    path = Path(path)
+    if path.suffix == ".json":
+        text = json.dumps(_model_to_json(model), separators=(",", ":")) + "\n"
+        write_atomically(path, lambda tmp: tmp.write_text(text))
+    else:
+        import joblib
+        write_atomically(path, lambda tmp: joblib.dump(model, tmp, compress=3))
     path.chmod(0o644)
     return path.stat().st_size
 
@@ -565,11 +613,12 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
                                     "held out; model refit on the rest; errors are |pred/true - 1| in %",
                 "source_precedence": list(SOURCE_PRECEDENCE), "kinds": {}}
         for kind in KINDS:
-            path = gpu_dir / f"{kind}_model.joblib"
+            path = model_file(gpu_dir, kind, regressor)
             group = data[(data["stem"] == stem) & (data["collective"] == kind)].reset_index(drop=True)
+            for stale in {model_file(gpu_dir, kind, other) for other in REGRESSORS} - {path}:
+                stale.unlink(missing_ok=True)  # so that find_model_file cannot pick up a previous regressor's file
             if not len(group):
-                if path.exists():
-                    path.unlink()
+                path.unlink(missing_ok=True)
                 continue
             model = fit_model(group, kind, stem, regressor, **fit_kwargs)
             file_bytes = save_model(model, path)

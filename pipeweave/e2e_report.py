@@ -155,11 +155,16 @@ def table_csv(table: pd.DataFrame) -> str:
 
 
 def latest_model_dirs(model_dir: Path) -> dict[str, str]:
+    """The model directory the aggregator uses per kernel operator (those that have one)."""
+    from pipeweave.mlp import latest_model_dir
+
     out = {}
     for op in (operator.key for operator in workload_operators().values()):
-        dirs = sorted(d for d in (Path(model_dir) / op).glob("*") if (d / f"{op}_mlp_model.pth").is_file())
-        if dirs:
-            out[op] = str(dirs[-1].relative_to(REPO_ROOT) if dirs[-1].is_relative_to(REPO_ROOT) else dirs[-1])
+        try:
+            directory = latest_model_dir(model_dir, op)
+        except FileNotFoundError:
+            continue
+        out[op] = str(directory.relative_to(REPO_ROOT) if directory.is_relative_to(REPO_ROOT) else directory)
     return out
 
 

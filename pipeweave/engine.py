@@ -58,9 +58,6 @@ from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
 
-# torch (through pipeweave.predictor) is imported only when models are loaded, so that flag and workload errors
-# are reported quickly
-
 SEND_RECV_WORKERS = 2
 COLLECTIVE_ESTIMATES = ("model", "analytical")
 FLAG_HINT = "give --collective_hardware GPU (a GPU with collective models) or --collective_estimate analytical"
@@ -104,7 +101,6 @@ class Engine:
         self,
         model_dir: str | Path = DEFAULT_MODEL_DIR,
         hardware_dir: str | Path = DEFAULT_HARDWARE_DIR,
-        device: str = "cpu",
         collective_dir: str | Path | None = None,
         collective_estimate: str = "model",
         quantile_dir: str | Path | None = None,
@@ -117,7 +113,6 @@ class Engine:
         self.hardware_dir = Path(hardware_dir)
         self.registry = hardware_registry(self.hardware_dir)
         self.model_dir = Path(model_dir)
-        self.device = device
         self.quantile_dir = Path(quantile_dir) if quantile_dir else None
         self._predictor = None
         self._quantile_predictor = None
@@ -134,11 +129,11 @@ class Engine:
     # ---------------------------------------------------------------------------------------------
     @property
     def predictor(self):
-        """The point-prediction KernelPredictor (created, and torch imported, on first use)."""
+        """The point-prediction KernelPredictor (created, and its models loaded, on first use)."""
         if self._predictor is None:
             from pipeweave.predictor import KernelPredictor
 
-            self._predictor = KernelPredictor(self.model_dir, self.device, self.hardware_dir)
+            self._predictor = KernelPredictor(self.model_dir, self.hardware_dir)
         return self._predictor
 
     @property
@@ -149,7 +144,7 @@ class Engine:
         if self._quantile_predictor is None:
             from pipeweave.predictor import KernelPredictor
 
-            self._quantile_predictor = KernelPredictor(self.quantile_dir, self.device, self.hardware_dir)
+            self._quantile_predictor = KernelPredictor(self.quantile_dir, self.hardware_dir)
         return self._quantile_predictor
 
     def gpu(self, name: str) -> HardwareSpec:
@@ -175,7 +170,7 @@ class Engine:
         if self.quantile_predictor is not None and self.quantile_ops and not any(self.quantile_ops.values()):
             raise FileNotFoundError(
                 f"--quantiles: no quantile model for any of {', '.join(self.quantile_ops)} under "
-                f"{self.quantile_predictor.model_dir} (expected <dir>/<op>/<timestamp>/<op>_mlp_model.pth); "
+                f"{self.quantile_predictor.model_dir} (expected <dir>/<op>/<timestamp>/<op>_mlp_weights.npz); "
                 f"train one with: python3 train_mlp_quantile.py --op {next(iter(self.quantile_ops))}")
 
     def collective_predictor(self, job: Job):
@@ -237,7 +232,7 @@ class Engine:
 
     def _predict(self, jobs: Sequence[Job]) -> list[Prediction]:
         ops = sorted({op for job in jobs for op in job.workload.ops()}, key=list(KERNEL_CATEGORIES.values()).index)
-        # collectives first (cheap, no torch): a missing collective model fails before the MLPs are loaded
+        # collectives first (cheap): a missing collective model fails before the MLPs are loaded
         collective_of = {id(job): self.collective_predictor(job) for job in jobs if job.workload.has_communication}
         coll_ms: dict[int, tuple[np.ndarray, list[str]]] = {}
         for j, job in enumerate(jobs):
@@ -264,11 +259,10 @@ class Engine:
         # 2. one feature computation and one forward pass per operator class
         unique_ms: dict[str, np.ndarray] = {}
         optimistic_ms: dict[str, np.ndarray] = {}
-        with single_thread_inference(self.device):
-            for op, table in tables.items():
-                keys = list(table)  # dict order = row order
-                features, described = self.kernel_features(op, keys)
-                unique_ms[op], optimistic_ms[op] = self.kernel_durations(op, keys, features, described)
+        for op, table in tables.items():
+            keys = list(table)  # dict order = row order
+            features, described = self.kernel_features(op, keys)
+            unique_ms[op], optimistic_ms[op] = self.kernel_durations(op, keys, features, described)
 
         # 3. scatter back and assemble the outputs
         out = []
@@ -389,7 +383,7 @@ class Engine:
 @contextmanager
 def gc_paused():
     """No cyclic garbage collection while the output objects are built: the thousands of small dicts
-    otherwise trigger full collections over torch's and pandas' heaps (≈ 5 ms for a 403-iteration
+    otherwise trigger full collections over the interpreter's heap (≈ 5 ms for a 403-iteration
     workload). Nothing built here is cyclic; the previous state is restored."""
     enabled = gc.isenabled()
     gc.disable()
@@ -398,24 +392,6 @@ def gc_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-@contextmanager
-def single_thread_inference(device: str):
-    """One intra-op thread for CPU inference: the batches here are small (hundreds of rows), where thread
-    start-up and contention with other processes cost far more than they save (measured: 240 ms vs 24 ms
-    for a 403-iteration workload on a busy 2-core machine)."""
-    if not str(device).startswith("cpu"):
-        yield
-        return
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 Aggregator = Engine  # the name the aggregator CLI and earlier code use

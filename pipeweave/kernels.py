@@ -10,67 +10,72 @@ accepts). The output holds every input column unchanged (extra columns pass thro
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator
 from pipeweave.cli import ArgumentParser, UserError, write_atomically
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
 
 
-def read_shapes(path: str | Path) -> pd.DataFrame:
-    """Read a CSV as text (so that pass-through columns are written back exactly as read)."""
+def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a CSV, as text (so that pass-through columns are written back exactly as read)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input CSV not found: {path}")
-    try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"{path}: empty file (expected a header row)") from None
+    with open(path, newline="", encoding="utf-8") as handle:
+        lines = list(csv.reader(handle))
+    if not lines:
+        raise UserError(f"{path}: empty file (expected a header row)")
+    header, rows = lines[0], [row for row in lines[1:] if row]  # blank lines are skipped
+    for position, row in enumerate(rows):
+        if len(row) != len(header):
+            raise UserError(f"{path}: row {position + 1} has {len(row)} fields, the header {len(header)}")
+    return header, rows
 
 
-def predict_shapes(frame: pd.DataFrame, op: str, predictor: KernelPredictor, calibration=None) -> pd.DataFrame:
-    """``frame`` plus ``predicted_us``; unknown GPUs and missing columns are errors naming the row/column.
-
-    With a ``calibration`` (pipeweave.calibration), the rows on its GPU are corrected and marked in a
-    ``calibration`` column (the file); other rows are unchanged and the column is empty there."""
+def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
+                   calibration=None) -> np.ndarray:
+    """``predicted_us`` per row; unknown GPUs and missing columns are errors naming the row/column. A
+    ``calibration`` (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is on it."""
     operator = get_operator(op)
-    missing = [c for c in (*operator.shape_columns, "hardware") if c not in frame.columns]
+    missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
     if missing:
         raise UserError(f"input lacks column(s) {', '.join(missing)} needed by --op {op} "
                         f"(shape columns: {', '.join(operator.shape_columns)}, plus hardware)")
-    registry = hardware_registry(predictor.hardware_dir)
-    hardware = frame["hardware"].astype(str).str.strip()
-    for name in pd.unique(hardware):
-        if name not in registry:
-            row = int(np.flatnonzero((hardware == name).to_numpy())[0])
-            raise UserError(f"row {row + 1} (CSV line {row + 2}): unknown GPU {name!r}; known GPUs: "
-                            f"{', '.join(registry.known())}")
-    out = frame.copy()
-    if len(frame) == 0:
-        out["predicted_us"] = pd.Series(dtype=float)
-        return out
-    columns = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in frame.columns]
-    compute = frame[columns].replace("", np.nan).assign(hardware=hardware.to_numpy())
+    index = {name: i for i, name in enumerate(header)}
+    hardware = [row[index["hardware"]].strip() for row in rows]
+    for position, name in enumerate(hardware):
+        if name not in predictor.hardware:
+            raise UserError(f"row {position + 1} (CSV line {position + 2}): unknown GPU {name!r}; known GPUs: "
+                            f"{', '.join(predictor.hardware.known())}")
+    used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
+    columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
+    if calibration is not None:
+        calibration.check_hardware([predictor.hardware.get(name).stem for name in hardware])
+    if not rows:
+        return np.zeros(0)
     try:
-        predicted = predictor.predict_frame(op, compute.reset_index(drop=True))
+        return predictor.predict_columns(op, columns, hardware, calibration)
     except ValueError as exc:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
-    out["predicted_us"] = predicted["predicted_us"].to_numpy()
-    if calibration is not None:
-        stems = np.array([registry.get(name).stem for name in hardware], dtype=object)
-        calibration.check_hardware(stems.tolist())
-        rows = np.flatnonzero(stems == calibration.hardware)
-        shapes = compute[list(operator.shape_columns)].to_numpy()[rows]
-        features = predicted[list(operator.feature_names)].to_numpy()[rows]
-        corrected = np.array(out["predicted_us"], dtype=np.float64)
-        corrected[rows] = calibration.apply(op, registry.get(calibration.hardware), corrected[rows], features, shapes)
-        out["predicted_us"] = corrected
-        out["calibration"] = np.where(stems == calibration.hardware, str(calibration.path), "")
-    return out
+
+
+def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray,
+                      calibrated: list[str] | None = None) -> None:
+    """The input rows unchanged plus a ``predicted_us`` column (and, with a calibration, a ``calibration`` column
+    naming its file on the rows it corrected)."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        if calibrated is None:
+            writer.writerow([*header, "predicted_us"])
+            writer.writerows([*row, repr(float(us))] for row, us in zip(rows, predicted_us))
+        else:
+            writer.writerow([*header, "predicted_us", "calibration"])
+            writer.writerows([*row, repr(float(us)), mark] for row, us, mark in zip(rows, predicted_us, calibrated))
 
 
 def build_parser() -> ArgumentParser:
@@ -83,23 +88,26 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="root of the trained MLPs")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     parser.add_argument("--calibration", default=None, metavar="JSON",
                         help="a calibration written by calibrate.py: corrects the rows of its GPU (column "
-                             "'calibration' names the file); refused if no row is on that GPU")
+                             "'calibration' names the file); refused if no row is on that GPU (default: none)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    frame = read_shapes(args.input)
-    calibration = None
+    header, rows = read_shapes(args.input)
+    predictor = KernelPredictor(args.model_dir, args.hardware_dir)
+    calibration, calibrated = None, None
     if args.calibration:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    predictor = KernelPredictor(args.model_dir, args.device, args.hardware_dir)
-    out = predict_shapes(frame, args.op, predictor, calibration)
-    write_atomically(args.output, lambda tmp: out.to_csv(tmp, index=False))
-    print(f"Predicted {len(out)} {args.op} kernels -> {args.output}")
+    predicted = predict_shapes(header, rows, args.op, predictor, calibration)
+    if calibration is not None:
+        index = header.index("hardware")
+        calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
+                      else "" for row in rows]
+    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, calibrated))
+    print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
     return 0

@@ -15,10 +15,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analytical_model.registry import get_operator, model_inputs
+from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
-from mlp_model import HIDDEN_DIMS, checkpoint_path, count_parameters, predict_efficiency
+from pipeweave.mlp import checkpoint_path, model_inputs, weights_path
 from pipeweave.paths import DATASET_DIR
+from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency
 from pipeweave.splits import shape_keys
 from pipeweave.training import TrainConfig, fit
 
@@ -160,6 +161,7 @@ def write_model_dir(
         state["val_loss"] = history["best_val_loss"]
     torch.save(state, checkpoint_path(out_dir, op))
     names = list(input_names(op, config))
+    export_weights(model, names, weights_path(out_dir, op))  # what prediction reads, without torch
     metadata = {
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "model_info": {

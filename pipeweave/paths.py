@@ -1,4 +1,13 @@
-"""Where things are: the repository's folders and the shared measurement data (one definition each).
+"""Where things are: the shipped data, the repository's folders and the shared measurement data (one definition
+each).
+
+**Shipped data** (GPU spec sheets, model configs, traces, workloads, trained models): in a repository checkout the
+checkout's folders (``hardware/``, ``config/``, ``mlp_models/``, ...); an installed copy (``pip install .``)
+carries the same folders as package data under ``pipeweave/_data/`` (see ``pyproject.toml``), which is used when
+present. ``PIPEWEAVE_DATA_ROOT`` overrides both, e.g. to point an installed copy at a checkout with retrained
+models.
+
+**Checkout-only folders** (datasets, docs, end-to-end results) are under the repository root.
 
 The shared data folder is ``$PIPEWEAVE_SHARED_DATA`` if set, else ``shared/data`` beside the repository; it holds
 the public measurements the dataset builder, the collective models and the end-to-end comparison read in place
@@ -9,16 +18,31 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_HARDWARE_DIR = REPO_ROOT / "hardware"
-DEFAULT_CONFIG_DIR = REPO_ROOT / "config"
-DEFAULT_WORKLOAD_DIR = REPO_ROOT / "workload"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+INSTALLED_DATA_ROOT = PACKAGE_DIR / "_data"
+
+
+def data_root() -> Path:
+    override = os.environ.get("PIPEWEAVE_DATA_ROOT")
+    if override:
+        return Path(override)
+    return INSTALLED_DATA_ROOT if INSTALLED_DATA_ROOT.is_dir() else REPO_ROOT
+
+
+DATA_ROOT = data_root()
+DEFAULT_HARDWARE_DIR = DATA_ROOT / "hardware"
+DEFAULT_CONFIG_DIR = DATA_ROOT / "config"
+DEFAULT_WORKLOAD_DIR = DATA_ROOT / "workload"
 DEFAULT_TRACE_DIR = DEFAULT_WORKLOAD_DIR / "traces"
+DEFAULT_MODEL_DIR = DATA_ROOT / "mlp_models"
+DEFAULT_QUANTILE_DIR = DATA_ROOT / "mlp_models_quantile"
+DEFAULT_COLLECTIVE_DIR = DATA_ROOT / "collective_models"
+# the generator writes beside the shipped workloads in a checkout; never into an installed package
+DEFAULT_WORKLOAD_OUTPUT_DIR = Path("workload") if DATA_ROOT == INSTALLED_DATA_ROOT else DEFAULT_WORKLOAD_DIR
+
 DATASET_DIR = REPO_ROOT / "dataset"
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
-DEFAULT_MODEL_DIR = REPO_ROOT / "mlp_models"
-DEFAULT_QUANTILE_DIR = REPO_ROOT / "mlp_models_quantile"
-DEFAULT_COLLECTIVE_DIR = REPO_ROOT / "collective_models"
 DOCS_DIR = REPO_ROOT / "docs"
 E2E_DIR = REPO_ROOT / "e2e"
 SHARED_DATA_ENV = "PIPEWEAVE_SHARED_DATA"

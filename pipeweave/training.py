@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlp_model import DROPOUT, build_model
+from pipeweave.torch_mlp import DROPOUT, build_model
 from pipeweave.splits import group_ids
 
 RECIPES = ("pipeweave", "reference", "quantile")

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeweave.cli import UserError
-from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR, DEFAULT_WORKLOAD_DIR
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+from pipeweave.paths import DEFAULT_WORKLOAD_OUTPUT_DIR as DEFAULT_OUTPUT_DIR
 from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
-
-DEFAULT_OUTPUT_DIR = DEFAULT_WORKLOAD_DIR
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"

@@ -393,7 +393,7 @@ def test_cli_missing_model_names_file_and_training_command(tmp_path):
     out = tmp_path / "out.json"
     proc = run_aggregator("--workload", small(TP1, tmp_path, 3), "--hardware", "A100", "--model_dir",
                           tmp_path / "nothing", "--output", out)
-    assert_cli_error(proc, "gemm_mlp_model.pth", "python3 train_mlp.py --op gemm", output=out)
+    assert_cli_error(proc, "gemm_mlp_weights.npz", "python3 train_mlp.py --op gemm", output=out)
 
 
 def test_cli_sweep_needs_output_directory(models, tmp_path):
@@ -443,7 +443,7 @@ def test_predict_kernels_unknown_gpu_names_row(models, tmp_path):
 @pytest.mark.data
 def test_paper_workload_with_trained_models(tmp_path):
     missing = [op for op in ("gemm", "attn", "rmsnorm", "siluandmul")
-               if not list((REPO / "mlp_models" / op).glob(f"*/{op}_mlp_model.pth"))]
+               if not list((REPO / "mlp_models" / op).glob(f"*/{op}_mlp_weights.npz"))]
     if missing:
         pytest.skip(f"no trained models in mlp_models/ for {', '.join(missing)}")
     agg = Aggregator(log=None)

@@ -55,9 +55,10 @@ def test_committed_models_exist_small_and_documented():
         gpu_dir = DEFAULT_COLLECTIVE_DIR / stem
         meta = json.loads((gpu_dir / "metadata.json").read_text())
         assert meta["hardware"] == stem
-        for path in gpu_dir.glob("*.joblib"):
+        assert not list(gpu_dir.glob("*.joblib")), "shipped models are JSON (read without scikit-learn/joblib)"
+        for path in gpu_dir.glob("*_model.json"):
             assert path.stat().st_size < MAX_MODEL_BYTES, f"{path} is {path.stat().st_size} bytes"
-            kind = path.name.removesuffix("_model.joblib")
+            kind = path.name.removesuffix("_model.json")
             assert kind in meta["kinds"], path
             info = meta["kinds"][kind]
             assert info["heldout"]["model"]["mean_abs_pct_error"] < 10, (stem, kind)
@@ -181,7 +182,7 @@ def test_metadata_and_precedence(tmp_path):
     info = meta["kinds"]["all_reduce"]
     assert info["worker_counts"] == [2, 4, 8, 16]
     assert info["by_workers"]["8"]["rows"] == 20 and info["by_workers"]["8"]["max_size_bytes"] == 2**29
-    assert info["file_bytes"] == (tmp_path / "H100" / "all_reduce_model.joblib").stat().st_size
+    assert info["file_bytes"] == (tmp_path / "H100" / "all_reduce_model.json").stat().st_size
     pred = CollectivePredictor("H100", model_dir=tmp_path)
     assert pred.predict_ms("all_reduce", 64 * MiB, 4) == pytest.approx(0.02 + 1.5 * 64 * MiB / 1e8, rel=0.01)  # 2(n-1)/n
 
@@ -209,9 +210,12 @@ def test_forest_regressors_and_determinism(tmp_path):
     interp = heldout_errors(frame, "all_reduce", "H100", "interp")
     assert interp["mean_abs_pct_error"] < 1.0
     i1 = fit_model(frame, "all_reduce", "H100")
-    save_model(i1, tmp_path / "x.joblib")
-    i2 = load_model(tmp_path / "x.joblib")
-    np.testing.assert_array_equal(model_predict_ms(i1, sizes, 2), model_predict_ms(i2, sizes, 2))
+    for name in ("x.joblib", "x.json"):  # the JSON export predicts exactly what the fitted model does
+        save_model(i1, tmp_path / name)
+        i2 = load_model(tmp_path / name)
+        np.testing.assert_array_equal(model_predict_ms(i1, sizes, 2), model_predict_ms(i2, sizes, 2))
+    with pytest.raises(ValueError, match="only the interp model"):
+        save_model(a, tmp_path / "forest.json")
 
 
 def test_analytical_formula():
@@ -287,3 +291,15 @@ def test_heldout_error_beats_reference_forest(collectives):
     ours = heldout_errors(g, "send_recv", "H800", "interp")
     reference = heldout_errors(g, "send_recv", "H800", "reference_rf")
     assert ours["mean_abs_pct_error"] < reference["mean_abs_pct_error"], (ours, reference)
+
+
+def test_retraining_with_another_regressor_replaces_the_model_file(tmp_path):
+    """interp writes JSON, forests joblib; switching regressors must not leave the other file to be picked up."""
+    frame = _synthetic(workers=(2, 4))
+    train_collectives(output_dir=tmp_path, frame=frame, regressor="rf", n_estimators=3, max_depth=4, compare=False,
+                      log=_quiet)
+    assert sorted(p.name for p in (tmp_path / "H100").glob("*_model.*")) == ["all_reduce_model.joblib"]
+    assert CollectivePredictor("H100", model_dir=tmp_path).models["all_reduce"]["regressor"] == "rf"
+    train_collectives(output_dir=tmp_path, frame=frame, compare=False, log=_quiet)
+    assert sorted(p.name for p in (tmp_path / "H100").glob("*_model.*")) == ["all_reduce_model.json"]
+    assert CollectivePredictor("H100", model_dir=tmp_path).models["all_reduce"]["regressor"] == "interp"

@@ -1,0 +1,95 @@
+"""The Python API for other tools: predict a workload, or a batch of kernels, on a GPU.
+
+Both functions need only the base install (numpy; no torch) and the shipped models. Models are loaded on the
+first call and kept for later calls with the same directories.
+
+>>> import pipeweave
+>>> result = pipeweave.predict_workload("Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2", "H100")
+>>> sorted(result["summary"])
+['decode_avg_duration_ms', 'decode_total_duration_ms', 'prefill_duration_ms', 'total_duration_ms']
+>>> result["tp_size"], result["pp_size"], len(result["iterations"])
+(4, 2, 403)
+
+>>> us = pipeweave.predict_kernels("gemm", {"M": [1, 4096], "N": [8192, 8192], "K": [8192, 8192]}, "H100")
+>>> us.shape, bool(us[0] < us[1])
+((2,), True)
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from pipeweave import paths
+
+
+@lru_cache(maxsize=8)
+def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_estimate: str, quantile_dir: str | None):
+    from pipeweave.engine import Engine
+
+    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
+                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=None)
+
+
+@lru_cache(maxsize=8)
+def _kernel_predictor(model_dir: str, hardware_dir: str):
+    from pipeweave.predictor import KernelPredictor
+
+    return KernelPredictor(model_dir, hardware_dir)
+
+
+def predict_workload(
+    workload,
+    hardware: str,
+    *,
+    collective_hardware: str | None = None,
+    collective_estimate: str = "model",
+    quantiles: bool = False,
+    model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
+    quantile_dir: str | Path = paths.DEFAULT_QUANTILE_DIR,
+    hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
+    collective_dir: str | Path = paths.DEFAULT_COLLECTIVE_DIR,
+) -> dict:
+    """End-to-end latency of one workload on one GPU: the object ``pipeweave-aggregate`` writes (docs/METHOD.md §7.5).
+
+    ``workload`` is a workload JSON file, the stem of a shipped workload (``workload/<stem>.json``), the parsed JSON
+    object (a dict) or a :class:`pipeweave.schema.Workload`. ``hardware`` is a GPU name (file stem such as
+    ``"H100"``, driver name, or aiconfigurator key). ``collective_hardware``, ``collective_estimate`` (``"model"``
+    or ``"analytical"``) and ``quantiles`` (adds ``summary.optimistic_*``) are the aggregator's flags of the same
+    names. The result's ``summary`` holds ``prefill_duration_ms``, ``decode_avg_duration_ms``,
+    ``decode_total_duration_ms`` and ``total_duration_ms``. For many calls on in-memory iterations (a serving
+    simulator), :class:`pipeweave.engine.Engine` offers ``iteration_ms`` and calibration.
+
+    Raises ``FileNotFoundError`` / ``ValueError`` (an unknown GPU lists the known ones; a malformed workload names
+    the iteration and field; a missing model names the file).
+    """
+    from pipeweave.flatten import parse_workload
+
+    engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
+                     str(quantile_dir) if quantiles else None)
+    if isinstance(workload, Mapping):
+        workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
+    return engine.predict_workload(workload, hardware, collective_hardware)
+
+
+def predict_kernels(
+    op: str,
+    shapes: Mapping[str, Sequence],
+    hardware: str | Sequence[str],
+    *,
+    model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
+    hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
+) -> np.ndarray:
+    """Predicted duration in µs of each kernel (row) of ``shapes`` on ``hardware`` (one name, or one per row).
+
+    ``op`` is a registry operator (``python3 -m analytical_model list``: ``gemm``, ``gemm_fp8``, ``attn``,
+    ``rmsnorm``, ``siluandmul``, ``moe``); ``shapes`` maps its shape columns to equal-length sequences, as the
+    ``predict_kernels`` CSV does (gemm: ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh, nkv,
+    hd`` with per-request lists; ...). No pandas needed.
+    """
+    rows = len(next(iter(shapes.values()))) if shapes else 0
+    names = [hardware] * rows if isinstance(hardware, str) else list(hardware)
+    return _kernel_predictor(str(model_dir), str(hardware_dir)).predict_columns(op, shapes, names)

@@ -1,0 +1,58 @@
+"""Console scripts of the installed package (``[project.scripts]`` in pyproject.toml).
+
+Each runs an existing command's ``main`` under :func:`pipeweave.cli.run_cli` (one ``error:`` line and exit
+status 2 on a bad flag or input). The command's module is imported only when it runs, so that ``--help`` of a
+prediction command never imports the training stack.
+"""
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+from pathlib import Path
+
+from pipeweave.cli import run_cli
+
+#: top-level modules that only the training extras install
+TRAINING_MODULES = {"torch", "sklearn", "joblib", "pandas", "tqdm", "matplotlib", "aiconfigurator"}
+
+
+def _run(module: str, function: str = "main") -> int:
+    """Run ``module.function`` as a command; a missing training extra is one error line, not a traceback."""
+    try:
+        return run_cli(getattr(import_module(module), function))
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TRAINING_MODULES:
+            raise
+        print(f"{Path(sys.argv[0]).name}: error: this command needs the training extras "
+              f"(pip install 'pipeweave[train]'; module {exc.name!r} is missing)", file=sys.stderr)
+        return 2
+
+
+def aggregate() -> int:
+    """pipeweave-aggregate: end-to-end latency of workloads on GPUs (aggregator.py)."""
+    return _run("pipeweave.aggregate")
+
+
+def predict_kernels() -> int:
+    """pipeweave-predict-kernels: kernel durations for a CSV of shapes (predict_kernels.py)."""
+    return _run("pipeweave.kernels")
+
+
+def generate_workload() -> int:
+    """pipeweave-generate-workload: workload JSON from a model config and a trace (workload_generator.py)."""
+    return _run("pipeweave.generate_cli")
+
+
+def features() -> int:
+    """pipeweave-features: analytical features of a CSV of shapes (python3 -m analytical_model features)."""
+    return _run("analytical_model.__main__")
+
+
+def export_mlp() -> int:
+    """pipeweave-export-mlp: numpy weight files beside torch checkpoints (training extras)."""
+    return _run("pipeweave.torch_mlp")
+
+
+def compare() -> int:
+    """pipeweave-compare {summarize-real,static,vllm}: predictions against measured runs (training extras)."""
+    return _run("pipeweave.compare")

@@ -1,0 +1,158 @@
+"""The efficiency MLPs at prediction time: a numpy forward pass over exported weights (no torch).
+
+Training (:mod:`pipeweave.torch_mlp`, torch) writes, beside each checkpoint ``<op>_mlp_model.pth``, an exported
+weight file ``<op>_mlp_weights.npz`` that this module reads. Its arrays (all float32 unless noted):
+
+=========================== ===================================================================================
+``format``                  ``"pipeweave-mlp-v1"`` (string)
+``architecture``            ``"MLP"`` (sigmoid output: efficiency) or ``"MLP_v2"`` (log-efficiency output)
+``input_transform``         ``"log1p(float32(x))"`` (string): features are cast to float32, then log1p
+``features``                the input feature names, in order (strings; the same as ``metadata.json``)
+``num_layers``              number of linear layers L (int; 4 for the shipped models)
+``linear{i}.weight/.bias``  layer i's weight (out, in) and bias, i = 0 .. L-1
+``bn{i}.mean/.var/.weight`` the batch norm after layer i's ReLU (i < L-1): running mean and variance,
+``bn{i}.bias/.eps``         affine weight and bias, and eps (float64), as trained (not folded)
+``log_bounds``              MLP_v2 only: [low, high] clamp of the predicted log-efficiency
+=========================== ===================================================================================
+
+Forward (eval mode; dropout is the identity): ``h = x``; for each hidden layer ``h = bn(relu(W h + b))`` with
+``bn(z) = (z - mean) / sqrt(var + eps) * weight + bias``; then ``y = W h + b`` of the last layer. Efficiency is
+``sigmoid(y)`` for ``MLP`` and ``exp(clip(y, *log_bounds))`` for ``MLP_v2`` (docs/METHOD.md §5.1).
+:class:`NumpyMLP` folds each batch norm into the following linear layer when it loads (in float64: exact to
+rounding), which halves the work of the pass, and runs the pass in float64. It equals the torch model evaluated in
+float64 to ~1e-14 relative, and torch's float32 pass to float32 rounding (≤ ~1e-5; tests/test_runtime.py).
+
+A model directory ``<root>/<op>/<timestamp>/`` holds the weight file and ``metadata.json``; :func:`load_model_dir`
+checks that the two agree.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+WEIGHTS_FORMAT = "pipeweave-mlp-v1"
+INPUT_TRANSFORM = "log1p(float32(x))"
+CHECKPOINT_SUFFIX = "_mlp_model.pth"
+WEIGHTS_SUFFIX = "_mlp_weights.npz"
+
+
+def checkpoint_path(model_dir: str | Path, op: str) -> Path:
+    """The torch checkpoint a training run writes (read only by the training extras)."""
+    return Path(model_dir) / f"{op}{CHECKPOINT_SUFFIX}"
+
+
+def weights_path(model_dir: str | Path, op: str) -> Path:
+    """The exported weights the numpy forward pass reads."""
+    return Path(model_dir) / f"{op}{WEIGHTS_SUFFIX}"
+
+
+@lru_cache(maxsize=1)
+def _blas_threads():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def model_inputs(features: np.ndarray) -> np.ndarray:
+    """The MLP input: log1p of the float32-cast features (docs/METHOD.md §4.1)."""
+    return np.log1p(np.asarray(features, dtype=np.float32))
+
+
+class NumpyMLP:
+    """An exported efficiency MLP; :meth:`efficiency` maps raw feature rows to ``overall_perf``."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], source: str = "<arrays>"):
+        if str(arrays.get("format", "")) != WEIGHTS_FORMAT:
+            raise ValueError(f"{source}: not a {WEIGHTS_FORMAT} weight file")
+        if str(arrays["input_transform"]) != INPUT_TRANSFORM:
+            raise ValueError(f"{source}: unsupported input transform {str(arrays['input_transform'])!r}")
+        self.source = source
+        self.architecture = str(arrays["architecture"])
+        if self.architecture not in ("MLP", "MLP_v2"):
+            raise ValueError(f"{source}: unknown architecture {self.architecture!r}; known: MLP, MLP_v2")
+        self.features = [str(name) for name in arrays["features"]]
+        count = int(arrays["num_layers"])
+        self.layers = []  # (weight (in, out), bias) in float64, each batch norm folded into the next layer
+        for i in range(count):
+            weight = arrays[f"linear{i}.weight"].astype(np.float64).T
+            bias = arrays[f"linear{i}.bias"].astype(np.float64)
+            if i:  # bn(h) = h * scale + offset  =>  bn(h) @ W + b = h @ (scale[:, None] * W) + (offset @ W + b)
+                norm = {key: arrays[f"bn{i - 1}.{key}"].astype(np.float64) for key in ("mean", "var", "weight", "bias")}
+                scale = norm["weight"] / np.sqrt(norm["var"] + float(arrays[f"bn{i - 1}.eps"]))
+                offset = norm["bias"] - norm["mean"] * scale
+                weight, bias = scale[:, None] * weight, offset @ weight + bias
+            self.layers.append((weight, bias))
+        self.log_bounds = arrays["log_bounds"].astype(np.float64) if self.architecture == "MLP_v2" else None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "NumpyMLP":
+        with np.load(path, allow_pickle=False) as data:
+            return cls({key: data[key] for key in data.files}, str(path))
+
+    @property
+    def input_dim(self) -> int:
+        return self.layers[0][0].shape[0]
+
+    def output(self, inputs: np.ndarray) -> np.ndarray:
+        """The last layer's output for transformed inputs (log1p features), one value per row."""
+        h = np.asarray(inputs, dtype=np.float64)
+        for weight, bias in self.layers[:-1]:
+            h = h @ weight
+            h += bias
+            np.maximum(h, 0.0, out=h)
+        weight, bias = self.layers[-1]
+        return (h @ weight + bias)[:, 0]
+
+    def efficiency(self, features: np.ndarray) -> np.ndarray:
+        """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
+        features = np.asarray(features)
+        if features.ndim != 2 or features.shape[1] != self.input_dim:
+            raise ValueError(f"{self.source}: expected feature rows of width {self.input_dim}, got shape "
+                             f"{features.shape}")
+        if len(features) == 0:
+            return np.zeros(0, dtype=np.float64)
+        # One BLAS thread: the batches are a few hundred rows, where thread start-up and contention cost far
+        # more than they save (the aggregator's 403-iteration benchmark on a busy 2-core machine: 150 ms with
+        # the default OpenBLAS threads, 47 ms with one).
+        with _blas_threads().limit(limits=1, user_api="blas"):
+            y = self.output(model_inputs(features))
+        if self.log_bounds is None:  # sigmoid(y) = exp(-log(1 + exp(-y))), without overflow for very negative y
+            return np.exp(-np.logaddexp(0.0, -y))
+        return np.exp(np.clip(y, self.log_bounds[0], self.log_bounds[1]))
+
+
+def latest_model_dir(root: str | Path, op: str) -> Path:
+    """The lexicographically last timestamp directory under ``root/op`` that holds exported weights."""
+    base = Path(root) / op
+    candidates = sorted(d for d in base.glob("*") if d.is_dir() and weights_path(d, op).is_file())
+    if candidates:
+        return candidates[-1]
+    unexported = sorted(d for d in base.glob("*") if d.is_dir() and checkpoint_path(d, op).is_file())
+    if unexported:
+        raise FileNotFoundError(
+            f"{unexported[-1]} has a torch checkpoint but no exported {weights_path(unexported[-1], op).name}; "
+            f"export it with: pipeweave-export-mlp {base.parent} (needs the training extras)")
+    raise FileNotFoundError(
+        f"no trained {op} model under {base} (expected {base}/<timestamp>/{op}{WEIGHTS_SUFFIX}); "
+        f"train one with: python3 train_mlp.py --op {op}")
+
+
+def read_metadata(model_dir: str | Path) -> dict:
+    meta_path = Path(model_dir) / "metadata.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path} is missing (every model directory needs its metadata.json)")
+    return json.loads(meta_path.read_text())
+
+
+def load_model_dir(model_dir: str | Path, op: str) -> tuple[NumpyMLP, dict]:
+    """The exported model of a directory and its metadata (their architecture and features must agree)."""
+    metadata = read_metadata(model_dir)
+    model = NumpyMLP.load(weights_path(model_dir, op))
+    info = metadata["model_info"]
+    if model.architecture != info.get("architecture", "MLP") or model.features != list(info["features"]):
+        raise ValueError(f"{model.source} does not match {Path(model_dir) / 'metadata.json'} (architecture or "
+                         f"features differ); re-export it with: pipeweave-export-mlp {Path(model_dir).parent.parent}")
+    return model, metadata

@@ -1,0 +1,198 @@
+"""The efficiency MLPs as torch modules (docs/METHOD.md §5.1): training, checkpoints and weight export.
+
+* ``MLP``: input d → [Linear → ReLU → BatchNorm1d → Dropout(0.1)] × (256, 128, 64) → Linear(64, 1) →
+  Sigmoid; predicts ``overall_perf`` in (0, 1). The reference recipe.
+* ``MLP_v2``: the same body without the sigmoid; pipeweave trains it on log(overall_perf), which
+  removes the sigmoid's saturation for the element-wise operators (quirk §11.2.12).
+
+Layer positions inside ``network`` follow the artifact (linear 0, 4, 8, 12; batch norms 2, 6, 10).
+
+A model directory ``mlp_models/<op>/<timestamp>/`` holds the checkpoint ``<op>_mlp_model.pth``, the exported
+weights ``<op>_mlp_weights.npz`` that prediction reads without torch (format: :mod:`pipeweave.mlp`) and
+``metadata.json``; ``load_model_dir`` reads the input size, architecture and target transform from the metadata
+instead of hard-coding them (quirk §11.2.15). Needs the training extras (``pip install '.[train]'``).
+
+    pipeweave-export-mlp mlp_models mlp_models_quantile     # (re-)export every checkpoint under the roots
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeweave.mlp import (CHECKPOINT_SUFFIX, INPUT_TRANSFORM, WEIGHTS_FORMAT, checkpoint_path, read_metadata,
+                           weights_path)
+
+HIDDEN_DIMS = (256, 128, 64)
+DROPOUT = 0.1
+
+
+def _body(input_dim: int, hidden_dims=HIDDEN_DIMS, dropout: float = DROPOUT) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    width = input_dim
+    for hidden in hidden_dims:
+        layers += [nn.Linear(width, hidden), nn.ReLU(), nn.BatchNorm1d(hidden), nn.Dropout(dropout)]
+        width = hidden
+    layers.append(nn.Linear(width, 1))
+    return layers
+
+
+class MLP(nn.Module):
+    """Efficiency in (0, 1) through a sigmoid (the reference model)."""
+
+    target_transform = "identity"
+
+    def __init__(self, input_dim: int, hidden_dims=HIDDEN_DIMS, dropout: float = DROPOUT):
+        super().__init__()
+        self.network = nn.Sequential(*_body(input_dim, hidden_dims, dropout), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x).squeeze(-1)
+
+    def efficiency(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+
+class MLP_v2(nn.Module):  # noqa: N801 - the artifact's name
+    """Unbounded output; pipeweave trains it to predict log(overall_perf).
+
+    ``log_bounds`` (saved with the weights) clamps the predicted log-efficiency at inference to the
+    training targets' range widened by ``BOUND_MARGIN`` on each side: an unbounded network fed shapes or
+    GPUs far from its data can otherwise extrapolate to efficiencies of 1e-20 or 1e20 (seen in a
+    leave-one-GPU-out run before the clamp). The sigmoid of ``MLP`` plays this role in the reference.
+    """
+
+    target_transform = "log"
+    BOUND_MARGIN = float(np.log(4.0))
+
+    def __init__(self, input_dim: int, hidden_dims=HIDDEN_DIMS, dropout: float = DROPOUT):
+        super().__init__()
+        self.network = nn.Sequential(*_body(input_dim, hidden_dims, dropout))
+        self.register_buffer("log_bounds", torch.tensor([-float("inf"), float("inf")]))
+
+    def set_target_range(self, log_targets: torch.Tensor) -> None:
+        self.log_bounds.copy_(torch.stack([log_targets.min() - self.BOUND_MARGIN, log_targets.max() + self.BOUND_MARGIN]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x).squeeze(-1)
+
+    def efficiency(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(torch.clamp(self.forward(x), self.log_bounds[0], self.log_bounds[1]))
+
+
+ARCHITECTURES = {"MLP": MLP, "MLP_v2": MLP_v2}
+
+
+def build_model(architecture: str, input_dim: int, dropout: float = DROPOUT) -> nn.Module:
+    try:
+        return ARCHITECTURES[architecture](input_dim, dropout=dropout)
+    except KeyError:
+        raise ValueError(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}") from None
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple[nn.Module, dict]:
+    """Load a torch checkpoint and its metadata; the model is in eval mode on ``device``."""
+    metadata = read_metadata(model_dir)
+    params = metadata["model_info"]["model_parameters"]
+    architecture = metadata["model_info"].get("architecture", "MLP")
+    model = build_model(architecture, int(params["input_dim"]), dropout=float(params.get("dropout_rate", DROPOUT)))
+    state = torch.load(checkpoint_path(model_dir, op), map_location=device, weights_only=True)
+    model.load_state_dict(state["model_state_dict"])
+    model.to(device).eval()
+    return model, metadata
+
+
+@torch.no_grad()
+def predict_efficiency(model: nn.Module, inputs: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """overall_perf for log1p feature rows (float32), in eval mode, one batched forward pass."""
+    if len(inputs) == 0:
+        return np.zeros(0, dtype=np.float64)
+    x = torch.as_tensor(np.ascontiguousarray(inputs, dtype=np.float32), device=device)
+    return model.efficiency(x).double().cpu().numpy()
+
+
+def exported_arrays(model: nn.Module, features: list[str]) -> dict[str, np.ndarray]:
+    """The arrays of the numpy weight file (format in :mod:`pipeweave.mlp`) for an MLP / MLP_v2."""
+    linears = [m for m in model.network if isinstance(m, nn.Linear)]
+    norms = [m for m in model.network if isinstance(m, nn.BatchNorm1d)]
+    if len(norms) != len(linears) - 1 or linears[0].in_features != len(features):
+        raise ValueError(f"cannot export {type(model).__name__}: expected linear/batch-norm blocks over "
+                         f"{len(features)} features")
+    arrays = {"format": np.array(WEIGHTS_FORMAT), "architecture": np.array(type(model).__name__),
+              "input_transform": np.array(INPUT_TRANSFORM), "features": np.array(features),
+              "num_layers": np.array(len(linears))}
+
+    def numpy(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().cpu().numpy().astype(np.float32)
+
+    for i, linear in enumerate(linears):
+        arrays[f"linear{i}.weight"], arrays[f"linear{i}.bias"] = numpy(linear.weight), numpy(linear.bias)
+    for i, norm in enumerate(norms):
+        arrays.update({f"bn{i}.mean": numpy(norm.running_mean), f"bn{i}.var": numpy(norm.running_var),
+                       f"bn{i}.weight": numpy(norm.weight), f"bn{i}.bias": numpy(norm.bias),
+                       f"bn{i}.eps": np.array(norm.eps, dtype=np.float64)})
+    if hasattr(model, "log_bounds"):
+        arrays["log_bounds"] = numpy(model.log_bounds)
+    return arrays
+
+
+def export_weights(model: nn.Module, features: list[str], path: str | Path) -> Path:
+    """Write the numpy weight file of ``model`` (atomically)."""
+    from pipeweave.cli import write_atomically
+
+    arrays = exported_arrays(model, list(features))
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a file object: np.savez would append .npz to a path
+            np.savez(handle, **arrays)
+
+    write_atomically(path, write)
+    Path(path).chmod(0o644)
+    return Path(path)
+
+
+def export_model_dir(model_dir: str | Path, op: str) -> Path:
+    """Export the checkpoint of one model directory beside it."""
+    model, metadata = load_model_dir(model_dir, op)
+    return export_weights(model, metadata["model_info"]["features"], weights_path(model_dir, op))
+
+
+def export_roots(roots: list[str | Path], log=print) -> list[Path]:
+    """Export every ``<root>/<op>/<timestamp>/<op>_mlp_model.pth`` under the roots; returns the written files."""
+    written = []
+    for root in map(Path, roots):
+        if not root.is_dir():
+            raise FileNotFoundError(f"model root not found: {root}")
+        for checkpoint in sorted(root.glob(f"*/*/*{CHECKPOINT_SUFFIX}")):
+            op = checkpoint.parent.parent.name
+            if checkpoint.name == checkpoint_path(checkpoint.parent, op).name:
+                written.append(export_model_dir(checkpoint.parent, op))
+                log(f"exported {written[-1]}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeweave.cli import ArgumentParser
+
+    parser = ArgumentParser(prog="pipeweave-export-mlp",
+                            description="Write the numpy weight file (<op>_mlp_weights.npz) beside every torch "
+                                        "checkpoint under the given model roots (training does this itself).")
+    parser.add_argument("roots", nargs="+", help="model roots such as mlp_models mlp_models_quantile")
+    args = parser.parse_args(argv)
+    if not export_roots(args.roots):
+        raise FileNotFoundError(f"no <op>/<timestamp>/<op>{CHECKPOINT_SUFFIX} under {', '.join(args.roots)}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from pipeweave.cli import run_cli
+
+    sys.exit(run_cli(main))

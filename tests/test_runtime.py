@@ -1,0 +1,238 @@
+"""The lean prediction runtime: exported numpy weights, no torch / scikit-learn on the prediction path, the
+Python API, and an installed copy that finds its data outside the checkout."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir, model_inputs, weights_path
+from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = [(root, op) for root in (DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR)
+           for op in sorted(p.name for p in root.iterdir() if p.is_dir())]
+
+# Shapes per operator (several GPUs each) whose registry features feed the shipped models.
+SHAPES = {
+    "gemm": ({"M": [1, 16, 128, 1024, 8192, 3], "N": [8192, 1024, 4096, 8192, 28672, 5120],
+              "K": [8192, 4096, 1024, 28672, 8192, 5120]}, ("H100", "A100", "L40S")),
+    "gemm_fp8": ({"M": [1, 64, 2048, 8192], "N": [4096, 8192, 1024, 28672], "K": [4096, 1024, 8192, 8192]},
+                 ("H100", "L40S", "B200")),
+    "attn": ({"attention_type": ["fa2_paged", "fa2_paged", "fa3_ragged", "fa2_ragged"], "bs": [1, 4, 2, 1],
+              "q_lengths": ["[1]", "[1,1,1,1]", "[512,2048]", "[4096]"],
+              "kv_lengths": ["[1024]", "[100,2000,4000,8000]", "[512,2048]", "[4096]"],
+              "nh": [64, 16, 32, 8], "nkv": [8, 2, 8, 8], "hd": [128, 128, 128, 64]}, ("H100", "A100")),
+    "rmsnorm": ({"seq": [1, 64, 4096, 32768], "dim": [5120, 8192, 4096, 1024]}, ("A100", "H100", "A40")),
+    "siluandmul": ({"seq": [1, 64, 4096, 32768], "dim": [27648, 14336, 7168, 1024]}, ("A100", "H100", "A40")),
+    "moe": ({"weight_type": ["layer", "w13", "w2", "layer"], "M": [1, 64, 1024, 8192], "E": [8, 64, 8, 128],
+             "topk": [2, 8, 2, 8], "H": [4096, 2048, 4096, 7168], "N": [896, 768, 14336, 2048]}, ("H100", "H200")),
+}
+
+
+def feature_rows(op: str, names: list[str]) -> np.ndarray:
+    """The model inputs of ``SHAPES[op]`` on each of its GPUs, as the predictor computes them."""
+    pd = pytest.importorskip("pandas", reason="the registry's feature functions take DataFrames")
+    from analytical_model.registry import compute_features
+
+    columns, gpus = SHAPES[op]
+    frame = pd.concat([pd.DataFrame(columns).assign(hardware=gpu) for gpu in gpus], ignore_index=True)
+    return compute_features(op, frame)[names].to_numpy(np.float64)
+
+
+@pytest.mark.parametrize("root,op", SHIPPED, ids=[f"{root.name}-{op}" for root, op in SHIPPED])
+def test_numpy_forward_equals_torch_on_shipped_models(root, op):
+    torch = pytest.importorskip("torch", reason="the torch reference needs the training extras")
+    from pipeweave import torch_mlp
+
+    directory = latest_model_dir(root, op)
+    model, metadata = load_model_dir(directory, op)
+    reference, _ = torch_mlp.load_model_dir(directory, op)
+    x = feature_rows(op, metadata["model_info"]["features"])
+    got = model.efficiency(x)
+    with torch.no_grad():  # the same network evaluated in double precision
+        exact = reference.double().efficiency(torch.as_tensor(model_inputs(x), dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=0)
+    # against torch's float32 pass (what prediction ran before): float32 rounding noise only
+    float32 = torch_mlp.predict_efficiency(reference.float(), model_inputs(x))
+    np.testing.assert_allclose(got, float32, rtol=2e-5, atol=0)
+    assert len(np.unique(got)) > len(got) // 2  # the inputs really differ
+
+
+def test_export_roundtrip_both_architectures(tmp_path):
+    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    from pipeweave.torch_mlp import build_model, export_weights
+
+    torch.manual_seed(0)
+    names = [f"f{i}" for i in range(5)]
+    x = np.random.default_rng(0).uniform(0, 1e4, (64, 5))
+    for architecture in ("MLP", "MLP_v2"):
+        model = build_model(architecture, len(names))
+        with torch.no_grad():  # non-trivial batch-norm statistics and bounds
+            for module in model.network:
+                if isinstance(module, torch.nn.BatchNorm1d):
+                    module.running_mean.uniform_(-1, 1)
+                    module.running_var.uniform_(0.5, 2)
+                    module.weight.uniform_(0.5, 1.5)
+                    module.bias.uniform_(-0.5, 0.5)
+            if architecture == "MLP_v2":
+                model.set_target_range(torch.tensor([-3.0, -0.2]))
+        model.eval()
+        path = export_weights(model, names, tmp_path / f"{architecture}.npz")
+        exported = NumpyMLP.load(path)
+        assert exported.architecture == architecture and exported.features == names
+        with torch.no_grad():
+            exact = model.double().efficiency(torch.as_tensor(model_inputs(x), dtype=torch.float64)).numpy()
+        np.testing.assert_allclose(exported.efficiency(x), exact, rtol=1e-9, atol=0)
+        if architecture == "MLP_v2":  # the clamp is applied
+            assert exported.efficiency(x).min() >= np.exp(-3.0) * (1 - 1e-9)
+
+
+def test_weight_file_checks(tmp_path):
+    np.savez(tmp_path / "bad.npz", format=np.array("something else"))
+    with pytest.raises(ValueError, match="not a pipeweave-mlp-v1 weight file"):
+        NumpyMLP.load(tmp_path / "bad.npz")
+    directory = tmp_path / "gemm" / "20000101_000000"
+    directory.mkdir(parents=True)
+    (directory / "gemm_mlp_model.pth").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="pipeweave-export-mlp"):
+        latest_model_dir(tmp_path, "gemm")
+    model = NumpyMLP.load(weights_path(latest_model_dir(DEFAULT_MODEL_DIR, "gemm"), "gemm"))
+    with pytest.raises(ValueError, match="width 16"):
+        model.efficiency(np.ones((3, 4)))
+
+
+PREDICTION_SCRIPT = """
+import sys
+import pipeweave
+from pipeweave.aggregate import main
+main(["--workload", "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2", "--hardware", "H100", "--quantiles",
+      "--output", sys.argv[1]])
+pipeweave.predict_kernels("gemm", {"M": [1], "N": [1024], "K": [1024]}, "H100")
+heavy = sorted(m for m in ("torch", "sklearn", "joblib", "pandas") if m in sys.modules)
+print("heavy:", ",".join(heavy))
+"""
+
+
+def test_prediction_path_imports_no_torch_sklearn_or_pandas(tmp_path):
+    out = tmp_path / "pred.json"
+    proc = subprocess.run([sys.executable, "-c", PREDICTION_SCRIPT, str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "heavy:", proc.stdout
+    summary = json.loads(out.read_text())["summary"]
+    assert 0 < summary["optimistic_total_duration_ms"] <= summary["total_duration_ms"]
+
+
+def test_api_matches_the_aggregator_and_predict_kernels(tmp_path):
+    import pipeweave
+    from pipeweave.aggregate import main
+
+    out = tmp_path / "pred.json"
+    main(["--workload", "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1", "--hardware", "A100", "--output", str(out)])
+    written = json.loads(out.read_text())
+    assert pipeweave.predict_workload("Qwen2.5-14B_arxiv_8_fa2_tp1_pp1", "A100") == written
+    data = json.loads((REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json").read_text())
+    assert pipeweave.predict_workload(data, "NVIDIA A100-SXM4-80GB")["summary"] == written["summary"]
+    with pytest.raises(ValueError, match="known"):
+        pipeweave.predict_workload(data, "Z100")
+
+    from pipeweave.predictor import KernelPredictor
+
+    columns, _ = SHAPES["gemm"]
+    gpus = ["H100", "NVIDIA A100-SXM4-80GB"] * 3
+    us = pipeweave.predict_kernels("gemm", columns, gpus)
+    pd = pytest.importorskip("pandas")  # the frame path of the CSV-facing tools, as the reference
+    expected = KernelPredictor().predict_frame("gemm", pd.DataFrame(columns).assign(hardware=gpus))["predicted_us"]
+    np.testing.assert_allclose(us, expected.to_numpy(), rtol=1e-12)  # same pass, batched per GPU
+    assert us.shape == (6,) and np.all(us > 0)
+    np.testing.assert_array_equal(pipeweave.predict_kernels("gemm", columns, "H100"),
+                                  pipeweave.predict_kernels("gemm", columns, ["H100"] * 6))  # one name for all rows
+
+
+def test_api_docstring_examples():
+    import doctest
+
+    import pipeweave.api
+
+    result = doctest.testmod(pipeweave.api, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+def test_requirements_txt_is_the_pyproject_dependencies():
+    """CI installs requirements.txt; it must list exactly the base dependencies plus the train and test extras."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {*project["dependencies"], *(d for extra in ("train", "test")
+                                         for d in project["optional-dependencies"][extra])}
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    assert {line for line in lines if line} == wanted
+
+
+@pytest.mark.slow
+def test_installed_copy_predicts_outside_the_checkout(tmp_path):
+    """pip-install the package (no dependencies, no build isolation: offline) into a folder and predict from
+    another directory: the shipped hardware, models and workloads must come with it. Built from a clean copy of
+    the tracked files, so that no earlier build/ folder or untracked file can leak into the package."""
+    builder = subprocess.run([sys.executable, "-c", "import setuptools.command.bdist_wheel"], capture_output=True)
+    if builder.returncode != 0:  # built into setuptools since 70.1; older ones need the wheel package
+        builder = subprocess.run([sys.executable, "-c", "import setuptools, wheel"], capture_output=True)
+    if builder.returncode != 0:
+        pytest.skip("building offline (--no-build-isolation) needs setuptools >= 70.1, or setuptools with wheel")
+    source = tmp_path / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: cannot list the tracked files")
+    for name in tracked.stdout.split("\0"):
+        if name and (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(target.rglob("*.pth")), "torch checkpoints must not be installed"
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    script = ("import json, sys, pipeweave, pipeweave.paths as p; "
+              "r = pipeweave.predict_workload('Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2', 'H20'); "
+              "print(json.dumps({'root': str(p.DATA_ROOT), 'summary': r['summary']}))")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target), "HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert Path(got["root"]).is_relative_to(target)
+    expected = json.loads((REPO / "e2e" / "pipeweave_pred" / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2_H20.json")
+                          .read_text())["summary"]
+    for key, value in expected.items():
+        assert got["summary"][key] == pytest.approx(value, rel=1e-6)
+
+
+def test_console_script_without_training_extras_is_one_error_line(monkeypatch, capsys):
+    from pipeweave import commands
+
+    def missing(name):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(commands, "import_module", missing)
+    monkeypatch.setattr(sys, "argv", ["pipeweave-export-mlp"])
+    assert commands.export_mlp() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pipeweave-export-mlp: error: this command needs the training extras (pip install "
+                   "'pipeweave[train]'; module 'torch' is missing)"]
+
+
+def test_console_scripts_point_at_commands():
+    from pipeweave import commands
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "pipeweave-aggregate" in scripts and "pipeweave-predict-kernels" in scripts
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        assert module == "pipeweave.commands" and callable(getattr(commands, function)), name
