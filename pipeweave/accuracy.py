@@ -6,10 +6,11 @@ Two evaluations, both on data the evaluated model never trained on, both as the 
 * shape-held-out: the shipped model (mlp_models/<op>/<latest>/, trained on dataset/<op>_train.csv)
   on dataset/<op>_test.csv, whose shapes are absent from training on every GPU;
 * leave-one-GPU-out: for each GPU with data, a model trained with the same recipe on the other GPUs'
-  training rows (capped per GPU, see LOGO_*), evaluated on every row of the held-out GPU. These models
-  are not shipped; their results are cached per operator in docs/accuracy_logo/<op>.json
-  (``--retrain_logo`` recomputes; ``--logo_only`` computes the cache without rendering, so operators can
-  be run in parallel processes).
+  training rows (capped per GPU, see pipeweave.logo_cache), evaluated on every row of the held-out GPU.
+  These models are not shipped: they are cached under .cache/logo/ (git-ignored; retrained when the
+  dataset changes) and their results per operator in docs/accuracy_logo/<op>.json (``--retrain_logo``
+  recomputes them; ``--logo_only`` computes the cache without rendering, so operators can be run in
+  parallel processes). The few-shot calibration evaluation (pipeweave.calibration_eval) uses the same models.
 
 Beside them: the feature roofline (max of compute time at the spec peak and DRAM time at the spec
 bandwidth, from the same analytical features) and the artifact's own per-GPU figures from its
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +28,13 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.cli import ArgumentParser, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically
+from pipeweave.logo_cache import LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_predictions
+from pipeweave.modeling import dataset_paths, duration_errors, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
-from pipeweave.modeling import dataset_paths, duration_errors, load_splits, read_dataset, train_and_evaluate
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
-from pipeweave.training import TrainConfig
 
 OPS = operator_keys(trainable=True)
-LOGO_MAX_ROWS_PER_GPU = 8000
-LOGO_EPOCHS = 100
 ARTIFACT_METADATA = "pipeweave/mlp_models_metadata"
 
 
@@ -67,20 +65,17 @@ def shape_holdout_results(op: str, predictor: KernelPredictor, dataset_dir: Path
 
 
 def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
-    train_path, test_path = dataset_paths(op, dataset_dir)
-    gpus = sorted(set(read_dataset(train_path)["hardware"]) | set(read_dataset(test_path)["hardware"]))
+    """Leave-one-GPU-out errors per GPU, from the cached LOGO models (pipeweave.logo_cache trains missing ones)."""
     out = {}
+    gpus = gpus_with_data(op, dataset_dir)
     if len(gpus) < 2:
         return out
     for gpu in gpus:
-        started = time.perf_counter()
-        train, test = load_splits(op, dataset_dir, [gpu])
-        config = TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
-        _, history, predicted, _ = train_and_evaluate(op, train, test, config)
+        test, predicted, history = logo_predictions(op, gpu, dataset_dir, log=log)
         err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted)
         roof = np.abs(feature_roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
         out[gpu] = {"model": error_summary(err), "roofline": error_summary(roof), "train_rows": history["train_rows"]}
-        log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} % ({time.perf_counter() - started:.0f} s)")
+        log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} %")
     return out
 
 
@@ -167,6 +162,7 @@ def main(argv=None) -> int:
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
     text = render(results, logo, artifact_figures(existing_shared_data_dir()))
+    text = keep_marked_sections(text, args.output)  # e.g. the k-shot section (pipeweave.calibration_eval)
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
     print(f"wrote {args.output}")
     return 0

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
+from pipeweave.calibration import load_calibration
 from pipeweave.cli import UserError, write_atomically
 from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
@@ -73,6 +74,9 @@ def build_parser():
                              "latencies (summary.optimistic_*) beside the point prediction")
     parser.add_argument("--quantile_dir", default=str(DEFAULT_QUANTILE_DIR),
                         help="root of the quantile models (default: mlp_models_quantile)")
+    parser.add_argument("--calibration", default=None, metavar="JSON",
+                        help="a calibration written by calibrate.py: corrects the predictions of its GPU (only); "
+                             "refused if no requested GPU is that GPU")
     return parser
 
 
@@ -194,16 +198,25 @@ def main(argv: list[str] | None = None) -> int:
                                 f"(train with: python3 train_mlp_quantile.py --op OP)")
     if args.dataset_dir:
         print(f"Note: --dataset_dir {args.dataset_dir} is ignored (pipeweave needs no dataset at inference)")
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    if calibration is not None:
+        calibration.check_hardware([job.hardware.stem for job in jobs])
+        print(f"Calibration: {args.calibration} ({calibration.hardware})")
     engine = Engine(
         model_dir=args.model_dir,
         hardware_dir=args.hardware_dir,
         collective_dir=args.collective_dir,
         collective_estimate=args.collective_estimate,
         quantile_dir=args.quantile_dir if args.quantiles else None,
+        calibration=calibration,
     )
     started = time.perf_counter()
     predictions = engine.predict(jobs)
     elapsed = time.perf_counter() - started
+    if calibration is not None:
+        ops = {op for job in jobs if job.hardware.stem == calibration.hardware for op in job.workload.ops()}
+        for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
+            print(warning)
     for prediction, target in zip(predictions, targets):
         text = dumps_result(prediction.result)
         write_atomically(target, lambda tmp, text=text: tmp.write_text(text))

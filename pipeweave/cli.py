@@ -49,3 +49,33 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def keep_marked_sections(text: str, path: str | Path) -> str:
+    """``text`` plus the sections of the existing document at ``path`` that another generator owns.
+
+    A section runs from ``<!-- NAME:begin -->`` to ``<!-- NAME:end -->`` (e.g. the calibration evaluations in
+    docs/ACCURACY.md and docs/E2E.md); regenerating the rest of the document keeps it, at the end.
+    """
+    import re
+
+    path = Path(path)
+    if not path.is_file():
+        return text
+    old = path.read_text()
+    kept = [m.group(0) for m in re.finditer(r"<!-- ([\w-]+):begin -->.*?<!-- \1:end -->", old, flags=re.S)
+            if f"<!-- {m.group(1)}:begin -->" not in text]
+    return text.rstrip("\n") + "".join(f"\n\n{section}" for section in kept) if kept else text
+
+
+def write_marked_section(path: str | Path, name: str, section: str) -> None:
+    """Replace the section ``name`` of a generated document (see keep_marked_sections), or append it."""
+    path = Path(path)
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    section = f"{begin}\n{section.strip()}\n{end}"
+    text = path.read_text() if path.is_file() else ""
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    write_atomically(path, lambda tmp: tmp.write_text(text))

@@ -30,7 +30,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.baselines import ARTIFACT_METHODS, artifact_baselines_dir, read_artifact_baselines, shape_roofline_prediction
-from pipeweave.cli import ArgumentParser, UserError, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, keep_marked_sections, write_atomically
 from pipeweave.e2e_report import document, markdown_static, markdown_summary, markdown_vllm, plot, table_csv
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
                                      artifact_real_dir, error_summary, format_summary_csv, gpu_stem, load_real,
@@ -263,6 +263,7 @@ def main_static(argv: list[str] | None = None) -> int:
         md_path = Path(args.markdown)
         text = document(static, vllm, plot_path, md_path.resolve(), notes, _real_source(args.real_dir),
                         Path(args.pred_dir), Path(args.model_dir))
+        text = keep_marked_sections(text, md_path)  # e.g. the calibration section (pipeweave.calibration_e2e)
         write_atomically(md_path, lambda tmp: tmp.write_text(text))
         print(f"Wrote {md_path}")
     return 0

@@ -19,9 +19,11 @@ For every (workload, GPU) pair the predicted duration of each operator instance 
 * ``Engine.iteration_ms(iteration, hardware, tp_size=1)``: the duration of one
   :class:`pipeweave.schema.Iteration` (e.g. a batch of mixed prefill/decode requests of a serving simulator),
   memoised on the iteration's operators, so asking again for the same batch costs a dictionary lookup.
-* ``calibration``: an object with ``apply(kind, hardware, durations_ms) -> durations_ms`` (``kind`` is a registry
-  operator key or a collective kind), called on every kernel and collective duration before they are summed; a
-  per-GPU multiplicative correction is ``durations_ms * factor[hardware.stem]``. None = no correction.
+* ``calibration``: an object with ``apply(kind, hardware, durations_ms, features=None, shapes=None) ->
+  durations_ms`` (``kind`` is a registry operator key or a collective kind; for kernels ``features`` are the rows'
+  analytical features and ``shapes`` their shape keys), called on every kernel and collective duration before they
+  are summed, and ``record(hardware) -> dict | None``, what a prediction on that GPU records under
+  ``"calibration"`` (:class:`pipeweave.calibration.Calibration`). None = no correction.
 * A capacity check (e.g. memory) belongs before :meth:`Engine.predict`, on the :class:`Job` list: it needs the
   workload and the GPU spec, both on the job.
 
@@ -66,7 +68,10 @@ Log = Callable[[str], None]
 class Calibration(Protocol):
     """A correction of predicted durations, applied per operator class (or collective kind) and GPU."""
 
-    def apply(self, kind: str, hardware: HardwareSpec, durations_ms: np.ndarray) -> np.ndarray: ...
+    def apply(self, kind: str, hardware: HardwareSpec, durations_ms: np.ndarray, features: np.ndarray | None = None,
+              shapes: Sequence[tuple] | None = None) -> np.ndarray: ...
+
+    def record(self, hardware: HardwareSpec) -> dict | None: ...
 
 
 # ==================================================================================================
@@ -288,7 +293,11 @@ class Engine:
                 if coll_ms[j][1]:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
-            out.append(Prediction(job, build_result(job, single, best), source))
+            result = build_result(job, single, best)
+            record = self.calibration.record(job.hardware) if self.calibration is not None else None
+            if record:
+                result["calibration"] = record
+            out.append(Prediction(job, result, source))
         return out
 
     def kernel_features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:
@@ -318,13 +327,15 @@ class Engine:
 
         efficiency = self.predictor.efficiency_from_features(op, features, described)
         stems = [stem for stem, _ in keys]
-        point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0)
+        shapes = [shape for _, shape in keys]
+        point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0, features, shapes)
         if self.quantile_predictor is not None and self.quantile_ops.get(op):
             upper = self.quantile_predictor.efficiency_from_features(op, features, described)
-            return point, self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0)
+            return point, self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0, features, shapes)
         return point, point
 
-    def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray) -> np.ndarray:
+    def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,
+                    shapes: Sequence[tuple] | None = None) -> np.ndarray:
         """``ms`` after the calibration's per-GPU correction (unchanged without a calibration)."""
         if self.calibration is None or not len(ms):
             return ms
@@ -332,7 +343,9 @@ class Engine:
         out = np.array(ms, dtype=np.float64)
         for stem in dict.fromkeys(stems):
             rows = np.flatnonzero(stems_array == stem)
-            out[rows] = self.calibration.apply(kind, self.gpu(stem), out[rows])
+            out[rows] = self.calibration.apply(kind, self.gpu(stem), out[rows],
+                                               None if features is None else features[rows],
+                                               None if shapes is None else [shapes[i] for i in rows])
         return out
 
     def collective_durations(self, job: Job, predictor) -> tuple[np.ndarray, list[str]]:

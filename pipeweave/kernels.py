@@ -37,8 +37,10 @@ def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor) -> np.ndarray:
-    """``predicted_us`` per row; unknown GPUs and missing columns are errors naming the row/column."""
+def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
+                   calibration=None) -> np.ndarray:
+    """``predicted_us`` per row; unknown GPUs and missing columns are errors naming the row/column. A
+    ``calibration`` (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is on it."""
     operator = get_operator(op)
     missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
     if missing:
@@ -52,20 +54,28 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
                             f"{', '.join(predictor.hardware.known())}")
     used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
     columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
+    if calibration is not None:
+        calibration.check_hardware([predictor.hardware.get(name).stem for name in hardware])
     if not rows:
         return np.zeros(0)
     try:
-        return predictor.predict_columns(op, columns, hardware)
+        return predictor.predict_columns(op, columns, hardware, calibration)
     except ValueError as exc:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
 
 
-def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray) -> None:
-    """The input rows unchanged plus a ``predicted_us`` column."""
+def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray,
+                      calibrated: list[str] | None = None) -> None:
+    """The input rows unchanged plus a ``predicted_us`` column (and, with a calibration, a ``calibration`` column
+    naming its file on the rows it corrected)."""
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow([*header, "predicted_us"])
-        writer.writerows([*row, repr(float(us))] for row, us in zip(rows, predicted_us))
+        if calibrated is None:
+            writer.writerow([*header, "predicted_us"])
+            writer.writerows([*row, repr(float(us))] for row, us in zip(rows, predicted_us))
+        else:
+            writer.writerow([*header, "predicted_us", "calibration"])
+            writer.writerows([*row, repr(float(us)), mark] for row, us, mark in zip(rows, predicted_us, calibrated))
 
 
 def build_parser() -> ArgumentParser:
@@ -78,6 +88,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="root of the trained MLPs")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
+    parser.add_argument("--calibration", default=None, metavar="JSON",
+                        help="a calibration written by calibrate.py: corrects the rows of its GPU (column "
+                             "'calibration' names the file); refused if no row is on that GPU (default: none)")
     return parser
 
 
@@ -85,7 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     header, rows = read_shapes(args.input)
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
-    predicted = predict_shapes(header, rows, args.op, predictor)
-    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted))
+    calibration, calibrated = None, None
+    if args.calibration:
+        from pipeweave.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration)
+    predicted = predict_shapes(header, rows, args.op, predictor, calibration)
+    if calibration is not None:
+        index = header.index("hardware")
+        calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
+                      else "" for row in rows]
+    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
     return 0

@@ -81,8 +81,10 @@ class KernelPredictor:
         features["predicted_us"] = duration_us(features["ideal_cycles"].to_numpy(), efficiency, sm_freq)
         return features
 
-    def predict_columns(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str]) -> np.ndarray:
-        """Predicted µs per row of a column mapping (the operator's shape columns) on ``hardware[row]``."""
+    def predict_columns(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str],
+                        calibration=None) -> np.ndarray:
+        """Predicted µs per row of a column mapping (the operator's shape columns) on ``hardware[row]``; a
+        ``calibration`` (:class:`pipeweave.calibration.Calibration`) corrects the rows of its own GPU only."""
         operator = get_operator(op)
         names = np.asarray(list(hardware), dtype=object)
         out = np.zeros(len(names))
@@ -93,4 +95,7 @@ class KernelPredictor:
             features, described = operator.features(part, hw), operator.descriptors(part, hw)
             ideal = operator.ideal_cycles(features.astype(np.float32))
             out[rows] = duration_us(ideal, self.efficiency_from_features(op, features, described), hw.sm_freq)
+            if calibration is not None:
+                shapes = list(zip(*(part[column] for column in operator.shape_columns)))
+                out[rows] = calibration.apply(op, hw, out[rows], features, shapes)
         return out

@@ -1,0 +1,303 @@
+"""Reading a user's measurements and fitting a calibration: the logic behind ``calibrate.py``.
+
+    python3 calibrate.py --hardware L40 --e2e measured.csv [--kernels dataset/measured/L40/gemm.csv ...] \
+        --output L40_calibration.json
+
+``--e2e`` is a CSV ``workload,prefill_ms,decode_step_ms,total_ms``: a workload JSON (path, relative to the
+working directory or to the CSV, or a stem of ``workload/``), its measured prefill latency, median per-step
+decode latency and total latency in ms. A metric that was not measured may be left empty (at least one per
+row). ``--kernels`` takes the profiler's CSVs (``dataset/measured/<gpu>/<op>.csv``: ``op``, the shape columns,
+``avg_duration`` in µs, ...); ``all_reduce.csv`` informs the communication factor.
+
+Each measured number becomes one equation of :mod:`pipeweave.calibration`: the zero-shot prediction of the
+same quantity, written as a sum over kernel and collective instances, with each instance's design row.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.pipes import HardwareSpec
+from analytical_model.registry import get_operator
+from pipeweave.calibration import (PARAMS, Calibration, Equations, Prior, communication_design, design, file_digest,
+                                   fit_map, kernel_classes, load_prior, DEFAULT_PRIOR_PATH)
+from pipeweave.cli import ArgumentParser, UserError
+
+E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
+METRICS = ("prefill_ms", "decode_step_ms", "total_ms")
+BF16_BYTES = 2
+
+
+# ------------------------------------------------------------------------------------------------
+# end-to-end runs
+
+
+def read_e2e_csv(path: str | Path) -> pd.DataFrame:
+    """The measured runs; every problem is a one-line error naming the file (and row)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--e2e file not found: {path}")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"--e2e {path}: empty file (expected the header {','.join(E2E_COLUMNS)})") from None
+    columns = [c.strip() for c in frame.columns]
+    unknown = [c for c in columns if c not in E2E_COLUMNS]
+    missing = [c for c in E2E_COLUMNS if c not in columns]
+    if unknown or missing:
+        problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
+        raise UserError(f"--e2e {path}: {problem}; expected {','.join(E2E_COLUMNS)}")
+    frame.columns = columns
+    if frame.empty:
+        raise UserError(f"--e2e {path}: no runs (only a header)")
+    out = {"workload": frame["workload"].str.strip()}
+    for metric in METRICS:
+        text = frame[metric].str.strip()
+        values = pd.to_numeric(text.replace("", np.nan), errors="coerce")
+        bad = text.ne("") & ~(values > 0)
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise UserError(f"--e2e {path}: line {row + 2}: {metric} must be a positive number of ms, "
+                            f"got {frame[metric].iloc[row]!r}")
+        out[metric] = values.to_numpy(np.float64)
+    out = pd.DataFrame(out)
+    empty = out[list(METRICS)].isna().all(axis=1) | out["workload"].eq("")
+    if empty.any():
+        row = int(np.flatnonzero(empty.to_numpy())[0])
+        raise UserError(f"--e2e {path}: line {row + 2}: needs a workload and at least one measured metric")
+    return out
+
+
+def resolve_run_workload(name: str, csv_path: Path) -> Path:
+    from pipeweave.flatten import resolve_workload_path
+
+    candidate = csv_path.parent / name
+    if not Path(name).is_file() and candidate.is_file():
+        return candidate
+    return resolve_workload_path(name)
+
+
+def memory_footprint_bytes(workload) -> float:
+    """Per-GPU bytes a workload needs at least: its GEMM weights (BF16) plus the largest KV cache it holds."""
+    from pipeweave.flatten import CATEGORY_CODE
+
+    first = workload.inst_iter == 0
+    weights = 0.0
+    for i in np.flatnonzero(first & (workload.inst_code == CATEGORY_CODE["gemm"])):
+        _, n, k = workload.shapes["gemm"][workload.inst_local[i]]
+        weights += n * k * BF16_BYTES * workload.inst_count[i]
+    kv = 0.0
+    for i in np.flatnonzero(workload.inst_code == CATEGORY_CODE["attention"]):
+        _, _, _, kv_lengths, _, nkv, hd = workload.shapes["attn"][workload.inst_local[i]]
+        kv = max(kv, 2 * sum(kv_lengths) * nkv * hd * BF16_BYTES * workload.inst_count[i])
+    return weights + kv
+
+
+def check_fits(workload, spec: HardwareSpec, where: str) -> None:
+    if spec.total_global_mem and memory_footprint_bytes(workload) > spec.total_global_mem:
+        raise UserError(f"{where}: {workload.stem} ({workload.model}, TP{workload.tp_size}) needs "
+                        f"{memory_footprint_bytes(workload) / 2**30:.0f} GiB of weights and KV cache per GPU, more "
+                        f"than {spec.stem}'s {spec.total_global_mem / 2**30:.0f} GiB: it cannot have run on this GPU")
+
+
+def instance_terms(aggregator, workload, spec: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(zero-shot single duration in ms, design row) of every operator instance of ``workload`` on ``spec``."""
+    from pipeweave.engine import Job
+    from pipeweave.flatten import CATEGORY_CODE, KERNEL_CATEGORIES
+
+    result = aggregator.predict([Job(workload, spec)])[0].result
+    single = np.zeros(len(workload.inst_code))
+    for position, entries in enumerate(workload.layout):
+        durations = result["iterations"][position]["operator_durations"]
+        for category, name, i in entries:
+            entry = durations[category][name] if name is not None else durations[category]
+            single[i] = entry["single_duration_ms"]
+    x = communication_design(len(single))
+    for category, op in KERNEL_CATEGORIES.items():
+        rows = np.flatnonzero(workload.inst_code == CATEGORY_CODE[category])
+        if not rows.size:
+            continue
+        shapes = workload.shapes[op]
+        features, _ = aggregator.kernel_features(op, [(spec.stem, shape) for shape in shapes])
+        unique_x = design(op, features, [s[0] for s in shapes] if op == "attn" else None)
+        x[rows] = unique_x[workload.inst_local[rows]]
+    return single, x
+
+
+def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, sigma: float, label: str) -> Equations:
+    """Equations of one measured run: prefill (Σ prefill iterations), decode step (mean decode iteration), total."""
+    single, x = instance_terms(aggregator, workload, spec)
+    phases = np.array(workload.phases)[workload.inst_iter]
+    weighted = single * workload.inst_count
+    n_decode = sum(phase != "prefill" for phase in workload.phases)
+    masks = {"prefill_ms": (phases == "prefill", 1.0), "decode_step_ms": (phases != "prefill", 1.0 / max(n_decode, 1)),
+             "total_ms": (np.ones(len(phases), bool), 1.0)}
+    eq, base, rows, values, labels = [], [], [], [], []
+    for metric in METRICS:
+        value = measured.get(metric)
+        mask, scale = masks[metric]
+        keep = np.flatnonzero(mask & (weighted > 0))
+        if value is None or not np.isfinite(value) or not keep.size:
+            continue
+        eq.append(np.full(keep.size, len(values)))
+        base.append(weighted[keep] * scale)
+        rows.append(x[keep])
+        values.append(value)
+        labels.append(f"{label} {metric}")
+    if not values:
+        return Equations.empty()
+    return Equations(np.concatenate(eq), np.concatenate(base), np.vstack(rows), np.array(values),
+                     np.full(len(values), sigma), labels)
+
+
+# ------------------------------------------------------------------------------------------------
+# measured kernels
+
+
+def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
+    """(operator, rows) of a profiler CSV of ``spec``'s GPU; unknown columns or another GPU's rows are errors."""
+    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS
+    from pipeweave.profiler.grids import SHAPE_COLUMNS
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--kernels file not found: {path}")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"--kernels {path}: empty file") from None
+    ops = set(frame["op"].str.strip()) if "op" in frame.columns else {path.stem}
+    op = next(iter(ops)) if len(ops) == 1 else None
+    if op not in SHAPE_COLUMNS:
+        raise UserError(f"--kernels {path}: one operator per file expected (op column or file name), got "
+                        f"{', '.join(sorted(ops)) or 'none'}; known: {', '.join(SHAPE_COLUMNS)}")
+    allowed = ("op", *SHAPE_COLUMNS[op], *MEASUREMENT_COLUMNS)
+    unknown = [c for c in frame.columns if c not in allowed]
+    missing = [c for c in (*SHAPE_COLUMNS[op], "avg_duration") if c not in frame.columns]
+    if unknown or missing:
+        problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
+        raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
+    if frame.empty:
+        raise UserError(f"--kernels {path}: no measured kernels (only a header)")
+    duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
+    bad = ~(duration > 0)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise UserError(f"--kernels {path}: line {row + 2}: avg_duration must be a positive number of µs, "
+                        f"got {frame['avg_duration'].iloc[row]!r}")
+    if "hardware" in frame.columns:
+        for name in pd.unique(frame["hardware"].str.strip()):
+            if registry.get(name).stem != spec.stem:
+                raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
+    frame = frame[[c for c in SHAPE_COLUMNS[op]]].copy()
+    frame["avg_duration"] = duration.to_numpy(np.float64)
+    return op, frame
+
+
+def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,
+                     collective_dir=None) -> Equations:
+    """One equation per measured kernel: log(measured) = log(zero-shot) + x θ."""
+    measured = frame["avg_duration"].to_numpy(np.float64)
+    if op == "all_reduce":
+        from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR, CollectivePredictor
+
+        collective = CollectivePredictor(spec.stem, collective_dir or DEFAULT_COLLECTIVE_DIR, allow_analytical=True)
+        base = collective.predict_ms("all_reduce", pd.to_numeric(frame["size_bytes"]).to_numpy(np.float64),
+                                     pd.to_numeric(frame["num_workers"]).to_numpy()) * 1000.0
+        x = communication_design(len(frame))
+        sigma = np.full(len(frame), prior.sigma_kernel["communication"])
+    else:
+        shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
+        predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
+        base = predicted["predicted_us"].to_numpy(np.float64)
+        features = predicted[list(get_operator(op).feature_names)].to_numpy()
+        types = frame["attention_type"].tolist() if op == "attn" else None
+        x = design(op, features, types)
+        classes = kernel_classes(op, len(frame), types)
+        sigma = np.array([prior.sigma_kernel[c] for c in classes])
+    keep = base > 0
+    return Equations(np.arange(int(keep.sum())), base[keep], x[keep], measured[keep], sigma[keep],
+                     [f"{label} row {i + 2}" for i in np.flatnonzero(keep)])
+
+
+# ------------------------------------------------------------------------------------------------
+# the command
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="calibrate.py", description=(
+        "Fit a calibration of pipeweave's predictions for one GPU from measured end-to-end runs and/or measured "
+        "kernels; apply it with aggregator.py / predict_kernels.py --calibration FILE."))
+    parser.add_argument("--hardware", required=True, help="the GPU the measurements are from")
+    parser.add_argument("--e2e", metavar="CSV", help="measured runs: workload,prefill_ms,decode_step_ms,total_ms")
+    parser.add_argument("--kernels", nargs="+", action="extend", default=[], metavar="CSV",
+                        help="measured kernels in the profiler's format (dataset/measured/<gpu>/<op>.csv)")
+    parser.add_argument("--output", required=True, help="calibration JSON to write")
+    parser.add_argument("--model_dir", default=None, help="root of the trained MLPs (default: mlp_models)")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
+    parser.add_argument("--prior", default=str(DEFAULT_PRIOR_PATH),
+                        help="prior scales (default: pipeweave/calibration_prior.json)")
+    return parser
+
+
+def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=None,
+              hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, log=print) -> Calibration:
+    """Validate every input, build the equations and fit; nothing is written here."""
+    from pipeweave.engine import Engine
+    from pipeweave.flatten import load_workload
+    from pipeweave.paths import DEFAULT_MODEL_DIR
+
+    registry = hardware_registry(Path(hardware_dir))
+    spec = registry.get(hardware)
+    prior = prior or load_prior()
+    if not e2e and not kernels:
+        raise UserError("give measurements: --e2e CSV and/or --kernels CSV ...")
+    model_dir = Path(model_dir or DEFAULT_MODEL_DIR)
+    # the analytical collective estimate where no measured model covers a run's collectives, with its WARNING
+    aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate="analytical",
+                        log=lambda message: print(message) if message.startswith("WARNING") else None)
+    runs, parts, fitted_from = [], [], {}
+    if e2e:
+        frame = read_e2e_csv(e2e)
+        for row, run in enumerate(frame.itertuples(index=False)):
+            where = f"--e2e {e2e}: line {row + 2}"
+            try:
+                workload = load_workload(resolve_run_workload(run.workload, Path(e2e)))
+            except FileNotFoundError as exc:
+                raise UserError(f"{where}: {exc.args[0]}") from None
+            check_fits(workload, spec, where)
+            runs.append((workload, {m: getattr(run, m) for m in METRICS}))
+        fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
+                              "runs": [w.stem for w, _ in runs]}
+    for path in kernels:
+        op, frame = read_kernel_csv(path, spec, registry)
+        parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name))
+        fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
+                                                      "digest": file_digest(path)})
+    for workload, measured in runs:
+        parts.append(run_equations(aggregator, workload, spec, measured, prior.sigma_e2e, workload.stem))
+    equations = Equations.concat(parts)
+    theta, std = fit_map(equations, prior)
+    before = np.log(equations.predict(np.zeros(len(PARAMS)))[0] / equations.measured)
+    after = np.log(equations.predict(theta)[0] / equations.measured)
+    log(f"Calibration of {spec.stem} from {len(equations.measured)} measured quantities: "
+        f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data")
+    base_models = {}
+    for op in sorted(aggregator.predictor._models):
+        base_models[op] = str(aggregator.predictor._models[op][2])
+    return Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.as_dict())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    prior = load_prior(args.prior)
+    calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
+                            hardware_dir=args.hardware_dir, prior=prior)
+    calibration.save(args.output)
+    for name, value in calibration.summary()["factors"].items():
+        print(f"  {name}: x{value:.3f}")
+    print(f"Calibration for {calibration.hardware} written to {args.output}")
+    return 0

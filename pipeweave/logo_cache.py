@@ -1,0 +1,111 @@
+"""Leave-one-GPU-out (LOGO) models, trained once and cached outside git.
+
+The k-shot calibration evaluation (``pipeweave.calibration_eval``) needs, per operator and held-out GPU,
+a base model that never saw that GPU, and its predictions on every row of that GPU. Training them all
+takes minutes of CPU per operator, so the model directory and the predictions are cached under
+``<cache>/<op>/<GPU>/`` together with a fingerprint of the dataset files and the training setup: a
+rebuilt dataset or a changed recipe retrains, anything else is read back.
+
+The setup is the accuracy report's (``pipeweave.accuracy``: same recipe, row cap and epochs), so the
+k = 0 column of the evaluation is the report's LOGO column.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeweave.cli import write_atomically
+from pipeweave.modeling import dataset_paths, load_splits, train_and_evaluate, write_model_dir
+from pipeweave.paths import REPO_ROOT
+from pipeweave.training import TrainConfig
+
+DEFAULT_CACHE = REPO_ROOT / ".cache" / "logo"
+LOGO_MAX_ROWS_PER_GPU = 8000
+LOGO_EPOCHS = 100
+
+
+def logo_config() -> TrainConfig:
+    return TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
+
+
+def _fingerprint(op: str, dataset_dir: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for path in dataset_paths(op, dataset_dir):
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    digest.update(json.dumps(logo_config().as_dict(), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def gpus_with_data(op: str, dataset_dir: Path) -> list[str]:
+    train_path, test_path = dataset_paths(op, dataset_dir)
+    columns = ["hardware"]
+    return sorted(set(pd.read_csv(train_path, usecols=columns)["hardware"])
+                  | set(pd.read_csv(test_path, usecols=columns)["hardware"]))
+
+
+def _directory(cache: Path, op: str, gpu: str) -> Path:
+    return cache / op / gpu.replace(" ", "_").replace("/", "_")
+
+
+def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
+                     fingerprint: str | None = None, log=print) -> tuple[pd.DataFrame, np.ndarray, dict]:
+    """(every row of ``gpu``, the LOGO model's predicted efficiency on them, training history).
+
+    Trains (and caches) the model on the other GPUs' training rows when the cache is missing or stale.
+    """
+    fingerprint = fingerprint or _fingerprint(op, Path(dataset_dir))
+    directory = _directory(Path(cache), op, gpu)
+    info_path = directory / "logo.json"
+    train, test = load_splits(op, dataset_dir, [gpu])
+    if info_path.is_file():
+        info = json.loads(info_path.read_text())
+        if info["fingerprint"] == fingerprint and info["rows"] == len(test):
+            return test, np.load(directory / "predicted.npy"), info["history"]
+    log(f"  training LOGO {op} without {gpu} ...")
+    config = logo_config()
+    model, history, predicted, _ = train_and_evaluate(op, train, test, config)
+    history = {k: v for k, v in history.items() if k not in ("train_loss", "val_loss")}
+    write_model_dir(directory / "model", op, model, history, config, train, None, None,
+                    {"holdout_hardware": gpu})
+    np.save(directory / "predicted.npy", predicted)
+    info = {"op": op, "gpu": gpu, "fingerprint": fingerprint, "rows": int(len(test)), "history": history}
+    write_atomically(info_path, lambda tmp: tmp.write_text(json.dumps(info, indent=2)))
+    return test, predicted, history
+
+
+def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) -> None:
+    for op in ops:
+        fingerprint = _fingerprint(op, Path(dataset_dir))
+        gpus = gpus_with_data(op, dataset_dir)
+        if len(gpus) < 2:
+            continue
+        for gpu in gpus:
+            logo_predictions(op, gpu, dataset_dir, cache, fingerprint, log)
+
+
+def main(argv=None) -> int:
+    from pipeweave.cli import ArgumentParser
+    from pipeweave.paths import DATASET_DIR
+
+    parser = ArgumentParser(prog="python3 -m pipeweave.logo_cache",
+                            description="Train (or verify) the cached leave-one-GPU-out models.")
+    parser.add_argument("--ops", default="gemm,gemm_fp8,attn,rmsnorm,siluandmul,moe")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    args = parser.parse_args(argv)
+    train_all([o for o in args.ops.split(",") if o], args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from pipeweave.cli import run_cli
+
+    sys.exit(run_cli(main))
