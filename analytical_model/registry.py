@@ -16,7 +16,7 @@ Adding an operator = one calculator module + one :func:`register` call (or one e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -67,6 +67,13 @@ class OperatorClass:
     quantile: bool = False
     #: profile_operators.py measures it on a local GPU
     profiled: bool = False
+    #: the operator whose trained model predicts this one (same features), when it has no measurements of its own
+    model_key: str | None = None
+
+    @property
+    def model_op(self) -> str:
+        """Key of the model directory (``mlp_models/<model_op>/``) that predicts this operator."""
+        return self.model_key or self.key
 
     @property
     def int_columns(self) -> tuple[str, ...]:
@@ -155,7 +162,7 @@ def _gemm_operator(key: str, description: str, calculators: dict, compute, opera
 register(_gemm_operator("gemm", "BF16 dense GEMM", {"sm80": gemm_sm80.features, "sm90": gemm_sm90.features}, gemm, 2,
                         optional_columns=TILE_COLUMNS, workload_key="gemm"))
 register(_gemm_operator("gemm_fp8", "FP8 dense GEMM (per-tensor scaled)", {"fp8": gemm_fp8.features},
-                        gemm_fp8_features, 1, dtype="fp8"))
+                        gemm_fp8_features, 1, dtype="fp8", workload_key="gemm_fp8"))
 register(OperatorClass(
     key="attn",
     description="FlashAttention/FlashInfer prefill and decode",
@@ -201,7 +208,20 @@ register(OperatorClass(
     compute=moe,
     descriptor_names=descriptors.MOE_DESCRIPTORS,
     describe=describe_moe,
+    workload_key="moe",
     quantile=True,
+))
+# The BF16 -> FP8 activation pass before an FP8 GEMM reads a row, reduces it to a scale and writes it scaled:
+# the structure of RMSNorm, whose features and model predict it (no quantisation kernel measurements exist).
+register(replace(
+    OPERATORS["rmsnorm"],
+    key="quantize",
+    description="BF16 -> FP8 activation quantisation (predicted by the RMSNorm model)",
+    workload_key="quantize",
+    calculators={"quantize": rmsnorm.features},
+    trainable=False,
+    profiled=False,
+    model_key="rmsnorm",
 ))
 
 

@@ -2,6 +2,7 @@
 
     python3 -m benchmarks.aggregator [--workload W.json] [--hardware H20] [--runs 15] [--model_dir mlp_models]
     python3 -m benchmarks.aggregator --python /path/to/venv/bin/python    # whole process of an installed copy
+    python3 -m benchmarks.aggregator --moe       # the largest MoE workload (MOE_WORKLOAD) on H200
 
 Loads the models once, then times the in-process prediction of one workload (default: the 403-iteration
 ``Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2``) — everything from the parsed workload to the finished
@@ -38,7 +39,9 @@ from pipeweave.mlp import weights_path
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, REPO_ROOT
 
 DEFAULT_WORKLOAD = DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
-KERNEL_OPS = tuple(op.key for op in workload_operators().values())
+KERNEL_OPS = tuple(dict.fromkeys(op.model_op for op in workload_operators().values()))  # model directories
+#: the largest MoE workload: the most layers (94) and iterations (403), every MoE operator kind, EP
+MOE_WORKLOAD = {"model_config": "Qwen3-235B-A22B", "trace": "vllm_arxiv16", "tp": 8, "ep": 8}
 
 
 def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, efficiency: dict | None = None,
@@ -111,7 +114,8 @@ def summary_difference(output: Path, committed: Path) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
-    parser.add_argument("--hardware", default="H20")
+    parser.add_argument("--hardware", default=None, help="default H20 (H200 with --moe)")
+    parser.add_argument("--moe", action="store_true", help=f"time the generated MoE workload {MOE_WORKLOAD}")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--process_runs", type=int, default=5)
@@ -122,6 +126,11 @@ def main(argv=None) -> None:
     from pipeweave.aggregate import Aggregator, Job, dumps_result, load_workload
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.moe:
+            from pipeweave.workload import WorkloadSpec, generate, write_workloads
+
+            args.workload = str(write_workloads([generate(WorkloadSpec(**MOE_WORKLOAD))], tmp)[0])
+        args.hardware = args.hardware or ("H200" if args.moe else "H20")
         model_dir = Path(args.model_dir)
         untrained = not models_present(model_dir)
         if untrained:

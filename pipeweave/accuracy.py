@@ -32,6 +32,7 @@ from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_a
 from pipeweave.logo_cache import LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_predictions
 from pipeweave.modeling import dataset_paths, duration_errors, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
+from pipeweave.moe import pass_choice_errors, render_pass_choice
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
 
 OPS = operator_keys(trainable=True)
@@ -101,7 +102,8 @@ def fmt(summary: dict | None) -> str:
     return "—" if not summary else f"{summary['mean']:.1f} / {summary['median']:.1f}"
 
 
-def render(results: dict, logo: dict, artifact: dict) -> str:
+def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None) -> str:
+    """The report; ``notes`` maps an operator to extra markdown lines placed after its table."""
     lines = [
         "# Kernel-level accuracy",
         "",
@@ -132,6 +134,7 @@ def render(results: dict, logo: dict, artifact: dict) -> str:
         lines.append(f"| **all** | {res['overall']['model']['n']} | {fmt(res['overall']['model'])} | "
                      f"{fmt(res['overall']['roofline'])} | | | |")
         lines.append("")
+        lines += (notes or {}).get(op, [])
     return "\n".join(lines)
 
 
@@ -161,7 +164,11 @@ def main(argv=None) -> int:
         return 0
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
-    text = render(results, logo, artifact_figures(existing_shared_data_dir()))
+    notes = {}
+    if "moe" in ops:
+        test = read_dataset(dataset_paths("moe", args.dataset_dir)[1])
+        notes["moe"] = render_pass_choice(pass_choice_errors(test, predictor))
+    text = render(results, logo, artifact_figures(existing_shared_data_dir()), notes)
     text = keep_marked_sections(text, args.output)  # e.g. the k-shot section (pipeweave.calibration_eval)
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
     print(f"wrote {args.output}")

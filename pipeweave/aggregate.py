@@ -69,6 +69,9 @@ def build_parser():
                              "use the documented analytical estimate pipeweave.collectives.analytical_collective_ms "
                              "(ring all-reduce / point-to-point at the GPU's peak link bandwidth + fixed latency) and "
                              "print a WARNING line naming it")
+    parser.add_argument("--ignore_memory", action="store_true",
+                        help="predict even when the workload does not fit in GPU memory (weights + KV cache + "
+                             "activations, pipeweave.memory); the output then carries memory_check.fits = false")
     parser.add_argument("--quantiles", action="store_true",
                         help="also load quantile (upper-efficiency) models from --quantile_dir and report optimistic "
                              "latencies (summary.optimistic_*) beside the point prediction")
@@ -78,6 +81,31 @@ def build_parser():
                         help="a calibration written by calibrate.py: corrects the predictions of its GPU (only); "
                              "refused if no requested GPU is that GPU")
     return parser
+
+
+def memory_check(job: Job, ignore: bool) -> dict | None:
+    """Whether the job's workload fits in GPU memory (pipeweave.memory): an error if it does not, unless
+    ``ignore`` (then a WARNING and the returned record for the output). None when it fits."""
+    from pipeweave.memory import check_memory, config_from_model_params
+    from pipeweave.workload import WorkloadError
+
+    workload, where = job.workload, f"{job.workload.stem} on {job.hardware.stem}"
+    if workload.model_params is None:
+        print(f"Note: {where}: the workload has no model_params, so GPU memory was not checked")
+        return None
+    try:
+        cfg = config_from_model_params(workload.model_params, workload.model)
+        check = check_memory(cfg, job.hardware, workload.prompt_lengths, len(workload.phases), tp=workload.tp_size,
+                             pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype)
+    except WorkloadError as exc:
+        raise WorkloadFormatError(f"{workload.stem}: memory check: {exc}") from None
+    if check.fits:
+        return None
+    if not ignore:
+        raise UserError(f"{where}: {check.message(workload.tp_size)} (--ignore_memory predicts anyway)")
+    print(f"WARNING: {where}: {check.message(workload.tp_size)}; predicted anyway (--ignore_memory)")
+    return {"fits": False, "ignored": True, "required_gb": round(check.required_gb, 3),
+            "available_gb": round(check.available_gb, 3), "smallest_tp": check.smallest_tp}
 
 
 def expand_hardware(values: Sequence[str], registry) -> list[HardwareSpec]:
@@ -210,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         quantile_dir=args.quantile_dir if args.quantiles else None,
         calibration=calibration,
     )
+    memory = {id(job): memory_check(job, args.ignore_memory) for job in jobs}
     started = time.perf_counter()
     predictions = engine.predict(jobs)
     elapsed = time.perf_counter() - started
@@ -218,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
             print(warning)
     for prediction, target in zip(predictions, targets):
+        if memory[id(prediction.job)] is not None:
+            prediction.result["memory_check"] = memory[id(prediction.job)]
         text = dumps_result(prediction.result)
         write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
         print_summary(prediction, target, several)

@@ -168,6 +168,9 @@ def latest_model_dirs(model_dir: Path) -> dict[str, str]:
     return out
 
 
+PEERS_SECTION = REPO_ROOT / "e2e" / "peers" / "moe_fp8.md"
+
+
 def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | None, markdown_path: Path,
              notes: list[str], real_source: str, pred_dir: Path, model_dir: Path) -> str:
     """docs/E2E.md: the tables, mean/worst errors, baselines, plot and what was fitted on what."""
@@ -235,6 +238,8 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
                   f"`{rel(plot_path)}`: predicted vs measured (median), log axes, one colour per GPU; filled markers "
                   "PipeWeave, hollow markers the roofline baseline; circles prefill, squares decode step, triangles "
                   "total, stars vLLM total; dashed lines ±20 %.", ""]
+    if PEERS_SECTION.is_file():  # python3 -m pipeweave.peers: MoE / FP8 beside aiconfigurator (no measurements)
+        parts += [PEERS_SECTION.read_text().rstrip(), ""]
     if notes:
         parts += ["## Notes", ""] + [f"* {n}" for n in notes] + [""]
     return "\n".join(parts)

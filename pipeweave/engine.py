@@ -2,8 +2,10 @@
 
 For every (workload, GPU) pair the predicted duration of each operator instance is
 
-* a kernel (the registry's workload operators: GEMM, attention, RMSNorm, SiLU*Mul): analytical features
-  on that GPU → float32 → log1p → the operator's MLP → efficiency → ``C_ideal / (efficiency × f_SM)`` (§4.3);
+* a kernel (the registry's workload operators: BF16 / FP8 GEMM, attention, RMSNorm, SiLU*Mul, fused MoE, FP8
+  activation quantisation): analytical features on that GPU → float32 → log1p → the operator's MLP →
+  efficiency → ``C_ideal / (efficiency × f_SM)`` (§4.3); a fused-MoE pass is its share of the predicted whole
+  layer (:mod:`pipeweave.moe`);
 * a collective: the collective model of a GPU (:mod:`pipeweave.collectives`); all-reduce with
   ``num_workers = tp_size``, send/recv with ``num_workers = 2`` (a pipeline-stage boundary is a two-party
   transfer; fix of quirk §11.3.19).
@@ -54,6 +56,7 @@ from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
+from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
@@ -312,6 +315,8 @@ class Engine:
             rows = np.flatnonzero(stems == stem)
             hw = self.registry.get(stem)
             shapes = [keys[i][1] for i in rows]
+            if op == "moe":  # every pass is predicted through its whole measured layer (pipeweave.moe)
+                shapes = [("layer", *shape[1:]) for shape in shapes]
             columns = {name: [shape[i] for shape in shapes] for i, name in enumerate(operator.shape_columns)}
             features[rows] = operator.features(columns, hw)
             described[rows] = operator.descriptors(columns, hw)
@@ -328,10 +333,12 @@ class Engine:
         efficiency = self.predictor.efficiency_from_features(op, features, described)
         stems = [stem for stem, _ in keys]
         shapes = [shape for _, shape in keys]
-        point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0, features, shapes)
+        share = pass_shares(keys, self.registry) if op == "moe" else 1.0  # a pass's part of its layer
+        point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.quantile_predictor is not None and self.quantile_ops.get(op):
             upper = self.quantile_predictor.efficiency_from_features(op, features, described)
-            return point, self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0, features, shapes)
+            return point, self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features,
+                                           shapes)
         return point, point
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,

@@ -46,6 +46,11 @@ class FlatWorkload:
     inst_code: np.ndarray  # index into CATEGORIES
     inst_local: np.ndarray  # index into shapes[op] (kernels) or collectives
     counts_int: list[int] = field(default_factory=list)
+    #: what the memory check (pipeweave.memory) reads: model_params (None if absent), EP, dtype, prompt lengths
+    model_params: dict | None = None
+    ep_size: int = 1
+    dtype: str = "bf16"
+    prompt_lengths: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, workload: Workload, stem: str = "workload", path: Path | None = None) -> "FlatWorkload":
@@ -56,6 +61,7 @@ class FlatWorkload:
         collectives: list[tuple[str, int]] = []
         coll_index: dict[tuple[str, int], int] = {}
         communication = Category.COMMUNICATION.value
+        first = workload.iterations[0]
         for position, iteration in enumerate(workload.iterations):
             entries: list = []
             items = [(category, name, index[KERNEL_CATEGORIES[category]], shapes[KERNEL_CATEGORIES[category]],
@@ -79,7 +85,8 @@ class FlatWorkload:
             layout=layout, shapes=shapes, collectives=collectives,
             inst_iter=np.asarray(inst_iter, dtype=np.int64), inst_count=np.asarray(inst_count, dtype=np.float64),
             inst_code=np.asarray(inst_code, dtype=np.int64), inst_local=np.asarray(inst_local, dtype=np.int64),
-            counts_int=inst_count,
+            counts_int=inst_count, model_params=workload.model_params, ep_size=workload.ep_size,
+            dtype=workload.dtype, prompt_lengths=list(first.attention.kv_lengths) if first.attention else [],
         )
 
     @property

@@ -35,11 +35,16 @@ class WorkloadSpec:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     name: str | None = None
+    ep: int = 1
+    dtype: str = "bf16"
 
 
-def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int) -> str:
-    """``<config stem>_<trace stem>_<prefill backend prefix>_tp<TP>_pp<PP>.json`` (METHOD.md 6.4)."""
-    return f"{config_stem}_{label}_{prefill_attn.split('_', 1)[0]}_tp{tp}_pp{pp}.json"
+def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int, ep: int = 1,
+                dtype: str = "bf16") -> str:
+    """``<config stem>_<trace stem>_<prefill backend prefix>_tp<TP>_pp<PP>[_ep<EP>][_<dtype>].json`` (docs/METHOD.md
+    §6.4; the EP and dtype parts only when they are not the defaults 1 and bf16)."""
+    extra = (f"_ep{ep}" if ep != 1 else "") + (f"_{dtype}" if dtype != "bf16" else "")
+    return f"{config_stem}_{label}_{prefill_attn.split('_', 1)[0]}_tp{tp}_pp{pp}{extra}.json"
 
 
 @dataclass
@@ -65,8 +70,9 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
         raise WorkloadError(f"name {label!r} must start with a letter or digit and contain only letters, digits, "
                             "'.', '_' and '-'")
     workload = build_workload(cfg, prompts, output_tokens, tp=spec.tp, pp=spec.pp, prefill_attn=spec.prefill_attn,
-                              decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm)
-    return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp),
+                              decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm, ep=spec.ep,
+                              dtype=spec.dtype)
+    return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep, spec.dtype),
                              serialize_workload(workload))
 
 

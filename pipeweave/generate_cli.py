@@ -7,10 +7,10 @@ from __future__ import annotations
 from pipeweave.cli import ArgumentParser, UserError
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
-                                DEFAULT_TRACE_DIR, PREFILL_ATTN_DEFAULT)
+                                DEFAULT_TRACE_DIR, DTYPES, PREFILL_ATTN_DEFAULT)
 
 # Flags that describe a single workload (not allowed together with --paper_set).
-_SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
+_SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "ep", "dtype", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
                  "single_sequence", "prompt_tokens", "output_tokens", "name")
 
 
@@ -23,6 +23,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--trace", help="trace CSV path, or a stem of workload/traces/ (e.g. arxiv_16)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (default 1); must divide the sharded widths exactly")
     p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1); adds a send_recv entry when > 1")
+    p.add_argument("--ep", type=int,
+                   help="expert-parallel size of an MoE model (default 1); must divide --tp: the TP group's GPUs form "
+                        "EP groups of E/EP experts, each expert split over TP/EP ranks")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="weight dtype of the linear layers (default bf16); fp8 writes them as FP8 GEMMs plus the "
+                        "activation quantisation (dense models only)")
     p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}; "
                                           f"one of {', '.join(ATTENTION_BACKENDS)})")
     p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT})")
@@ -56,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = [WorkloadSpec(
             model_config=args.model_config, trace=args.trace,
             tp=1 if args.tp is None else args.tp, pp=1 if args.pp is None else args.pp,
+            ep=1 if args.ep is None else args.ep, dtype=args.dtype or "bf16",
             prefill_attn=args.prefill_attn or PREFILL_ATTN_DEFAULT, decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name)]

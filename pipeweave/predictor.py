@@ -42,10 +42,9 @@ class KernelPredictor:
     def model(self, op: str):
         """(model, metadata, directory) for ``op``; a missing model is an error naming the file."""
         if op not in self._models:
-            get_operator(op)
-            directory = latest_model_dir(self.model_dir, op)
-            model, metadata = load_model_dir(directory, op)
             operator = get_operator(op)
+            directory = latest_model_dir(self.model_dir, operator.model_op)
+            model, metadata = load_model_dir(directory, operator.model_op)
             names = metadata["model_info"]["features"]
             if names not in (list(operator.input_names(True)), list(operator.input_names(False))):
                 raise ValueError(f"{directory}/metadata.json: its features are not the registry's {op} inputs")

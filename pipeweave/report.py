@@ -36,12 +36,10 @@ def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None) 
         durations: dict = {"gemm": {}}
         for category, name, i in workload.layout[position]:
             entry = {"single_duration_ms": singles[i], "count": counts[i], "total_duration_ms": totals[i]}
-            if category == "gemm":
-                durations["gemm"][name] = entry
-            elif category == "communication":
-                durations.setdefault("communication", {})[name] = entry
-            else:
+            if name is None:
                 durations[category] = entry
+            else:  # named entries: GEMMs, MoE passes, quantisation, collectives
+                durations.setdefault(category, {})[name] = entry
         iterations.append({  # layout entries are in CATEGORIES order, so the keys are too
             "iteration": workload.numbers[position],
             "phase": workload.phases[position],

@@ -1,10 +1,13 @@
 """The workload schema as code (docs/METHOD.md §6.4): typed entities shared by the generator and the aggregator.
 
 A :class:`Workload` is a list of :class:`Iteration` objects; each iteration holds its operators by
-:class:`Category`: a list of named :class:`GemmOp`, at most one :class:`AttentionOp`, :class:`ElementwiseOp`
-for RMSNorm and SiLU*Mul, and a list of named :class:`CollectiveOp`. ``Workload.from_dict`` validates a parsed
-JSON object (every error names the iteration and the field); ``Workload.to_dict`` writes the JSON object with
-the keys in the artifact's order, so the generator's files stay byte-identical to the artifact's.
+:class:`Category`: lists of named :class:`GemmOp` (BF16 and FP8), at most one :class:`AttentionOp`,
+:class:`ElementwiseOp` for RMSNorm and SiLU*Mul, lists of named :class:`MoeOp` (fused-MoE passes) and
+:class:`QuantizeOp` (FP8 activation quantisation), and a list of named :class:`CollectiveOp`. Only the paper's
+categories are written when the others are empty, and ``ep_size`` / ``dtype`` only when not 1 / bf16.
+``Workload.from_dict`` validates a parsed JSON object (every error names the iteration and the field);
+``Workload.to_dict`` writes the JSON object with the keys in the artifact's order, so the generator's files
+stay byte-identical to the artifact's.
 
 The kernel categories map to registry operator classes through the registry's ``workload_key``
 (:func:`analytical_model.registry.workload_operators`); each kernel entry's ``shape`` is the tuple of that
@@ -18,6 +21,7 @@ from enum import Enum
 from pathlib import Path
 
 from analytical_model.attention import resolve_attention_type
+from analytical_model.registry import MOE_WEIGHT_TYPES
 from pipeweave.cli import UserError
 
 
@@ -29,16 +33,22 @@ class Category(str, Enum):
     """The operator classes of a workload iteration, in output order (the keys under ``operators``)."""
 
     GEMM = "gemm"
+    GEMM_FP8 = "gemm_fp8"
     ATTENTION = "attention"
     RMSNORM = "rmsnorm"
     SILUANDMUL = "siluandmul"
+    MOE = "moe"
+    QUANTIZE = "quantize"
     COMMUNICATION = "communication"
 
 
-KERNEL_CATEGORIES = (Category.GEMM, Category.ATTENTION, Category.RMSNORM, Category.SILUANDMUL)
+KERNEL_CATEGORIES = tuple(c for c in Category if c is not Category.COMMUNICATION)
 #: the keys under "operators" (plain strings: the readers and the engine compare them many times)
 CATEGORY_KEYS = tuple(c.value for c in Category)
-_SINGLE_KERNEL_KEYS = tuple(c.value for c in KERNEL_CATEGORIES[1:])  # one entry per iteration at most
+_KERNEL_KEYS = tuple(c.value for c in KERNEL_CATEGORIES)
+#: kernel categories that hold a list of named entries (the others hold at most one entry per iteration)
+_LIST_KERNEL_KEYS = (Category.GEMM.value, Category.GEMM_FP8.value, Category.MOE.value, Category.QUANTIZE.value)
+DTYPES = ("bf16", "fp8")
 PHASES = ("prefill", "decode")
 COLLECTIVE_KINDS = ("all_reduce", "send_recv")
 
@@ -113,6 +123,39 @@ class ElementwiseOp:
 
 
 @dataclass(slots=True)
+class MoeOp:
+    """A fused-MoE launch over ``M`` tokens routed top-``topk`` to ``E`` experts of width H -> ``N``:
+    the gate/up pass (``w13``), the down pass (``w2``) or a whole ``layer`` (:mod:`pipeweave.moe`)."""
+
+    name: str
+    weight_type: str
+    M: int
+    E: int
+    topk: int
+    H: int
+    N: int
+    count: int
+
+    @property
+    def shape(self) -> tuple:
+        return (self.weight_type, self.M, self.E, self.topk, self.H, self.N)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "weight_type": self.weight_type, "M": self.M, "E": self.E, "topk": self.topk,
+                "H": self.H, "N": self.N, "count": self.count}
+
+
+@dataclass(slots=True)
+class QuantizeOp(ElementwiseOp):
+    """The BF16 -> FP8 conversion of an FP8 GEMM's input: ``seq`` rows of ``dim`` elements, named."""
+
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **ElementwiseOp.to_dict(self)}
+
+
+@dataclass(slots=True)
 class CollectiveOp:
     name: str
     volume_bytes: int
@@ -143,15 +186,19 @@ class Iteration:
     q_lengths: list[int] | None = None
     kv_lengths: list[int] | None = None
     num_tokens: int | None = None
+    gemm_fp8: list[GemmOp] = field(default_factory=list)
+    moe: list[MoeOp] = field(default_factory=list)
+    quantize: list[QuantizeOp] = field(default_factory=list)
 
     def kernels(self):
         """(category key, name or None, op) of every kernel entry, in output order."""
-        for op in self.gemm:
-            yield "gemm", op.name, op
-        for key in _SINGLE_KERNEL_KEYS:
-            op = getattr(self, key)
-            if op is not None:
-                yield key, None, op
+        for key in _KERNEL_KEYS:
+            value = getattr(self, key)
+            if key in _LIST_KERNEL_KEYS:
+                for op in value:
+                    yield key, op.name, op
+            elif value is not None:
+                yield key, None, value
 
     def signature(self) -> tuple:
         """A hashable key of everything that determines the iteration's predicted duration."""
@@ -165,10 +212,13 @@ class Iteration:
             if value is not None:
                 out[key] = value
         operators: dict = {"gemm": [op.to_dict() for op in self.gemm]}
-        for key in _SINGLE_KERNEL_KEYS:
-            op = getattr(self, key)
-            if op is not None:
-                operators[key] = op.to_dict()
+        for key in _KERNEL_KEYS[1:]:
+            value = getattr(self, key)
+            if key in _LIST_KERNEL_KEYS:
+                if value:
+                    operators[key] = [op.to_dict() for op in value]
+            elif value is not None:
+                operators[key] = value.to_dict()
         operators["communication"] = [op.to_dict() for op in self.communication]
         out["operators"] = operators
         return out
@@ -183,13 +233,19 @@ class Workload:
     tp_size: int = 1
     pp_size: int = 1
     model_params: dict | None = None
+    ep_size: int = 1  # expert-parallel size of an MoE model (pipeweave.moe)
+    dtype: str = "bf16"  # weight dtype of the linear layers
 
     def to_dict(self) -> dict:
         head: dict = {"model": self.model}
         if self.model_params is not None:
             head["model_params"] = self.model_params
-        return {**head, "tp_size": self.tp_size, "pp_size": self.pp_size,
-                "iterations": [it.to_dict() for it in self.iterations]}
+        head.update(tp_size=self.tp_size, pp_size=self.pp_size)
+        if self.ep_size != 1:
+            head["ep_size"] = self.ep_size
+        if self.dtype != "bf16":
+            head["dtype"] = self.dtype
+        return {**head, "iterations": [it.to_dict() for it in self.iterations]}
 
     def to_json_bytes(self) -> bytes:
         """The artifact's serialization: 2-space indent, ASCII, no final newline."""
@@ -279,16 +335,22 @@ class _Reader:
         if not isinstance(iterations, list) or not iterations:
             self.fail("'iterations' must be a non-empty list")
         sizes = {}
-        for key in ("tp_size", "pp_size"):
+        for key in ("tp_size", "pp_size", "ep_size"):
             value = data.get(key, 1)
             if not _is_pos_int(value):
                 self.fail(f"{key} must be a positive integer, got {value!r}")
             sizes[key] = value
+        dtype = data.get("dtype", "bf16")
+        if dtype not in DTYPES:
+            self.fail(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        params = data.get("model_params")
+        if params is not None and not isinstance(params, dict):
+            self.fail(f"model_params must be an object, got {params!r}")
         model = data.get("model", Path(self.source).stem)
         if not isinstance(model, str):
             self.fail(f"model must be a string, got {model!r}")
         return Workload([self.iteration(it, position) for position, it in enumerate(iterations)], model=model,
-                        model_params=data.get("model_params"), **sizes)
+                        model_params=params, dtype=dtype, **sizes)
 
     def iteration(self, iteration, position: int) -> Iteration:
         where = f"iteration {position + 1}"
@@ -309,9 +371,10 @@ class _Reader:
         out = Iteration(phase=phase, iteration=number, batch_size=iteration.get("batch_size"),
                         q_lengths=iteration.get("q_lengths"), kv_lengths=iteration.get("kv_lengths"),
                         num_tokens=iteration.get("num_tokens"))
-        names: set = set()
-        out.gemm = [self.gemm(op, f"{where}: operators.gemm[{i}]", names)
-                    for i, op in enumerate(self.named_list(operators, "gemm", where))]
+        for key, read in (("gemm", self.gemm), ("gemm_fp8", self.gemm), ("moe", self.moe), ("quantize", self.quantize)):
+            names = set()
+            setattr(out, key, [read(op, f"{where}: operators.{key}[{i}]", names)
+                               for i, op in enumerate(self.named_list(operators, key, where))])
         if "attention" in operators:
             out.attention = self.attention(operators["attention"], f"{where}: operators.attention")
         for key in ("rmsnorm", "siluandmul"):
@@ -333,6 +396,20 @@ class _Reader:
         name = self.name(op, at, names)
         self.positive(op, ("M", "N", "K"), at)
         return GemmOp(name, op["M"], op["N"], op["K"], self.count(op, at), op.get("type"))
+
+    def moe(self, op, at: str, names: set) -> MoeOp:
+        op = self.object(op, at)
+        name = self.name(op, at, names)
+        if op.get("weight_type") not in MOE_WEIGHT_TYPES:
+            self.fail(f"{at}.weight_type must be one of {', '.join(MOE_WEIGHT_TYPES)}, got {op.get('weight_type')!r}")
+        self.positive(op, ("M", "E", "topk", "H", "N"), at)
+        return MoeOp(name, op["weight_type"], op["M"], op["E"], op["topk"], op["H"], op["N"], self.count(op, at))
+
+    def quantize(self, op, at: str, names: set) -> QuantizeOp:
+        op = self.object(op, at)
+        name = self.name(op, at, names)
+        self.positive(op, ("seq", "dim"), at)
+        return QuantizeOp(op["seq"], op["dim"], self.count(op, at), name=name)
 
     def attention(self, op, at: str) -> AttentionOp:
         op = self.object(op, at)

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeweave.cli import UserError
+from pipeweave.moe import expert_operators, expert_parallel_problem, moe_gate_gemms
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.paths import DEFAULT_WORKLOAD_OUTPUT_DIR as DEFAULT_OUTPUT_DIR
-from pipeweave.schema import AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, Workload
+from pipeweave.schema import (DTYPES, AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, QuantizeOp,
+                              Workload)
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
@@ -54,6 +56,22 @@ class WorkloadError(UserError):
 # --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """The expert layout of a mixture-of-experts model whose every decoder layer is an MoE layer.
+
+    ``expert_intermediate_size`` is one routed expert's FFN width (Mixtral's ``intermediate_size``, Qwen-MoE's
+    ``moe_intermediate_size``); ``shared_expert_intermediate_size`` is the always-active shared expert's width
+    (0 when there is none); ``shared_expert_gate`` is Qwen2-MoE's sigmoid gate (an H x 1 GEMM) on that expert.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The subset of an HF ``config.json`` the generator reads, with ``head_dim`` resolved."""
 
@@ -66,6 +84,9 @@ class ModelConfig:
     intermediate_size: int
     vocab_size: int
     num_hidden_layers: int
+    tie_word_embeddings: bool = False
+    #: the routed/shared experts of a mixture-of-experts model (every layer is MoE); None for a dense model
+    moe: MoeConfig | None = None
 
     def model_params(self) -> dict:
         return {
@@ -76,6 +97,12 @@ class ModelConfig:
             "intermediate_size": self.intermediate_size,
             "vocab_size": self.vocab_size,
             "num_hidden_layers": self.num_hidden_layers,
+            **({} if self.moe is None else {
+                "num_experts": self.moe.num_experts,
+                "num_experts_per_tok": self.moe.top_k,
+                "moe_intermediate_size": self.moe.expert_intermediate_size,
+                "shared_expert_intermediate_size": self.moe.shared_expert_intermediate_size,
+            }),
         }
 
 
@@ -108,7 +135,67 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         model = str(cfg["architectures"][0])
     else:
         model = "unknown"
-    return ModelConfig(stem=stem, model=model, head_dim=head_dim, **values)
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise WorkloadError(f"config {stem}: tie_word_embeddings must be true or false, got {tie!r}")
+    return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie,
+                       moe=_moe_config(cfg, stem), **values)
+
+
+#: Architectures whose every operator pipeweave models (dense: METHOD.md section 2; MoE: fused-MoE layers).
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+
+def _moe_config(cfg: dict, stem: str) -> MoeConfig | None:
+    """The MoE layout of a config, or None for a dense one; refuses what pipeweave does not model.
+
+    Never falls back to a dense model: a config with MoE or MLA fields, or an architecture outside
+    DENSE_ARCHITECTURES + MOE_ARCHITECTURES, is an error naming what is missing.
+    """
+    where = f"config {stem}"
+    archs = cfg.get("architectures")
+    arch = str(archs[0]) if isinstance(archs, list) and archs else None
+    if "kv_lora_rank" in cfg or "q_lora_rank" in cfg or (arch or "").startswith("Deepseek"):
+        raise WorkloadError(f"{where}: multi-head latent attention (MLA: kv_lora_rank/q_lora_rank, DeepSeek-V2/V3) "
+                            "is not modelled; pipeweave has no MLA attention operator")
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
+        raise WorkloadError(f"{where}: sliding-window attention (sliding_window {cfg['sliding_window']}) is not "
+                            "modelled; the attention calculators attend to the whole context")
+    moe_keys = [key for key in _MOE_KEYS if key in cfg]
+    if arch is None:
+        if moe_keys:
+            raise WorkloadError(f"{where}: has mixture-of-experts keys ({', '.join(moe_keys)}) but no "
+                                f"'architectures'; name one of {', '.join(MOE_ARCHITECTURES)}")
+        return None
+    if arch in DENSE_ARCHITECTURES:
+        if moe_keys:
+            raise WorkloadError(f"{where}: dense architecture {arch} with mixture-of-experts keys "
+                                f"({', '.join(moe_keys)})")
+        return None
+    if arch not in MOE_ARCHITECTURES:
+        raise WorkloadError(f"{where}: architecture {arch} is not modelled (modelled: "
+                            f"{', '.join(DENSE_ARCHITECTURES + MOE_ARCHITECTURES)})")
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise WorkloadError(f"{where}: mixes dense and MoE layers (mlp_only_layers / decoder_sparse_step); only "
+                            "models whose every layer is MoE are modelled")
+
+    def need(key: str) -> int:
+        if key not in cfg:
+            raise WorkloadError(f"{where}: {arch} needs key '{key}'")
+        return _positive_int(cfg[key], f"{where}: {key}")
+
+    if arch == "MixtralForCausalLM":
+        experts, width, shared = need("num_local_experts"), need("intermediate_size"), 0
+    else:
+        experts, width = need("num_experts"), need("moe_intermediate_size")
+        shared = need("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
+    top_k = need("num_experts_per_tok")
+    if top_k > experts:
+        raise WorkloadError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts")
+    return MoeConfig(num_experts=experts, top_k=top_k, expert_intermediate_size=width,
+                     shared_expert_intermediate_size=shared, shared_expert_gate=arch == "Qwen2MoeForCausalLM")
 
 
 def _known_stems(directory: Path, suffix: str) -> list[str]:
@@ -245,6 +332,8 @@ def _check_backend(value: str, flag: str) -> str:
 class RankShapes:
     """Per-TP-rank sizes of METHOD.md §6.3; computing them validates every exact division by TP.
 
+    ``gate_up_n`` / ``down_k`` belong to the MLP every token runs: the dense MLP, or an MoE model's shared
+    expert (0 when it has none; the routed experts are sized in :mod:`pipeweave.moe`).
     Shared by the workload generator and the profiler's shape grids.
     """
 
@@ -258,6 +347,8 @@ class RankShapes:
     @classmethod
     def of(cls, cfg: ModelConfig, tp: int) -> "RankShapes":
         nh, nkv, hd, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+        if cfg.moe is not None:
+            inter = cfg.moe.shared_expert_intermediate_size
         heads = _div(nh, tp, f"num_attention_heads ({nh})")
         # KV heads are split when there are at least TP of them, else replicated on every rank.
         kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else nkv
@@ -275,37 +366,67 @@ class RankShapes:
 
 
 def _iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
-                         tokens: int, attention_type: str, rmsnorm_count: int) -> dict:
+                         tokens: int, attention_type: str, rmsnorm_count: int, ep: int = 1,
+                         dtype: str = "bf16") -> dict:
     """The typed operators of one iteration (keyword arguments of :class:`pipeweave.schema.Iteration`)."""
     hidden, layers, batch = cfg.hidden_size, cfg.num_hidden_layers, len(q)
     communication = []
     if tp > 1:
-        communication.append(CollectiveOp("all_reduce", tokens * hidden * 2, 2 * layers, type="collective"))
+        volume = tokens * hidden * 2
+        if cfg.moe is None:
+            communication.append(CollectiveOp("all_reduce", volume, 2 * layers, type="collective"))
+        else:  # the MoE output is summed over the TP group's expert shards (EP inside TP: no all-to-all)
+            communication += [CollectiveOp("all_reduce", volume, layers, type="collective"),
+                              CollectiveOp("moe_all_reduce", volume, layers, type="collective")]
     if pp > 1:
         communication.append(CollectiveOp("send_recv", 2 * tokens * hidden * 2, pp - 1, type="p2p"))
+    linear = [
+        GemmOp("qkv_proj", tokens, shard.qkv_n, hidden, layers, type="ColumnParallelLinear"),
+        GemmOp("o_proj", tokens, hidden, shard.o_k, layers, type="RowParallelLinear"),
+    ]
+    prefix = "" if cfg.moe is None else "shared_expert_"
+    if shard.gate_up_n:  # the dense MLP, or an MoE model's shared expert
+        linear += [
+            GemmOp(f"{prefix}gate_up_proj", tokens, shard.gate_up_n, hidden, layers, type="MergedColumnParallelLinear"),
+            GemmOp(f"{prefix}down_proj", tokens, hidden, shard.down_k, layers, type="RowParallelLinear"),
+        ]
+    kept_bf16 = [] if cfg.moe is None else moe_gate_gemms(cfg.moe, hidden, tokens, layers)
+    kept_bf16.append(GemmOp("lm_head", batch, cfg.vocab_size, hidden, 1, type="Linear"))
+    fp8 = dtype == "fp8"
     return {
-        "gemm": [
-            GemmOp("qkv_proj", tokens, shard.qkv_n, hidden, layers, type="ColumnParallelLinear"),
-            GemmOp("o_proj", tokens, hidden, shard.o_k, layers, type="RowParallelLinear"),
-            GemmOp("gate_up_proj", tokens, shard.gate_up_n, hidden, layers, type="MergedColumnParallelLinear"),
-            GemmOp("down_proj", tokens, hidden, shard.down_k, layers, type="RowParallelLinear"),
-            GemmOp("lm_head", batch, cfg.vocab_size, hidden, 1, type="Linear"),
-        ],
+        "gemm": kept_bf16 if fp8 else linear + kept_bf16,
+        "gemm_fp8": linear if fp8 else [],
         "attention": AttentionOp(attention_type, batch, tuple(q), tuple(kv), shard.nh, shard.nkv, cfg.head_dim, layers),
         "rmsnorm": ElementwiseOp(tokens, hidden, rmsnorm_count),
-        "siluandmul": ElementwiseOp(tokens, shard.gate_up_n, layers),
+        "siluandmul": ElementwiseOp(tokens, shard.gate_up_n, layers) if shard.gate_up_n else None,
+        "moe": [] if cfg.moe is None else expert_operators(cfg.moe, hidden, tokens, tp, ep, layers),
+        "quantize": _fp8_activation_quantisation(linear, tokens) if fp8 else [],
         "communication": communication,
     }
 
 
+def _fp8_activation_quantisation(linear: list[GemmOp], tokens: int) -> list[QuantizeOp]:
+    """The BF16 -> FP8 conversion of every FP8 GEMM's input (one memory-bound pass over tokens x K each).
+
+    GEMMs that share an input width share an entry (qkv_proj and gate_up_proj both read the hidden state).
+    """
+    widths: dict[int, int] = {}
+    for gemm in linear:
+        widths[gemm.K] = widths.get(gemm.K, 0) + gemm.count
+    return [QuantizeOp(tokens, width, count, name=f"quantize_k{width}") for width, count in widths.items()]
+
+
 def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1, pp: int = 1,
                    prefill_attn: str = PREFILL_ATTN_DEFAULT, decode_attn: str = DECODE_ATTN_DEFAULT,
-                   qk_norm_rmsnorm: bool = False) -> Workload:
+                   qk_norm_rmsnorm: bool = False, ep: int = 1, dtype: str = "bf16") -> Workload:
     """The workload (:class:`pipeweave.schema.Workload`) of a static batch of ``prompt_tokens`` requests.
 
     ``qk_norm_rmsnorm`` selects the artifact's Qwen3 QK-norm approximation (RMSNorm count 4L + 1 instead of 2L + 1).
+    ``ep`` spreads an MoE model's experts over groups of the TP ranks (it must divide ``tp``); ``dtype="fp8"``
+    turns the linear layers (not the router or ``lm_head``) into FP8 GEMMs plus the activation quantisation.
+    Non-default ``ep`` and ``dtype`` are recorded as ``ep_size`` and ``dtype`` keys.
     """
-    for value, what in ((tp, "tp"), (pp, "pp"), (output_tokens, "output_tokens")):
+    for value, what in ((tp, "tp"), (pp, "pp"), (ep, "ep"), (output_tokens, "output_tokens")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise WorkloadError(f"{what} must be an integer >= 1, got {value!r}")
     prompts = list(prompt_tokens)
@@ -316,6 +437,17 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             raise WorkloadError(f"prompt lengths must be integers >= 1, got {p!r}")
     _check_backend(prefill_attn, "prefill_attn")
     _check_backend(decode_attn, "decode_attn")
+    if dtype not in DTYPES:
+        raise WorkloadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if cfg.moe is None and ep != 1:
+        raise WorkloadError(f"ep {ep} needs a mixture-of-experts model; {cfg.stem} is dense")
+    if cfg.moe is not None:
+        if dtype == "fp8":
+            raise WorkloadError(f"config {cfg.stem}: FP8 mixture-of-experts layers are not modelled (the fused-MoE "
+                                "model is trained on BF16 layers only); use --dtype bf16")
+        problem = expert_parallel_problem(cfg.moe, tp, ep)
+        if problem:
+            raise WorkloadError(f"config {cfg.stem}: {problem}")
     shard = RankShapes.of(cfg, tp)
     layers = cfg.num_hidden_layers
     rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * layers + 1
@@ -329,9 +461,10 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             phase, q, kv, tokens, attn = "decode", [1] * batch, [p + step for p in prompts], batch, decode_attn
         iterations.append(Iteration(
             phase, step + 1, batch_size=batch, q_lengths=q, kv_lengths=kv, num_tokens=tokens,
-            **_iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count),
+            **_iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count, ep, dtype),
         ))
-    return Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params())
+    return Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params(), ep_size=ep,
+                    dtype=dtype)
 
 
 def serialize_workload(workload: Workload) -> bytes:
@@ -340,7 +473,7 @@ def serialize_workload(workload: Workload) -> bytes:
 
 
 __all__ = [
-    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "ModelConfig", "RankShapes",
-    "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config", "load_trace",
+    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "DTYPES", "ModelConfig",
+    "MoeConfig", "RankShapes", "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config", "load_trace",
     "model_config_from_dict", "parse_trace", "serialize_workload",
 ]

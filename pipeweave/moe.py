@@ -1,0 +1,165 @@
+"""Mixture-of-experts layers: how the workload generator lists them and how their passes get durations.
+
+**Layer layout** (``expert_operators``, ``moe_gate_gemms``). Every decoder layer of an MoE model runs the
+router GEMM (H x E, replicated on every rank), the fused-MoE kernel's two passes over the routed experts
+(w13: gate/up, H -> 2N; w2: down, N -> H; SiLU*Mul and the top-k reduction are inside the fused kernel), and,
+for models with a shared expert (Qwen2-MoE), that expert as ordinary TP-sharded GEMMs + SiLU*Mul behind an
+H x 1 sigmoid gate. Routing is assumed balanced (docs/METHOD.md §11.1.10): each expert gets tokens x top_k / E
+slots. Expert parallelism ``ep`` divides ``tp``: the TP group's GPUs form ``ep`` groups, each holding E / ep
+experts, each expert split over ``tp / ep`` ranks (aiconfigurator's ``moe_tp x moe_ep = tp``; vLLM's
+``--enable-expert-parallel`` is ep = tp). A rank's fused-MoE launch is then described as ceil(tokens / ep)
+tokens routed top-k over E / ep experts of width N / (tp / ep): the same slots per expert as the whole layer.
+The tokens are already on every rank of the TP group (attention is TP-sharded), so EP needs no all-to-all:
+each rank's partial output is summed by one all-reduce over the TP group, as the TP MLP's is.
+
+**Pass durations** (``split_layer``). The only MoE measurements (aiconfigurator-core's vLLM tables) time a
+**whole fused-MoE layer** (token alignment, w13 pass, SiLU*Mul, w2 pass, top-k reduction): ``weight_type =
+"layer"`` rows, whose features are the sum of the two passes' (``analytical_model.registry``). So the MoE
+model knows layers, not passes. pipeweave predicts the ``layer`` row, exactly what the model was trained and
+validated on, and attributes it to the passes in proportion to each pass's roofline, max(FLOPs at the tensor
+peak, DRAM bytes at the spec bandwidth) (w13 has twice w2's FLOPs and weights; their activation rows differ);
+the two always sum to the layer prediction. The calculator's tile-level features are not used for the split:
+they charge w13 for whole padded BN tiles, which for narrow experts would hand w13 up to 98 % of the layer.
+Predicting each pass as its own row instead asks the model for inputs it never saw (one pass is about half a
+layer): on the held-out shapes that is ~10x less accurate (``pass_choice_errors``; table in
+docs/ACCURACY.md). The split itself cannot be validated: no public source times the passes separately.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from analytical_model import descriptors
+from analytical_model.pipes import HardwareSpec
+from pipeweave.schema import GemmOp, MoeOp
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pipeweave.workload import MoeConfig
+
+SHAPE_COLUMNS = ("M", "E", "topk", "H", "N")
+
+
+def expert_parallel_problem(moe: MoeConfig, tp: int, ep: int) -> str | None:
+    """Why the experts cannot be laid out over ``tp`` ranks in ``ep`` expert groups (None if they can)."""
+    if ep > tp or tp % ep:
+        return f"ep {ep} must divide tp {tp} (the expert groups are made of the TP group's GPUs)"
+    if moe.num_experts % ep:
+        return f"the number of experts ({moe.num_experts}) is not divisible by ep {ep}"
+    if moe.expert_intermediate_size % (tp // ep):
+        return f"the expert width ({moe.expert_intermediate_size}) is not divisible by tp/ep = {tp // ep}"
+    return None
+
+
+def moe_gate_gemms(moe: MoeConfig, hidden: int, tokens: int, layers: int) -> list[GemmOp]:
+    """The replicated gating GEMMs of an MoE layer: the router and (Qwen2-MoE) the shared-expert gate."""
+    gemms = [GemmOp("router", tokens, moe.num_experts, hidden, layers, type="ReplicatedLinear")]
+    if moe.shared_expert_gate:
+        gemms.append(GemmOp("shared_expert_gate", tokens, 1, hidden, layers, type="ReplicatedLinear"))
+    return gemms
+
+
+def expert_operators(moe: MoeConfig, hidden: int, tokens: int, tp: int, ep: int, layers: int) -> list[MoeOp]:
+    """The fused-MoE w13 and w2 passes one rank launches per layer (layout in the module docstring)."""
+    shape = (math.ceil(tokens / ep), moe.num_experts // ep, moe.top_k, hidden,
+             moe.expert_intermediate_size // (tp // ep))
+    return [MoeOp(f"experts_{kind}", kind, *shape, layers) for kind in ("w13", "w2")]
+
+
+def pass_roofline_cycles(m, experts, top_k, hidden, inter, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Roofline cycles, max(FLOPs at the BF16 tensor peak, bytes at the DRAM bandwidth), of the w13 and w2 pass.
+
+    Bytes: the weights of the experts that receive tokens (balanced routing) plus each routed slot's input
+    and output rows (w13 reads H, writes 2N; w2 reads N, writes H), BF16.
+    """
+    m, e, k, h, n = (np.asarray(x, dtype=np.float64) for x in (m, experts, top_k, hidden, inter))
+    routed = m * k
+    active = np.minimum(e, routed)
+    out = []
+    for width, in_row, out_row in ((2 * n, h, 2 * n), (n, n, h)):
+        flops = 2.0 * routed * h * width
+        nbytes = 2.0 * (active * h * width + routed * (in_row + out_row))
+        out.append(np.maximum(descriptors.tensor_cycles(flops, hw.tc_bf16, hw), descriptors.dram_cycles(nbytes, hw)))
+    return out[0], out[1]
+
+
+def w2_share(m, experts, top_k, hidden, inter, hw: HardwareSpec) -> np.ndarray:
+    """The fraction of a layer's duration attributed to the w2 pass."""
+    w13, w2 = pass_roofline_cycles(m, experts, top_k, hidden, inter, hw)
+    return w2 / (w13 + w2)
+
+
+def split_layer(layer_us, m, experts, top_k, hidden, inter, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(w13, w2) durations attributing predicted layer durations in proportion to the passes' rooflines."""
+    share = w2_share(m, experts, top_k, hidden, inter, hw)
+    layer_us = np.asarray(layer_us, dtype=np.float64)
+    return layer_us * (1.0 - share), layer_us * share
+
+
+def pass_shares(keys: list[tuple[str, tuple]], registry) -> np.ndarray:
+    """Fraction of the layer prediction each (GPU stem, (weight_type, M, E, topk, H, N)) key stands for:
+    1 − w2 share for w13, the w2 share for w2, 1 for a whole layer."""
+    out = np.ones(len(keys))
+    stems = [stem for stem, _ in keys]
+    for stem in dict.fromkeys(stems):
+        rows = [i for i, s in enumerate(stems) if s == stem]
+        dims = np.array([keys[i][1][1:] for i in rows], dtype=np.int64)
+        share = w2_share(*dims.T, registry.get(stem))
+        kinds = np.array([keys[i][1][0] for i in rows])
+        out[rows] = np.where(kinds == "w2", share, np.where(kinds == "w13", 1.0 - share, 1.0))
+    return out
+
+
+def pass_choice_errors(test: pd.DataFrame, predictor) -> pd.DataFrame:
+    """Per GPU, duration errors (%) on measured layer rows of: the layer prediction, and the sum of separate
+    w13 and w2 predictions (the rejected alternative); plus the w2 share the split gives."""
+    import pandas as pd
+
+    shapes = test[[*SHAPE_COLUMNS, "hardware"]].reset_index(drop=True)
+    measured = test["avg_duration"].to_numpy(np.float64)
+    layer = predictor.predict_frame("moe", shapes.assign(weight_type="layer"))
+    w13 = predictor.predict_frame("moe", shapes.assign(weight_type="w13"))
+    w2 = predictor.predict_frame("moe", shapes.assign(weight_type="w2"))
+    share = np.zeros(len(shapes))
+    for gpu in pd.unique(shapes["hardware"]):
+        rows = (shapes["hardware"] == gpu).to_numpy()
+        share[rows] = w2_share(*(shapes.loc[rows, c].to_numpy() for c in SHAPE_COLUMNS), predictor.hardware.get(gpu))
+    frame = pd.DataFrame({
+        "hardware": shapes["hardware"],
+        "layer": np.abs(layer["predicted_us"].to_numpy() / measured - 1) * 100,
+        "passes": np.abs((w13["predicted_us"].to_numpy() + w2["predicted_us"].to_numpy()) / measured - 1) * 100,
+        "w2_share": share * 100,
+    })
+    rows = []
+    for gpu, group in list(frame.groupby("hardware")) + [("all", frame)]:
+        rows.append({"GPU": gpu, "n": len(group), "layer_mean": group["layer"].mean(),
+                     "layer_median": group["layer"].median(), "passes_mean": group["passes"].mean(),
+                     "passes_median": group["passes"].median(), "w2_share_min": group["w2_share"].min(),
+                     "w2_share_max": group["w2_share"].max()})
+    return pd.DataFrame(rows)
+
+
+def render_pass_choice(table: pd.DataFrame) -> list[str]:
+    """Markdown lines of the w13/w2 section of docs/ACCURACY.md."""
+    lines = [
+        "### moe: how the w13 and w2 passes are predicted",
+        "",
+        "Every MoE measurement times a whole fused-MoE layer (w13 pass, SiLU*Mul, w2 pass, top-k reduction), so",
+        "the model predicts the `layer` row (the table above) and the aggregator attributes it to w13 and w2 in",
+        "proportion to each pass's roofline (FLOPs and DRAM bytes, `pipeweave/moe.py`); w2's share is given",
+        "below. The rejected alternative, predicting each pass as its own row and summing, is scored on the",
+        "same held-out layer rows (cells as above). The split itself is not measured anywhere.",
+        "",
+        "| GPU | n test | layer row (used) | w13 row + w2 row (rejected) | w2 share of the layer |",
+        "|---|---|---|---|---|",
+    ]
+    for row in table.itertuples():
+        gpu = f"**{row.GPU}**" if row.GPU == "all" else row.GPU
+        lines.append(f"| {gpu} | {row.n} | {row.layer_mean:.1f} / {row.layer_median:.1f} | "
+                     f"{row.passes_mean:.1f} / {row.passes_median:.1f} | "
+                     f"{row.w2_share_min:.0f}–{row.w2_share_max:.0f} % |")
+    lines.append("")
+    return lines

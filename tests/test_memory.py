@@ -1,0 +1,173 @@
+"""Model configs beyond the paper's (MoE), the refusal of unmodelled architectures, and the memory check.
+
+Expected numbers are first-principles facts published with the models (parameter counts) and spec-sheet memory
+sizes, not values read back from the code.
+"""
+from __future__ import annotations
+
+import pytest
+
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from pipeweave.memory import (GPU_MEMORY_UTILIZATION, check_memory, kv_cache_bytes_per_gpu, parameter_count,
+                              shard_problem, weight_bytes_per_gpu, weight_bytes_read)
+from pipeweave.workload import WorkloadError, load_model_config, model_config_from_dict
+
+GPUS = hardware_registry(DEFAULT_HARDWARE_DIR)
+ARXIV_16 = [2197] * 16  # the shape of the arxiv_16 batch used by the paper's 70B runs, 403 output tokens
+
+
+@pytest.mark.parametrize("stem, total, active", [
+    # exact published counts (Hugging Face safetensors metadata) for the dense ones, model-card figures for MoE
+    ("Llama-3.1-8B", 8_030_261_248, None),
+    ("Llama-3.1-70B", 70_553_706_496, None),
+    ("Mixtral-8x7B", 46_702_792_704, 12.9e9),
+    ("Qwen3-30B-A3B", 30.5e9, 3.3e9),
+    ("Qwen3-235B-A22B", 235e9, 22e9),
+    ("Qwen2-57B-A14B", 57.4e9, 14e9),
+])
+def test_parameter_counts_match_the_published_ones(stem, total, active):
+    cfg = load_model_config(stem)
+    assert parameter_count(cfg) == pytest.approx(total, rel=0.005)
+    if active is not None:
+        assert parameter_count(cfg, active=True) == pytest.approx(active, rel=0.02)
+
+
+def test_moe_configs_are_parsed_as_moe():
+    mixtral = load_model_config("Mixtral-8x7B")
+    assert (mixtral.moe.num_experts, mixtral.moe.top_k, mixtral.moe.expert_intermediate_size) == (8, 2, 14336)
+    qwen2 = load_model_config("Qwen2-57B-A14B")
+    assert qwen2.moe.shared_expert_intermediate_size == 20480 and qwen2.moe.shared_expert_gate
+    assert load_model_config("Qwen3-30B-A3B").moe.shared_expert_intermediate_size == 0
+    assert load_model_config("Llama-3.1-8B").moe is None
+
+
+BASE = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024,
+        "vocab_size": 100, "num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512}, "multi-head latent attention"),
+    ({"architectures": ["DeepseekV2ForCausalLM"]}, "MLA"),
+    ({"architectures": ["GPTNeoXForCausalLM"]}, "architecture GPTNeoXForCausalLM is not modelled"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts keys"),
+    ({"architectures": ["LlamaForCausalLM"], "num_experts": 8}, "dense architecture"),
+    ({"architectures": ["MixtralForCausalLM"], "num_experts_per_tok": 2}, "needs key 'num_local_experts'"),
+    ({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 64}, "needs key 'shared_expert_intermediate_size'"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 64, "mlp_only_layers": [0]}, "mixes dense and MoE layers"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 9,
+      "moe_intermediate_size": 64}, "exceeds the 8 experts"),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": True},
+     "sliding-window attention"),
+])
+def test_unmodelled_architectures_are_refused(extra, message):
+    with pytest.raises(WorkloadError, match=message):
+        model_config_from_dict({**BASE, **extra})
+
+
+def test_weights_are_sharded_and_dtype_aware():
+    llama = load_model_config("Llama-3.1-70B")
+    full = weight_bytes_per_gpu(llama, tp=1)
+    assert full == pytest.approx(2 * 70.55e9, rel=1e-3)
+    assert weight_bytes_per_gpu(llama, tp=4) == pytest.approx(full / 4, rel=0.01)  # KV heads 8 >= 4: all split
+    # PP2: half the layers and one of the two vocabulary tables (embedding or lm_head)
+    table = 128256 * 8192 * 2
+    assert weight_bytes_per_gpu(llama, tp=1, pp=2) == pytest.approx((full - 2 * table) / 2 + table, rel=1e-3)
+    # FP8: linear layers at one byte, embedding and lm_head BF16
+    assert weight_bytes_per_gpu(llama, tp=1, dtype="fp8") == pytest.approx((full - 2 * table) / 2 + 2 * table,
+                                                                           rel=1e-3)
+    mixtral = load_model_config("Mixtral-8x7B")
+    # expert bytes per GPU do not depend on how the TP group is split into expert groups
+    assert weight_bytes_per_gpu(mixtral, tp=8, ep=8) == weight_bytes_per_gpu(mixtral, tp=8, ep=1)
+    assert "ep 3 must divide tp 8" in shard_problem(mixtral, 8, 3)
+    with pytest.raises(WorkloadError, match="dtype"):
+        weight_bytes_per_gpu(mixtral, tp=1, dtype="int4")
+
+
+def test_kv_cache_first_principles():
+    llama = load_model_config("Llama-3.1-70B")  # 80 layers, 8 KV heads of 128: 320 KiB per token in BF16
+    assert kv_cache_bytes_per_gpu(llama, [16], tp=1) == 16 * 2 * 80 * 8 * 128 * 2
+    assert kv_cache_bytes_per_gpu(llama, [17], tp=1) == 2 * kv_cache_bytes_per_gpu(llama, [16], tp=1)  # blocks
+    assert kv_cache_bytes_per_gpu(llama, [16], tp=16) == kv_cache_bytes_per_gpu(llama, [16], tp=8)  # replicated
+
+
+def test_llama_70b_does_not_fit_one_l40s():
+    check = check_memory(load_model_config("Llama-3.1-70B"), GPUS.get("L40S"), ARXIV_16, 403, tp=1)
+    assert not check.fits
+    assert check.weights / 1e9 == pytest.approx(141.1, abs=0.1)  # 70.55 B parameters x 2 bytes
+    assert check.available_gb == pytest.approx(GPU_MEMORY_UTILIZATION * 48.3, abs=0.1)
+    assert check.smallest_tp == 4  # 141 GB / 4 = 35 GB + KV + activations < 43.5 GB; TP2 (71 GB) cannot
+    text = check.message(1)
+    assert "does not fit in GPU memory" in text and "163." in text and "43.5 GB" in text and "TP that fits is 4" in text
+
+
+def test_fitting_deployments():
+    qwen = check_memory(load_model_config("Qwen2.5-14B"), GPUS.get("A100"), [3496] * 8, 122, tp=1)
+    assert qwen.fits and qwen.smallest_tp == 1 and 29 < qwen.weights / 1e9 < 30
+    # Qwen3-235B-A22B in BF16 (470 GB) needs a full 8 x H100 node; in FP8 (~236 GB) 4 x H200 are enough
+    big = load_model_config("Qwen3-235B-A22B")
+    assert check_memory(big, GPUS.get("H100"), ARXIV_16, 403, tp=4).smallest_tp == 8
+    assert check_memory(big, GPUS.get("H200"), ARXIV_16, 403, tp=4, dtype="fp8").fits
+    # a batch whose KV cache alone exceeds an 80 GB GPU: 64 x 32k tokens of Llama-3.1-8B = 275 GB
+    assert not check_memory(load_model_config("Llama-3.1-8B"), GPUS.get("H100"), [32768] * 64, 2).fits
+
+
+def test_moe_decode_reads_only_the_routed_experts():
+    """A decode step of one token reads the active parameters; a dense model of the same total size reads all."""
+    moe = load_model_config("Qwen3-30B-A3B")
+    dense_bytes = 2 * parameter_count(moe)
+    one_token = weight_bytes_read(moe, tokens=1)
+    assert one_token == pytest.approx(2 * 3.35e9, rel=0.01)  # 3.3 B active parameters
+    assert one_token / dense_bytes < 0.12
+    # balanced routing: 16 tokens x top-8 = 128 slots touch all 128 experts, as much as the dense model
+    assert weight_bytes_read(moe, tokens=16) == dense_bytes
+    mixtral = load_model_config("Mixtral-8x7B")
+    assert weight_bytes_read(mixtral, tokens=1) == pytest.approx(2 * 12.9e9, rel=0.01)
+    assert weight_bytes_read(load_model_config("Llama-3.1-70B"), tokens=1) == 2 * parameter_count(
+        load_model_config("Llama-3.1-70B"))
+
+
+def test_every_measured_run_fits_its_gpu(repo_root):
+    """The 28 measured end-to-end runs did run, so the check must not refuse any of them (L40 / A40 / RTX A6000
+    with Qwen2.5-14B TP1 are within 5 % of the limit: the allowance is not loose)."""
+    import csv
+
+    from pipeweave.aggregate import load_workload
+    from pipeweave.memory import config_from_model_params
+
+    runs = list(csv.DictReader((repo_root / "e2e" / "real" / "measured_runs.csv").open()))
+    assert len(runs) == 28
+    for run in runs:
+        pattern = f"{run['model']}_{run['trace']}_*_tp{run['tp']}_pp{run['pp']}.json"
+        path = sorted((repo_root / "workload").glob(pattern))[0]
+        workload = load_workload(path)
+        check = check_memory(config_from_model_params(workload.model_params, workload.model), GPUS.get(run["gpu"]),
+                             workload.prompt_lengths, len(workload.phases), tp=workload.tp_size, pp=workload.pp_size)
+        assert check.fits, (run["gpu"], path.name, check.required_gb, check.available_gb)
+
+
+def test_aggregator_refuses_a_workload_that_does_not_fit(tmp_path, repo_root):
+    import json
+    import subprocess
+    import sys
+
+    from pipeweave.workload import build_workload, serialize_workload
+
+    workload = tmp_path / "llama70b_tp1.json"
+    workload.write_bytes(serialize_workload(build_workload(load_model_config("Llama-3.1-70B"), ARXIV_16, 2)))
+    out = tmp_path / "pred.json"
+    run = lambda *extra: subprocess.run([sys.executable, "aggregator.py", "--workload", str(workload),  # noqa: E731
+                                         "--hardware", "L40S", "--output", str(out), *extra], cwd=repo_root,
+                                        capture_output=True, text=True, timeout=300)
+    refused = run()
+    assert refused.returncode == 2 and not out.exists()
+    assert refused.stderr.startswith("aggregator.py: error: ") and len(refused.stderr.splitlines()) == 1
+    needles = ("does not fit in GPU memory", "needs 161.0 GB", "43.5 GB is available", "smallest TP that fits is 4")
+    for needle in needles:
+        assert needle in refused.stderr
+    forced = run("--ignore_memory")
+    assert forced.returncode == 0, forced.stderr
+    assert "WARNING" in forced.stdout and "--ignore_memory" in forced.stdout
+    record = json.loads(out.read_text())["memory_check"]
+    assert record["fits"] is False and record["ignored"] is True and record["smallest_tp"] == 4
