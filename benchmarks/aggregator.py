@@ -127,7 +127,7 @@ def main(argv=None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.moe:
-            from pipeweave.workload import WorkloadSpec, generate, write_workloads
+            from pipeweave.generate import WorkloadSpec, generate, write_workloads
 
             args.workload = str(write_workloads([generate(WorkloadSpec(**MOE_WORKLOAD))], tmp)[0])
         args.hardware = args.hardware or ("H200" if args.moe else "H20")

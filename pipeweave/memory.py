@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from analytical_model.pipes import HardwareSpec
-from pipeweave.moe import expert_parallel_problem
-from pipeweave.workload import ModelConfig, MoeConfig, RankShapes, WorkloadError
+from pipeweave.moe import MoeConfig, expert_parallel_problem
+from pipeweave.workload import ModelConfig, RankShapes, WorkloadError
 
 GPU_MEMORY_UTILIZATION = 0.9
 RUNTIME_OVERHEAD_BYTES = 2 ** 30

@@ -1,5 +1,8 @@
 """Mixture-of-experts layers: how the workload generator lists them and how their passes get durations.
 
+**Which models** (``moe_config_from_dict``): Mixtral, Qwen2-MoE (shared expert) and Qwen3-MoE configs whose
+every layer is MoE; anything else that is not one of the modelled dense architectures is refused.
+
 **Layer layout** (``expert_operators``, ``moe_gate_gemms``). Every decoder layer of an MoE model runs the
 router GEMM (H x E, replicated on every rank), the fused-MoE kernel's two passes over the routed experts
 (w13: gate/up, H -> 2N; w2: down, N -> H; SiLU*Mul and the top-k reduction are inside the fused kernel), and,
@@ -27,6 +30,7 @@ docs/ACCURACY.md). The split itself cannot be validated: no public source times 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,9 +42,80 @@ from pipeweave.schema import GemmOp, MoeOp
 if TYPE_CHECKING:
     import pandas as pd
 
-    from pipeweave.workload import MoeConfig
-
 SHAPE_COLUMNS = ("M", "E", "topk", "H", "N")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The expert layout of a mixture-of-experts model whose every decoder layer is an MoE layer.
+
+    ``expert_intermediate_size`` is one routed expert's FFN width (Mixtral's ``intermediate_size``, Qwen-MoE's
+    ``moe_intermediate_size``); ``shared_expert_intermediate_size`` is the always-active shared expert's width
+    (0 when there is none); ``shared_expert_gate`` is Qwen2-MoE's sigmoid gate (an H x 1 GEMM) on that expert.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+
+
+#: Architectures whose every operator pipeweave models (dense: docs/METHOD.md §2; MoE: fused-MoE layers).
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+
+def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
+    """The MoE layout of an HF config dict, or None for a dense model; refuses what pipeweave does not model.
+
+    Never falls back to a dense model: a config with MoE or MLA fields, or an architecture outside
+    DENSE_ARCHITECTURES + MOE_ARCHITECTURES, is a ValueError naming what is missing.
+    """
+    archs = cfg.get("architectures")
+    arch = str(archs[0]) if isinstance(archs, list) and archs else None
+    if "kv_lora_rank" in cfg or "q_lora_rank" in cfg or (arch or "").startswith("Deepseek"):
+        raise ValueError("multi-head latent attention (MLA: kv_lora_rank/q_lora_rank, DeepSeek-V2/V3) is not "
+                         "modelled; pipeweave has no MLA attention operator")
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
+        raise ValueError(f"sliding-window attention (sliding_window {cfg['sliding_window']}) is not modelled; the "
+                         "attention calculators attend to the whole context")
+    moe_keys = ", ".join(key for key in _MOE_KEYS if key in cfg)
+    if arch is None:
+        if moe_keys:
+            raise ValueError(f"has mixture-of-experts keys ({moe_keys}) but no 'architectures'; name one of "
+                             f"{', '.join(MOE_ARCHITECTURES)}")
+        return None
+    if arch in DENSE_ARCHITECTURES:
+        if moe_keys:
+            raise ValueError(f"dense architecture {arch} with mixture-of-experts keys ({moe_keys})")
+        return None
+    if arch not in MOE_ARCHITECTURES:
+        raise ValueError(f"architecture {arch} is not modelled (modelled: "
+                         f"{', '.join(DENSE_ARCHITECTURES + MOE_ARCHITECTURES)})")
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise ValueError("mixes dense and MoE layers (mlp_only_layers / decoder_sparse_step); only models whose "
+                         "every layer is MoE are modelled")
+
+    def need(key: str) -> int:
+        if key not in cfg:
+            raise ValueError(f"{arch} needs key '{key}'")
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        return value
+
+    if arch == "MixtralForCausalLM":
+        experts, width, shared = need("num_local_experts"), need("intermediate_size"), 0
+    else:
+        experts, width = need("num_experts"), need("moe_intermediate_size")
+        shared = need("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
+    top_k = need("num_experts_per_tok")
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok {top_k} exceeds the {experts} experts")
+    return MoeConfig(num_experts=experts, top_k=top_k, expert_intermediate_size=width,
+                     shared_expert_intermediate_size=shared, shared_expert_gate=arch == "Qwen2MoeForCausalLM")
 
 
 def expert_parallel_problem(moe: MoeConfig, tp: int, ep: int) -> str | None:

@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 
 from analytical_model.attention import resolve_attention_type
-from analytical_model.registry import MOE_WEIGHT_TYPES
+from analytical_model.operator_features import MOE_WEIGHT_TYPES
 from pipeweave.cli import UserError
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeweave.cli import UserError
-from pipeweave.moe import expert_operators, expert_parallel_problem, moe_gate_gemms
+from pipeweave.moe import (MoeConfig, expert_operators, expert_parallel_problem, moe_config_from_dict,
+                           moe_gate_gemms)
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.paths import DEFAULT_WORKLOAD_OUTPUT_DIR as DEFAULT_OUTPUT_DIR
 from pipeweave.schema import (DTYPES, AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, QuantizeOp,
@@ -54,22 +55,6 @@ class WorkloadError(UserError):
 # --------------------------------------------------------------------------------------------------
 # Model configuration (METHOD.md section 2)
 # --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """The expert layout of a mixture-of-experts model whose every decoder layer is an MoE layer.
-
-    ``expert_intermediate_size`` is one routed expert's FFN width (Mixtral's ``intermediate_size``, Qwen-MoE's
-    ``moe_intermediate_size``); ``shared_expert_intermediate_size`` is the always-active shared expert's width
-    (0 when there is none); ``shared_expert_gate`` is Qwen2-MoE's sigmoid gate (an H x 1 GEMM) on that expert.
-    """
-
-    num_experts: int
-    top_k: int
-    expert_intermediate_size: int
-    shared_expert_intermediate_size: int = 0
-    shared_expert_gate: bool = False
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -138,64 +123,11 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise WorkloadError(f"config {stem}: tie_word_embeddings must be true or false, got {tie!r}")
-    return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie,
-                       moe=_moe_config(cfg, stem), **values)
-
-
-#: Architectures whose every operator pipeweave models (dense: METHOD.md section 2; MoE: fused-MoE layers).
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
-
-
-def _moe_config(cfg: dict, stem: str) -> MoeConfig | None:
-    """The MoE layout of a config, or None for a dense one; refuses what pipeweave does not model.
-
-    Never falls back to a dense model: a config with MoE or MLA fields, or an architecture outside
-    DENSE_ARCHITECTURES + MOE_ARCHITECTURES, is an error naming what is missing.
-    """
-    where = f"config {stem}"
-    archs = cfg.get("architectures")
-    arch = str(archs[0]) if isinstance(archs, list) and archs else None
-    if "kv_lora_rank" in cfg or "q_lora_rank" in cfg or (arch or "").startswith("Deepseek"):
-        raise WorkloadError(f"{where}: multi-head latent attention (MLA: kv_lora_rank/q_lora_rank, DeepSeek-V2/V3) "
-                            "is not modelled; pipeweave has no MLA attention operator")
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
-        raise WorkloadError(f"{where}: sliding-window attention (sliding_window {cfg['sliding_window']}) is not "
-                            "modelled; the attention calculators attend to the whole context")
-    moe_keys = [key for key in _MOE_KEYS if key in cfg]
-    if arch is None:
-        if moe_keys:
-            raise WorkloadError(f"{where}: has mixture-of-experts keys ({', '.join(moe_keys)}) but no "
-                                f"'architectures'; name one of {', '.join(MOE_ARCHITECTURES)}")
-        return None
-    if arch in DENSE_ARCHITECTURES:
-        if moe_keys:
-            raise WorkloadError(f"{where}: dense architecture {arch} with mixture-of-experts keys "
-                                f"({', '.join(moe_keys)})")
-        return None
-    if arch not in MOE_ARCHITECTURES:
-        raise WorkloadError(f"{where}: architecture {arch} is not modelled (modelled: "
-                            f"{', '.join(DENSE_ARCHITECTURES + MOE_ARCHITECTURES)})")
-    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
-        raise WorkloadError(f"{where}: mixes dense and MoE layers (mlp_only_layers / decoder_sparse_step); only "
-                            "models whose every layer is MoE are modelled")
-
-    def need(key: str) -> int:
-        if key not in cfg:
-            raise WorkloadError(f"{where}: {arch} needs key '{key}'")
-        return _positive_int(cfg[key], f"{where}: {key}")
-
-    if arch == "MixtralForCausalLM":
-        experts, width, shared = need("num_local_experts"), need("intermediate_size"), 0
-    else:
-        experts, width = need("num_experts"), need("moe_intermediate_size")
-        shared = need("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
-    top_k = need("num_experts_per_tok")
-    if top_k > experts:
-        raise WorkloadError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts")
-    return MoeConfig(num_experts=experts, top_k=top_k, expert_intermediate_size=width,
-                     shared_expert_intermediate_size=shared, shared_expert_gate=arch == "Qwen2MoeForCausalLM")
+    try:
+        moe = moe_config_from_dict(cfg)
+    except ValueError as exc:
+        raise WorkloadError(f"config {stem}: {exc}") from None
+    return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe, **values)
 
 
 def _known_stems(directory: Path, suffix: str) -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.modeling import DATASET_DIR
 from pipeweave.moe import pass_choice_errors, split_layer, w2_share
-from pipeweave.workload import WorkloadError, build_workload, load_model_config, output_name
+from pipeweave.generate import output_name
+from pipeweave.workload import WorkloadError, build_workload, load_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 
