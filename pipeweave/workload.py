@@ -406,6 +406,6 @@ def serialize_workload(workload: Workload) -> bytes:
 
 __all__ = [
     "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "DTYPES", "ModelConfig",
-    "MoeConfig", "RankShapes", "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config", "load_trace",
-    "model_config_from_dict", "parse_trace", "serialize_workload",
+    "MoeConfig", "RankShapes", "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config",
+    "load_trace", "model_config_from_dict", "parse_trace", "serialize_workload",
 ]
