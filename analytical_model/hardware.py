@@ -3,6 +3,12 @@
 A GPU can be named by its file stem ("H100", "RTX 6000 Ada" or "RTX_6000_Ada"), by the device
 name the driver reports ("NVIDIA H100", "NVIDIA H100 80GB HBM3") or by aiconfigurator's system key
 ("h100_sxm"). Anything else is an error that lists the known GPUs.
+
+Besides the analytical model's spec fields (docs/METHOD.md §1.1), every file carries what the collective fallback
+needs (``linkType``: NVLink or PCIe generation, ``linkGbps``: per-GPU per-direction GPU-to-GPU bandwidth in GB/s,
+``linkLatencyUs``: smallest-message 2-GPU all-reduce time), ``memoryType``, optionally ``boostClock`` and ``tdpW``,
+and a ``provenance`` object naming the source of every field (datasheet, whitepaper, driver, measurement or a
+stated estimate). A field without a source is an error.
 """
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from pathlib import Path
 
 from pipeweave.paths import DEFAULT_HARDWARE_DIR
 
-from .pipes import ARCHITECTURES, HardwareSpec
+from .pipes import ARCHITECTURES, LINK_TYPES, MEMORY_TYPES, HardwareSpec
 
 
 _REQUIRED_NUMBERS = {
@@ -24,8 +30,15 @@ _REQUIRED_NUMBERS = {
     "xuFp32": "xu_fp32",
     "FmaFp32": "fma_fp32",
     "smFreq": "sm_freq",
+    "linkGbps": "link_gbps",
+    "linkLatencyUs": "link_latency_us",
 }
-_OPTIONAL_NUMBERS = ("tcFp8", "sharedMemorySize", "totalGlobalMem", "l2CacheSize", "l1CacheSize", "registerFileSize")
+_OPTIONAL_NUMBERS = {"tcFp8": "tc_fp8", "sharedMemorySize": "shared_memory_size", "totalGlobalMem": "total_global_mem",
+                     "l2CacheSize": "l2_cache_size", "l1CacheSize": None, "registerFileSize": None,
+                     "boostClock": "boost_clock", "tdpW": "tdp_w"}
+_CHOICES = {"linkType": LINK_TYPES, "memoryType": MEMORY_TYPES}
+# fields that describe the file rather than the GPU: no provenance entry needed
+_UNSOURCED = ("provenance", "note", "TODO", "CHECK")
 
 
 class UnknownHardwareError(ValueError):
@@ -55,6 +68,10 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
             raise ValueError(f"{source}: missing field {key!r}")
         if not isinstance(data[key], int) or isinstance(data[key], bool):
             raise ValueError(f"{source}: field {key!r} must be an integer, got {data[key]!r}")
+    for key, choices in _CHOICES.items():
+        if data.get(key) not in choices:
+            raise ValueError(f"{source}: field {key!r} must be one of {', '.join(choices)}, got {data.get(key)!r}")
+    _check_provenance(data, source)
     name = data.get("name", stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: field 'name' must be a non-empty string")
@@ -68,19 +85,33 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     if system is not None and not isinstance(system, str):
         raise ValueError(f"{source}: field 'aiconfiguratorSystem' must be a string")
     spec_kwargs = {internal: data[key] for key, internal in _REQUIRED_NUMBERS.items()}
+    spec_kwargs.update({internal: data.get(key) for key, internal in _OPTIONAL_NUMBERS.items() if internal})
+    spec_kwargs["tc_fp8"] = spec_kwargs["tc_fp8"] or 0
     return HardwareSpec(
         stem=stem,
         name=name,
         architecture=architecture.lower(),
         compute_capability=(data["computeMajor"], data["computeMinor"]),
-        tc_fp8=data.get("tcFp8") or 0,
-        shared_memory_size=data.get("sharedMemorySize"),
-        total_global_mem=data.get("totalGlobalMem"),
-        l2_cache_size=data.get("l2CacheSize"),
         aliases=tuple(aliases),
         aiconfigurator_system=system,
+        memory_type=data["memoryType"],
+        link_type=data["linkType"],
         **spec_kwargs,
     )
+
+
+def _check_provenance(data: dict, source: str) -> None:
+    """Every field must name its source (a datasheet, a whitepaper, a measurement, an estimate and why)."""
+    provenance = data.get("provenance")
+    if not isinstance(provenance, dict):
+        raise ValueError(f"{source}: field 'provenance' must be an object mapping every field to its source")
+    missing = [key for key in data if key not in _UNSOURCED
+               and (not isinstance(provenance.get(key), str) or provenance[key].startswith("TODO"))]
+    if missing:
+        raise ValueError(f"{source}: 'provenance' has no source for field(s) {', '.join(missing)}")
+    unknown = [key for key in provenance if key not in data]
+    if unknown:
+        raise ValueError(f"{source}: 'provenance' names field(s) the file does not have: {', '.join(unknown)}")
 
 
 def _normalise(key: str) -> str:

@@ -38,6 +38,10 @@ XU_FEATURES = compute_pipe_names("xu")
 FMA_FEATURES = compute_pipe_names("fma")
 
 ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
+# GPU-to-GPU interconnect of a hardware JSON's ``linkType``: NVLink generation (through NVSwitch on SXM boards) or
+# PCIe generation; the collective fallback (pipeweave.collectives) reads the family and the generation.
+LINK_TYPES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie3", "pcie4", "pcie5", "pcie6")
+MEMORY_TYPES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,17 @@ class HardwareSpec:
     l2_cache_size: float | None = None
     aliases: tuple[str, ...] = field(default=())
     aiconfigurator_system: str | None = None
+    memory_type: str | None = None
+    link_type: str | None = None  # one of LINK_TYPES
+    link_gbps: float | None = None  # per-GPU, per-direction GPU-to-GPU bandwidth, GB/s (10^9 B/s)
+    link_latency_us: float | None = None  # smallest-message 2-GPU all-reduce, device time
+    boost_clock: float | None = None  # MHz, vendor maximum boost (smFreq is the clock of the tensor peak)
+    tdp_w: float | None = None  # maximum board power, W
+
+    @property
+    def link_family(self) -> str | None:
+        """"nvlink" or "pcie" (None when the JSON has no link)."""
+        return None if self.link_type is None else self.link_type.rstrip("0123456789")
 
     @property
     def uses_sm90_gemm(self) -> bool:

@@ -55,6 +55,12 @@ def test_sanity_peaks():
         (lambda d: d.update(architecture="volta"), "field 'architecture' must be one of"),
         (lambda d: d.update(tcFp8=-1), "field 'tcFp8' must be a non-negative number"),
         (lambda d: d.pop("computeMajor"), "missing field 'computeMajor'"),
+        (lambda d: d.pop("linkGbps"), "missing field 'linkGbps'"),
+        (lambda d: d.update(linkType="infiniband"), "field 'linkType' must be one of nvlink2"),
+        (lambda d: d.update(memoryType="SRAM"), "field 'memoryType' must be one of HBM2"),
+        (lambda d: d["provenance"].pop("tcBf16"), "'provenance' has no source for field\\(s\\) tcBf16"),
+        (lambda d: d["provenance"].update(foo="x"), "'provenance' names field\\(s\\) the file does not have: foo"),
+        (lambda d: d.update(provenance="datasheet"), "field 'provenance' must be an object"),
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
@@ -70,3 +76,18 @@ def test_invalid_json(tmp_path):
     (tmp_path / "Bad.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"Bad\.json: invalid JSON"):
         HardwareRegistry(tmp_path)
+
+
+def test_every_value_has_a_source_and_links_are_consistent():
+    """Audited fields (README "Hardware audit"): link family matches the board, peaks follow the convention."""
+    for stem in EXPECTED:
+        hw = load_hardware(stem)
+        assert hw.link_family == ("nvlink" if stem in ("A100", "H100", "H800", "H200", "H20", "B200") else "pcie")
+        assert 0 < hw.link_latency_us < 50 and hw.link_gbps >= 32
+        assert hw.boost_clock >= hw.sm_freq, stem  # smFreq is the tensor-peak clock, never above the boost
+    # FP32-accumulate rates: the non-S Ada parts run BF16 with FP32 accumulate at half rate (datasheets)
+    l40, l40s, l20 = load_hardware("L40"), load_hardware("L40S"), load_hardware("L20")
+    assert l40.tc_bf16 * l40.num_sms * l40.sm_freq * 1e6 == pytest.approx(181.05e12, rel=0.01)
+    assert l40s.tc_bf16 == 2 * l40.tc_bf16
+    assert l20.tc_bf16 * l20.num_sms * l20.sm_freq * 1e6 == pytest.approx(119.5e12, rel=0.01)
+    assert load_hardware("H800").link_gbps < load_hardware("H100").link_gbps  # export-reduced NVLink

@@ -409,13 +409,19 @@ def test_hardware_skeleton_rejected_until_filled():
     assert data["memBandwidth"] == pytest.approx(3352.32)  # the convention of hardware/H100.json
     assert (data["l2CacheSize"], data["sharedMemorySize"], data["registerFileSize"]) == (51200, 228, 256)
     assert (data["smFreq"], data["FmaFp32"], data["xuFp32"], data["sharedMemoryBandwidth"]) == (1980, 128, 16, 128)
-    assert data["TODO"] == ["l2CacheBandwidth", "tcBf16", "tcFp8"]
+    link = ["memoryType", "linkType", "linkGbps", "linkLatencyUs"]
+    assert data["TODO"] == ["l2CacheBandwidth", "tcBf16", "tcFp8", *link]
     assert all(str(data[f]).startswith("TODO") for f in data["TODO"])
     assert "memBandwidth" in data["CHECK"] and "smFreq" in data["CHECK"]
+    assert set(data["provenance"]) == set(data) - {"provenance", "TODO", "CHECK"}
     with pytest.raises(ValueError, match="must be a positive number"):
         parse_hardware(data, "Test", "Test.json")
-    filled = dict(data, l2CacheBandwidth=8820, tcBf16=4096, tcFp8=8192)
+    filled = dict(data, l2CacheBandwidth=8820, tcBf16=4096, tcFp8=8192, memoryType="HBM3", linkType="nvlink4",
+                  linkGbps=450, linkLatencyUs=6)
     del filled["TODO"], filled["CHECK"]
+    with pytest.raises(ValueError, match="'provenance' has no source for field"):  # TODO sources left
+        parse_hardware(filled, "Test", "Test.json")
+    filled["provenance"] = {k: "datasheet" if str(v).startswith("TODO") else v for k, v in data["provenance"].items()}
     spec = parse_hardware(filled, "Test", "Test.json")
     assert (spec.num_sms, spec.tc_bf16, spec.tc_fp8, spec.architecture) == (132, 4096, 8192, "hopper")
 
@@ -425,7 +431,8 @@ def test_hardware_skeleton_without_clock_fields_and_old_gpus():
     for attr in ("clock_rate", "memory_clock_rate", "memory_bus_width", "regs_per_multiprocessor"):
         delattr(bare, attr)
     data = hardware_skeleton(bare)
-    assert data["TODO"] == ["memBandwidth", "l2CacheBandwidth", "tcBf16", "smFreq"]
+    assert data["TODO"] == ["memBandwidth", "l2CacheBandwidth", "tcBf16", "smFreq", "memoryType", "linkType",
+                            "linkGbps", "linkLatencyUs"]
     assert "tcFp8" not in data and data["FmaFp32"] == 64 and data["architecture"] == "ampere"
     assert data["registerFileSize"] is None
     with pytest.raises(ValueError):

@@ -253,11 +253,20 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
         data["architecture"] = _todo(f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
                                      "is none of them; pick the closest)")
         todo.append("architecture")
+    data["memoryType"] = _todo("DRAM type, one of HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, GDDR7 (datasheet)")
+    data["linkType"] = _todo("GPU-to-GPU interconnect: nvlink3/4/5 on SXM boards with NVSwitch, else pcie4/5")
+    data["linkGbps"] = _todo("per-GPU, per-direction interconnect bandwidth in GB/s (half the bidirectional "
+                             "datasheet figure: H100 SXM 450, PCIe Gen4 x16 32)")
+    data["linkLatencyUs"] = _todo("smallest-message 2-GPU all-reduce time in us (measured; else 8 for NVLink, 6.1 for "
+                                  "PCIe, the medians of the shipped files)")
+    todo += ["memoryType", "linkType", "linkGbps", "linkLatencyUs"]
     date = today or _dt.date.today().isoformat()
-    data["provenance"] = (f"Skeleton written by profile_operators.py --hardware_json on {date} "
-                          "from torch.cuda.get_device_properties"
-                          + (" and NVML" if max_sm_clock_mhz or max_mem_clock_mhz or memory_bus_width else "")
-                          + "; fill the fields listed in TODO, review CHECK, then delete both lists.")
+    reader = "torch.cuda.get_device_properties" + (
+        " and NVML" if max_sm_clock_mhz or max_mem_clock_mhz or memory_bus_width else "")
+    data["provenance"] = {key: ("TODO: name the source (datasheet, whitepaper, measurement)" if key in todo
+                                else f"{check[key]} ({reader}, {date})" if key in check
+                                else f"driver ({reader}, {date})")
+                          for key in data}
     data["TODO"] = todo
     data["CHECK"] = check
     return data
