@@ -63,12 +63,12 @@ def build_parser():
                              "if it has collective models; otherwise a workload with communication is an error)")
     parser.add_argument("--collective_dir", default=None,
                         help="root of the collective models (default: collective_models)")
-    parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="model",
-                        help="'model' (default): measured collective models only, a missing one is an error; "
-                             "'analytical': where no measured model covers a collective (GPU, kind or worker count), "
-                             "use the documented analytical estimate pipeweave.collectives.analytical_collective_ms "
-                             "(ring all-reduce / point-to-point at the GPU's peak link bandwidth + fixed latency) and "
-                             "print a WARNING line naming it")
+    parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="analytical",
+                        help="'analytical' (default): where no measured model covers a collective (GPU, kind or "
+                             "worker count), use the documented analytical estimate from the GPU's hardware JSON "
+                             "link (pipeweave.collectives.analytical_collective_ms; vLLM custom all-reduce model for "
+                             "small NVLink messages) and print a WARNING line naming it; 'model': measured collective "
+                             "models only, a missing one is an error")
     parser.add_argument("--ignore_memory", action="store_true",
                         help="predict even when the workload does not fit in GPU memory (weights + KV cache + "
                              "activations, pipeweave.memory); the output then carries memory_check.fits = false")

@@ -63,12 +63,20 @@ may combine worker counts from different sources (H100 all-reduce: 2, 4 from Pip
 
 Analytical estimate
 -------------------
-See :func:`analytical_collective_ms` and :data:`DEFAULT_LINKS`; only used when explicitly allowed.
+See :func:`analytical_collective_ms`: link type, bandwidth and latency come from the GPU's hardware JSON
+(``linkType``, ``linkGbps``, ``linkLatencyUs``); small NVLink all-reduces use the custom all-reduce model of
+:mod:`pipeweave.collective_serving`. Used only when allowed (the aggregator allows it by default and prints a
+WARNING naming it).
+
+Serving corrections
+-------------------
+All-reduce models describe what a serving engine pays: host-timed sweeps are converted to device time and small
+NVLink messages follow vLLM's custom all-reduce; see :mod:`pipeweave.collective_serving`. aiconfigurator-core's
+measured vLLM custom all-reduce (CUDA-graph replay) is the first source of all-reduce where it exists.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -76,13 +84,20 @@ import numpy as np
 
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
 
+from .collective_serving import (
+    CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, custom_allreduce_ms, custom_allreduce_params, is_custom_allreduce,
+    read_serving, serving_adjust, write_serving,
+)
+
 KINDS = ("all_reduce", "send_recv")
+CUSTOM_ALLREDUCE_KIND = "custom_all_reduce"  # load_collectives' label of vLLM's custom all-reduce rows
 MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"
 SEND_RECV_WORKERS = 2
 MAX_MODEL_BYTES = 2 * 1024 * 1024
 
-# source precedence (prefix of the ``source`` column of load_collectives) - lower is preferred
+# source precedence (prefix of the ``source`` column of load_collectives) - lower is preferred; aiconfigurator's
+# vLLM custom all-reduce table ranks before all of them (collective_serving.is_custom_allreduce)
 SOURCE_PRECEDENCE = ("aiconfigurator-core", "vidur", "pipeweave")
 SMOOTH_MIN_SIZES = 100  # rolling-median smoothing only for dense sweeps
 SMOOTH_WINDOW = 5
@@ -101,69 +116,22 @@ ANALYTICAL_HINT = ("explicitly allow the analytical estimate (CollectivePredicto
 # analytical estimate
 # ================================================================================================================
 
-@dataclass(frozen=True)
-class LinkSpec:
-    link_gbps: float  # per-GPU, per-direction bandwidth in GB/s (10^9 bytes/s)
-    interconnect: str
-    vendor_figure: str
-
-
-DEFAULT_LINKS: dict[str, LinkSpec] = {
-    # SXM parts: NVLink generation (vendor figure = total bidirectional NVLink bandwidth per GPU)
-    "A100": LinkSpec(300.0, "NVLink 3 (SXM4)", "600 GB/s bidirectional (NVIDIA A100 datasheet)"),
-    "H100": LinkSpec(450.0, "NVLink 4 (SXM5)", "900 GB/s bidirectional (NVIDIA H100 datasheet)"),
-    "H800": LinkSpec(200.0, "NVLink 4, export-reduced (SXM)", "400 GB/s bidirectional (NVIDIA H800 datasheet)"),
-    "H200": LinkSpec(450.0, "NVLink 4 (SXM)", "900 GB/s bidirectional (NVIDIA H200 datasheet)"),
-    "H20": LinkSpec(450.0, "NVLink 4", "900 GB/s bidirectional (NVIDIA H20 datasheet)"),
-    "B200": LinkSpec(900.0, "NVLink 5 (SXM)", "1.8 TB/s bidirectional (NVIDIA DGX B200 / HGX B200 datasheet)"),
-    # PCIe parts (vendor figure = PCIe x16 bidirectional bandwidth; NVLink bridges of A40/RTX A6000 are pairwise only)
-    "A40": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA A40 datasheet)"),
-    "L20": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA L20 datasheet)"),
-    "L40": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA L40 datasheet)"),
-    "L40S": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (NVIDIA L40S datasheet)"),
-    "RTX A6000": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (PCIe 4.0 x16; NVIDIA RTX A6000 datasheet)"),
-    "RTX 6000 Ada": LinkSpec(32.0, "PCIe Gen4 x16", "64 GB/s bidirectional (PCIe 4.0 x16; no NVLink)"),
-    "RTX PRO 6000 S": LinkSpec(64.0, "PCIe Gen5 x16", "128 GB/s bidirectional (PCIe 5.0 x16; RTX PRO 6000 Blackwell "
-                                                      "Server Edition datasheet)"),
-}
-DEFAULT_LATENCY_US = {"all_reduce": 20.0, "send_recv": 10.0}
-
-
-def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: float, latency_us: float | None = None
+def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: float, latency_us: float
                              ) -> np.ndarray:
-    """Textbook estimate of one collective, in ms (vectorised). Used only when explicitly allowed.
+    """Textbook estimate of one collective, in ms (vectorised); the fallback where nothing was measured.
 
-    * ``all_reduce`` (ring): 2 (n - 1) / n * bytes / bus_bandwidth + latency; 0 ms for n = 1.
-    * ``send_recv``: bytes / bandwidth + latency (num_workers is ignored: a point-to-point transfer).
+    * ``all_reduce`` (ring): 2 (n - 1) / n * bytes / link_gbps + latency_us * log2(n); 0 ms for n = 1.
+    * ``send_recv``: bytes / link_gbps + latency_us (num_workers is ignored: a point-to-point transfer).
 
     ``link_gbps`` is the per-GPU, per-direction link bandwidth in **GB/s** (10^9 bytes/s, not gigabits), i.e. half
-    the bidirectional figure vendors quote; ``latency_us`` defaults to :data:`DEFAULT_LATENCY_US` (20 us all-reduce,
-    10 us send/recv: the order of the smallest-message times in the measurements, which range 5-55 us).
-    A zero-byte message takes 0 ms.
-
-    Per-GPU defaults (:data:`DEFAULT_LINKS`; vendor figures are bidirectional per GPU, the model uses half):
-
-    ============== ============================== ========================== ===========
-    GPU            interconnect                   vendor figure              link_gbps
-    ============== ============================== ========================== ===========
-    A100 (SXM4)    NVLink 3                       600 GB/s                   300
-    H100 (SXM5)    NVLink 4                       900 GB/s                   450
-    H800 (SXM)     NVLink 4, export-reduced       400 GB/s                   200
-    H200 (SXM)     NVLink 4                       900 GB/s                   450
-    H20            NVLink 4                       900 GB/s                   450
-    B200 (SXM)     NVLink 5                       1.8 TB/s                   900
-    A40            PCIe Gen4 x16                  64 GB/s                    32
-    L20, L40, L40S PCIe Gen4 x16                  64 GB/s                    32
-    RTX A6000      PCIe Gen4 x16                  64 GB/s                    32
-    RTX 6000 Ada   PCIe Gen4 x16                  64 GB/s                    32
-    RTX PRO 6000 S PCIe Gen5 x16                  128 GB/s                   64
-    ============== ============================== ========================== ===========
-
-    These are peak link rates, so the estimate is optimistic (a lower bound on time). Ratio estimate / measured at
-    the largest measured size (``metadata.json``, ``analytical_over_measured_at_max_size``): 0.99-1.06 for 8-GPU
-    all-reduce on H20/H800/H100/H200, 0.6-0.8 for the other NVLink cases (H100 2-GPU PipeWeave sweep: 0.26),
-    0.36-0.63 on 2-GPU PCIe boards and down to 0.05 on 8x L40S (no P2P; 649 ms measured for 512 MiB).
-    Treat it as a rough placeholder for GPUs without measurements.
+    the bidirectional figure vendors quote, and ``latency_us`` the smallest-message 2-GPU time: the hardware JSON's
+    ``linkGbps`` and ``linkLatencyUs`` (sources in each file's ``provenance``). The latency grows with log2(n), as
+    the measured nccl-tests floors do (H100: 5.9 / 9.3 / 15.6 us for 2 / 4 / 8 GPUs; this rule: 5.9 / 11.8 /
+    17.7). Below vLLM's custom all-reduce limit on NVLink, :class:`CollectivePredictor` uses the custom all-reduce
+    model of :mod:`pipeweave.collective_serving` instead. Peak link rates make the ring estimate optimistic at
+    large sizes (``metadata.json``, ``analytical_over_measured_at_max_size``: 0.99-1.06 for 8-GPU all-reduce on
+    H20/H800/H100/H200, 0.6-0.8 for the other NVLink cases, 0.36-0.63 on 2-GPU PCIe boards, 0.05 on 8x L40S
+    without P2P). A zero-byte message takes 0 ms.
     """
     _check_kind(kind)
     if not link_gbps or link_gbps <= 0:
@@ -171,25 +139,16 @@ def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: floa
     size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64),
                                         np.asarray(num_workers, dtype=np.float64))
     _check_sizes(size)
-    latency_ms = (DEFAULT_LATENCY_US[kind] if latency_us is None else float(latency_us)) * 1e-3
     seconds_per_byte = 1.0 / (float(link_gbps) * 1e9)
     if kind == "all_reduce":
         if np.any(~np.isfinite(workers)) or np.any(workers < 1):
             raise ValueError("num_workers must be >= 1")
         factor = 2.0 * (workers - 1.0) / workers
-        out = factor * size * seconds_per_byte * 1e3 + latency_ms
+        out = factor * size * seconds_per_byte * 1e3 + float(latency_us) * 1e-3 * np.log2(np.maximum(workers, 2))
         out = np.where(workers <= 1, 0.0, out)
     else:
-        out = size * seconds_per_byte * 1e3 + latency_ms
+        out = size * seconds_per_byte * 1e3 + float(latency_us) * 1e-3
     return np.where(size == 0, 0.0, out).astype(np.float64)
-
-
-def default_link(hardware: str) -> LinkSpec:
-    """Default link of a GPU (any name load_hardware accepts)."""
-    stem = _stem(hardware)
-    if stem not in DEFAULT_LINKS:
-        raise ValueError(f"no default link bandwidth for {stem!r}; known: {', '.join(sorted(DEFAULT_LINKS))}")
-    return DEFAULT_LINKS[stem]
 
 
 # ================================================================================================================
@@ -333,10 +292,18 @@ class CollectivePredictor:
         return sorted(self.models[kind]["range"]) if kind in self.models else []
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
-        link = self._link_gbps
-        if link is None:
-            link = default_link(self.hardware).link_gbps
-        return analytical_collective_ms(kind, size_bytes, num_workers, link, self._latency_us)
+        """Estimate from the hardware JSON's link; small NVLink all-reduces use the custom all-reduce model."""
+        from analytical_model.hardware import load_hardware
+        spec = load_hardware(self.hardware)
+        link = spec.link_gbps if self._link_gbps is None else self._link_gbps
+        latency = spec.link_latency_us if self._latency_us is None else self._latency_us
+        size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
+        out = analytical_collective_ms(kind, size, workers, link, latency)
+        params = custom_allreduce_params(read_serving(self.model_dir).get("custom_allreduce", {}), spec.link_type)
+        if kind == "all_reduce" and params is not None:
+            custom = (size < CUSTOM_AR_MAX_BYTES) & np.isin(workers, CUSTOM_AR_WORLD_SIZES) & (size > 0)
+            out = np.where(custom, custom_allreduce_ms(params, size, workers, link), out)
+        return out
 
     def predict_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Time in ms of one ``kind`` collective of ``size_bytes`` over ``num_workers`` GPUs (broadcast arrays).
@@ -411,6 +378,8 @@ Log = Callable[[str], None]
 
 
 def source_rank(source: str) -> int:
+    if is_custom_allreduce(source):
+        return -1
     for i, prefix in enumerate(SOURCE_PRECEDENCE):
         if source.startswith(prefix):
             return i
@@ -425,6 +394,7 @@ def select_training_data(df, log: Log = print):
     import pandas as pd
     from analytical_model.hardware import load_hardware
 
+    df = df.assign(collective=df["collective"].replace(CUSTOM_ALLREDUCE_KIND, "all_reduce"))
     df = df[df["collective"].isin(KINDS)].copy()
     stems = {h: load_hardware(h).stem for h in df["hardware"].unique()}
     df["stem"] = df["hardware"].map(stems)
@@ -522,12 +492,12 @@ def fit_model(group, kind: str, hardware: str, regressor: str = "interp", seed: 
 
 
 def _analytical_ratio(stem: str, kind: str, group) -> float | None:
-    """Analytical estimate (default link) / measured time at the largest measured size, for the record."""
-    if stem not in DEFAULT_LINKS:
-        return None
+    """Analytical estimate (hardware JSON link) / measured time at the largest measured size, for the record."""
+    from analytical_model.hardware import load_hardware
+    spec = load_hardware(stem)
     top = group.loc[group["size_bytes"].idxmax()]
-    est = analytical_collective_ms(kind, float(top["size_bytes"]), int(top["num_workers"]),
-                                   DEFAULT_LINKS[stem].link_gbps)
+    est = analytical_collective_ms(kind, float(top["size_bytes"]), int(top["num_workers"]), spec.link_gbps,
+                                   spec.link_latency_us)
     return round(float(est) / float(top["time_ms"]), 3)
 
 
@@ -579,13 +549,20 @@ def save_model(model: dict, path: Path) -> int:
 def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | Path = DEFAULT_COLLECTIVE_DIR,
                       regressor: str = "interp", seed: int = 42, n_estimators: int | None = None,
                       max_depth: int | None = None, compare: bool = True, n_jobs: int = 1, log: Log = print,
-                      frame=None) -> list[dict]:
-    """Train and save models for every (GPU, kind) with data; returns one summary row per GPU x kind."""
+                      frame=None, serving: bool = True) -> list[dict]:
+    """Train and save models for every (GPU, kind) with data; returns one summary row per GPU x kind.
+
+    ``serving`` applies the corrections of :mod:`pipeweave.collective_serving` (device time, vLLM custom
+    all-reduce) and writes their fitted constants to ``<output_dir>/serving.json``.
+    """
     from dataset.sources import load_collectives
     from .cli import UserError, write_atomically
 
     df = load_collectives(log=log) if frame is None else frame
     data, choice = select_training_data(df, log)
+    serving_record = None
+    if serving and len(data):
+        data, serving_record = serving_adjust(data, choice, df, log)
     if not len(data):
         raise UserError("no collective measurements found (set PIPEWEAVE_SHARED_DATA to the shared data folder "
                         "and/or install aiconfigurator-core==0.12.0)")
@@ -601,6 +578,9 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
     else:
         stems = have
     output_dir = Path(output_dir)
+    if serving_record is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_serving(serving_record, output_dir)
     fit_kwargs = {"seed": seed, "n_estimators": n_estimators, "max_depth": max_depth, "n_jobs": n_jobs}
     rows = []
     for stem in stems:
@@ -611,7 +591,9 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
                 "regressor": regressor, "seed": seed,
                 "heldout_protocol": "every 5th size of each worker count (positions 2, 7, 12, ... in size order) "
                                     "held out; model refit on the rest; errors are |pred/true - 1| in %",
-                "source_precedence": list(SOURCE_PRECEDENCE), "kinds": {}}
+                "source_precedence": ["aiconfigurator-core vLLM custom_allreduce (all_reduce only)",
+                                      *SOURCE_PRECEDENCE],
+                "serving_corrections": serving, "kinds": {}}
         for kind in KINDS:
             path = model_file(gpu_dir, kind, regressor)
             group = data[(data["stem"] == stem) & (data["collective"] == kind)].reset_index(drop=True)
@@ -633,6 +615,8 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
                 by_workers[str(int(w))] = {
                     "source": choice[(stem, kind)][int(w)]["source"],
                     "skipped_lower_precedence": choice[(stem, kind)][int(w)]["skipped"],
+                    **{key: choice[(stem, kind)][int(w)][key] for key in ("converted", "custom_allreduce")
+                       if key in choice[(stem, kind)][int(w)]},
                     "rows": int(len(gw)), "min_size_bytes": int(ext["min_size_bytes"]),
                     "max_size_bytes": int(ext["max_size_bytes"]),
                     "extrapolation_algbw_GBps": round(1.0 / ext["ms_per_byte"] * 1e3 / 1e9, 3),
@@ -684,5 +668,5 @@ def format_table(rows: list[dict]) -> str:
 
 
 __all__ = ["DEFAULT_COLLECTIVE_DIR", "KINDS", "CollectivePredictor", "collective_hardware_with_models",
-           "analytical_collective_ms", "DEFAULT_LINKS", "DEFAULT_LATENCY_US", "default_link", "train_collectives",
+           "analytical_collective_ms", "train_collectives",
            "fit_model", "model_predict_ms", "select_training_data", "heldout_mask", "format_table"]

@@ -205,7 +205,12 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "20-55 µs per-call host overhead overlaps GPU work under CUDA graphs (`pipeweave/collectives.py`); (2) the BF16 GEMM dataset "
         "includes the FP8 GEMM measurements of GPUs that have no BF16 data (H20, H800) in cycle space "
         "(`dataset/build.py`). Before both changes the static-batch mean error was 13.5 % (H100 TP2 decode "
-        "20-38 % too slow, H20 prefill 36-54 % too slow). No number was tuned against these runs.",
+        "20-38 % too slow, H20 prefill 36-54 % too slow). (3) After the H20 TP8 decode steps were seen 34-50 % "
+        "too slow, all-reduce is modelled as vLLM runs it (`pipeweave/collective_serving.py`): aiconfigurator's "
+        "measured vLLM custom all-reduce where it exists, host-timed sweeps converted to device time with the ratio "
+        "measured on the GPUs that have both kinds of sweep, and below 8 MiB on NVLink a one-/two-stage custom "
+        "all-reduce model fitted on the measured custom all-reduce of the same NVLink generation (mean 7.7 % before, "
+        "7.0 % after). No number was tuned against these runs.",
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "
@@ -229,9 +234,9 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         parts += ["## vLLM, Llama-3.1-70B TP4 × PP2 (total latency)", "",
                   "Compared on total latency only (the vLLM benchmark reports end-to-end latency). The workloads are "
                   "static batches that run all 80 layers serially plus one stage-boundary transfer (METHOD.md "
-                  "§6.5). H800's 4-GPU all-reduce has no measurement (its only sweep is 8 GPUs), so "
-                  "`vllm_tp4_pp2.sh` uses the documented analytical estimate for it (`--collective_estimate "
-                  "analytical`); its send/recv is measured.", "",
+                  "§6.5). H800's 4-GPU all-reduce has no measurement (its only sweep is 8 GPUs), so it uses "
+                  "the documented analytical estimate (vLLM custom all-reduce model on H800's NVLink below 8 MiB, "
+                  "ring estimate above; a WARNING is printed); its send/recv is measured.", "",
                   markdown_summary(error_summary(vllm), ("total",)), "", markdown_vllm(vllm), ""]
     if plot_path is not None:
         parts += ["## Plot", "", f"![predicted vs measured]({rel(plot_path)})", "",

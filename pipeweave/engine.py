@@ -37,8 +37,10 @@ results are scattered back with index arrays. ``python3 -m benchmarks.aggregator
 
 **Fixes of docs/METHOD.md §11.3** (all deliberate): GEMM tiles from the registry's tile rule, not a 130 MB CSV
 lookup (16); an unknown GPU, an operator class without a model or a malformed workload is an error, never a
-silently dropped operator (17); no silent 0 ms for communication: a workload with collectives needs a usable
-collective model or the explicit, visibly warned ``--collective_estimate analytical`` (18); send/recv with 2
+silently dropped operator (17); no silent 0 ms for communication: a collective without a measured model uses the
+documented analytical estimate from the GPU's hardware JSON and prints a WARNING naming it (default
+``collective_estimate="analytical"``, so that one uncovered GPU does not stop a sweep; ``"model"`` makes it an
+error naming both flags) (18); send/recv with 2
 workers (19); one batched forward pass per operator class (20); several prefill iterations are summed (22).
 """
 from __future__ import annotations
@@ -105,7 +107,7 @@ class Engine:
         model_dir: str | Path = DEFAULT_MODEL_DIR,
         hardware_dir: str | Path = DEFAULT_HARDWARE_DIR,
         collective_dir: str | Path | None = None,
-        collective_estimate: str = "model",
+        collective_estimate: str = "analytical",
         quantile_dir: str | Path | None = None,
         calibration: Calibration | None = None,
         log: Log | None = print,
@@ -382,8 +384,8 @@ class Engine:
                     self._warned.add((predictor.hardware, kind, workers))
                     self.log(
                         f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
-                        f"estimate (--collective_estimate analytical: pipeweave.collectives.analytical_collective_ms, "
-                        f"peak link bandwidth + fixed latency, not measurements) because no measured model covers it")
+                        f"estimate (pipeweave.collectives.analytical_collective_ms: hardware JSON link bandwidth and "
+                        f"latency, not measurements) because no measured model covers it")
         return out, analytical
 
 

@@ -301,10 +301,10 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
     empty.mkdir()
     path = small(TP2, tmp_path, 3)
     with pytest.raises(UserError, match="--collective_estimate analytical"):
-        Aggregator(model_dir=models, collective_dir=empty, log=None).predict(
+        Aggregator(model_dir=models, collective_dir=empty, collective_estimate="model", log=None).predict(
             [Job(load_workload(path), load_hardware("L20"))])
     lines = []
-    agg = Aggregator(model_dir=models, collective_dir=empty, collective_estimate="analytical", log=lines.append)
+    agg = Aggregator(model_dir=models, collective_dir=empty, log=lines.append)  # analytical is the default
     prediction = agg.predict([Job(load_workload(path), agg.gpu("L20"))])[0]
     warnings = [line for line in lines if line.startswith("WARNING")]
     assert len(warnings) == 1 and "ANALYTICAL" in warnings[0] and "analytical_collective_ms" in warnings[0]
@@ -388,9 +388,12 @@ def test_cli_communication_without_collective_model(models, tmp_path):
     empty.mkdir()
     out = tmp_path / "out.json"
     proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
-                          "--collective_dir", empty, "--output", out)
+                          "--collective_dir", empty, "--collective_estimate", "model", "--output", out)
     assert_cli_error(proc, "communication", "--collective_hardware GPU", "--collective_estimate analytical",
                      output=out)
+    proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
+                          "--collective_dir", empty, "--output", out)  # default: warned estimate, no crash
+    assert proc.returncode == 0 and "WARNING" in proc.stdout + proc.stderr and out.is_file()
 
 
 def test_cli_missing_model_names_file_and_training_command(tmp_path):

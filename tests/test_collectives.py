@@ -8,9 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analytical_model.hardware import load_hardware
 from pipeweave.cli import UserError
+from pipeweave.collective_serving import custom_allreduce_ms, read_serving, to_device_time
 from pipeweave.collectives import (
-    DEFAULT_COLLECTIVE_DIR, DEFAULT_LINKS, KINDS, MAX_MODEL_BYTES, CollectivePredictor, analytical_collective_ms,
+    DEFAULT_COLLECTIVE_DIR, KINDS, MAX_MODEL_BYTES, CollectivePredictor, analytical_collective_ms,
     collective_hardware_with_models, fit_model, heldout_errors, heldout_mask, load_model, model_predict_ms,
     save_model, select_training_data, train_collectives,
 )
@@ -127,7 +129,8 @@ def test_missing_model_dir_message(synthetic_dir):
     pred = CollectivePredictor("L20", model_dir=synthetic_dir, allow_analytical=True)
     assert not pred.available("all_reduce")
     value = pred.predict_ms("all_reduce", GiB, 2)
-    assert value == pytest.approx(analytical_collective_ms("all_reduce", GiB, 2, DEFAULT_LINKS["L20"].link_gbps))
+    l20 = load_hardware("L20")  # PCIe: ring estimate from the hardware JSON's link
+    assert value == pytest.approx(analytical_collective_ms("all_reduce", GiB, 2, l20.link_gbps, l20.link_latency_us))
     assert pred.used_analytical == {"all_reduce"}
 
 
@@ -140,7 +143,9 @@ def test_unseen_workers_error_unless_analytical_allowed(synthetic_dir):
     allowed = CollectivePredictor("H100", model_dir=synthetic_dir, allow_analytical=True)
     out = allowed.predict_ms("all_reduce", MiB, [4, 8])
     np.testing.assert_allclose(out[0], pred.predict_ms("all_reduce", MiB, 4))
-    np.testing.assert_allclose(out[1], analytical_collective_ms("all_reduce", MiB, 8, DEFAULT_LINKS["H100"].link_gbps))
+    h100 = load_hardware("H100")  # no custom all-reduce fit in this folder: ring estimate
+    np.testing.assert_allclose(out[1], analytical_collective_ms("all_reduce", MiB, 8, h100.link_gbps,
+                                                                h100.link_latency_us))
     assert allowed.used_analytical == {"all_reduce"}
     assert pred.predict_ms("all_reduce", MiB, 1) == 0.0  # one GPU: nothing to reduce
 
@@ -177,7 +182,8 @@ def test_metadata_and_precedence(tmp_path):
                        8: "aiconfigurator-core 0.12.0 h100_sxm/x", 16: "vidur 7d47513 network/h100_dgx/all_reduce.csv"}
     assert choice[("H100", "all_reduce")][2]["skipped"] == ["pipeweave test"]
     assert choice[("H100", "all_reduce")][8]["skipped"] == ["vidur 7d47513 network/h100_dgx/all_reduce.csv"]
-    train_collectives(output_dir=tmp_path, frame=pd.concat([vidur, aic, pipeweave]), compare=False, log=_quiet)
+    train_collectives(output_dir=tmp_path, frame=pd.concat([vidur, aic, pipeweave]), compare=False, log=_quiet,
+                      serving=False)
     meta = json.loads((tmp_path / "H100" / "metadata.json").read_text())
     info = meta["kinds"]["all_reduce"]
     assert info["worker_counts"] == [2, 4, 8, 16]
@@ -185,6 +191,45 @@ def test_metadata_and_precedence(tmp_path):
     assert info["file_bytes"] == (tmp_path / "H100" / "all_reduce_model.json").stat().st_size
     pred = CollectivePredictor("H100", model_dir=tmp_path)
     assert pred.predict_ms("all_reduce", 64 * MiB, 4) == pytest.approx(0.02 + 1.5 * 64 * MiB / 1e8, rel=0.01)  # 2(n-1)/n
+
+
+CUSTOM = {"latency_1stage_us": 4.0, "latency_2stage_us": 8.0, "bandwidth_efficiency": 0.6}
+
+
+def test_serving_corrections(tmp_path):
+    """Host-timed sweeps become device time; small NVLink all-reduces follow the fitted vLLM custom all-reduce."""
+    sizes = 2 ** np.arange(10, 28)
+    host = _synthetic(source="pipeweave test", workers=(2, 4), latency_ms=0.03)
+    device = _synthetic(hardware="NVIDIA H100 80GB HBM3", source="aiconfigurator-core 0.12.0 h100_sxm/comm/nccl/x",
+                        workers=(2,), sizes=sizes, latency_ms=0.01)
+    custom = pd.concat([pd.DataFrame({"collective": "custom_all_reduce", "hardware": "NVIDIA H200", "num_workers": n,
+                                      "devices_per_node": n, "size_bytes": sizes,
+                                      "time_ms": custom_allreduce_ms(CUSTOM, sizes, n, 450.0),
+                                      "source": "aiconfigurator-core 0.12.0 h200_sxm/comm/vllm/x/"
+                                                "custom_allreduce_perf.parquet"}) for n in (2, 4, 8)])
+    h20 = _synthetic(hardware="NVIDIA H20", source="pipeweave h20", workers=(8,), latency_ms=0.03)
+    train_collectives(output_dir=tmp_path, frame=pd.concat([host, device, custom, h20]), compare=False, log=_quiet)
+    serving = read_serving(tmp_path)
+    fit = serving["custom_allreduce"]["nvlink4"]
+    assert fit["fitted_on"] == ["H200"]
+    for key, value in CUSTOM.items():
+        assert fit[key] == pytest.approx(value, rel=1e-3)
+    assert serving["host_to_device"]["pairs"] == ["H100 x2"]
+    meta = json.loads((tmp_path / "H20" / "metadata.json").read_text())["kinds"]["all_reduce"]["by_workers"]["8"]
+    assert "converted" in meta and "custom_allreduce" in meta
+    h20_pred = CollectivePredictor("H20", model_dir=tmp_path)
+    assert h20_pred.predict_ms("all_reduce", MiB, 8) == pytest.approx(custom_allreduce_ms(fit, MiB, 8, 450.0), rel=0.02)
+    big = 64 * MiB  # above vLLM's 8 MiB limit: the host sweep converted to device time
+    host_ms = 0.03 + 1.75 * big / 1e8
+    assert h20_pred.predict_ms("all_reduce", big, 8) == pytest.approx(
+        to_device_time(serving["host_to_device"], np.array([big]), np.array([host_ms]))[0], rel=0.02)
+    assert h20_pred.predict_ms("all_reduce", big, 8) < host_ms
+    h200_meta = json.loads((tmp_path / "H200" / "metadata.json").read_text())["kinds"]["all_reduce"]["by_workers"]
+    assert "custom_allreduce" in h200_meta["8"]["source"]  # the measurement itself where it exists
+    # no measurement for H800 at all: the analytical fallback uses the same custom all-reduce model on its link
+    h800 = CollectivePredictor("H800", model_dir=tmp_path, allow_analytical=True)
+    assert h800.predict_ms("all_reduce", MiB, 4) == pytest.approx(custom_allreduce_ms(fit, MiB, 4, 200.0))
+    assert h800.used_analytical == {"all_reduce"}
 
 
 def test_heldout_mask_keeps_extremes():
@@ -222,16 +267,15 @@ def test_analytical_formula():
     # ring all-reduce: 2 (n-1)/n * bytes / bw + latency
     assert analytical_collective_ms("all_reduce", 1e9, 4, 100.0, 0.0) == pytest.approx(15.0)
     assert analytical_collective_ms("all_reduce", 1e9, 2, 100.0, 20.0) == pytest.approx(10.02)
+    assert analytical_collective_ms("all_reduce", 1e9, 8, 100.0, 20.0) == pytest.approx(17.5 + 0.06)  # 3 x latency
     assert analytical_collective_ms("send_recv", 1e9, 8, 100.0, 5.0) == pytest.approx(10.005)
-    assert analytical_collective_ms("all_reduce", 1e9, 1, 100.0) == 0.0
-    assert analytical_collective_ms("send_recv", 0, 2, 100.0) == 0.0
+    assert analytical_collective_ms("all_reduce", 1e9, 1, 100.0, 5.0) == 0.0
+    assert analytical_collective_ms("send_recv", 0, 2, 100.0, 5.0) == 0.0
     np.testing.assert_allclose(analytical_collective_ms("all_reduce", [1e9, 2e9], [2, 8], 100.0, 0.0), [10.0, 35.0])
     with pytest.raises(ValueError):
-        analytical_collective_ms("all_reduce", 1e9, 2, 0.0)
+        analytical_collective_ms("all_reduce", 1e9, 2, 0.0, 5.0)
     with pytest.raises(ValueError, match="unknown collective kind"):
-        analytical_collective_ms("broadcast", 1e9, 2, 100.0)
-    stems = {p.stem for p in (Path(__file__).resolve().parent.parent / "hardware").glob("*.json")}
-    assert stems <= set(DEFAULT_LINKS), f"no default link for {sorted(stems - set(DEFAULT_LINKS))}"
+        analytical_collective_ms("broadcast", 1e9, 2, 100.0, 5.0)
 
 
 def test_cli_flag_errors(tmp_path):
@@ -262,7 +306,10 @@ def collectives():
 
 @pytest.mark.data
 def test_committed_models_match_data(collectives):
+    from pipeweave.collective_serving import serving_adjust
     data, choice = select_training_data(collectives)
+    data, serving = serving_adjust(data, choice, collectives, _quiet)  # what the committed models were trained on
+    assert serving == read_serving(DEFAULT_COLLECTIVE_DIR), "retrain: python3 train_collective_rf.py"
     assert set(data["stem"].unique()) == set(COMMITTED), "retrain: python3 train_collective_rf.py"
     for (stem, kind), g in data.groupby(["stem", "collective"]):
         pred = CollectivePredictor(stem)
@@ -275,10 +322,12 @@ def test_committed_models_match_data(collectives):
         meta = pred.metadata["kinds"][kind]
         for w, info in meta["by_workers"].items():
             assert info["source"] == choice[(stem, kind)][int(w)]["source"]
-    # GPU-time sources (nccl-tests, then Vidur's kineto times) take precedence over host-timed PipeWeave sweeps
-    assert choice[("A100", "all_reduce")][8]["source"].startswith("aiconfigurator")
-    assert choice[("H100", "all_reduce")][2]["source"].startswith("aiconfigurator")
+    # vLLM's measured custom all-reduce first, then GPU-time sources (nccl-tests, Vidur's kineto times), then
+    # host-timed PipeWeave sweeps (converted to device time)
+    assert "custom_allreduce" in choice[("A100", "all_reduce")][8]["source"]
+    assert "custom_allreduce" in choice[("H100", "all_reduce")][2]["source"]
     assert choice[("H20", "all_reduce")][8]["source"].startswith("pipeweave")  # the only H20 sweep
+    assert "converted" in choice[("H20", "all_reduce")][8] and "custom_allreduce" in choice[("H20", "all_reduce")][8]
 
 
 @pytest.mark.data

@@ -1,0 +1,221 @@
+"""All-reduce as a serving engine runs it: device time, vLLM's custom all-reduce for small messages.
+
+The e2e runs this project predicts (and serving engines in general) replay decode steps from CUDA graphs and
+reduce tensor-parallel activations with vLLM's ``tensor_model_parallel_all_reduce``. Two things follow for the
+all-reduce models (``train_collective_rf.py``); both are learned from collective measurements only, never from
+end-to-end runs:
+
+1. **Host-timed sweeps are converted to device time.** PipeWeave's collective sweeps (source A) time each call
+   from the host, so they include the PyTorch dispatch and synchronisation that a CUDA-graph replay does not pay
+   (20-55 us at small sizes). On every (GPU, worker count) that has both a host-timed sweep and a device-timed
+   nccl-tests sweep (aiconfigurator-core: A100 2/4/8, H100 2/4, RTX PRO 6000 S 2/4) we take the log ratio
+   device / host per message size; the conversion multiplies a host-timed curve by the median of those ratios at
+   that size (held constant beyond the sizes measured). Why a size-dependent ratio and not a constant overhead:
+   leave-one-GPU-out over the three GPUs, the ratio gives 13.6 / 78.8 / 16.0 % mean error (A100 / H100 /
+   RTX PRO 6000 S, against the device-timed sweep) and a constant per-worker-count overhead 24.0 / 80.5 / 15.1 %
+   (H100's 2-GPU host sweep is 2.7x slower than nccl-tests even at 256 MiB, which neither model can know); the
+   ratio also never turns a time negative, which an overhead does on H20, whose host-timed small messages
+   (20 us for 8 GPUs) are faster than A100's nccl-tests. Only all-reduce is converted (the relation was measured
+   on all-reduce).
+
+2. **vLLM custom all-reduce below 8 MiB on NVLink.** vLLM's ``CustomAllreduce`` (vllm/distributed/device_communicators/
+   custom_all_reduce.py and csrc/custom_all_reduce.cuh) handles messages below ``max_size`` = 8 MiB when the GPUs
+   are fully NVLink-connected (or exactly two): a one-stage kernel (every rank reads the whole buffer of every
+   peer: (n - 1) x bytes over its links) for n = 2, or n <= 4 and < 512 KiB, or n <= 8 and < 256 KiB, else a
+   two-stage reduce-scatter + all-gather (2 (n - 1) / n x bytes). Model::
+
+       t = L_stage + traffic / (eta x linkGbps)
+
+   with ``linkGbps`` from the GPU's hardware JSON and (L_1stage, L_2stage, eta) fitted per NVLink generation
+   (``linkType``) in log space on aiconfigurator-core's measured vLLM custom all-reduce (CUDA-graph replay) of the
+   GPUs of that generation (nvlink3: A100; nvlink4: H100, H200; nvlink5: B200). Where a GPU has such a
+   measurement for a worker count, the measurement itself is the model (all sizes; above 8 MiB vLLM calls NCCL
+   and the table has that too). Otherwise (H20, H800: NVLink 4, no custom all-reduce data) the sizes below
+   8 MiB of the NCCL curve are replaced by the fitted model of its generation. PCIe GPUs keep NCCL (vLLM
+   disables the custom kernel on more than two PCIe GPUs; the two-GPU gain in the data is < 1 us).
+   Within NVLink 4, fitting on H100 and predicting H200 (and back) gives the errors in ``serving.json``.
+
+The fitted constants and the conversion curve are written to ``collective_models/serving.json``; the predictor's
+analytical fallback (a GPU or worker count without measurements) uses the same custom-all-reduce model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+SERVING_FILE = "serving.json"
+HOST_TIMED_PREFIX = "pipeweave"  # PipeWeave's sweeps: timed from the host
+DEVICE_TIMED_PREFIX = "aiconfigurator-core"  # nccl-tests: device time
+CUSTOM_AR_MARK = "custom_allreduce"  # aiconfigurator's vLLM custom all-reduce table (source path contains it)
+CUSTOM_AR_MAX_BYTES = 8 * 2**20  # vLLM CustomAllreduce max_size default
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+SMOOTH_WINDOW = 5
+
+Log = Callable[[str], None]
+
+
+def is_host_timed(source: str) -> bool:
+    return source.startswith(HOST_TIMED_PREFIX)
+
+
+def is_custom_allreduce(source: str) -> bool:
+    return CUSTOM_AR_MARK in source
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. host-timed -> device time
+# ------------------------------------------------------------------------------------------------------------
+
+def _log_curve(group: pd.DataFrame, smooth: bool) -> tuple[np.ndarray, np.ndarray]:
+    g = group.groupby("size_bytes", sort=True)["time_ms"].mean()
+    log_t = np.log(g.to_numpy(np.float64))
+    if smooth:
+        log_t = pd.Series(log_t).rolling(SMOOTH_WINDOW, center=True, min_periods=1).median().to_numpy()
+    return np.log2(g.index.to_numpy(np.float64)), log_t
+
+
+def fit_host_to_device(frame: pd.DataFrame) -> dict | None:
+    """Median log(device / host) per log2 size over the (GPU, workers) pairs that have both kinds of sweep."""
+    ar = frame[frame["collective"] == "all_reduce"]
+    per_pair, pairs = [], []
+    for (stem, workers), g in ar.groupby(["stem", "num_workers"], sort=True):
+        host = g[g["source"].map(is_host_timed)]
+        device = g[g["source"].str.startswith(DEVICE_TIMED_PREFIX) & ~g["source"].map(is_custom_allreduce)]
+        if not len(host) or not len(device):
+            continue
+        hx, hy = _log_curve(host, smooth=True)
+        dx, dy = _log_curve(device, smooth=False)
+        inside = (dx >= hx[0]) & (dx <= hx[-1])
+        per_pair.append(pd.Series(dy[inside] - np.interp(dx[inside], hx, hy), index=dx[inside]))
+        pairs.append(f"{stem} x{int(workers)}")
+    if not per_pair:
+        return None
+    table = pd.concat(per_pair, axis=1)
+    ratio = table.median(axis=1, skipna=True).dropna().sort_index()
+    return {"log2_size": ratio.index.tolist(), "log_ratio": ratio.round(6).tolist(), "pairs": pairs,
+            "rule": "device_ms = host_ms x exp(median log ratio at that size; end values held)"}
+
+
+def to_device_time(curve: dict, size_bytes: np.ndarray, time_ms: np.ndarray) -> np.ndarray:
+    shift = np.interp(np.log2(size_bytes), curve["log2_size"], curve["log_ratio"])
+    return np.asarray(time_ms, dtype=np.float64) * np.exp(shift)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. vLLM custom all-reduce
+# ------------------------------------------------------------------------------------------------------------
+
+def one_stage(size_bytes, workers) -> np.ndarray:
+    """vLLM's choice of the one-stage kernel (custom_all_reduce.cuh)."""
+    s, n = np.asarray(size_bytes, dtype=np.float64), np.asarray(workers)
+    return (n == 2) | ((n <= 4) & (s < 512 * 1024)) | ((n <= 8) & (s < 256 * 1024))
+
+
+def custom_allreduce_ms(params: dict, size_bytes, workers, link_gbps: float) -> np.ndarray:
+    s, n = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(workers, dtype=np.float64))
+    one = one_stage(s, n)
+    traffic = np.where(one, (n - 1) * s, 2 * (n - 1) / n * s)
+    latency_us = np.where(one, params["latency_1stage_us"], params["latency_2stage_us"])
+    return latency_us * 1e-3 + traffic / (params["bandwidth_efficiency"] * link_gbps * 1e9) * 1e3
+
+
+def _fit_params(rows: pd.DataFrame) -> dict:
+    from scipy.optimize import least_squares
+
+    s, n = rows["size_bytes"].to_numpy(np.float64), rows["num_workers"].to_numpy(np.float64)
+    link, log_t = rows["link_gbps"].to_numpy(np.float64), np.log(rows["time_ms"].to_numpy(np.float64))
+
+    def residual(p):
+        params = {"latency_1stage_us": p[0], "latency_2stage_us": p[1], "bandwidth_efficiency": p[2]}
+        return np.log(custom_allreduce_ms(params, s, n, link)) - log_t
+
+    fit = least_squares(residual, [5.0, 10.0, 0.5], bounds=([0.1, 0.1, 0.01], [100.0, 100.0, 2.0]))
+    return {"latency_1stage_us": round(float(fit.x[0]), 4), "latency_2stage_us": round(float(fit.x[1]), 4),
+            "bandwidth_efficiency": round(float(fit.x[2]), 4)}
+
+
+def _ape(params: dict, rows: pd.DataFrame) -> float:
+    pred = custom_allreduce_ms(params, rows["size_bytes"], rows["num_workers"], rows["link_gbps"].to_numpy())
+    return round(float(np.mean(np.abs(pred / rows["time_ms"].to_numpy() - 1)) * 100), 2)
+
+
+def fit_custom_allreduce(frame: pd.DataFrame, links: dict[str, tuple[str, float]]) -> dict:
+    """{linkType: params + provenance} from the custom all-reduce rows (< 8 MiB) of NVLink GPUs."""
+    rows = frame[frame["source"].map(is_custom_allreduce) & (frame["size_bytes"] < CUSTOM_AR_MAX_BYTES)].copy()
+    rows = rows[rows["stem"].map(lambda s: links[s][0].startswith("nvlink")).astype(bool)]
+    if rows.empty:
+        return {}
+    rows["link_type"] = rows["stem"].map(lambda s: links[s][0])
+    rows["link_gbps"] = rows["stem"].map(lambda s: links[s][1])
+    out = {}
+    for link_type, g in rows.groupby("link_type", sort=True):
+        params = _fit_params(g)
+        gpus = sorted(g["stem"].unique())
+        logo = {gpu: _ape(_fit_params(g[g["stem"] != gpu]), g[g["stem"] == gpu]) for gpu in gpus if len(gpus) > 1}
+        out[link_type] = {**params, "fitted_on": gpus, "rows": int(len(g)), "in_sample_mean_abs_pct_error": _ape(params, g),
+                          "leave_one_gpu_out_mean_abs_pct_error": logo}
+    return out
+
+
+def custom_allreduce_params(fits: dict, link_type: str) -> dict | None:
+    """The fit of ``link_type``'s generation, else of the nearest NVLink generation that has one."""
+    if not link_type.startswith("nvlink") or not fits:
+        return None
+    if link_type in fits:
+        return fits[link_type]
+    gen = int(link_type.removeprefix("nvlink"))
+    return fits[min(fits, key=lambda t: (abs(int(t.removeprefix("nvlink")) - gen), t))]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# applied to the selected training rows
+# ------------------------------------------------------------------------------------------------------------
+
+def serving_adjust(data: pd.DataFrame, choice: dict, frame: pd.DataFrame, log: Log) -> tuple[pd.DataFrame, dict]:
+    """Apply 1. and 2. to the rows select_training_data kept; returns (rows, serving.json content)."""
+    from analytical_model.hardware import load_hardware
+
+    frame = frame.assign(stem=frame["hardware"].map({h: load_hardware(h).stem for h in frame["hardware"].unique()}))
+    links = {stem: (load_hardware(stem).link_type, load_hardware(stem).link_gbps) for stem in frame["stem"].unique()}
+    curve = fit_host_to_device(frame)
+    fits = fit_custom_allreduce(frame, links)
+    serving = {"host_to_device": curve, "custom_allreduce": fits, "custom_allreduce_max_bytes": CUSTOM_AR_MAX_BYTES,
+               "custom_allreduce_world_sizes": list(CUSTOM_AR_WORLD_SIZES)}
+    parts = []
+    for (stem, kind, workers), g in data.groupby(["stem", "collective", "num_workers"], sort=True):
+        info = choice[(stem, kind)][int(workers)]
+        source = info["source"]
+        if kind != "all_reduce" or is_custom_allreduce(source):
+            parts.append(g)
+            continue
+        g = g.copy()
+        if is_host_timed(source) and curve is not None:
+            g["time_ms"] = to_device_time(curve, g["size_bytes"].to_numpy(np.float64), g["time_ms"])
+            info["converted"] = "host-timed, converted to device time (collective_models/serving.json)"
+        params = custom_allreduce_params(fits, links[stem][0])
+        if params is not None and int(workers) in CUSTOM_AR_WORLD_SIZES:
+            small = g["size_bytes"] < CUSTOM_AR_MAX_BYTES
+            g.loc[small, "time_ms"] = custom_allreduce_ms(params, g.loc[small, "size_bytes"], int(workers),
+                                                          links[stem][1])
+            info["custom_allreduce"] = (f"sizes < {CUSTOM_AR_MAX_BYTES} B: vLLM custom all-reduce model "
+                                        f"({'/'.join(params['fitted_on'])} fit, {links[stem][0]})")
+            log(f"[collectives] {stem} all_reduce x{int(workers)}: {info['custom_allreduce']}")
+        parts.append(g)
+    return pd.concat(parts).reset_index(drop=True), serving
+
+
+def write_serving(serving: dict, output_dir: Path) -> None:
+    from .cli import write_atomically
+
+    path = Path(output_dir) / SERVING_FILE
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(serving, indent=2) + "\n"))
+    path.chmod(0o644)
+
+
+def read_serving(model_dir: Path) -> dict:
+    path = Path(model_dir) / SERVING_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
