@@ -89,5 +89,6 @@ def test_every_value_has_a_source_and_links_are_consistent():
     l40, l40s, l20 = load_hardware("L40"), load_hardware("L40S"), load_hardware("L20")
     assert l40.tc_bf16 * l40.num_sms * l40.sm_freq * 1e6 == pytest.approx(181.05e12, rel=0.01)
     assert l40s.tc_bf16 == 2 * l40.tc_bf16
+    assert load_hardware("RTX 6000 Ada").tc_bf16 == l40.tc_bf16  # same AD102 board; corrected from the artifact
     assert l20.tc_bf16 * l20.num_sms * l20.sm_freq * 1e6 == pytest.approx(119.5e12, rel=0.01)
     assert load_hardware("H800").link_gbps < load_hardware("H100").link_gbps  # export-reduced NVLink
