@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # pandas only for training; prediction reads serving.json with the json module
+    import pandas as pd
 
 import numpy as np
-import pandas as pd
 
 SERVING_FILE = "serving.json"
 HOST_TIMED_PREFIX = "pipeweave"  # PipeWeave's sweeps: timed from the host
@@ -71,6 +73,8 @@ def is_custom_allreduce(source: str) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 
 def _log_curve(group: pd.DataFrame, smooth: bool) -> tuple[np.ndarray, np.ndarray]:
+    import pandas as pd
+
     g = group.groupby("size_bytes", sort=True)["time_ms"].mean()
     log_t = np.log(g.to_numpy(np.float64))
     if smooth:
@@ -80,6 +84,8 @@ def _log_curve(group: pd.DataFrame, smooth: bool) -> tuple[np.ndarray, np.ndarra
 
 def fit_host_to_device(frame: pd.DataFrame) -> dict | None:
     """Median log(device / host) per log2 size over the (GPU, workers) pairs that have both kinds of sweep."""
+    import pandas as pd
+
     ar = frame[frame["collective"] == "all_reduce"]
     per_pair, pairs = [], []
     for (stem, workers), g in ar.groupby(["stem", "num_workers"], sort=True):
@@ -177,6 +183,7 @@ def custom_allreduce_params(fits: dict, link_type: str) -> dict | None:
 
 def serving_adjust(data: pd.DataFrame, choice: dict, frame: pd.DataFrame, log: Log) -> tuple[pd.DataFrame, dict]:
     """Apply 1. and 2. to the rows select_training_data kept; returns (rows, serving.json content)."""
+    import pandas as pd
     from analytical_model.hardware import load_hardware
 
     frame = frame.assign(stem=frame["hardware"].map({h: load_hardware(h).stem for h in frame["hardware"].unique()}))
