@@ -39,17 +39,21 @@ min leaf 2, random_state 42) can be trained instead for comparison; all three sh
 
 Sources and precedence
 ----------------------
-Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce`` and ``send_recv``; aiconfigurator's
-vLLM ``custom_all_reduce`` rows are a different kernel and are not used). For every (GPU, kind, num_workers) exactly
-one source is used, the first available of:
+Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce`` and ``send_recv``, and vLLM's
+``custom_all_reduce``, which counts as all-reduce). For every (GPU, kind, num_workers) exactly one source is used,
+the first available of:
 
+0. **C* aiconfigurator-core 0.12.0** ``comm/vllm/<ver>/custom_allreduce_perf.parquet``, CUDA-graph replay: vLLM's
+   own tensor-parallel all-reduce as a serving engine runs it (custom kernel below 8 MiB, NCCL above);
+   all-reduce only.
 1. **C aiconfigurator-core 0.12.0** ``systems/data/<system>/comm/nccl/<ver>/nccl_perf.parquet`` (NVIDIA,
    Apache-2.0): nccl-tests, half precision, single node: GPU time of the collective (6-25 us at small sizes).
 2. **B Vidur** ``profiling/network/<node>/<op>.csv`` (github.com/microsoft/vidur @ 7d47513, MIT): DGX A100,
    DGX H100 and A40-pairwise-NVLink nodes, kineto GPU kernel times, single-node rows only, sizes up to 64 MiB.
 3. **A PipeWeave** ``dataset/collective/<GPU>/<op>.csv`` (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0): the
    artifact's own sweeps, timed from the host, so they include the PyTorch call overhead (20-55 us at small
-   sizes, e.g. 68 us for a 0.5 MB 2-GPU all-reduce on H100 where nccl-tests measures 11 us).
+   sizes, e.g. 68 us for a 0.5 MB 2-GPU all-reduce on H100 where nccl-tests measures 11 us); all-reduce sweeps
+   are converted to device time (:mod:`pipeweave.collective_serving`).
 
 Why GPU-time sources first: serving engines launch decode steps from CUDA graphs, so the host-side call
 overhead overlaps GPU work and what adds to latency is the kernel time. With the host-timed sweeps first, a
@@ -58,7 +62,7 @@ too slow (docs/E2E.md, before this change: H100 TP2 runs 14-26 % mean error). Th
 seeing that end-to-end error; the reason above is independent of it, and docs/E2E.md reports both.
 
 Sources are never mixed within one worker count (their harnesses differ by up to ~3x at small sizes), but one GPU
-may combine worker counts from different sources (H100 all-reduce: 2, 4 from PipeWeave, 8 from aiconfigurator);
+may combine worker counts from different sources;
 ``metadata.json`` records the source of every worker count and which lower-precedence sources were skipped.
 
 Analytical estimate
