@@ -1,0 +1,103 @@
+"""Leave-one-GPU-out test of spec-sheet inputs that might explain the per-GPU efficiency bias.
+
+    python3 -m pipeweave.transfer_ideas [--op gemm] [--max_rows_per_gpu 2000] [--epochs 30] [--ideas a,b]
+
+For every idea, the operator's model is trained with the idea's extra inputs appended (log1p, as every input)
+and scored on the whole held-out GPU, once per GPU (leave-one-GPU-out), with a reduced, fixed budget
+(defaults: 2,000 rows per GPU, 30 epochs; the shipped models use 20,000 and 300). An idea is kept only if it
+lowers the LOGO duration error on most GPUs and on average; the README ("Zero-shot transfer") reports every
+idea tried. The extra inputs are per-GPU constants from the hardware JSON (audited, with sources):
+
+* ``power``: board power per SM-cycle, tdpW / (numSms x smFreq): a small budget means the clock sags below
+  smFreq under load (A40 300 W for 84 SMs at 1.74 GHz vs H100 700 W for 132 at 1.83 GHz);
+* ``hbm``: 1 for HBM, 0 for GDDR (latency and bank behaviour differ at equal bandwidth);
+* ``l2``: L2 size in MiB (6 MiB on GA102 to 128 MiB on GB202: how much of a GEMM's operands stay on chip);
+* ``boost``: boostClock / smFreq (headroom between the tensor-peak clock and the maximum clock);
+* ``balance``: DRAM bytes per dense tensor FLOP (memBandwidth / (tcBf16 x numSms x smFreq)).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from analytical_model.hardware import load_hardware
+from analytical_model.registry import model_inputs
+from mlp_model import predict_efficiency
+from pipeweave.cli import ArgumentParser, run_cli
+from pipeweave.modeling import DATASET_DIR, cap_rows_per_gpu, duration_errors, feature_matrix, load_splits, read_dataset, dataset_paths
+from pipeweave.splits import shape_keys
+from pipeweave.training import TrainConfig, fit
+
+
+def _spec_value(idea: str, spec) -> float:
+    if idea == "power":
+        return spec.tdp_w / (spec.num_sms * spec.sm_freq)
+    if idea == "hbm":
+        return float(spec.memory_type.startswith("HBM"))
+    if idea == "l2":
+        return spec.l2_cache_size / 1024
+    if idea == "boost":
+        return spec.boost_clock / spec.sm_freq
+    if idea == "balance":
+        return spec.mem_bandwidth * 1e9 / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e6)
+    raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
+
+
+IDEAS = ("power", "hbm", "l2", "boost", "balance")
+
+
+def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
+    specs = {name: load_hardware(name) for name in frame["hardware"].unique()}
+    columns = [frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
+               for i in ideas]
+    return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
+
+
+def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig) -> dict:
+    train, test = load_splits(op, DATASET_DIR, [gpu])
+    train = cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed)
+
+    def inputs(frame):
+        return model_inputs(np.column_stack([feature_matrix(frame, op, config), extra_inputs(frame, ideas)]))
+
+    model, _ = fit(inputs(train), train["overall_perf"].to_numpy(), config, group_keys=shape_keys(train, op))
+    predicted = predict_efficiency(model, inputs(test))
+    measured = test["overall_perf"].to_numpy(np.float64)
+    err = duration_errors(measured, predicted)
+    signed = np.median(measured / predicted - 1)  # > 0: the model predicts the GPU too slow
+    return {"mean": float(err.mean() * 100), "median_signed": float(signed * 100)}
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(description="Leave-one-GPU-out test of extra spec-sheet inputs.")
+    parser.add_argument("--op", default="gemm")
+    parser.add_argument("--max_rows_per_gpu", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--ideas", default="none," + ",".join(IDEAS),
+                        help="comma list; 'none' is the baseline, 'a+b' combines ideas")
+    parser.add_argument("--seed", type=int, default=42, help="training seed (a second seed measures the noise)")
+    parser.add_argument("--gpus", default=None, help="comma list of GPUs to hold out (default: every GPU)")
+    args = parser.parse_args(argv)
+    train_path, test_path = dataset_paths(args.op, DATASET_DIR)
+    gpus = args.gpus.split(",") if args.gpus else sorted(
+        set(read_dataset(train_path)["hardware"]) | set(read_dataset(test_path)["hardware"]))
+    config = TrainConfig(epochs=args.epochs, max_rows_per_gpu=args.max_rows_per_gpu, progress=False, seed=args.seed)
+    rows = []
+    for idea in args.ideas.split(","):
+        ideas = () if idea == "none" else tuple(idea.split("+"))
+        for gpu in gpus:
+            started = time.perf_counter()
+            result = logo_error(args.op, gpu, ideas, config)
+            rows.append({"idea": idea, "gpu": load_hardware(gpu).stem, **result})
+            print(f"{idea:>14s} {load_hardware(gpu).stem:>15s} mean {result['mean']:6.2f} %  median signed "
+                  f"{result['median_signed']:+6.1f} %  ({time.perf_counter() - started:.0f} s)", flush=True)
+    table = pd.DataFrame(rows).pivot(index="gpu", columns="idea", values="mean").round(1)
+    table.loc["mean"] = table.mean().round(1)
+    print(table.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
