@@ -60,7 +60,7 @@ def build_parser():
                         help="output JSON for one pair (default predictions.json); a directory when several pairs")
     parser.add_argument("--collective_hardware", default=None, metavar="GPU",
                         help="GPU whose collective models predict the communication (default: the prediction GPU, "
-                             "if it has collective models; otherwise a workload with communication is an error)")
+                             "if it has collective models; otherwise the warned analytical estimate, see --collective_estimate)")
     parser.add_argument("--collective_dir", default=None,
                         help="root of the collective models (default: collective_models)")
     parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="analytical",
