@@ -23,10 +23,12 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.hardware import load_hardware
-from analytical_model.registry import model_inputs
-from mlp_model import predict_efficiency
 from pipeweave.cli import ArgumentParser, run_cli
-from pipeweave.modeling import DATASET_DIR, cap_rows_per_gpu, duration_errors, feature_matrix, load_splits, read_dataset, dataset_paths
+from pipeweave.mlp import model_inputs
+from pipeweave.modeling import (
+    DATASET_DIR, cap_rows_per_gpu, dataset_paths, duration_errors, feature_matrix, load_splits, read_dataset,
+)
+from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.splits import shape_keys
 from pipeweave.training import TrainConfig, fit
 
