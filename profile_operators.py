@@ -44,9 +44,10 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="small grid that finishes in minutes")
     parser.add_argument("--configs", default=",".join(grids.DEFAULT_CONFIGS),
                         help="model config stems under --config_dir (default: the paper's three)")
-    parser.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="folder of HF-style config JSONs")
+    parser.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="folder of HF-style config JSONs (default: config)")
     parser.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR),
-                        help="trace CSVs whose batches join the full attention grid (skipped if absent)")
+                        help="trace CSVs whose batches join the full attention grid (skipped if absent; "
+                             "default: workload/traces)")
     parser.add_argument("--tp", default=",".join(str(t) for t in grids.DEFAULT_TP),
                         help="tensor-parallel sizes (default 1,2,4,8; sizes that do not divide a model are left out)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per shape (default 50, quick 20)")

@@ -4,7 +4,8 @@
     python3 train_mlp.py --op attn --holdout_hardware H100   # leave-one-GPU-out evaluation
     python3 train_mlp.py --op gemm --recipe reference   # the artifact's recipe (sigmoid MLP, MAPE on efficiency)
 
-Writes mlp_models/<op>/<YYYYMMDD_HHMMSS>/ with <op>_mlp_model.pth, metadata.json and
+Writes mlp_models/<op>/<YYYYMMDD_HHMMSS>/ (with --holdout_hardware: runs/<op>/<YYYYMMDD_HHMMSS>/, so that an
+evaluation model never becomes the one the predictor loads; --output_dir mlp_models promotes it explicitly) with <op>_mlp_model.pth, metadata.json and
 worst_cases_top100.csv. Needs dataset/<op>_{train,test}.csv (python3 -m dataset.build).
 """
 from __future__ import annotations
@@ -12,22 +13,33 @@ from __future__ import annotations
 import sys
 
 from analytical_model.registry import OPERATORS
-from pipeweave.cli import ArgumentParser, run_cli
+from pipeweave.cli import ArgumentParser, check_device, positive_int, run_cli
 from pipeweave.modeling import add_training_arguments, dataset_paths, load_splits, timestamp_dir, train_and_evaluate, worst_cases, write_model_dir
+from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_RUNS_DIR
 from pipeweave.training import RECIPES, TrainConfig
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(description="Train a per-operator efficiency MLP.")
-    parser.add_argument("--op", required=True, choices=sorted(OPERATORS))
-    parser.add_argument("--recipe", choices=[r for r in RECIPES if r != "quantile"], default="pipeweave")
-    add_training_arguments(parser, output_dir="mlp_models", epochs_default=None,
-                           epochs_help="maximum epochs (default: 300 pipeweave, 2500 reference)",
-                           rows_help="train on at most this many rows per GPU, drawn with --seed (0: all rows)")
-    parser.add_argument("--patience", type=int, help="early-stopping patience (default: 25 pipeweave, 85 reference)")
+    parser = ArgumentParser(prog="train_mlp.py", description="Train a per-operator efficiency MLP.")
+    parser.add_argument("--op", required=True, choices=sorted(OPERATORS),
+                        help="operator class to train (python3 -m analytical_model list describes each)")
+    parser.add_argument("--recipe", choices=[r for r in RECIPES if r != "quantile"], default="pipeweave",
+                        help="pipeweave (default): log-efficiency MLP_v2 with shape descriptors; reference: the "
+                             "artifact's sigmoid MLP and MAPE loss")
+    add_training_arguments(parser, output_dir=None,
+                           output_help="default: mlp_models, the folder the predictor loads; with --holdout_hardware "
+                                       "runs/, so an evaluation model never replaces a shipped one",
+                           epochs_default=None, epochs_help="maximum epochs (default: 300 pipeweave, 2500 reference)",
+                           rows_help="train on at most this many rows per GPU, drawn with --seed (default 20000; "
+                                     "0: all rows)")
+    parser.add_argument("--patience", type=positive_int,
+                        help="early-stopping patience in epochs (default: 25 pipeweave, 85 reference)")
     parser.add_argument("--holdout_hardware", action="append", default=[], metavar="GPU",
-                        help="leave this GPU out of training and test on all its rows (repeatable)")
+                        help="leave this GPU out of training and test on all its rows (repeatable; default: none)")
     args = parser.parse_args(argv)
+    check_device(args.device)
+    if args.output_dir is None:
+        args.output_dir = DEFAULT_RUNS_DIR if args.holdout_hardware else DEFAULT_MODEL_DIR
 
     config = TrainConfig(recipe=args.recipe, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                          patience=args.patience, seed=args.seed, device=args.device, threads=args.threads,

@@ -16,10 +16,11 @@ import sys
 import numpy as np
 
 from analytical_model.registry import operator_keys
-from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.cli import ArgumentParser, UserError, check_device, positive_int, run_cli
 from pipeweave.mlp import model_inputs
 from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, feature_matrix,
                                 kernel_reports, read_dataset, timestamp_dir, write_model_dir)
+from pipeweave.paths import DEFAULT_QUANTILE_DIR
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
 
@@ -27,15 +28,21 @@ QUANTILE_OPS = operator_keys(quantile=True)
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(description="Train an upper-bound (quantile) efficiency MLP and write kernel reports.")
-    parser.add_argument("--op", required=True, choices=QUANTILE_OPS)
-    parser.add_argument("--quantile", type=float, default=0.8)
-    parser.add_argument("--threshold", type=float, default=0.0, help="perf_diff below this flags a kernel")
-    parser.add_argument("--topk", type=int, help="rows per GPU in the reports (default: all)")
-    add_training_arguments(parser, output_dir="mlp_models_quantile", epochs_default=200, epochs_help="epochs",
-                           rows_help="fit on at most this many rows per GPU, drawn with --seed (0: all); reports "
-                                     "cover all rows")
+    parser = ArgumentParser(prog="train_mlp_quantile.py",
+                            description="Train an upper-bound (quantile) efficiency MLP and write kernel reports.")
+    parser.add_argument("--op", required=True, choices=QUANTILE_OPS, help="operator class to train")
+    parser.add_argument("--quantile", type=float, default=0.8,
+                        help="quantile of the efficiency the model predicts, between 0 and 1 (default 0.8)")
+    parser.add_argument("--threshold", type=float, default=0.0,
+                        help="perf_diff (measured minus bound) below this flags a kernel in the reports (default 0)")
+    parser.add_argument("--topk", type=positive_int, help="rows per GPU in the reports (default: all)")
+    add_training_arguments(parser, output_dir=DEFAULT_QUANTILE_DIR,
+                           output_help="default: mlp_models_quantile, the folder aggregator.py --quantiles loads",
+                           epochs_default=200, epochs_help="training epochs (default 200)",
+                           rows_help="fit on at most this many rows per GPU, drawn with --seed (default 20000; 0: "
+                                     "all); reports cover all rows")
     args = parser.parse_args(argv)
+    check_device(args.device)
     if not 0 < args.quantile < 1:
         raise UserError("--quantile must be between 0 and 1")
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, run_cli, write_atomically
+from pipeweave.validation import check_shape_table
 
 from .hardware import DEFAULT_HARDWARE_DIR
-from .registry import OPERATORS, compute_features, get_operator, operator_keys
+from .registry import OPERATORS, compute_features, get_operator, operator_keys, shape_columns_help
 
 
 def list_operators(args) -> None:
@@ -42,10 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     features = sub.add_parser("features", help="compute analytical features for a CSV of shapes")
     features.add_argument("--op", required=True, choices=list(OPERATORS),
-                          help="; ".join(f"{key}: {op.description}" for key, op in OPERATORS.items()))
-    features.add_argument("--input", required=True, type=Path)
-    features.add_argument("--output", required=True, type=Path)
-    features.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR)
+                          help="operator class, with its shape columns: " + shape_columns_help())
+    features.add_argument("--input", required=True, type=Path,
+                          help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
+    features.add_argument("--output", required=True, type=Path,
+                          help="output CSV: the input columns plus the features and ideal_cycles")
+    features.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR,
+                          help="directory of GPU spec JSONs (default: hardware)")
     features.add_argument("--descriptors", action="store_true",
                           help="also write the shape descriptors the pipeweave models take (after the features)")
     listing = sub.add_parser("list", help="list the registered operator classes")
@@ -63,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         frame = pd.read_csv(args.input)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"{args.input}: not a readable CSV ({exc})") from None
+        raise UserError(f"{args.input}: not a readable CSV ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                        f"expected a header row with the shape columns and hardware") from None
+    check_output_path(args.output)
     try:
+        check_shape_table({column: frame[column].tolist() for column in frame.columns}, get_operator(args.op))
         result = compute_features(args.op, frame, args.hardware_dir)
     except ValueError as exc:
         raise UserError(f"{args.input}: {exc}") from None

@@ -57,7 +57,7 @@ def attention_problem(
     for name, field, value in (("bs", "batch_size", bs), ("nh", "num_qo_heads", nh),
                                ("nkv", "num_kv_heads", nkv), ("hd", "head_dim", hd)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-            raise ValueError(f"{name} ({field}) must be a positive integer, got {value!r}")
+            raise ValueError(f"{name} ({field}) must be a positive integer, got {getattr(value, 'item', lambda: value)()!r}")
     lengths = {}
     for name, values in (("q_lengths", q_lengths), ("kv_lengths", kv_lengths)):
         try:

@@ -16,6 +16,11 @@ Columns = Mapping[str, Any]
 
 
 
+def _plain(value):
+    """A numpy scalar as the Python value, so that messages read 7.5, not np.float64(7.5)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def column_values(columns: Columns, column: str) -> np.ndarray:
     values = columns[column]
     to_numpy = getattr(values, "to_numpy", None)
@@ -41,7 +46,7 @@ def int_column(columns: Columns, column: str) -> np.ndarray:
     bad = ~np.isfinite(values) | (values != np.floor(values))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"column {column!r} must hold integers; row {row} has {raw[row]!r}")
+        raise ValueError(f"column {column!r} must hold integers; row {row + 1} has {_plain(raw[row])!r}")
     return values.astype(np.int64)
 
 
@@ -55,7 +60,7 @@ def bool_column(columns: Columns, column: str) -> np.ndarray:
     bad = ~(truthy | falsy)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {row} has {raw[row]!r}")
+        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {row + 1} has {_plain(raw[row])!r}")
     return truthy
 
 

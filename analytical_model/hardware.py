@@ -13,6 +13,7 @@ stated estimate). A field without a source is an error.
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,6 +40,15 @@ _OPTIONAL_NUMBERS = {"tcFp8": "tc_fp8", "sharedMemorySize": "shared_memory_size"
 _CHOICES = {"linkType": LINK_TYPES, "memoryType": MEMORY_TYPES}
 # fields that describe the file rather than the GPU: no provenance entry needed
 _UNSOURCED = ("provenance", "note", "TODO", "CHECK")
+#: physically plausible ranges (units as in the files), about 10x around every GPU shipped: a value outside is a
+#: typo or a unit mistake that would give NaN, Infinity or 0 ms predictions downstream
+PLAUSIBLE_RANGES = {
+    "numSms": (1, 2048), "memBandwidth": (10, 100_000), "l2CacheBandwidth": (10, 1_000_000),
+    "sharedMemoryBandwidth": (8, 4096), "tcBf16": (16, 65_536), "xuFp32": (1, 1024), "FmaFp32": (1, 4096),
+    "smFreq": (100, 10_000), "tcFp8": (0, 131_072), "sharedMemorySize": (0, 8192), "totalGlobalMem": (0, 2 ** 50),
+    "l2CacheSize": (0, 2 ** 22), "l1CacheSize": (0, 65_536), "registerFileSize": (0, 65_536),
+    "linkGbps": (1, 20_000), "linkLatencyUs": (0.1, 1000), "boostClock": (100, 10_000), "tdpW": (10, 10_000),
+}
 
 
 class UnknownHardwareError(ValueError):
@@ -46,7 +56,7 @@ class UnknownHardwareError(ValueError):
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
@@ -61,6 +71,11 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     for key in _OPTIONAL_NUMBERS:
         if key in data and data[key] is not None and (not _is_number(data[key]) or data[key] < 0):
             raise ValueError(f"{source}: field {key!r} must be a non-negative number, got {data[key]!r}")
+    for key, (low, high) in PLAUSIBLE_RANGES.items():
+        value = data.get(key)
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{source}: field {key!r} = {value!r} is outside the plausible range [{low}, {high}] "
+                             f"(check the value and its unit against the other files in hardware/)")
     if not isinstance(data["numSms"], int):
         raise ValueError(f"{source}: field 'numSms' must be an integer, got {data['numSms']!r}")
     for key in ("computeMajor", "computeMinor"):
@@ -129,9 +144,9 @@ class HardwareRegistry:
         self._index: dict[str, str] = {}
         for path in sorted(self.hardware_dir.glob("*.json")):
             try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: invalid JSON ({exc})") from None
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                raise ValueError(f"{path}: invalid JSON ({type(exc).__name__}: {exc})") from None
             spec = parse_hardware(data, path.stem, str(path))
             self.specs[spec.stem] = spec
             keys = [spec.stem, spec.name, *spec.aliases]

@@ -157,7 +157,7 @@ def uniform_sm_max(num_ctas, num_sms: int):
 def require_positive(name: str, value) -> None:
     arr = np.asarray(value)
     if arr.size and not np.all(arr > 0):
-        raise ValueError(f"{name} must be a positive integer, got {arr[arr <= 0].ravel()[0]!r}")
+        raise ValueError(f"{name} must be a positive integer, got {arr[arr <= 0].ravel()[0].item()!r}")
 
 
 def require_integral(name: str, value) -> np.ndarray:
@@ -254,7 +254,7 @@ class AttentionProblem:
         for name in ("batch_size", "num_qo_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {getattr(value, 'item', lambda: value)()!r}")
         for name in ("q_lengths", "kv_lengths"):
             values = getattr(self, name)
             if len(values) != self.batch_size:

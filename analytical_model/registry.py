@@ -263,13 +263,13 @@ def compute_features(op: str, frame, hardware_dir: str | Path = DEFAULT_HARDWARE
     registry = hardware_registry(Path(hardware_dir))
     out = np.zeros((len(frame), len(operator.feature_names)))
     described = np.zeros((len(frame), len(operator.descriptor_names)))
-    hardware = frame["hardware"].astype(str).to_numpy()
+    hardware = frame["hardware"].astype(object).fillna("").astype(str).to_numpy()
     for name in pd.unique(hardware):
         rows = np.flatnonzero(hardware == name)
         try:
             hw = registry.get(name)
         except ValueError as exc:
-            raise ValueError(f"row {rows[0]}: {exc}") from None
+            raise ValueError(f"row {rows[0] + 1}: {exc}") from None
         part = frame.iloc[rows]
         out[rows] = operator.features(part, hw)
         described[rows] = operator.descriptors(part, hw)
@@ -279,3 +279,8 @@ def compute_features(op: str, frame, hardware_dir: str | Path = DEFAULT_HARDWARE
     result["ideal_cycles"] = operator.ideal_cycles(out.astype(np.float32)).astype(np.float64)
     return result
 
+
+def shape_columns_help() -> str:
+    """One line for --help: every operator key with its shape columns (lists written "[a,b]")."""
+    return "; ".join(f"{key}: {','.join(op.shape_columns)}" for key, op in OPERATORS.items()) + \
+        ' (list columns written "[a,b]")'

@@ -157,12 +157,15 @@ def row_count_table(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python3 -m dataset.build", description="Build per-operator datasets from real measurements.")
-    parser.add_argument("--ops", default=",".join(TRAINABLE_OPS), help="comma list of operator classes")
-    parser.add_argument("--output_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--test_fraction", type=float, default=0.2, help="share of shapes held out for testing")
+    parser.add_argument("--ops", default=",".join(TRAINABLE_OPS),
+                        help=f"comma list of operator classes (default: {','.join(TRAINABLE_OPS)})")
+    parser.add_argument("--output_dir", type=Path, default=DATASET_DIR,
+                        help="folder of the <op>_{train,test}.csv files (default: dataset)")
+    parser.add_argument("--test_fraction", type=float, default=0.2,
+                        help="share of shapes held out for testing (default 0.2)")
     parser.add_argument("--no_collectives", action="store_true", help="skip dataset/collective.csv")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                        help="processes for the attention features")
+                        help="processes for the attention features (default: 2, or 1 on a one-core machine)")
     args = parser.parse_args(argv)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:

@@ -140,12 +140,16 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python3 -m pipeweave.accuracy", description="Generate docs/ACCURACY.md.")
-    parser.add_argument("--ops", default=",".join(OPS))
-    parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--output", type=Path, default=DOCS_DIR / "ACCURACY.md")
+    parser.add_argument("--ops", default=",".join(OPS),
+                        help=f"comma list of operator classes to report (default: {','.join(OPS)})")
+    parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="root of the shipped models scored on held-out shapes (default: mlp_models)")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="folder of <op>_{train,test}.csv (default: dataset)")
+    parser.add_argument("--output", type=Path, default=DOCS_DIR / "ACCURACY.md",
+                        help="markdown report to write (default: docs/ACCURACY.md)")
     parser.add_argument("--logo_cache", type=Path, default=DOCS_DIR / "accuracy_logo",
-                        help="directory of per-operator leave-one-GPU-out results")
+                        help="directory of per-operator leave-one-GPU-out results (default: docs/accuracy_logo)")
     parser.add_argument("--retrain_logo", action="store_true", help="recompute leave-one-GPU-out models")
     parser.add_argument("--logo_only", action="store_true", help="only compute the leave-one-GPU-out cache")
     args = parser.parse_args(argv)

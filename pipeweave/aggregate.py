@@ -17,11 +17,11 @@ from typing import Sequence
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
-from pipeweave.cli import UserError, write_atomically
+from pipeweave.cli import UserError, check_output_path, write_atomically
 from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
-from pipeweave.report import SUMMARY_KEYS, build_result, dumps_result, output_name, summarize
+from pipeweave.report import SUMMARY_KEYS, build_result, describe, dumps_result, output_name, summarize
 from pipeweave.schema import WorkloadFormatError
 
 __all__ = [  # the CLI, and the names code written against the single-module layout imports from here
@@ -51,7 +51,8 @@ def build_parser():
                              "'-' reads standard input)")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
                         help="root of the trained MLPs: <model_dir>/<op>/<timestamp>/ (default: mlp_models)")
-    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                        help="directory of GPU spec JSONs (default: hardware)")
     parser.add_argument("--dataset_dir", default=None,
                         help="accepted for compatibility with the reference CLI and ignored: pipeweave needs no "
                              "dataset at inference (GEMM tiles come from the tile rule, collective models from "
@@ -131,6 +132,8 @@ def read_pairs(path: str) -> list[tuple[str, str, str | None]]:
         raise UserError(f"--pairs {path}: no pairs")
     reader = csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)
     header = [h.strip() for h in next(reader)]
+    if len(lines) == 1:
+        raise UserError(f"--pairs {path}: no pairs after the header line")
     if header[:2] != ["workload", "hardware"] or any(h not in ("workload", "hardware", "collective_hardware")
                                                      for h in header):
         raise UserError(f"--pairs {path}: header must be 'workload,hardware[,collective_hardware]', "
@@ -149,7 +152,10 @@ def _read_text(path: str) -> str:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--pairs file not found: {path}")
-    return p.read_text(encoding="utf-8")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--pairs {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
@@ -170,24 +176,6 @@ def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
     if duplicates:
         raise UserError(f"two pairs would write the same file {sorted(duplicates)[0]}")
     return targets
-
-
-def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
-    summary = prediction.result["summary"]
-    job = prediction.job
-    if several:
-        print(f"== {job.workload.stem} on {job.hardware.stem}")
-    if prediction.collective_source:
-        print(f"Communication: {prediction.collective_source}")
-    print(f"Prefill duration: {summary['prefill_duration_ms']:.3f} ms")
-    print(f"Decode avg duration: {summary['decode_avg_duration_ms']:.3f} ms")
-    print(f"Total duration: {summary['total_duration_ms']:.3f} ms")
-    if "optimistic_total_duration_ms" in summary:
-        print(f"Optimistic (quantile models) prefill / decode avg / total: "
-              f"{summary['optimistic_prefill_duration_ms']:.3f} / "
-              f"{summary['optimistic_decode_avg_duration_ms']:.3f} / "
-              f"{summary['optimistic_total_duration_ms']:.3f} ms")
-    print(f"Predictions saved to {target}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
 
     several = len(jobs) > 1
     targets = output_targets(jobs, args.output)
+    for target in targets:
+        check_output_path(target)
 
     if args.quantiles and not Path(args.quantile_dir).is_dir():
         raise FileNotFoundError(f"--quantiles: quantile model directory not found: {args.quantile_dir} "
@@ -240,18 +230,84 @@ def main(argv: list[str] | None = None) -> int:
     )
     memory = {id(job): memory_check(job, args.ignore_memory) for job in jobs}
     started = time.perf_counter()
-    predictions = engine.predict(jobs)
+    predictions, failures = predict_all(engine, jobs)
     elapsed = time.perf_counter() - started
     if calibration is not None:
         ops = {op for job in jobs if job.hardware.stem == calibration.hardware for op in job.workload.ops()}
         for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
             print(warning)
-    for prediction, target in zip(predictions, targets):
-        if memory[id(prediction.job)] is not None:
+    for prediction in predictions:
+        if prediction is not None and memory[id(prediction.job)] is not None:
             prediction.result["memory_check"] = memory[id(prediction.job)]
-        text = dumps_result(prediction.result)
-        write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
-        print_summary(prediction, target, several)
+    written = write_predictions(predictions, targets, several)
     if several:
-        print(f"Predicted {len(jobs)} pairs in {elapsed * 1000:.1f} ms (models loaded once)")
+        print(f"Predicted {written}{f' of {len(jobs)}' if failures else ''} pairs in {elapsed * 1000:.1f} ms "
+              f"(models loaded once)")
+    if failures:
+        for job, message in failures:
+            print(f"not predicted: {job.workload.stem} on {job.hardware.stem}: {message}", file=sys.stderr)
+        raise UserError(f"{len(failures)} of {len(jobs)} pairs could not be predicted (listed above); "
+                        f"the other {written} were written")
     return 0
+
+
+def write_predictions(predictions: list[Prediction | None], targets: list[Path], several: bool) -> int:
+    """Write every prediction made and print its summary; returns how many were written. An interrupt says how far
+    the sweep got, so a partial output folder is never mistaken for a complete one."""
+    written = 0
+    try:
+        for prediction, target in zip(predictions, targets):
+            if prediction is None:
+                continue
+            text = dumps_result(prediction.result)
+            write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
+            written += 1
+            print_summary(prediction, target, several)
+    except KeyboardInterrupt:
+        print(f"interrupted: wrote {written} of {len(targets)} predictions; the sweep is incomplete", file=sys.stderr)
+        raise
+    return written
+
+
+def predict_all(engine: Engine, jobs: list[Job]) -> tuple[list[Prediction | None], list[tuple[Job, str]]]:
+    """Every prediction that can be made, in job order (None where it cannot), and (job, reason) of the others.
+    One batch when all succeed; after a failure each job is predicted alone (models stay loaded)."""
+    try:
+        return engine.predict(jobs), []
+    except UserError:
+        if len(jobs) == 1:
+            raise
+    predictions: list[Prediction | None] = []
+    failures = []
+    for job in jobs:
+        try:
+            predictions.append(engine.predict([job])[0])
+        except UserError as exc:
+            predictions.append(None)
+            message = exc.args[0] if exc.args else str(exc)
+            for prefix in (f"{job.workload.stem} on {job.hardware.stem}: ", f"{job.workload.stem}: "):
+                message = message.removeprefix(prefix)
+            failures.append((job, message))
+    return predictions, failures
+
+
+def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
+    summary = prediction.result["summary"]
+    job = prediction.job
+    if several:
+        print(f"== {job.workload.stem} on {job.hardware.stem}")
+    print(f"Predicted: {describe(job.workload)} on {job.hardware.name}")
+    if prediction.collective_source:
+        print(f"Communication: {prediction.collective_source}")
+    print(f"Prefill duration: {summary['prefill_duration_ms']:.3f} ms")
+    if "decode" in job.workload.phases:
+        print(f"Decode avg duration: {summary['decode_avg_duration_ms']:.3f} ms")
+    else:
+        print("Decode avg duration: none (the workload has no decode iteration; decode_* fields are 0)")
+    print(f"Total duration: {summary['total_duration_ms']:.3f} ms")
+    if "optimistic_total_duration_ms" in summary:
+        print(f"Optimistic (quantile models) prefill / decode avg / total: "
+              f"{summary['optimistic_prefill_duration_ms']:.3f} / "
+              f"{summary['optimistic_decode_avg_duration_ms']:.3f} / "
+              f"{summary['optimistic_total_duration_ms']:.3f} ms")
+    print(f"Predictions saved to {target}")

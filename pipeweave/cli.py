@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -20,35 +23,165 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _bounded_int(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _bounded_int(text, 0)
+
+
+def _bounded_int(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def check_device(device: str) -> str:
+    """``device`` if it is cpu or an available CUDA device, else a UserError saying what to use instead."""
+    name = str(device).strip().lower()
+    if name == "cpu":
+        return name
+    if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise UserError(f"--device {device}: unknown device; use cpu or cuda (cuda:N for one GPU)")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA device is visible to torch; use --device cpu")
+    if ":" in name and int(name[5:]) >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return name
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) during a run: unwinds like Ctrl-C so that temporary files are removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler API
+    raise Interrupted(signum)
+
+
+def program_name() -> str:
+    """The name the user typed: ``python3 -m analytical_model`` rather than ``__main__.py``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "pipeweave"
+    if name == "__main__.py":
+        return f"python3 -m {Path(sys.argv[0]).parent.name}"
+    return name
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run ``main``; turn UserError, missing files and bad values into ``<prog>: error: ...`` + exit 2."""
-    prog = Path(sys.argv[0]).name
+    """Run ``main``; turn user errors, unreadable files and bad values into ``<prog>: error: ...`` + exit 2.
+
+    SIGTERM unwinds like Ctrl-C (temporary files are removed) and exits 128 + signal number."""
+    prog = program_name()
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread (e.g. a test runner's worker): leave signals alone
+        previous = None
     try:
         code = main(argv)
-    except (UserError, FileNotFoundError, ValueError, KeyError) as exc:
+    except UnicodeDecodeError as exc:  # a binary or mis-encoded input read somewhere without its own check
+        print(f"{prog}: error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); check the files "
+              f"given on the command line", file=sys.stderr)
+        return 2
+    except KeyError as exc:  # a JSON/CSV input without a field the code needs
+        print(f"{prog}: error: an input lacks the field {exc.args[0]!r} (check the files given on the command line)",
+              file=sys.stderr)
+        return 2
+    except (UserError, FileNotFoundError, ValueError) as exc:
         message = exc.args[0] if exc.args else str(exc)
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except OSError as exc:  # unreadable input, read-only folder, a file where a folder is expected, disk full...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{prog}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"{prog}: error: an input is nested too deeply to read (a JSON file with thousands of levels?)",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"{prog}: interrupted ({signal.Signals(signum).name}); outputs not reported as written are "
+              f"incomplete", file=sys.stderr)
+        return 128 + int(signum)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return int(code or 0)
 
 
-def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)`` and move the result into place, so a failure leaves no partial file."""
+def check_output_path(path: str | Path, flag: str = "--output") -> Path:
+    """``path`` if a file can be written there, else a UserError naming the flag (checked before any work, so that
+    a bad second output never follows a written first one)."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a directory; give a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK) and not (path.exists() and os.access(path, os.W_OK)):
+        raise UserError(f"{flag} {path}: the folder {parent} is not writable")
+    return path
+
+
+def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(file)`` so that a failure leaves no partial output.
+
+    A regular file (or a new path) is written to a temporary file beside it and renamed into place, with the mode
+    the umask gives a new file (an existing file keeps its mode). A symlink is written through (the link stays);
+    a special file such as /dev/null is written directly, since renaming onto it would replace the device."""
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if target.exists() and not target.is_file():
+        if target.is_dir():
+            raise UserError(f"cannot write {path}: it is a directory")
+        write(target)
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~_umask()
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
-        os.replace(tmp_path, path)
+        os.chmod(tmp_path, mode)
+        os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _umask() -> int:
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
 
 
 def keep_marked_sections(text: str, path: str | Path) -> str:

@@ -253,6 +253,19 @@ def collective_hardware_with_models(model_dir: str | Path = DEFAULT_COLLECTIVE_D
                   if p.is_dir() and any(find_model_file(p, k) for k in KINDS))
 
 
+def hardware_covering(needed, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR) -> list[str]:
+    """GPUs whose measured models cover every (kind, worker count) in ``needed``: what a hint may suggest."""
+    covering = []
+    for stem in collective_hardware_with_models(model_dir):
+        try:
+            predictor = CollectivePredictor(stem, model_dir)
+        except (FileNotFoundError, ValueError):
+            continue
+        if all(predictor.available(kind) and workers in predictor.worker_counts(kind) for kind, workers in needed):
+            covering.append(stem)
+    return covering
+
+
 class CollectivePredictor:
     """Collective times of one GPU (see the module docstring for the model, ranges and fixes)."""
 

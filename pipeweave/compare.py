@@ -30,7 +30,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.baselines import ARTIFACT_METHODS, artifact_baselines_dir, read_artifact_baselines, shape_roofline_prediction
-from pipeweave.cli import ArgumentParser, UserError, keep_marked_sections, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, keep_marked_sections, write_atomically
 from pipeweave.e2e_report import document, markdown_static, markdown_summary, markdown_vllm, plot, table_csv
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
                                      artifact_real_dir, error_summary, format_summary_csv, gpu_stem, load_real,
@@ -91,6 +91,8 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
                      config_dir: Path = DEFAULT_CONFIG_DIR) -> pd.DataFrame:
     """Summaries of every prediction JSON in ``pred_dir`` whose name follows the aggregator's naming."""
     pred_dir = Path(pred_dir)
+    if not pred_dir.is_dir():
+        raise UserError(f"--pred_dir {pred_dir}: not a directory (the aggregator's outputs, e.g. e2e/pipeweave_pred)")
     names = config_model_names(config_dir)
     rows = []
     for path in sorted(pred_dir.glob("*.json")):
@@ -99,8 +101,13 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
             continue
         try:
             summary = json.loads(path.read_text())["summary"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
             raise UserError(f"{path}: not an aggregator output (no summary)") from None
+        for key in ("prefill_duration_ms", "decode_avg_duration_ms", "total_duration_ms"):
+            value = summary.get(key) if isinstance(summary, dict) else None
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
+                raise UserError(f"{path}: summary.{key} is {value!r}, not a finite duration; "
+                                f"rerun the aggregator for this workload")
         rows.append({
             "gpu": gpu_stem(parsed.gpu_tag, hardware_dir), "tp": parsed.tp, "pp": parsed.pp, "model": parsed.model,
             "trace": parsed.trace, "fa": parsed.fa, "workload": parsed.workload_stem, "path": str(path),
@@ -193,17 +200,27 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
 
 def _common_parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--pred_dir", default=str(DEFAULT_PRED_DIR), help="aggregator outputs (e2e/pipeweave_pred)")
+    parser.add_argument("--pred_dir", default=str(DEFAULT_PRED_DIR),
+                        help="folder of aggregator outputs <workload>_<GPU>.json (default: e2e/pipeweave_pred)")
     parser.add_argument("--real_dir", default=str(DEFAULT_REAL_DIR),
                         help="measured runs: our summary CSV (e2e/real/measured_runs.csv) or a directory with the "
                              "artifact's e2e_*.jsonl / vllm_*.json files (default e2e/real)")
     parser.add_argument("--baselines_dir", default=None,
                         help="the artifact's *_comparison.csv (default: $PIPEWEAVE_SHARED_DATA/pipeweave/e2e/"
                              "baselines; skipped with a note when absent)")
-    parser.add_argument("--workload_dir", default=str(DEFAULT_WORKLOAD_DIR), help="workload JSONs (for the roofline)")
-    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR))
+    parser.add_argument("--workload_dir", default=str(DEFAULT_WORKLOAD_DIR), help="workload JSONs, for the roofline (default: workload)")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                        help="directory of GPU spec JSONs (default: hardware)")
     parser.add_argument("--no_roofline", action="store_true", help="skip the roofline baseline")
     return parser
+
+
+def check_outputs(args) -> None:
+    """Every output path is checked before anything is read or written, so a bad --plot or --markdown never
+    follows a written CSV."""
+    for flag in ("output", "plot", "markdown"):
+        if getattr(args, flag):
+            check_output_path(getattr(args, flag), f"--{flag}")
 
 
 def _inputs(args, kind: str):
@@ -213,11 +230,8 @@ def _inputs(args, kind: str):
     baselines_dir = Path(args.baselines_dir) if args.baselines_dir else artifact_baselines_dir()
     static_base, vllm_base, notes = read_artifact_baselines(baselines_dir, hardware_dir)
     if not len(preds):
-        shown = os.path.relpath(args.pred_dir, REPO_ROOT) if Path(args.pred_dir).resolve().is_relative_to(
-            REPO_ROOT) else args.pred_dir
-        notes.insert(0, f"no PipeWeave predictions in {shown}: run the batch scripts (./tp1.sh, ./tp2.sh, "
-                        "./tp4.sh, ./tp8.sh, ./vllm_tp4_pp2.sh) once trained models are in mlp_models/; only the "
-                        "baselines are shown")
+        raise UserError(f"--pred_dir {args.pred_dir}: no prediction files named <workload>_<GPU>.json; run the batch "
+                        "scripts (./tp1.sh, ./tp2.sh, ./tp4.sh, ./tp8.sh, ./vllm_tp4_pp2.sh) first")
     return real, preds, static_base, vllm_base, notes, hardware_dir
 
 
@@ -231,14 +245,17 @@ def _real_source(real_dir: str) -> str:
 def main_static(argv: list[str] | None = None) -> int:
     parser = _common_parser("compare_pred_real.py", "Compare static-batch predictions with measured runs "
                                                     "(median of the repetitions), roofline and artifact baselines.")
-    parser.add_argument("--output", default=str(E2E_DIR / "pipeweave_comparison.csv"), help="output CSV")
-    parser.add_argument("--plot", default=str(E2E_DIR / "pipeweave_comparison.png"), help="output PNG")
+    parser.add_argument("--output", default=str(E2E_DIR / "pipeweave_comparison.csv"),
+                        help="output CSV (default: e2e/pipeweave_comparison.csv)")
+    parser.add_argument("--plot", default=str(E2E_DIR / "pipeweave_comparison.png"),
+                        help="output PNG (default: e2e/pipeweave_comparison.png)")
     parser.add_argument("--markdown", default=None,
                         help="also write the full report (static and vLLM tables, summary, plot, notes), e.g. "
                              "docs/E2E.md")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
-                        help="only used to name the kernel models in the report")
+                        help="only used to name the kernel models in the report (default: mlp_models)")
     args = parser.parse_args(argv)
+    check_outputs(args)
     real, preds, static_base, vllm_base, notes, hardware_dir = _inputs(args, "static")
     roofline = not args.no_roofline
     static = compare(real, preds, "static", roofline=roofline, baselines=static_base,
@@ -253,9 +270,8 @@ def main_static(argv: list[str] | None = None) -> int:
     print()
     print(markdown_static(static))
     missing = static[~np.isfinite(static["pred_total_ms"].to_numpy(np.float64))]
-    if len(preds):  # (with no predictions at all, _inputs already says so once)
-        for _, r in missing.iterrows():
-            notes.append(f"no prediction for measured run {r['gpu']} TP{r['tp']} {r['model']} {r['trace']}")
+    for _, r in missing.iterrows():
+        notes.append(f"no prediction for measured run {r['gpu']} TP{r['tp']} {r['model']} {r['trace']}")
     for note in notes:
         print(f"note: {note}")
     print(f"\nWrote {args.output} and {plot_path}")
@@ -272,10 +288,13 @@ def main_static(argv: list[str] | None = None) -> int:
 def main_vllm(argv: list[str] | None = None) -> int:
     parser = _common_parser("compare_vllm_pred_real.py", "Compare the vLLM TP4xPP2 predictions (total latency) with "
                                                          "the median of the measured latencies.")
-    parser.add_argument("--output", default=str(E2E_DIR / "vllm_comparison.csv"), help="output CSV")
-    parser.add_argument("--plot", default=str(E2E_DIR / "vllm_comparison.png"), help="output PNG")
+    parser.add_argument("--output", default=str(E2E_DIR / "vllm_comparison.csv"),
+                        help="output CSV (default: e2e/vllm_comparison.csv)")
+    parser.add_argument("--plot", default=str(E2E_DIR / "vllm_comparison.png"),
+                        help="output PNG (default: e2e/vllm_comparison.png)")
     parser.add_argument("--markdown", default=None, help="also write the markdown table to this file")
     args = parser.parse_args(argv)
+    check_outputs(args)
     real, preds, _, vllm_base, notes, hardware_dir = _inputs(args, "vllm")
     vllm = compare(real, preds, "vllm", roofline=not args.no_roofline, baselines=vllm_base,
                    workload_dir=Path(args.workload_dir), hardware_dir=hardware_dir)
@@ -301,8 +320,10 @@ def main_summarize(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default=None,
                         help="directory with e2e_*.jsonl / vllm_*.json (default $PIPEWEAVE_SHARED_DATA/pipeweave/"
                              "e2e/real)")
-    parser.add_argument("--output", default=str(DEFAULT_REAL_DIR / REAL_SUMMARY_NAME))
-    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR))
+    parser.add_argument("--output", default=str(DEFAULT_REAL_DIR / REAL_SUMMARY_NAME),
+                        help=f"summary CSV to write (default: e2e/real/{REAL_SUMMARY_NAME})")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                        help="directory of GPU spec JSONs (default: hardware)")
     args = parser.parse_args(argv)
     source = Path(args.source) if args.source else artifact_real_dir()
     if not source.is_dir():

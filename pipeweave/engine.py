@@ -62,6 +62,7 @@ from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
+from pipeweave.validation import check_durations, fa3_warning, load_model_checked
 
 SEND_RECV_WORKERS = 2
 COLLECTIVE_ESTIMATES = ("model", "analytical")
@@ -126,7 +127,7 @@ class Engine:
         self.collective_estimate = collective_estimate
         self.log = log or (lambda message: None)
         self._collective_predictors: dict[str, object] = {}
-        self._warned: set[tuple[str, str, int]] = set()
+        self._warned: set[tuple] = set()
         self.calibration = calibration
         self._iteration_ms: dict[tuple, float] = {}
         self._loaded: set[str] = set()
@@ -160,12 +161,12 @@ class Engine:
         for op in ops:
             if op in self._loaded:
                 continue
-            _, metadata, directory = self.predictor.model(op)
+            _, metadata, directory = load_model_checked(self.predictor, op)
             self._loaded.add(op)
             self.log(f"Loaded {op} model: {directory} ({metadata['model_info'].get('architecture', 'MLP')})")
             if self.quantile_predictor is not None and op not in self.quantile_ops:
                 try:
-                    _, _, qdir = self.quantile_predictor.model(op)
+                    _, _, qdir = load_model_checked(self.quantile_predictor, op, "train_mlp_quantile.py")
                     self.quantile_ops[op] = True
                     self.log(f"Loaded {op} quantile model: {qdir}")
                 except FileNotFoundError:
@@ -196,8 +197,7 @@ class Engine:
             if stem not in have and not analytical:
                 raise UserError(
                     f"{job.workload.stem}: the workload has communication ({job.workload.collective_summary()}) but "
-                    f"{stem} has no collective models in {self.collective_dir} (GPUs with collective models: "
-                    f"{', '.join(have) or 'none'}); {FLAG_HINT}")
+                    f"{stem} has no collective models in {self.collective_dir}; {self.covering_hint(job)}")
         if stem not in self._collective_predictors:
             try:
                 self._collective_predictors[stem] = CollectivePredictor(stem, self.collective_dir,
@@ -205,6 +205,18 @@ class Engine:
             except FileNotFoundError as exc:
                 raise UserError(f"{exc.args[0] if exc.args else exc}; {FLAG_HINT}") from None
         return self._collective_predictors[stem]
+
+    def covering_hint(self, job: Job) -> str:
+        """What to give instead: the GPUs whose measured models cover every collective (kind, workers) of the job,
+        so that following the hint cannot lead to the next missing model."""
+        from pipeweave.collectives import hardware_covering
+
+        needed = {(kind, job.workload.tp_size if kind == "all_reduce" else SEND_RECV_WORKERS)
+                  for kind, _ in job.workload.collectives}
+        covering = hardware_covering(needed, self.collective_dir)
+        what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
+        return (f"GPUs with measured models for {what}: {', '.join(covering) or 'none'}; give --collective_hardware "
+                f"one of them or --collective_estimate analytical")
 
     # ---------------------------------------------------------------------------------------------
     def predict(self, jobs: Sequence[Job]) -> list[Prediction]:
@@ -244,6 +256,8 @@ class Engine:
             if job.workload.has_communication:
                 coll_ms[j] = self.collective_durations(job, collective_of[id(job)])
         self.load_models(ops)
+        for job in jobs:
+            self.warn_fa3_mismatch(job)
 
         # 1. unique (GPU, shape) rows per operator class, and each job's map from its local shapes to them
         tables: dict[str, dict[tuple[str, tuple], int]] = {op: {} for op in ops}
@@ -268,6 +282,7 @@ class Engine:
             keys = list(table)  # dict order = row order
             features, described = self.kernel_features(op, keys)
             unique_ms[op], optimistic_ms[op] = self.kernel_durations(op, keys, features, described)
+            check_durations(op, keys, unique_ms[op], optimistic_ms[op])
 
         # 3. scatter back and assemble the outputs
         out = []
@@ -305,6 +320,15 @@ class Engine:
             out.append(Prediction(job, result, source))
         return out
 
+    def warn_fa3_mismatch(self, job: Job) -> None:
+        """A FlashAttention-3 workload on a GPU that cannot run FA3 is predicted (the paper's matrix does so), but
+        never without a word (once per workload and GPU)."""
+        warning = fa3_warning(job.workload.stem, [shape[0] for shape in job.workload.shapes.get("attn", [])],
+                              job.hardware)
+        if warning and (job.workload.stem, job.hardware.stem, "fa3") not in self._warned:
+            self._warned.add((job.workload.stem, job.hardware.stem, "fa3"))
+            self.log(warning)
+
     def kernel_features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:
         """float64 (features, shape descriptors) of the unique (GPU stem, shape) rows of one operator class."""
         operator = get_operator(op)
@@ -338,9 +362,13 @@ class Engine:
         share = pass_shares(keys, self.registry) if op == "moe" else 1.0  # a pass's part of its layer
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.quantile_predictor is not None and self.quantile_ops.get(op):
-            upper = self.quantile_predictor.efficiency_from_features(op, features, described)
-            return point, self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features,
-                                           shapes)
+            # an upper bound on efficiency can never give a longer time than the point prediction: where the
+            # quantile model (trained separately, on a different loss) predicts a lower efficiency than the point
+            # model, the point model is the better bound (and a calibration cannot reorder the two)
+            upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described), efficiency)
+            optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features,
+                                          shapes)
+            return point, np.minimum(optimistic, point)
         return point, point
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,
@@ -377,7 +405,7 @@ class Engine:
                 message = exc.args[0] if exc.args else str(exc)
                 raise UserError(f"{workload.stem} on {job.hardware.stem}: cannot predict {kind} with "
                                 f"{predictor.hardware}'s collective models: {message.split('; ')[0]}; "
-                                f"{FLAG_HINT}") from None
+                                f"{self.covering_hint(job)}") from None
             if not measured:
                 analytical.append(kind)
                 if (predictor.hardware, kind, workers) not in self._warned:

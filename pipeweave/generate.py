@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Iterable
 
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
-from pipeweave.workload import (DECODE_ATTN_DEFAULT, PREFILL_ATTN_DEFAULT, WorkloadError, positive_int, build_workload,
-                                load_model_config, load_trace, serialize_workload)
+from pipeweave.validation import MAX_BATCH
+from pipeweave.workload import (DECODE_ATTN_DEFAULT, PREFILL_ATTN_DEFAULT, Trace, WorkloadError, positive_int,
+                                build_workload, load_model_config, load_trace, serialize_workload)
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -22,10 +23,11 @@ class WorkloadSpec:
     ``single_sequence`` merges the trace's prompts into one request (prompt = their sum);
     ``prompt_tokens`` then replaces every request's prompt length (after merging);
     ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name.
+    Without a trace, ``requests`` identical requests of ``prompt_tokens`` and ``output_tokens`` are generated.
     """
 
     model_config: str
-    trace: str
+    trace: str | None
     tp: int = 1
     pp: int = 1
     prefill_attn: str = PREFILL_ATTN_DEFAULT
@@ -37,6 +39,7 @@ class WorkloadSpec:
     name: str | None = None
     ep: int = 1
     dtype: str = "bf16"
+    requests: int | None = None
 
 
 def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int, ep: int = 1,
@@ -57,7 +60,7 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
              trace_dir: str | Path = DEFAULT_TRACE_DIR) -> GeneratedWorkload:
     """Resolve a spec's config and trace, build the workload and serialize it."""
     cfg = load_model_config(spec.model_config, config_dir)
-    trace = load_trace(spec.trace, trace_dir)
+    trace = load_trace(spec.trace, trace_dir) if spec.trace is not None else uniform_trace(spec)
     prompts = list(trace.prompt_tokens)
     if spec.single_sequence:
         prompts = [sum(prompts)]
@@ -74,6 +77,22 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
                               dtype=spec.dtype)
     return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep, spec.dtype),
                              serialize_workload(workload))
+
+
+def uniform_trace(spec: WorkloadSpec) -> Trace:
+    """``requests`` requests of ``prompt_tokens`` each, generating ``output_tokens``: the common question, without
+    writing a trace file."""
+    missing = [f"--{name}" for name in ("requests", "prompt_tokens", "output_tokens") if getattr(spec, name) is None]
+    if missing:
+        raise WorkloadError(f"without --trace, give --requests, --prompt_tokens and --output_tokens "
+                            f"(missing {', '.join(missing)})")
+    for name in ("requests", "prompt_tokens", "output_tokens"):
+        positive_int(getattr(spec, name), name)
+    if spec.requests > MAX_BATCH:
+        raise WorkloadError(f"--requests {spec.requests} exceeds the limit {MAX_BATCH:,} per batch")
+    stem = f"r{spec.requests}_p{spec.prompt_tokens}_o{spec.output_tokens}"
+    return Trace(stem=stem, prompt_tokens=(spec.prompt_tokens,) * spec.requests,
+                 decode_tokens=(spec.output_tokens,) * spec.requests, output_tokens=spec.output_tokens)
 
 
 def _paper_set() -> tuple[WorkloadSpec, ...]:

@@ -4,14 +4,17 @@
 """
 from __future__ import annotations
 
-from pipeweave.cli import ArgumentParser, UserError
+from analytical_model.hardware import load_hardware
+from pipeweave.cli import ArgumentParser, UserError, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
+from pipeweave.validation import fa3_mismatch
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
                                 DEFAULT_TRACE_DIR, DTYPES, PREFILL_ATTN_DEFAULT)
 
 # Flags that describe a single workload (not allowed together with --paper_set).
 _SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "ep", "dtype", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
-                 "single_sequence", "prompt_tokens", "output_tokens", "name")
+                 "single_sequence", "prompt_tokens", "output_tokens", "name",
+                 "requests", "hardware")
 
 
 def build_parser() -> ArgumentParser:
@@ -20,31 +23,42 @@ def build_parser() -> ArgumentParser:
         description="Turn a model config and a request trace into a static-batch workload JSON "
                     "(one prefill iteration, then one decode iteration per further output token).")
     p.add_argument("--model_config", help="config JSON path, or a stem of config/ (e.g. Llama-3.1-70B)")
-    p.add_argument("--trace", help="trace CSV path, or a stem of workload/traces/ (e.g. arxiv_16)")
-    p.add_argument("--tp", type=int, help="tensor-parallel size (default 1); must divide the sharded widths exactly")
-    p.add_argument("--pp", type=int, help="pipeline-parallel size (default 1); adds a send_recv entry when > 1")
-    p.add_argument("--ep", type=int,
+    p.add_argument("--trace", help="trace CSV path, or a stem of workload/traces/ (e.g. arxiv_16); default: none, "
+                                   "then --requests, --prompt_tokens and --output_tokens describe the batch")
+    p.add_argument("--requests", type=positive_int,
+                   help="without --trace: number of identical requests in the batch (default: none)")
+    p.add_argument("--tp", type=positive_int,
+                   help="tensor-parallel size (default 1); must divide the sharded widths exactly")
+    p.add_argument("--pp", type=positive_int,
+                   help="pipeline-parallel size (default 1); adds a send_recv entry when > 1")
+    p.add_argument("--hardware", metavar="GPU",
+                   help="GPU the workload is for (default: none): chooses the prefill attention family its "
+                        "architecture runs (fa3_ragged on Hopper, fa2_ragged elsewhere) and refuses a mismatch")
+    p.add_argument("--ep", type=positive_int,
                    help="expert-parallel size of an MoE model (default 1); must divide --tp: the TP group's GPUs form "
                         "EP groups of E/EP experts, each expert split over TP/EP ranks")
     p.add_argument("--dtype", choices=DTYPES,
                    help="weight dtype of the linear layers (default bf16); fp8 writes them as FP8 GEMMs plus the "
                         "activation quantisation (dense models only)")
-    p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}; "
-                                          f"one of {', '.join(ATTENTION_BACKENDS)})")
+    p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}, or per "
+                                          f"--hardware; one of {', '.join(ATTENTION_BACKENDS)})")
     p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT})")
     p.add_argument("--qk_norm_rmsnorm", action="store_true", default=None,
                    help="Qwen3 QK-norm approximation: RMSNorm count 4L+1 instead of 2L+1")
     p.add_argument("--single_sequence", action="store_true", default=None,
                    help="merge the trace's prompts into one request whose prompt is their sum")
-    p.add_argument("--prompt_tokens", type=int,
-                   help="replace every request's prompt length (after --single_sequence) by this value")
-    p.add_argument("--output_tokens", type=int, help="number of iterations (overrides the trace's output_tokens)")
-    p.add_argument("--name", help="label used in place of the trace stem in the output file name")
+    p.add_argument("--prompt_tokens", type=positive_int,
+                   help="prompt length of every request (with --trace: replaces the trace's, after "
+                        "--single_sequence; default: the trace's)")
+    p.add_argument("--output_tokens", type=positive_int,
+                   help="number of iterations: one prefill plus output_tokens - 1 decode steps (default: the trace's)")
+    p.add_argument("--name", help="label used in place of the trace stem in the output file name (default: the "
+                                  "trace stem, or r<requests>_p<prompt>_o<output> without a trace)")
     p.add_argument("--paper_set", action="store_true",
                    help=f"regenerate the {len(PAPER_SET)} workloads of the PipeWeave paper")
     p.add_argument("--output_dir", default=str(DEFAULT_OUTPUT_DIR), help="output directory (default: workload/)")
-    p.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="where config stems are looked up")
-    p.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR), help="where trace stems are looked up")
+    p.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="where config stems are looked up (default: config)")
+    p.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR), help="where trace stems are looked up (default: workload/traces)")
     return p
 
 
@@ -56,17 +70,36 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--paper_set cannot be combined with {', '.join(given)}")
         specs = list(PAPER_SET)
     else:
-        missing = [f"--{name}" for name in ("model_config", "trace") if getattr(args, name) is None]
-        if missing:
-            raise UserError(f"missing {' and '.join(missing)} (or use --paper_set)")
+        if args.model_config is None:
+            raise UserError("missing --model_config (or use --paper_set)")
+        if args.trace is None and args.requests is None:
+            raise UserError("missing --trace (or --requests with --prompt_tokens and --output_tokens)")
+        if args.trace is not None and args.requests is not None:
+            raise UserError("give --trace or --requests, not both")
         specs = [WorkloadSpec(
             model_config=args.model_config, trace=args.trace,
             tp=1 if args.tp is None else args.tp, pp=1 if args.pp is None else args.pp,
             ep=1 if args.ep is None else args.ep, dtype=args.dtype or "bf16",
-            prefill_attn=args.prefill_attn or PREFILL_ATTN_DEFAULT, decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
+            prefill_attn=prefill_attention(args.prefill_attn, args.hardware),
+            decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
-            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name)]
+            prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name,
+            requests=args.requests)]
     workloads = generate_many(specs, args.config_dir, args.trace_dir)
     for path in write_workloads(workloads, args.output_dir):
         print(path)
     return 0
+
+
+def prefill_attention(given: str | None, hardware: str | None) -> str:
+    """The prefill attention type: as given, else the family the --hardware GPU runs, else the default."""
+    if hardware is None:
+        return given or PREFILL_ATTN_DEFAULT
+    spec = load_hardware(hardware)
+    if given is None:
+        return "fa2_ragged" if fa3_mismatch("fa3_ragged", spec.architecture) else "fa3_ragged"
+    if fa3_mismatch(given, spec.architecture):
+        raise UserError(f"--prefill_attn {given}: FlashAttention-3 runs only on Hopper GPUs, and {spec.stem} is "
+                        f"{spec.architecture}; use fa2_ragged (or leave --prefill_attn out)")
+    return given
+

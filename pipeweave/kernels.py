@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
-from analytical_model.registry import OPERATORS, get_operator
-from pipeweave.cli import ArgumentParser, UserError, write_atomically
+from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
+from pipeweave.validation import check_shape_table, load_model_checked, row_label
 
 
 def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
@@ -26,19 +27,22 @@ def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input CSV not found: {path}")
-    with open(path, newline="", encoding="utf-8") as handle:
-        lines = list(csv.reader(handle))
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            lines = list(csv.reader(handle))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
         raise UserError(f"{path}: empty file (expected a header row)")
     header, rows = lines[0], [row for row in lines[1:] if row]  # blank lines are skipped
     for position, row in enumerate(rows):
         if len(row) != len(header):
-            raise UserError(f"{path}: row {position + 1} has {len(row)} fields, the header {len(header)}")
+            raise UserError(f"{path}: {row_label(position)} has {len(row)} fields, the header {len(header)}")
     return header, rows
 
 
 def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
-                   calibration=None) -> np.ndarray:
+                   calibration=None, source: str = "input") -> np.ndarray:
     """``predicted_us`` per row; unknown GPUs and missing columns are errors naming the row/column. A
     ``calibration`` (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is on it."""
     operator = get_operator(op)
@@ -47,10 +51,14 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
         raise UserError(f"input lacks column(s) {', '.join(missing)} needed by --op {op} "
                         f"(shape columns: {', '.join(operator.shape_columns)}, plus hardware)")
     index = {name: i for i, name in enumerate(header)}
+    try:
+        check_shape_table({name: [row[i] for row in rows] for name, i in index.items()}, operator)
+    except ValueError as exc:
+        raise UserError(f"{source}: {exc}") from None
     hardware = [row[index["hardware"]].strip() for row in rows]
     for position, name in enumerate(hardware):
         if name not in predictor.hardware:
-            raise UserError(f"row {position + 1} (CSV line {position + 2}): unknown GPU {name!r}; known GPUs: "
+            raise UserError(f"{source}: {row_label(position)}: unknown GPU {name!r}; known GPUs: "
                             f"{', '.join(predictor.hardware.known())}")
     used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
     columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
@@ -83,11 +91,15 @@ def build_parser() -> ArgumentParser:
         prog="predict_kernels.py",
         description="Predict kernel durations (µs) for a CSV of operator shapes with the trained MLPs.",
     )
-    parser.add_argument("--op", required=True, choices=list(OPERATORS), help="operator class")
-    parser.add_argument("--input", required=True, help="CSV with the operator's shape columns and 'hardware'")
+    parser.add_argument("--op", required=True, choices=list(OPERATORS),
+                        help="operator class, with its shape columns: " + shape_columns_help())
+    parser.add_argument("--input", required=True,
+                        help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
     parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us")
-    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="root of the trained MLPs")
-    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
+                        help="root of the trained MLPs (default: mlp_models)")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                        help="directory of GPU spec JSONs (default: hardware)")
     parser.add_argument("--calibration", default=None, metavar="JSON",
                         help="a calibration written by calibrate.py: corrects the rows of its GPU (column "
                              "'calibration' names the file); refused if no row is on that GPU (default: none)")
@@ -96,14 +108,16 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_output_path(args.output)
     header, rows = read_shapes(args.input)
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
+    load_model_checked(predictor, args.op)
     calibration, calibrated = None, None
     if args.calibration:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    predicted = predict_shapes(header, rows, args.op, predictor, calibration)
+    predicted = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
     if calibration is not None:
         index = header.index("hardware")
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware

@@ -24,6 +24,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.cli import UserError
+from pipeweave.validation import row_label
 from pipeweave.paths import E2E_DIR, shared_data_dir
 
 DEFAULT_REAL_DIR = E2E_DIR / "real"
@@ -126,23 +127,44 @@ def load_real(real_dir: str | Path = DEFAULT_REAL_DIR, hardware_dir: Path = DEFA
     """Run summaries from ``real_dir``: the artifact's jsonl/json files if present, else our summary CSV(s)."""
     real_dir = Path(real_dir)
     if not real_dir.is_dir():
-        raise FileNotFoundError(f"--real_dir not found: {real_dir}")
+        raise FileNotFoundError(f"--real_dir {real_dir}: not a directory (expected e2e/real or the artifact's "
+                                f"e2e folder)")
     repeats = read_artifact_repeats(real_dir, hardware_dir)
     if len(repeats):
         return summarize_repeats(repeats)
     frames = []
     for path in sorted(real_dir.glob("*.csv")):
-        frame = pd.read_csv(path)
-        missing = [c for c in SUMMARY_COLUMNS if c not in frame.columns]
-        if missing:
-            raise UserError(f"{path}: not a measured-run summary (missing {', '.join(missing)}); build one with "
-                            f"python3 -m pipeweave.compare summarize-real")
-        frames.append(frame[SUMMARY_COLUMNS])
+        frames.append(read_summary_csv(path))
     if not frames:
         raise FileNotFoundError(f"no measured runs in {real_dir} (expected {REAL_SUMMARY_NAME}, or the artifact's "
                                 f"e2e_*.jsonl / vllm_*.json files); build the summary with "
                                 f"python3 -m pipeweave.compare summarize-real")
     return pd.concat(frames, ignore_index=True)
+
+
+def read_summary_csv(path: Path) -> pd.DataFrame:
+    """One measured-run summary CSV, checked: the columns, integer parallelism and repeats, numeric durations;
+    errors name the file, the row and the column."""
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a readable CSV ({type(exc).__name__}: {str(exc).splitlines()[0]}); build it "
+                        f"with python3 -m pipeweave.compare summarize-real") from None
+    missing = [c for c in SUMMARY_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: not a measured-run summary (missing {', '.join(missing)}); build one with "
+                        f"python3 -m pipeweave.compare summarize-real")
+    for column in SUMMARY_COLUMNS:
+        if column in ("gpu", "model", "trace", "kind", "source"):
+            continue
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = values.isna() & frame[column].notna() if column.endswith(("_median", "_min", "_max")) else (
+            values.isna() | (values < 1) | (values != values.round()))
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise UserError(f"{path}: {row_label(row)}: column {column} has {frame[column].iloc[row]!r}, expected "
+                            f"{'a number' if column.endswith(('_median', '_min', '_max')) else 'a positive integer'}")
+    return frame[SUMMARY_COLUMNS]
 
 
 def format_summary_csv(summary: pd.DataFrame) -> str:

@@ -17,6 +17,7 @@ import torch
 
 from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
+from pipeweave.cli import nonnegative_int, positive_float, positive_int
 from pipeweave.mlp import checkpoint_path, model_inputs, weights_path
 from pipeweave.paths import DATASET_DIR
 from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency
@@ -220,20 +221,23 @@ def timestamp_dir(root: Path, op: str) -> Path:
     return Path(root) / op / datetime.now().strftime("%Y%m%d_%H%M%S")
 
 
-def add_training_arguments(parser, *, output_dir: str, epochs_default: int | None, epochs_help: str,
-                           rows_help: str) -> None:
-    """The flags train_mlp.py and train_mlp_quantile.py share (defined once, so they stay the same)."""
-    parser.add_argument("--epochs", type=int, default=epochs_default, help=epochs_help)
-    parser.add_argument("--batch_size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--output_dir", type=Path, default=Path(output_dir),
-                        help="root; a timestamped directory is created")
-    parser.add_argument("--max_rows_per_gpu", type=int, default=20000, help=rows_help)
-    parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads")
-    parser.add_argument("--no_progress", action="store_true")
+def add_training_arguments(parser, *, output_dir: Path | None, output_help: str, epochs_default: int | None,
+                           epochs_help: str, rows_help: str) -> None:
+    """The flags train_mlp.py and train_mlp_quantile.py share (defined once, so they stay the same); counts must be
+    at least 1 (0 epochs, threads or rows per batch is an error, not a crash)."""
+    parser.add_argument("--epochs", type=positive_int, default=epochs_default, help=epochs_help)
+    parser.add_argument("--batch_size", type=positive_int, default=1024, help="rows per optimiser step (default 1024)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 0.001)")
+    parser.add_argument("--seed", type=nonnegative_int, default=42,
+                        help="seed of the row sample, split and initialisation (default 42)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="folder of <op>_{train,test}.csv (default: dataset, built by python3 -m dataset.build)")
+    parser.add_argument("--output_dir", type=Path, default=output_dir,
+                        help=f"root under which <op>/<timestamp>/ is created ({output_help})")
+    parser.add_argument("--max_rows_per_gpu", type=nonnegative_int, default=20000, help=rows_help)
+    parser.add_argument("--threads", type=positive_int, default=1, help="PyTorch CPU threads (default 1)")
+    parser.add_argument("--no_progress", action="store_true", help="do not print per-epoch progress")
 
 
 def kernel_reports(op: str, train: pd.DataFrame, predicted: np.ndarray, threshold: float, topk: int | None,

@@ -43,6 +43,8 @@ DEFAULT_WORKLOAD_OUTPUT_DIR = Path("workload") if DATA_ROOT == INSTALLED_DATA_RO
 
 DATASET_DIR = REPO_ROOT / "dataset"
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
+#: evaluation runs (leave-one-GPU-out models): never read by the predictor, so they cannot replace a shipped model
+DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 DOCS_DIR = REPO_ROOT / "docs"
 E2E_DIR = REPO_ROOT / "e2e"
 SHARED_DATA_ENV = "PIPEWEAVE_SHARED_DATA"

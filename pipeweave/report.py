@@ -80,9 +80,28 @@ def summarize(phases: Sequence[str], totals: Sequence[float]) -> dict:
 
 
 def dumps_result(result: dict) -> str:
-    return json.dumps(result, indent=2) + "\n"
+    return json.dumps(result, indent=2, allow_nan=False) + "\n"  # NaN/Infinity are not JSON
 
 
 def output_name(workload_stem: str, hardware) -> str:
     """``<workload stem>_<GPU stem, spaces as _>.json``."""
     return f"{workload_stem}_{hardware.stem.replace(' ', '_')}.json"
+
+
+def describe(workload) -> str:
+    """What a prediction is of, for the printed summary: model, requests, prompt and output tokens, TP/PP."""
+    parts = [workload.model]
+    prefill = next((p for p, phase in enumerate(workload.phases) if phase == "prefill"), None)
+    attention = [i for category, _, i in workload.layout[prefill] if category == "attention"] if prefill is not None \
+        else []
+    if attention:
+        shape = workload.shapes["attn"][int(workload.inst_local[attention[0]])]
+        prompts = shape[2]
+        low, high = min(prompts), max(prompts)
+        parts.append(f"{len(prompts)} request{'s' if len(prompts) != 1 else ''} of "
+                     f"{low if low == high else f'{low}-{high}'} prompt tokens")
+        parts.append(f"{1 + workload.phases.count('decode')} output tokens")
+    else:
+        parts.append(f"{len(workload.phases)} iterations")
+    parts.append(f"TP{workload.tp_size} PP{workload.pp_size}")
+    return ", ".join(parts)

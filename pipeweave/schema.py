@@ -22,6 +22,7 @@ from pathlib import Path
 
 from analytical_model.attention import resolve_attention_type
 from analytical_model.operator_features import MOE_WEIGHT_TYPES
+from pipeweave import validation
 from pipeweave.cli import UserError
 
 
@@ -263,6 +264,8 @@ def read_workload(path: str | Path) -> Workload:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WorkloadFormatError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise WorkloadFormatError(f"{path}: nested too deeply to be a workload") from None
     return Workload.from_dict(data, str(path))
 
 
@@ -270,12 +273,16 @@ def read_workload(path: str | Path) -> Workload:
 # validation (one reader per workload: it caches attention-type checks)
 # --------------------------------------------------------------------------------------------------
 
+# the limits of the fast paths (the slow path names the field and the limit; pipeweave.validation)
+_TOKENS, _WIDTH, _COUNT = validation.MAX_TOKENS, validation.MAX_WIDTH, validation.MAX_COUNT
+
+
 def _is_pos_int(value) -> bool:
     return type(value) is int and value > 0
 
 
 def _is_count(value) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and value > 0
 
 
 def _int_list_problem(value, bs: int) -> str | None:
@@ -307,10 +314,18 @@ class _Reader:
         for key in keys:
             if not _is_pos_int(op.get(key)):
                 self.fail(f"{at}.{key} must be a positive integer, got {op.get(key)!r}")
+            self.within_limit(op[key], key, at)
+
+    def within_limit(self, value: int, key: str, at: str) -> None:
+        problem = validation.limit_problem(key, value)
+        if problem:
+            self.fail(f"{at}.{problem}")
 
     def count(self, op: dict, at: str) -> int:
         if not _is_count(op.get("count")):
-            self.fail(f"{at}.count must be a non-negative integer, got {op.get('count')!r}")
+            self.fail(f"{at}.count must be a positive integer (an entry that never runs is left out), "
+                      f"got {op.get('count')!r}")
+        self.within_limit(op["count"], "count", at)
         return op["count"]
 
     def name(self, op: dict, at: str, names: set) -> str:
@@ -334,11 +349,14 @@ class _Reader:
         iterations = data.get("iterations")
         if not isinstance(iterations, list) or not iterations:
             self.fail("'iterations' must be a non-empty list")
+        if len(iterations) > validation.MAX_ITERATIONS:
+            self.fail(f"{len(iterations)} iterations exceed the limit {validation.MAX_ITERATIONS:,}")
         sizes = {}
         for key in ("tp_size", "pp_size", "ep_size"):
             value = data.get(key, 1)
             if not _is_pos_int(value):
                 self.fail(f"{key} must be a positive integer, got {value!r}")
+            self.within_limit(value, key, "workload")
             sizes[key] = value
         dtype = data.get("dtype", "bf16")
         if dtype not in DTYPES:
@@ -383,13 +401,16 @@ class _Reader:
         names = set()
         out.communication = [self.collective(op, f"{where}: operators.communication[{i}]", names)
                              for i, op in enumerate(self.named_list(operators, "communication", where))]
+        if not out.communication and next(out.kernels(), None) is None:
+            self.fail(f"{where}: has no operators (an empty iteration would be predicted as 0 ms)")
         return out
 
     def gemm(self, op, at: str, names: set) -> GemmOp:
         if type(op) is dict:  # fast path for a valid entry; any doubt goes through the checks that name the field
             name, m, n, k, count = op.get("name"), op.get("M"), op.get("N"), op.get("K"), op.get("count")
-            if (type(name) is str and name and name not in names and type(m) is int and m > 0 and type(n) is int
-                    and n > 0 and type(k) is int and k > 0 and type(count) is int and count >= 0):
+            if (type(name) is str and name and name not in names and type(m) is int and 0 < m <= _TOKENS
+                    and type(n) is int and 0 < n <= _WIDTH and type(k) is int and 0 < k <= _WIDTH
+                    and type(count) is int and 0 < count <= _COUNT):
                 names.add(name)
                 return GemmOp(name, m, n, k, count, op.get("type"))
         op = self.object(op, at)
@@ -425,6 +446,9 @@ class _Reader:
         if self.attention_types[kind]:
             self.fail(f"{at}.attention_type: {self.attention_types[kind]}")
         self.positive(op, ("bs", "nh", "nkv", "hd"), at)
+        problem = validation.head_dim_problem(resolve_attention_type(kind)[0], op["hd"])
+        if problem:
+            self.fail(f"{at}.{problem}")
         if op["nh"] % op["nkv"]:
             self.fail(f"{at}: nh ({op['nh']}) must be divisible by nkv ({op['nkv']})")
         for key in ("q_lengths", "kv_lengths"):
@@ -435,12 +459,16 @@ class _Reader:
         for j, (a, b) in enumerate(zip(q, kv)):
             if a > b:
                 self.fail(f"{at}: q_lengths[{j}] = {a} exceeds kv_lengths[{j}] = {b}")
+        problem = validation.lengths_problem(q, kv)
+        if problem:
+            self.fail(f"{at}: {problem}")
         return AttentionOp(kind, op["bs"], tuple(q), tuple(kv), op["nh"], op["nkv"], op["hd"], self.count(op, at))
 
     def elementwise(self, op, at: str) -> ElementwiseOp:
         if type(op) is dict:  # fast path, as for GEMM
             seq, dim, count = op.get("seq"), op.get("dim"), op.get("count")
-            if type(seq) is int and seq > 0 and type(dim) is int and dim > 0 and type(count) is int and count >= 0:
+            if (type(seq) is int and 0 < seq <= _TOKENS and type(dim) is int and 0 < dim <= _WIDTH
+                    and type(count) is int and 0 < count <= _COUNT):
                 return ElementwiseOp(seq, dim, count)
         op = self.object(op, at)
         self.positive(op, ("seq", "dim"), at)
@@ -454,6 +482,7 @@ class _Reader:
             self.fail(f"{at}: unknown collective {name!r} (type {kind_type!r}); expected a name containing "
                       "'all_reduce', or 'send'/'recv' or type 'p2p'")
         volume = op.get("volume_bytes")
-        if type(volume) is not int or volume < 0:
-            self.fail(f"{at}.volume_bytes must be a non-negative integer, got {volume!r}")
+        if type(volume) is not int or volume <= 0:
+            self.fail(f"{at}.volume_bytes must be a positive integer, got {volume!r}")
+        self.within_limit(volume, "volume_bytes", at)
         return CollectiveOp(name, volume, self.count(op, at), kind_type)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from pipeweave import validation
 from pipeweave.cli import UserError
 from pipeweave.moe import (MoeConfig, expert_operators, expert_parallel_problem, moe_config_from_dict,
                            moe_gate_gemms)
@@ -282,8 +283,9 @@ class RankShapes:
         if cfg.moe is not None:
             inter = cfg.moe.shared_expert_intermediate_size
         heads = _div(nh, tp, f"num_attention_heads ({nh})")
-        # KV heads are split when there are at least TP of them, else replicated on every rank.
-        kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else nkv
+        # KV heads are split when there are at least TP of them, else replicated: each rank holds one (as vLLM
+        # does; the artifact wrote all of them, which makes nh per rank smaller than nkv, an invalid attention)
+        kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else 1
         inter_shard = _div(inter, tp, f"intermediate_size ({inter})")
         return cls(
             # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (METHOD.md 11.3 #23).
@@ -367,6 +369,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     for p in prompts:
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise WorkloadError(f"prompt lengths must be integers >= 1, got {p!r}")
+    check_batch_size(prompts, output_tokens)
     _check_backend(prefill_attn, "prefill_attn")
     _check_backend(decode_attn, "decode_attn")
     if dtype not in DTYPES:
@@ -381,6 +384,9 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
         if problem:
             raise WorkloadError(f"config {cfg.stem}: {problem}")
     shard = RankShapes.of(cfg, tp)
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise WorkloadError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
+                            f"num_key_value_heads ({cfg.num_key_value_heads}) (grouped-query attention)")
     layers = cfg.num_hidden_layers
     rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * layers + 1
     batch = len(prompts)
@@ -395,8 +401,24 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             phase, step + 1, batch_size=batch, q_lengths=q, kv_lengths=kv, num_tokens=tokens,
             **_iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count, ep, dtype),
         ))
-    return Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params(), ep_size=ep,
-                    dtype=dtype)
+    workload = Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params(),
+                        ep_size=ep, dtype=dtype)
+    # the aggregator's reader checks every field (head sizes, limits...): never write a file it would reject
+    Workload.from_dict({**workload.to_dict(), "iterations": [it.to_dict() for it in iterations[:2]]},
+                       f"{cfg.stem} workload")
+    return workload
+
+
+def check_batch_size(prompts: Sequence[int], output_tokens: int) -> None:
+    """Reject a batch beyond the aggregator's limits before building it (a huge one would exhaust memory)."""
+    if output_tokens > validation.MAX_ITERATIONS:
+        raise WorkloadError(f"output_tokens = {output_tokens} exceeds the limit {validation.MAX_ITERATIONS:,} "
+                            f"(one iteration per output token)")
+    if len(prompts) > validation.MAX_BATCH:
+        raise WorkloadError(f"{len(prompts)} requests exceed the limit {validation.MAX_BATCH:,} per batch")
+    problem = validation.lengths_problem(prompts, [p + output_tokens - 1 for p in prompts])
+    if problem:
+        raise WorkloadError(f"prompt_tokens: {problem}")
 
 
 def serialize_workload(workload: Workload) -> bytes:

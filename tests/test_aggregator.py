@@ -342,7 +342,7 @@ def test_quantile_models_give_optimistic_summary(models, tmp_path):
      "iteration 4: operators.moe[0].weight_type must be one of w13, w2, layer, got 'w3'"),
     (lambda d: d.update(dtype="fp16"), "dtype must be one of bf16, fp8, got 'fp16'"),
     (lambda d: d["iterations"][0]["operators"]["rmsnorm"].update(count=1.5),
-     "iteration 1: operators.rmsnorm.count must be a non-negative integer"),
+     "iteration 1: operators.rmsnorm.count must be a positive integer"),
     (lambda d: d["iterations"][1].update(phase="warmup"), "iteration 2: phase must be"),
     (lambda d: d["iterations"][0]["operators"].update(communication=[{"name": "all_gather", "type": "collective",
                                                                      "volume_bytes": 4, "count": 1}]),
@@ -389,7 +389,7 @@ def test_cli_communication_without_collective_model(models, tmp_path):
     out = tmp_path / "out.json"
     proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
                           "--collective_dir", empty, "--collective_estimate", "model", "--output", out)
-    assert_cli_error(proc, "communication", "--collective_hardware GPU", "--collective_estimate analytical",
+    assert_cli_error(proc, "communication", "--collective_hardware", "--collective_estimate analytical",
                      output=out)
     proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
                           "--collective_dir", empty, "--output", out)  # default: warned estimate, no crash

@@ -19,7 +19,7 @@ from pipeweave.cli import UserError
 
 import profile_operators
 from analytical_model.hardware import parse_hardware
-from pipeweave.cli import run_cli
+from pipeweave.cli import program_name, run_cli
 from pipeweave.profiler import csvio, grids
 from pipeweave.profiler.device import NO_CUDA_MESSAGE, DeviceInfo, gpu_dir_name, hardware_skeleton, sanitize
 from pipeweave.profiler.runners import Prepared, Unsupported, kernel_label, short_kernel_name
@@ -466,7 +466,7 @@ def test_cli_measurement_without_gpu_exits_2(config_dir, capsys, monkeypatch):
     code = run_cli(profile_operators.main, ["--quick", "--config_dir", str(config_dir)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.strip().splitlines() == [f"{Path(sys.argv[0]).name}: error: {NO_CUDA_MESSAGE}"]
+    assert err.strip().splitlines() == [f"{program_name()}: error: {NO_CUDA_MESSAGE}"]
     code = run_cli(profile_operators.main, ["--hardware_json", "x.json"])
     assert code == 2 and "no CUDA GPU visible" in capsys.readouterr().err
 

@@ -129,5 +129,6 @@ def test_invalid_inputs_name_the_field(factory, field):
 
 def test_registry_rejects_unknown_gpu_naming_the_row():
     frame = pd.DataFrame({"M": [4, 4], "N": [4, 4], "K": [4, 4], "hardware": ["A100", "V100"]})
-    with pytest.raises(ValueError, match=r"row 1: unknown GPU 'V100'"):
+    # rows are counted from 1, as in every message of the command-line tools
+    with pytest.raises(ValueError, match=r"row 2: unknown GPU 'V100'"):
         compute_features("gemm", frame)

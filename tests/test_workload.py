@@ -239,7 +239,7 @@ def test_qk_norm_variant_and_tp1_has_no_communication():
 
 def test_kv_heads_replicated_when_fewer_than_tp():
     first = build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=16).iterations[0]
-    assert (first.attention.nh, first.attention.nkv) == (4, 8)
+    assert (first.attention.nh, first.attention.nkv) == (4, 1)  # one replicated KV head per rank
     assert first.gemm[0].N == (64 + 2 * 8) * 128 // 16  # METHOD.md 11.3 item 23: still divided by TP
 
 
@@ -339,7 +339,7 @@ def test_bad_backend():
     (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--output_tokens", "0"], "output_tokens"),
     (["--model_config", "Nope", "--trace", "arxiv_8"], "known: Llama-3-70B"),
     (["--model_config", "Qwen2.5-14B", "--trace", "nope"], "known: arxiv_12"),
-    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--tp", "two"], "invalid int value"),
+    (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--tp", "two"], "expected an integer"),
     (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--bogus"], "unrecognized arguments"),
     (["--model_config", "Qwen2.5-14B"], "missing --trace"),
     (["--paper_set", "--tp", "2"], "cannot be combined with --tp"),

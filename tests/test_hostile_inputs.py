@@ -1,0 +1,476 @@
+"""Issue 9: hostile and careless inputs get one ``error:`` line and exit 2 (or a correct answer), never a silent
+wrong answer, a traceback or a destroyed file. Entry points are called in-process through ``run_cli`` (the same
+path as the scripts) to stay fast; a few checks that need a real process (signals, program name) use one."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train_mlp
+import train_mlp_quantile
+import workload_generator
+from analytical_model.__main__ import main as features_main
+from benchmarks.aggregator import write_untrained_models
+from pipeweave import aggregate, compare, kernels
+from pipeweave.cli import run_cli, write_atomically
+from pipeweave.engine import Engine, Job
+from pipeweave.flatten import load_workload
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO / "workload"
+TP1 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+TP1_FA3 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json"
+TP2 = WORKLOADS / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    return write_untrained_models(tmp_path_factory.mktemp("models"))
+
+
+def cli(main, *args, capsys) -> tuple[int, str, str]:
+    code = run_cli(main, [str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(code: int, err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and ": error: " in lines[0], err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def small(path: Path, tmp_path: Path, iterations: int = 3, edit=None, name: str | None = None) -> Path:
+    data = json.loads(path.read_text())
+    data["iterations"] = data["iterations"][:iterations]
+    if edit:
+        edit(data)
+    out = tmp_path / (name or path.name)
+    out.write_text(json.dumps(data))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. silent wrong answers
+# ---------------------------------------------------------------------------------------------------
+
+def test_optimistic_prediction_is_never_slower_on_any_gpu(tmp_path):
+    """The shipped quantile models: per kernel, the optimistic duration never exceeds the point prediction."""
+    engine = Engine(quantile_dir=REPO / "mlp_models_quantile", log=None)
+    workload = load_workload(small(TP1, tmp_path, 4))
+    jobs = [Job(workload, engine.gpu(stem)) for stem in engine.registry.known()]
+    for prediction in engine.predict(jobs):
+        summary = prediction.result["summary"]
+        for key in ("prefill_duration_ms", "decode_avg_duration_ms", "total_duration_ms"):
+            assert summary[f"optimistic_{key}"] <= summary[key], (prediction.job.hardware.stem, key)
+
+
+def test_quantile_bound_below_point_model_is_replaced(models, tmp_path):
+    """A quantile model predicting a LOWER efficiency than the point model cannot make a kernel slower."""
+    low = write_untrained_models(tmp_path / "q", ops=("gemm",), efficiency={"gemm": 1e-3})
+    engine = Engine(model_dir=models, quantile_dir=low, log=None)
+    summary = engine.predict([Job(load_workload(small(TP1, tmp_path)), engine.gpu("A100"))])[0].result["summary"]
+    assert summary["optimistic_total_duration_ms"] == pytest.approx(summary["total_duration_ms"])
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda d: d["iterations"][0]["operators"]["gemm"][0].update(M=10 ** 18), "M = 1000000000000000000 exceeds"),
+    (lambda d: d["iterations"][0]["operators"]["rmsnorm"].update(seq=2 ** 62, dim=2 ** 62), "seq = "),
+    (lambda d: d["iterations"][0]["operators"]["attention"].update(q_lengths=[10 ** 9] * 8,
+                                                                   kv_lengths=[10 ** 9] * 8), "above the limit"),
+    (lambda d: d["iterations"][1]["operators"]["rmsnorm"].update(count=0), "count must be a positive integer"),
+    (lambda d: d["iterations"][1]["operators"]["gemm"][0].update(count=10 ** 30), "count = "),
+    (lambda d: d["iterations"][1].update(operators={}), "iteration 2: has no operators"),
+    (lambda d: d["iterations"][0]["operators"]["attention"].update(hd=1), "hd = 1 is not a head size"),
+    (lambda d: d.update(tp_size=10 ** 6), "tp_size = 1000000 exceeds"),
+])
+def test_out_of_range_workload_is_an_error(edit, fragment, models, tmp_path, capsys):
+    path = small(TP1, tmp_path, edit=edit)
+    out = tmp_path / "pred.json"
+    code, _, err = cli(aggregate.main, "--workload", path, "--hardware", "A100", "--model_dir", models,
+                       "--output", out, capsys=capsys)
+    assert_one_error_line(code, err, fragment)
+    assert not out.exists()
+
+
+def test_zero_byte_all_reduce_is_an_error(models, tmp_path, capsys):
+    def zero(d):
+        d["iterations"][0]["operators"]["communication"][0]["volume_bytes"] = 0
+    code, _, err = cli(aggregate.main, "--workload", small(TP2, tmp_path, edit=zero), "--hardware", "H100",
+                       "--model_dir", models, "--output", tmp_path / "p.json", capsys=capsys)
+    assert_one_error_line(code, err, "volume_bytes must be a positive integer")
+
+
+def hardware_dir_with(tmp_path: Path, **fields) -> Path:
+    directory = tmp_path / "hw"
+    directory.mkdir(exist_ok=True)
+    data = json.loads((REPO / "hardware" / "A100.json").read_text())
+    data.update(fields)
+    (directory / "A100.json").write_text(json.dumps(data))  # json writes NaN / Infinity bare, as a user might
+    return directory
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    ({"memBandwidth": float("nan")}, "'memBandwidth' must be a positive number"),
+    ({"tcBf16": float("inf")}, "'tcBf16' must be a positive number"),
+    ({"smFreq": 1e300}, "'smFreq' = 1e+300 is outside the plausible range"),
+    ({"l2CacheBandwidth": 1e-9}, "'l2CacheBandwidth' = 1e-09 is outside the plausible range"),
+    ({"numSms": 10 ** 9}, "'numSms' = 1000000000 is outside"),
+])
+def test_implausible_hardware_json_is_an_error(fields, fragment, models, tmp_path, capsys):
+    code, _, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100",
+                       "--hardware_dir", hardware_dir_with(tmp_path, **fields), "--model_dir", models,
+                       "--output", tmp_path / "p.json", capsys=capsys)
+    assert_one_error_line(code, err, fragment)
+
+
+def test_output_json_is_valid_and_finite(models, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    code, stdout, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100",
+                            "--model_dir", models, "--output", out, capsys=capsys)
+    assert code == 0, err
+    text = out.read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-finite {c} in the output"))
+    assert "Predicted: Qwen2ForCausalLM, 8 requests of 2648-3866 prompt tokens, 3 output tokens, TP1 PP1 on " \
+           "NVIDIA A100" in stdout
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("flags,root", [(("--holdout_hardware", "H100"), "runs"), ((), "mlp_models"),
+                                         (("--holdout_hardware", "H100", "--output_dir", "mlp_models"), "mlp_models")])
+def test_holdout_models_go_to_runs_unless_promoted(flags, root, monkeypatch):
+    """train_mlp.py --holdout_hardware writes under runs/ (never read by the predictor, which loads the newest model
+    of mlp_models/); writing it into mlp_models/ takes an explicit --output_dir."""
+    roots = []
+
+    def stop(directory, op):
+        roots.append(Path(directory))
+        raise _Stop
+    monkeypatch.setattr(train_mlp, "load_splits", lambda *args: (None, None))
+    monkeypatch.setattr(train_mlp, "train_and_evaluate", lambda *args: (None, None, None, None))
+    monkeypatch.setattr(train_mlp, "timestamp_dir", stop)
+    with pytest.raises(_Stop):
+        train_mlp.main(["--op", "gemm", *flags])
+    assert roots[0].name == root
+
+
+@pytest.mark.parametrize("script,flag", [(train_mlp, "--epochs"), (train_mlp, "--threads"),
+                                         (train_mlp, "--batch_size"), (train_mlp_quantile, "--epochs"),
+                                         (train_mlp_quantile, "--threads"), (train_mlp_quantile, "--batch_size")])
+def test_training_counts_of_zero_are_errors(script, flag, capsys):
+    code, _, err = cli(script.main, "--op", "gemm", flag, "0", capsys=capsys)
+    assert_one_error_line(code, err, f"argument {flag}: must be at least 1, got 0")
+
+
+def prediction_dir(tmp_path: Path, total) -> Path:
+    directory = tmp_path / "pred"
+    directory.mkdir()
+    summary = {"prefill_duration_ms": 1.0, "decode_avg_duration_ms": 1.0, "total_duration_ms": total}
+    (directory / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json").write_text(json.dumps({"summary": summary}))
+    return directory
+
+
+def test_compare_missing_pred_dir_fails_without_writing(tmp_path, capsys):
+    out, plot = tmp_path / "c.csv", tmp_path / "c.png"
+    out.write_text("committed\n")
+    code, _, err = cli(compare.main_static, "--pred_dir", tmp_path / "nonexistent", "--output", out, "--plot", plot,
+                       capsys=capsys)
+    assert_one_error_line(code, err, "--pred_dir", "not a directory")
+    assert out.read_text() == "committed\n" and not plot.exists()
+
+
+def test_compare_nan_total_is_an_error(tmp_path, capsys):
+    code, _, err = cli(compare.main_static, "--pred_dir", prediction_dir(tmp_path, float("nan")),
+                       "--output", tmp_path / "c.csv", "--plot", tmp_path / "c.png", capsys=capsys)
+    assert_one_error_line(code, err, "summary.total_duration_ms is nan")
+    assert not (tmp_path / "c.csv").exists()
+
+
+def test_compare_checks_every_output_before_writing(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = cli(compare.main_static, "--pred_dir", prediction_dir(tmp_path, 5.0), "--output",
+                       tmp_path / "c.csv", "--plot", tmp_path / "c.png", "--markdown", blocker / "E2E.md",
+                       capsys=capsys)
+    assert_one_error_line(code, err, "--markdown", "is not a directory")
+    assert not (tmp_path / "c.csv").exists() and not (tmp_path / "c.png").exists()
+
+
+def test_pairs_with_header_only_is_an_error(models, tmp_path, capsys):
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("workload,hardware\n")
+    code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
+                       capsys=capsys)
+    assert_one_error_line(code, err, "no pairs after the header")
+
+
+def test_generator_never_writes_what_the_aggregator_rejects(tmp_path, capsys):
+    config = json.loads((REPO / "config" / "Qwen2.5-14B.json").read_text())
+    config.update(num_attention_heads=40, num_key_value_heads=7)
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(config))
+    code, _, err = cli(workload_generator.main, "--model_config", path, "--requests", "2", "--prompt_tokens", "64",
+                       "--output_tokens", "3", "--output_dir", tmp_path / "out", capsys=capsys)
+    assert_one_error_line(code, err, "num_attention_heads (40) must be a multiple of num_key_value_heads (7)")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (("--requests", "4", "--prompt_tokens", "1000", "--output_tokens", "100000000"), "output_tokens = 100000000"),
+    (("--requests", "4", "--prompt_tokens", "1000000000", "--output_tokens", "3"), "above the limit 1,048,576"),
+    (("--requests", "4", "--prompt_tokens", "100"), "missing --output_tokens"),
+    (("--trace", "arxiv_8", "--prefill_attn", "fa3_ragged", "--hardware", "A100"), "FlashAttention-3 runs only"),
+])
+def test_generator_rejects_implausible_or_mismatched_requests(flags, fragment, tmp_path, capsys):
+    code, _, err = cli(workload_generator.main, "--model_config", "Qwen2.5-14B", *flags,
+                       "--output_dir", tmp_path, capsys=capsys)
+    assert_one_error_line(code, err, fragment)
+    assert not list(tmp_path.iterdir())
+
+
+def test_generator_requests_flags_and_attention_per_architecture(models, tmp_path, capsys):
+    code, out, err = cli(workload_generator.main, "--model_config", "Qwen2.5-14B", "--requests", "3",
+                         "--prompt_tokens", "500", "--output_tokens", "4", "--hardware", "L40S",
+                         "--output_dir", tmp_path, capsys=capsys)
+    assert code == 0, err
+    path = Path(out.strip())
+    assert path.name == "Qwen2.5-14B_r3_p500_o4_fa2_tp1_pp1.json"
+    data = json.loads(path.read_text())
+    assert len(data["iterations"]) == 4
+    assert data["iterations"][0]["operators"]["attention"]["q_lengths"] == [500, 500, 500]
+    code, out, err = cli(workload_generator.main, "--model_config", "Qwen2.5-14B", "--requests", "1",
+                         "--prompt_tokens", "8", "--output_tokens", "2", "--hardware", "H100",
+                         "--output_dir", tmp_path, capsys=capsys)
+    assert code == 0 and "_fa3_" in out
+
+
+def test_fa3_workload_on_pre_hopper_gpu_warns(models, tmp_path, capsys):
+    code, out, err = cli(aggregate.main, "--workload", small(TP1_FA3, tmp_path), "--hardware", "A100",
+                         "--model_dir", models, "--output", tmp_path / "p.json", capsys=capsys)
+    assert code == 0, err
+    assert "WARNING" in out and "FlashAttention-3, Hopper only" in out and "A100 is ampere" in out
+    code, out, _ = cli(aggregate.main, "--workload", small(TP1_FA3, tmp_path), "--hardware", "H100",
+                       "--model_dir", models, "--output", tmp_path / "p.json", capsys=capsys)
+    assert code == 0 and "WARNING" not in out
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. tracebacks -> one line
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows,fragment", [
+    ("1024,1024,abc,H100", "row 1 (CSV line 2): column K must be a positive integer, got 'abc'"),
+    ("1024,1024,1024,", "row 1 (CSV line 2): the hardware cell is empty"),
+    ("99999999999999999999999,1024,1024,H100", "exceeds the limit 1,048,576"),
+    ("-5,1024,1024,H100", "column M must be a positive integer, got '-5'"),
+])
+@pytest.mark.parametrize("entry", ["features", "kernels"])
+def test_bad_shape_csv_is_one_line(rows, fragment, entry, models, tmp_path, capsys):
+    source = tmp_path / "in.csv"
+    source.write_text(f"M,N,K,hardware\n{rows}\n")
+    out = tmp_path / "out.csv"
+    if entry == "features":
+        code, _, err = cli(features_main, "features", "--op", "gemm", "--input", source, "--output", out, capsys=capsys)
+    else:
+        code, _, err = cli(kernels.main, "--op", "gemm", "--input", source, "--output", out, "--model_dir", models,
+                           capsys=capsys)
+    assert_one_error_line(code, err, str(source), fragment)
+    assert "np.int64" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "metadata"])
+def test_damaged_model_file_is_one_line(damage, models, tmp_path, capsys):
+    import shutil
+    copy = tmp_path / "models"
+    shutil.copytree(models, copy)
+    directory = next((copy / "gemm").iterdir())
+    target = directory / ("metadata.json" if damage == "metadata" else "gemm_mlp_weights.npz")
+    target.write_bytes(target.read_bytes()[:50] if damage == "truncate" else b"")
+    code, _, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100", "--model_dir", copy,
+                       "--output", tmp_path / "p.json", capsys=capsys)
+    assert_one_error_line(code, err, "gemm")
+    assert "train_mlp.py --op gemm" in err or "metadata" in err
+
+
+def test_device_without_hardware_and_deep_json(models, tmp_path, capsys):
+    code, _, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100", "--device", "tpu",
+                       "--model_dir", models, "--output", tmp_path / "p.json", capsys=capsys)
+    assert_one_error_line(code, err, "--device tpu")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000)
+    code, _, err = cli(aggregate.main, "--workload", deep, "--hardware", "A100", "--model_dir", models,
+                       "--output", tmp_path / "p.json", capsys=capsys)
+    assert_one_error_line(code, err, str(deep))
+
+
+@pytest.mark.parametrize("kind", ["parent_is_file", "directory"])
+def test_bad_output_path_is_one_line(kind, models, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    out = blocker / "p.json" if kind == "parent_is_file" else tmp_path
+    if kind == "directory":  # a directory output for one pair receives <workload>_<GPU>.json: fine, not an error
+        code, _, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100",
+                           "--model_dir", models, "--output", out, capsys=capsys)
+        assert code == 0, err
+        return
+    code, _, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100", "--model_dir",
+                       models, "--output", out, capsys=capsys)
+    assert_one_error_line(code, err, "is not a directory")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. files
+# ---------------------------------------------------------------------------------------------------
+
+def test_atomic_write_respects_umask_and_symlinks(tmp_path):
+    old = os.umask(0o022)
+    try:
+        plain = tmp_path / "plain.txt"
+        write_atomically(plain, lambda tmp: tmp.write_text("a"))
+        assert stat.S_IMODE(plain.stat().st_mode) == 0o644
+        real = tmp_path / "real.txt"
+        real.write_text("old")
+        link = tmp_path / "link.txt"
+        link.symlink_to(real)
+        write_atomically(link, lambda tmp: tmp.write_text("new"))
+        assert link.is_symlink() and real.read_text() == "new"
+    finally:
+        os.umask(old)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_special_file_is_written_directly():
+    write_atomically("/dev/null", lambda path: Path(path).write_text("discarded"))
+    assert Path("/dev/null").is_char_device()
+
+
+def test_sigterm_removes_temporary_files(tmp_path):
+    script = (f"import time\nfrom pipeweave.cli import run_cli, write_atomically\n"
+              f"def main(argv):\n    write_atomically({str(tmp_path / 'out.txt')!r}, lambda tmp: (tmp.write_text('x'), "
+              f"time.sleep(30)))\nraise SystemExit(run_cli(main))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 20
+    while time.time() < deadline and not list(tmp_path.glob(".out.txt.*")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted (SIGTERM)" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_writes_what_it_can_and_names_the_rest(models, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code, stdout, err = cli(aggregate.main, "--workload", small(TP2, tmp_path), "--hardware", "H100,L20",
+                            "--collective_estimate", "model", "--model_dir", models, "--output", out, capsys=capsys)
+    assert code == 2
+    assert sorted(p.name for p in out.iterdir()) == [f"{TP2.stem}_H100.json"]
+    assert f"not predicted: {TP2.stem} on L20: " in err and "GPUs with measured models for all_reduce with 2" in err
+    assert err.strip().splitlines()[-1].endswith("1 of 2 pairs could not be predicted (listed above); the other 1 "
+                                                 "were written")
+
+
+def test_program_name_of_a_module():
+    proc = subprocess.run([sys.executable, "-m", "analytical_model", "features", "--op", "gemm", "--input",
+                           "/nonexistent.csv", "--output", "/tmp/x.csv"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("python3 -m analytical_model: error: ")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. friction
+# ---------------------------------------------------------------------------------------------------
+
+def test_readme_leave_one_gpu_out_gemm_range_matches_accuracy_doc():
+    """The README quotes the GEMM leave-one-GPU-out range of docs/ACCURACY.md (H20's FP8 rows named apart)."""
+    text = (REPO / "docs" / "ACCURACY.md").read_text()
+    table = text.split("## gemm\n", 1)[1].split("\n## ", 1)[0]
+    logo = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[0].startswith("NVIDIA"):
+            logo[cells[0]] = float(cells[4].split("/")[0])
+    others = {gpu: value for gpu, value in logo.items() if "H20" != gpu.split()[-1]}
+    readme = " ".join((REPO / "README.md").read_text().split())
+    low, high = min(others.values()), max(others.values())
+    assert f"GEMM {low} % (" in readme
+    assert f"to {high} % (" in readme
+    assert f"{round(logo['NVIDIA H20'])} % for H20's" in readme
+
+
+def test_prefill_only_workload_says_there_is_no_decode(models, tmp_path, capsys):
+    code, out, err = cli(aggregate.main, "--workload", small(TP1, tmp_path, 1), "--hardware", "A100",
+                         "--model_dir", models, "--output", tmp_path / "p.json", capsys=capsys)
+    assert code == 0, err
+    assert "no decode iteration" in out and "1 output tokens" in out
+
+
+def test_interrupted_sweep_says_it_is_incomplete(models, tmp_path, capsys, monkeypatch):
+    calls = []
+
+    def interrupted(path, write):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        write_atomically(path, write)
+    monkeypatch.setattr(aggregate, "write_atomically", interrupted)
+    code, _, err = cli(aggregate.main, "--workload", small(TP1, tmp_path), "--hardware", "A100,H100",
+                       "--model_dir", models, "--output", tmp_path / "sweep", capsys=capsys)
+    assert code == 130
+    assert "wrote 1 of 2 predictions; the sweep is incomplete" in err and "interrupted" in err
+
+
+def test_non_finite_duration_is_an_error_not_an_output():
+    from pipeweave.cli import UserError
+    from pipeweave.validation import check_durations
+
+    keys = [("A100", (1, 2, 3)), ("H100", (4, 5, 6))]
+    check_durations("gemm", keys, np.array([1.0, 2.0]))
+    for bad in (np.nan, np.inf, 0.0):
+        with pytest.raises(UserError, match=r"gemm \(4, 5, 6\) on H100: the predicted duration is"):
+            check_durations("gemm", keys, np.array([1.0, bad]))
+
+
+def test_unreadable_input_and_read_only_folder_are_one_line(tmp_path, capsys, monkeypatch):
+    """Permission problems (simulated: the tests may run as root, for whom every file is readable)."""
+    from pipeweave.cli import UserError, check_output_path
+
+    def unreadable(argv):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "w.json"))
+    code, _, err = cli(unreadable, capsys=capsys)
+    assert_one_error_line(code, err, "w.json: Permission denied")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(UserError, match="is not writable"):
+        check_output_path(tmp_path / "out.json")
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("", "not a readable CSV (EmptyDataError"),
+    ("tp_abc", "row 1 (CSV line 2): column tp has 'abc', expected a positive integer"),
+])
+def test_bad_measured_runs_csv_is_one_line(content, fragment, tmp_path, capsys):
+    real = tmp_path / "real"
+    real.mkdir()
+    if content == "tp_abc":
+        lines = (REPO / "e2e" / "real" / "measured_runs.csv").read_text().splitlines()[:2]
+        cells = lines[1].split(",")
+        cells[1] = "abc"
+        content = "\n".join([lines[0], ",".join(cells)]) + "\n"
+    (real / "measured_runs.csv").write_text(content)
+    code, _, err = cli(compare.main_static, "--real_dir", real, "--pred_dir", prediction_dir(tmp_path, 5.0),
+                       "--output", tmp_path / "c.csv", "--plot", tmp_path / "c.png", capsys=capsys)
+    assert_one_error_line(code, err, "measured_runs.csv", fragment)
+    assert not (tmp_path / "c.csv").exists()
