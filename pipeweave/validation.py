@@ -85,6 +85,16 @@ def lengths_problem(q_lengths, kv_lengths) -> str | None:
     return None
 
 
+def batch_problem(prompts, output_tokens: int) -> str | None:
+    """None if a static batch (prompt lengths, output tokens) is within the limits, else the reason."""
+    if output_tokens > MAX_ITERATIONS:
+        return f"output_tokens = {output_tokens} exceeds the limit {MAX_ITERATIONS:,} (one iteration per output token)"
+    if len(prompts) > MAX_BATCH:
+        return f"{len(prompts)} requests exceed the limit {MAX_BATCH:,} per batch"
+    problem = lengths_problem(prompts, [p + output_tokens - 1 for p in prompts])
+    return f"prompt_tokens: {problem}" if problem else None
+
+
 def fa3_mismatch(attention_type: str, architecture: str) -> bool:
     """True when a FlashAttention-3 kernel is asked of a GPU that cannot run it."""
     return "fa3" in attention_type.lower() and architecture not in FA3_ARCHITECTURES

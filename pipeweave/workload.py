@@ -369,7 +369,9 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     for p in prompts:
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise WorkloadError(f"prompt lengths must be integers >= 1, got {p!r}")
-    check_batch_size(prompts, output_tokens)
+    problem = validation.batch_problem(prompts, output_tokens)  # before building: a huge batch exhausts memory
+    if problem:
+        raise WorkloadError(problem)
     _check_backend(prefill_attn, "prefill_attn")
     _check_backend(decode_attn, "decode_attn")
     if dtype not in DTYPES:
@@ -407,18 +409,6 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     Workload.from_dict({**workload.to_dict(), "iterations": [it.to_dict() for it in iterations[:2]]},
                        f"{cfg.stem} workload")
     return workload
-
-
-def check_batch_size(prompts: Sequence[int], output_tokens: int) -> None:
-    """Reject a batch beyond the aggregator's limits before building it (a huge one would exhaust memory)."""
-    if output_tokens > validation.MAX_ITERATIONS:
-        raise WorkloadError(f"output_tokens = {output_tokens} exceeds the limit {validation.MAX_ITERATIONS:,} "
-                            f"(one iteration per output token)")
-    if len(prompts) > validation.MAX_BATCH:
-        raise WorkloadError(f"{len(prompts)} requests exceed the limit {validation.MAX_BATCH:,} per batch")
-    problem = validation.lengths_problem(prompts, [p + output_tokens - 1 for p in prompts])
-    if problem:
-        raise WorkloadError(f"prompt_tokens: {problem}")
 
 
 def serialize_workload(workload: Workload) -> bytes:
