@@ -474,3 +474,21 @@ def test_bad_measured_runs_csv_is_one_line(content, fragment, tmp_path, capsys):
                        "--output", tmp_path / "c.csv", "--plot", tmp_path / "c.png", capsys=capsys)
     assert_one_error_line(code, err, "measured_runs.csv", fragment)
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_training_device_without_that_device_is_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: --device cuda is valid here")
+    for device, fragment in (("cuda", "no CUDA device is visible"), ("tpu", "unknown device")):
+        code, _, err = cli(train_mlp.main, "--op", "gemm", "--device", device, capsys=capsys)
+        assert_one_error_line(code, err, f"--device {device}", fragment)
+
+
+def test_binary_pairs_file_is_one_line(models, tmp_path, capsys):
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_bytes(b"\xff\xfe\x00binary")
+    code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
+                       capsys=capsys)
+    assert_one_error_line(code, err, str(pairs), "not UTF-8 text")
