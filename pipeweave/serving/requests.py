@@ -1,0 +1,104 @@
+"""Requests of a serving simulation and their arrival times.
+
+Requests are drawn from a trace in order, cycling, up to ``num_requests``. Arrivals: all at t = 0 (no rate),
+a seeded Poisson process of rate ``qps`` (exponential inter-arrival gaps), or the trace's own ``arrival_time_s``
+column, replayed as recorded. A request's output length is the trace's ``output_tokens`` (the run's length, the
+same on every row, as in the static workloads) or, with ``per_request_outputs``, its own ``decode_tokens``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, _resolve, parse_trace
+
+ARRIVAL_COLUMN = "arrival_time_s"
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request and its progress; times in ms."""
+
+    rid: int
+    arrival_ms: float
+    prompt_tokens: int
+    output_tokens: int
+    num_computed: int = 0  # tokens whose KV is (or is being) computed, advanced when scheduled (as vLLM V1)
+    num_output: int = 0  # tokens generated so far
+    blocks: int = 0  # KV-cache blocks held
+    in_flight: int = 0  # scheduled entries whose step has not finished
+    epoch: int = 0  # incremented on preemption: results of steps scheduled before it are discarded
+    preemptions: int = 0
+    first_token_ms: float | None = None
+    finish_ms: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.num_output
+
+    @property
+    def finished(self) -> bool:
+        return self.num_output >= self.output_tokens
+
+
+@dataclass(frozen=True)
+class ServingTrace:
+    """A trace plus the optional recorded arrival times (seconds) of its rows."""
+
+    trace: Trace
+    arrivals_s: tuple[float, ...] | None = None
+
+
+def load_serving_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_DIR) -> ServingTrace:
+    """A trace by path or stem (``workload/traces/<stem>.csv``), with its ``arrival_time_s`` column if present."""
+    path = _resolve(name, Path(trace_dir), ".csv", "trace")
+    text = path.read_text(encoding="utf-8")
+    trace = parse_trace(text, stem=path.stem)
+    reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
+    if ARRIVAL_COLUMN not in (reader.fieldnames or []):
+        return ServingTrace(trace)
+    arrivals = []
+    for line_no, row in enumerate(reader, start=2):
+        try:
+            value = float(row[ARRIVAL_COLUMN])
+        except (TypeError, ValueError):
+            raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} is not a number: "
+                                f"{row[ARRIVAL_COLUMN]!r}") from None
+        if not value >= 0:
+            raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} must be >= 0, got {value}")
+        arrivals.append(value)
+    if any(b < a for a, b in zip(arrivals, arrivals[1:])):
+        raise WorkloadError(f"trace {path.stem}: {ARRIVAL_COLUMN} must not decrease from row to row")
+    return ServingTrace(trace, tuple(arrivals))
+
+
+def make_requests(source: ServingTrace | Trace, num_requests: int | None = None, qps: float | None = None,
+                  seed: int = 0, per_request_outputs: bool = False) -> list[Request]:
+    """Requests drawn from the trace in order, cycling; arrivals as described in the module docstring."""
+    serving = source if isinstance(source, ServingTrace) else ServingTrace(source)
+    trace = serving.trace
+    n = trace.num_requests if num_requests is None else num_requests
+    if n < 1:
+        raise WorkloadError(f"num_requests must be >= 1, got {n}")
+    if qps is not None and not qps > 0:
+        raise WorkloadError(f"qps must be > 0, got {qps}")
+    rows = np.arange(n) % trace.num_requests
+    if qps is not None:
+        gaps = np.random.default_rng(seed).exponential(1000.0 / qps, size=n)
+        arrivals = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
+    elif serving.arrivals_s is not None:
+        recorded = np.asarray(serving.arrivals_s) * 1000.0
+        span = recorded[-1] - recorded[0]
+        # cycling through a recorded trace repeats it after its own span (plus its mean gap)
+        period = span + (span / (len(recorded) - 1) if len(recorded) > 1 else 0.0)
+        arrivals = recorded[rows] - recorded[0] + (np.arange(n) // trace.num_requests) * period
+    else:
+        arrivals = np.zeros(n)
+    outputs = (np.maximum(np.asarray(trace.decode_tokens)[rows], 1) if per_request_outputs
+               else np.full(n, trace.output_tokens))
+    prompts = np.asarray(trace.prompt_tokens)[rows]
+    return [Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]

@@ -1,0 +1,142 @@
+"""Batch schedulers: what each iteration computes.
+
+A scheduler holds the waiting queue and the running list. ``schedule()`` returns the next micro-batch as
+entries ``(request, new_tokens, context_len, epoch, samples)``: the request computes ``new_tokens`` tokens whose
+KV lengths end at ``context_len``; ``samples`` says whether the step ends the request's pending tokens and so
+yields a generated token. ``complete()`` applies a finished micro-batch and returns the requests it finished.
+
+* ``StaticScheduler``: the static batch of ``pipeweave.workload`` (METHOD.md §6): when nothing runs, every waiting
+  request (up to ``max_num_seqs``) is admitted; one prefill iteration of all full prompts, then one decode
+  iteration per further token, the batch shrinking as requests finish; no token budget, no KV limit.
+* ``VllmScheduler``: vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``, v0.10.1) with FCFS policy. Running
+  requests first, in order, each taking ``num_tokens - num_computed_tokens`` tokens (a decode: 1; a partial
+  prefill: its remainder) within the step's ``max_num_batched_tokens`` budget; when KV blocks run out the last
+  running request is preempted (recompute: its blocks are freed, it returns to the front of the queue and later
+  recomputes prompt and generated tokens). Then, if nothing was preempted, waiting requests are admitted in order
+  while budget, ``max_num_seqs`` and free blocks allow, their prompts chunked to the remaining budget (chunked
+  prefill mixes with decodes). ``num_computed_tokens`` advances when a request is scheduled, so with pipeline
+  parallelism a request whose token is still in flight is skipped (decode) or gets its next chunk (prefill).
+  Prefix caching is on in vLLM but has nothing to share here (trace requests have no token ids).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from pipeweave.serving.kv_cache import BlockManager, UnlimitedBlocks
+
+#: vLLM V1 defaults (v0.10.1 ``EngineArgs._set_default_args_v1``), by usage context and GPU memory (>= 70 GiB).
+VLLM_DEFAULTS = {
+    ("serve", True): {"max_num_batched_tokens": 8192, "max_num_seqs": 1024},
+    ("serve", False): {"max_num_batched_tokens": 2048, "max_num_seqs": 256},
+    ("offline", True): {"max_num_batched_tokens": 16384, "max_num_seqs": 1024},
+    ("offline", False): {"max_num_batched_tokens": 8192, "max_num_seqs": 256},
+}
+LARGE_GPU_BYTES = 70 * 2**30
+
+
+def vllm_defaults(gpu_memory_bytes: int, usage: str = "serve") -> dict:
+    """vLLM's defaults for ``vllm serve`` (usage "serve") or the ``LLM`` class / latency benchmark ("offline")."""
+    return dict(VLLM_DEFAULTS[(usage, gpu_memory_bytes >= LARGE_GPU_BYTES)])
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int):
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque = deque()
+        self.running: list = []
+
+    def add(self, request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _entry(self, request, new_tokens: int) -> tuple:
+        samples = request.num_computed + new_tokens >= request.num_tokens
+        request.num_computed += new_tokens
+        request.in_flight += 1
+        return request, new_tokens, request.num_computed, request.epoch, samples
+
+    def complete(self, entries, now: float) -> list:
+        """Apply a finished micro-batch at time ``now``; returns the requests that finished."""
+        finished = []
+        for request, _, _, epoch, samples in entries:
+            if epoch != request.epoch:
+                continue  # preempted since: its result is discarded
+            request.in_flight -= 1
+            if not samples:
+                continue
+            request.num_output += 1
+            if request.first_token_ms is None:
+                request.first_token_ms = now
+            if request.finished:
+                request.finish_ms = now
+                finished.append(request)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+            for request in finished:
+                self.blocks.release(request)
+        return finished
+
+
+class StaticScheduler(Scheduler):
+    def __init__(self, max_num_seqs: int | None = None):
+        super().__init__(UnlimitedBlocks(), max_num_seqs or 2**62)
+
+    def schedule(self) -> list:
+        if not self.running:
+            while self.waiting and len(self.running) < self.max_num_seqs:
+                self.running.append(self.waiting.popleft())
+        return [self._entry(r, r.num_tokens - r.num_computed) for r in self.running
+                if r.num_tokens > r.num_computed]
+
+
+class VllmScheduler(Scheduler):
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        super().__init__(blocks, max_num_seqs)
+        self.max_num_batched_tokens = max_num_batched_tokens
+
+    def _preempt(self, request) -> None:
+        self.blocks.release(request)
+        request.num_computed = 0
+        request.in_flight = 0
+        request.epoch += 1
+        request.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def schedule(self) -> list:
+        budget = self.max_num_batched_tokens
+        entries = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            new = min(request.num_tokens - request.num_computed, budget)
+            if new <= 0:
+                i += 1
+                continue
+            while not self.blocks.allocate(request, new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            else:
+                entries.append(self._entry(request, new))
+                budget -= new
+                i += 1
+                continue
+            break
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                request = self.waiting[0]
+                new = min(request.num_tokens - request.num_computed, budget)
+                if not self.blocks.allocate(request, new):
+                    break
+                self.waiting.popleft()
+                self.running.append(request)
+                entries.append(self._entry(request, new))
+                budget -= new
+        return entries
