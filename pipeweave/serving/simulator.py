@@ -41,8 +41,9 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
              lookahead: Callable | None = None) -> Simulation:
     """Run ``requests`` (sorted by arrival) through ``scheduler`` with iteration durations from ``step_cost``.
 
-    ``lookahead(entries, horizon_steps)``, if given, is told each decode-only micro-batch and how many steps
-    probably follow it unchanged, so that a memoising step cost can predict them in one batch.
+    ``lookahead(entries, horizon_steps)``, if given, is told each micro-batch before it is costed, and how many
+    steps probably follow before an arrival changes the batch, so that a memoising step cost can predict them in
+    one batch.
     """
     order = sorted(requests, key=lambda r: r.arrival_ms)
     next_arrival = 0
@@ -61,10 +62,10 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
         if entries:
             new = [e[1] for e in entries]
             context = [e[2] for e in entries]
-            if lookahead is not None and max(new) == 1 and last_cost:
-                horizon = min(r.output_tokens - r.num_output for r, *_ in entries)
-                if next_arrival < len(order):  # an arrival will change the batch
-                    horizon = min(horizon, int((order[next_arrival].arrival_ms - now) / last_cost) + 1)
+            if lookahead is not None:
+                horizon = max(r.output_tokens - r.num_output for r, *_ in entries)
+                if next_arrival < len(order) and last_cost:  # an arrival will change the batch
+                    horizon = min(horizon, int((order[next_arrival].arrival_ms - now) / last_cost) + 2)
                 lookahead(entries, horizon)
             cost = step_cost(new, context)
             last_cost = cost
