@@ -1,0 +1,168 @@
+"""``serve_sim.py``: simulate serving a request stream with a static or vLLM-style scheduler."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pipeweave.cli import ArgumentParser, UserError, write_atomically
+from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
+from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
+from pipeweave.serving.simulator import request_metrics, summarize
+from pipeweave.serving.step_cost import MIXED_ATTENTION
+from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT
+
+CSV_COLUMNS = ("request", "prompt_tokens", "output_tokens", "arrival_ms", "first_token_ms", "finish_ms", "ttft_ms",
+               "tpot_ms", "e2e_ms", "preemptions")
+
+
+def add_engine_arguments(parser) -> None:
+    """Flags of the kernel predictor (shared with search_config.py)."""
+    from pipeweave.aggregate import COLLECTIVE_ESTIMATES, DEFAULT_MODEL_DIR
+
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="trained MLPs (default: mlp_models)")
+    parser.add_argument("--hardware_dir", default=None, help="directory of GPU spec JSONs (default: hardware)")
+    parser.add_argument("--collective_hardware", default=None, metavar="GPU",
+                        help="GPU whose collective models predict TP/PP communication (default: the GPU's own)")
+    parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="model",
+                        help="'analytical' allows the documented analytical collective estimate where no measured "
+                             "model covers a collective (printed as a WARNING); default 'model'")
+
+
+def add_scheduler_arguments(parser) -> None:
+    """Flags of the request stream and the scheduler (shared with search_config.py)."""
+    parser.add_argument("--trace", required=True, help="request trace: CSV path or stem of workload/traces/")
+    parser.add_argument("--qps", type=float, default=None,
+                        help="Poisson arrival rate (requests/s, seeded); without it every request arrives at t = 0, "
+                             "or at the trace's arrival_time_s column if it has one")
+    parser.add_argument("--num_requests", type=int, default=None,
+                        help="requests drawn from the trace in order, cycling (default: the trace's rows)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (default 0)")
+    parser.add_argument("--per_request_outputs", action="store_true",
+                        help="each request generates its own decode_tokens (at least 1) instead of the trace's "
+                             "output_tokens (the measured run's length, the same for every request)")
+    parser.add_argument("--max_num_batched_tokens", type=int, default=None,
+                        help="token budget per step (vllm; default vLLM's: 8192 on GPUs with >= 70 GiB, else 2048; "
+                             "with --usage offline 16384 / 8192)")
+    parser.add_argument("--usage", choices=USAGES, default="serve",
+                        help="whose vLLM defaults: 'serve' (vllm serve, default) or 'offline' (LLM class, the "
+                             "latency benchmark)")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=GPU_MEMORY_UTILIZATION,
+                        help=f"share of GPU memory vLLM may use (default {GPU_MEMORY_UTILIZATION})")
+    parser.add_argument("--mixed_attention", choices=MIXED_ATTENTION, default="split",
+                        help="attention of a step mixing prefill chunks and decodes: 'split' (default) = one "
+                             "prefill launch + one decode launch; 'single' = one prefill-backend launch over all")
+    parser.add_argument("--prefill_attn", choices=ATTENTION_BACKENDS, default=None,
+                        help="prefill attention backend (default fa3_ragged on Hopper, fa2_ragged elsewhere)")
+    parser.add_argument("--decode_attn", choices=ATTENTION_BACKENDS, default=DECODE_ATTN_DEFAULT,
+                        help=f"decode attention backend (default {DECODE_ATTN_DEFAULT})")
+    parser.add_argument("--qk_norm_rmsnorm", action="store_true",
+                        help="Qwen3 QK-norm approximation of the workload generator (RMSNorm count 4L + 1)")
+
+
+def build_parser():
+    parser = ArgumentParser(
+        prog="serve_sim.py",
+        description="Simulate LLM serving (continuous batching) with iteration durations from pipeweave's kernel "
+                    "predictor: TTFT, TPOT, end-to-end latency and throughput.")
+    parser.add_argument("--model_config", required=True, help="model config: path or stem of config/")
+    parser.add_argument("--hardware", required=True, help="GPU name (hardware file stem, driver or aiconfigurator name)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default="vllm",
+                        help="'vllm' (vLLM V1 continuous batching, default) or 'static' (the static batch of "
+                             "aggregator.py: one prefill of every request, then lock-step decode)")
+    parser.add_argument("--max_num_seqs", type=int, default=None,
+                        help="most requests running at once (vllm default: 1024 on GPUs with >= 70 GiB, else 256; "
+                             "static: unlimited)")
+    add_scheduler_arguments(parser)
+    add_engine_arguments(parser)
+    parser.add_argument("--output", required=True,
+                        help="output JSON (summary); the per-request CSV is written beside it (same stem, .csv)")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write CDFs of TTFT and TPOT as a PNG")
+    return parser
+
+
+def config_from_args(args, **overrides) -> ServingConfig:
+    """The ServingConfig of parsed flags; ``overrides`` replace flags the calling tool does not have."""
+    get = lambda name: overrides[name] if name in overrides else getattr(args, name)  # noqa: E731
+    config = ServingConfig(
+        model_config=args.model_config, trace=args.trace, hardware=get("hardware"), tp=get("tp"), pp=get("pp"),
+        scheduler=get("scheduler"), qps=args.qps, num_requests=args.num_requests, seed=args.seed,
+        max_num_seqs=get("max_num_seqs"), max_num_batched_tokens=args.max_num_batched_tokens, usage=args.usage,
+        gpu_memory_utilization=args.gpu_memory_utilization, per_request_outputs=args.per_request_outputs,
+        mixed_attention=args.mixed_attention, prefill_attn=args.prefill_attn, decode_attn=args.decode_attn,
+        qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware)
+    check(config)
+    return config
+
+
+def make_aggregator(args, log=None):
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from pipeweave.aggregate import Aggregator
+
+    return Aggregator(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
+                      collective_estimate=args.collective_estimate,
+                      log=log or (lambda message: print(message, file=sys.stderr)))
+
+
+def requests_csv(metrics: dict) -> str:
+    lines = [",".join(CSV_COLUMNS)]
+    for row in zip(*(metrics[c] for c in CSV_COLUMNS)):
+        lines.append(",".join("" if v != v else (f"{v:.6f}" if isinstance(v, float) else str(v))
+                              for v in (x.item() for x in row)))
+    return "\n".join(lines) + "\n"
+
+
+def plot_cdfs(metrics: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
+        values = np.sort(metrics[key][~np.isnan(metrics[key])])
+        if values.size:
+            ax.step(values, np.arange(1, values.size + 1) / values.size, where="post")
+        ax.set_xlabel(label)
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    output = Path(args.output)
+    if output.suffix != ".json":
+        raise UserError(f"--output {output}: expected a .json file")
+    from tqdm import tqdm
+
+    aggregator = make_aggregator(args)
+    aggregator.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
+    with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
+        run = simulate_config(config, aggregator, progress=bar.update)
+    metrics = request_metrics(run.simulation.requests)
+    summary = summarize(run.simulation)
+    result = {"config": config.as_dict(), "settings": run.settings, "summary": summary}
+    csv_path = output.with_suffix(".csv")
+    text = json.dumps(result, indent=2) + "\n"
+    write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
+    write_atomically(output, lambda tmp: tmp.write_text(text))
+    if args.plot:
+        plot_cdfs(metrics, Path(args.plot), f"{config.model_config} on {config.hardware} TP{config.tp} PP{config.pp} "
+                                            f"({config.scheduler}, {summary['num_requests']} requests)")
+    print(f"Makespan: {summary['makespan_ms']:.3f} ms over {summary['num_steps']} steps")
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        p = summary[key]
+        if p["p50"] is not None:
+            print(f"{key[:-3].upper()} p50 / p90 / p99: {p['p50']:.3f} / {p['p90']:.3f} / {p['p99']:.3f} ms")
+    print(f"Throughput: {summary['throughput_tokens_per_s']:.1f} tokens/s "
+          f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
+    print(f"Results saved to {output} and {csv_path}")
+    return 0

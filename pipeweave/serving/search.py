@@ -1,0 +1,235 @@
+"""``search_config.py``: which (GPU, TP, PP, max_num_seqs) serves a model within TTFT/TPOT targets, most cheaply.
+
+Every candidate with TP × PP within the GPU budget is simulated with the vLLM scheduler on the same request
+stream; candidates the model cannot run on (TP not dividing the heads, weights not fitting, no collective model)
+are kept in the table as infeasible with the reason. Feasible ones are ranked by output tokens/s per GPU among
+those meeting the targets (then the rest, by the same measure).
+
+Parallelism: ``--workers N`` starts a Dask ``LocalCluster`` of N single-threaded worker processes; ``--scheduler
+ADDRESS`` submits to an existing Dask cluster (``dask scheduler`` + ``dask worker`` on several machines) for sweeps
+larger than one machine; ``--workers 1`` runs in this process. Dask distributed rather than Ray: it is pure
+Python and pip-installable with no native server, its ``LocalCluster`` runs in CI on two cores, and
+``client.map`` over picklable settings is all a sweep of independent simulations needs. Each worker loads the
+models once and keeps them for its later candidates.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeweave.cli import ArgumentParser, UserError, write_atomically
+from pipeweave.serving.cli import add_engine_arguments, add_scheduler_arguments, config_from_args
+from pipeweave.serving.run import ServingConfig
+
+DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
+_ENGINES: dict[tuple, object] = {}  # per worker process: aggregator by engine settings
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"{flag} must be a comma-separated list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} must list integers >= 1, got {text!r}")
+    return values
+
+
+def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[int], pps: list[int],
+               max_num_seqs: list[int]) -> list[ServingConfig]:
+    return [replace(base, hardware=gpu, tp=tp, pp=pp, max_num_seqs=seqs)
+            for gpu in gpus for tp in tps for pp in pps if tp * pp <= gpu_budget for seqs in max_num_seqs]
+
+
+def _percentile(simulation, key: str, q: float) -> float | None:
+    from pipeweave.serving.simulator import request_metrics
+
+    values = request_metrics(simulation.requests)[key]
+    values = values[~np.isnan(values)]
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
+    """Simulate one candidate (run on a Dask worker); an infeasible candidate returns its reason."""
+    from pipeweave.aggregate import Aggregator
+    from pipeweave.serving.run import simulate_config
+    from pipeweave.serving.simulator import summarize
+
+    if engine not in _ENGINES:
+        model_dir, hardware_dir, collective_estimate = engine
+        _ENGINES[engine] = Aggregator(model_dir=model_dir, hardware_dir=hardware_dir,
+                                      collective_estimate=collective_estimate, log=None)
+    row = {"hardware": config.hardware, "tp": config.tp, "pp": config.pp, "gpus": config.tp * config.pp,
+           "max_num_seqs": config.max_num_seqs}
+    try:
+        run = simulate_config(config, _ENGINES[engine])
+    except (UserError, ValueError, FileNotFoundError) as exc:
+        return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc)}
+    summary = summarize(run.simulation)
+    ttft = _percentile(run.simulation, "ttft_ms", targets["ttft_percentile"])
+    tpot = _percentile(run.simulation, "tpot_ms", targets["tpot_percentile"])
+    meets = ((targets["ttft_ms"] is None or ttft <= targets["ttft_ms"])
+             and (targets["tpot_ms"] is None or (tpot is not None and tpot <= targets["tpot_ms"])))
+    return row | {
+        "feasible": True, "meets_targets": bool(meets), "reason": "",
+        "ttft_ms": ttft, "tpot_ms": tpot,
+        "output_tokens_per_s": summary["output_tokens_per_s"],
+        "output_tokens_per_s_per_gpu": summary["output_tokens_per_s"] / (config.tp * config.pp),
+        "makespan_ms": summary["makespan_ms"], "kv_cache_tokens": run.settings["kv_cache_tokens"],
+        "preemptions": summary["preemptions"],
+    }
+
+
+def run_sweep(configs: list[ServingConfig], engine: tuple, targets: dict, workers: int = 1,
+              scheduler_address: str | None = None, progress=None) -> pd.DataFrame:
+    """Evaluate every candidate: in this process, on a local Dask cluster, or on an existing one."""
+    if scheduler_address is None and workers <= 1:
+        rows = []
+        for config in configs:
+            rows.append(evaluate(config, engine, targets))
+            if progress is not None:
+                progress(1)
+        return rank(pd.DataFrame(rows))
+    from distributed import Client, LocalCluster, as_completed
+
+    if scheduler_address is not None:
+        client, cluster = Client(scheduler_address), None
+    else:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+    try:
+        futures = client.map(evaluate, configs, engine=engine, targets=targets, pure=False)
+        for _ in as_completed(futures):
+            if progress is not None:
+                progress(1)
+        return rank(pd.DataFrame(client.gather(futures)))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def rank(table: pd.DataFrame) -> pd.DataFrame:
+    """Candidates meeting the targets first, then feasible ones, each by output tokens/s per GPU (descending)."""
+    if "output_tokens_per_s_per_gpu" not in table:
+        table["output_tokens_per_s_per_gpu"] = np.nan
+    table = table.sort_values(["meets_targets", "feasible", "output_tokens_per_s_per_gpu"],
+                              ascending=[False, False, False], kind="stable").reset_index(drop=True)
+    table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
+    return table
+
+
+def pareto_front(table: pd.DataFrame) -> pd.DataFrame:
+    """Feasible candidates no other beats on both TPOT (lower) and output tokens/s per GPU (higher)."""
+    feasible = table[table["feasible"] & table["tpot_ms"].notna()].sort_values(
+        ["tpot_ms", "output_tokens_per_s_per_gpu"], ascending=[True, False])
+    best, keep = -math.inf, []
+    for index, value in feasible["output_tokens_per_s_per_gpu"].items():
+        if value > best:
+            keep.append(index)
+            best = value
+    return feasible.loc[keep]
+
+
+def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    feasible = table[table["feasible"]]
+    for meets, colour, label in ((True, "tab:green", "meets targets"), (False, "tab:grey", "misses targets")):
+        part = feasible[feasible["meets_targets"] == meets]
+        ax.scatter(part["tpot_ms"], part["output_tokens_per_s_per_gpu"], c=colour, label=label, s=25)
+    front = pareto_front(table)
+    ax.plot(front["tpot_ms"], front["output_tokens_per_s_per_gpu"], "k--", lw=1, label="Pareto front")
+    for _, row in front.iterrows():
+        ax.annotate(f"{row['hardware']} TP{row['tp']}PP{row['pp']} s{row['max_num_seqs']}",
+                    (row["tpot_ms"], row["output_tokens_per_s_per_gpu"]), fontsize=7)
+    if targets["tpot_ms"] is not None:
+        ax.axvline(targets["tpot_ms"], color="tab:red", lw=1, label=f"TPOT target (p{targets['tpot_percentile']})")
+    ax.set_xlabel(f"TPOT p{targets['tpot_percentile']} (ms)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def build_parser():
+    parser = ArgumentParser(
+        prog="search_config.py",
+        description="Simulate every (GPU, TP, PP, max_num_seqs) within a GPU budget on a request stream and rank "
+                    "those meeting TTFT/TPOT targets by output tokens/s per GPU.")
+    parser.add_argument("--model_config", required=True, help="model config: path or stem of config/")
+    parser.add_argument("--hardware", required=True, help="candidate GPUs, comma-separated")
+    parser.add_argument("--gpu_budget", type=int, required=True, help="most GPUs per replica (TP x PP)")
+    parser.add_argument("--tp", default=None, help="TP sizes to try (default: powers of two up to the budget)")
+    parser.add_argument("--pp", default="1,2", help="PP sizes to try (default 1,2)")
+    parser.add_argument("--max_num_seqs", default=",".join(map(str, DEFAULT_MAX_NUM_SEQS)),
+                        help="max_num_seqs values to try (default %(default)s)")
+    parser.add_argument("--ttft_ms", type=float, default=None, help="TTFT target (ms) at --ttft_percentile")
+    parser.add_argument("--ttft_percentile", type=float, default=90, help="default 90")
+    parser.add_argument("--tpot_ms", type=float, default=None, help="TPOT target (ms) at --tpot_percentile")
+    parser.add_argument("--tpot_percentile", type=float, default=90, help="default 90")
+    add_scheduler_arguments(parser)
+    add_engine_arguments(parser)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="local Dask worker processes (default 1: run in this process)")
+    parser.add_argument("--scheduler", dest="scheduler_address", default=None, metavar="ADDRESS",
+                        help="address of an existing Dask scheduler (tcp://host:8786) to run the sweep on")
+    parser.add_argument("--output", required=True, help="output CSV, one row per candidate, ranked")
+    parser.add_argument("--plot", default=None, metavar="PNG",
+                        help="Pareto plot: output tokens/s per GPU vs TPOT (default: beside --output)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from tqdm import tqdm
+
+    args = build_parser().parse_args(argv)
+    gpus = [g.strip() for g in args.hardware.split(",") if g.strip()]
+    if args.gpu_budget < 1:
+        raise UserError(f"--gpu_budget must be >= 1, got {args.gpu_budget}")
+    tps = _int_list(args.tp, "--tp") if args.tp else [2 ** k for k in range(int(math.log2(args.gpu_budget)) + 1)]
+    pps = _int_list(args.pp, "--pp")
+    seqs = _int_list(args.max_num_seqs, "--max_num_seqs")
+    for q, flag in ((args.ttft_percentile, "--ttft_percentile"), (args.tpot_percentile, "--tpot_percentile")):
+        if not 0 < q <= 100:
+            raise UserError(f"{flag} must be in (0, 100], got {q}")
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from pipeweave.serving.cli import make_aggregator
+
+    registry = make_aggregator(args).registry
+    gpus = [registry.get(g).stem for g in gpus]  # unknown GPU: error listing the known ones
+    base = config_from_args(args, hardware=gpus[0], tp=1, pp=1, max_num_seqs=None, scheduler="vllm")
+    configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs)
+    if not configs:
+        raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget}")
+    targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
+               "tpot_percentile": args.tpot_percentile}
+    engine = (args.model_dir, str(args.hardware_dir or DEFAULT_HARDWARE_DIR), args.collective_estimate)
+    with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
+        table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update)
+    output = Path(args.output)
+    write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
+    plot = Path(args.plot) if args.plot else output.with_suffix(".png")
+    plot_pareto(table, plot, targets)
+    best = table[table["meets_targets"]]
+    print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
+    for _, row in best.head(5).iterrows():
+        print(f"  {int(row['rank'])}. {row['hardware']} TP{row['tp']} PP{row['pp']} max_num_seqs "
+              f"{row['max_num_seqs']}: {row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
+              f"TTFT {row['ttft_ms']:.1f} ms, TPOT {row['tpot_ms']:.2f} ms")
+    print(f"Results saved to {output} and {plot}")
+    return 0
