@@ -1,0 +1,300 @@
+"""Serving simulation (pipeweave/serving/, serve_sim.py, search_config.py).
+
+Scheduler and simulator properties run on a cheap synthetic step cost; the kernel step cost and the static
+reduction run on untrained models (benchmarks.aggregator.write_untrained_models): they check that the simulator
+reproduces the aggregator exactly, whatever the weights.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks.aggregator import write_untrained_models
+from pipeweave.aggregate import Aggregator, Job, parse_workload
+from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks, weight_bytes_per_gpu
+from pipeweave.serving.requests import Request, load_serving_trace, make_requests
+from pipeweave.serving.run import ServingConfig, simulate_config
+from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
+from pipeweave.serving.simulator import request_metrics, simulate, summarize
+from pipeweave.serving.step_cost import KernelStepCost
+from pipeweave.workload import RankShapes, Trace, WorkloadError, _operators, build_workload, load_model_config, load_trace
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class LinearCost:
+    """5 ms + 0.01 ms per new token + 0.0002 ms per context token; records every step."""
+
+    def __init__(self):
+        self.steps = []
+
+    def __call__(self, new, context):
+        self.steps.append((list(new), list(context)))
+        return 5.0 + 0.01 * sum(new) + 0.0002 * sum(context)
+
+
+def trace(prompts, output_tokens=20, decode=None):
+    return Trace("t", tuple(prompts), tuple(decode or [output_tokens] * len(prompts)), output_tokens)
+
+
+def vllm(blocks=10**6, seqs=256, budget=2048):
+    return VllmScheduler(BlockManager(blocks), seqs, budget)
+
+
+@pytest.fixture(scope="module")
+def aggregator(tmp_path_factory):
+    return Aggregator(model_dir=write_untrained_models(tmp_path_factory.mktemp("models")),
+                      collective_estimate="analytical", log=None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# requests
+# ---------------------------------------------------------------------------------------------------
+
+def test_requests_cycle_through_trace_and_poisson_is_seeded():
+    t = trace([100, 200, 300])
+    requests = make_requests(t, num_requests=7, qps=5.0, seed=3)
+    assert [r.prompt_tokens for r in requests] == [100, 200, 300, 100, 200, 300, 100]
+    arrivals = [r.arrival_ms for r in requests]
+    assert arrivals[0] == 0 and all(b > a for a, b in zip(arrivals, arrivals[1:]))
+    assert arrivals == [r.arrival_ms for r in make_requests(t, num_requests=7, qps=5.0, seed=3)]
+    assert arrivals != [r.arrival_ms for r in make_requests(t, num_requests=7, qps=5.0, seed=4)]
+    long = make_requests(t, num_requests=20000, qps=5.0, seed=0)
+    assert np.mean(np.diff([r.arrival_ms for r in long])) == pytest.approx(200.0, rel=0.03)
+    assert all(r.arrival_ms == 0 for r in make_requests(t))
+
+
+def test_recorded_arrivals_are_replayed(tmp_path):
+    path = tmp_path / "timed.csv"
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n"
+                    "1,10,5,4,0.5\n2,20,0,4,1.5\n")
+    requests = make_requests(load_serving_trace(path), num_requests=3, per_request_outputs=True)
+    assert [r.arrival_ms for r in requests] == [0.0, 1000.0, 2000.0]
+    assert [r.output_tokens for r in requests] == [5, 1, 5]  # decode_tokens, at least 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# schedulers
+# ---------------------------------------------------------------------------------------------------
+
+def test_static_scheduler_is_one_prefill_then_lockstep_decode():
+    cost = LinearCost()
+    sim = simulate(make_requests(trace([30, 50, 70], output_tokens=4)), StaticScheduler(), cost)
+    assert cost.steps[0] == ([30, 50, 70], [30, 50, 70])
+    assert cost.steps[1:] == [([1, 1, 1], [30 + k, 50 + k, 70 + k]) for k in (1, 2, 3)]
+    assert sim.makespan_ms == pytest.approx(sum(5.0 + 0.01 * sum(n) + 0.0002 * sum(c) for n, c in cost.steps))
+
+
+def test_vllm_chunks_prefill_within_budget_and_mixes_with_decodes():
+    cost = LinearCost()
+    requests = make_requests(trace([3000, 100], output_tokens=5))
+    simulate(requests, vllm(budget=2048), cost)
+    assert all(sum(new) <= 2048 for new, _ in cost.steps)
+    assert cost.steps[0] == ([2048], [2048])
+    assert cost.steps[1] == ([952, 100], [3000, 100])  # the rest of the first prompt beside the second
+    assert cost.steps[2] == ([1, 1], [3001, 101])
+
+
+def test_vllm_respects_max_num_seqs():
+    cost = LinearCost()
+    simulate(make_requests(trace([10] * 9, output_tokens=3)), vllm(seqs=4), cost)
+    assert max(len(new) for new, _ in cost.steps) == 4
+
+
+def test_vllm_preempts_when_kv_is_full_and_recomputes():
+    cost = LinearCost()
+    requests = make_requests(trace([64, 64, 64], output_tokens=40))
+    sim = simulate(requests, vllm(blocks=15), cost)  # 15 blocks of 16 tokens: not all three to the end
+    assert sum(r.preemptions for r in sim.requests) > 0
+    assert all(r.num_output == r.output_tokens for r in sim.requests)
+    resumed = [new for new, _ in cost.steps if any(n > 64 for n in new)]
+    assert resumed, "a preempted request recomputes its prompt and generated tokens"
+
+
+def test_pipeline_keeps_micro_batches_in_flight():
+    def run(pp):
+        cost = LinearCost()
+        sim = simulate(make_requests(trace([4000, 4000, 4000, 4000], output_tokens=50)), vllm(budget=4000), cost,
+                       pp=pp)
+        return sim, cost
+    one, cost_one = run(1)
+    two, cost_two = run(2)
+    # with two stages, the second request's prefill starts while the first one's is in flight
+    assert cost_two.steps[1] == ([4000], [4000]) and two.makespan_ms < one.makespan_ms
+    assert all(r.num_output == r.output_tokens for r in two.requests)
+
+
+def test_vllm_defaults_follow_gpu_memory():
+    assert vllm_defaults(80 * 2**30) == {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    assert vllm_defaults(48 * 2**30) == {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+    assert vllm_defaults(80 * 2**30, "offline")["max_num_batched_tokens"] == 16384
+
+
+def test_kv_capacity_from_memory():
+    cfg = load_model_config("Llama-3.1-8B")
+    weights = weight_bytes_per_gpu(cfg, 1, 1)
+    assert 15.5e9 < weights < 16.5e9  # 8.03 B parameters in BF16
+    blocks = kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 8192, 1024)
+    # 128 KiB of KV per token (32 layers x 8 KV heads x 128 x K,V x 2 B)
+    assert 50e9 < blocks * 16 * 131072 < 0.9 * 80 * 2**30 - weights
+    assert kv_cache_blocks(cfg, 80 * 2**30, 2, 1, 8192, 1024) > 2 * blocks
+    with pytest.raises(WorkloadError, match="does not fit"):
+        kv_cache_blocks(load_model_config("Llama-3.1-70B"), 80 * 2**30, 1, 1, 8192, 1024)
+
+
+# ---------------------------------------------------------------------------------------------------
+# properties
+# ---------------------------------------------------------------------------------------------------
+
+prompts_st = st.lists(st.integers(1, 3000), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompts=prompts_st, outputs=st.integers(1, 30), qps=st.floats(0.5, 200), seed=st.integers(0, 99),
+       blocks=st.integers(400, 5000), pp=st.integers(1, 3), budget=st.integers(256, 4096))
+def test_tokens_conserved_and_causality(prompts, outputs, qps, seed, blocks, pp, budget):
+    cost = LinearCost()
+    requests = make_requests(trace(prompts, outputs), num_requests=2 * len(prompts), qps=qps, seed=seed)
+    sim = simulate(requests, vllm(blocks=blocks, budget=budget), cost, pp=pp)
+    computed = sum(sum(new) for new, _ in cost.steps)
+    recomputed = sum(r.preemptions for r in sim.requests)
+    for r in sim.requests:
+        assert r.num_output == r.output_tokens
+        assert r.arrival_ms <= r.first_token_ms <= r.finish_ms
+    if not recomputed:
+        assert computed == sum(r.prompt_tokens + r.output_tokens - 1 for r in sim.requests)
+    else:
+        assert computed > sum(r.prompt_tokens + r.output_tokens - 1 for r in sim.requests)
+
+
+@settings(max_examples=15, deadline=None)
+@given(prompts=prompts_st, seed=st.integers(0, 99), pp=st.integers(1, 2))
+def test_ttft_rises_with_load(prompts, seed, pp):
+    def mean_ttft(qps):
+        requests = make_requests(trace(prompts, 30), num_requests=60, qps=qps, seed=seed)
+        return request_metrics(simulate(requests, vllm(), LinearCost(), pp=pp).requests)["ttft_ms"].mean()
+    light, heavy = mean_ttft(1.0), mean_ttft(1000.0)
+    assert heavy > light
+
+
+def test_simulation_is_deterministic():
+    def run():
+        requests = make_requests(trace([500, 1500, 2500], 25), num_requests=50, qps=20.0, seed=7)
+        return summarize(simulate(requests, vllm(blocks=600), LinearCost(), pp=2))
+    assert run() == run()
+
+
+# ---------------------------------------------------------------------------------------------------
+# kernel step cost: the static reduction
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, trace_name, tp, pp, gpu", [
+    ("Qwen2.5-14B", "arxiv_8", 1, 1, "H100"),
+    ("Llama-3.1-70B", "vllm_splitwise64", 4, 2, "H800"),
+    ("Qwen2.5-14B", "splitwise_32", 1, 1, "A100"),
+])
+def test_static_scheduler_reproduces_aggregator_total(aggregator, model, trace_name, tp, pp, gpu):
+    cfg, t = load_model_config(model), load_trace(trace_name)
+    workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, pp=pp,
+                              prefill_attn="fa3_ragged" if gpu != "A100" else "fa2_ragged")
+    expected = aggregator.predict([Job(parse_workload(workload), aggregator.gpu(gpu))])[0].result
+    cost = KernelStepCost(aggregator, cfg, gpu, tp, pp)
+    sim = simulate(make_requests(t), StaticScheduler(), cost, pp=pp, lookahead=cost.lookahead)
+    assert sim.steps == len(workload["iterations"])
+    assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
+
+
+def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(aggregator):
+    cfg = load_model_config("Llama-3.1-8B")
+    cost = KernelStepCost(aggregator, cfg, "H100")
+    new, context = [1, 1, 700], [300, 900, 700]
+    first = cost(new, context)
+    calls = cost.engine_calls
+    assert cost(new, context) == first and cost.engine_calls == calls
+    instances = cost.instances(new, context)
+    attention = [op for _, _, category, op in instances if category == "attention"]
+    assert [(a["attention_type"], a["q_lengths"]) for a in attention] == [("fa3_ragged", [700]),
+                                                                          ("fa2_paged", [1, 1])]
+    single = KernelStepCost(aggregator, cfg, "H100", mixed_attention="single")
+    [one] = [op for _, _, category, op in single.instances(new, context) if category == "attention"]
+    assert one["q_lengths"] == new and one["kv_lengths"] == context
+    # a one-iteration workload built by the generator and predicted by the aggregator costs the same
+    operators = _operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
+    workload = {"tp_size": 1, "pp_size": 1, "iterations": [{"phase": "prefill", "operators": operators}]}
+    expected = aggregator.predict([Job(parse_workload(workload), aggregator.gpu("H100"))])[0].result
+    assert single(new, context) == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
+
+
+def test_kv_limited_run_on_the_kernel_cost(aggregator):
+    config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=50.0, num_requests=40, seed=1,
+                           max_num_seqs=8, max_num_batched_tokens=512)
+    run = simulate_config(config, aggregator)
+    assert run.settings["max_num_seqs"] == 8 and run.settings["kv_cache_blocks"] > 1000
+    summary = summarize(run.simulation)
+    assert summary["num_requests"] == 40 and summary["ttft_ms"]["p50"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# command lines
+# ---------------------------------------------------------------------------------------------------
+
+def run_script(script, *args):
+    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_serve_sim_writes_summary_csv_and_plot(tmp_path, aggregator):
+    out = tmp_path / "out.json"
+    result = run_script("serve_sim.py", "--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--hardware",
+                        "H100", "--qps", "30", "--num_requests", "30", "--output", out, "--plot",
+                        tmp_path / "cdf.png", "--model_dir", aggregator.model_dir)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())["summary"]
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert set(summary[key]) >= {"p50", "p90", "p99"}
+    assert summary["makespan_ms"] > 0 and summary["throughput_tokens_per_s"] > 0
+    rows = (tmp_path / "out.csv").read_text().splitlines()
+    assert len(rows) == 31 and rows[0].startswith("request,prompt_tokens")
+    assert (tmp_path / "cdf.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "H999"], "known"),
+    (["--qps", "-1"], "--qps must be > 0"),
+    (["--tp", "3"], "not divisible by tp 3"),
+    (["--trace", "nope"], "unknown trace"),
+])
+def test_serve_sim_errors_are_one_line(tmp_path, args, message):
+    out = tmp_path / "out.json"
+    flags = {"--model_config": "Llama-3.1-8B", "--trace": "splitwise_48", "--hardware": "H100", "--output": out}
+    flags.update(zip(args[::2], args[1::2]))
+    result = run_script("serve_sim.py", *[x for pair in flags.items() for x in pair])
+    assert result.returncode == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_search_on_a_dask_local_cluster_matches_in_process(aggregator):
+    distributed = pytest.importorskip("distributed")
+    from pipeweave.serving.search import candidates, run_sweep
+
+    base = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=20.0, num_requests=12)
+    configs = candidates(base, ["H100"], 2, [1, 2, 3], [1], [4, 64])
+    engine = (str(aggregator.model_dir), str(aggregator.hardware_dir), "analytical")
+    targets = {"ttft_ms": 1e9, "ttft_percentile": 90, "tpot_ms": None, "tpot_percentile": 90}
+    local = run_sweep(configs, engine, targets)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        remote = run_sweep(configs, engine, targets, scheduler_address=cluster.scheduler_address)
+    assert len(local) == 4  # TP3 > budget 2 is not a candidate
+    assert local.equals(remote)
+    assert list(local["feasible"]) == [True] * 4
+    best = local.iloc[0]
+    assert best["rank"] == 1 and best["output_tokens_per_s_per_gpu"] == local["output_tokens_per_s_per_gpu"].max()
