@@ -56,6 +56,8 @@ def add_scheduler_arguments(parser) -> None:
                         help="prefill attention backend (default fa3_ragged on Hopper, fa2_ragged elsewhere)")
     parser.add_argument("--decode_attn", choices=ATTENTION_BACKENDS, default=DECODE_ATTN_DEFAULT,
                         help=f"decode attention backend (default {DECODE_ATTN_DEFAULT})")
+    parser.add_argument("--max_concurrent_batches", type=int, default=None,
+                        help="micro-batches in flight (default: --pp, as vLLM V1's batch queue; 1 = no pipelining)")
     parser.add_argument("--qk_norm_rmsnorm", action="store_true",
                         help="Qwen3 QK-norm approximation of the workload generator (RMSNorm count 4L + 1)")
 
@@ -92,7 +94,8 @@ def config_from_args(args, **overrides) -> ServingConfig:
         max_num_seqs=get("max_num_seqs"), max_num_batched_tokens=args.max_num_batched_tokens, usage=args.usage,
         gpu_memory_utilization=args.gpu_memory_utilization, per_request_outputs=args.per_request_outputs,
         mixed_attention=args.mixed_attention, prefill_attn=args.prefill_attn, decode_attn=args.decode_attn,
-        qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware)
+        qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware,
+        max_concurrent_batches=args.max_concurrent_batches)
     check(config)
     return config
 

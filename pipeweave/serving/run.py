@@ -39,6 +39,7 @@ class ServingConfig:
     decode_attn: str = DECODE_ATTN_DEFAULT
     qk_norm_rmsnorm: bool = False
     collective_hardware: str | None = None
+    max_concurrent_batches: int | None = None  # micro-batches in flight (vLLM V1: pp)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,7 +65,8 @@ def check(config: ServingConfig) -> None:
         raise UserError(f"--usage must be one of {', '.join(USAGES)}, got {config.usage!r}")
     for value, flag in ((config.tp, "--tp"), (config.pp, "--pp"), (config.num_requests, "--num_requests"),
                         (config.max_num_seqs, "--max_num_seqs"),
-                        (config.max_num_batched_tokens, "--max_num_batched_tokens")):
+                        (config.max_num_batched_tokens, "--max_num_batched_tokens"),
+                        (config.max_concurrent_batches, "--max_concurrent_batches")):
         _positive(value, flag)
     if config.qps is not None and not config.qps > 0:
         raise UserError(f"--qps must be > 0, got {config.qps}")
@@ -103,7 +105,8 @@ def simulate_config(config: ServingConfig, aggregator: Aggregator, progress=None
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(kv_cache_blocks=blocks, kv_cache_tokens=blocks * manager.block_size)
     try:
-        simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress, lookahead=cost.lookahead)
+        simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress, lookahead=cost.lookahead,
+                              max_in_flight=config.max_concurrent_batches)
     except SimulationStuck as exc:
         raise UserError(str(exc)) from None
     return ServingRun(config, simulation, settings, cost.engine_calls)

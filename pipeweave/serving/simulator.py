@@ -1,8 +1,8 @@
 """The serving event loop and its metrics.
 
 Time advances from one event to the next: an arrival or the end of a micro-batch. While fewer than ``pp``
-micro-batches are in flight the scheduler is asked for another (vLLM V1's batch queue holds ``pp`` of them), so
-with pipeline parallelism the stages work on different micro-batches at once. A micro-batch of step cost ``T``
+micro-batches are in flight the scheduler is asked for another (vLLM V1's batch queue holds ``pp`` of them,
+``max_concurrent_batches``), so with pipeline parallelism the stages work on different micro-batches at once. A micro-batch of step cost ``T``
 (the whole model, every stage) spends ``T / pp`` on each stage; a stage takes one micro-batch at a time (flow
 shop), and the micro-batch ends when its last stage does. With ``pp = 1`` steps simply follow one another.
 
@@ -38,13 +38,14 @@ class Simulation:
 
 
 def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progress=None,
-             lookahead: Callable | None = None) -> Simulation:
+             lookahead: Callable | None = None, max_in_flight: int | None = None) -> Simulation:
     """Run ``requests`` (sorted by arrival) through ``scheduler`` with iteration durations from ``step_cost``.
 
     ``lookahead(entries, horizon_steps)``, if given, is told each micro-batch before it is costed, and how many
     steps probably follow before an arrival changes the batch, so that a memoising step cost can predict them in
-    one batch.
+    one batch. ``max_in_flight`` (default ``pp``) caps the micro-batches in flight.
     """
+    max_in_flight = max_in_flight or pp
     order = sorted(requests, key=lambda r: r.arrival_ms)
     next_arrival = 0
     now = order[0].arrival_ms if order else 0.0
@@ -58,7 +59,7 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
         while next_arrival < len(order) and order[next_arrival].arrival_ms <= now:
             scheduler.add(order[next_arrival])
             next_arrival += 1
-        entries = scheduler.schedule() if len(in_flight) < pp and scheduler.has_work() else []
+        entries = scheduler.schedule() if len(in_flight) < max_in_flight and scheduler.has_work() else []
         if entries:
             new = [e[1] for e in entries]
             context = [e[2] for e in entries]
