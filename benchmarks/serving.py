@@ -1,11 +1,13 @@
 """Speed of the serving simulator (serve_sim.py), and what the faster mixed-step attention model costs.
 
-    OMP_NUM_THREADS=1 python3 -m benchmarks.serving [--num_requests 2000,100000] [--qps 20] [--trace splitwise_48]
-        [--single 2000]
+    OMP_NUM_THREADS=1 python3 -m benchmarks.serving [--runs 2000:0,2000:16,100000:16] [--qps 20]
+        [--trace splitwise_48] [--single 2000]
 
 Llama-3.1-8B on H100 (TP1, vLLM scheduler with vLLM's serving defaults), Poisson arrivals (seed 0), requests drawn
 from the trace in order with their own output lengths. Per run: CPU seconds of the simulation (one thread; model
-loading excluded and timed once), wall seconds, steps and engine calls. ``--single N`` also runs N requests with
+loading excluded and timed once), wall seconds, steps and engine calls. ``--runs`` lists ``requests:decode_bucket``
+pairs; a bucketed run (``--decode_bucket``, the approximation for very long runs) is compared with the exact run
+of the same size when there is one. ``--single N`` also runs N requests with
 ``mixed_attention="single"`` (one attention launch over a mixed batch: exact compositions that never repeat) and
 prints how far its TTFT/TPOT/makespan are from the default "split" model. The last line is machine-readable.
 """
@@ -27,9 +29,17 @@ def timed(config: ServingConfig, aggregator: Aggregator):
     return run, time.process_time() - cpu, time.perf_counter() - wall
 
 
+def compare(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        for p in ("p50", "p99"):
+            print(f"  {key[:-3]} {p}: {name_a} {a[key][p]:.3f} ms, {name_b} {b[key][p]:.3f} ms "
+                  f"({100 * (a[key][p] - b[key][p]) / b[key][p]:+.2f} %)")
+    print(f"  makespan: {100 * (a['makespan_ms'] - b['makespan_ms']) / b['makespan_ms']:+.3f} %")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num_requests", default="2000,100000")
+    parser.add_argument("--runs", default="2000:0,2000:16,100000:16", help="requests:decode_bucket pairs")
     parser.add_argument("--qps", type=float, default=20.0)
     parser.add_argument("--trace", default="splitwise_48")
     parser.add_argument("--single", type=int, default=2000, help="requests of the split-vs-single comparison (0: no)")
@@ -41,25 +51,25 @@ def main(argv=None) -> int:
     simulate_config(replace(base, num_requests=1), aggregator)  # loads the models
     print(f"setup (models, first step): {time.process_time() - started:.2f} s CPU")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    results = {}
-    for n in (int(x) for x in args.num_requests.split(",")):
-        run, cpu, wall = timed(replace(base, num_requests=n), aggregator)
+    results, exact = {}, {}
+    for item in args.runs.split(","):
+        n, bucket = (int(x) for x in item.split(":"))
+        run, cpu, wall = timed(replace(base, num_requests=n, decode_bucket=bucket), aggregator)
         s = summarize(run.simulation)
-        results[n] = cpu
-        print(f"{n} requests at {args.qps:g} req/s: {cpu:.2f} s CPU, {wall:.2f} s wall, {s['num_steps']} steps, "
-              f"{run.engine_calls} engine calls; TTFT p50 {s['ttft_ms']['p50']:.1f} ms, TPOT p50 "
-              f"{s['tpot_ms']['p50']:.2f} ms, makespan {s['makespan_ms'] / 1000:.1f} s")
+        results[item] = cpu
+        print(f"{n} requests at {args.qps:g} req/s, decode_bucket {bucket}: {cpu:.2f} s CPU, {wall:.2f} s wall, "
+              f"{s['num_steps']} steps, {run.engine_calls} engine calls; TTFT p50 {s['ttft_ms']['p50']:.1f} ms, "
+              f"TPOT p50 {s['tpot_ms']['p50']:.2f} ms, makespan {s['makespan_ms'] / 1000:.1f} s")
+        if bucket == 0:
+            exact[n] = s
+        elif n in exact:
+            compare(s, exact[n], f"decode_bucket {bucket}", "exact")
     if args.single:
         split, split_cpu, _ = timed(replace(base, num_requests=args.single), aggregator)
         single, single_cpu, _ = timed(replace(base, num_requests=args.single, mixed_attention="single"), aggregator)
-        a, b = summarize(split.simulation), summarize(single.simulation)
         print(f"mixed attention, {args.single} requests: split {split_cpu:.2f} s CPU, single {single_cpu:.2f} s CPU")
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            for p in ("p50", "p99"):
-                print(f"  {key[:-3]} {p}: split {a[key][p]:.3f} ms, single {b[key][p]:.3f} ms "
-                      f"({100 * (a[key][p] - b[key][p]) / b[key][p]:+.2f} %)")
-        print(f"  makespan: {100 * (a['makespan_ms'] - b['makespan_ms']) / b['makespan_ms']:+.3f} %")
-    print(" ".join(f"cpu_s_{n}={cpu:.2f}" for n, cpu in results.items()))
+        compare(summarize(split.simulation), summarize(single.simulation), "split", "single")
+    print(" ".join(f"cpu_s_{item.replace(':', '_b')}={cpu:.2f}" for item, cpu in results.items()))
     return 0
 
 

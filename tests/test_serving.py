@@ -232,6 +232,15 @@ def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(aggregator)
     assert single(new, context) == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
 
 
+def test_decode_bucket_approximates_only_decode_attention(aggregator):
+    cfg = load_model_config("Llama-3.1-8B")
+    exact = KernelStepCost(aggregator, cfg, "H100")
+    bucketed = KernelStepCost(aggregator, cfg, "H100", decode_bucket=16)
+    assert bucketed([1, 1], [320, 320]) == exact([1, 1], [320, 320])  # uniform, on a bucket boundary
+    attention = [op for _, _, c, op in bucketed.instances([1, 1, 500], [100, 301, 500]) if c == "attention"]
+    assert attention[0]["kv_lengths"] == [500] and attention[1]["kv_lengths"] == [208, 208]  # mean 200.5 -> 208
+
+
 def test_kv_limited_run_on_the_kernel_cost(aggregator):
     config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=50.0, num_requests=40, seed=1,
                            max_num_seqs=8, max_num_batched_tokens=512)

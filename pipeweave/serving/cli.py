@@ -52,6 +52,9 @@ def add_scheduler_arguments(parser) -> None:
     parser.add_argument("--mixed_attention", choices=MIXED_ATTENTION, default="split",
                         help="attention of a step mixing prefill chunks and decodes: 'split' (default) = one "
                              "prefill launch + one decode launch; 'single' = one prefill-backend launch over all")
+    parser.add_argument("--decode_bucket", type=int, default=0, metavar="TOKENS",
+                        help="approximate each decode attention launch by the batch's mean context rounded up to a "
+                             "multiple of TOKENS (faster very long runs; error in README); default 0 = exact")
     parser.add_argument("--prefill_attn", choices=ATTENTION_BACKENDS, default=None,
                         help="prefill attention backend (default fa3_ragged on Hopper, fa2_ragged elsewhere)")
     parser.add_argument("--decode_attn", choices=ATTENTION_BACKENDS, default=DECODE_ATTN_DEFAULT,
@@ -93,7 +96,7 @@ def config_from_args(args, **overrides) -> ServingConfig:
         scheduler=get("scheduler"), qps=args.qps, num_requests=args.num_requests, seed=args.seed,
         max_num_seqs=get("max_num_seqs"), max_num_batched_tokens=args.max_num_batched_tokens, usage=args.usage,
         gpu_memory_utilization=args.gpu_memory_utilization, per_request_outputs=args.per_request_outputs,
-        mixed_attention=args.mixed_attention, prefill_attn=args.prefill_attn, decode_attn=args.decode_attn,
+        mixed_attention=args.mixed_attention, decode_bucket=args.decode_bucket, prefill_attn=args.prefill_attn, decode_attn=args.decode_attn,
         qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware,
         max_concurrent_batches=args.max_concurrent_batches)
     check(config)

@@ -35,6 +35,7 @@ class ServingConfig:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     per_request_outputs: bool = False
     mixed_attention: str = "split"
+    decode_bucket: int = 0  # 0: exact decode attention; > 0: the approximation of step_cost.KernelStepCost
     prefill_attn: str | None = None
     decode_attn: str = DECODE_ATTN_DEFAULT
     qk_norm_rmsnorm: bool = False
@@ -70,6 +71,8 @@ def check(config: ServingConfig) -> None:
         _positive(value, flag)
     if config.qps is not None and not config.qps > 0:
         raise UserError(f"--qps must be > 0, got {config.qps}")
+    if isinstance(config.decode_bucket, bool) or config.decode_bucket < 0:
+        raise UserError(f"--decode_bucket must be >= 0, got {config.decode_bucket}")
     if not 0 < config.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
 
@@ -82,7 +85,7 @@ def simulate_config(config: ServingConfig, aggregator: Aggregator, progress=None
     cost = KernelStepCost(aggregator, cfg, config.hardware, config.tp, config.pp,
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
-                          mixed_attention=config.mixed_attention)
+                          mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket)
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
     if config.scheduler == "static":

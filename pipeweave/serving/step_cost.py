@@ -10,6 +10,10 @@ PipeWeave models vLLM's kernels, and how vLLM's FlashInfer backend runs); with `
 launch over the whole batch (vLLM V1's FlashAttention backend). ``benchmarks/serving.py`` reports how much the two
 differ and how much slower "single" is (its compositions never repeat).
 
+``decode_bucket`` (default 0: exact) is the one approximation offered for very long runs: a decode launch is
+predicted as if every request had the batch's mean context rounded up to a multiple of ``decode_bucket``, so
+launches repeat and the memo hits; ``benchmarks/serving.py`` measures what it costs in TTFT/TPOT.
+
 **Memoised, exactly.** Each operator instance is keyed by its full shape; a step costs Σ count × single duration
 of its operators, and only shapes never seen are predicted, batched into one engine call. Nothing is bucketed:
 the sum equals the aggregator's iteration total up to its 10⁻⁶ ms output rounding. Two batching devices keep the
@@ -43,7 +47,7 @@ class KernelStepCost:
     def __init__(self, aggregator: Aggregator, cfg: ModelConfig, hardware: str, tp: int = 1, pp: int = 1,
                  collective_hardware: str | None = None, prefill_attn: str | None = None,
                  decode_attn: str = DECODE_ATTN_DEFAULT, qk_norm_rmsnorm: bool = False,
-                 mixed_attention: str = "split", token_block: int = TOKEN_BLOCK):
+                 mixed_attention: str = "split", decode_bucket: int = 0, token_block: int = TOKEN_BLOCK):
         if mixed_attention not in MIXED_ATTENTION:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, got {mixed_attention!r}")
         self.aggregator = aggregator
@@ -55,6 +59,7 @@ class KernelStepCost:
         self.prefill_attn = prefill_attn or default_prefill_attention(self.hardware)
         self.decode_attn = decode_attn
         self.split = mixed_attention == "split"
+        self.decode_bucket = decode_bucket
         # the generator's RMSNorm count (METHOD.md §6.3; 4L + 1 with the Qwen3 QK-norm approximation)
         self.rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * cfg.num_hidden_layers + 1
         self.token_block = token_block
@@ -71,15 +76,26 @@ class KernelStepCost:
         """(shape key, count, category, operator) of every operator instance of the iteration."""
         prefill = [i for i, n in enumerate(new_tokens) if n > 1]
         if not prefill:
-            return list(self._instances(self._generated(new_tokens, context_lens, self.decode_attn)))
+            return list(self._instances(self._generated(new_tokens, self._decode_context(context_lens),
+                                                        self.decode_attn)))
         operators = self._generated(new_tokens, context_lens, self.prefill_attn)
         if not self.split or len(prefill) == len(new_tokens):
             return list(self._instances(operators))
         decode = [i for i, n in enumerate(new_tokens) if n == 1]
         del operators["attention"]
-        parts = [self._generated([new_tokens[i] for i in rows], [context_lens[i] for i in rows], kind)["attention"]
-                 for rows, kind in ((prefill, self.prefill_attn), (decode, self.decode_attn))]
+        parts = [self._generated([new_tokens[i] for i in prefill], [context_lens[i] for i in prefill],
+                                 self.prefill_attn)["attention"],
+                 self._generated([1] * len(decode), self._decode_context([context_lens[i] for i in decode]),
+                                 self.decode_attn)["attention"]]
         return list(self._instances(operators)) + [i for op in parts for i in self._instances({"attention": op})]
+
+    def _decode_context(self, context_lens: Sequence[int]) -> list[int]:
+        """Context lengths of a decode launch: exact, or with ``decode_bucket`` every request at the batch's mean
+        rounded up to a multiple of it (so that launches repeat; error measured by ``benchmarks/serving.py``)."""
+        if not self.decode_bucket:
+            return list(context_lens)
+        bucket = self.decode_bucket
+        return [-(-sum(context_lens) // (len(context_lens) * bucket)) * bucket] * len(context_lens)
 
     @staticmethod
     def _instances(operators: dict) -> Iterable[tuple[tuple, int, str, dict]]:
@@ -113,7 +129,8 @@ class KernelStepCost:
         ones = [1] * len(going_on)
         ahead = []
         for j in range(1, min(horizon, LOOKAHEAD_MAX)):
-            attention = self._generated(ones, [c + j for c in going_on], self.decode_attn)["attention"]
+            attention = self._generated(ones, self._decode_context([c + j for c in going_on]),
+                                        self.decode_attn)["attention"]
             ahead.extend(self._instances({"attention": attention}))
         self._ensure(instances + ahead, len(new), sum(new))
 
