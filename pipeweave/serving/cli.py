@@ -120,14 +120,28 @@ def requests_csv(metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_cdfs(metrics: dict, path: Path, title: str) -> None:
+def new_figure(**kwargs):
+    """A matplotlib figure on the non-interactive backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt.subplots(**kwargs)
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def plot_cdfs(metrics: dict, path: Path, title: str) -> None:
     import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = new_figure(ncols=2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
         values = np.sort(metrics[key][~np.isnan(metrics[key])])
         if values.size:
@@ -136,9 +150,7 @@ def plot_cdfs(metrics: dict, path: Path, title: str) -> None:
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,12 +136,9 @@ def pareto_front(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
-    import matplotlib
+    from pipeweave.serving.cli import new_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = new_figure(figsize=(7, 5))
     feasible = table[table["feasible"]]
     for meets, colour, label in ((True, "tab:green", "meets targets"), (False, "tab:grey", "misses targets")):
         part = feasible[feasible["meets_targets"] == meets]
@@ -157,9 +154,7 @@ def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
     ax.set_ylabel("output tokens/s per GPU")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def build_parser():
