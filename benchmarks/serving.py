@@ -18,14 +18,14 @@ import os
 import time
 from dataclasses import replace
 
-from pipeweave.aggregate import Aggregator
+from pipeweave.engine import Engine
 from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.simulator import summarize
 
 
-def timed(config: ServingConfig, aggregator: Aggregator):
+def timed(config: ServingConfig, engine: Engine):
     cpu, wall = time.process_time(), time.perf_counter()
-    run = simulate_config(config, aggregator)
+    run = simulate_config(config, engine)
     return run, time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -46,15 +46,15 @@ def main(argv=None) -> int:
     parser.add_argument("--model_dir", default=None)
     args = parser.parse_args(argv)
     started = time.process_time()
-    aggregator = Aggregator(**({"model_dir": args.model_dir} if args.model_dir else {}), log=None)
+    engine = Engine(**({"model_dir": args.model_dir} if args.model_dir else {}), log=None)
     base = ServingConfig("Llama-3.1-8B", args.trace, "H100", qps=args.qps, per_request_outputs=True)
-    simulate_config(replace(base, num_requests=1), aggregator)  # loads the models
+    simulate_config(replace(base, num_requests=1), engine)  # loads the models
     print(f"setup (models, first step): {time.process_time() - started:.2f} s CPU")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     results, exact = {}, {}
     for item in args.runs.split(","):
         n, bucket = (int(x) for x in item.split(":"))
-        run, cpu, wall = timed(replace(base, num_requests=n, decode_bucket=bucket), aggregator)
+        run, cpu, wall = timed(replace(base, num_requests=n, decode_bucket=bucket), engine)
         s = summarize(run.simulation)
         results[item] = cpu
         print(f"{n} requests at {args.qps:g} req/s, decode_bucket {bucket}: {cpu:.2f} s CPU, {wall:.2f} s wall, "
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
         elif n in exact:
             compare(s, exact[n], f"decode_bucket {bucket}", "exact")
     if args.single:
-        split, split_cpu, _ = timed(replace(base, num_requests=args.single), aggregator)
-        single, single_cpu, _ = timed(replace(base, num_requests=args.single, mixed_attention="single"), aggregator)
+        split, split_cpu, _ = timed(replace(base, num_requests=args.single), engine)
+        single, single_cpu, _ = timed(replace(base, num_requests=args.single, mixed_attention="single"), engine)
         print(f"mixed attention, {args.single} requests: split {split_cpu:.2f} s CPU, single {single_cpu:.2f} s CPU")
         compare(summarize(split.simulation), summarize(single.simulation), "split", "single")
     print(" ".join(f"cpu_s_{item.replace(':', '_b')}={cpu:.2f}" for item, cpu in results.items()))

@@ -2,7 +2,7 @@
 
 Scheduler and simulator properties run on a cheap synthetic step cost; the kernel step cost and the static
 reduction run on untrained models (benchmarks.aggregator.write_untrained_models): they check that the simulator
-reproduces the aggregator exactly, whatever the weights.
+reproduces the aggregator's engine exactly, whatever the weights.
 """
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.aggregator import write_untrained_models
-from pipeweave.aggregate import Aggregator, Job, parse_workload
+from pipeweave.engine import Engine
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks, weight_bytes_per_gpu
 from pipeweave.serving.requests import load_serving_trace, make_requests
 from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
 from pipeweave.serving.step_cost import KernelStepCost
-from pipeweave.workload import RankShapes, Trace, WorkloadError, _operators, build_workload, load_model_config, load_trace
+from pipeweave.schema import Iteration
+from pipeweave.workload import (RankShapes, Trace, WorkloadError, _iteration_operators, build_workload,
+                                load_model_config, load_trace)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,8 +51,8 @@ def vllm(blocks=10**6, seqs=256, budget=2048):
 
 
 @pytest.fixture(scope="module")
-def aggregator(tmp_path_factory):
-    return Aggregator(model_dir=write_untrained_models(tmp_path_factory.mktemp("models")),
+def engine(tmp_path_factory):
+    return Engine(model_dir=write_untrained_models(tmp_path_factory.mktemp("models")),
                       collective_estimate="analytical", log=None)
 
 
@@ -200,51 +202,49 @@ def test_simulation_is_deterministic():
     ("Llama-3.1-70B", "vllm_splitwise64", 4, 2, "H800"),
     ("Qwen2.5-14B", "splitwise_32", 1, 1, "A100"),
 ])
-def test_static_scheduler_reproduces_aggregator_total(aggregator, model, trace_name, tp, pp, gpu):
+def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name, tp, pp, gpu):
     cfg, t = load_model_config(model), load_trace(trace_name)
     workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, pp=pp,
                               prefill_attn="fa3_ragged" if gpu != "A100" else "fa2_ragged")
-    expected = aggregator.predict([Job(parse_workload(workload), aggregator.gpu(gpu))])[0].result
-    cost = KernelStepCost(aggregator, cfg, gpu, tp, pp)
+    expected = engine.predict_workload(workload, gpu)
+    cost = KernelStepCost(engine, cfg, gpu, tp, pp)
     sim = simulate(make_requests(t), StaticScheduler(), cost, pp=pp, lookahead=cost.lookahead)
-    assert sim.steps == len(workload["iterations"])
+    assert sim.steps == len(workload.iterations)
     assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
 
 
-def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(aggregator):
+def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
     cfg = load_model_config("Llama-3.1-8B")
-    cost = KernelStepCost(aggregator, cfg, "H100")
+    cost = KernelStepCost(engine, cfg, "H100")
     new, context = [1, 1, 700], [300, 900, 700]
     first = cost(new, context)
     calls = cost.engine_calls
     assert cost(new, context) == first and cost.engine_calls == calls
     instances = cost.instances(new, context)
     attention = [op for _, _, category, op in instances if category == "attention"]
-    assert [(a["attention_type"], a["q_lengths"]) for a in attention] == [("fa3_ragged", [700]),
-                                                                          ("fa2_paged", [1, 1])]
-    single = KernelStepCost(aggregator, cfg, "H100", mixed_attention="single")
+    assert [(a.attention_type, a.q_lengths) for a in attention] == [("fa3_ragged", (700,)), ("fa2_paged", (1, 1))]
+    single = KernelStepCost(engine, cfg, "H100", mixed_attention="single")
     [one] = [op for _, _, category, op in single.instances(new, context) if category == "attention"]
-    assert one["q_lengths"] == new and one["kv_lengths"] == context
-    # a one-iteration workload built by the generator and predicted by the aggregator costs the same
-    operators = _operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
-    workload = {"tp_size": 1, "pp_size": 1, "iterations": [{"phase": "prefill", "operators": operators}]}
-    expected = aggregator.predict([Job(parse_workload(workload), aggregator.gpu("H100"))])[0].result
-    assert single(new, context) == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
+    assert one.q_lengths == tuple(new) and one.kv_lengths == tuple(context)
+    # the generator's one-iteration workload, predicted by the engine's own per-iteration call, costs the same
+    operators = _iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
+    assert single(new, context) == pytest.approx(engine.iteration_ms(Iteration("prefill", **operators), "H100"),
+                                                 rel=1e-6)
 
 
-def test_decode_bucket_approximates_only_decode_attention(aggregator):
+def test_decode_bucket_approximates_only_decode_attention(engine):
     cfg = load_model_config("Llama-3.1-8B")
-    exact = KernelStepCost(aggregator, cfg, "H100")
-    bucketed = KernelStepCost(aggregator, cfg, "H100", decode_bucket=16)
+    exact = KernelStepCost(engine, cfg, "H100")
+    bucketed = KernelStepCost(engine, cfg, "H100", decode_bucket=16)
     assert bucketed([1, 1], [320, 320]) == exact([1, 1], [320, 320])  # uniform, on a bucket boundary
     attention = [op for _, _, c, op in bucketed.instances([1, 1, 500], [100, 301, 500]) if c == "attention"]
-    assert attention[0]["kv_lengths"] == [500] and attention[1]["kv_lengths"] == [208, 208]  # mean 200.5 -> 208
+    assert attention[0].kv_lengths == (500,) and attention[1].kv_lengths == (208, 208)  # mean 200.5 -> 208
 
 
-def test_kv_limited_run_on_the_kernel_cost(aggregator):
+def test_kv_limited_run_on_the_kernel_cost(engine):
     config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=50.0, num_requests=40, seed=1,
                            max_num_seqs=8, max_num_batched_tokens=512)
-    run = simulate_config(config, aggregator)
+    run = simulate_config(config, engine)
     assert run.settings["max_num_seqs"] == 8 and run.settings["kv_cache_blocks"] > 1000
     summary = summarize(run.simulation)
     assert summary["num_requests"] == 40 and summary["ttft_ms"]["p50"] > 0
@@ -259,11 +259,11 @@ def run_script(script, *args):
                           text=True, timeout=300)
 
 
-def test_serve_sim_writes_summary_csv_and_plot(tmp_path, aggregator):
+def test_serve_sim_writes_summary_csv_and_plot(tmp_path, engine):
     out = tmp_path / "out.json"
     result = run_script("serve_sim.py", "--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--hardware",
                         "H100", "--qps", "30", "--num_requests", "30", "--output", out, "--plot",
-                        tmp_path / "cdf.png", "--model_dir", aggregator.model_dir)
+                        tmp_path / "cdf.png", "--model_dir", engine.model_dir)
     assert result.returncode == 0, result.stderr
     summary = json.loads(out.read_text())["summary"]
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
@@ -290,13 +290,13 @@ def test_serve_sim_errors_are_one_line(tmp_path, args, message):
     assert not out.exists()
 
 
-def test_search_on_a_dask_local_cluster_matches_in_process(aggregator):
+def test_search_on_a_dask_local_cluster_matches_in_process(engine):
     distributed = pytest.importorskip("distributed")
     from pipeweave.serving.search import candidates, run_sweep
 
     base = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=20.0, num_requests=12)
     configs = candidates(base, ["H100"], 2, [1, 2, 3], [1], [4, 64])
-    engine = (str(aggregator.model_dir), str(aggregator.hardware_dir), "analytical")
+    engine = (str(engine.model_dir), str(engine.hardware_dir), "analytical")
     targets = {"ttft_ms": 1e9, "ttft_percentile": 90, "tpot_ms": None, "tpot_percentile": 90}
     local = run_sweep(configs, engine, targets)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,

@@ -103,11 +103,11 @@ def config_from_args(args, **overrides) -> ServingConfig:
     return config
 
 
-def make_aggregator(args, log=None):
+def make_engine(args, log=None):
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
-    from pipeweave.aggregate import Aggregator
+    from pipeweave.engine import Engine
 
-    return Aggregator(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
+    return Engine(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
                       collective_estimate=args.collective_estimate,
                       log=log or (lambda message: print(message, file=sys.stderr)))
 
@@ -161,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--output {output}: expected a .json file")
     from tqdm import tqdm
 
-    aggregator = make_aggregator(args)
-    aggregator.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
+    engine = make_engine(args)
+    engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
-        run = simulate_config(config, aggregator, progress=bar.update)
+        run = simulate_config(config, engine, progress=bar.update)
     metrics = request_metrics(run.simulation.requests)
     summary = summarize(run.simulation)
     result = {"config": config.as_dict(), "settings": run.settings, "summary": summary}

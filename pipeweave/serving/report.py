@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeweave.aggregate import DEFAULT_MODEL_DIR, Aggregator, Job, load_workload
+from pipeweave.engine import Engine
+from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.cli import write_atomically
 from pipeweave.compare import DEFAULT_REAL_DIR, REAL_SUMMARY_NAME
 from pipeweave.serving.run import ServingConfig, simulate_config
@@ -40,17 +41,17 @@ def _gpu_of(spec) -> str:
     return "A100" if spec.prefill_attn.startswith("fa2") else "H100"
 
 
-def static_reduction(aggregator: Aggregator) -> pd.DataFrame:
+def static_reduction(engine: Engine) -> pd.DataFrame:
     rows = []
     for spec in PAPER_SET:
         if spec.single_sequence or spec.prompt_tokens is not None:
             continue  # merged-prompt files: not a trace of requests
         gpu = _gpu_of(spec)
         stem = output_name(spec.model_config, spec.trace, spec.prefill_attn, spec.tp, spec.pp)[:-5]
-        expected = aggregator.predict([Job(load_workload(stem), aggregator.gpu(gpu))])[0].result["summary"]
+        expected = engine.predict_workload(stem, gpu)["summary"]
         config = ServingConfig(spec.model_config, spec.trace, gpu, spec.tp, spec.pp, scheduler="static",
                                prefill_attn=spec.prefill_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm)
-        run = simulate_config(config, aggregator)
+        run = simulate_config(config, engine)
         total = expected["total_duration_ms"]
         rows.append({"workload": stem, "GPU": gpu, "aggregator total ms": total,
                      "static simulation ms": run.simulation.makespan_ms,
@@ -58,32 +59,32 @@ def static_reduction(aggregator: Aggregator) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def vllm_benchmarks(aggregator: Aggregator, real_dir: Path = DEFAULT_REAL_DIR) -> pd.DataFrame:
+def vllm_benchmarks(engine: Engine, real_dir: Path = DEFAULT_REAL_DIR) -> pd.DataFrame:
     real = pd.read_csv(real_dir / REAL_SUMMARY_NAME)
     rows = []
     for trace in VLLM_RUNS:
         measured = real[(real["kind"] == "vllm") & (real["trace"] == trace)].iloc[0]
         median = float(measured["total_ms_median"])
         stem = f"Llama-3.1-70B_{trace}_fa3_tp4_pp2"
-        static = aggregator.predict([Job(load_workload(stem), aggregator.gpu("H800"))])[0].result["summary"]
+        static = engine.predict_workload(stem, "H800")["summary"]
         base = ServingConfig("Llama-3.1-70B", trace, "H800", tp=4, pp=2, usage="offline")
         row = {"trace": trace, "measured median ms": median,
                "measured min–max ms": f"{measured['total_ms_min']:.0f}–{measured['total_ms_max']:.0f}",
                "static prediction ms": static["total_duration_ms"]}
         for label, config in (("vllm simulation ms", base),
                               ("vllm, one micro-batch in flight ms", replace(base, max_concurrent_batches=1))):
-            row[label] = simulate_config(config, aggregator).simulation.makespan_ms
+            row[label] = simulate_config(config, engine).simulation.makespan_ms
         for label in ("static prediction ms", "vllm simulation ms", "vllm, one micro-batch in flight ms"):
             row[f"error {label[:-3]} %"] = 100 * (row[label] - median) / median
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def online_side_by_side(aggregator: Aggregator) -> tuple[pd.DataFrame | None, str]:
+def online_side_by_side(engine: Engine) -> tuple[pd.DataFrame | None, str]:
     try:
         from pipeweave.serving.peers import AIConfiguratorStepCost
 
-        peer = AIConfiguratorStepCost(ONLINE.model_config, aggregator.gpu(ONLINE.hardware).aiconfigurator_system)
+        peer = AIConfiguratorStepCost(ONLINE.model_config, engine.gpu(ONLINE.hardware).aiconfigurator_system)
     except ImportError as exc:
         return None, f"aiconfigurator-core is not installed ({exc}); no peer column."
     from pipeweave.serving.kv_cache import BlockManager
@@ -93,7 +94,7 @@ def online_side_by_side(aggregator: Aggregator) -> tuple[pd.DataFrame | None, st
     rows = []
     for qps in ONLINE_QPS:
         config = replace(ONLINE, qps=qps)
-        ours = simulate_config(config, aggregator)
+        ours = simulate_config(config, engine)
         requests = make_requests(load_serving_trace(config.trace), config.num_requests, qps, config.seed,
                                  config.per_request_outputs)
         settings = ours.settings
@@ -191,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    aggregator = Aggregator(model_dir=args.model_dir, collective_estimate="analytical", log=None)
+    engine = Engine(model_dir=args.model_dir, collective_estimate="analytical", log=None)
     load_model_config(ONLINE.model_config)
-    static = static_reduction(aggregator)
-    vllm = vllm_benchmarks(aggregator)
-    online, note = online_side_by_side(aggregator)
+    static = static_reduction(engine)
+    vllm = vllm_benchmarks(engine)
+    online, note = online_side_by_side(engine)
     text = document(static, vllm, online, note, Path(args.model_dir).resolve(), time.perf_counter() - started)
     write_atomically(args.output, lambda tmp: tmp.write_text(text))
     print(f"wrote {args.output}")

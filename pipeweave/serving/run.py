@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pipeweave.aggregate import Aggregator
+from pipeweave.engine import Engine
 from pipeweave.cli import UserError
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, BlockManager, kv_cache_blocks
 from pipeweave.serving.requests import load_serving_trace, make_requests
@@ -77,12 +77,12 @@ def check(config: ServingConfig) -> None:
         raise UserError(f"--gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
 
 
-def simulate_config(config: ServingConfig, aggregator: Aggregator, progress=None) -> ServingRun:
+def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> ServingRun:
     """Build requests, scheduler and step cost from ``config`` and run the simulation."""
     check(config)
     cfg = load_model_config(config.model_config)
-    hardware = aggregator.gpu(config.hardware)
-    cost = KernelStepCost(aggregator, cfg, config.hardware, config.tp, config.pp,
+    hardware = engine.gpu(config.hardware)
+    cost = KernelStepCost(engine, cfg, config.hardware, config.tp, config.pp,
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
                           mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket)

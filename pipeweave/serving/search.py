@@ -26,7 +26,7 @@ from pipeweave.serving.cli import add_engine_arguments, add_scheduler_arguments,
 from pipeweave.serving.run import ServingConfig
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
-_ENGINES: dict[tuple, object] = {}  # per worker process: aggregator by engine settings
+_ENGINES: dict[tuple, object] = {}  # per worker process: the prediction engine by its settings
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -55,14 +55,14 @@ def _percentile(simulation, key: str, q: float) -> float | None:
 
 def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
     """Simulate one candidate (run on a Dask worker); an infeasible candidate returns its reason."""
-    from pipeweave.aggregate import Aggregator
+    from pipeweave.engine import Engine
     from pipeweave.serving.run import simulate_config
     from pipeweave.serving.simulator import summarize
 
     if engine not in _ENGINES:
         model_dir, hardware_dir, collective_estimate = engine
-        _ENGINES[engine] = Aggregator(model_dir=model_dir, hardware_dir=hardware_dir,
-                                      collective_estimate=collective_estimate, log=None)
+        _ENGINES[engine] = Engine(model_dir=model_dir, hardware_dir=hardware_dir,
+                                  collective_estimate=collective_estimate, log=None)
     row = {"hardware": config.hardware, "tp": config.tp, "pp": config.pp, "gpus": config.tp * config.pp,
            "max_num_seqs": config.max_num_seqs}
     try:
@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
-    from pipeweave.serving.cli import make_aggregator
+    from pipeweave.serving.cli import make_engine
 
-    registry = make_aggregator(args).registry
+    registry = make_engine(args).registry
     gpus = [registry.get(g).stem for g in gpus]  # unknown GPU: error listing the known ones
     base = config_from_args(args, hardware=gpus[0], tp=1, pp=1, max_num_seqs=None, scheduler="vllm")
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs)

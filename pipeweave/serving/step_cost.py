@@ -1,8 +1,9 @@
 """Step cost from pipeweave's kernel predictor: the duration of one iteration of a given batch composition.
 
-The iteration's operators are built by the workload generator (``pipeweave.workload._operators``, the code that
-writes every workload JSON), for per-request ``q_lengths`` = new tokens and ``kv_lengths`` = context lengths.
-Durations come from the aggregator's engine. Attention of a step whose requests all decode uses the decode
+The iteration's operators are built by the workload generator (``pipeweave.workload._iteration_operators``, the
+code behind every workload JSON, as typed :mod:`pipeweave.schema` entities), for per-request ``q_lengths`` = new
+tokens and ``kv_lengths`` = context lengths. Durations come from :class:`pipeweave.engine.Engine`
+(``predict_workload`` on an in-memory workload). Attention of a step whose requests all decode uses the decode
 backend, of a step whose requests all prefill the prefill backend (as the generator's decode and prefill
 iterations). A mixed step (chunked prefill beside decodes) is, with ``mixed_attention="split"`` (default), one
 prefill-backend launch over the prefilling requests plus one decode-backend launch over the decoding ones (how
@@ -24,10 +25,12 @@ unchanged batch (context + 1 per step) together with the current step's unknown 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Sequence
 
-from pipeweave.aggregate import Aggregator, Job, parse_workload
-from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, _operators
+from pipeweave.engine import Engine
+from pipeweave.schema import Category, CollectiveOp, Iteration, Workload
+from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, _iteration_operators
 
 TOKEN_BLOCK = 256
 LOOKAHEAD_MAX = 64
@@ -44,15 +47,15 @@ MIXED_ATTENTION = ("split", "single")
 class KernelStepCost:
     """``cost(new_tokens, context_lens) -> ms`` for one model on one GPU with TP × PP (all stages summed)."""
 
-    def __init__(self, aggregator: Aggregator, cfg: ModelConfig, hardware: str, tp: int = 1, pp: int = 1,
+    def __init__(self, engine: Engine, cfg: ModelConfig, hardware: str, tp: int = 1, pp: int = 1,
                  collective_hardware: str | None = None, prefill_attn: str | None = None,
                  decode_attn: str = DECODE_ATTN_DEFAULT, qk_norm_rmsnorm: bool = False,
                  mixed_attention: str = "split", decode_bucket: int = 0, token_block: int = TOKEN_BLOCK):
         if mixed_attention not in MIXED_ATTENTION:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, got {mixed_attention!r}")
-        self.aggregator = aggregator
+        self.engine = engine
         self.cfg = cfg
-        self.hardware = aggregator.gpu(hardware)
+        self.hardware = engine.gpu(hardware)
         self.tp, self.pp = tp, pp
         self.shard = RankShapes.of(cfg, tp)
         self.collective_hardware = collective_hardware
@@ -69,10 +72,10 @@ class KernelStepCost:
 
     # ---------------------------------------------------------------------------------------------
     def _generated(self, new_tokens: Sequence[int], context_lens: Sequence[int], attention: str) -> dict:
-        return _operators(self.cfg, self.shard, self.tp, self.pp, list(new_tokens), list(context_lens),
-                          sum(new_tokens), attention, self.rmsnorm_count)
+        return _iteration_operators(self.cfg, self.shard, self.tp, self.pp, list(new_tokens), list(context_lens),
+                                    sum(new_tokens), attention, self.rmsnorm_count)
 
-    def instances(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> list[tuple[tuple, int, str, dict]]:
+    def instances(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> list[tuple[tuple, int, str, object]]:
         """(shape key, count, category, operator) of every operator instance of the iteration."""
         prefill = [i for i, n in enumerate(new_tokens) if n > 1]
         if not prefill:
@@ -98,12 +101,12 @@ class KernelStepCost:
         return [-(-sum(context_lens) // (len(context_lens) * bucket)) * bucket] * len(context_lens)
 
     @staticmethod
-    def _instances(operators: dict) -> Iterable[tuple[tuple, int, str, dict]]:
+    def _instances(operators: dict) -> Iterable[tuple[tuple, int, str, object]]:
+        """(shape key, count, category, operator) of every operator of a generator operator dict."""
         for category, value in operators.items():
             for op in value if isinstance(value, list) else (value,):
-                key = (category,) + tuple(tuple(v) if isinstance(v, list) else v
-                                          for k, v in op.items() if k != "count")
-                yield key, op["count"], category, op
+                shape = (op.kind, op.volume_bytes) if isinstance(op, CollectiveOp) else op.shape
+                yield (category, shape), op.count, category, op
 
     def __call__(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         last = self._last
@@ -157,7 +160,7 @@ class KernelStepCost:
 
     def _predict(self, instances) -> None:
         """Predict the unknown shapes among ``instances`` in one engine call, one synthetic iteration each."""
-        todo: dict[tuple, tuple[str, dict]] = {}
+        todo: dict[tuple, tuple[str, object]] = {}
         for key, _, category, op in instances:
             if key not in self.single_ms and key not in todo:
                 todo[key] = (category, op)
@@ -165,12 +168,11 @@ class KernelStepCost:
             return
         iterations = []
         for category, op in todo.values():
-            single = dict(op, count=1)
-            iterations.append({"phase": "decode",
-                               "operators": {category: [single] if category in ("gemm", "communication") else single}})
-        workload = parse_workload({"model": self.cfg.model, "tp_size": self.tp, "pp_size": self.pp,
-                                   "iterations": iterations}, source=f"{self.cfg.stem} step")
-        result = self.aggregator.predict([Job(workload, self.hardware, self.collective_hardware)])[0].result
+            single = replace(op, count=1)
+            listed = category in (Category.GEMM.value, Category.COMMUNICATION.value)
+            iterations.append(Iteration("decode", **{category: [single] if listed else single}))
+        workload = Workload(iterations, model=self.cfg.model, tp_size=self.tp, pp_size=self.pp)
+        result = self.engine.predict_workload(workload, self.hardware, self.collective_hardware)
         self.engine_calls += 1
         for key, iteration in zip(todo, result["iterations"]):
             self.single_ms[key] = iteration["total_duration_ms"]
