@@ -307,3 +307,19 @@ def test_search_on_a_dask_local_cluster_matches_in_process(engine):
     assert list(local["feasible"]) == [True] * 4
     best = local.iloc[0]
     assert best["rank"] == 1 and best["output_tokens_per_s_per_gpu"] == local["output_tokens_per_s_per_gpu"].max()
+
+
+def test_search_config_cli_ranks_and_plots(tmp_path, engine):
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget", "2",
+                        "--pp", "1", "--max_num_seqs", "8", "--trace", "splitwise_48", "--qps", "20",
+                        "--num_requests", "10", "--tpot_ms", "1e9", "--collective_estimate", "analytical",
+                        "--model_dir", engine.model_dir, "--output", out)
+    assert result.returncode == 0, result.stderr
+    rows = out.read_text().splitlines()
+    assert rows[0].startswith("rank,hardware,tp,pp,gpus,max_num_seqs,feasible,meets_targets") and len(rows) == 3
+    assert rows[1].startswith("1,H100,1,1,1,8,True,True")  # one GPU beats two per GPU at the same rate
+    assert out.with_suffix(".png").stat().st_size > 1000
+    bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H999", "--gpu_budget", "2",
+                     "--trace", "splitwise_48", "--output", tmp_path / "bad.csv")
+    assert bad.returncode == 2 and "known" in bad.stderr and not (tmp_path / "bad.csv").exists()

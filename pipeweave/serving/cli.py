@@ -30,7 +30,8 @@ def add_engine_arguments(parser) -> None:
 
 
 def add_scheduler_arguments(parser) -> None:
-    """Flags of the request stream and the scheduler (shared with search_config.py)."""
+    """Flags of the model, the request stream and the scheduler (shared with search_config.py)."""
+    parser.add_argument("--model_config", required=True, help="model config: path or stem of config/")
     parser.add_argument("--trace", required=True, help="request trace: CSV path or stem of workload/traces/")
     parser.add_argument("--qps", type=float, default=None,
                         help="Poisson arrival rate (requests/s, seeded); without it every request arrives at t = 0, "
@@ -70,7 +71,6 @@ def build_parser():
         prog="serve_sim.py",
         description="Simulate LLM serving (continuous batching) with iteration durations from pipeweave's kernel "
                     "predictor: TTFT, TPOT, end-to-end latency and throughput.")
-    parser.add_argument("--model_config", required=True, help="model config: path or stem of config/")
     parser.add_argument("--hardware", required=True, help="GPU name (hardware file stem, driver or aiconfigurator name)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")

@@ -30,7 +30,6 @@ class SimulationStuck(RuntimeError):
 class Simulation:
     requests: list
     steps: int
-    busy_ms: float  # Σ step costs / pp: time the stages were busy, averaged over stages
 
     @property
     def makespan_ms(self) -> float:
@@ -52,7 +51,6 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
     stage_free = [now] * pp
     in_flight: list = []  # heap of (finish time, sequence, entries)
     steps = 0
-    busy = 0.0
     done = 0
     last_cost = None
     while done < len(order):
@@ -77,7 +75,6 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
                 stage_free[s] = t
             heapq.heappush(in_flight, (t, steps, entries))
             steps += 1
-            busy += stage_ms
             continue
         if in_flight and (next_arrival >= len(order) or in_flight[0][0] <= order[next_arrival].arrival_ms):
             now, _, finished_entries = heapq.heappop(in_flight)
@@ -90,7 +87,7 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
         else:
             raise SimulationStuck(f"{len(order) - done} requests cannot be scheduled: one needs more KV cache "
                                   f"than the GPU memory leaves (or more than the token budget allows)")
-    return Simulation(order, steps, busy)
+    return Simulation(order, steps)
 
 
 def request_metrics(requests: list) -> dict[str, np.ndarray]:
