@@ -77,12 +77,14 @@ class BlockManager:
 
     def allocate(self, request, new_tokens: int) -> bool:
         """Reserve blocks so ``request`` can hold ``num_computed + new_tokens`` tokens; False if they are lacking."""
-        needed = self.blocks_for(request.num_computed + new_tokens) - request.blocks
+        tokens = request.num_computed + new_tokens
+        if tokens <= request.blocks * self.block_size:
+            return True  # fits in the blocks it holds (most decode steps)
+        needed = self.blocks_for(tokens) - request.blocks
         if needed > self.free:
             return False
-        if needed > 0:
-            self.free -= needed
-            request.blocks += needed
+        self.free -= needed
+        request.blocks += needed
         return True
 
     def release(self, request) -> None:

@@ -41,7 +41,7 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
     """Run ``requests`` (sorted by arrival) through ``scheduler`` with iteration durations from ``step_cost``.
 
     ``lookahead(entries, horizon_steps)``, if given, is told each micro-batch before it is costed, and how many
-    steps probably follow before an arrival changes the batch, so that a memoising step cost can predict them in
+    steps probably follow before an arrival changes the batch (None: no arrival left), so that a memoising step cost can predict them in
     one batch. ``max_in_flight`` (default ``pp``) caps the micro-batches in flight.
     """
     max_in_flight = max_in_flight or pp
@@ -62,9 +62,9 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
             new = [e[1] for e in entries]
             context = [e[2] for e in entries]
             if lookahead is not None:
-                horizon = max(r.output_tokens - r.num_output for r, *_ in entries)
-                if next_arrival < len(order) and last_cost:  # an arrival will change the batch
-                    horizon = min(horizon, int((order[next_arrival].arrival_ms - now) / last_cost) + 2)
+                horizon = None  # until a request finishes (the step cost knows which do)
+                if next_arrival < len(order) and last_cost:  # or an arrival changes the batch
+                    horizon = int((order[next_arrival].arrival_ms - now) / last_cost) + 2
                 lookahead(entries, horizon)
             cost = step_cost(new, context)
             last_cost = cost

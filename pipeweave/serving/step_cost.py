@@ -117,7 +117,7 @@ class KernelStepCost:
         self._ensure(instances, len(new_tokens), sum(new_tokens))
         return sum(self.single_ms[key] * count for key, count, *_ in instances)
 
-    def lookahead(self, entries, horizon: int) -> None:
+    def lookahead(self, entries, horizon: int | None) -> None:
         """Simulator hook, called before a step is costed: if the step has unknown shapes, predict them together
         with the attention of the next ``horizon`` steps in which the requests that go on decoding do so unchanged
         (context + 1 per step)."""
@@ -128,10 +128,13 @@ class KernelStepCost:
         if all(key in self.single_ms for key, *_ in instances):
             return
         # requests that decode next: this step yields a token and it is not their last
-        going_on = [e[2] for e in entries if e[4] and e[0].num_output + 1 < e[0].output_tokens]
+        going_on = [e for e in entries if e[4] and e[0].num_output + 1 < e[0].output_tokens]
+        steps = min([horizon or LOOKAHEAD_MAX, LOOKAHEAD_MAX]
+                    + [e[0].output_tokens - e[0].num_output for e in going_on])  # until the first one finishes
+        going_on = [e[2] for e in going_on]
         ones = [1] * len(going_on)
         ahead = []
-        for j in range(1, min(horizon, LOOKAHEAD_MAX)):
+        for j in range(1, steps):
             attention = self._generated(ones, self._decode_context([c + j for c in going_on]),
                                         self.decode_attn)["attention"]
             ahead.extend(self._instances({"attention": attention}))
