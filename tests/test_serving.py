@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from benchmarks.aggregator import write_untrained_models
 from pipeweave.engine import Engine
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks, weight_bytes_per_gpu
-from pipeweave.serving.requests import load_serving_trace, make_requests
+from pipeweave.serving.requests import Request, load_serving_trace, make_requests
 from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
@@ -230,6 +230,13 @@ def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
     operators = _iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
     assert single(new, context) == pytest.approx(engine.iteration_ms(Iteration("prefill", **operators), "H100"),
                                                  rel=1e-6)
+
+
+def test_lookahead_when_no_request_goes_on_decoding(engine):
+    cost = KernelStepCost(engine, load_model_config("Llama-3.1-8B"), "H100")
+    last = Request(0, 0.0, prompt_tokens=100, output_tokens=3, num_computed=101, num_output=2)
+    cost.lookahead([(last, 1, 102, 0, True)], None)  # its last token: nothing to look ahead at
+    assert cost([1], [102]) > 0 and cost.engine_calls == 1
 
 
 def test_decode_bucket_approximates_only_decode_attention(engine):

@@ -130,7 +130,7 @@ class KernelStepCost:
         # requests that decode next: this step yields a token and it is not their last
         going_on = [e for e in entries if e[4] and e[0].num_output + 1 < e[0].output_tokens]
         steps = min([horizon or LOOKAHEAD_MAX, LOOKAHEAD_MAX]
-                    + [e[0].output_tokens - e[0].num_output for e in going_on])  # until the first one finishes
+                    + [e[0].output_tokens - e[0].num_output for e in going_on]) if going_on else 0
         going_on = [e[2] for e in going_on]
         ones = [1] * len(going_on)
         ahead = []
