@@ -69,6 +69,8 @@ def check(config: ServingConfig) -> None:
                         (config.max_num_batched_tokens, "--max_num_batched_tokens"),
                         (config.max_concurrent_batches, "--max_concurrent_batches")):
         _positive(value, flag)
+    if config.scheduler == "static" and config.max_num_batched_tokens is not None:
+        raise UserError("--max_num_batched_tokens applies to --scheduler vllm (the static batch has no token budget)")
     if config.qps is not None and not config.qps > 0:
         raise UserError(f"--qps must be > 0, got {config.qps}")
     if isinstance(config.decode_bucket, bool) or config.decode_bucket < 0:
