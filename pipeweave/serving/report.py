@@ -31,7 +31,7 @@ ONLINE_QPS = (5.0, 10.0, 20.0, 40.0)
 
 
 def _gpu_of(spec) -> str:
-    """The GPU each paper workload was measured on (METHOD.md §9): FA2 files on A100, FA3 on H100, TP8 on H20,
+    """The GPU each paper workload was measured on (docs/METHOD.md §9): FA2 files on A100, FA3 on H100, TP8 on H20,
     the vLLM TP4 x PP2 files on H800."""
     if spec.pp == 2:
         return "H800"

@@ -5,7 +5,7 @@ entries ``(request, new_tokens, context_len, epoch, samples)``: the request comp
 KV lengths end at ``context_len``; ``samples`` says whether the step ends the request's pending tokens and so
 yields a generated token. ``complete()`` applies a finished micro-batch and returns the requests it finished.
 
-* ``StaticScheduler``: the static batch of ``pipeweave.workload`` (METHOD.md §6): when nothing runs, every waiting
+* ``StaticScheduler``: the static batch of ``pipeweave.workload`` (docs/METHOD.md §6): when nothing runs, every waiting
   request (up to ``max_num_seqs``) is admitted; one prefill iteration of all full prompts, then one decode
   iteration per further token, the batch shrinking as requests finish; no token budget, no KV limit.
 * ``VllmScheduler``: vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``, v0.10.1) with FCFS policy. Running

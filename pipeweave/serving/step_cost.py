@@ -63,7 +63,7 @@ class KernelStepCost:
         self.decode_attn = decode_attn
         self.split = mixed_attention == "split"
         self.decode_bucket = decode_bucket
-        # the generator's RMSNorm count (METHOD.md §6.3; 4L + 1 with the Qwen3 QK-norm approximation)
+        # the generator's RMSNorm count (docs/METHOD.md §6.3; 4L + 1 with the Qwen3 QK-norm approximation)
         self.rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * cfg.num_hidden_layers + 1
         self.token_block = token_block
         self.single_ms: dict[tuple, float] = {}
