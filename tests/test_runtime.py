@@ -166,9 +166,10 @@ def test_api_docstring_examples():
 
 
 def test_requirements_txt_is_the_pyproject_dependencies():
-    """CI installs requirements.txt; it must list exactly the base dependencies plus the train and test extras."""
+    """CI installs requirements.txt; it must list exactly the base dependencies plus the train, test and serve
+    extras."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = {*project["dependencies"], *(d for extra in ("train", "test")
+    wanted = {*project["dependencies"], *(d for extra in ("train", "test", "serve")
                                          for d in project["optional-dependencies"][extra])}
     lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
     assert {line for line in lines if line} == wanted

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeweave.engine import Engine
-from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.cli import write_atomically
 from pipeweave.compare import DEFAULT_REAL_DIR, REAL_SUMMARY_NAME
+from pipeweave.engine import Engine
+from pipeweave.generate import PAPER_SET, output_name
+from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.simulator import simulate, summarize
-from pipeweave.workload import PAPER_SET, load_model_config, output_name
+from pipeweave.workload import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_RUNS = ("vllm_arxiv16", "vllm_splitwise64")
