@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from benchmarks.aggregator import write_untrained_models
 from pipeweave.engine import Engine
-from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks, weight_bytes_per_gpu
+from pipeweave.memory import weight_bytes_per_gpu
+from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
 from pipeweave.serving.requests import Request, load_serving_trace, make_requests
 from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
