@@ -154,8 +154,9 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame, online: pd.DataFrame | No
         "5 repetitions; reference = their median). `--scheduler vllm --usage offline` follows vLLM V1 (v0.10.1) "
         "with the `LLM` class defaults (16,384 batched tokens, 1,024 sequences on an 80 GB GPU): the 16 × 2,197 and "
         "64 × 901 prompt tokens are prefilled in chunks, and with PP = 2 two micro-batches are in flight, so the "
-        "second chunk's prefill overlaps the first and decodes alternate between two halves of the batch. H800 has "
-        "no 4-GPU all-reduce measurement: like `vllm_tp4_pp2.sh`, the documented analytical estimate is used. "
+        "second chunk's prefill overlaps the first and decodes alternate between two halves of the batch. "
+        "Communication comes from the engine's collective models with `--collective_estimate analytical` allowed, as "
+        "in `vllm_tp4_pp2.sh`; the static prediction column is the aggregator's on the same engine. "
         "Target: within 8 % on average, none above 12 %.",
         "",
         _table(vllm),
