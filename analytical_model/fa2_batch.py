@@ -14,8 +14,8 @@ problem index:
   :func:`analytical_model.attention_common.task_pipes`, so the result is **bit-identical** to calling
   ``fa2.features`` on every problem (``tests/test_aggregator.py`` checks this on random batches).
 
-:func:`features_from_arrays` is one long function on purpose: it mirrors :func:`analytical_model.fa2.features`
-step by step, and cutting it up would pass a dozen lock-step arrays between the pieces.
+:func:`features_from_arrays` mirrors :func:`analytical_model.fa2.features` step by step, one helper per step
+(tile sizes, split-KV chunk, CTA iterations, per-SM sums); the steps share the flattened request arrays.
 
 Integer intermediates are int64; a batch whose totals could approach 2**62 falls back to the
 per-problem path (which uses Python integers), so the identity holds for every input.
@@ -108,92 +108,24 @@ def features_from_arrays(
     paged, causal = per_problem(paged, bool), per_problem(causal, bool)
     q = np.asarray(q, dtype=np.int64)
     kv = np.asarray(kv, dtype=np.int64)
-    smem = fa2._shared_memory_kb(hw)
-    S = int(hw.num_sms)
-    g = nh // nkv
-
-    # --- requests of all problems, flattened -----------------------------------------------------
     n_req = int(bs.sum())
     if q.size != n_req or kv.size != n_req:
         raise ValueError(f"q and kv need bs.sum() = {n_req} entries, got {q.size} and {kv.size}")
+    S = int(hw.num_sms)
+    g = nh // nkv
+
+    # requests of all problems, flattened: problem of each request and first request of each problem
     starts = np.concatenate([[0], np.cumsum(bs)[:-1]])
     req_prob = np.repeat(np.arange(count), bs)
     packed = q * g[req_prob]
-
-    # step 1: CTA_TILE_Q from the average packed length; steps 2-3: CTA_TILE_KV (few distinct inputs)
-    avg = _segment_sum(packed, starts) // bs
-    cta_q = np.where((avg > 64) & (hd < 256), 128, np.where(avg > 16, 64, 16)).astype(np.int64)
-    combo = np.stack([cta_q, hd, ds_q, ds_kv], axis=1)
-    code = ((cta_q * (int(hd.max()) + 1) + hd) * (int(ds_q.max()) + 1) + ds_q) * (int(ds_kv.max()) + 1) + ds_kv
-    _, first_index, inverse = np.unique(code, return_index=True, return_inverse=True)
-    cta_kv = np.array([_cta_tile_kv(int(a), int(b), smem, int(c), int(d)) for a, b, c, d in combo[first_index]],
-                      dtype=np.int64)[inverse.reshape(-1)]
-
-    # step 4: split-KV chunk size, binary search of every problem in lock step
-    min_chunk = np.maximum(128 // np.where(paged, 16, 1), 1).astype(np.int64)
-    max_parallel = (2 * S) // nkv
+    cta_q, cta_kv = _tile_sizes(packed, starts, bs, hd, ds_q, ds_kv, fa2._shared_memory_kb(hw))
     q_tiles = ceil_div(packed, cta_q[req_prob])
-    kv_pos = np.maximum(kv, 1)
-    low = min_chunk.copy()
-    high = np.maximum(1, np.maximum.reduceat(kv_pos, starts))
-    while True:
-        active = low < high
-        if not active.any():
-            break
-        mid = (low + high) // 2
-        work = _segment_sum(q_tiles * ceil_div(kv_pos, mid[req_prob]), starts)
-        over = work > max_parallel
-        low = np.where(active & over, mid + 1, low)
-        high = np.where(active & ~over, mid, high)
-    chunk = low
+    chunk = _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, nkv, S)
+    its, tasks_r = _cta_iterations(q, kv, g, nkv, causal, cta_q, cta_kv, chunk, q_tiles, req_prob)
+    counts, it_sums = _per_sm_sums(its, tasks_r, req_prob, count, S)
 
-    # step 5: iterations of every CTA (request-major, then q tile, then KV chunk; one CTA per KV head).
-    # For one (request, q tile) with causal reach L = min(kv, kv - q + ceil((t+1)·cta_q / g)) (L = kv if
-    # not causal), chunk c covers z = min(chunk, max(L - c·chunk, 0)) keys: the first m - 1 chunks
-    # (m = ceil(L / chunk)) are full, chunk m - 1 holds the rest and later chunks are empty. So the
-    # iteration counts along the launch order are piecewise constant and are built from run
-    # boundaries with one cumulative sum instead of per-CTA arithmetic.
-    nkv_r = nkv[req_prob]
-    chunk_r = chunk[req_prob]
-    n_chunks = ceil_div(kv, chunk_r)
-    tasks_r = q_tiles * n_chunks * nkv_r
-    task_base_r = np.cumsum(tasks_r) - tasks_r
-    total_tasks = int(tasks_r.sum())
-    rt_req = np.repeat(np.arange(n_req), q_tiles)
-    t = np.arange(rt_req.size, dtype=np.int64) - np.repeat(np.cumsum(q_tiles) - q_tiles, q_tiles)
-    rt_prob = req_prob[rt_req]
-    kv_rt = kv[rt_req]
-    chunk_rt = chunk_r[rt_req]
-    nkv_rt = nkv_r[rt_req]
-    reach = kv_rt - q[rt_req] + ceil_div((t + 1) * cta_q[rt_prob], g[rt_prob])
-    L = np.where(causal[rt_prob], np.minimum(kv_rt, reach), kv_rt)
-    m = ceil_div(L, chunk_rt)
-    cta_kv_rt = cta_kv[rt_prob]
-    full = ceil_div(chunk_rt, cta_kv_rt)
-    last = ceil_div(L - (m - 1) * chunk_rt, cta_kv_rt)
-    p0 = task_base_r[rt_req] + t * n_chunks[rt_req] * nkv_rt
-    p1 = p0 + (m - 1) * nkv_rt
-    p2 = p1 + nkv_rt
-    # integer-valued float64 throughout (far below 2**53), so the cumulative sum is exact
-    steps = np.bincount(
-        np.concatenate([p0, p1, p2]),
-        weights=np.concatenate([full, last - full, -last]).astype(np.float64),
-        minlength=total_tasks + 1,
-    )
-    its = np.cumsum(steps[:total_tasks])
-
-    # step 6: effective static CTA→SM mapping (position j inside its problem's launch order)
-    tasks_per_prob = np.bincount(req_prob, weights=tasks_r, minlength=count).astype(np.int64)
-    task_start = np.cumsum(tasks_per_prob) - tasks_per_prob
-    j = np.arange(total_tasks, dtype=np.int64) - np.repeat(task_start, tasks_per_prob)
-    key = _sm_table(S, int(tasks_per_prob.max()))[j] + np.repeat(np.arange(count, dtype=np.int64) * S, tasks_per_prob)
-
-    # task_pipes, per problem: CTAs with it > 0 contribute
-    counts = np.rint(np.bincount(key, weights=(its > 0), minlength=count * S)).astype(np.int64).reshape(count, S)
-    it_sums = np.rint(np.bincount(key, weights=its, minlength=count * S)).astype(np.int64).reshape(count, S)
     n_total = counts.sum(axis=1)
     it_total = it_sums.sum(axis=1)
-
     mma_per_it = 4 * cta_q * cta_kv * hd
     if np.any(mma_per_it % 32):
         raise AssertionError("FA2: MMA FLOPs per iteration must be a multiple of 32")
@@ -220,6 +152,91 @@ def features_from_arrays(
         ],
         axis=1,
     ).astype(np.float64)
+
+
+def _tile_sizes(packed, starts, bs, hd, ds_q, ds_kv, smem: float) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-3, per problem: CTA_TILE_Q from the average packed length, CTA_TILE_KV (few distinct inputs)."""
+    avg = _segment_sum(packed, starts) // bs
+    cta_q = np.where((avg > 64) & (hd < 256), 128, np.where(avg > 16, 64, 16)).astype(np.int64)
+    combo = np.stack([cta_q, hd, ds_q, ds_kv], axis=1)
+    code = ((cta_q * (int(hd.max()) + 1) + hd) * (int(ds_q.max()) + 1) + ds_q) * (int(ds_kv.max()) + 1) + ds_kv
+    _, first_index, inverse = np.unique(code, return_index=True, return_inverse=True)
+    cta_kv = np.array([_cta_tile_kv(int(a), int(b), smem, int(c), int(d)) for a, b, c, d in combo[first_index]],
+                      dtype=np.int64)[inverse.reshape(-1)]
+    return cta_q, cta_kv
+
+
+def _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, nkv, num_sms: int) -> np.ndarray:
+    """Step 4, per problem: the split-KV chunk size, every problem's binary search run in lock step."""
+    min_chunk = np.maximum(128 // np.where(paged, 16, 1), 1).astype(np.int64)
+    max_parallel = (2 * num_sms) // nkv
+    kv_pos = np.maximum(kv, 1)
+    low = min_chunk.copy()
+    high = np.maximum(1, np.maximum.reduceat(kv_pos, starts))
+    while True:
+        active = low < high
+        if not active.any():
+            return low
+        mid = (low + high) // 2
+        work = _segment_sum(q_tiles * ceil_div(kv_pos, mid[req_prob]), starts)
+        over = work > max_parallel
+        low = np.where(active & over, mid + 1, low)
+        high = np.where(active & ~over, mid, high)
+
+
+def _cta_iterations(q, kv, g, nkv, causal, cta_q, cta_kv, chunk, q_tiles, req_prob) -> tuple[np.ndarray, np.ndarray]:
+    """Step 5: iterations of every CTA of every problem, and the number of CTAs of each request.
+
+    CTAs run request-major, then q tile, then KV chunk, one CTA per KV head. For one (request, q tile) with
+    causal reach L = min(kv, kv - q + ceil((t+1)·cta_q / g)) (L = kv if not causal), chunk c covers
+    z = min(chunk, max(L - c·chunk, 0)) keys: the first m - 1 chunks (m = ceil(L / chunk)) are full, chunk
+    m - 1 holds the rest and later chunks are empty. So the iteration counts along the launch order are
+    piecewise constant and are built from run boundaries with one cumulative sum instead of per-CTA arithmetic.
+    """
+    nkv_r = nkv[req_prob]
+    chunk_r = chunk[req_prob]
+    n_chunks = ceil_div(kv, chunk_r)
+    tasks_r = q_tiles * n_chunks * nkv_r
+    task_base_r = np.cumsum(tasks_r) - tasks_r
+    total_tasks = int(tasks_r.sum())
+    rt_req = np.repeat(np.arange(kv.size), q_tiles)
+    t = np.arange(rt_req.size, dtype=np.int64) - np.repeat(np.cumsum(q_tiles) - q_tiles, q_tiles)
+    rt_prob = req_prob[rt_req]
+    kv_rt = kv[rt_req]
+    chunk_rt = chunk_r[rt_req]
+    nkv_rt = nkv_r[rt_req]
+    reach = kv_rt - q[rt_req] + ceil_div((t + 1) * cta_q[rt_prob], g[rt_prob])
+    L = np.where(causal[rt_prob], np.minimum(kv_rt, reach), kv_rt)
+    m = ceil_div(L, chunk_rt)
+    cta_kv_rt = cta_kv[rt_prob]
+    full = ceil_div(chunk_rt, cta_kv_rt)
+    last = ceil_div(L - (m - 1) * chunk_rt, cta_kv_rt)
+    p0 = task_base_r[rt_req] + t * n_chunks[rt_req] * nkv_rt
+    p1 = p0 + (m - 1) * nkv_rt
+    p2 = p1 + nkv_rt
+    # integer-valued float64 throughout (far below 2**53), so the cumulative sum is exact
+    steps = np.bincount(
+        np.concatenate([p0, p1, p2]),
+        weights=np.concatenate([full, last - full, -last]).astype(np.float64),
+        minlength=total_tasks + 1,
+    )
+    return np.cumsum(steps[:total_tasks]), tasks_r
+
+
+def _per_sm_sums(its, tasks_r, req_prob, count: int, num_sms: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step 6 and task_pipes: per (problem, SM), the CTAs with iterations and their iteration sum.
+
+    Position j of a CTA inside its problem's launch order gives its SM by the effective static CTA→SM mapping.
+    """
+    tasks_per_prob = np.bincount(req_prob, weights=tasks_r, minlength=count).astype(np.int64)
+    task_start = np.cumsum(tasks_per_prob) - tasks_per_prob
+    j = np.arange(its.size, dtype=np.int64) - np.repeat(task_start, tasks_per_prob)
+    key = (_sm_table(num_sms, int(tasks_per_prob.max()))[j]
+           + np.repeat(np.arange(count, dtype=np.int64) * num_sms, tasks_per_prob))
+    shape = (count, num_sms)
+    counts = np.rint(np.bincount(key, weights=(its > 0), minlength=count * num_sms)).astype(np.int64).reshape(shape)
+    it_sums = np.rint(np.bincount(key, weights=its, minlength=count * num_sms)).astype(np.int64).reshape(shape)
+    return counts, it_sums
 
 
 def _problems(bs, q, kv, nh, nkv, hd, paged, causal, ds_q, ds_kv) -> list[AttentionProblem]:
