@@ -22,7 +22,7 @@ from analytical_model.hardware import parse_hardware
 from pipeweave.cli import program_name, run_cli
 from pipeweave.profiler import csvio, grids
 from pipeweave.profiler.device import NO_CUDA_MESSAGE, DeviceInfo, gpu_dir_name, hardware_skeleton, sanitize
-from pipeweave.profiler.runners import Prepared, Unsupported, kernel_label, short_kernel_name
+from pipeweave.profiler.launch import Prepared, Unsupported, kernel_label, short_kernel_name
 from pipeweave.profiler.session import measure_grid
 from pipeweave.profiler.timing import FakeTimer, summarize
 

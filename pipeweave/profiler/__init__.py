@@ -5,9 +5,9 @@ avg_duration in µs, median/min/std, repeats, dtype, kernel, library versions, c
 dataset builder reads as one more source (:func:`read_all_measured`). The CLI is ``profile_operators.py``.
 
 Modules: :mod:`.grids` (pure shape grids), :mod:`.timing` (CUDA-event timer with L2 flush, fake timer),
-:mod:`.runners` (torch code, imported lazily), :mod:`.csvio` (schema, resumable writer, reader),
-:mod:`.device` (device info, hardware-JSON skeleton), :mod:`.session` (measurement loop),
-:mod:`.collective` (NCCL all-reduce across local GPUs).
+:mod:`.runners` (torch code, imported lazily), :mod:`.launch` (what a runner returns, the kernel label),
+:mod:`.csvio` (schema, resumable writer, reader), :mod:`.device` (device info, hardware-JSON skeleton),
+:mod:`.session` (measurement loop), :mod:`.collective` (NCCL all-reduce across local GPUs).
 """
 from .csvio import (
     MEASUREMENT_COLUMNS,

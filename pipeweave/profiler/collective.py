@@ -44,109 +44,132 @@ def _nccl_version(torch) -> str:
     return ".".join(str(v) for v in version if str(v))
 
 
+def _init_process_group(torch, dist, rank: int, world: int, options: AllReduceOptions, port: int):
+    """Join the group of ``world`` processes on this host; returns this rank's device."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if options.device != "cuda":
+        dist.init_process_group(options.backend, rank=rank, world_size=world)
+        return torch.device("cpu")
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group(options.backend, rank=rank, world_size=world, device_id=device)
+    return device
+
+
+def _spin_cycles_per_us(torch) -> float:
+    """``torch.cuda._sleep`` cycles per µs on this GPU (0.0 when torch has no ``_sleep``: no spin then)."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return 0.0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    elapsed = start.elapsed_time(end) * 1000.0
+    return 1_000_000 / elapsed if elapsed > 0 else 0.0
+
+
+class _Rank:
+    """One process of the sweep: times all-reduces on its device and shares rank 0's decisions."""
+
+    def __init__(self, torch, dist, rank: int, device, options: AllReduceOptions):
+        self.torch, self.dist, self.rank, self.device, self.options = torch, dist, rank, device, options
+        self.cuda = options.device == "cuda"
+        self.flush = None
+        self.cycles_per_us = 0.0
+        if self.cuda:
+            l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+            self.flush = torch.empty(max(2 * l2, 64 * 2 ** 20), dtype=torch.int8, device=device)
+            self.cycles_per_us = _spin_cycles_per_us(torch)
+
+    def rank0_decides(self, decision: bool) -> bool:
+        """Rank 0's ``decision``, broadcast, so that every rank takes the same branch."""
+        flag = self.torch.tensor([1 if decision else 0], device=self.device, dtype=self.torch.int32)
+        self.dist.broadcast(flag, src=0)
+        return bool(int(flag.item()))
+
+    def deadline_passed(self) -> bool:
+        deadline = self.options.deadline_epoch
+        return self.rank0_decides(self.rank == 0 and deadline is not None and time.time() >= deadline)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        if self.cuda:
+            self.dist.barrier(device_ids=[self.rank])
+        else:
+            self.dist.barrier()
+
+    def measure(self, tensor) -> list[float]:
+        """Warm-up, then timed repeats (at least 5, then until ``max_row_seconds`` of rank 0's time)."""
+        for _ in range(max(0, self.options.warmup)):
+            self.dist.all_reduce(tensor)
+        self.sync()
+        durations = []
+        budget_us = self.options.max_row_seconds * 1e6
+        spent = 0.0
+        for i in range(max(1, self.options.repeats)):
+            us = self.time_one(tensor)
+            durations.append(us)
+            spent += us
+            # Same repeat count on every rank: decide from rank 0's timings only.
+            if not self.rank0_decides(i + 1 < 5 or spent < budget_us):
+                break
+        return durations
+
+    def time_one(self, tensor) -> float:
+        """One repeat in µs: L2 flush, barrier, spin while the host enqueues, then the timed all-reduce."""
+        torch = self.torch
+        if self.flush is not None:
+            self.flush.zero_()
+        self.barrier()
+        self.sync()
+        if not self.cuda:
+            t0 = time.perf_counter()
+            self.dist.all_reduce(tensor)
+            return (time.perf_counter() - t0) * 1e6
+        if self.cycles_per_us:
+            torch.cuda._sleep(int(50 * self.cycles_per_us))  # host enqueues the events + kernel meanwhile
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.dist.all_reduce(tensor)
+        end.record()
+        self.sync()
+        return start.elapsed_time(end) * 1000.0
+
+
 def _worker(rank: int, world: int, rows: list[dict], csv_path: str, hardware: str, versions: dict,
             options: AllReduceOptions, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from .csvio import MeasurementCsv
+    from .csvio import MeasurementCsv, measurement_record
     from .device import ClockReader, DeviceInfo
-    from .timing import summarize
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    cuda = options.device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-        dist.init_process_group(options.backend, rank=rank, world_size=world, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group(options.backend, rank=rank, world_size=world)
+    device = _init_process_group(torch, dist, rank, world, options, port)
     try:
         max_elems = max(int(r["size_bytes"]) for r in rows) // 2
         buffer = torch.zeros(max(max_elems, 1), dtype=torch.bfloat16, device=device)
-        flush = None
-        cycles_per_us = 0.0
-        if cuda:
-            l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-            flush = torch.empty(max(2 * l2, 64 * 2 ** 20), dtype=torch.int8, device=device)
-            if hasattr(torch.cuda, "_sleep"):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(1000)
-                start.record()
-                torch.cuda._sleep(1_000_000)
-                end.record()
-                torch.cuda.synchronize()
-                elapsed = start.elapsed_time(end) * 1000.0
-                cycles_per_us = 1_000_000 / elapsed if elapsed > 0 else 0.0
-        writer = MeasurementCsv(csv_path, "all_reduce") if rank == 0 else None
-        info = None
+        me = _Rank(torch, dist, rank, device, options)
+        writer = info = None
         if rank == 0:
-            clocks = ClockReader(0).read if cuda else (lambda: ("", ""))
+            writer = MeasurementCsv(csv_path, "all_reduce")
+            clocks = ClockReader(0).read if me.cuda else (lambda: ("", ""))
             info = DeviceInfo(name=hardware, versions=versions, clocks=clocks)
-        if cuda:
+        if me.cuda:
             kernel = f"torch.distributed.all_reduce(nccl {_nccl_version(torch)})".replace(" )", ")")
         else:
             kernel = f"torch.distributed.all_reduce({options.backend})"
-
-        def sync():
-            if cuda:
-                torch.cuda.synchronize(device)
-
-        def barrier():
-            if cuda:
-                dist.barrier(device_ids=[rank])
-            else:
-                dist.barrier()
-
         for row in rows:
-            # Every rank must take the same decision, so rank 0's clock decides for all.
-            stop = torch.tensor([1 if (rank == 0 and options.deadline_epoch is not None
-                                       and time.time() >= options.deadline_epoch) else 0],
-                                device=device, dtype=torch.int32)
-            dist.broadcast(stop, src=0)
-            if int(stop.item()):
+            if me.deadline_passed():  # rank 0's clock decides for all
                 break
-            n = max(1, int(row["size_bytes"]) // 2)
-            tensor = buffer[:n]
-            for _ in range(max(0, options.warmup)):
-                dist.all_reduce(tensor)
-            sync()
-            durations = []
-            budget_us = options.max_row_seconds * 1e6
-            spent = 0.0
-            for i in range(max(1, options.repeats)):
-                if flush is not None:
-                    flush.zero_()
-                barrier()
-                sync()
-                if cuda:
-                    if cycles_per_us:
-                        torch.cuda._sleep(int(50 * cycles_per_us))  # host enqueues the events + kernel meanwhile
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    dist.all_reduce(tensor)
-                    end.record()
-                    sync()
-                    us = start.elapsed_time(end) * 1000.0
-                else:
-                    t0 = time.perf_counter()
-                    dist.all_reduce(tensor)
-                    us = (time.perf_counter() - t0) * 1e6
-                durations.append(us)
-                spent += us
-                # Same repeat count on every rank: decide from rank 0's timings only.
-                more = torch.tensor([1 if (i + 1 < 5 or spent < budget_us) else 0], device=device, dtype=torch.int32)
-                dist.broadcast(more, src=0)
-                if not int(more.item()):
-                    break
+            durations = me.measure(buffer[:max(1, int(row["size_bytes"]) // 2)])
             if writer is not None:
-                stats = summarize(durations)
-                record = {"op": "all_reduce", **row, **info.row_fields()}
-                record.update(avg_duration=stats.mean_us, median_us=stats.median_us, min_us=stats.min_us,
-                              std_us=stats.std_us, repeats=stats.repeats, dtype="bfloat16", kernel=kernel)
-                writer.append(record)
+                writer.append(measurement_record("all_reduce", row, info, durations, "bfloat16", kernel))
         if writer is not None:
             writer.close()
     finally:

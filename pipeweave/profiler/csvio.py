@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .grids import OPS, SHAPE_COLUMNS
+from .timing import summarize
 
 MEASUREMENT_COLUMNS = (
     "hardware",
@@ -42,6 +43,16 @@ def columns_for(op: str) -> tuple[str, ...]:
 
 def key_columns(op: str) -> tuple[str, ...]:
     return ("op", *SHAPE_COLUMNS[op], "hardware")
+
+
+def measurement_record(op: str, row: dict, device, durations_us: Sequence[float], dtype: str, kernel: str) -> dict:
+    """One CSV record: the shape ``row``, ``device.row_fields()`` (a :class:`~.device.DeviceInfo`, read now),
+    the statistics of ``durations_us``, ``dtype`` and the ``kernel`` label."""
+    stats = summarize(durations_us)
+    record = {"op": op, **row, **device.row_fields()}
+    record.update(avg_duration=stats.mean_us, median_us=stats.median_us, min_us=stats.min_us, std_us=stats.std_us,
+                  repeats=stats.repeats, dtype=dtype, kernel=kernel)
+    return record
 
 
 def format_value(value) -> str:

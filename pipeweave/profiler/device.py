@@ -166,8 +166,31 @@ def architecture_for(major: int, minor: int) -> str | None:
     return None  # Volta/Turing and anything newer: not a class the analytical model knows
 
 
-def _todo(text: str) -> str:
-    return f"TODO: {text}"
+def _kb(value) -> float | int | None:
+    if not value:
+        return None
+    v = value / 1024
+    return int(v) if v == int(v) else v
+
+
+class _Skeleton:
+    """The fields of a hardware JSON in writing order, with the ``TODO`` and ``CHECK`` lists beside them."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.todo: list[str] = []
+        self.check: dict[str, str] = {}
+
+    def set(self, key: str, value, check: str | None = None) -> None:
+        """A value read from the driver, or derived by a rule (then ``check`` says which)."""
+        self.data[key] = value
+        if check is not None:
+            self.check[key] = check
+
+    def ask(self, key: str, text: str) -> None:
+        """A field only the user can fill: a ``"TODO: …"`` string, listed under ``TODO``."""
+        self.data[key] = f"TODO: {text}"
+        self.todo.append(key)
 
 
 def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clock_mhz: int | None = None,
@@ -179,97 +202,72 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
     ``"TODO"``. Values derived by a rule rather than read are listed under ``"CHECK"``.
     """
     major, minor = int(props.major), int(props.minor)
-    todo: list[str] = []
-    check: dict[str, str] = {}
-
-    def kb(value) -> float | int | None:
-        if not value:
-            return None
-        v = value / 1024
-        return int(v) if v == int(v) else v
-
     sm_clock = max_sm_clock_mhz or (int(getattr(props, "clock_rate", 0) or 0) // 1000) or None
     mem_clock = max_mem_clock_mhz or (int(getattr(props, "memory_clock_rate", 0) or 0) // 1000) or None
     bus_width = memory_bus_width or int(getattr(props, "memory_bus_width", 0) or 0) or None
     regs = int(getattr(props, "regs_per_multiprocessor", 0) or 0)
 
-    data: dict = {
+    out = _Skeleton({
         "name": props.name,
         "aliases": [],
         "totalGlobalMem": int(props.total_memory),
         "computeMajor": major,
         "computeMinor": minor,
         "numSms": int(props.multi_processor_count),
-    }
+    })
     if mem_clock and bus_width:
         # Convention of the shipped files: memory clock × 2 (double data rate) × bus width / 8, in GB/s.
-        data["memBandwidth"] = round(mem_clock * 2 * bus_width / 8 / 1000, 6)
-        check["memBandwidth"] = (f"theoretical DRAM bandwidth from the driver: {mem_clock} MHz × 2 × "
-                                 f"{bus_width} bit / 8; "
-                                 "compare with the vendor datasheet")
+        out.set("memBandwidth", round(mem_clock * 2 * bus_width / 8 / 1000, 6),
+                f"theoretical DRAM bandwidth from the driver: {mem_clock} MHz × 2 × {bus_width} bit / 8; "
+                "compare with the vendor datasheet")
     else:
-        data["memBandwidth"] = _todo("DRAM bandwidth in GB/s from the vendor datasheet")
-        todo.append("memBandwidth")
-    data["l1CacheSize"] = None
-    check["l1CacheSize"] = "not reported by the driver; optional and unused by the model (KB per SM)"
-    smem = kb(getattr(props, "shared_memory_per_multiprocessor", 0))
+        out.ask("memBandwidth", "DRAM bandwidth in GB/s from the vendor datasheet")
+    out.set("l1CacheSize", None, "not reported by the driver; optional and unused by the model (KB per SM)")
+    smem = _kb(getattr(props, "shared_memory_per_multiprocessor", 0))
     if smem is not None:
-        data["sharedMemorySize"] = smem
+        out.set("sharedMemorySize", smem)
     else:
-        data["sharedMemorySize"] = _todo("shared memory per SM in KB")
-        todo.append("sharedMemorySize")
-    data["l2CacheSize"] = kb(getattr(props, "L2_cache_size", 0))
-    data["registerFileSize"] = kb(regs * 4) if regs else None
-    data["l2CacheBandwidth"] = _todo("L2 bandwidth in GB/s (vendor figure or a measured L2-resident copy)")
-    todo.append("l2CacheBandwidth")
-    data["sharedMemoryBandwidth"] = 128
-    check["sharedMemoryBandwidth"] = "32 banks × 4 bytes per clock per SM, as on every GPU in hardware/"
-    data["tcBf16"] = _todo("dense BF16 tensor-core FLOP per clock per SM (2 per FMA; e.g. A100 2048, H100 4096)")
-    todo.append("tcBf16")
+        out.ask("sharedMemorySize", "shared memory per SM in KB")
+    out.set("l2CacheSize", _kb(getattr(props, "L2_cache_size", 0)))
+    out.set("registerFileSize", _kb(regs * 4) if regs else None)
+    out.ask("l2CacheBandwidth", "L2 bandwidth in GB/s (vendor figure or a measured L2-resident copy)")
+    out.set("sharedMemoryBandwidth", 128, "32 banks × 4 bytes per clock per SM, as on every GPU in hardware/")
+    out.ask("tcBf16", "dense BF16 tensor-core FLOP per clock per SM (2 per FMA; e.g. A100 2048, H100 4096)")
     if (major, minor) >= (8, 9):
-        data["tcFp8"] = _todo("dense FP8 tensor-core FLOP per clock per SM (usually 2 × tcBf16)")
-        todo.append("tcFp8")
+        out.ask("tcFp8", "dense FP8 tensor-core FLOP per clock per SM (usually 2 × tcBf16)")
     lanes = _FMA_LANES.get((major, minor))
     if lanes is not None:
-        data["xuFp32"] = _XU_PER_SM
-        data["FmaFp32"] = lanes
-        check["xuFp32"] = f"special-function results per clock per SM for compute capability {major}.{minor}"
-        check["FmaFp32"] = f"FP32 FMA lanes per SM for compute capability {major}.{minor}"
+        capability = f"for compute capability {major}.{minor}"
+        out.set("xuFp32", _XU_PER_SM, f"special-function results per clock per SM {capability}")
+        out.set("FmaFp32", lanes, f"FP32 FMA lanes per SM {capability}")
     else:
-        data["xuFp32"] = _todo("special-function unit results per clock per SM")
-        data["FmaFp32"] = _todo("FP32 FMA lanes per SM")
-        todo += ["xuFp32", "FmaFp32"]
+        out.ask("xuFp32", "special-function unit results per clock per SM")
+        out.ask("FmaFp32", "FP32 FMA lanes per SM")
     if sm_clock:
-        data["smFreq"] = sm_clock
-        check["smFreq"] = ("maximum SM clock reported by the driver, in MHz; the shipped files use the vendor's "
-                           "boost clock, which may differ")
+        out.set("smFreq", sm_clock, "maximum SM clock reported by the driver, in MHz; the shipped files use the "
+                                    "vendor's boost clock, which may differ")
     else:
-        data["smFreq"] = _todo("SM clock in MHz (vendor boost clock)")
-        todo.append("smFreq")
+        out.ask("smFreq", "SM clock in MHz (vendor boost clock)")
     arch = architecture_for(major, minor)
     if arch:
-        data["architecture"] = arch
+        out.set("architecture", arch)
     else:
-        data["architecture"] = _todo(f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
-                                     "is none of them; pick the closest)")
-        todo.append("architecture")
-    data["memoryType"] = _todo("DRAM type, one of HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, GDDR7 (datasheet)")
-    data["linkType"] = _todo("GPU-to-GPU interconnect: nvlink3/4/5 on SXM boards with NVSwitch, else pcie4/5")
-    data["linkGbps"] = _todo("per-GPU, per-direction interconnect bandwidth in GB/s (half the bidirectional "
-                             "datasheet figure: H100 SXM 450, PCIe Gen4 x16 32)")
-    data["linkLatencyUs"] = _todo("smallest-message 2-GPU all-reduce time in us (measured; else 8 for NVLink, 6.1 for "
-                                  "PCIe, the medians of the shipped files)")
-    todo += ["memoryType", "linkType", "linkGbps", "linkLatencyUs"]
+        out.ask("architecture", f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
+                                "is none of them; pick the closest)")
+    out.ask("memoryType", "DRAM type, one of HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, GDDR7 (datasheet)")
+    out.ask("linkType", "GPU-to-GPU interconnect: nvlink3/4/5 on SXM boards with NVSwitch, else pcie4/5")
+    out.ask("linkGbps", "per-GPU, per-direction interconnect bandwidth in GB/s (half the bidirectional "
+                        "datasheet figure: H100 SXM 450, PCIe Gen4 x16 32)")
+    out.ask("linkLatencyUs", "smallest-message 2-GPU all-reduce time in us (measured; else 8 for NVLink, 6.1 for "
+                             "PCIe, the medians of the shipped files)")
     date = today or _dt.date.today().isoformat()
     reader = "torch.cuda.get_device_properties" + (
         " and NVML" if max_sm_clock_mhz or max_mem_clock_mhz or memory_bus_width else "")
-    data["provenance"] = {key: ("TODO: name the source (datasheet, whitepaper, measurement)" if key in todo
-                                else f"{check[key]} ({reader}, {date})" if key in check
-                                else f"driver ({reader}, {date})")
-                          for key in data}
-    data["TODO"] = todo
-    data["CHECK"] = check
-    return data
+    provenance = {key: ("TODO: name the source (datasheet, whitepaper, measurement)" if key in out.todo
+                        else f"{out.check[key]} ({reader}, {date})" if key in out.check
+                        else f"driver ({reader}, {date})")
+                  for key in out.data}
+    return {**out.data, "provenance": provenance, "TODO": out.todo, "CHECK": out.check}
 
 
 def local_hardware_skeleton(device_index: int = 0) -> dict:

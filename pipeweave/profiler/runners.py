@@ -18,34 +18,12 @@ Backends, in order of preference (the ``kernel`` column records which one ran):
 """
 from __future__ import annotations
 
-import ast
 import math
-from dataclasses import dataclass, field
-from typing import Callable
+
+from .launch import Prepared, Unsupported, first_line, parse_lengths
 
 RMSNORM_EPS = 1e-6
 PAGE_SIZE = 256  # FlashAttention-2's paged KV cache needs blocks of a multiple of 256 tokens
-
-
-class Unsupported(Exception):
-    """This row cannot run on the selected backend (not an error: the row is skipped and reported)."""
-
-
-@dataclass
-class Prepared:
-    fn: Callable[[], object]
-    backend: str           # implementation label written into ``kernel``
-    dtype: str
-    elementwise: bool = False   # rmsnorm / siluandmul: the kernel cell says fused or eager
-    fused: bool | None = None   # known fused (True) / eager (False), or None: count the kernels the profiler sees
-    keep: list = field(default_factory=list)  # tensors the closure needs (kept alive until measured)
-
-
-def parse_lengths(text: str) -> list[int]:
-    values = ast.literal_eval(text) if isinstance(text, str) else text
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
-        raise ValueError(f"bad length list {text!r}")
-    return [int(v) for v in values]
 
 
 def _module_version(module) -> str:
@@ -143,8 +121,7 @@ class TorchRunners:
                 self.torch.cuda.synchronize(self.device)
             return None
         except Exception as exc:  # noqa: BLE001 - any failure means "cannot run here"
-            text = str(exc).strip().splitlines()
-            return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+            return first_line(exc)
 
     def check_op(self, op: str) -> str | None:
         """Why ``op`` cannot run here at all (None if it can); falls back between backends in auto mode."""
@@ -395,39 +372,3 @@ class TorchRunners:
             return names
         except Exception:
             return None
-
-
-def short_kernel_name(name: str, limit: int = 160) -> str:
-    """Drop the ``void `` prefix and the argument list of a demangled kernel name; keep template arguments."""
-    text = name.strip()
-    if text.startswith("void "):
-        text = text[5:]
-    depth = 0
-    for i, ch in enumerate(text):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0:
-            text = text[:i]
-            break
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def kernel_label(prepared: Prepared, names: list[str] | None) -> str:
-    """The ``kernel`` cell: backend, fused/eager for element-wise ops, and the GPU kernels that ran."""
-    label = prepared.backend
-    if prepared.elementwise:
-        fused = prepared.fused
-        if fused is None and names:
-            fused = len(names) == 1
-        if fused is None:
-            label += " [fused or eager: unknown, no profiler]"
-        elif fused:
-            label += " [fused]"
-        else:
-            label += f" [eager, {len(names)} kernels]" if names else " [eager]"
-    if names:
-        unique = list(dict.fromkeys(short_kernel_name(n) for n in names))
-        label += ": " + " | ".join(unique)
-    return label

@@ -8,13 +8,13 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from .csvio import MeasurementCsv, row_key
+from .csvio import MeasurementCsv, measurement_record, row_key
 from .device import DeviceInfo
-from .runners import Prepared, Unsupported, kernel_label
-from .timing import summarize
+from .launch import Prepared, Unsupported, first_line, kernel_label
 
 
 @dataclass
@@ -61,11 +61,6 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="row", dynamic_ncols=True, file=sys.stderr)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def measure_grid(
     rows: dict[str, list[dict]],
     *,
@@ -87,19 +82,9 @@ def measure_grid(
     cannot run (:class:`Unsupported`) and rows that fail (e.g. out of memory) are reported, not written,
     so a later run tries them again.
     """
-    out_dir = Path(out_dir)
-    summaries: dict[str, OpSummary] = {}
-    pending: dict[str, list[dict]] = {}
-    writers: dict[str, MeasurementCsv] = {}
-    for op, op_rows in rows.items():
-        writer = MeasurementCsv(out_dir / f"{op}.csv", op)
-        done = writer.done_keys()
-        if writer.repaired_bytes:
-            log(f"{writer.path}: dropped a partly written last row ({writer.repaired_bytes} bytes)")
-        todo = [r for r in op_rows if row_key(op, r, device.name) not in done]
-        summaries[op] = OpSummary(planned=len(op_rows), already_done=len(op_rows) - len(todo))
-        pending[op] = todo
-        writers[op] = writer
+    summaries, pending, writers = _open_outputs(rows, Path(out_dir), device.name, log)
+    record = partial(_measured_record, timer=timer, repeats=repeats, warmup=warmup, kernel_names=kernel_names,
+                     device=device)
     total = sum(len(v) for v in pending.values())
     bar = _progress(total, progress)
     say = bar.write if bar is not None else log
@@ -116,29 +101,13 @@ def measure_grid(
                     summary.left += len(todo) - index
                     stopped = True
                     break
-                failed = False
                 try:
-                    prepared = prepare(op, row)
-                    writers[op].append(_measured_record(op, row, prepared, timer, repeats, warmup, kernel_names,
-                                                        device))
-                    summary.measured += 1
-                except Unsupported as exc:
-                    summary.unsupported += 1
-                    if len(summary.messages) < 3:
-                        summary.messages.append(f"{op} unsupported: {exc}")
-                        say(f"{op} {_row_text(row)}: unsupported: {exc}")
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - one bad shape must not end a long run
-                    summary.failed += 1
-                    failed = True
-                    say(f"{op} {_row_text(row)}: {_first_line(exc)}")
+                    failed = _measure_row(op, row, prepare, record, writers[op], summary, say)
                 finally:
-                    prepared = None  # noqa: F841 - drop the inputs before the next shape allocates its own
                     if bar is not None:
                         bar.update(1)
                 if failed and after_error is not None:
-                    after_error()  # outside the except block: the traceback no longer pins the inputs
+                    after_error()  # after _measure_row returned: nothing pins the failed shape's inputs any more
             if stopped:
                 # Count what the remaining operators still have to do.
                 later = list(pending)[list(pending).index(op) + 1:]
@@ -153,17 +122,50 @@ def measure_grid(
     return RunSummary(ops=summaries, stopped_early=stopped)
 
 
+def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, log):
+    """Per operator: its summary, the rows not yet in ``<out_dir>/<op>.csv``, and the open writer."""
+    summaries: dict[str, OpSummary] = {}
+    pending: dict[str, list[dict]] = {}
+    writers: dict[str, MeasurementCsv] = {}
+    for op, op_rows in rows.items():
+        writer = MeasurementCsv(out_dir / f"{op}.csv", op)
+        done = writer.done_keys()
+        if writer.repaired_bytes:
+            log(f"{writer.path}: dropped a partly written last row ({writer.repaired_bytes} bytes)")
+        todo = [r for r in op_rows if row_key(op, r, hardware) not in done]
+        summaries[op] = OpSummary(planned=len(op_rows), already_done=len(op_rows) - len(todo))
+        pending[op] = todo
+        writers[op] = writer
+    return summaries, pending, writers
+
+
+def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, summary: OpSummary, say) -> bool:
+    """Prepare, time and append one row, counting the outcome in ``summary``; True if it failed.
+
+    The prepared inputs live only in this frame, so they are freed before the next shape allocates its own.
+    """
+    try:
+        prepared = prepare(op, row)
+        writer.append(record(op, row, prepared))
+        summary.measured += 1
+    except Unsupported as exc:
+        summary.unsupported += 1
+        if len(summary.messages) < 3:
+            summary.messages.append(f"{op} unsupported: {exc}")
+            say(f"{op} {_row_text(row)}: unsupported: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one bad shape must not end a long run
+        summary.failed += 1
+        say(f"{op} {_row_text(row)}: {first_line(exc)}")
+        return True
+    return False
+
+
 def _measured_record(op: str, row: dict, prepared: Prepared, timer, repeats: int, warmup: int, kernel_names,
                      device: DeviceInfo) -> dict:
     """Time one prepared shape and return its CSV record (shape, device fields, statistics, kernel label)."""
     durations = timer.measure(prepared.fn, repeats, warmup)
     names = kernel_names(prepared.fn) if kernel_names is not None else None
-    stats = summarize(durations)
-    record = dict(op=op, **row)
-    record.update(device.row_fields())
-    record.update(avg_duration=stats.mean_us, median_us=stats.median_us, min_us=stats.min_us, std_us=stats.std_us,
-                  repeats=stats.repeats, dtype=prepared.dtype, kernel=kernel_label(prepared, names))
-    return record
+    return measurement_record(op, row, device, durations, prepared.dtype, kernel_label(prepared, names))
 
 
 def _row_text(row: dict) -> str:
