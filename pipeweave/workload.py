@@ -6,244 +6,27 @@ operators of the whole model (GEMMs, attention, RMSNorm, SiLU*Mul, collectives) 
 repeat counts. The JSON text is written exactly as the PipeWeave artifact writes it, so regenerating the
 paper's 25 workloads reproduces the artifact's files byte for byte. Operators are the typed entities of
 :mod:`pipeweave.schema`; workload specifications, file names and the paper set are in :mod:`pipeweave.generate`.
-
-Traces are CSV files with one request per row. Two header layouts are accepted:
-
-* this project's format: ``request,prompt_tokens,decode_tokens,output_tokens`` (``request`` optional);
-* the PipeWeave artifact's format: ``num_prefill_tokens,num_decode_tokens,output_tokens``.
-
-``decode_tokens`` (the request's output length in the source trace) is kept for reference but not used;
-``output_tokens`` is the number of generated tokens of the measured run and must be the same on every row.
+The inputs (model config, trace) are parsed in :mod:`pipeweave.workload_inputs` and re-exported here, so this
+module is the generator's whole Python API.
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 from pipeweave import validation
-from pipeweave.cli import UserError
-from pipeweave.moe import (MoeConfig, expert_operators, expert_parallel_problem, moe_config_from_dict,
-                           moe_gate_gemms)
+from pipeweave.moe import MoeConfig, expert_operators, expert_parallel_problem, moe_gate_gemms
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.paths import DEFAULT_WORKLOAD_OUTPUT_DIR as DEFAULT_OUTPUT_DIR
 from pipeweave.schema import (DTYPES, AttentionOp, CollectiveOp, ElementwiseOp, GemmOp, Iteration, QuantizeOp,
                               Workload)
+from pipeweave.workload_inputs import (ModelConfig, Trace, WorkloadError, format_trace, load_model_config, load_trace,
+                                       model_config_from_dict, parse_trace, positive_int)
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
 #: Attention type strings the aggregator understands ("fa2"/"fa3" family x "ragged"/"paged" layout).
 ATTENTION_BACKENDS = ("fa2_ragged", "fa3_ragged", "fa2_paged", "fa3_paged")
-
-#: Column layouts of a trace CSV: name -> (prompt column, decode column, output column).
-TRACE_FORMATS = {
-    "pipeweave": ("prompt_tokens", "decode_tokens", "output_tokens"),
-    "artifact": ("num_prefill_tokens", "num_decode_tokens", "output_tokens"),
-}
-TRACE_HEADER = ("request", "prompt_tokens", "decode_tokens", "output_tokens")
-
-_MODEL_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-               "vocab_size", "num_hidden_layers")
-
-
-class WorkloadError(UserError):
-    """Invalid model config, trace or generator option (reported as a one-line CLI error)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Model configuration (METHOD.md section 2)
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The subset of an HF ``config.json`` the generator reads, with ``head_dim`` resolved."""
-
-    stem: str
-    model: str
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_hidden_layers: int
-    tie_word_embeddings: bool = False
-    #: the routed/shared experts of a mixture-of-experts model (every layer is MoE); None for a dense model
-    moe: MoeConfig | None = None
-
-    def model_params(self) -> dict:
-        return {
-            "hidden_size": self.hidden_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            **({} if self.moe is None else {
-                "num_experts": self.moe.num_experts,
-                "num_experts_per_tok": self.moe.top_k,
-                "moe_intermediate_size": self.moe.expert_intermediate_size,
-                "shared_expert_intermediate_size": self.moe.shared_expert_intermediate_size,
-            }),
-        }
-
-
-def positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorkloadError(f"{what} must be a positive integer, got {value!r}")
-    return value
-
-
-def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
-    """Validate a parsed config dict and resolve ``head_dim`` and the ``model`` string."""
-    if not isinstance(cfg, dict):
-        raise WorkloadError(f"config {stem}: expected a JSON object")
-    values = {}
-    for key in _MODEL_KEYS:
-        if key not in cfg:
-            raise WorkloadError(f"config {stem}: missing key '{key}'")
-        values[key] = positive_int(cfg[key], f"config {stem}: {key}")
-    hidden, heads = values["hidden_size"], values["num_attention_heads"]
-    if cfg.get("head_dim") is not None:
-        head_dim = positive_int(cfg["head_dim"], f"config {stem}: head_dim")
-    else:
-        if hidden % heads:
-            raise WorkloadError(f"config {stem}: no head_dim and hidden_size {hidden} is not divisible by "
-                                f"num_attention_heads {heads}")
-        head_dim = hidden // heads
-    if "_name_or_path" in cfg:
-        model = str(cfg["_name_or_path"])
-    elif isinstance(cfg.get("architectures"), list) and cfg["architectures"]:
-        model = str(cfg["architectures"][0])
-    else:
-        model = "unknown"
-    tie = cfg.get("tie_word_embeddings", False)
-    if not isinstance(tie, bool):
-        raise WorkloadError(f"config {stem}: tie_word_embeddings must be true or false, got {tie!r}")
-    try:
-        moe = moe_config_from_dict(cfg)
-    except ValueError as exc:
-        raise WorkloadError(f"config {stem}: {exc}") from None
-    return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe, **values)
-
-
-def _known_stems(directory: Path, suffix: str) -> list[str]:
-    if not directory.is_dir():
-        return []
-    return sorted(p.stem for p in directory.iterdir() if p.suffix == suffix and not p.name.startswith("."))
-
-
-def _resolve(name: str | Path, directory: Path, suffix: str, what: str) -> Path:
-    """A path to an existing file, or a stem looked up in ``directory``; unknown stems list the known ones."""
-    text = str(name)
-    path = Path(text)
-    if path.is_file():
-        return path
-    if "/" in text or "\\" in text:
-        raise WorkloadError(f"{what} file not found: {text}")
-    stem = text[: -len(suffix)] if text.endswith(suffix) else text
-    candidate = Path(directory) / f"{stem}{suffix}"
-    if stem and candidate.is_file():
-        return candidate
-    known = _known_stems(Path(directory), suffix)
-    listing = ", ".join(known) if known else f"none in {directory}"
-    raise WorkloadError(f"unknown {what} '{text}' (known: {listing})")
-
-
-def load_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_DIR) -> ModelConfig:
-    """Load a model config by path or by stem (``config/<stem>.json``)."""
-    path = _resolve(name, Path(config_dir), ".json", "model config")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WorkloadError(f"config {path}: not valid JSON ({exc})") from None
-    return model_config_from_dict(cfg, stem=path.stem)
-
-
-# --------------------------------------------------------------------------------------------------
-# Traces
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Trace:
-    """A request batch: prompt and source-trace decode length per request, plus the run's output_tokens."""
-
-    stem: str
-    prompt_tokens: tuple[int, ...]
-    decode_tokens: tuple[int, ...]
-    output_tokens: int
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.prompt_tokens)
-
-
-def parse_trace(text: str, stem: str = "trace") -> Trace:
-    """Parse trace CSV text in this project's format or the PipeWeave artifact's format."""
-    rows = [row for row in csv.reader(io.StringIO(text.lstrip("\ufeff"))) if any(cell.strip() for cell in row)]
-    if not rows:
-        raise WorkloadError(f"trace {stem}: empty file")
-    header = [cell.strip() for cell in rows[0]]
-    columns = None
-    for names in TRACE_FORMATS.values():
-        if set(names) <= set(header):
-            columns = names
-            break
-    if columns is None:
-        raise WorkloadError(
-            f"trace {stem}: unrecognised header {','.join(header)!r}; expected "
-            f"'{','.join(TRACE_HEADER)}' or '{','.join(TRACE_FORMATS['artifact'])}'")
-    index = [header.index(name) for name in columns]
-    if len(rows) == 1:
-        raise WorkloadError(f"trace {stem}: no requests (header only)")
-    prompts, decodes, outputs = [], [], []
-    for line_no, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise WorkloadError(f"trace {stem}: line {line_no} has {len(row)} fields, expected {len(header)}")
-        parsed = []
-        for name, i in zip(columns, index):
-            cell = row[i].strip()
-            try:
-                parsed.append(int(cell))
-            except ValueError:
-                raise WorkloadError(f"trace {stem}: line {line_no}: {name} is not an integer: {cell!r}") from None
-        prompt, decode, output = parsed
-        if prompt < 1:
-            raise WorkloadError(f"trace {stem}: line {line_no}: {columns[0]} must be >= 1, got {prompt}")
-        if decode < 0:
-            raise WorkloadError(f"trace {stem}: line {line_no}: {columns[1]} must be >= 0, got {decode}")
-        if output < 1:
-            raise WorkloadError(f"trace {stem}: line {line_no}: output_tokens must be >= 1, got {output}")
-        prompts.append(prompt)
-        decodes.append(decode)
-        outputs.append(output)
-    if len(set(outputs)) != 1:
-        raise WorkloadError(f"trace {stem}: output_tokens differs between rows ({sorted(set(outputs))}); "
-                            "it is a property of the run and must be the same on every row")
-    return Trace(stem=stem, prompt_tokens=tuple(prompts), decode_tokens=tuple(decodes), output_tokens=outputs[0])
-
-
-def load_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_DIR) -> Trace:
-    """Load a trace by path or by stem (``workload/traces/<stem>.csv``)."""
-    path = _resolve(name, Path(trace_dir), ".csv", "trace")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise WorkloadError(f"trace {path}: not UTF-8 text ({exc})") from None
-    return parse_trace(text, stem=path.stem)
-
-
-def format_trace(trace: Trace) -> str:
-    """This project's trace CSV text (LF line endings, requests numbered from 1)."""
-    lines = [",".join(TRACE_HEADER)]
-    for i, (prompt, decode) in enumerate(zip(trace.prompt_tokens, trace.decode_tokens), start=1):
-        lines.append(f"{i},{prompt},{decode},{trace.output_tokens}")
-    return "\n".join(lines) + "\n"
-
 
 # --------------------------------------------------------------------------------------------------
 # Workload construction (METHOD.md sections 6.2 and 6.3)
@@ -419,5 +202,5 @@ def serialize_workload(workload: Workload) -> bytes:
 __all__ = [
     "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "DTYPES", "ModelConfig",
     "MoeConfig", "RankShapes", "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config",
-    "load_trace", "model_config_from_dict", "parse_trace", "serialize_workload",
+    "load_trace", "model_config_from_dict", "parse_trace", "positive_int", "serialize_workload",
 ]
