@@ -11,16 +11,14 @@ a hardware JSON skeleton for this GPU and exits.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from pipeweave.cli import ArgumentParser, UserError, run_cli
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MEASURED_DIR, DEFAULT_TRACE_DIR
-from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
 from pipeweave.profiler import grids
-from pipeweave.profiler.measure import print_grid
 from pipeweave.profiler.device import NO_CUDA_MESSAGE, cuda_device_count
-
+from pipeweave.profiler.measure import print_grid, write_hardware_json
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -97,29 +95,6 @@ def parse_args(argv):
     if args.max_minutes is not None and args.max_minutes <= 0:
         raise UserError("--max_minutes must be positive")
     return args
-
-
-def write_hardware_json(path: Path, device: int) -> int:
-    from analytical_model.hardware import DEFAULT_HARDWARE_DIR, HardwareRegistry
-    from pipeweave.profiler.device import local_hardware_skeleton
-
-    if path.exists():
-        raise UserError(f"--hardware_json: {path} already exists; move it away or choose another path")
-    data = local_hardware_skeleton(device)
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
-    try:
-        registry = HardwareRegistry(DEFAULT_HARDWARE_DIR)
-        if data["name"] in registry:
-            print(f"note: {data['name']!r} is already described by "
-                  f"{DEFAULT_HARDWARE_DIR / (registry.get(data['name']).stem + '.json')}")
-    except Exception:
-        pass
-    print(f"wrote {path}: hardware JSON skeleton for {data['name']!r}.")
-    print(f"  fill these fields from the vendor datasheet: {', '.join(data['TODO'])}")
-    print(f"  check these derived values: {', '.join(data['CHECK'])}")
-    print("  until the TODO fields are numbers, analytical_model.hardware.parse_hardware rejects the file; "
-          "then delete the TODO and CHECK lists.")
-    return 0
 
 
 def main(argv=None) -> int:

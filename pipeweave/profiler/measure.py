@@ -3,15 +3,17 @@
 :func:`measure` resolves which operators can run here, builds the grid, times the single-GPU operators with CUDA
 events (:mod:`pipeweave.profiler.session`) and then, with two or more GPUs, the all-reduce sweep
 (:mod:`pipeweave.profiler.collective`); every row is appended to ``<output_dir>/<gpu>/<op>.csv`` as soon as it is
-measured, so a rerun resumes.
+measured, so a rerun resumes. :func:`write_hardware_json` is ``--hardware_json``.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 from analytical_model.registry import operator_keys
+from pipeweave.cli import UserError, write_atomically
 from pipeweave.profiler import grids
 
 #: the operators timed one GPU at a time (the registry's profiled kernels); all_reduce needs several GPUs
@@ -149,3 +151,27 @@ def warm_up_gpu(torch, device, seconds: float = 1.0) -> None:
                 a @ a
             torch.cuda.synchronize(device)
     del a
+
+
+def write_hardware_json(path: Path, device: int) -> int:
+    """``--hardware_json PATH``: write the hardware-JSON skeleton of GPU ``device`` and say what to fill in."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR, HardwareRegistry
+    from pipeweave.profiler.device import local_hardware_skeleton
+
+    if path.exists():
+        raise UserError(f"--hardware_json: {path} already exists; move it away or choose another path")
+    data = local_hardware_skeleton(device)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
+    try:
+        registry = HardwareRegistry(DEFAULT_HARDWARE_DIR)
+        if data["name"] in registry:
+            print(f"note: {data['name']!r} is already described by "
+                  f"{DEFAULT_HARDWARE_DIR / (registry.get(data['name']).stem + '.json')}")
+    except Exception:  # noqa: BLE001 - the note is a courtesy; a broken hardware/ folder must not fail the write
+        pass
+    print(f"wrote {path}: hardware JSON skeleton for {data['name']!r}.")
+    print(f"  fill these fields from the vendor datasheet: {', '.join(data['TODO'])}")
+    print(f"  check these derived values: {', '.join(data['CHECK'])}")
+    print("  until the TODO fields are numbers, analytical_model.hardware.parse_hardware rejects the file; "
+          "then delete the TODO and CHECK lists.")
+    return 0
