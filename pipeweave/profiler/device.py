@@ -72,24 +72,21 @@ class ClockReader:
         return self._handle is not None
 
     def read(self) -> tuple[int | str, int | str]:
-        if self._handle is None:
-            return "", ""
-        try:
-            nvml = self._nvml
-            return (nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM),
-                    nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_MEM))
-        except Exception:
-            return "", ""
+        return self._sm_and_memory("nvmlDeviceGetClockInfo", "")
 
     def max_clocks(self) -> tuple[int | None, int | None]:
+        return self._sm_and_memory("nvmlDeviceGetMaxClockInfo", None)
+
+    def _sm_and_memory(self, query: str, missing):
+        """The NVML clock function ``query`` for the SM and the memory clock; ``missing`` twice if NVML cannot say."""
         if self._handle is None:
-            return None, None
+            return missing, missing
         try:
             nvml = self._nvml
-            return (nvml.nvmlDeviceGetMaxClockInfo(self._handle, nvml.NVML_CLOCK_SM),
-                    nvml.nvmlDeviceGetMaxClockInfo(self._handle, nvml.NVML_CLOCK_MEM))
+            clock = getattr(nvml, query)
+            return clock(self._handle, nvml.NVML_CLOCK_SM), clock(self._handle, nvml.NVML_CLOCK_MEM)
         except Exception:
-            return None, None
+            return missing, missing
 
     def bus_width(self) -> int | None:
         if self._handle is None:
