@@ -42,7 +42,8 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="small grid that finishes in minutes")
     parser.add_argument("--configs", default=",".join(grids.DEFAULT_CONFIGS),
                         help="model config stems under --config_dir (default: the paper's three)")
-    parser.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR), help="folder of HF-style config JSONs (default: config)")
+    parser.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR),
+                        help="folder of HF-style config JSONs (default: config)")
     parser.add_argument("--trace_dir", default=str(DEFAULT_TRACE_DIR),
                         help="trace CSVs whose batches join the full attention grid (skipped if absent; "
                              "default: workload/traces)")
