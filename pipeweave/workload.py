@@ -22,6 +22,7 @@ from pipeweave.schema import (DTYPES, AttentionOp, CollectiveOp, ElementwiseOp, 
                               Workload)
 from pipeweave.workload_inputs import (ModelConfig, Trace, WorkloadError, format_trace, load_model_config, load_trace,
                                        model_config_from_dict, parse_trace, positive_int)
+from pipeweave.workload_inputs import _resolve  # noqa: F401 - pipeweave.serving.requests finds its traces with it
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
