@@ -22,7 +22,6 @@ from pipeweave.schema import (DTYPES, AttentionOp, CollectiveOp, ElementwiseOp, 
                               Workload)
 from pipeweave.workload_inputs import (ModelConfig, Trace, WorkloadError, format_trace, load_model_config, load_trace,
                                        model_config_from_dict, parse_trace, positive_int)
-from pipeweave.workload_inputs import _resolve  # noqa: F401 - pipeweave.serving.requests finds its traces with it
 
 PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
@@ -83,9 +82,9 @@ class RankShapes:
         )
 
 
-def _iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
-                         tokens: int, attention_type: str, rmsnorm_count: int, ep: int = 1,
-                         dtype: str = "bf16") -> dict:
+def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
+                        tokens: int, attention_type: str, rmsnorm_count: int, ep: int = 1,
+                        dtype: str = "bf16") -> dict:
     """The typed operators of one iteration (keyword arguments of :class:`pipeweave.schema.Iteration`)."""
     hidden, layers, batch = cfg.hidden_size, cfg.num_hidden_layers, len(q)
     communication = []
@@ -185,7 +184,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             phase, q, kv, tokens, attn = "decode", [1] * batch, [p + step for p in prompts], batch, decode_attn
         iterations.append(Iteration(
             phase, step + 1, batch_size=batch, q_lengths=q, kv_lengths=kv, num_tokens=tokens,
-            **_iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count, ep, dtype),
+            **iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count, ep, dtype),
         ))
     workload = Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params(),
                         ep_size=ep, dtype=dtype)

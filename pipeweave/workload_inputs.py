@@ -123,7 +123,7 @@ def _known_stems(directory: Path, suffix: str) -> list[str]:
     return sorted(p.stem for p in directory.iterdir() if p.suffix == suffix and not p.name.startswith("."))
 
 
-def _resolve(name: str | Path, directory: Path, suffix: str, what: str) -> Path:
+def resolve_named_file(name: str | Path, directory: Path, suffix: str, what: str) -> Path:
     """A path to an existing file, or a stem looked up in ``directory``; unknown stems list the known ones."""
     text = str(name)
     path = Path(text)
@@ -142,7 +142,7 @@ def _resolve(name: str | Path, directory: Path, suffix: str, what: str) -> Path:
 
 def load_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_DIR) -> ModelConfig:
     """Load a model config by path or by stem (``config/<stem>.json``)."""
-    path = _resolve(name, Path(config_dir), ".json", "model config")
+    path = resolve_named_file(name, Path(config_dir), ".json", "model config")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -215,7 +215,7 @@ def parse_trace(text: str, stem: str = "trace") -> Trace:
 
 def load_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_DIR) -> Trace:
     """Load a trace by path or by stem (``workload/traces/<stem>.csv``)."""
-    path = _resolve(name, Path(trace_dir), ".csv", "trace")
+    path = resolve_named_file(name, Path(trace_dir), ".csv", "trace")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -26,7 +26,7 @@ from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_de
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
 from pipeweave.serving.step_cost import KernelStepCost
 from pipeweave.schema import Iteration
-from pipeweave.workload import (RankShapes, Trace, WorkloadError, _iteration_operators, build_workload,
+from pipeweave.workload import (RankShapes, Trace, WorkloadError, iteration_operators, build_workload,
                                 load_model_config, load_trace)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -228,7 +228,7 @@ def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
     [one] = [op for _, _, category, op in single.instances(new, context) if category == "attention"]
     assert one.q_lengths == tuple(new) and one.kv_lengths == tuple(context)
     # the generator's one-iteration workload, predicted by the engine's own per-iteration call, costs the same
-    operators = _iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
+    operators = iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
     assert single(new, context) == pytest.approx(engine.iteration_ms(Iteration("prefill", **operators), "H100"),
                                                  rel=1e-6)
 

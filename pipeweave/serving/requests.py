@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, _resolve, parse_trace
+from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, parse_trace
+from pipeweave.workload_inputs import resolve_named_file
 
 ARRIVAL_COLUMN = "arrival_time_s"
 
@@ -55,7 +56,7 @@ class ServingTrace:
 
 def load_serving_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_DIR) -> ServingTrace:
     """A trace by path or stem (``workload/traces/<stem>.csv``), with its ``arrival_time_s`` column if present."""
-    path = _resolve(name, Path(trace_dir), ".csv", "trace")
+    path = resolve_named_file(name, Path(trace_dir), ".csv", "trace")
     text = path.read_text(encoding="utf-8")
     trace = parse_trace(text, stem=path.stem)
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))

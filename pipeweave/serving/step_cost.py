@@ -1,6 +1,6 @@
 """Step cost from pipeweave's kernel predictor: the duration of one iteration of a given batch composition.
 
-The iteration's operators are built by the workload generator (``pipeweave.workload._iteration_operators``, the
+The iteration's operators are built by the workload generator (``pipeweave.workload.iteration_operators``, the
 code behind every workload JSON, as typed :mod:`pipeweave.schema` entities), for per-request ``q_lengths`` = new
 tokens and ``kv_lengths`` = context lengths. Durations come from :class:`pipeweave.engine.Engine`
 (``predict_workload`` on an in-memory workload). Attention of a step whose requests all decode uses the decode
@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 
 from pipeweave.engine import Engine
 from pipeweave.schema import Category, CollectiveOp, Iteration, Workload
-from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, _iteration_operators
+from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators
 
 TOKEN_BLOCK = 256
 LOOKAHEAD_MAX = 64
@@ -72,7 +72,7 @@ class KernelStepCost:
 
     # ---------------------------------------------------------------------------------------------
     def _generated(self, new_tokens: Sequence[int], context_lens: Sequence[int], attention: str) -> dict:
-        return _iteration_operators(self.cfg, self.shard, self.tp, self.pp, list(new_tokens), list(context_lens),
+        return iteration_operators(self.cfg, self.shard, self.tp, self.pp, list(new_tokens), list(context_lens),
                                     sum(new_tokens), attention, self.rmsnorm_count)
 
     def instances(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> list[tuple[tuple, int, str, object]]:
