@@ -64,8 +64,15 @@ def feature_matrix(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndar
 
 
 def input_names(op: str, config: TrainConfig) -> tuple[str, ...]:
-    """The pipeweave recipe adds the shape descriptors; the reference and quantile recipes use METHOD.md's features."""
-    return get_operator(op).input_names(with_descriptors=config.recipe == "pipeweave")
+    """``config.features`` if set (a subset, for ablations); else the pipeweave recipe adds the shape
+    descriptors and the reference and quantile recipes use METHOD.md's features."""
+    operator = get_operator(op)
+    if config.features is None:
+        return operator.input_names(with_descriptors=config.recipe == "pipeweave")
+    unknown = [name for name in config.features if name not in operator.input_names()]
+    if unknown or not config.features:
+        raise ValueError(f"{op}: feature subset must name some of {', '.join(operator.input_names())}; got {unknown or 'none'}")
+    return tuple(config.features)
 
 
 def duration_errors(measured_perf: np.ndarray, predicted_perf: np.ndarray) -> np.ndarray:

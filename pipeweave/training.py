@@ -47,6 +47,7 @@ class TrainConfig:
     threads: int = 1
     max_rows_per_gpu: int | None = None
     progress: bool = True
+    features: tuple[str, ...] | None = None  # MLP input columns; None: the recipe's (see modeling.input_names)
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
