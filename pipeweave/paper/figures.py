@@ -64,12 +64,11 @@ def logo_figure(results: dict, path: Path) -> Path:
         x = np.arange(len(gpus))
         width = 0.8 / len(VARIANTS)
         for i, variant in enumerate(VARIANTS):
-            values = [cells[g][variant]["mean_relative_error"] * 100 for g in gpus]
+            values = [cells[g][variant]["duration_mean_abs_pct_error"] for g in gpus]
             ax.bar(x + (i - (len(VARIANTS) - 1) / 2) * width, values, width, label=SHORT[variant].replace("\n", " "))
         ax.set_xticks(x, [g.replace("NVIDIA ", "").replace(" Blackwell Server Edition", "") for g in gpus],
                       fontsize=8, rotation=20)
-        ax.set_ylabel("mean relative efficiency error (%)")
-        ax.set_yscale("log")
+        ax.set_ylabel("mean duration error (%)")
         ax.set_title(f"{op}: GPU left out of training")
         ax.legend(fontsize=8, ncol=3)
     fig.tight_layout()

@@ -221,6 +221,13 @@ def ablation_section(results: dict) -> list[str]:
     return lines + [""]
 
 
+LOGO_KEYS = ("mean_relative_error", "median_relative_error", "duration_mean_abs_pct_error")
+
+
+def logo_cell(m: dict) -> str:
+    return f"{pct(m['mean_relative_error'])} / {pct(m['median_relative_error'])} / {num(m['duration_mean_abs_pct_error'])}"
+
+
 def logo_section(results: dict) -> list[str]:
     if not results["logo"]:
         return []
@@ -228,9 +235,12 @@ def logo_section(results: dict) -> list[str]:
     lines = ["## 3. Transfer: the ablation with one GPU left out", "",
              f"The paper's claim is about transfer to GPUs without data. Per held-out GPU, each input set trains on the "
              f"other GPUs' training rows (at most {b['logo_rows_per_gpu']:,} per GPU, seed {b['seeds'][0]}, at most "
-             f"{b['logo_epochs']} epochs: a subsample, so errors are higher than with the shipped budget) and is "
-             "tested on every row of the held-out GPU" + (f" (at most {b['test_rows_per_gpu']})" if b["test_rows_per_gpu"] else "")
-             + ". Cells: mean relative efficiency error % / mean duration error %. *Paper*: its published mean "
+             f"{b['logo_epochs']} epochs: a subsample, so errors are higher than docs/ACCURACY.md's leave-one-GPU-out "
+             "column) and is tested on every row of the held-out GPU"
+             + (f" (at most {b['test_rows_per_gpu']})" if b["test_rows_per_gpu"] else "")
+             + ". Cells: mean / median relative efficiency error % / mean duration error %. Across GPUs the mean "
+             "relative efficiency error is dominated by a few rows where a model predicts several times the measured "
+             "efficiency, so the verdict below uses the duration error and the median. *Paper*: its published mean "
              "relative error on GPUs unseen in its training (full model, its data).", ""]
     for op, cells in results["logo"].items():
         paper = published.BY_GPU.get(op, {})
@@ -238,21 +248,32 @@ def logo_section(results: dict) -> list[str]:
         lines += header(["held-out GPU", "roofline", *VARIANTS, "paper (unseen GPU)"])
         for gpu, cell in cells.items():
             p = paper.get(gpu)
-            lines.append(row([gpu, *(f"{pct(cell[k]['mean_relative_error'])} / {num(cell[k]['duration_mean_abs_pct_error'])}"
-                                     for k in ("roofline", *VARIANTS)),
+            lines.append(row([gpu, *(logo_cell(cell[k]) for k in ("roofline", *VARIANTS)),
                               pct(p["mean_relative_error"]) if p and p["unseen"] else DASH]))
-        means = {k: float(np.mean([c[k]["mean_relative_error"] for c in cells.values()])) for k in ("roofline", *VARIANTS)}
-        lines.append(row(["**mean over GPUs**", *(f"**{pct(means[k])}**" for k in ("roofline", *VARIANTS)), ""]))
+        means = {k: {key: float(np.mean([c[k][key] for c in cells.values()])) for key in LOGO_KEYS}
+                 for k in ("roofline", *VARIANTS)}
+        lines.append(row(["**mean over GPUs**", *(f"**{logo_cell(means[k])}**" for k in ("roofline", *VARIANTS)), ""]))
         lines += ["", f"Columns: {', '.join(f'`{v}` = {VARIANT_LABELS[v]}' for v in VARIANTS)}.", ""]
-        wins = sum(c["pipeweave"]["mean_relative_error"] < c["descriptors_only"]["mean_relative_error"] for c in cells.values())
-        worse = [name for name in ("no_math", "no_mio") if means[name] > means["paper_full"]]
+        duration = {k: means[k]["duration_mean_abs_pct_error"] for k in means}
+        median = {k: 100 * means[k]["median_relative_error"] for k in means}
+        worse = [VARIANT_LABELS[k] for k in ("no_math", "no_mio")
+                 if duration[k] > duration["paper_full"] and median[k] > median["paper_full"]]
+        wins = sum(c["pipeweave"]["duration_mean_abs_pct_error"] < c["descriptors_only"]["duration_mean_abs_pct_error"]
+                   for c in cells.values())
         lines += [
-            f"* Without pipe groups: pipe features only {pct(means['paper_full'])} % averaged over held-out GPUs; "
-            f"without math pipes {pct(means['no_math'])} %, without MIO {pct(means['no_mio'])} % — "
-            + ("both removals hurt transfer, as the paper claims." if len(worse) == 2 else
-               f"{'only removing ' + ' and '.join(worse) + ' hurts' if worse else 'neither removal hurts'} transfer on average."),
-            f"* Descriptors + pipe features ({pct(means['pipeweave'])} %) against descriptors alone "
-            f"({pct(means['descriptors_only'])} %): the pipe features help on {wins} of {len(cells)} held-out GPUs.",
+            f"* **The paper's ablation under transfer.** Averaged over held-out GPUs, pipe features only: duration "
+            f"error {num(duration['paper_full'])} %, median relative error {num(median['paper_full'])} %; without "
+            f"math pipes {num(duration['no_math'])} % / {num(median['no_math'])} %; without MIO "
+            f"{num(duration['no_mio'])} % / {num(median['no_mio'])} %. "
+            + ("Both removals hurt transfer on both measures, as the paper claims." if len(worse) == 2 else
+               (f"Only {' and '.join(worse)} is worse on both measures." if worse else
+                "Neither removal is worse on both measures: the claim does not hold for transfer on our data.")),
+            f"* **Pipe features against shape descriptors under transfer.** Descriptors + pipe features: "
+            f"{num(duration['pipeweave'])} % / {num(median['pipeweave'])} %; descriptors alone "
+            f"{num(duration['descriptors_only'])} % / {num(median['descriptors_only'])} %; pipe features only "
+            f"{num(duration['paper_full'])} % / {num(median['paper_full'])} %. Adding the pipe features to the "
+            f"descriptors lowers the duration error on {wins} of {len(cells)} held-out GPUs. The roofline, with no "
+            f"learning: {num(duration['roofline'])} % / {num(median['roofline'])} %.",
             "",
         ]
     return lines
@@ -315,7 +336,7 @@ def e2e_section(results: dict) -> list[str]:
 def figures_section(figures: dict) -> list[str]:
     captions = {"ablation": "Feature ablations (mean relative efficiency error; bars: ours, mean over seeds; "
                             "hatched: the paper's published figure on its data)",
-                "logo": "Leave-one-GPU-out ablation (mean relative efficiency error per held-out GPU)",
+                "logo": "Leave-one-GPU-out ablation (mean duration error per held-out GPU)",
                 "baselines": "Kernel-level baselines (mean duration error, log scale)"}
     lines = ["## Figures", ""]
     for name, file in figures.items():
