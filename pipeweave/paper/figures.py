@@ -23,9 +23,20 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _finish(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
     write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None}))
+    plt.close(fig)
     return path
+
+
+def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]]) -> None:
+    """One bar per (group, series), series side by side within a group."""
+    x = np.arange(len(groups))
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
+    ax.set_xticks(x, groups, fontsize=8, rotation=20 if len(groups) > 6 else 0)
 
 
 def ablation_figure(results: dict, path: Path) -> Path:
@@ -48,10 +59,7 @@ def ablation_figure(results: dict, path: Path) -> Path:
         ax.set_ylabel("mean relative efficiency error (%)")
         ax.set_title(op)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, path)
 
 
 def logo_figure(results: dict, path: Path) -> Path:
@@ -60,40 +68,25 @@ def logo_figure(results: dict, path: Path) -> Path:
     fig, axes = plt.subplots(len(ops), 1, figsize=(10, 4 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops):
         cells = results["logo"][op]
-        gpus = list(cells)
-        x = np.arange(len(gpus))
-        width = 0.8 / len(VARIANTS)
-        for i, variant in enumerate(VARIANTS):
-            values = [cells[g][variant]["duration_mean_abs_pct_error"] for g in gpus]
-            ax.bar(x + (i - (len(VARIANTS) - 1) / 2) * width, values, width, label=SHORT[variant].replace("\n", " "))
-        ax.set_xticks(x, [g.replace("NVIDIA ", "").replace(" Blackwell Server Edition", "") for g in gpus],
-                      fontsize=8, rotation=20)
+        _grouped_bars(ax, [g.replace("NVIDIA ", "").replace(" Blackwell Server Edition", "") for g in cells],
+                      {SHORT[v].replace("\n", " "): [c[v]["duration_mean_abs_pct_error"] for c in cells.values()]
+                       for v in VARIANTS})
         ax.set_ylabel("mean duration error (%)")
         ax.set_title(f"{op}: GPU left out of training")
         ax.legend(fontsize=8, ncol=3)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, path)
 
 
 def baselines_figure(results: dict, path: Path) -> Path:
     plt = _pyplot()
     ops = list(results["baselines"])
     fig, ax = plt.subplots(figsize=(9, 4))
-    x = np.arange(len(ops))
-    width = 0.8 / len(METHODS)
-    for i, method in enumerate(METHODS):
-        values = [results["baselines"][op]["methods"][method]["overall"]["duration_mean_abs_pct_error"] for op in ops]
-        ax.bar(x + (i - (len(METHODS) - 1) / 2) * width, values, width, label=method)
-    ax.set_xticks(x, ops)
+    _grouped_bars(ax, ops, {m: [results["baselines"][op]["methods"][m]["overall"]["duration_mean_abs_pct_error"]
+                                for op in ops] for m in METHODS})
     ax.set_yscale("log")
     ax.set_ylabel("mean duration error (%), test split")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, path)
 
 
 def write_figures(results: dict, directory: Path) -> dict[str, Path]:
