@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +69,7 @@ def e2e_summaries() -> dict:
 
 def run(ops, dataset_dir: Path, model_dir: Path, budget, seeds=None, bars: bool = True) -> dict:
     if seeds:
-        budget = type(budget)(**{**asdict(budget), "seeds": tuple(seeds)})
+        budget = replace(budget, seeds=tuple(seeds))
     results = {"mode": budget.mode, "budget": asdict(budget), "ops": list(ops),
                "shipped": {}, "baselines": {}, "ablation": {}, "logo": {}, "e2e": e2e_summaries()}
     predictor = KernelPredictor(model_dir)
