@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 from analytical_model.registry import get_operator
-from pipeweave.cli import run_cli
+from pipeweave.cli import UserError, run_cli
 from pipeweave.modeling import DATASET_DIR, evaluate, input_names
 from pipeweave.paper.baselines import fit_predict, roofline_efficiency
 from pipeweave.paper.experiments import OPS, VARIANTS, feature_sets
 from pipeweave.paper.report import ablation_verdict, render
-from pipeweave.paper.reproduce import main
+from pipeweave.paper.reproduce import PARTS, SECTIONS, main, merge
 from pipeweave.training import TrainConfig
 
 GPUS = ("NVIDIA H100", "NVIDIA A100-SXM4-80GB")
@@ -126,6 +126,7 @@ def test_render_from_results_writes_every_section_and_figure(tmp_path):
     (["--ops", "gemm,conv"], "--ops: unknown operator 'conv'"),
     (["--seeds", "1,x"], "--seeds must be a comma list of integers"),
     (["--from_results", "missing.json"], "--from_results: missing.json not found"),
+    (["--parts", "ablation,plots"], "--parts: expected a comma list of metrics, ablation, logo"),
 ])
 def test_bad_flags_are_one_line_errors(args, message, tmp_path, capsys):
     output = tmp_path / "PAPER.md"
@@ -184,3 +185,15 @@ def test_quick_mode_writes_the_paper_and_is_deterministic(real_datasets, tmp_pat
     again = json.loads((second.parent / "paper_results.json").read_text())
     for key in ("shipped", "baselines", "ablation", "logo"):
         assert again[key]["gemm"] == results[key]["gemm"]
+
+
+def test_parts_merge_into_the_whole():
+    whole = fake_results(PAPER_LIKE)
+    first = {**json.loads(json.dumps(whole)), "logo": {}, "parts": ["metrics", "ablation"]}
+    second = {**json.loads(json.dumps(whole)), "shipped": {}, "baselines": {}, "ablation": {}, "parts": ["logo"]}
+    merged = merge([second, first])
+    assert {k: merged[k] for k in SECTIONS} == {k: whole[k] for k in SECTIONS}
+    assert merged["parts"] == list(PARTS) and merged["ops"] == ["gemm"]
+    other_budget = {**first, "budget": {**first["budget"], "epochs": 5}}
+    with pytest.raises(UserError, match="different budgets"):
+        merge([second, other_budget])

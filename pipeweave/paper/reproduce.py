@@ -11,6 +11,7 @@ Deterministic: fixed seeds, one thread; same data and flags give the same tables
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict, replace
@@ -67,29 +68,52 @@ def e2e_summaries() -> dict:
     return {kind: error_summary(pd.read_csv(path)) if path.is_file() else None for kind, path in E2E_CSVS.items()}
 
 
-def run(ops, dataset_dir: Path, model_dir: Path, budget, seeds=None, bars: bool = True) -> dict:
+PARTS = ("metrics", "ablation", "logo")  # shipped-model metrics + baselines; feature ablations; leave-one-GPU-out
+SECTIONS = ("shipped", "baselines", "ablation", "logo")
+
+
+def run(ops, dataset_dir: Path, model_dir: Path, budget, seeds=None, bars: bool = True, parts=PARTS) -> dict:
     if seeds:
         budget = replace(budget, seeds=tuple(seeds))
-    results = {"mode": budget.mode, "budget": asdict(budget), "ops": list(ops),
-               "shipped": {}, "baselines": {}, "ablation": {}, "logo": {}, "e2e": e2e_summaries()}
+    results = {"mode": budget.mode, "budget": asdict(budget), "ops": list(ops), "parts": list(parts),
+               **{section: {} for section in SECTIONS}, "e2e": e2e_summaries()}
     predictor = KernelPredictor(model_dir)
     progress = Progress(bars)
     try:
         for op in ops:
+            if "metrics" not in parts and ("ablation" not in parts or op not in ABLATION_OPS):
+                continue
             progress.expect(1)
             progress.step(f"{op}: shipped model and baselines")
             train, test = load_operator(op, dataset_dir, budget)
-            shipped, predicted = shipped_model(op, predictor, train, test)
-            results["shipped"][op] = shipped
-            results["baselines"][op] = baselines(op, train, test, shipped["features"], predicted, budget)
-            if op in ABLATION_OPS:
+            if "metrics" in parts:
+                shipped, predicted = shipped_model(op, predictor, train, test)
+                results["shipped"][op] = shipped
+                results["baselines"][op] = baselines(op, train, test, shipped["features"], predicted, budget)
+            if "ablation" in parts and op in ABLATION_OPS:
                 results["ablation"][op] = ablation(op, train, test, budget, progress, bars)
         for op in ops:
-            if op in LOGO_OPS:
+            if "logo" in parts and op in LOGO_OPS:
                 results["logo"][op] = logo_ablation(op, dataset_dir, budget, progress, bars)
     finally:
         progress.close()
     return results
+
+
+def merge(parts: list[dict]) -> dict:
+    """One results dict from runs of disjoint operators or parts with the same budget (each operator's numbers
+    depend only on its own data and seeds, so running parts separately gives the same tables)."""
+    merged = copy.deepcopy(parts[0])
+    for other in parts[1:]:
+        if other["budget"] != merged["budget"]:
+            raise UserError("--from_results: the files were computed with different budgets")
+        for section in SECTIONS:
+            merged[section].update(other[section])
+    for section in SECTIONS:
+        merged[section] = {op: merged[section][op] for op in OPS if op in merged[section]}
+    merged["ops"] = [op for op in OPS if any(op in merged[section] for section in SECTIONS)]
+    merged["parts"] = [p for p in PARTS if any(p in r.get("parts", PARTS) for r in parts)]
+    return merged
 
 
 def write_outputs(results: dict, output: Path) -> None:
@@ -111,7 +135,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", help="comma list of ablation seeds (default: 42,43)")
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
     parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--from_results", type=Path, help="re-render from a saved paper_results.json (no training)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="comma list of metrics (shipped models + baselines), ablation, logo (default: all)")
+    parser.add_argument("--from_results", type=Path, nargs="+", metavar="JSON",
+                        help="re-render from saved paper_results.json files (no training); several are merged")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
@@ -124,13 +151,17 @@ def main(argv=None) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError:
         raise UserError(f"--seeds must be a comma list of integers, got {args.seeds!r}") from None
+    parts = [p for p in args.parts.split(",") if p]
+    if not parts or set(parts) - set(PARTS):
+        raise UserError(f"--parts: expected a comma list of {', '.join(PARTS)}, got {args.parts!r}")
     if args.from_results:
-        if not args.from_results.is_file():
-            raise UserError(f"--from_results: {args.from_results} not found")
-        results = json.loads(args.from_results.read_text())
+        for path in args.from_results:
+            if not path.is_file():
+                raise UserError(f"--from_results: {path} not found")
+        results = merge([json.loads(path.read_text()) for path in args.from_results])
     else:
         started = time.perf_counter()
-        results = run(ops, args.dataset_dir, args.model_dir, budget, seeds, bars=not args.no_progress)
+        results = run(ops, args.dataset_dir, args.model_dir, budget, seeds, not args.no_progress, parts)
         print(f"{budget.mode} mode: {(time.perf_counter() - started) / 60:.1f} min")
     write_outputs(results, output)
     print(f"wrote {output}")
