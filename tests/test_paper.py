@@ -163,7 +163,7 @@ def test_quick_mode_writes_the_paper_and_is_deterministic(real_datasets, tmp_pat
     first = tmp_path / "a" / "PAPER.md"
     assert main(["--quick", "--no_progress", "--output", str(first)]) == 0
     text = first.read_text()
-    assert "QUICK MODE" in text and text.count("| paper (published) |") == 5
+    assert "QUICK MODE" in text and text.count("| paper (published, its data) |") == 5
     results = json.loads((first.parent / "paper_results.json").read_text())
     assert set(results["shipped"]) == set(OPS) and set(results["ablation"]) == {"gemm", "attn"}
     for op in OPS:

@@ -103,7 +103,7 @@ def shipped_section(results: dict) -> list[str]:
         lines.append(row([OP_LABELS[op], "ours (shipped)", len(res["features"]), n_test, *eff_cells(m), dur_cell(m)]))
         paper = published.OVERALL.get(op)
         if paper:
-            lines.append(row(["", "paper (published)", 15 if op in ("attn", "rmsnorm", "siluandmul") else 11,
+            lines.append(row(["", "paper (published, its data)", 15 if op in ("attn", "rmsnorm", "siluandmul") else 11,
                               paper["test_samples"], *eff_cells(paper), DASH]))
     lines.append("")
     for op, res in results["shipped"].items():
@@ -116,7 +116,7 @@ def shipped_section(results: dict) -> list[str]:
         paper = published.BY_GPU.get(op, {})
         lines += [f"**{OP_LABELS[op]}** (`{res['model_dir']}`)", ""]
         lines += header(["GPU", "n test", *EFF_HEADER.split(" | "), "duration err % mean / median",
-                         "paper: mean rel. err % / <10 % / <20 % (n)"])
+                         "paper (its data): mean rel. err % / <10 % / <20 % (n)"])
         for gpu, m in sorted(res["by_hardware"].items()):
             p = paper.get(gpu)
             cell = (f"{pct(p['mean_relative_error'])} / {p['accuracy_10_percent']} / {p['accuracy_20_percent']} "
@@ -133,7 +133,7 @@ def seed_values(entry: dict, key: str) -> np.ndarray:
 def ablation_table(op: str, variants: dict) -> list[str]:
     paper = published.ABLATION.get(op, {})
     lines = header(["inputs", "#", "MLP mean rel. err % (per seed)", "median rel. err %", "R²", "<10 %",
-                    "duration err % mean / median", "HGB mean rel. err %", "paper mean rel. err %", "paper R²",
+                    "duration err % mean / median", "HGB mean rel. err %", "paper (its data): mean rel. err %", "paper R²",
                     "paper <10 %"])
     for variant in VARIANTS:
         entry = variants[variant]
@@ -245,7 +245,7 @@ def logo_section(results: dict) -> list[str]:
     for op, cells in results["logo"].items():
         paper = published.BY_GPU.get(op, {})
         lines += [f"### {OP_LABELS[op]}", ""]
-        lines += header(["held-out GPU", "roofline", *VARIANTS, "paper (unseen GPU)"])
+        lines += header(["held-out GPU", "roofline", *VARIANTS, "paper, its data (unseen GPU)"])
         for gpu, cell in cells.items():
             p = paper.get(gpu)
             lines.append(row([gpu, *(logo_cell(cell[k]) for k in ("roofline", *VARIANTS)),
@@ -289,7 +289,7 @@ def baselines_section(results: dict) -> list[str]:
              "The paper publishes no kernel-level baselines (its roofline and linear baselines are end to end, §5), "
              "so its column holds its MLP's figure.", ""]
     lines += header(["operator", "method", "train rows", *EFF_HEADER.split(" | "), "duration err % mean / median",
-                     "paper mean rel. err %"])
+                     "paper (its data) mean rel. err %"])
     hgb_wins = []
     for op, res in results["baselines"].items():
         methods = res["methods"]
@@ -322,7 +322,7 @@ def e2e_section(results: dict) -> list[str]:
         lines.append(row([s["method"], s["runs"], num(s.get("prefill")), num(s.get("decode")), num(s.get("total")),
                           f"**{num(s['mean'])}**"]))
     for method, values in published.E2E.items():
-        lines.append(row([f"paper: {method} (published)", published.E2E_ROWS, *map(num, values[:3]),
+        lines.append(row([f"paper: {method} (published, its runs)", published.E2E_ROWS, *map(num, values[:3]),
                           f"**{num(values[3])}**"]))
     vllm = (results.get("e2e") or {}).get("vllm")
     if vllm:
