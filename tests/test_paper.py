@@ -12,7 +12,8 @@ import pytest
 
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError, run_cli
-from pipeweave.modeling import DATASET_DIR, evaluate, input_names
+from pipeweave.modeling import evaluate, input_names
+from pipeweave.paths import DATASET_DIR
 from pipeweave.paper.baselines import fit_predict, roofline_efficiency
 from pipeweave.paper.experiments import OPS, VARIANTS, feature_sets
 from pipeweave.paper.report import ablation_verdict, render

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.pipes import MEMORY_FEATURES, TENSOR_FEATURES
-from analytical_model.registry import get_operator
+from analytical_model.registry import get_operator, operator_keys
 from pipeweave.modeling import cap_rows_per_gpu, evaluate, load_splits, train_and_evaluate
 from pipeweave.paper.baselines import LEARNED, fit_predict, roofline_efficiency
-from pipeweave.predictor import REPO_ROOT, KernelPredictor
+from pipeweave.paths import REPO_ROOT
+from pipeweave.predictor import KernelPredictor
 from pipeweave.training import TrainConfig
 
-OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
+OPS = operator_keys(trainable=True)
 ABLATION_OPS = ("gemm", "attn")
 LOGO_OPS = ("gemm",)
 VARIANTS = ("pipeweave", "paper_full", "no_math", "no_mio", "descriptors_only")

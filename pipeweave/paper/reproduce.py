@@ -21,15 +21,15 @@ import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, write_atomically
 from pipeweave.compare import error_summary
-from pipeweave.modeling import DATASET_DIR
 from pipeweave.paper.experiments import (
     ABLATION_OPS, FULL, LOGO_OPS, OPS, QUICK, ablation, baselines, load_operator, logo_ablation, shipped_model,
 )
 from pipeweave.paper.figures import write_figures
 from pipeweave.paper.report import render
-from pipeweave.predictor import DEFAULT_MODEL_DIR, REPO_ROOT, KernelPredictor
+from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR, DOCS_DIR, E2E_DIR, REPO_ROOT
+from pipeweave.predictor import KernelPredictor
 
-E2E_CSVS = {"static": REPO_ROOT / "e2e" / "pipeweave_comparison.csv", "vllm": REPO_ROOT / "e2e" / "vllm_comparison.csv"}
+E2E_CSVS = {"static": E2E_DIR / "pipeweave_comparison.csv", "vllm": E2E_DIR / "vllm_comparison.csv"}
 RESULTS_NAME = "paper_results.json"
 
 
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
-    output = args.output or REPO_ROOT / ("paper_quick/PAPER.md" if args.quick else "docs/PAPER.md")
+    output = args.output or (REPO_ROOT / "paper_quick" / "PAPER.md" if args.quick else DOCS_DIR / "PAPER.md")
     ops = [op for op in args.ops.split(",") if op]
     unknown = sorted(set(ops) - set(OPS))
     if unknown or not ops:
