@@ -183,7 +183,7 @@ def ablation_verdict(op: str, variants: dict) -> list[str]:
     gain = desc - ours
     lines.append(
         f"* **{OP_LABELS[op]}, pipe features versus plain shape descriptors.** Descriptors alone: {pct(desc)} %; "
-        f"descriptors + pipe features: {pct(ours)} %. "
+        f"pipe features alone: {pct(full)} %; both: {pct(ours)} %. "
         + (f"The pipe features cut the error by {pct(gain)} points beyond what the descriptors give"
            if gain > max(s_ours, s_desc) else
            "The pipe features add nothing measurable over the descriptors")
@@ -230,7 +230,10 @@ def logo_cell(m: dict) -> str:
 
 def logo_section(results: dict) -> list[str]:
     if not results["logo"]:
-        return []
+        return ["## 3. Transfer: the ablation with one GPU left out", "",
+                "Not part of this run. `python3 -m pipeweave.paper --parts logo --output DIR/PAPER.md` computes it "
+                "(GEMM: every GPU left out in turn, each input set trained on the others); "
+                "`--from_results` merges its `paper_results.json` with this one.", ""]
     b = results["budget"]
     lines = ["## 3. Transfer: the ablation with one GPU left out", "",
              f"The paper's claim is about transfer to GPUs without data. Per held-out GPU, each input set trains on the "
