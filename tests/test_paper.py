@@ -98,7 +98,7 @@ PAPER_LIKE = {"pipeweave": 0.06, "paper_full": 0.08, "no_math": 0.23, "no_mio": 
 def test_verdict_follows_the_numbers():
     holds = "\n".join(ablation_verdict("gemm", fake_results(PAPER_LIKE)["ablation"]["gemm"]))
     assert "the paper's ablation (holds on our data)" in holds
-    assert "Removing the math pipes features hurts. Removing the MIO features hurts." in holds
+    assert "Removing the math-pipe features hurts. Removing the MIO features hurts." in holds
     assert "The pipe features cut the error by 6.0 points" in holds
     flat = {**PAPER_LIKE, "no_math": 0.08, "no_mio": 0.05, "descriptors_only": 0.06}
     text = "\n".join(ablation_verdict("gemm", fake_results(flat)["ablation"]["gemm"]))

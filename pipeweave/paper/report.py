@@ -168,7 +168,7 @@ def ablation_verdict(op: str, variants: dict) -> list[str]:
     (ours, s_ours), (desc, s_desc) = (_mean_and_spread(variants, v) for v in ("pipeweave", "descriptors_only"))
     paper = published.ABLATION[op]
     effects = {name: _effect(value - full, max(spread, s_full))
-               for name, value, spread in (("math pipes", math_, s_math), ("MIO", mio, s_mio))}
+               for name, value, spread in (("math-pipe", math_, s_math), ("MIO", mio, s_mio))}
     hurts = [name for name, effect in effects.items() if effect == "hurts"]
     holds = "holds" if len(hurts) == 2 else ("holds in part" if hurts else "does not hold")
     ratio = {k: paper[k]["mean_relative_error"] / paper["paper_full"]["mean_relative_error"] for k in ("no_math", "no_mio")}
