@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analytical_model.registry import model_inputs
-from mlp_model import MLP_v2
-from pipeweave.accuracy import roofline_us
+from pipeweave.mlp import model_inputs
+from pipeweave.torch_mlp import MLP_v2
+from pipeweave.accuracy import feature_roofline_us
 
 LEARNED = ("ridge", "hgb")
 HGB_MAX_ITER = 500
@@ -26,7 +26,7 @@ HGB_MAX_ITER = 500
 def roofline_efficiency(frame: pd.DataFrame, op: str) -> np.ndarray:
     """overall_perf the roofline implies: p · t / t_roofline (same C_ideal and clock as the measurement)."""
     measured = frame["overall_perf"].to_numpy(np.float64) * frame["avg_duration"].to_numpy(np.float64)
-    return measured / roofline_us(frame, op)
+    return measured / feature_roofline_us(frame, op)
 
 
 def _estimator(kind: str, seed: int):

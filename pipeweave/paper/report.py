@@ -285,7 +285,7 @@ def logo_section(results: dict) -> list[str]:
 def baselines_section(results: dict) -> list[str]:
     b = results["budget"]
     lines = ["## 4. Kernel-level baselines", "",
-             "On the test rows of §1 and the shipped model's inputs: the roofline (no learning; the analytical ideal "
+             "On the test rows of §1 and the shipped model's inputs: the feature roofline (no learning; the analytical ideal "
              "max(C_ideal, DRAM cycles) / clock, as in docs/ACCURACY.md), ridge regression on the log inputs and "
              "scikit-learn's HistGradientBoostingRegressor (500 rounds, random_state 42), both on log efficiency, "
              f"trained on the rows the shipped model drew (at most {b['baseline_rows_per_gpu']:,} per GPU, seed 42). "

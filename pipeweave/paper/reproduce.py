@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, write_atomically
-from pipeweave.compare import error_summary
+from pipeweave.measured_runs import error_summary
 from pipeweave.paper.experiments import (
     ABLATION_OPS, FULL, LOGO_OPS, OPS, QUICK, ablation, baselines, load_operator, logo_ablation, shipped_model,
 )
