@@ -159,6 +159,7 @@ def main(argv=None) -> int:
             if not path.is_file():
                 raise UserError(f"--from_results: {path} not found")
         results = merge([json.loads(path.read_text()) for path in args.from_results])
+        results["e2e"] = e2e_summaries()  # referenced: always the current generated comparison
     else:
         started = time.perf_counter()
         results = run(ops, args.dataset_dir, args.model_dir, budget, seeds, not args.no_progress, parts)
