@@ -69,6 +69,9 @@ class OperatorClass:
     profiled: bool = False
     #: the operator whose trained model predicts this one (same features), when it has no measurements of its own
     model_key: str | None = None
+    #: the DRAM-cycle feature counts each byte the kernel must move exactly once (no re-reads that a cache could
+    #: absorb), so DRAM time at peak bandwidth is a true lower bound on the duration (pipeweave.bounds)
+    dram_bound: bool = False
 
     @property
     def model_op(self) -> str:
@@ -192,6 +195,7 @@ def _elementwise_operator(key: str, description: str, calculator, output_fractio
         describe=describe_elementwise(output_fraction),
         workload_key=key,
         profiled=True,
+        dram_bound=True,
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +29,25 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically
+from pipeweave import memory_model
+from pipeweave.bounds import EFFICIENCY_FLOOR, FLOOR_PERCENTILE, LAUNCH_LATENCY_US, clip_efficiency
+from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically, write_marked_section
 from pipeweave.logo_cache import LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_predictions
-from pipeweave.modeling import dataset_paths, duration_errors, read_dataset
+from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, load_splits, read_dataset,
+                                train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
+from pipeweave.training import TrainConfig
 
 OPS = operator_keys(trainable=True)
+#: leave-one-architecture-out: a reduced, fixed training budget (it trains one model per architecture and operator)
+LOAO_MAX_ROWS_PER_GPU = 2000
+LOAO_EPOCHS = 30
 ARTIFACT_METADATA = "pipeweave/mlp_models_metadata"
+#: test shapes per operator (fixed seed) predicted on every GPU of hardware/ for the band-binding table
+BAND_SAMPLE_ROWS = 1000
+BAND_SEED = 0
 
 
 def feature_roofline_us(frame: pd.DataFrame, op: str) -> np.ndarray:
@@ -65,18 +76,78 @@ def shape_holdout_results(op: str, predictor: KernelPredictor, dataset_dir: Path
     return out
 
 
+def held_out_groups(gpus: list[str], by: str) -> dict[str, list[str]]:
+    """{label: GPUs held out together}: one GPU each (``by="gpu"``) or one architecture each (``"architecture"``;
+    only with two or more architectures)."""
+    if by == "gpu":
+        return {gpu: [gpu] for gpu in gpus} if len(gpus) >= 2 else {}
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    groups: dict[str, list[str]] = {}
+    for gpu in gpus:
+        groups.setdefault(registry.get(gpu).architecture, []).append(gpu)
+    return dict(sorted(groups.items())) if len(groups) >= 2 else {}
+
+
+def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficiency: np.ndarray | None,
+                 config: TrainConfig) -> np.ndarray:
+    """The efficiency the predictor gives rows of GPUs outside the training data: a memory-bound operator takes
+    the bandwidth model fitted on ``train`` (capped as the MLP's), the others their MLP's; kept inside the band."""
+    names = list(get_operator(op).feature_names)
+    features = test[names].to_numpy(np.float64)
+    sm_freq = test["sm_freq"].to_numpy(np.float64)
+    if get_operator(op).dram_bound:
+        parameters = memory_model.fit_frame(op, cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
+        ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
+        mlp_efficiency = ideal / (memory_model.duration_us(parameters, op, features, sm_freq) * sm_freq)
+    return clip_efficiency(op, mlp_efficiency, features, sm_freq)[0]
+
+
+def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows: int, gpus: list[str]) -> dict:
+    """Errors of held-out rows, the roofline's on the same rows, and the worst predicted/measured factor (overall
+    and where the roofline is within 1.5x of the measurement)."""
+    measured = test["avg_duration"].to_numpy(np.float64)
+    err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted)
+    roof_ratio = feature_roofline_us(test, op) / measured
+    ratio = test["overall_perf"].to_numpy(np.float64) / predicted  # predicted / measured duration
+    worst = np.maximum(ratio, 1 / ratio)
+    near = (roof_ratio >= 1 / 1.5) & (roof_ratio <= 1.5)
+    return {"model": error_summary(err), "roofline": error_summary(np.abs(roof_ratio - 1)), "train_rows": train_rows,
+            "max": float(np.max(err) * 100), "worst_ratio": float(worst.max()),
+            "worst_ratio_near_roofline": float(worst[near].max()) if near.any() else None, "gpus": gpus}
+
+
 def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
-    """Leave-one-GPU-out errors per GPU, from the cached LOGO models (pipeweave.logo_cache trains missing ones)."""
+    """Leave-one-GPU-out errors per GPU, from the cached LOGO models (pipeweave.logo_cache trains missing ones),
+    as the predictor gives them on a GPU outside training (:func:`as_predicted`)."""
     out = {}
     gpus = gpus_with_data(op, dataset_dir)
     if len(gpus) < 2:
         return out
+    config = TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
     for gpu in gpus:
         test, predicted, history = logo_predictions(op, gpu, dataset_dir, log=log)
-        err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted)
-        roof = np.abs(feature_roofline_us(test, op) / test["avg_duration"].to_numpy(np.float64) - 1)
-        out[gpu] = {"model": error_summary(err), "roofline": error_summary(roof), "train_rows": history["train_rows"]}
+        train = load_splits(op, dataset_dir, [gpu])[0] if get_operator(op).dram_bound else None
+        out[gpu] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config), history["train_rows"],
+                                 [gpu])
         log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} %")
+    return out
+
+
+def loao_results(op: str, dataset_dir: Path, log=print) -> dict:
+    """Leave-one-architecture-out errors (reduced budget: LOAO_*), one model per held-out architecture."""
+    config = TrainConfig(epochs=LOAO_EPOCHS, max_rows_per_gpu=LOAO_MAX_ROWS_PER_GPU, progress=False)
+    out = {}
+    for label, held_out in held_out_groups(gpus_with_data(op, dataset_dir), "architecture").items():
+        started = time.perf_counter()
+        train, test = load_splits(op, dataset_dir, held_out)
+        if get_operator(op).dram_bound:  # the MLP is not used on GPUs outside training
+            predicted, rows = None, len(cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
+        else:
+            _, history, predicted, _ = train_and_evaluate(op, train, test, config)
+            rows = history["train_rows"]
+        out[label] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config), rows, held_out)
+        log(f"  held out {op} / {label}: mean {out[label]['model']['mean']:.2f} % "
+            f"({time.perf_counter() - started:.0f} s)")
     return out
 
 
@@ -113,7 +184,10 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
         "trained on. *Shape-held-out*: the shipped model on `dataset/<op>_test.csv` (no shape of it is in training,",
         "on any GPU). *LOGO*: leave-one-GPU-out, a model trained with the same recipe on the other GPUs",
         f"(at most {LOGO_MAX_ROWS_PER_GPU} training rows per GPU, {LOGO_EPOCHS} epochs) and tested on every row of",
-        "the held-out GPU. *Roofline*: max(compute at spec peak, DRAM traffic at spec bandwidth) from the same",
+        "the held-out GPU, scored as the predictor gives it: inside the physical band, and for RMSNorm and SiLU*Mul",
+        "the bandwidth model fitted on the other GPUs (their MLP is not used on a GPU outside its training; docs/",
+        "METHOD.md §4.3); a cache written before the band (no `worst_ratio` key) is scored without it.",
+        "*Roofline*: max(compute at spec peak, DRAM traffic at spec bandwidth) from the same",
         "analytical features. *Artifact*: PipeWeave's published per-GPU mean relative error of `overall_perf`",
         "on its own (unpublished) data, as reported in its metadata — an efficiency error on different data,",
         "shown for orientation only (`*` = GPU unseen in its training).",
@@ -138,6 +212,97 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
     return "\n".join(lines)
 
 
+def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict:
+    """{GPU: (% of the sampled test shapes whose MLP efficiency the floor binds, % the ceiling binds)} on every GPU
+    of the hardware directory, measured or not (the band matters most where the model extrapolates)."""
+    from analytical_model.registry import compute_features
+
+    operator = get_operator(op)
+    test = read_dataset(dataset_paths(op, dataset_dir)[1])
+    shapes = test[list(operator.shape_columns)].drop_duplicates()
+    shapes = shapes.sample(n=min(BAND_SAMPLE_ROWS, len(shapes)), random_state=BAND_SEED).reset_index(drop=True)
+    out = {}
+    for stem in predictor.hardware.known():
+        hw = predictor.hardware.get(stem)
+        frame = shapes.assign(hardware=stem)
+        try:
+            features = compute_features(op, frame, predictor.hardware_dir)
+        except ValueError:  # no calculator for this GPU's architecture (e.g. FP8 GEMM before Ada)
+            continue
+        raw = predictor.efficiency_from_frame(op, features)
+        _, side = clip_efficiency(op, raw, features[list(operator.feature_names)].to_numpy(np.float64), hw.sm_freq)
+        out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100))
+    return out
+
+
+def render_band(binding: dict, trained: dict) -> str:
+    ops = list(binding)
+    gpus = sorted({gpu for cells in binding.values() for gpu in cells})
+    lines = [
+        "## Physical band: how often it binds",
+        "",
+        "Generated by `python3 -m pipeweave.accuracy` (section `bounds`). Every predicted efficiency is kept inside",
+        "the band of `pipeweave.bounds` (docs/METHOD.md §4.3): ceiling = the roofline (efficiency ≤ 1 on the compute",
+        "pipe; for RMSNorm and SiLU*Mul also DRAM traffic at spec bandwidth), floor = the per-operator efficiency",
+        f"floor ({FLOOR_PERCENTILE}th percentile of the measured roofline efficiency over all GPUs, launch latency",
+        f"{LAUNCH_LATENCY_US:g} µs set aside): "
+        + ", ".join(f"{op} {EFFICIENCY_FLOOR[op]:.3g}" for op in ops) + ".",
+        f"Cells: % of {BAND_SAMPLE_ROWS} test shapes per operator (fixed sample) where the shipped model's efficiency",
+        "fell below the floor / above the ceiling, on every GPU spec we ship; `*` = a GPU in that model's training.",
+        "",
+        "| GPU | " + " | ".join(ops) + " |",
+        "|---|" + "---|" * len(ops),
+    ]
+    for gpu in gpus:
+        cells = []
+        for op in ops:
+            cell = binding[op].get(gpu)
+            mark = "*" if gpu in trained.get(op, ()) else ""
+            cells.append("—" if cell is None else f"{cell[0]:.1f} / {cell[1]:.1f}{mark}")
+        lines.append(f"| {gpu} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cached(path: Path, recompute: bool, title: str, compute) -> dict:
+    """The JSON cache at ``path``, computed (and written) first if missing or ``recompute``."""
+    if recompute or not path.is_file():
+        print(f"{title} ...")
+        result = compute()
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result, indent=2)))
+    return json.loads(path.read_text())
+
+
+def near_roofline(cell: dict) -> str:
+    worst = cell.get("worst_ratio_near_roofline")
+    return "—" if worst is None else f"{worst:.2f}x"
+
+
+def render_architecture(by_arch: dict) -> str:
+    lines = [
+        "## Leave-one-architecture-out",
+        "",
+        "Generated by `python3 -m pipeweave.accuracy` (section `architecture`). Every GPU of one architecture",
+        "(Ampere, Ada, Hopper, Blackwell) leaves training; the model of the other architectures' GPUs is tested on",
+        "every row of the held-out ones, beside the feature roofline on the same rows. A reduced, fixed training",
+        f"budget: at most {LOAO_MAX_ROWS_PER_GPU} rows per GPU, {LOAO_EPOCHS} epochs. RMSNorm and SiLU*Mul on a GPU",
+        "outside training take the bandwidth model (docs/METHOD.md §4.3), fitted on the remaining GPUs; all",
+        "predictions are kept inside the physical band. Cells: duration error `mean / median` (%), its max, and the",
+        "worst factor between predicted and measured duration (either way), over all rows and over the rows where",
+        "the roofline is within 1.5x of the measured duration (— : no such row).",
+        "",
+        "| operator | held out | GPUs | n | model | max | worst factor | worst, roofline ≤ 1.5x | roofline |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for op, groups in by_arch.items():
+        for arch, cell in groups.items():
+            lines.append(f"| {op} | {arch} | {', '.join(cell['gpus'])} | {cell['model']['n']} | {fmt(cell['model'])} "
+                         f"| {cell['max']:.0f} | {cell['worst_ratio']:.2f}x | {near_roofline(cell)} | {fmt(cell['roofline'])} |")
+    skipped = [op for op, groups in by_arch.items() if not groups]
+    if skipped:
+        lines += ["", f"Data on one architecture only (no table): {', '.join(skipped)}."]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python3 -m pipeweave.accuracy", description="Generate docs/ACCURACY.md.")
     parser.add_argument("--ops", default=",".join(OPS),
@@ -149,21 +314,20 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, default=DOCS_DIR / "ACCURACY.md",
                         help="markdown report to write (default: docs/ACCURACY.md)")
     parser.add_argument("--logo_cache", type=Path, default=DOCS_DIR / "accuracy_logo",
-                        help="directory of per-operator leave-one-GPU-out results (default: docs/accuracy_logo)")
-    parser.add_argument("--retrain_logo", action="store_true", help="recompute leave-one-GPU-out models")
-    parser.add_argument("--logo_only", action="store_true", help="only compute the leave-one-GPU-out cache")
+                        help="directory of per-operator leave-one-GPU-out and leave-one-architecture-out results "
+                             "(default: docs/accuracy_logo)")
+    parser.add_argument("--retrain_logo", action="store_true", help="recompute the held-out results")
+    parser.add_argument("--logo_only", action="store_true", help="only compute the held-out results")
     args = parser.parse_args(argv)
     from pipeweave.paths import existing_shared_data_dir
 
     ops = [o for o in args.ops.split(",") if o]
-    logo = {}
+    logo, by_arch = {}, {}
     for op in ops:
-        cache = args.logo_cache / f"{op}.json"
-        if args.retrain_logo or not cache.is_file():
-            print(f"leave-one-GPU-out for {op} ...")
-            result = logo_results(op, args.dataset_dir)
-            write_atomically(cache, lambda tmp: tmp.write_text(json.dumps(result, indent=2)))
-        logo[op] = json.loads(cache.read_text())
+        logo[op] = cached(args.logo_cache / f"{op}.json", args.retrain_logo, f"leave-one-GPU-out for {op}",
+                          lambda: logo_results(op, args.dataset_dir))
+        by_arch[op] = cached(args.logo_cache / f"{op}_architecture.json", args.retrain_logo,
+                             f"leave-one-architecture-out for {op}", lambda: loao_results(op, args.dataset_dir))
     if args.logo_only:
         return 0
     predictor = KernelPredictor(args.model_dir)
@@ -175,6 +339,10 @@ def main(argv=None) -> int:
     text = render(results, logo, artifact_figures(existing_shared_data_dir()), notes)
     text = keep_marked_sections(text, args.output)  # e.g. the k-shot section (pipeweave.calibration_eval)
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))
+    binding = {op: band_binding(op, predictor, args.dataset_dir) for op in ops}
+    trained = {op: set(predictor.model(op)[1]["data_info"]["train_hardware_distribution"]) for op in ops}
+    write_marked_section(args.output, "bounds", render_band(binding, trained))
+    write_marked_section(args.output, "architecture", render_architecture(by_arch))
     print(f"wrote {args.output}")
     return 0
 

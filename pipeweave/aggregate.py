@@ -21,7 +21,8 @@ from pipeweave.cli import UserError, check_output_path, write_atomically
 from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
-from pipeweave.report import SUMMARY_KEYS, build_result, describe, dumps_result, output_name, summarize
+from pipeweave.report import (EXTRAPOLATED_NOTE_SHARE, SUMMARY_KEYS, build_result, describe, dumps_result,
+                              output_name, summarize)
 from pipeweave.schema import WorkloadFormatError
 
 __all__ = [  # the CLI, and the names code written against the single-module layout imports from here
@@ -310,4 +311,9 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"{summary['optimistic_prefill_duration_ms']:.3f} / "
               f"{summary['optimistic_decode_avg_duration_ms']:.3f} / "
               f"{summary['optimistic_total_duration_ms']:.3f} ms")
+    extrapolation = prediction.result.get("extrapolation", {})
+    if extrapolation.get("share", 0.0) > EXTRAPOLATED_NOTE_SHARE:
+        operators = ", ".join(op for op, share in extrapolation["by_operator"].items() if share > 0)
+        print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
+              f"GPU architecture or shapes outside the models' training data); treat it as a rough estimate")
     print(f"Predictions saved to {target}")

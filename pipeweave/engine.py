@@ -26,6 +26,9 @@ For every (workload, GPU) pair the predicted duration of each operator instance 
   analytical features and ``shapes`` their shape keys), called on every kernel and collective duration before they
   are summed, and ``record(hardware) -> dict | None``, what a prediction on that GPU records under
   ``"calibration"`` (:class:`pipeweave.calibration.Calibration`). None = no correction.
+* Every kernel efficiency is kept inside its physical band (:mod:`pipeweave.bounds`) before the calibration;
+  the output's ``extrapolation`` block gives the share of predicted kernel time that is extrapolated (its GPU's
+  architecture or its shape outside the model's training data), overall, per operator and per phase.
 * A capacity check (e.g. memory) belongs before :meth:`Engine.predict`, on the :class:`Job` list: it needs the
   workload and the GPU spec, both on the job.
 
@@ -65,6 +68,10 @@ from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
 from pipeweave.validation import check_durations, fa3_warning, load_model_checked
 
 SEND_RECV_WORKERS = 2
+#: where a kernel is extrapolated (GPU architecture or shape region absent from its model's training), the
+#: optimistic efficiency is the quantile model's × 1.5 (within the physical band): the leave-one-GPU-out errors of
+#: the recipe reach ~50 % of the duration (docs/ACCURACY.md) where shape-held-out errors are ~10 %
+EXTRAPOLATION_WIDENING = 1.5
 COLLECTIVE_ESTIMATES = ("model", "analytical")
 FLAG_HINT = "give --collective_hardware GPU (a GPU with collective models) or --collective_estimate analytical"
 
@@ -278,10 +285,11 @@ class Engine:
         # 2. one feature computation and one forward pass per operator class
         unique_ms: dict[str, np.ndarray] = {}
         optimistic_ms: dict[str, np.ndarray] = {}
+        unique_codes: dict[str, np.ndarray] = {}
         for op, table in tables.items():
             keys = list(table)  # dict order = row order
             features, described = self.kernel_features(op, keys)
-            unique_ms[op], optimistic_ms[op] = self.kernel_durations(op, keys, features, described)
+            unique_ms[op], optimistic_ms[op], unique_codes[op] = self.kernel_durations(op, keys, features, described)
             check_durations(op, keys, unique_ms[op], optimistic_ms[op])
 
         # 3. scatter back and assemble the outputs
@@ -289,12 +297,14 @@ class Engine:
         for j, job in enumerate(jobs):
             single = np.zeros(len(job.workload.inst_code))
             best = np.zeros(len(job.workload.inst_code)) if self.quantile_predictor is not None else None
+            extrapolated = np.zeros(len(job.workload.inst_code), dtype=bool)
             codes = job.workload.inst_code
             for category, op in KERNEL_CATEGORIES.items():
                 rows = np.flatnonzero(codes == CATEGORY_CODE[category])
                 if rows.size:
                     ids = maps[(j, op)][job.workload.inst_local[rows]]
                     single[rows] = unique_ms[op][ids]
+                    extrapolated[rows] = unique_codes[op][ids] > 0
                     if best is not None:
                         best[rows] = optimistic_ms[op][ids]
             rows = np.flatnonzero(codes == COMMUNICATION_CODE)
@@ -313,7 +323,7 @@ class Engine:
                 if coll_ms[j][1]:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
-            result = build_result(job, single, best)
+            result = build_result(job, single, best, extrapolated)
             record = self.calibration.record(job.hardware) if self.calibration is not None else None
             if record:
                 result["calibration"] = record
@@ -349,27 +359,34 @@ class Engine:
         return features, described
 
     def kernel_durations(self, op: str, keys, features: np.ndarray, described: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray]:
-        """(point, optimistic) durations in ms of the unique (GPU stem, shape) rows, calibrated if asked."""
-        operator = get_operator(op)
-        ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
-        freq = np.array([self.registry.get(stem).sm_freq for stem, _ in keys], dtype=np.float64)
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(point, optimistic) durations in ms of the unique (GPU stem, shape) rows, each efficiency kept inside
+        its physical band (:mod:`pipeweave.bounds`) and then calibrated if asked, and the rows' extrapolation
+        bits (:meth:`KernelPredictor.extrapolation`). The optimistic efficiency is the quantile model's, never
+        below the point one (optimistic ≤ point), times EXTRAPOLATION_WIDENING where the row is extrapolated
+        (still inside the band)."""
+        from pipeweave.bounds import clip_efficiency
         from pipeweave.predictor import duration_us
 
-        efficiency = self.predictor.efficiency_from_features(op, features, described)
+        operator = get_operator(op)
+        ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
         stems = [stem for stem, _ in keys]
         shapes = [shape for _, shape in keys]
         share = pass_shares(keys, self.registry) if op == "moe" else 1.0  # a pass's part of its layer
+        freq = np.array([self.registry.get(stem).sm_freq for stem in stems], dtype=np.float64)
+        efficiency, codes = self.predictor.kernel_rows(op, features, described, stems)
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
-        if self.quantile_predictor is not None and self.quantile_ops.get(op):
+        if self.quantile_predictor is None:
+            return point, point, codes
+        upper = efficiency
+        if self.quantile_ops.get(op):
             # an upper bound on efficiency can never give a longer time than the point prediction: where the
             # quantile model (trained separately, on a different loss) predicts a lower efficiency than the point
             # model, the point model is the better bound (and a calibration cannot reorder the two)
             upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described), efficiency)
-            optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features,
-                                          shapes)
-            return point, np.minimum(optimistic, point)
-        return point, point
+        upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, freq)[0]
+        optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
+        return point, np.minimum(optimistic, point), codes
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,
                     shapes: Sequence[tuple] | None = None) -> np.ndarray:

@@ -6,7 +6,10 @@ The input needs the operator's shape columns (see ``analytical_model.registry``:
 tile_M, tile_N, tile_K, is_split_k, cta_count]; attn attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd with
 lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GPU name the hardware loader
 accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
-``predicted_us``: C_ideal / (predicted efficiency × SM clock) (METHOD.md §4.3), from one batched MLP pass.
+``predicted_us``: C_ideal / (predicted efficiency × SM clock) (METHOD.md §4.3), from one batched MLP pass, with
+the efficiency kept inside its physical band (:mod:`pipeweave.bounds`), and ``extrapolation``: empty where the
+model's training data covers the kernel, else ``architecture`` (the GPU's architecture is absent from the model's
+training GPUs), ``range`` (a model input lies outside its training range) or ``architecture+range``.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
-from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor
+from pipeweave.predictor import DEFAULT_MODEL_DIR, EXTRAPOLATION_LABELS, KernelPredictor
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
 
 
@@ -42,9 +45,10 @@ def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
 
 
 def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
-                   calibration=None, source: str = "input") -> np.ndarray:
-    """``predicted_us`` per row; unknown GPUs and missing columns are errors naming the row/column. A
-    ``calibration`` (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is on it."""
+                   calibration=None, source: str = "input") -> tuple[np.ndarray, np.ndarray]:
+    """(``predicted_us``, extrapolation bits) per row; unknown GPUs and missing columns are errors naming the
+    row/column. A ``calibration`` (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is
+    on it."""
     operator = get_operator(op)
     missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
     if missing:
@@ -65,25 +69,27 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
     if calibration is not None:
         calibration.check_hardware([predictor.hardware.get(name).stem for name in hardware])
     if not rows:
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0, dtype=np.int8)
     try:
-        return predictor.predict_columns(op, columns, hardware, calibration)
+        return predictor.predict_columns(op, columns, hardware, calibration, with_extrapolation=True)
     except ValueError as exc:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
 
 
 def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray,
-                      calibrated: list[str] | None = None) -> None:
-    """The input rows unchanged plus a ``predicted_us`` column (and, with a calibration, a ``calibration`` column
-    naming its file on the rows it corrected)."""
+                      extrapolation: np.ndarray, calibrated: list[str] | None = None) -> None:
+    """The input rows unchanged plus the ``predicted_us`` and ``extrapolation`` columns (and, with a calibration, a
+    ``calibration`` column naming its file on the rows it corrected)."""
+    labels = [EXTRAPOLATION_LABELS[int(code)] for code in extrapolation]
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         if calibrated is None:
-            writer.writerow([*header, "predicted_us"])
-            writer.writerows([*row, repr(float(us))] for row, us in zip(rows, predicted_us))
+            writer.writerow([*header, "predicted_us", "extrapolation"])
+            writer.writerows([*row, repr(float(us)), label] for row, us, label in zip(rows, predicted_us, labels))
         else:
-            writer.writerow([*header, "predicted_us", "calibration"])
-            writer.writerows([*row, repr(float(us)), mark] for row, us, mark in zip(rows, predicted_us, calibrated))
+            writer.writerow([*header, "predicted_us", "extrapolation", "calibration"])
+            writer.writerows([*row, repr(float(us)), label, mark]
+                             for row, us, label, mark in zip(rows, predicted_us, labels, calibrated))
 
 
 def build_parser() -> ArgumentParser:
@@ -95,7 +101,7 @@ def build_parser() -> ArgumentParser:
                         help="operator class, with its shape columns: " + shape_columns_help())
     parser.add_argument("--input", required=True,
                         help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
-    parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us")
+    parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us and extrapolation")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
                         help="root of the trained MLPs (default: mlp_models)")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
@@ -117,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    predicted = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
+    predicted, extrapolation = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
     if calibration is not None:
         index = header.index("hardware")
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
-    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, calibrated))
+    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, extrapolation,
+                                                                calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
     return 0

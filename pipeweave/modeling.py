@@ -17,6 +17,7 @@ import torch
 
 from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
+from pipeweave import memory_model
 from pipeweave.cli import nonnegative_int, positive_float, positive_int
 from pipeweave.mlp import checkpoint_path, model_inputs, weights_path
 from pipeweave.paths import DATASET_DIR
@@ -206,6 +207,9 @@ def write_model_dir(
             quantile=config.quantile,
             purpose=f"Upper bound prediction ({int(round(config.quantile * 100))}th percentile)",
         )
+    if get_operator(op).dram_bound and not quantile and "avg_duration" in train:  # not for untrained test models
+        metadata["memory_model"] = memory_model.fit_frame(op, cap_rows_per_gpu(train, config.max_rows_per_gpu,
+                                                                               config.seed))
     if evaluation:
         metadata["evaluation_results"] = evaluation
     if extra:

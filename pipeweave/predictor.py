@@ -14,11 +14,22 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
+from pipeweave import memory_model
+from pipeweave.bounds import clip_efficiency
 from pipeweave.mlp import latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+#: extrapolation bits (docs/METHOD.md §4.3): the GPU's architecture is absent from the model's training data; a
+#: model input (feature or shape descriptor) lies outside the range it took in training
+UNSEEN_ARCHITECTURE, OUTSIDE_RANGE = 1, 2
+EXTRAPOLATION_LABELS = {0: "", UNSEEN_ARCHITECTURE: "architecture", OUTSIDE_RANGE: "range",
+                        UNSEEN_ARCHITECTURE | OUTSIDE_RANGE: "architecture+range"}
+#: relative slack on the training range: features are float32 in training, float64 here
+RANGE_TOLERANCE = 1e-5
 
 
 def duration_us(ideal_cycles: np.ndarray, efficiency: np.ndarray, sm_freq_mhz: np.ndarray) -> np.ndarray:
@@ -38,6 +49,7 @@ class KernelPredictor:
         self.hardware_dir = Path(hardware_dir)
         self.hardware = hardware_registry(self.hardware_dir)
         self._models: dict[str, tuple] = {}
+        self._coverage: dict[str, tuple] = {}
 
     def model(self, op: str):
         """(model, metadata, directory) for ``op``; a missing model is an error naming the file."""
@@ -65,6 +77,67 @@ class KernelPredictor:
             inputs = np.concatenate([features, described], axis=1)
         return model.efficiency(inputs)
 
+    def trained_on(self, op: str) -> frozenset:
+        """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``)."""
+        _, metadata, _ = self.model(op)
+        return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
+
+    def kernel_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
+        """Efficiency of feature rows on the GPU ``hw``, kept inside the physical band of :mod:`pipeweave.bounds`
+        (before any calibration). A memory-bound operator on a GPU outside its MLP's training data takes the
+        bandwidth model of :mod:`pipeweave.memory_model` (stored with the model) instead of the MLP."""
+        _, metadata, _ = self.model(op)
+        parameters = metadata.get("memory_model")
+        if parameters and hw.name not in self.trained_on(op):
+            ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
+            efficiency = ideal / (memory_model.duration_us(parameters, op, features, hw.sm_freq) * hw.sm_freq)
+        else:
+            efficiency = self.efficiency_from_features(op, features, described)
+        return clip_efficiency(op, efficiency, features, hw.sm_freq)[0]
+
+    def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`kernel_efficiency`, :meth:`extrapolation` bits) of feature rows on the GPUs ``gpus[row]``."""
+        names = np.asarray(list(gpus), dtype=object)
+        efficiency, codes = np.zeros(len(names)), np.zeros(len(names), dtype=np.int8)
+        for name in dict.fromkeys(names.tolist()):
+            rows = np.flatnonzero(names == name)
+            hw = self.hardware.get(name)
+            efficiency[rows] = self.kernel_efficiency(op, features[rows], described[rows], hw)
+            codes[rows] = self.extrapolation(op, features[rows], described[rows], hw.architecture)
+        return efficiency, codes
+
+    def coverage(self, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
+        """(architectures, input minima, input maxima) of the model's training data, from its metadata."""
+        if op not in self._coverage:
+            _, metadata, directory = self.model(op)
+            info = metadata.get("data_info", {})
+            names = info.get("train_hardware_distribution")
+            ranges = metadata.get("feature_ranges")
+            if not names or not ranges:
+                raise ValueError(f"{directory}/metadata.json lacks data_info.train_hardware_distribution or "
+                                 f"feature_ranges; retrain with: python3 train_mlp.py --op {op}")
+            architectures = frozenset(self.hardware.get(name).architecture for name in names if name in self.hardware)
+            inputs = metadata["model_info"]["features"]
+            low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
+            high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
+            self._coverage[op] = (architectures, low - RANGE_TOLERANCE * np.abs(low),
+                                  high + RANGE_TOLERANCE * np.abs(high))
+        return self._coverage[op]
+
+    def extrapolation(self, op: str, features: np.ndarray, described: np.ndarray | None,
+                      architecture: str) -> np.ndarray:
+        """Per row, the extrapolation bits (UNSEEN_ARCHITECTURE | OUTSIDE_RANGE; 0: covered by training)."""
+        architectures, low, high = self.coverage(op)
+        inputs = features
+        if len(low) > features.shape[1]:
+            inputs = np.concatenate([features, described], axis=1)
+        outside = ((inputs < low) | (inputs > high)).any(axis=1)
+        codes = np.where(outside, OUTSIDE_RANGE, 0).astype(np.int8)
+        if architecture not in architectures:
+            codes |= UNSEEN_ARCHITECTURE
+        return codes
+
     def efficiency_from_frame(self, op: str, frame: pd.DataFrame) -> np.ndarray:
         """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""
         model, metadata, _ = self.model(op)
@@ -74,27 +147,35 @@ class KernelPredictor:
     def predict_frame(self, op: str, frame: pd.DataFrame) -> pd.DataFrame:
         """Features, ideal cycles, predicted efficiency and ``predicted_us`` for rows of shapes + ``hardware``."""
         features = compute_features(op, frame, self.hardware_dir)
-        efficiency = self.efficiency_from_frame(op, features)
+        operator = get_operator(op)
+        _, metadata, _ = self.model(op)
+        inputs = features[metadata["model_info"]["features"]].to_numpy(np.float64)
+        pipes, count = inputs[:, :len(operator.feature_names)], len(operator.feature_names)
+        efficiency, _ = self.kernel_rows(op, pipes, inputs[:, count:], frame["hardware"].tolist())
         sm_freq = frame["hardware"].map(lambda name: self.hardware.get(name).sm_freq).to_numpy(np.float64)
         features["predicted_perf"] = efficiency
         features["predicted_us"] = duration_us(features["ideal_cycles"].to_numpy(), efficiency, sm_freq)
         return features
 
     def predict_columns(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str],
-                        calibration=None) -> np.ndarray:
+                        calibration=None, with_extrapolation: bool = False):
         """Predicted µs per row of a column mapping (the operator's shape columns) on ``hardware[row]``; a
-        ``calibration`` (:class:`pipeweave.calibration.Calibration`) corrects the rows of its own GPU only."""
+        ``calibration`` (:class:`pipeweave.calibration.Calibration`) corrects the rows of its own GPU only (after
+        the physical band); with ``with_extrapolation``, (µs, extrapolation bits) per row."""
         operator = get_operator(op)
         names = np.asarray(list(hardware), dtype=object)
         out = np.zeros(len(names))
+        codes = np.zeros(len(names), dtype=np.int8)
         for name in dict.fromkeys(names.tolist()):
             rows = np.flatnonzero(names == name)
             hw = self.hardware.get(name)
             part = {column: [values[i] for i in rows] for column, values in columns.items()}
             features, described = operator.features(part, hw), operator.descriptors(part, hw)
             ideal = operator.ideal_cycles(features.astype(np.float32))
-            out[rows] = duration_us(ideal, self.efficiency_from_features(op, features, described), hw.sm_freq)
+            out[rows] = duration_us(ideal, self.kernel_efficiency(op, features, described, hw), hw.sm_freq)
             if calibration is not None:
                 shapes = list(zip(*(part[column] for column in operator.shape_columns)))
                 out[rows] = calibration.apply(op, hw, out[rows], features, shapes)
-        return out
+            if with_extrapolation:
+                codes[rows] = self.extrapolation(op, features, described, hw.architecture)
+        return (out, codes) if with_extrapolation else out

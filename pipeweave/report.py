@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+#: share of the predicted kernel time that is extrapolated above which the aggregator prints a note
+EXTRAPOLATED_NOTE_SHARE = 0.5
 SUMMARY_KEYS = ("prefill_duration_ms", "decode_avg_duration_ms", "decode_total_duration_ms", "total_duration_ms")
 
 def round6(values: np.ndarray) -> list[float]:
@@ -19,9 +21,11 @@ def round6(values: np.ndarray) -> list[float]:
     return (np.rint(np.asarray(values, dtype=np.float64) * 1e6) / 1e6).tolist()
 
 
-def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None) -> dict:
+def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None,
+                 extrapolated: np.ndarray | None = None) -> dict:
     """The §7.5 output object of a :class:`pipeweave.engine.Job` from per-instance single durations (ms,
-    unrounded; ``optimistic``: the quantile models' durations, added as ``summary.optimistic_*``)."""
+    unrounded; ``optimistic``: the quantile models' durations, added as ``summary.optimistic_*``; ``extrapolated``:
+    per instance, whether its kernel prediction is extrapolated, summarised in the ``extrapolation`` block)."""
     workload = job.workload
     n_iter = len(workload.numbers)
     weighted = single * workload.inst_count
@@ -51,13 +55,42 @@ def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None) 
         best_total = np.bincount(workload.inst_iter, weights=optimistic * workload.inst_count, minlength=n_iter)
         for key, value in summarize(workload.phases, best_total.tolist()).items():
             summary[f"optimistic_{key}"] = value
-    return {
+    result = {
         "model": workload.model,
         "hardware": job.hardware.name,
         "tp_size": workload.tp_size,
         "pp_size": workload.pp_size,
         "iterations": iterations,
         "summary": summary,
+    }
+    if extrapolated is not None:
+        result["extrapolation"] = extrapolation_shares(workload, weighted, extrapolated)
+    return result
+
+
+def extrapolation_shares(workload, weighted: np.ndarray, extrapolated: np.ndarray) -> dict:
+    """Share (0–1) of the predicted kernel time that is extrapolated: overall, per operator category and per phase
+    (collectives are not kernels and count in neither part of a share)."""
+    from pipeweave.flatten import CATEGORIES, COMMUNICATION_CODE
+
+    kernel = workload.inst_code != COMMUNICATION_CODE
+    codes = workload.inst_code[kernel]
+    time = weighted[kernel]
+    flagged_time = time * extrapolated[kernel]
+    by_category = np.bincount(codes, weights=time, minlength=len(CATEGORIES))
+    flagged = np.bincount(codes, weights=flagged_time, minlength=len(CATEGORIES))
+    prefill = np.array([phase == "prefill" for phase in workload.phases], dtype=bool)[workload.inst_iter[kernel]]
+    phase_time = {"prefill": time[prefill].sum(), "decode": time[~prefill].sum()}
+    phase_flag = {"prefill": flagged_time[prefill].sum(), "decode": flagged_time[~prefill].sum()}
+
+    def share(part: float, whole: float) -> float:
+        return round(float(part / whole), 6) if whole > 0 else 0.0
+
+    return {
+        "share": share(flagged.sum(), by_category.sum()),
+        "by_operator": {CATEGORIES[c]: share(flagged[c], by_category[c]) for c in np.flatnonzero(by_category > 0)},
+        "by_phase": {phase: share(phase_flag[phase], phase_time[phase]) for phase in phase_time
+                     if phase_time[phase] > 0},
     }
 
 

@@ -121,7 +121,7 @@ def test_output_schema_and_key_order(models, tmp_path):
     workload = load_workload(small(PP2, tmp_path))
     agg = Aggregator(model_dir=models, log=None)
     result = agg.predict([Job(workload, agg.gpu("H20"))])[0].result
-    assert list(result) == ["model", "hardware", "tp_size", "pp_size", "iterations", "summary"]
+    assert list(result) == ["model", "hardware", "tp_size", "pp_size", "iterations", "summary", "extrapolation"]
     assert result["hardware"] == "NVIDIA H20" and (result["tp_size"], result["pp_size"]) == (4, 2)
     assert list(result["summary"]) == list(aggregate.SUMMARY_KEYS)
     first = result["iterations"][0]
@@ -164,7 +164,7 @@ def naive_prediction(agg: Aggregator, path: Path, gpu: str) -> dict:
             feats = get_operator(op).features(frame, hw)
         described = get_operator(op).describe(frame, hw)
         ideal = get_operator(op).ideal_cycles(feats.astype(np.float32)).astype(np.float64)
-        eff = predictor.efficiency_from_features(op, feats, described)
+        eff = predictor.kernel_efficiency(op, feats, described, hw)
         return float(ideal[0] / (eff[0] * hw.sm_freq) / 1000.0)
 
     totals, phases, singles = [], [], []
@@ -421,7 +421,7 @@ def test_predict_kernels_passes_columns_through(models, tmp_path):
     out = tmp_path / "out.csv"
     assert main(["--op", "gemm", "--input", str(src), "--output", str(out), "--model_dir", str(models)]) == 0
     frame = pd.read_csv(out, dtype=str, keep_default_na=False)
-    assert list(frame.columns) == ["M", "N", "K", "hardware", "note", "predicted_us"]
+    assert list(frame.columns) == ["M", "N", "K", "hardware", "note", "predicted_us", "extrapolation"]
     assert frame["note"].tolist() == ["a,b", "x"] and frame["hardware"].tolist() == ["H100", "RTX_6000_Ada"]
     assert (frame["predicted_us"].astype(float) > 0).all()
     agg = Aggregator(model_dir=models, log=None)

@@ -1,0 +1,108 @@
+"""The bandwidth model of the memory-bound operators (RMSNorm, SiLU*Mul; docs/METHOD.md §4.3): how they transfer
+to GPUs outside their MLP's training set.
+
+The MLPs of these operators are trained on three GPUs (A100, A40, H100); on a fourth they extrapolate freely
+(leave-one-GPU-out 70–500 % off). Their duration instead follows three physical terms of the analytical memory
+features (docs/METHOD.md §3), with three parameters shared by every GPU::
+
+    t = L + C_dram / (η · f) + B_sm / (β · f)
+
+* ``L`` (µs): the fixed cost of the kernel (launch, the first row's round trip);
+* ``C_dram / (η · f)``: the loads at a fraction ``η`` of the spec DRAM bandwidth (``global_cycle`` = C_dram);
+* ``B_sm / (β · f)``: the busiest SM's loads (``sm_max_in_flight`` KiB) at ``β`` KiB per SM cycle: one CTA per
+  token row keeps a bounded number of loads in flight per SM, so by Little's law an SM moves a fixed number of
+  bytes per cycle whatever the DRAM can do. This term is what makes the model transfer between HBM and GDDR GPUs.
+
+The parameters are fitted (least squares of log duration, fixed start: deterministic) on the training rows of
+the model's GPUs and stored in the model's ``metadata.json`` under ``memory_model``. The predictor uses this model
+instead of the MLP for a memory-bound operator on a GPU absent from the MLP's training data
+(:meth:`pipeweave.predictor.KernelPredictor.kernel_efficiency`); on a trained GPU the MLP is more accurate.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from analytical_model.registry import DRAM_CYCLE_FEATURE, get_operator
+
+SM_BYTES_FEATURE = "sm_max_in_flight"
+PARAMETERS = ("latency_us", "dram_fraction", "sm_kib_per_cycle")
+
+
+def terms(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray, np.ndarray]:
+    """(DRAM time at spec bandwidth in µs, busiest-SM KiB per MHz) of float64 feature rows."""
+    names = get_operator(op).feature_names
+    freq = np.asarray(sm_freq_mhz, dtype=np.float64)
+    features = np.asarray(features, dtype=np.float64)
+    return (features[:, names.index(DRAM_CYCLE_FEATURE)] / freq, features[:, names.index(SM_BYTES_FEATURE)] / freq)
+
+
+def duration_us(parameters: dict, op: str, features: np.ndarray, sm_freq_mhz) -> np.ndarray:
+    dram_us, sm_kib = terms(op, features, sm_freq_mhz)
+    return (parameters["latency_us"] + dram_us / parameters["dram_fraction"]
+            + sm_kib / parameters["sm_kib_per_cycle"])
+
+
+def fit(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_us: np.ndarray) -> dict:
+    """The three parameters by least squares of log duration, η ≤ 1 (training extras: scipy)."""
+    from scipy.optimize import least_squares
+
+    dram_us, sm_kib = terms(op, features, sm_freq_mhz)
+    log_measured = np.log(np.asarray(measured_us, dtype=np.float64))
+
+    def residual(log_p: np.ndarray) -> np.ndarray:
+        p = np.exp(log_p)
+        return np.log(p[0] + dram_us / p[1] + sm_kib / p[2]) - log_measured
+
+    # η ≤ 1: no kernel loads faster than the spec bandwidth
+    solution = least_squares(residual, np.log([3.0, 0.5, 0.01]), bounds=([-np.inf, -np.inf, -np.inf], [np.inf, 0.0, np.inf]))
+    return {name: float(value) for name, value in zip(PARAMETERS, np.exp(solution.x))}
+
+
+def fit_frame(op: str, frame) -> dict:
+    """:func:`fit` on a dataset frame (feature columns, ``sm_freq``, ``avg_duration``)."""
+    names = list(get_operator(op).feature_names)
+    return fit(op, frame[names].to_numpy(np.float64), frame["sm_freq"].to_numpy(np.float64),
+               frame["avg_duration"].to_numpy(np.float64))
+
+
+def main(argv=None) -> int:
+    """Fit the bandwidth model of each memory-bound operator on its shipped MLP's training GPUs and store it in
+    that model's metadata.json (training does this itself; this adds it to a model trained before)."""
+    import json
+    import sys
+
+    import pandas as pd
+
+    from analytical_model.registry import operator_keys
+    from pipeweave.cli import ArgumentParser, write_atomically
+    from pipeweave.mlp import latest_model_dir, read_metadata
+    from pipeweave.modeling import cap_rows_per_gpu, dataset_paths, read_dataset
+    from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR
+
+    parser = ArgumentParser(prog="python3 -m pipeweave.memory_model", description=main.__doc__)
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
+    parser.add_argument("--dataset_dir", default=str(DATASET_DIR))
+    args = parser.parse_args(argv)
+    for op in (key for key in operator_keys(trainable=True) if get_operator(key).dram_bound):
+        directory = latest_model_dir(args.model_dir, op)
+        metadata = read_metadata(directory)
+        trained = metadata["data_info"]["train_hardware_distribution"]
+        train = read_dataset(dataset_paths(op, args.dataset_dir)[0])
+        train = cap_rows_per_gpu(train[train["hardware"].isin(list(trained))],
+                                 metadata["training"].get("max_rows_per_gpu"), metadata["training"]["seed"])
+        if not isinstance(train, pd.DataFrame) or len(train) != sum(trained.values()):
+            raise ValueError(f"{op}: {len(train)} training rows in {args.dataset_dir}, the model was trained on "
+                             f"{sum(trained.values())}; rebuild the dataset (python3 -m dataset.build)")
+        metadata["memory_model"] = fit_frame(op, train)
+        text = json.dumps(metadata, indent=2, ensure_ascii=False)
+        write_atomically(directory / "metadata.json", lambda tmp: tmp.write_text(text))
+        print(f"{directory}/metadata.json: memory_model {metadata['memory_model']}", file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from pipeweave.cli import run_cli
+
+    sys.exit(run_cli(main))
