@@ -6,7 +6,7 @@ The input needs the operator's shape columns (see ``analytical_model.registry``:
 tile_M, tile_N, tile_K, is_split_k, cta_count]; attn attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd with
 lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GPU name the hardware loader
 accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
-``predicted_us``: C_ideal / (predicted efficiency × SM clock) (METHOD.md §4.3), from one batched MLP pass.
+``predicted_us``: C_ideal / (predicted efficiency × SM clock) (docs/METHOD.md §4.3), from one batched MLP pass.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attention calculators (METHOD.md §3.5–§3.9): Appendix A.5–A.11, tile tables, literal reference
+"""Attention calculators (docs/METHOD.md §3.5–§3.9): Appendix A.5–A.11, tile tables, literal reference
 implementations on small GPUs, and properties that hold under the spec."""
 from __future__ import annotations
 
