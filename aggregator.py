@@ -1,4 +1,4 @@
-"""End-to-end latency prediction (METHOD.md §7): workload JSON(s) × GPU(s) → prediction JSON(s).
+"""End-to-end latency prediction (docs/METHOD.md §7): workload JSON(s) × GPU(s) → prediction JSON(s).
 
     python3 aggregator.py --workload workload/Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json --hardware A100 \
         --output e2e/pipeweave_pred/Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json

@@ -1,4 +1,4 @@
-"""Static-batch predictions vs measured runs (METHOD.md §8.1, with the fixes described in pipeweave/compare.py).
+"""Static-batch predictions vs measured runs (docs/METHOD.md §8.1, with the fixes described in pipeweave/compare.py).
 
     python3 compare_pred_real.py                        # e2e/pipeweave_comparison.csv + .png, table on stdout
     python3 compare_pred_real.py --markdown docs/E2E.md # also the full report (static + vLLM tables)

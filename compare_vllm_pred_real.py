@@ -1,4 +1,4 @@
-"""vLLM TP4xPP2 predictions vs measured total latency (METHOD.md §8.2; median of the 5 measured latencies).
+"""vLLM TP4xPP2 predictions vs measured total latency (docs/METHOD.md §8.2; median of the 5 measured latencies).
 
     python3 compare_vllm_pred_real.py [--pred_dir e2e/pipeweave_pred] [--real_dir e2e/real] [--markdown FILE]
 

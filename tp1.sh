@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen2.5-14B, TP1 (METHOD.md §9, tp1.sh): traces arxiv_8 and splitwise_32 on all eleven artifact GPUs —
+# Qwen2.5-14B, TP1 (docs/METHOD.md §9, tp1.sh): traces arxiv_8 and splitwise_32 on all eleven artifact GPUs —
 # FA3 prefill files on the Hopper GPUs (H100, H20, H200, H800), FA2 files on the others (22 runs).
 # TP1 has no communication, so no collective models are involved.
 # Writes e2e/pipeweave_pred/<workload stem>_<GPU, spaces as _>.json; extra flags (e.g. --model_dir DIR) pass

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen3-32B, TP2 (METHOD.md §9, tp2.sh): arxiv_16, arxiv_12, splitwise_64, splitwise_48 on A100 (FA2), H100 (FA3)
+# Qwen3-32B, TP2 (docs/METHOD.md §9, tp2.sh): arxiv_16, arxiv_12, splitwise_64, splitwise_48 on A100 (FA2), H100 (FA3)
 # and RTX PRO 6000 S (FA2); arxiv_12 and splitwise_48 on RTX 6000 Ada (FA2) — 14 runs, as in the artifact.
 # Collectives (2-worker all-reduce): every GPU here uses its OWN collective models (collective_models/<GPU>/:
 # A100, H100 and RTX PRO 6000 S and RTX 6000 Ada all have measured 2-GPU all-reduce), given explicitly below.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama-3.1-70B, TP4 (METHOD.md §9, tp4.sh): arxiv_16 and splitwise_64 on A100 (FA2) and H100 (FA3) — 4 runs.
+# Llama-3.1-70B, TP4 (docs/METHOD.md §9, tp4.sh): arxiv_16 and splitwise_64 on A100 (FA2) and H100 (FA3) — 4 runs.
 # Collectives (4-worker all-reduce): each GPU uses its OWN measured collective models (A100: PipeWeave 2/4/8
 # workers; H100: PipeWeave 2/4 workers), given explicitly below.
 # Writes e2e/pipeweave_pred/<workload stem>_<GPU>.json; extra flags pass through to aggregator.py.

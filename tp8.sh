@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama-3.1-70B, TP8, FA3 (METHOD.md §9, tp8.sh): arxiv_16 and splitwise_64 on H800 and H20 (the artifact's
+# Llama-3.1-70B, TP8, FA3 (docs/METHOD.md §9, tp8.sh): arxiv_16 and splitwise_64 on H800 and H20 (the artifact's
 # active runs), plus arxiv_32 and splitwise_72 on H800 (commented out in the artifact's script, but their H800
 # outputs are part of its stored comparison) — 6 runs.
 # Collectives (8-worker all-reduce): each GPU uses its OWN measured collective models (H800 and H20: PipeWeave

@@ -1,4 +1,4 @@
-"""Train the per-GPU collective-communication time models (METHOD.md §5.5, with the fixes of pipeweave/collectives.py).
+"""Train the per-GPU collective-communication time models (docs/METHOD.md §5.5, with the fixes of pipeweave/collectives.py).
 
     python3 train_collective_rf.py                         # all GPUs with data -> collective_models/<GPU>/
     python3 train_collective_rf.py --hardware H100 --hardware A100

@@ -1,4 +1,4 @@
-"""Train one operator's efficiency MLP (METHOD.md §5.1–5.2).
+"""Train one operator's efficiency MLP (docs/METHOD.md §5.1–5.2).
 
     python3 train_mlp.py --op gemm                      # pipeweave recipe, all GPUs, shape-held-out test
     python3 train_mlp.py --op attn --holdout_hardware H100   # leave-one-GPU-out evaluation

@@ -1,4 +1,4 @@
-"""Train the upper-bound (80th-percentile) efficiency model and flag under-performing kernels (METHOD.md §5.4).
+"""Train the upper-bound (80th-percentile) efficiency model and flag under-performing kernels (docs/METHOD.md §5.4).
 
     python3 train_mlp_quantile.py --op gemm [--quantile 0.8] [--threshold 0.0] [--topk 100]
 

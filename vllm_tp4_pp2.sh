@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama-3.1-70B, TP4 x PP2, FA3 (METHOD.md §9, vllm_tp4_pp2.sh): vllm_arxiv16 and vllm_splitwise64 on H800 and
+# Llama-3.1-70B, TP4 x PP2, FA3 (docs/METHOD.md §9, vllm_tp4_pp2.sh): vllm_arxiv16 and vllm_splitwise64 on H800 and
 # H20 — 4 runs. Compared with the vLLM measurements by compare_vllm_pred_real.py.
 # Collectives: 4-worker all-reduce (TP) and a 2-party send/recv (PP stage boundary).
 #   * H20 uses its OWN measured models for both (PipeWeave all-reduce 4/8 workers, send/recv 2).

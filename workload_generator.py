@@ -1,4 +1,4 @@
-"""Generate workload JSON files (METHOD.md section 6) from a model config and a request trace.
+"""Generate workload JSON files (docs/METHOD.md section 6) from a model config and a request trace.
 
 The logic lives in pipeweave/generate_cli.py, pipeweave/generate.py and pipeweave/workload.py.
 

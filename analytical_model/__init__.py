@@ -1,1 +1,1 @@
-"""Analytical pipe-demand models of LLM inference kernels (METHOD.md §3)."""
+"""Analytical pipe-demand models of LLM inference kernels (docs/METHOD.md §3)."""

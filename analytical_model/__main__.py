@@ -2,7 +2,7 @@
 python3 -m analytical_model list [--trainable | --quantile | --profiled] [--keys]
 
 Reads the operator's shape columns and ``hardware`` from IN.csv and writes every input column plus
-the feature columns (METHOD.md §4.1 names and order) and ``ideal_cycles`` (``--descriptors`` adds the
+the feature columns (docs/METHOD.md §4.1 names and order) and ``ideal_cycles`` (``--descriptors`` adds the
 shape descriptors of analytical_model/descriptors.py before ``ideal_cycles``). For gemm, optional
 columns tile_M, tile_N, tile_K, is_split_k, cta_count override the tile rule row by row.
 

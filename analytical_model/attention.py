@@ -1,4 +1,4 @@
-"""Attention feature dispatch (METHOD.md §3.5–§3.9, §4.1).
+"""Attention feature dispatch (docs/METHOD.md §3.5–§3.9, §4.1).
 
 ``attention_type`` strings come from the workloads and datasets ("fa2_paged", "fa2_ragged", "fa3_ragged",
 …).  The calculator is chosen by substring: "fa2" → FA2, "fa3" → FA3, "ck" → FA-CK, "cutlass" →
@@ -82,6 +82,6 @@ def attention_problem(
 
 def attention_features(attention_type: str, bs: int, q_lengths: Sequence[int], kv_lengths: Sequence[int], nh: int,
                        nkv: int, hd: int, hw: HardwareSpec, causal: bool = True, **data_sizes: int) -> np.ndarray:
-    """The 15 attention features (float64, METHOD.md §4.1 order) of one kernel launch."""
+    """The 15 attention features (float64, docs/METHOD.md §4.1 order) of one kernel launch."""
     key, problem = attention_problem(attention_type, bs, q_lengths, kv_lengths, nh, nkv, hd, causal, **data_sizes)
     return ATTENTION_CALCULATORS[key](problem, hw)

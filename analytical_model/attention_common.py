@@ -1,4 +1,4 @@
-"""Building blocks shared by the four attention calculators (METHOD.md §3.5).
+"""Building blocks shared by the four attention calculators (docs/METHOD.md §3.5).
 
 Every attention calculator reduces a kernel launch to a list of *tasks* (CTAs or work tiles), each with an
 iteration count ``it`` (KV tiles processed) and the SM it runs on.  In all four calculators the per-task
@@ -34,7 +34,7 @@ def task_pipes(
     ``sm_ids``/``its`` give, for every task, its SM and iteration count (tasks with ``it <= 0`` are
     ignored).  ``mma``, ``xu`` and ``nbytes`` are ``(const, per_it)`` pairs: a contributing task costs
     ``const + per_it * it``.  Totals are summed over all tasks, sm_max is the largest per-SM sum, taken
-    separately for each quantity (METHOD.md §3.0).
+    separately for each quantity (docs/METHOD.md §3.0).
     """
     sm_ids = np.asarray(sm_ids, dtype=np.int64)
     its = np.asarray(its, dtype=np.int64)

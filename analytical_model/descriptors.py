@@ -9,7 +9,7 @@ README "Differences from the reference"). The reference recipe (``--recipe refer
 them, so the artifact's feature vector stays reachable.
 
 All values are float64, non-negative; cycles = work / (rate per SM per clock × SMs) or bytes at the
-spec DRAM bandwidth (same 2^30 scaling as the memory pipe, METHOD.md §0.3).
+spec DRAM bandwidth (same 2^30 scaling as the memory pipe, docs/METHOD.md §0.3).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""FA2 calculator: FlashInfer's FA2 batch prefill/decode template (METHOD.md §3.6).
+"""FA2 calculator: FlashInfer's FA2 batch prefill/decode template (docs/METHOD.md §3.6).
 
 Models every attention type containing "fa2" (Ampere/Ada/Blackwell-workstation prefill and all decode
 steps).  Query heads of one GQA group are packed into the q dimension, the KV axis is split into chunks
 by FlashInfer's binary search, and one CTA per (request, packed q tile, KV chunk, KV head) is emitted.
 
-Quirks kept on purpose (METHOD.md §11.1 items 1-4): the trained attention model was fitted on features
+Quirks kept on purpose (docs/METHOD.md §11.1 items 1-4): the trained attention model was fitted on features
 computed with them, so they are *features, not bugs*, and changing any of them changes every sm_max
 feature and requires retraining:
 

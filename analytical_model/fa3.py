@@ -1,10 +1,10 @@
-"""FA3 calculator: FlashInfer's SM90 (Hopper) prefill kernel (METHOD.md §3.7).
+"""FA3 calculator: FlashInfer's SM90 (Hopper) prefill kernel (docs/METHOD.md §3.7).
 
 Models attention types containing "fa3" (in the workloads only "fa3_ragged" prefill on Hopper).  There
 is no GQA packing: every query head is scheduled separately and nkv is unused.  Work tiles (request,
 q tile, head pass) are placed by FlashInfer's cost-based min-heap scheduler.
 
-Quirks kept on purpose (METHOD.md §11.1 items 4-5): the trained attention model was fitted on features
+Quirks kept on purpose (docs/METHOD.md §11.1 items 4-5): the trained attention model was fitted on features
 computed this way, so they are *features, not bugs*:
 
 * when ceil(Σq / cta_q) + B − 1 > 8192 only one head pass is scheduled ("same schedule for all

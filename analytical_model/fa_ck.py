@@ -1,9 +1,9 @@
-"""FA-CK calculator: AMD Composable-Kernel FMHA forward (METHOD.md §3.8; not used end-to-end).
+"""FA-CK calculator: AMD Composable-Kernel FMHA forward (docs/METHOD.md §3.8; not used end-to-end).
 
 For ROCm MI-series GPUs ("SM" = compute unit).  Tasks are (batch, head, q tile) in that order and are
 dealt round-robin over the SMs; heads = nh (nkv unused).
 
-Quirks kept on purpose (METHOD.md §11.1 items 4 and 6), so that features match the reference
+Quirks kept on purpose (docs/METHOD.md §11.1 items 4 and 6), so that features match the reference
 calculator bit for bit (*features, not fixes*):
 
 * only uniform batches are supported (all q equal, all kv equal), anything else is a ValueError;

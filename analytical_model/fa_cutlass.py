@@ -1,9 +1,9 @@
-"""FA-CUTLASS calculator: FlashInfer's CUTLASS SM100 (B200) FMHA (METHOD.md §3.9; not used end-to-end).
+"""FA-CUTLASS calculator: FlashInfer's CUTLASS SM100 (B200) FMHA (docs/METHOD.md §3.9; not used end-to-end).
 
 Work tiles (head, request, q tile) go to S cost-based buckets (a min-heap, ties to the lowest bucket id);
 heads are scheduled separately (nkv unused) and requests keep input order.
 
-Quirks kept on purpose (METHOD.md §11.1 item 4), so that features match the reference calculator bit
+Quirks kept on purpose (docs/METHOD.md §11.1 item 4), so that features match the reference calculator bit
 for bit (*features, not fixes*): one KV tile (K or V) per iteration, Q once per task, and the causal
 extent of q tile t is kv − (n_tiles − t − 1)·cta_q (tiles counted back from the last one).
 """

@@ -1,4 +1,4 @@
-"""FP8 GEMM (Hopper CUTLASS-style 128x128x128 tiles, one byte per element). METHOD.md §3.4.
+"""FP8 GEMM (Hopper CUTLASS-style 128x128x128 tiles, one byte per element). docs/METHOD.md §3.4.
 
 ``cta_count`` and ``is_split_k`` are ignored: every output tile is one CTA and the busiest SM runs
 ``ceil(tiles / SMs)`` waves of full-K tiles.

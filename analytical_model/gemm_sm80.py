@@ -1,6 +1,6 @@
 """BF16 GEMM on SM80-class GPUs (Ampere, Ada, Blackwell workstation): mma.sync tiles, split-K grids.
 
-METHOD.md §3.2. ``cta_count`` is always read as a split-K grid (``is_split_k`` is ignored), and the
+docs/METHOD.md §3.2. ``cta_count`` is always read as a split-K grid (``is_split_k`` is ignored), and the
 busiest SM runs ``waves`` CTAs, each covering a ``k_slice`` of the reduction.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """BF16 GEMM on Hopper-style GPUs (TMA + warpgroup MMA): split-K or persistent data-parallel kernels.
 
-METHOD.md §3.3. The split-K branch assumes one wave (no wave multiplier, quirk §11.1.7, kept because
+docs/METHOD.md §3.3. The split-K branch assumes one wave (no wave multiplier, quirk §11.1.7, kept because
 the features define what the model learned). The persistent branch gives each CTA
 ``ceil(tiles / cta_count)`` output tiles; ``cta_count`` above the tile count replicates work.
 """

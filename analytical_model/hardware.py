@@ -1,4 +1,4 @@
-"""Load and validate the GPU spec JSONs under ``hardware/`` (METHOD.md §1).
+"""Load and validate the GPU spec JSONs under ``hardware/`` (docs/METHOD.md §1).
 
 A GPU can be named by its file stem ("H100", "RTX 6000 Ada" or "RTX_6000_Ada"), by the device
 name the driver reports ("NVIDIA H100", "NVIDIA H100 80GB HBM3") or by aiconfigurator's system key

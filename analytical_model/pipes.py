@@ -1,6 +1,6 @@
 """Hardware spec, pipe records and problem configurations shared by every calculator.
 
-A *pipe* is the demand a kernel puts on one hardware pipeline (METHOD.md §3.0):
+A *pipe* is the demand a kernel puts on one hardware pipeline (docs/METHOD.md §3.0):
 
 * compute pipes (tensor, XU, FMA): ``all_ops, all_cycle, sm_max_ops, sm_max_cycle``;
 * the memory pipe: ``global_in_flight, global_cycle, local_cycle, sm_max_in_flight,
@@ -46,7 +46,7 @@ MEMORY_TYPES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7")
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """One GPU as the analytical model sees it (METHOD.md §1.1, snake_case)."""
+    """One GPU as the analytical model sees it (docs/METHOD.md §1.1, snake_case)."""
 
     stem: str
     name: str
@@ -90,7 +90,7 @@ class HardwareSpec:
         return self.architecture == "blackwell" and self.compute_capability[0] == 10
 
     def spec_columns(self) -> dict[str, float]:
-        """The eight hardware columns every dataset CSV carries (METHOD.md §5.3)."""
+        """The eight hardware columns every dataset CSV carries (docs/METHOD.md §5.3)."""
         return {
             "tc_bf16": self.tc_bf16,
             "xu_fp32": self.xu_fp32,
@@ -116,12 +116,12 @@ HARDWARE_SPEC_COLUMNS = (
 
 
 def ceil_div(x, y):
-    """Ceiling division that also rounds toward +inf for negative numerators (METHOD.md §0.3)."""
+    """Ceiling division that also rounds toward +inf for negative numerators (docs/METHOD.md §0.3)."""
     return -((-x) // y)
 
 
 def compute_pipe(total_ops, sm_max_ops, rate: float, num_sms: int) -> np.ndarray:
-    """P(total_ops, sm_max_ops, rate) of METHOD.md §3.0, one row per problem."""
+    """P(total_ops, sm_max_ops, rate) of docs/METHOD.md §3.0, one row per problem."""
     total = np.asarray(total_ops, dtype=np.float64)
     sm_max = np.asarray(sm_max_ops, dtype=np.float64)
     total, sm_max = np.broadcast_arrays(total, sm_max)
@@ -129,7 +129,7 @@ def compute_pipe(total_ops, sm_max_ops, rate: float, num_sms: int) -> np.ndarray
 
 
 def memory_pipe(bytes_total, bytes_sm_max, hw: HardwareSpec) -> np.ndarray:
-    """M(B_total, B_sm) of METHOD.md §3.0: KiB loaded and the cycles they take at each level."""
+    """M(B_total, B_sm) of docs/METHOD.md §3.0: KiB loaded and the cycles they take at each level."""
     kib_total = np.asarray(bytes_total, dtype=np.float64) / 1024
     kib_sm = np.asarray(bytes_sm_max, dtype=np.float64) / 1024
     kib_total, kib_sm = np.broadcast_arrays(kib_total, kib_sm)
@@ -177,7 +177,7 @@ def positive_int_array(name: str, value) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GemmProblem:
-    """C[m×n] = A[m×k]·B[k×n] with the CTA tiling the kernel used (METHOD.md §3.1). Array-valued."""
+    """C[m×n] = A[m×k]·B[k×n] with the CTA tiling the kernel used (docs/METHOD.md §3.1). Array-valued."""
 
     m: np.ndarray
     n: np.ndarray
@@ -236,7 +236,7 @@ ATTENTION_LAYOUTS = ("paged", "ragged")
 
 @dataclass(frozen=True)
 class AttentionProblem:
-    """A batch of attention requests (METHOD.md §3.5). One problem per kernel launch."""
+    """A batch of attention requests (docs/METHOD.md §3.5). One problem per kernel launch."""
 
     batch_size: int
     q_lengths: tuple[int, ...]
@@ -295,7 +295,7 @@ MOE_PASSES = ("w13", "w2")
 
 @dataclass(frozen=True)
 class MoeProblem:
-    """One Triton fused-MoE GEMM pass (METHOD.md §3.12). Array-valued except the pass type."""
+    """One Triton fused-MoE GEMM pass (docs/METHOD.md §3.12). Array-valued except the pass type."""
 
     m: np.ndarray
     experts: np.ndarray

@@ -1,4 +1,4 @@
-"""Fused RMSNorm, one CTA per token row (METHOD.md §3.10).
+"""Fused RMSNorm, one CTA per token row (docs/METHOD.md §3.10).
 
 Instruction counts are warp-level with the artifact's empirical multipliers; they are divided by
 per-lane throughputs, so efficiencies come out around 1e-5..1e-3 (quirk §11.1.8). Kept because the

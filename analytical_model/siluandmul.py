@@ -1,4 +1,4 @@
-"""SiLU(gate)·up activation, one CTA per token row (METHOD.md §3.11).
+"""SiLU(gate)·up activation, one CTA per token row (docs/METHOD.md §3.11).
 
 ``dim`` is the input width (gate|up concatenated, 2·I/TP in workloads). Per-element FMA and XU costs
 carry the artifact's empirical multipliers; see rmsnorm.py for why the scale is kept.

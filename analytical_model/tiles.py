@@ -1,4 +1,4 @@
-"""Deterministic GEMM tile choice, replacing the artifact's nearest-neighbour lookup (METHOD.md §7.2, §11.3.16).
+"""Deterministic GEMM tile choice, replacing the artifact's nearest-neighbour lookup (docs/METHOD.md §7.2, §11.3.16).
 
 ``choose_gemm_tiles(M, N, K, hw, dtype)`` imitates how cuBLAS/CUTLASS heuristics pick a kernel, using
 only the shape and the spec sheet, so training and inference see the same rule and no dataset is

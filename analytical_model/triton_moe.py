@@ -1,4 +1,4 @@
-"""One GEMM pass of vLLM/SGLang's Triton fused-MoE kernel (METHOD.md §3.12).
+"""One GEMM pass of vLLM/SGLang's Triton fused-MoE kernel (docs/METHOD.md §3.12).
 
 Routing is assumed perfectly balanced (round-robin over experts); each expert's token count is
 padded to the block size BM, and CTAs are dealt uniformly over SMs. BK and GROUP_M of the tiling

@@ -4,7 +4,7 @@ For every operator class, the measurements of all sources (dataset/sources.py) a
 registry's shapes, repeated keys are averaged, invalid rows are dropped with a logged reason, and
 the analytical features and the ``overall_perf`` target are computed. Rows are split by shape
 (pipeweave/splits.py): no shape is in both files. Output, per operator:
-``dataset/<op>_{train,test}.csv`` in the artifact's schema (METHOD.md §5.3) plus ``source`` and
+``dataset/<op>_{train,test}.csv`` in the artifact's schema (docs/METHOD.md §5.3) plus ``source`` and
 ``dtype``; and ``dataset/collective.csv`` for the collective models. Generated files are not
 committed.
 """

@@ -37,12 +37,12 @@ def build_parser():
 
     parser = ArgumentParser(
         prog="aggregator.py",
-        description="Predict the end-to-end latency of LLM inference workloads on GPUs (METHOD.md §7).",
+        description="Predict the end-to-end latency of LLM inference workloads on GPUs (docs/METHOD.md §7).",
         epilog="Several workloads and/or GPUs (or --pairs) predict every pair in one process with the models loaded "
                "once; --output is then a directory that receives <workload stem>_<GPU stem>.json per pair.",
     )
     parser.add_argument("--workload", nargs="+", action="extend", default=[], metavar="JSON",
-                        help="workload JSON file(s) (METHOD.md §6.4), or stems of files in workload/; repeatable")
+                        help="workload JSON file(s) (docs/METHOD.md §6.4), or stems of files in workload/; repeatable")
     parser.add_argument("--hardware", action="append", default=[], metavar="GPU",
                         help="GPU name (hardware file stem such as 'H100' or 'RTX 6000 Ada', or the device name), "
                              "a comma-separated list, or 'all' (every GPU in --hardware_dir); repeatable")

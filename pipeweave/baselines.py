@@ -14,7 +14,7 @@
   ``$PIPEWEAVE_SHARED_DATA/pipeweave/e2e/baselines/``, read in place): only their prediction columns are used and
   their errors are recomputed against the same medians; our outputs keep those errors, not the artifact's
   prediction values. The artifact's roofline files carry no decode prediction
-  (its decode column is 0, a schema mismatch, METHOD.md §8.1), so that column is left empty.
+  (its decode column is 0, a schema mismatch, docs/METHOD.md §8.1), so that column is left empty.
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def read_artifact_baselines(baselines_dir: Path | None, hardware_dir: Path = DEF
                 "method": method, "gpu": gpu_stem(str(row["Hardware"]), hardware_dir), "tp": int(row["TP"]),
                 "pp": int(row["PP"]), "model": row["Model"], "trace": row["Workload"],
                 "pred_prefill_ms": float(row["pred_prefill_ms"]),
-                # the artifact's roofline files have no decode prediction (read as 0: METHOD.md §8.1)
+                # the artifact's roofline files have no decode prediction (read as 0: docs/METHOD.md §8.1)
                 "pred_decode_ms": np.nan if method == "roofline" else float(row["pred_decode_ms"]),
                 "pred_total_ms": float(row["pred_total_ms"]),
             })

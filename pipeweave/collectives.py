@@ -1,6 +1,6 @@
 """Collective-communication time models: all-reduce (tensor parallel) and send/recv (pipeline stages).
 
-Replaces the artifact's per-GPU random forests (METHOD.md §5.5, §7.3 "Communication") and fixes the quirks of
+Replaces the artifact's per-GPU random forests (docs/METHOD.md §5.5, §7.3 "Communication") and fixes the quirks of
 §11.3 items 18-19.
 
 Usage::

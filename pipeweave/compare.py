@@ -5,7 +5,7 @@ artifact's published predictions side by side: the logic behind ``compare_pred_r
 Measured runs are read by :mod:`pipeweave.measured_runs`, the baselines computed or read by
 :mod:`pipeweave.baselines`, the outputs rendered by :mod:`pipeweave.e2e_report`.
 
-Metrics (fix of METHOD.md §11.4 item 25)
+Metrics (fix of docs/METHOD.md §11.4 item 25)
 ----------------------------------------
 The reference compared each prediction with the repetition closest to it (best of 5), which biases the error down
 and gives every method a different "measured" value. Here the reference value is the **median over the

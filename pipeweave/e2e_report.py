@@ -189,7 +189,7 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "**Error metric.** |predicted − median(measured)| / median(measured), per metric: prefill, decode per step "
         "(predicted mean decode step vs measured median step latency) and total; *mean err* is the mean of the "
         "three. The reference value is the median over the repetitions for every method — not the repetition "
-        "closest to each prediction, as the artifact's scripts did (METHOD.md §11.4 item 25); the artifact's "
+        "closest to each prediction, as the artifact's scripts did (docs/METHOD.md §11.4 item 25); the artifact's "
         "published predictions are therefore re-scored here and their errors differ from those in its CSVs.",
         "",
         "**What was fitted on what.** Nothing in these predictions was fitted on end-to-end measurements: the only "
@@ -219,7 +219,7 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "predictions of the PipeWeave artifact (github.com/zksainx/pipeweave @ 55e0317, Apache-2.0, "
         "`e2e/<method>_comparison.csv`, prediction columns only; shared copies filtered to the GPUs with "
         "measurements), errors recomputed against the same medians. The artifact's roofline has no decode "
-        "prediction (schema mismatch, METHOD.md §8.1): its mean is over prefill and total only.",
+        "prediction (schema mismatch, docs/METHOD.md §8.1): its mean is over prefill and total only.",
         "",
     ]
     if predicted_static < measured_static:
@@ -233,7 +233,7 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
     if vllm is not None and len(vllm):
         parts += ["## vLLM, Llama-3.1-70B TP4 × PP2 (total latency)", "",
                   "Compared on total latency only (the vLLM benchmark reports end-to-end latency). The workloads are "
-                  "static batches that run all 80 layers serially plus one stage-boundary transfer (METHOD.md "
+                  "static batches that run all 80 layers serially plus one stage-boundary transfer (docs/METHOD.md "
                   "§6.5). H800's 4-GPU all-reduce has no measurement (its only sweep is 8 GPUs), so it uses "
                   "the documented analytical estimate (vLLM custom all-reduce model on H800's NVLink below 8 MiB, "
                   "ring estimate above; a WARNING is printed); its send/recv is measured.", "",

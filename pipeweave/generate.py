@@ -96,7 +96,7 @@ def uniform_trace(spec: WorkloadSpec) -> Trace:
 
 
 def _paper_set() -> tuple[WorkloadSpec, ...]:
-    """The 25 workloads of the PipeWeave artifact (METHOD.md sections 6.3, 6.5 and 9)."""
+    """The 25 workloads of the PipeWeave artifact (docs/METHOD.md sections 6.3, 6.5 and 9)."""
     specs: list[WorkloadSpec] = []
     both = ("fa2_ragged", "fa3_ragged")
     # tp1.sh: Qwen2.5-14B, TP1, fa2 (Ampere/Ada/Blackwell) and fa3 (Hopper) files.
@@ -114,7 +114,7 @@ def _paper_set() -> tuple[WorkloadSpec, ...]:
     # vllm_tp4_pp2.sh: uniformised traces, TP4 x PP2, fa3.
     for trace in ("vllm_arxiv16", "vllm_splitwise64"):
         specs.append(WorkloadSpec("Llama-3.1-70B", trace, tp=4, pp=2, prefill_attn="fa3_ragged"))
-    # Orphan single-sequence files (METHOD.md 6.5): one request holding a trace's total prompt; the trace's
+    # Orphan single-sequence files (docs/METHOD.md 6.5): one request holding a trace's total prompt; the trace's
     # output_tokens. The 32,720-token prompt of vllm_s32 is not splitwise_32's sum (33,950): given explicitly.
     specs.append(WorkloadSpec("Llama-3.1-70B", "arxiv_16", tp=4, pp=2, single_sequence=True, name="vllm_a16"))
     specs.append(WorkloadSpec("Qwen2.5-14B", "arxiv_8", tp=1, single_sequence=True, name="vllm_a8"))

@@ -6,7 +6,7 @@ The input needs the operator's shape columns (see ``analytical_model.registry``:
 tile_M, tile_N, tile_K, is_split_k, cta_count]; attn attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd with
 lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GPU name the hardware loader
 accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
-``predicted_us``: C_ideal / (predicted efficiency × SM clock) (METHOD.md §4.3), from one batched MLP pass, with
+``predicted_us``: C_ideal / (predicted efficiency × SM clock) (docs/METHOD.md §4.3), from one batched MLP pass, with
 the efficiency kept inside its physical band (:mod:`pipeweave.bounds`), and ``extrapolation``: empty where the
 model's training data covers the kernel, else ``architecture`` (the GPU's architecture is absent from the model's
 training GPUs), ``range`` (a model input lies outside its training range) or ``architecture+range``.

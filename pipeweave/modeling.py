@@ -1,7 +1,7 @@
 """Training one operator's model from the dataset CSVs, evaluating it, and writing its directory.
 
 Used by train_mlp.py, train_mlp_quantile.py and the accuracy report. Metrics on efficiency follow
-METHOD.md §5.2; pipeweave adds the duration error |pred − measured| / measured, which is what users
+docs/METHOD.md §5.2; pipeweave adds the duration error |pred − measured| / measured, which is what users
 read (for efficiency p and prediction p̂ it is p / p̂ − 1).
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ def feature_matrix(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndar
 
 def input_names(op: str, config: TrainConfig) -> tuple[str, ...]:
     """``config.features`` if set (a subset, for ablations); else the pipeweave recipe adds the shape
-    descriptors and the reference and quantile recipes use METHOD.md's features."""
+    descriptors and the reference and quantile recipes use docs/METHOD.md's features."""
     operator = get_operator(op)
     if config.features is None:
         return operator.input_names(with_descriptors=config.recipe == "pipeweave")

@@ -1,4 +1,4 @@
-"""Fitting the efficiency MLPs (METHOD.md §5.2, §5.4) with an explicit random state.
+"""Fitting the efficiency MLPs (docs/METHOD.md §5.2, §5.4) with an explicit random state.
 
 Two recipes:
 

@@ -1,4 +1,4 @@
-"""Workload generator (METHOD.md section 6): model config + request trace + parallelism -> workload JSON.
+"""Workload generator (docs/METHOD.md section 6): model config + request trace + parallelism -> workload JSON.
 
 A workload is a static batch: one prefill iteration holding every request of the trace, then one decode
 iteration per further generated token (``output_tokens`` iterations in all). Each iteration lists the
@@ -29,7 +29,7 @@ DECODE_ATTN_DEFAULT = "fa2_paged"
 ATTENTION_BACKENDS = ("fa2_ragged", "fa3_ragged", "fa2_paged", "fa3_paged")
 
 # --------------------------------------------------------------------------------------------------
-# Workload construction (METHOD.md sections 6.2 and 6.3)
+# Workload construction (docs/METHOD.md sections 6.2 and 6.3)
 # --------------------------------------------------------------------------------------------------
 
 def _div(value: int, tp: int, what: str) -> int:
@@ -46,7 +46,7 @@ def _check_backend(value: str, flag: str) -> str:
 
 @dataclass(frozen=True)
 class RankShapes:
-    """Per-TP-rank sizes of METHOD.md §6.3; computing them validates every exact division by TP.
+    """Per-TP-rank sizes of docs/METHOD.md §6.3; computing them validates every exact division by TP.
 
     ``gate_up_n`` / ``down_k`` belong to the MLP every token runs: the dense MLP, or an MoE model's shared
     expert (0 when it has none; the routed experts are sized in :mod:`pipeweave.moe`).
@@ -71,7 +71,7 @@ class RankShapes:
         kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else 1
         inter_shard = _div(inter, tp, f"intermediate_size ({inter})")
         return cls(
-            # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (METHOD.md 11.3 #23).
+            # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (docs/METHOD.md 11.3 #23).
             qkv_n=_div((nh + 2 * nkv) * hd, tp,
                        f"qkv width (num_attention_heads + 2*num_key_value_heads)*head_dim ({(nh + 2 * nkv) * hd})"),
             o_k=_div(nh * hd, tp, f"num_attention_heads*head_dim ({nh * hd})"),

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 
 from analytical_model.registry import get_operator
-from pipeweave.cli import UserError, run_cli
+from pipeweave.cli import run_cli
 from pipeweave.modeling import evaluate, input_names
 from pipeweave.paths import DATASET_DIR
 from pipeweave.paper.baselines import fit_predict, roofline_efficiency
 from pipeweave.paper.experiments import OPS, VARIANTS, feature_sets
 from pipeweave.paper.report import ablation_verdict, render
-from pipeweave.paper.reproduce import PARTS, SECTIONS, main, merge
+from pipeweave.paper.reproduce import main
 from pipeweave.training import TrainConfig
 
 GPUS = ("NVIDIA H100", "NVIDIA A100-SXM4-80GB")

@@ -28,7 +28,7 @@ from pipeweave.profiler.timing import FakeTimer, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 
-# METHOD.md §2 values of the paper's three models.
+# docs/METHOD.md §2 values of the paper's three models.
 PAPER_CONFIGS = {
     "Qwen2.5-14B": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "num_attention_heads": 40,
                     "num_key_value_heads": 8, "intermediate_size": 13824, "vocab_size": 152064,
@@ -120,7 +120,7 @@ def test_expected_llm_shapes_present(models):
     grid = grids.build_grid(models, quick=True, num_gpus=1)
     gemm = {(r["M"], r["N"], r["K"]) for r in grid.rows["gemm"]}
     for t in grids.QUICK_TOKENS:
-        # Llama-3.1-70B at TP 4 (METHOD.md A.15): qkv, o, gate_up, down
+        # Llama-3.1-70B at TP 4 (docs/METHOD.md A.15): qkv, o, gate_up, down
         assert (t, 2560, 8192) in gemm
         assert (t, 8192, 2048) in gemm
         assert (t, 14336, 8192) in gemm

@@ -76,7 +76,7 @@ def test_tile_rule_is_deterministic_and_vectorised():
 def test_elementwise_finite_and_monotone(seq, dim, grow, axis, gpu):
     """Bytes always grow with seq and dim; ops grow with seq, and with dim inside one vectorisation regime.
 
-    Across regimes the reference rules are not monotone in dim (by design of METHOD.md §3.10-3.11): an
+    Across regimes the reference rules are not monotone in dim (by design of docs/METHOD.md §3.10-3.11): an
     odd dim drops RMSNorm's vector width from 8 to 1, and above 8192 the tail term is added on top of
     rounded-up rounds, so dim 20480 counts more work than 24576. Those rules are reproduced exactly
     (Appendix A.12), so the property is stated for dims that are multiples of 8 up to 8192.

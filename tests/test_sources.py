@@ -1,7 +1,6 @@
 """dataset.sources: raw measurement frames from PipeWeave, Vidur, aiconfigurator-core and dataset/measured."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -129,9 +128,7 @@ def _need_data():
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     _need_data()
-    start = time.perf_counter()
-    frames = load_measurements(log=_quiet, measured_dir=tmp_path_factory.mktemp("no_measured"))
-    return frames, time.perf_counter() - start
+    return load_measurements(log=_quiet, measured_dir=tmp_path_factory.mktemp("no_measured"))
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +143,8 @@ def _resolve(name: str) -> str:
 
 
 @pytest.mark.data
-def test_all_ops_schema_speed_and_hardware(measured):
-    frames, seconds = measured
-    assert seconds < 60, f"load_measurements took {seconds:.1f} s"
+def test_all_ops_schema_and_hardware(measured):
+    frames = measured
     assert set(frames) == set(OPS)
     for op, frame in frames.items():
         assert len(frame) > 1000, op
@@ -159,7 +155,7 @@ def test_all_ops_schema_speed_and_hardware(measured):
 
 @pytest.mark.data
 def test_deterministic(measured):
-    frames, _ = measured
+    frames = measured
     again = load_measurements(ops=["attn", "moe", "rmsnorm"], log=_quiet, measured_dir=Path("/nonexistent"))
     for op, frame in again.items():
         pd.testing.assert_frame_equal(frame, frames[op])
@@ -167,7 +163,7 @@ def test_deterministic(measured):
 
 @pytest.mark.data
 def test_gemm_units(measured):
-    gemm = measured[0]["gemm"]
+    gemm = measured["gemm"]
     cube = gemm[(gemm["M"] == 4096) & (gemm["N"] == 4096) & (gemm["K"] == 4096)]
     by_source = {(r.hardware, r.source.split()[0]): r.avg_duration for r in cube.itertuples()}
     assert by_source[("NVIDIA H100 80GB HBM3", "aiconfigurator-core")] == pytest.approx(166, rel=0.02)
@@ -182,7 +178,7 @@ def test_gemm_units(measured):
 
 @pytest.mark.data
 def test_gemm_fp8(measured):
-    fp8 = measured[0]["gemm_fp8"]
+    fp8 = measured["gemm_fp8"]
     assert set(fp8["dtype"]) == {"fp8"}
     pw = fp8[fp8["source"].str.startswith("pipeweave")]
     assert len(pw) == 16818 + 8410
@@ -196,7 +192,7 @@ def test_gemm_fp8(measured):
 
 @pytest.mark.data
 def test_attention_mapping(measured):
-    attn = measured[0]["attn"]
+    attn = measured["attn"]
     types = attn.groupby("hardware")["attention_type"].unique().map(set).to_dict()
     assert types["NVIDIA A100-SXM4-80GB"] == {"fa2_ragged", "fa2_paged"}
     assert types["NVIDIA H100 80GB HBM3"] == {"fa3_ragged", "fa2_paged"}
@@ -215,7 +211,7 @@ def test_attention_mapping(measured):
 
 @pytest.mark.data
 def test_decode_kv_length_is_isl_plus_step(measured):
-    attn = measured[0]["attn"]
+    attn = measured["attn"]
     h100 = attn[(attn["hardware"] == "NVIDIA H100 80GB HBM3") & (attn["attention_type"] == "fa2_paged")]
     kv = h100["kv_lengths"].str.extract(r"^\[(\d+)", expand=False).astype(int)
     assert set(kv) == {2 ** j for j in range(1, 18)}  # isl 1 + step 2^j - 1
@@ -227,7 +223,7 @@ def test_decode_kv_length_is_isl_plus_step(measured):
 
 @pytest.mark.data
 def test_vidur_layers(measured):
-    frames = measured[0]
+    frames = measured
     for op in ("rmsnorm", "siluandmul"):
         assert not frames[op]["source"].str.contains("phi-2").any()
         assert set(frames[op]["dtype"]) == {"float16"}
@@ -243,7 +239,7 @@ def test_vidur_layers(measured):
 
 @pytest.mark.data
 def test_moe(measured):
-    moe = measured[0]["moe"]
+    moe = measured["moe"]
     assert set(moe["weight_type"]) == {"layer"}
     assert set(moe["hardware"]) == {"NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA L40S"}
     mixtral = moe[(moe["hardware"] == "NVIDIA H100 80GB HBM3") & (moe["E"] == 8) & (moe["topk"] == 2)

@@ -1,4 +1,4 @@
-"""Workload generator (METHOD.md section 6): byte identity with the artifact, committed files, facts, errors."""
+"""Workload generator (docs/METHOD.md section 6): byte identity with the artifact, committed files, facts, errors."""
 from __future__ import annotations
 
 import json
@@ -141,10 +141,10 @@ def test_committed_workloads_are_generator_output():
 
 
 # ------------------------------------------------------------------------------------------------
-# (c) METHOD.md facts: section 2 configs, section 6.1 traces, Appendix A.15
+# (c) docs/METHOD.md facts: section 2 configs, section 6.1 traces, Appendix A.15
 # ------------------------------------------------------------------------------------------------
 
-MODELS = {  # stem: (architecture, H, nh, nkv, hd, I, V, L)  -- METHOD.md section 2
+MODELS = {  # stem: (architecture, H, nh, nkv, hd, I, V, L)  -- docs/METHOD.md section 2
     "Llama-3-8B": ("LlamaForCausalLM", 4096, 32, 8, 128, 14336, 128256, 32),
     "Llama-3.1-8B": ("LlamaForCausalLM", 4096, 32, 8, 128, 14336, 128256, 32),
     "Llama-3-70B": ("LlamaForCausalLM", 8192, 64, 8, 128, 28672, 128256, 80),
@@ -167,7 +167,7 @@ def test_model_configs(stem):
     assert ("head_dim" in raw) == stem.startswith("Qwen3")
 
 
-TRACES = {  # name: (requests, sum of prompts, output_tokens)  -- METHOD.md section 6.1
+TRACES = {  # name: (requests, sum of prompts, output_tokens)  -- docs/METHOD.md section 6.1
     "arxiv_8": (8, 27966, 122), "arxiv_12": (12, 32350, 182), "arxiv_16": (16, 35152, 41),
     "arxiv_32": (32, 89471, 68), "splitwise_32": (32, 33950, 48), "splitwise_48": (48, 16266, 143),
     "splitwise_64": (64, 60296, 18), "splitwise_72": (72, 84891, 18), "vllm_arxiv16": (16, 35152, 403),
@@ -240,7 +240,7 @@ def test_qk_norm_variant_and_tp1_has_no_communication():
 def test_kv_heads_replicated_when_fewer_than_tp():
     first = build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=16).iterations[0]
     assert (first.attention.nh, first.attention.nkv) == (4, 1)  # one replicated KV head per rank
-    assert first.gemm[0].N == (64 + 2 * 8) * 128 // 16  # METHOD.md 11.3 item 23: still divided by TP
+    assert first.gemm[0].N == (64 + 2 * 8) * 128 // 16  # docs/METHOD.md 11.3 item 23: still divided by TP
 
 
 def test_single_sequence_and_overrides():

@@ -144,7 +144,7 @@ def gpu_dir_name(device_name: str, hardware_dir: str | Path | None = None) -> st
 
 
 # ----------------------------------------------------------------------------------------------
-# Hardware JSON skeleton (METHOD.md §1.1)
+# Hardware JSON skeleton (docs/METHOD.md §1.1)
 
 # FP32 FMA lanes per SM by compute capability (CUDA programming guide throughput table);
 # the special-function unit (XU) issues 16 results per clock per SM on every one of these.

@@ -3,7 +3,7 @@
 Every grid is a list of *rows*: dicts holding the operator's shape columns in the raw-dataset order
 (:data:`SHAPE_COLUMNS`). Two sources feed each grid:
 
-* the LLM shapes of the paper's workloads (METHOD.md §6.3): every model config × TP size × token
+* the LLM shapes of the paper's workloads (docs/METHOD.md §6.3): every model config × TP size × token
   count gives the per-rank GEMM, attention, RMSNorm, SiLU*Mul and all-reduce shapes;
 * a log-spaced sweep that covers the space between and around them (full grid only).
 
@@ -36,7 +36,7 @@ DEFAULT_TP = (1, 2, 4, 8)
 DECODE_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 72, 96, 128, 192, 256)
 PREFILL_TOKENS = (384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
                   49152, 65536)
-# Σ prompt tokens of the shipped traces (METHOD.md §6.1): the exact prefill M of the paper's workloads.
+# Σ prompt tokens of the shipped traces (docs/METHOD.md §6.1): the exact prefill M of the paper's workloads.
 PAPER_PREFILL_TOKENS = (16266, 27966, 32350, 33950, 35152, 57664, 60296, 84891, 89471)
 QUICK_TOKENS = (1, 16, 128, 1024, 8192)
 
@@ -56,7 +56,7 @@ def load_models(stems: Sequence[str], config_dir: str | Path) -> list[ModelConfi
 
 
 def load_trace_prompts(trace_dir: str | Path, problems: list[str] | None = None) -> dict[str, tuple[list[int], int]]:
-    """``{trace stem: (prompt lengths, output_tokens)}`` for every trace CSV (METHOD.md §6.1); {} if none.
+    """``{trace stem: (prompt lengths, output_tokens)}`` for every trace CSV (docs/METHOD.md §6.1); {} if none.
 
     The prompt column may be ``num_prefill_tokens`` or ``prompt_tokens``. Files that are not traces are
     skipped (and named in ``problems``): traces only add rows to the attention grid.
@@ -83,7 +83,7 @@ def load_trace_prompts(trace_dir: str | Path, problems: list[str] | None = None)
 
 
 # ----------------------------------------------------------------------------------------------
-# Per-rank LLM shapes (METHOD.md §6.3)
+# Per-rank LLM shapes (docs/METHOD.md §6.3)
 
 
 def tp_problem(model: ModelConfig, tp: int) -> str | None:
