@@ -185,7 +185,7 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
         "on any GPU). *LOGO*: leave-one-GPU-out, a model trained with the same recipe on the other GPUs",
         f"(at most {LOGO_MAX_ROWS_PER_GPU} training rows per GPU, {LOGO_EPOCHS} epochs) and tested on every row of",
         "the held-out GPU, scored as the predictor gives it: inside the physical band, and for RMSNorm and SiLU*Mul",
-        "the bandwidth model fitted on the other GPUs (their MLP is not used on a GPU outside its training; docs/",
+        "the bandwidth model fitted on the other GPUs (their MLP is not used on a GPU outside its training;",
         "docs/METHOD.md §4.3); a cache written before the band (no `worst_ratio` key) is scored without it.",
         "*Roofline*: max(compute at spec peak, DRAM traffic at spec bandwidth) from the same",
         "analytical features. *Artifact*: PipeWeave's published per-GPU mean relative error of `overall_perf`",
