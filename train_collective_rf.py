@@ -18,7 +18,7 @@ from pathlib import Path
 from analytical_model.hardware import load_hardware
 from pipeweave.cli import ArgumentParser, UserError, run_cli
 from pipeweave.paths import REPO_ROOT
-from pipeweave.collectives import MAX_MODEL_BYTES, format_table, train_collectives
+from pipeweave.collective_training import MAX_MODEL_BYTES, format_table, train_collectives
 
 
 

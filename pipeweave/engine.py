@@ -10,6 +10,10 @@ For every (workload, GPU) pair the predicted duration of each operator instance 
   ``num_workers = tp_size``, send/recv with ``num_workers = 2`` (a pipeline-stage boundary is a two-party
   transfer; fix of quirk §11.3.19).
 
+Why one module above ~400 lines: the batch pipeline (deduplicate shapes across all jobs → features → one MLP pass per
+operator → durations → bounds, calibration and extrapolation flags → per-iteration sums) shares its index arrays
+between steps; split across modules those arrays would become a public interface of their own.
+
 **Public surface** (what other features plug into):
 
 * ``Engine(model_dir=..., hardware_dir=..., collective_dir=..., collective_estimate=..., quantile_dir=...,

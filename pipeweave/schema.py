@@ -12,6 +12,9 @@ stay byte-identical to the artifact's.
 The kernel categories map to registry operator classes through the registry's ``workload_key``
 (:func:`analytical_model.registry.workload_operators`); each kernel entry's ``shape`` is the tuple of that
 operator's shape columns.
+
+Why one module above ~400 lines: the entities, their validators and the JSON reader/writer must change together
+(a new category needs all three), and the reader's fast paths sit beside the entities they construct.
 """
 from __future__ import annotations
 

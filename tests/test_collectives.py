@@ -10,10 +10,12 @@ import pytest
 from analytical_model.hardware import load_hardware
 from pipeweave.cli import UserError
 from pipeweave.collective_serving import custom_allreduce_ms, read_serving, to_device_time
+from pipeweave.collective_training import (
+    MAX_MODEL_BYTES, fit_model, heldout_errors, heldout_mask, save_model, select_training_data, train_collectives,
+)
 from pipeweave.collectives import (
-    DEFAULT_COLLECTIVE_DIR, KINDS, MAX_MODEL_BYTES, CollectivePredictor, analytical_collective_ms,
-    collective_hardware_with_models, fit_model, heldout_errors, heldout_mask, load_model, model_predict_ms,
-    save_model, select_training_data, train_collectives,
+    DEFAULT_COLLECTIVE_DIR, KINDS, CollectivePredictor, analytical_collective_ms, collective_hardware_with_models,
+    load_model, model_predict_ms,
 )
 
 GiB, MiB = 2**30, 2**20
