@@ -59,7 +59,9 @@ def predict_workload(
     object (a dict) or a :class:`pipeweave.schema.Workload`. ``hardware`` is a GPU name (file stem such as
     ``"H100"``, driver name, or aiconfigurator key). ``collective_hardware``, ``collective_estimate`` (``"model"``
     or ``"analytical"``) and ``quantiles`` (adds ``summary.optimistic_*``) are the aggregator's flags of the same
-    names. The result's ``summary`` holds ``prefill_duration_ms``, ``decode_avg_duration_ms``,
+    names. Unlike the command line, which prints a WARNING and uses the analytical estimate where no collective
+    model covers a worker count, the API defaults to ``"model"``: a library call has no console for the warning,
+    so an uncovered collective is an error until the caller opts in. The result's ``summary`` holds ``prefill_duration_ms``, ``decode_avg_duration_ms``,
     ``decode_total_duration_ms`` and ``total_duration_ms``. For many calls on in-memory iterations (a serving
     simulator), :class:`pipeweave.engine.Engine` offers ``iteration_ms`` and calibration.
 

@@ -56,3 +56,18 @@ def export_mlp() -> int:
 def compare() -> int:
     """pipeweave-compare {summarize-real,static,vllm}: predictions against measured runs (training extras)."""
     return _run("pipeweave.compare")
+
+
+def calibrate() -> int:
+    """pipeweave-calibrate: a per-GPU calibration from measured runs or kernels (calibrate.py)."""
+    return _run("pipeweave.calibration_fit")
+
+
+def serve_sim() -> int:
+    """pipeweave-serve-sim: serving simulation with continuous batching (serve_sim.py; serve extras)."""
+    return _run("pipeweave.serving.cli")
+
+
+def search_config() -> int:
+    """pipeweave-search-config: GPU / TP / PP / max_num_seqs search under latency targets (search_config.py)."""
+    return _run("pipeweave.serving.search")
