@@ -198,6 +198,10 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
                            "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert not list(target.rglob("*.pth")), "torch checkpoints must not be installed"
+    # every file prediction reads at run time comes with it (a missing one would change numbers silently)
+    for name in ("pipeweave/_data/collective_models/serving.json", "pipeweave/calibration_prior.json",
+                 "pipeweave/serving/simulator.py", "pipeweave/paper/reproduce.py"):
+        assert (target / name).is_file(), f"{name} is not installed"
     work = tmp_path / "elsewhere"
     work.mkdir()
     script = ("import json, sys, pipeweave, pipeweave.paths as p; "
