@@ -14,6 +14,15 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    """Untrained models in the shipped layout (``<root>/<op>/<stamp>/``), written once for the whole session;
+    tests that damage a model copy this folder first."""
+    from benchmarks.aggregator import write_untrained_models
+
+    return write_untrained_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     path = shared_data_dir()
     if not (path / "pipeweave").is_dir():

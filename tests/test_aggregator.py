@@ -24,6 +24,8 @@ from pipeweave import aggregate
 from pipeweave.aggregate import Aggregator, Job, WorkloadFormatError, load_workload, parse_workload
 from pipeweave.cli import UserError
 
+from workload_copies import first_iterations
+
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "workload"
 TP1 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
@@ -32,20 +34,9 @@ PP2 = WORKLOADS / "Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2.json"
 TP2 = WORKLOADS / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
 
 
-@pytest.fixture(scope="session")
-def models(tmp_path_factory) -> Path:
-    return write_untrained_models(tmp_path_factory.mktemp("models"))
 
-
-def small(path: Path, tmp_path: Path, iterations: int = 6, name: str | None = None, edit=None) -> Path:
-    """A copy of a workload with its first ``iterations`` iterations (optionally edited)."""
-    data = json.loads(path.read_text())
-    data["iterations"] = data["iterations"][:iterations]
-    if edit:
-        edit(data)
-    out = tmp_path / (name or path.name)
-    out.write_text(json.dumps(data, indent=2))
-    return out
+def small(path: Path, tmp_path: Path, iterations: int = 6, edit=None, name: str | None = None) -> Path:
+    return first_iterations(path, tmp_path, iterations, edit, name)
 
 
 def run_aggregator(*args, cwd=REPO) -> subprocess.CompletedProcess:

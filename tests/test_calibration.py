@@ -18,6 +18,8 @@ from pipeweave.calibration import (COMMUNICATION, PARAMS, Calibration, Equations
 from pipeweave.calibration_eval import estimate_prior
 from pipeweave.cli import run_cli
 
+from workload_copies import first_iterations
+
 REPO = Path(__file__).resolve().parent.parent
 TP1 = REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
 TP2 = REPO / "workload" / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
@@ -25,14 +27,8 @@ TP4_70B = REPO / "workload" / "Llama-3.1-70B_arxiv_16_fa2_tp4_pp1.json"
 E2E_HEADER = "workload,prefill_ms,decode_step_ms,total_ms\n"
 
 
-def small(path: Path, tmp_path: Path, iterations: int = 4, edit=None) -> Path:
-    data = json.loads(path.read_text())
-    data["iterations"] = data["iterations"][:iterations]
-    if edit:
-        edit(data)
-    out = tmp_path / path.name
-    out.write_text(json.dumps(data))
-    return out
+def small(path: Path, tmp_path: Path, iterations: int = 4, edit=None, name: str | None = None) -> Path:
+    return first_iterations(path, tmp_path, iterations, edit, name)
 
 
 def kernel_equations(x: np.ndarray, log_ratio: np.ndarray, sigma: float = 0.1) -> Equations:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from analytical_model.registry import workload_operators
-from benchmarks.aggregator import write_untrained_models
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.schema import (KERNEL_CATEGORIES, AttentionOp, Category, CollectiveOp, ElementwiseOp, GemmOp, Iteration,
@@ -20,8 +19,8 @@ TP2 = REPO / "workload" / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> Engine:
-    return Engine(model_dir=write_untrained_models(tmp_path_factory.mktemp("models")), log=None)
+def engine(models) -> Engine:
+    return Engine(model_dir=models, log=None)
 
 
 def small_workload(iterations: int = 4) -> Workload:

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from analytical_model.__main__ import main as features_main
-from benchmarks.aggregator import write_untrained_models
 from pipeweave import aggregate
 from pipeweave.cli import run_cli
 
@@ -24,10 +23,6 @@ SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
 numbers = st.one_of(st.integers(-3, 3), st.integers(-2 ** 70, 2 ** 70), st.sampled_from([0, 1, 7, 64, 128, 2 ** 20]),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3), st.none())
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> Path:
-    return write_untrained_models(tmp_path_factory.mktemp("fuzz_models"))
 
 
 def outcome(main, argv, capsys, output: Path) -> None:

@@ -25,16 +25,14 @@ from pipeweave.cli import run_cli, write_atomically
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 
+from workload_copies import first_iterations
+
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "workload"
 TP1 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
 TP1_FA3 = WORKLOADS / "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json"
 TP2 = WORKLOADS / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json"
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> Path:
-    return write_untrained_models(tmp_path_factory.mktemp("models"))
 
 
 def cli(main, *args, capsys) -> tuple[int, str, str]:
@@ -53,13 +51,7 @@ def assert_one_error_line(code: int, err: str, *fragments: str) -> None:
 
 
 def small(path: Path, tmp_path: Path, iterations: int = 3, edit=None, name: str | None = None) -> Path:
-    data = json.loads(path.read_text())
-    data["iterations"] = data["iterations"][:iterations]
-    if edit:
-        edit(data)
-    out = tmp_path / (name or path.name)
-    out.write_text(json.dumps(data))
-    return out
+    return first_iterations(path, tmp_path, iterations, edit, name)
 
 
 # ---------------------------------------------------------------------------------------------------

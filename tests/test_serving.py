@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.aggregator import write_untrained_models
 from pipeweave.engine import Engine
 from pipeweave.memory import weight_bytes_per_gpu
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
@@ -52,8 +51,8 @@ def vllm(blocks=10**6, seqs=256, budget=2048):
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    return Engine(model_dir=write_untrained_models(tmp_path_factory.mktemp("models")),
+def engine(models):
+    return Engine(model_dir=models,
                       collective_estimate="analytical", log=None)
 
 
