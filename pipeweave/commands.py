@@ -12,19 +12,24 @@ from pathlib import Path
 
 from pipeweave.cli import run_cli
 
-#: top-level modules that only the training extras install
-TRAINING_MODULES = {"torch", "sklearn", "joblib", "pandas", "tqdm", "matplotlib", "aiconfigurator"}
+#: top-level modules that only an extra installs: the extra to name when one is missing
+OPTIONAL_MODULES = {"torch": "train", "sklearn": "train", "joblib": "train", "aiconfigurator_core": "train",
+                    "pandas": "train", "tqdm": "train", "matplotlib": "train", "dask": "serve", "distributed": "serve"}
+EXTRA_NAMES = {"train": "training", "serve": "serving"}
 
 
-def _run(module: str, function: str = "main") -> int:
-    """Run ``module.function`` as a command; a missing training extra is one error line, not a traceback."""
+def _run(module: str, extra: str = "train") -> int:
+    """Run ``module.main`` as a command; a module of a missing extra is one error line naming the extra to install
+    (``extra``: the one the command itself needs, e.g. serve; the module's own extra where it is another)."""
     try:
-        return run_cli(getattr(import_module(module), function))
+        return run_cli(import_module(module).main)
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in TRAINING_MODULES:
+        top = (exc.name or "").split(".")[0]
+        if top not in OPTIONAL_MODULES:
             raise
-        print(f"{Path(sys.argv[0]).name}: error: this command needs the training extras "
-              f"(pip install 'pipeweave[train]'; module {exc.name!r} is missing)", file=sys.stderr)
+        needed = extra if extra != "train" else OPTIONAL_MODULES[top]
+        print(f"{Path(sys.argv[0]).name}: error: this command needs the {EXTRA_NAMES[needed]} extras "
+              f"(pip install 'pipeweave[{needed}]'; module {exc.name!r} is missing)", file=sys.stderr)
         return 2
 
 
@@ -65,9 +70,10 @@ def calibrate() -> int:
 
 def serve_sim() -> int:
     """pipeweave-serve-sim: serving simulation with continuous batching (serve_sim.py; serve extras)."""
-    return _run("pipeweave.serving.cli")
+    return _run("pipeweave.serving.cli", extra="serve")
 
 
 def search_config() -> int:
-    """pipeweave-search-config: GPU / TP / PP / max_num_seqs search under latency targets (search_config.py)."""
-    return _run("pipeweave.serving.search")
+    """pipeweave-search-config: GPU / TP / PP / max_num_seqs search under latency targets (search_config.py; serve
+    extras)."""
+    return _run("pipeweave.serving.search", extra="serve")

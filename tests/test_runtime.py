@@ -233,6 +233,20 @@ def test_console_script_without_training_extras_is_one_error_line(monkeypatch, c
                    "'pipeweave[train]'; module 'torch' is missing)"]
 
 
+def test_serving_command_without_dask_names_the_serving_extra(monkeypatch, capsys):
+    from pipeweave import commands
+
+    def missing(name):
+        raise ModuleNotFoundError("No module named 'distributed'", name="distributed")
+
+    monkeypatch.setattr(commands, "import_module", missing)
+    monkeypatch.setattr(sys, "argv", ["pipeweave-search-config"])
+    assert commands.search_config() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pipeweave-search-config: error: this command needs the serving extras (pip install "
+                   "'pipeweave[serve]'; module 'distributed' is missing)"]
+
+
 def test_console_scripts_point_at_commands():
     from pipeweave import commands
 
