@@ -81,6 +81,7 @@ measured vLLM custom all-reduce (CUDA-graph replay) is the first source of all-r
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -285,6 +286,13 @@ class CollectivePredictor:
         _check_kind(kind)
         return sorted(self.models[kind]["range"]) if kind in self.models else []
 
+    @cached_property
+    def _custom_allreduce_params(self):
+        """This GPU's NVLink generation's custom all-reduce constants (``serving.json``, read once), or None."""
+        from analytical_model.hardware import load_hardware
+        fitted = read_serving(self.model_dir).get("custom_allreduce", {})
+        return custom_allreduce_params(fitted, load_hardware(self.hardware).link_type)
+
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Estimate from the hardware JSON's link; small NVLink all-reduces use the custom all-reduce model."""
         from analytical_model.hardware import load_hardware
@@ -293,7 +301,7 @@ class CollectivePredictor:
         latency = spec.link_latency_us if self._latency_us is None else self._latency_us
         size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
         out = analytical_collective_ms(kind, size, workers, link, latency)
-        params = custom_allreduce_params(read_serving(self.model_dir).get("custom_allreduce", {}), spec.link_type)
+        params = self._custom_allreduce_params
         if kind == "all_reduce" and params is not None:
             custom = (size < CUSTOM_AR_MAX_BYTES) & np.isin(workers, CUSTOM_AR_WORLD_SIZES) & (size > 0)
             out = np.where(custom, custom_allreduce_ms(params, size, workers, link), out)
