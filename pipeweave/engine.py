@@ -291,10 +291,7 @@ class Engine:
         optimistic_ms: dict[str, np.ndarray] = {}
         unique_codes: dict[str, np.ndarray] = {}
         for op, table in tables.items():
-            keys = list(table)  # dict order = row order
-            features, described = self.kernel_features(op, keys)
-            unique_ms[op], optimistic_ms[op], unique_codes[op] = self.kernel_durations(op, keys, features, described)
-            check_durations(op, keys, unique_ms[op], optimistic_ms[op])
+            unique_ms[op], optimistic_ms[op], unique_codes[op] = self.unique_durations(op, list(table))
 
         # 3. scatter back and assemble the outputs
         out = []
@@ -334,13 +331,31 @@ class Engine:
             out.append(Prediction(job, result, source))
         return out
 
+    def shape_ms(self, op: str, shapes: Sequence[tuple], hardware: HardwareSpec, label: str) -> np.ndarray:
+        """Point durations (ms, unrounded) of distinct shapes of one operator class on one GPU, each what
+        :meth:`predict` gives it as a single instance (calibration included), without building a workload: for
+        callers that memoise shapes themselves (the serving simulator). ``label`` names the caller in warnings."""
+        self.load_models([op])
+        if op == "attn":
+            self._warn_fa3(label, [shape[0] for shape in shapes], hardware)
+        return self.unique_durations(op, [(hardware.stem, shape) for shape in shapes])[0]
+
+    def unique_durations(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(point ms, optimistic ms, extrapolation bits) of unique (GPU stem, shape) rows, checked finite and > 0."""
+        features, described = self.kernel_features(op, keys)
+        point, optimistic, codes = self.kernel_durations(op, keys, features, described)
+        check_durations(op, keys, point, optimistic)
+        return point, optimistic, codes
+
     def warn_fa3_mismatch(self, job: Job) -> None:
         """A FlashAttention-3 workload on a GPU that cannot run FA3 is predicted (the paper's matrix does so), but
         never without a word (once per workload and GPU)."""
-        warning = fa3_warning(job.workload.stem, [shape[0] for shape in job.workload.shapes.get("attn", [])],
-                              job.hardware)
-        if warning and (job.workload.stem, job.hardware.stem, "fa3") not in self._warned:
-            self._warned.add((job.workload.stem, job.hardware.stem, "fa3"))
+        self._warn_fa3(job.workload.stem, [shape[0] for shape in job.workload.shapes.get("attn", [])], job.hardware)
+
+    def _warn_fa3(self, label: str, attention_types, hardware: HardwareSpec) -> None:
+        warning = fa3_warning(label, attention_types, hardware)
+        if warning and (label, hardware.stem, "fa3") not in self._warned:
+            self._warned.add((label, hardware.stem, "fa3"))
             self.log(warning)
 
     def kernel_features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:

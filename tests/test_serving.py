@@ -24,7 +24,7 @@ from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
 from pipeweave.serving.step_cost import KernelStepCost
-from pipeweave.schema import Iteration
+from pipeweave.schema import AttentionOp, Iteration
 from pipeweave.workload import (RankShapes, Trace, WorkloadError, iteration_operators, build_workload,
                                 load_model_config, load_trace)
 
@@ -208,7 +208,7 @@ def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name,
                               prefill_attn="fa3_ragged" if gpu != "A100" else "fa2_ragged")
     expected = engine.predict_workload(workload, gpu)
     cost = KernelStepCost(engine, cfg, gpu, tp, pp)
-    sim = simulate(make_requests(t), StaticScheduler(), cost, pp=pp, lookahead=cost.lookahead)
+    sim = simulate(make_requests(t), StaticScheduler(), cost, pp=pp)
     assert sim.steps == len(workload.iterations)
     assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
 
@@ -217,26 +217,52 @@ def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
     cfg = load_model_config("Llama-3.1-8B")
     cost = KernelStepCost(engine, cfg, "H100")
     new, context = [1, 1, 700], [300, 900, 700]
+    assert cost.known(new, context) is None
     first = cost(new, context)
     calls = cost.engine_calls
-    assert cost(new, context) == first and cost.engine_calls == calls
-    instances = cost.instances(new, context)
-    attention = [op for _, _, category, op in instances if category == "attention"]
-    assert [(a.attention_type, a.q_lengths) for a in attention] == [("fa3_ragged", (700,)), ("fa2_paged", (1, 1))]
+    assert cost(new, context) == first == cost.known(new, context) and cost.engine_calls == calls
+    attention = cost.attention_shapes(new, context)
+    assert [(a[0], a[2]) for a in attention] == [("fa3_ragged", (700,)), ("fa2_paged", (1, 1))]
     single = KernelStepCost(engine, cfg, "H100", mixed_attention="single")
-    [one] = [op for _, _, category, op in single.instances(new, context) if category == "attention"]
-    assert one.q_lengths == tuple(new) and one.kv_lengths == tuple(context)
+    [one] = single.attention_shapes(new, context)
+    assert one[2] == tuple(new) and one[3] == tuple(context)
     # the generator's one-iteration workload, predicted by the engine's own per-iteration call, costs the same
-    operators = iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
-    assert single(new, context) == pytest.approx(engine.iteration_ms(Iteration("prefill", **operators), "H100"),
-                                                 rel=1e-6)
+    for step_cost, attention_type in ((single, "fa3_ragged"), (cost, None)):
+        operators = iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, new, context, sum(new), "fa3_ragged", 65)
+        if attention_type is None:  # split: the two launches replace the one
+            operators["attention"] = None
+            expected = engine.iteration_ms(Iteration("prefill", **operators), "H100") + sum(
+                engine.iteration_ms(Iteration("prefill", attention=AttentionOp(*shape, count=32)), "H100")
+                for shape in attention)
+        else:
+            expected = engine.iteration_ms(Iteration("prefill", **operators), "H100")
+        assert step_cost(new, context) == pytest.approx(expected, rel=1e-6)
 
 
-def test_lookahead_when_no_request_goes_on_decoding(engine):
+def test_estimate_scales_the_last_prediction_and_prefetch_batches(engine):
     cost = KernelStepCost(engine, load_model_config("Llama-3.1-8B"), "H100")
-    last = Request(0, 0.0, prompt_tokens=100, output_tokens=3, num_computed=101, num_output=2)
-    cost.lookahead([(last, 1, 102, 0, True)], None)  # its last token: nothing to look ahead at
-    assert cost([1], [102]) > 0 and cost.engine_calls == 1
+    steps = [([1, 1], [300 + j, 500 + j]) for j in range(5)]
+    cost.prefetch(steps[:1])
+    assert cost.engine_calls == 1 and cost.known(*steps[1]) is None
+    assert cost.estimate(*steps[1]) == pytest.approx(cost(*steps[0]), rel=0.01)
+    assert cost.engine_calls == 2  # the token block, on the first step costed
+    cost.prefetch(steps)
+    assert cost.engine_calls == 3 and all(cost.known(*step) is not None for step in steps)
+
+
+def test_speculation_changes_only_the_engine_calls(engine):
+    """Predicting ahead on a speculative copy of the simulation gives the same run as predicting step by step."""
+    cfg = load_model_config("Llama-3.1-8B")
+    runs = []
+    for ahead in (0, 64):
+        cost = KernelStepCost(engine, cfg, "H100", tp=2, pp=2)
+        requests = make_requests(load_serving_trace("splitwise_48"), num_requests=60, qps=30.0, seed=2,
+                                 per_request_outputs=True)
+        sim = simulate(requests, vllm(blocks=900, seqs=32, budget=1024), cost, pp=2, speculation_steps=ahead)
+        runs.append((request_metrics(sim.requests), sim.steps, cost.engine_calls))
+    (exact, steps, calls), (ahead, ahead_steps, ahead_calls) = runs
+    assert steps == ahead_steps and all(np.array_equal(exact[k], ahead[k], equal_nan=True) for k in exact)
+    assert exact["preemptions"].sum() > 0 and ahead_calls < calls / 4
 
 
 def test_decode_bucket_approximates_only_decode_attention(engine):
@@ -244,8 +270,8 @@ def test_decode_bucket_approximates_only_decode_attention(engine):
     exact = KernelStepCost(engine, cfg, "H100")
     bucketed = KernelStepCost(engine, cfg, "H100", decode_bucket=16)
     assert bucketed([1, 1], [320, 320]) == exact([1, 1], [320, 320])  # uniform, on a bucket boundary
-    attention = [op for _, _, c, op in bucketed.instances([1, 1, 500], [100, 301, 500]) if c == "attention"]
-    assert attention[0].kv_lengths == (500,) and attention[1].kv_lengths == (208, 208)  # mean 200.5 -> 208
+    attention = bucketed.attention_shapes([1, 1, 500], [100, 301, 500])
+    assert attention[0][3] == (500,) and attention[1][3] == (208, 208)  # mean 200.5 -> 208
 
 
 def test_kv_limited_run_on_the_kernel_cost(engine):

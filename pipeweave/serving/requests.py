@@ -45,6 +45,9 @@ class Request:
     def finished(self) -> bool:
         return self.num_output >= self.output_tokens
 
+    def copy(self) -> "Request":
+        return Request(*map(self.__getattribute__, self.__slots__))
+
 
 @dataclass(frozen=True)
 class ServingTrace:

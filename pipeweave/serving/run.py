@@ -110,7 +110,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(kv_cache_blocks=blocks, kv_cache_tokens=blocks * manager.block_size)
     try:
-        simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress, lookahead=cost.lookahead,
+        simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress,
                               max_in_flight=config.max_concurrent_batches)
     except SimulationStuck as exc:
         raise UserError(str(exc)) from None

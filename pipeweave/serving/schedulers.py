@@ -20,6 +20,8 @@ yields a generated token. ``complete()`` applies a finished micro-batch and retu
 """
 from __future__ import annotations
 
+import copy
+import itertools
 from collections import deque
 
 from pipeweave.serving.kv_cache import BlockManager, UnlimitedBlocks
@@ -32,6 +34,7 @@ VLLM_DEFAULTS = {
     ("offline", False): {"max_num_batched_tokens": 8192, "max_num_seqs": 256},
 }
 LARGE_GPU_BYTES = 70 * 2**30
+SPECULATIVE_WAITING = 512
 
 
 def vllm_defaults(gpu_memory_bytes: int, usage: str = "serve") -> dict:
@@ -51,6 +54,15 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def speculative_copy(self, copy_of) -> "Scheduler":
+        """An independent copy holding ``copy_of(request)`` for each request, for the simulator's look ahead. A long
+        queue is cut to its first ``SPECULATIVE_WAITING`` requests: a look ahead of a few dozen steps admits fewer."""
+        other = copy.copy(self)
+        other.blocks = copy.copy(self.blocks)
+        other.waiting = deque(map(copy_of, itertools.islice(self.waiting, SPECULATIVE_WAITING)))
+        other.running = list(map(copy_of, self.running))
+        return other
 
     def _entry(self, request, new_tokens: int) -> tuple:
         samples = request.num_computed + new_tokens >= request.num_tokens

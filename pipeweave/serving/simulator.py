@@ -36,58 +36,122 @@ class Simulation:
         return max(r.finish_ms for r in self.requests) - min(r.arrival_ms for r in self.requests)
 
 
+#: steps scheduled ahead (with estimated durations) when a step's attention is unknown, to predict them together
+SPECULATION_STEPS = 64
+
+
 def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progress=None,
-             lookahead: Callable | None = None, max_in_flight: int | None = None) -> Simulation:
+             max_in_flight: int | None = None, speculation_steps: int = SPECULATION_STEPS) -> Simulation:
     """Run ``requests`` (sorted by arrival) through ``scheduler`` with iteration durations from ``step_cost``.
 
-    ``lookahead(entries, horizon_steps)``, if given, is told each micro-batch before it is costed, and how many
-    steps probably follow before an arrival changes the batch (None: no arrival left), so that a memoising step cost can predict them in
-    one batch. ``max_in_flight`` (default ``pp``) caps the micro-batches in flight.
+    A step cost with ``known``, ``estimate`` and ``prefetch`` (:class:`pipeweave.serving.step_cost.KernelStepCost`)
+    is memoised: when a step's cost is unknown, a copy of the simulation schedules the next
+    ``speculation_steps`` steps on estimated durations and the unknown steps among them are predicted in one batch.
+    The copy only chooses what to predict; every duration used is the exact one (a step the copy did not foresee is
+    predicted when it comes). ``max_in_flight`` (default ``pp``) caps the micro-batches in flight.
     """
-    max_in_flight = max_in_flight or pp
     order = sorted(requests, key=lambda r: r.arrival_ms)
-    next_arrival = 0
-    now = order[0].arrival_ms if order else 0.0
-    stage_free = [now] * pp
-    in_flight: list = []  # heap of (finish time, sequence, entries)
-    steps = 0
-    done = 0
-    last_cost = None
-    while done < len(order):
-        while next_arrival < len(order) and order[next_arrival].arrival_ms <= now:
-            scheduler.add(order[next_arrival])
-            next_arrival += 1
-        entries = scheduler.schedule() if len(in_flight) < max_in_flight and scheduler.has_work() else []
-        if entries:
-            new = [e[1] for e in entries]
-            context = [e[2] for e in entries]
-            if lookahead is not None:
-                horizon = None  # until a request finishes (the step cost knows which do)
-                if next_arrival < len(order) and last_cost:  # or an arrival changes the batch
-                    horizon = int((order[next_arrival].arrival_ms - now) / last_cost) + 2
-                lookahead(entries, horizon)
-            cost = step_cost(new, context)
-            last_cost = cost
-            stage_ms = cost / pp
-            t = now
-            for s in range(pp):
-                t = max(t, stage_free[s]) + stage_ms
-                stage_free[s] = t
-            heapq.heappush(in_flight, (t, steps, entries))
-            steps += 1
-            continue
-        if in_flight and (next_arrival >= len(order) or in_flight[0][0] <= order[next_arrival].arrival_ms):
-            now, _, finished_entries = heapq.heappop(in_flight)
-            finished = scheduler.complete(finished_entries, now)
-            done += len(finished)
-            if progress is not None and finished:
-                progress(len(finished))
-        elif next_arrival < len(order):
-            now = max(now, order[next_arrival].arrival_ms)
-        else:
-            raise SimulationStuck(f"{len(order) - done} requests cannot be scheduled: one needs more KV cache "
-                                  f"than the GPU memory leaves (or more than the token budget allows)")
-    return Simulation(order, steps)
+    loop = EventLoop(order, scheduler, pp, max_in_flight or pp)
+    if all(hasattr(step_cost, name) for name in ("known", "estimate", "prefetch")) and speculation_steps > 0:
+        loop.cost = lambda new, context, entries: loop.exact(step_cost, new, context, entries, speculation_steps)
+    else:
+        loop.cost = lambda new, context, entries: step_cost(new, context)
+    loop.run(progress=progress)
+    return Simulation(order, loop.steps)
+
+
+class EventLoop:
+    """The simulation state between events, and the loop that advances it (see the module docstring)."""
+
+    def __init__(self, order: list, scheduler, pp: int, max_in_flight: int):
+        self.order = order
+        self.scheduler = scheduler
+        self.pp = pp
+        self.max_in_flight = max_in_flight
+        self.next_arrival = 0
+        self.now = order[0].arrival_ms if order else 0.0
+        self.stage_free = [self.now] * pp
+        self.in_flight: list = []  # heap of (finish time, sequence, entries)
+        self.steps = 0
+        self.done = 0
+        self.cost: Callable = None  # (new tokens, context lengths, entries) -> ms
+        self.copies_arrivals = False  # a speculative copy schedules copies of the requests it admits
+
+    def run(self, progress=None, max_steps: int | None = None) -> None:
+        order, scheduler, in_flight = self.order, self.scheduler, self.in_flight
+        total = len(order)
+        stop = None if max_steps is None else self.steps + max_steps
+        while self.done < total:
+            while self.next_arrival < total and order[self.next_arrival].arrival_ms <= self.now:
+                request = order[self.next_arrival]
+                scheduler.add(request.copy() if self.copies_arrivals else request)
+                self.next_arrival += 1
+            entries = scheduler.schedule() if len(in_flight) < self.max_in_flight and scheduler.has_work() else []
+            if entries:
+                if self.steps == stop:
+                    return
+                new = [e[1] for e in entries]
+                context = [e[2] for e in entries]
+                self.launch(entries, self.cost(new, context, entries))
+                continue
+            if in_flight and (self.next_arrival >= total or in_flight[0][0] <= order[self.next_arrival].arrival_ms):
+                self.now, _, finished_entries = heapq.heappop(in_flight)
+                finished = scheduler.complete(finished_entries, self.now)
+                self.done += len(finished)
+                if progress is not None and finished:
+                    progress(len(finished))
+            elif self.next_arrival < total:
+                self.now = max(self.now, order[self.next_arrival].arrival_ms)
+            else:
+                raise SimulationStuck(f"{total - self.done} requests cannot be scheduled: one needs more KV cache "
+                                      f"than the GPU memory leaves (or more than the token budget allows)")
+
+    def launch(self, entries: list, cost: float) -> None:
+        """Start a micro-batch of duration ``cost``: ``cost / pp`` on each stage, each stage free in turn."""
+        stage_ms = cost / self.pp
+        t = self.now
+        for s in range(self.pp):
+            t = max(t, self.stage_free[s]) + stage_ms
+            self.stage_free[s] = t
+        heapq.heappush(self.in_flight, (t, self.steps, entries))
+        self.steps += 1
+
+    def exact(self, step_cost, new: list, context: list, entries: list, ahead: int) -> float:
+        """The memoised step cost; on a miss, first predict the steps a speculative copy schedules next."""
+        ms = step_cost.known(new, context)
+        if ms is None:
+            foreseen = [(new, context)]
+            copy, pending = self.speculative_copy(entries)
+            copy.cost = lambda n, c, e: foreseen.append((n, c)) or step_cost.estimate(n, c)
+            copy.launch(pending, step_cost.estimate(new, context))
+            try:
+                copy.run(max_steps=ahead)
+            except SimulationStuck:
+                pass  # the real run reports it when it gets there
+            step_cost.prefetch(foreseen)
+            ms = step_cost.known(new, context)
+        return ms
+
+    def speculative_copy(self, pending: list) -> tuple["EventLoop", list]:
+        """An independent copy of the state (requests copied, arrivals copied when admitted) and of ``pending``."""
+        copies: dict[int, object] = {}
+
+        def copy_of(request):
+            found = copies.get(id(request))
+            if found is None:
+                found = copies[id(request)] = request.copy()
+            return found
+
+        def entries_of(entries):
+            return [(copy_of(e[0]), *e[1:]) for e in entries]
+
+        other = EventLoop.__new__(EventLoop)
+        other.__dict__.update(self.__dict__)
+        other.scheduler = self.scheduler.speculative_copy(copy_of)
+        other.stage_free = list(self.stage_free)
+        other.in_flight = [(t, seq, entries_of(entries)) for t, seq, entries in self.in_flight]  # still a heap
+        other.copies_arrivals = True
+        return other, entries_of(pending)
 
 
 def request_metrics(requests: list) -> dict[str, np.ndarray]:

@@ -1,39 +1,41 @@
 """Step cost from pipeweave's kernel predictor: the duration of one iteration of a given batch composition.
 
-The iteration's operators are built by the workload generator (``pipeweave.workload.iteration_operators``, the
-code behind every workload JSON, as typed :mod:`pipeweave.schema` entities), for per-request ``q_lengths`` = new
-tokens and ``kv_lengths`` = context lengths. Durations come from :class:`pipeweave.engine.Engine`
-(``predict_workload`` on an in-memory workload). Attention of a step whose requests all decode uses the decode
-backend, of a step whose requests all prefill the prefill backend (as the generator's decode and prefill
-iterations). A mixed step (chunked prefill beside decodes) is, with ``mixed_attention="split"`` (default), one
-prefill-backend launch over the prefilling requests plus one decode-backend launch over the decoding ones (how
-PipeWeave models vLLM's kernels, and how vLLM's FlashInfer backend runs); with ``"single"``, one prefill-backend
-launch over the whole batch (vLLM V1's FlashAttention backend). ``benchmarks/serving.py`` reports how much the two
-differ and how much slower "single" is (its compositions never repeat).
+The iteration's operators are those the workload generator builds (``pipeweave.workload.iteration_operators``,
+the code behind every workload JSON), for per-request ``q_lengths`` = new tokens and ``kv_lengths`` = context
+lengths, and their durations are the aggregator engine's (:class:`pipeweave.engine.Engine`). Attention of a step
+whose requests all decode uses the decode backend, of a step whose requests all prefill the prefill backend (as
+the generator's decode and prefill iterations). A mixed step (chunked prefill beside decodes) is, with
+``mixed_attention="split"`` (default), one prefill-backend launch over the prefilling requests plus one
+decode-backend launch over the decoding ones (how PipeWeave models vLLM's kernels, and how vLLM's FlashInfer
+backend runs); with ``"single"``, one prefill-backend launch over the whole batch (vLLM V1's FlashAttention
+backend). ``benchmarks/serving.py`` reports how much the two differ and how much slower "single" is (its
+compositions never repeat).
 
 ``decode_bucket`` (default 0: exact) is the one approximation offered for very long runs: a decode launch is
 predicted as if every request had the batch's mean context rounded up to a multiple of ``decode_bucket``, so
 launches repeat and the memo hits; ``benchmarks/serving.py`` measures what it costs in TTFT/TPOT.
 
-**Memoised, exactly.** Each operator instance is keyed by its full shape; a step costs Σ count × single duration
-of its operators, and only shapes never seen are predicted, batched into one engine call. Nothing is bucketed:
-the sum equals the aggregator's iteration total up to its 10⁻⁶ ms output rounding. Two batching devices keep the
-engine calls few: a miss on a token-count-dependent operator (GEMMs, RMSNorm, SiLU*Mul, collectives depend only
-on the number of tokens and, for ``lm_head``, of sequences) predicts the whole block of ``token_block`` token
-counts around it; and :meth:`KernelStepCost.lookahead` predicts the attention of the next decode steps of an
-unchanged batch (context + 1 per step) together with the current step's unknown shapes, in one call.
+**Memoised, exactly.** Every operator but attention depends only on the step's token count and number of
+sequences: per (tokens, sequences) the memo keeps the products single duration × count of those operators, in
+the generator's order, and per attention shape its single duration; a step costs the same left-to-right sum as
+Σ count × single over the generator's operator list (bit for bit), which equals the aggregator's iteration total
+up to its 10⁻⁶ ms output rounding. Nothing is bucketed. A miss on the token-dependent operators predicts the
+whole block of ``token_block`` token counts around it in one engine call; attention shapes are predicted many at
+once by :meth:`prefetch`, which the simulator feeds with the steps it foresees (``pipeweave.serving.simulator``),
+scheduling them ahead with :meth:`estimate`.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Iterable, Sequence
 
+
 from pipeweave.engine import Engine
+from pipeweave.report import round6
 from pipeweave.schema import Category, CollectiveOp, Iteration, Workload
 from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators
 
 TOKEN_BLOCK = 256
-LOOKAHEAD_MAX = 64
 
 
 def default_prefill_attention(hardware) -> str:
@@ -42,6 +44,11 @@ def default_prefill_attention(hardware) -> str:
 
 
 MIXED_ATTENTION = ("split", "single")
+
+
+def _work(shape: tuple) -> int:
+    """Σ q·kv of an attention shape: the scale of :meth:`KernelStepCost.estimate`."""
+    return sum(q * kv for q, kv in zip(shape[2], shape[3]))
 
 
 class KernelStepCost:
@@ -66,89 +73,123 @@ class KernelStepCost:
         # the generator's RMSNorm count (docs/METHOD.md §6.3; 4L + 1 with the Qwen3 QK-norm approximation)
         self.rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * cfg.num_hidden_layers + 1
         self.token_block = token_block
-        self.single_ms: dict[tuple, float] = {}
+        self.heads = (self.shard.nh, self.shard.nkv, cfg.head_dim)
+        self.single_ms: dict[tuple, float] = {}  # non-attention operator key -> single duration
+        #: (tokens, sequences) -> (sum of the terms before attention, terms after it, sum of all terms)
+        self.token_terms: dict[tuple[int, int], tuple[float, tuple[float, ...], float]] = {}
+        self.attention_ms: dict[tuple, float] = {}  # attention shape -> single duration
+        self._scale: dict[tuple, tuple[float, float]] = {}  # what estimate() scales unknown attention from
         self.engine_calls = 0
-        self._last: tuple | None = None  # (new, context, instances) of the step lookahead() just saw
 
     # ---------------------------------------------------------------------------------------------
     def _generated(self, new_tokens: Sequence[int], context_lens: Sequence[int], attention: str) -> dict:
         return iteration_operators(self.cfg, self.shard, self.tp, self.pp, list(new_tokens), list(context_lens),
                                     sum(new_tokens), attention, self.rmsnorm_count)
 
-    def instances(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> list[tuple[tuple, int, str, object]]:
-        """(shape key, count, category, operator) of every operator instance of the iteration."""
-        prefill = [i for i, n in enumerate(new_tokens) if n > 1]
-        if not prefill:
-            return list(self._instances(self._generated(new_tokens, self._decode_context(context_lens),
-                                                        self.decode_attn)))
-        operators = self._generated(new_tokens, context_lens, self.prefill_attn)
-        if not self.split or len(prefill) == len(new_tokens):
-            return list(self._instances(operators))
-        decode = [i for i, n in enumerate(new_tokens) if n == 1]
-        del operators["attention"]
-        parts = [self._generated([new_tokens[i] for i in prefill], [context_lens[i] for i in prefill],
-                                 self.prefill_attn)["attention"],
-                 self._generated([1] * len(decode), self._decode_context([context_lens[i] for i in decode]),
-                                 self.decode_attn)["attention"]]
-        return list(self._instances(operators)) + [i for op in parts for i in self._instances({"attention": op})]
+    def _shape(self, attention: str, q: tuple, kv: tuple) -> tuple:
+        """The engine's attention shape key (``AttentionOp.shape``)."""
+        return (attention, len(q), q, kv, *self.heads)
 
-    def _decode_context(self, context_lens: Sequence[int]) -> list[int]:
+    def attention_shapes(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> tuple[tuple, ...]:
+        """The step's attention launches in the order their durations are summed (one, or two for a split step)."""
+        if max(new_tokens) == 1:
+            return (self._shape(self.decode_attn, (1,) * len(new_tokens), self._decode_context(context_lens)),)
+        if not self.split or min(new_tokens) > 1:
+            return (self._shape(self.prefill_attn, tuple(new_tokens), tuple(context_lens)),)
+        prefill = [(n, c) for n, c in zip(new_tokens, context_lens) if n > 1]
+        decode = [c for n, c in zip(new_tokens, context_lens) if n == 1]
+        return (self._shape(self.prefill_attn, *map(tuple, zip(*prefill))),
+                self._shape(self.decode_attn, (1,) * len(decode), self._decode_context(decode)))
+
+    def _decode_context(self, context_lens: Sequence[int]) -> tuple:
         """Context lengths of a decode launch: exact, or with ``decode_bucket`` every request at the batch's mean
         rounded up to a multiple of it (so that launches repeat; error measured by ``benchmarks/serving.py``)."""
         if not self.decode_bucket:
-            return list(context_lens)
+            return tuple(context_lens)
         bucket = self.decode_bucket
-        return [-(-sum(context_lens) // (len(context_lens) * bucket)) * bucket] * len(context_lens)
+        return (-(-sum(context_lens) // (len(context_lens) * bucket)) * bucket,) * len(context_lens)
 
     @staticmethod
     def _instances(operators: dict) -> Iterable[tuple[tuple, int, str, object]]:
         """(shape key, count, category, operator) of every operator of a generator operator dict."""
         for category, value in operators.items():
             for op in value if isinstance(value, list) else (value,):
+                if op is None:
+                    continue
                 shape = (op.kind, op.volume_bytes) if isinstance(op, CollectiveOp) else op.shape
                 yield (category, shape), op.count, category, op
 
+    # ---------------------------------------------------------------------------------------------
     def __call__(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
-        last = self._last
-        if last is not None and last[0] == new_tokens and last[1] == context_lens:
-            instances = last[2]
-        else:
-            instances = self.instances(new_tokens, context_lens)
-        self._ensure(instances, len(new_tokens), sum(new_tokens))
-        return sum(self.single_ms[key] * count for key, count, *_ in instances)
+        ms = self.known(new_tokens, context_lens)
+        if ms is None:
+            self.prefetch([(new_tokens, context_lens)])
+            ms = self.known(new_tokens, context_lens)
+        return ms
 
-    def lookahead(self, entries, horizon: int | None) -> None:
-        """Simulator hook, called before a step is costed: if the step has unknown shapes, predict them together
-        with the attention of the next ``horizon`` steps in which the requests that go on decoding do so unchanged
-        (context + 1 per step)."""
-        new = [e[1] for e in entries]
-        context = [e[2] for e in entries]
-        instances = self.instances(new, context)
-        self._last = (new, context, instances)
-        if all(key in self.single_ms for key, *_ in instances):
+    def known(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float | None:
+        """The step's duration if its attention shapes are memoised (None otherwise)."""
+        attention = [self.attention_ms.get(shape) for shape in self.attention_shapes(new_tokens, context_lens)]
+        if None in attention:
+            return None
+        return self._total(new_tokens, attention)
+
+    def estimate(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        """The step's duration, an unknown attention shape scaled from the last predicted one of its backend by
+        Σ q·kv (for scheduling steps ahead before they are predicted: :meth:`prefetch`)."""
+        attention = []
+        for shape in self.attention_shapes(new_tokens, context_lens):
+            ms = self.attention_ms.get(shape)
+            if ms is None:
+                last_ms, last_work = self._scale.get(shape[0], (0.0, 1.0))
+                ms = last_ms * _work(shape) / last_work
+            attention.append(ms)
+        return self._total(new_tokens, attention)
+
+    def _total(self, new_tokens: Sequence[int], attention: list[float]) -> float:
+        """Σ count × single over the generator's operator order: the terms before attention, attention, the rest;
+        a split step's two launches come after every other operator (as they did when listed as instances)."""
+        before, after, every = self._token_terms(sum(new_tokens), len(new_tokens))
+        layers = self.cfg.num_hidden_layers
+        if len(attention) == 1:
+            total = before + attention[0] * layers
+            for term in after:
+                total += term
+            return total
+        return every + attention[0] * layers + attention[1] * layers
+
+    def _token_terms(self, tokens: int, seqs: int) -> tuple[float, tuple[float, ...], float]:
+        found = self.token_terms.get((tokens, seqs))
+        if found is None:
+            new = [1] * (seqs - 1) + [tokens - seqs + 1]
+            instances = list(self._instances(self._generated(new, new, self.prefill_attn)))
+            self._ensure([i for i in instances if i[2] != "attention"], seqs, tokens)
+            terms = [self.single_ms[key] * count if category != "attention" else None
+                     for key, count, category, _ in instances]
+            cut = terms.index(None)
+            after = tuple(terms[cut + 1:])
+            found = self.token_terms[(tokens, seqs)] = (sum(terms[:cut]), after, sum(terms[:cut] + list(after)))
+        return found
+
+    def prefetch(self, steps: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        """Predict the unknown attention shapes of the ``(new_tokens, context_lens)`` steps in one engine call."""
+        todo = {shape: None for new, context in steps for shape in self.attention_shapes(new, context)
+                if shape not in self.attention_ms}
+        if not todo:
             return
-        # requests that decode next: this step yields a token and it is not their last
-        going_on = [e for e in entries if e[4] and e[0].num_output + 1 < e[0].output_tokens]
-        steps = min([horizon or LOOKAHEAD_MAX, LOOKAHEAD_MAX]
-                    + [e[0].output_tokens - e[0].num_output for e in going_on]) if going_on else 0
-        going_on = [e[2] for e in going_on]
-        ones = [1] * len(going_on)
-        ahead = []
-        for j in range(1, steps):
-            attention = self._generated(ones, self._decode_context([c + j for c in going_on]),
-                                        self.decode_attn)["attention"]
-            ahead.extend(self._instances({"attention": attention}))
-        self._ensure(instances + ahead, len(new), sum(new))
+        shapes = list(todo)
+        ms = round6(self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving"))
+        self.engine_calls += 1
+        self.attention_ms.update(zip(shapes, ms))
+        for shape, value in zip(shapes, ms):
+            self._scale[shape[0]] = (value, _work(shape))
 
     # ---------------------------------------------------------------------------------------------
     def _ensure(self, instances, num_seqs: int, num_tokens: int) -> None:
-        """Predict whatever ``instances`` lack; a token-dependent miss brings its whole token block along."""
-        missing = [i for i in instances if i[0] not in self.single_ms]
-        if not missing:
+        """Predict whatever ``instances`` lack, with the whole token block of ``num_tokens``."""
+        if all(i[0] in self.single_ms for i in instances):
             return
-        if any(category != "attention" for _, _, category, _ in missing):
-            missing += self._token_block(num_seqs, num_tokens)
-        self._predict(missing)
+        self._predict(instances + self._token_block(num_seqs, num_tokens))
 
     def _token_block(self, num_seqs: int, num_tokens: int) -> list:
         """Token-dependent operators for every token count of ``num_tokens``'s block (attention excluded)."""
@@ -167,8 +208,6 @@ class KernelStepCost:
         for key, _, category, op in instances:
             if key not in self.single_ms and key not in todo:
                 todo[key] = (category, op)
-        if not todo:
-            return
         iterations = []
         for category, op in todo.values():
             single = replace(op, count=1)
