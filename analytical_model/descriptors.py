@@ -13,6 +13,8 @@ spec DRAM bandwidth (same 2^30 scaling as the memory pipe, docs/METHOD.md §0.3)
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from .pipes import HardwareSpec
@@ -49,8 +51,8 @@ def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.nd
     """
     bs = np.asarray(bs, dtype=np.int64)
     rows = np.repeat(np.arange(len(bs)), [len(q) for q in q_lengths])
-    q = np.fromiter((v for lengths in q_lengths for v in lengths), dtype=np.float64, count=len(rows))
-    kv = np.fromiter((v for lengths in kv_lengths for v in lengths), dtype=np.float64, count=len(rows))
+    q = np.fromiter(chain.from_iterable(q_lengths), dtype=np.float64, count=len(rows))
+    kv = np.fromiter(chain.from_iterable(kv_lengths), dtype=np.float64, count=len(rows))
     count = np.bincount(rows, minlength=len(bs)).astype(np.float64)
     sum_q = np.bincount(rows, weights=q, minlength=len(bs))
     sum_kv = np.bincount(rows, weights=kv, minlength=len(bs))

@@ -6,6 +6,8 @@ registers (``operator.calculator(name)``); ``describe(columns, hw)`` gives the s
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from . import descriptors, fa2_batch
@@ -64,8 +66,8 @@ def _attention_arrays(columns: Columns):
     ok = (bs > 0) & (nh > 0) & (nkv > 0) & (hd > 0) & (q_count == bs) & (kv_count == bs)
     if ok.all():
         ok = (nh % nkv == 0)
-        q_flat = np.fromiter((v for lengths in q for v in lengths), dtype=np.int64, count=int(bs.sum()))
-        kv_flat = np.fromiter((v for lengths in kv for v in lengths), dtype=np.int64, count=int(bs.sum()))
+        q_flat = np.fromiter(chain.from_iterable(q), dtype=np.int64, count=int(bs.sum()))
+        kv_flat = np.fromiter(chain.from_iterable(kv), dtype=np.int64, count=int(bs.sum()))
         row = np.repeat(np.arange(len(bs)), bs)
         bad_request = (q_flat <= 0) | (q_flat > kv_flat)
         ok &= np.bincount(row[bad_request], minlength=len(bs)) == 0
@@ -83,8 +85,8 @@ def attention(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
     if fa2_rows.any():
         sel = np.flatnonzero(fa2_rows)
         count = int(bs[sel].sum())
-        q_flat = np.fromiter((v for i in sel for v in q[i]), dtype=np.int64, count=count)
-        kv_flat = np.fromiter((v for i in sel for v in kv[i]), dtype=np.int64, count=count)
+        q_flat = np.fromiter(chain.from_iterable(map(q.__getitem__, sel)), dtype=np.int64, count=count)
+        kv_flat = np.fromiter(chain.from_iterable(map(kv.__getitem__, sel)), dtype=np.int64, count=count)
         paged = np.array([resolved[kinds[i]][1] == "paged" for i in sel], dtype=bool)
         out[sel] = fa2_batch.features_from_arrays(bs[sel], q_flat, kv_flat, nh[sel], nkv[sel], hd[sel], paged, hw)
     for i in np.flatnonzero(~fa2_rows):

@@ -31,7 +31,6 @@ class Request:
     num_computed: int = 0  # tokens whose KV is (or is being) computed, advanced when scheduled (as vLLM V1)
     num_output: int = 0  # tokens generated so far
     blocks: int = 0  # KV-cache blocks held
-    in_flight: int = 0  # scheduled entries whose step has not finished
     epoch: int = 0  # incremented on preemption: results of steps scheduled before it are discarded
     preemptions: int = 0
     first_token_ms: float | None = None

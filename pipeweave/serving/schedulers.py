@@ -64,25 +64,22 @@ class Scheduler:
         other.running = list(map(copy_of, self.running))
         return other
 
-    def _entry(self, request, new_tokens: int) -> tuple:
-        samples = request.num_computed + new_tokens >= request.num_tokens
-        request.num_computed += new_tokens
-        request.in_flight += 1
-        return request, new_tokens, request.num_computed, request.epoch, samples
+    @staticmethod
+    def _entry(request, new_tokens: int) -> tuple:
+        computed = request.num_computed + new_tokens
+        request.num_computed = computed
+        return request, new_tokens, computed, request.epoch, computed >= request.num_tokens
 
     def complete(self, entries, now: float) -> list:
         """Apply a finished micro-batch at time ``now``; returns the requests that finished."""
         finished = []
         for request, _, _, epoch, samples in entries:
-            if epoch != request.epoch:
-                continue  # preempted since: its result is discarded
-            request.in_flight -= 1
-            if not samples:
-                continue
+            if not samples or epoch != request.epoch:
+                continue  # no token, or preempted since (its result is discarded)
             request.num_output += 1
             if request.first_token_ms is None:
                 request.first_token_ms = now
-            if request.finished:
+            if request.num_output >= request.output_tokens:  # finished
                 request.finish_ms = now
                 finished.append(request)
         if finished:
@@ -113,7 +110,6 @@ class VllmScheduler(Scheduler):
     def _preempt(self, request) -> None:
         self.blocks.release(request)
         request.num_computed = 0
-        request.in_flight = 0
         request.epoch += 1
         request.preemptions += 1
         self.waiting.appendleft(request)
@@ -122,33 +118,39 @@ class VllmScheduler(Scheduler):
         budget = self.max_num_batched_tokens
         entries = []
         preempted = False
+        running, allocate, block_size = self.running, self.blocks.allocate, self.blocks.block_size
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            new = min(request.num_tokens - request.num_computed, budget)
+        while i < len(running) and budget > 0:  # the hot loop of a simulation: attributes read inline
+            request = running[i]
+            i += 1
+            computed = request.num_computed
+            new = request.prompt_tokens + request.num_output - computed  # num_tokens - num_computed
             if new <= 0:
-                i += 1
                 continue
-            while not self.blocks.allocate(request, new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
+            if new > budget:
+                new = budget
+            # most decode steps fit in the blocks the request holds: the allocator is asked only when they do not
+            if computed + new > request.blocks * block_size and not allocate(request, new):
+                while True:  # preempt from the back until it fits, or until it is the one preempted
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is request or allocate(request, new):
+                        break
                 if victim is request:
                     break
-            else:
-                entries.append(self._entry(request, new))
-                budget -= new
-                i += 1
-                continue
-            break
+            computed += new
+            request.num_computed = computed
+            entries.append((request, new, computed, request.epoch, computed >= request.prompt_tokens + request.num_output))
+            budget -= new
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            while self.waiting and budget > 0 and len(running) < self.max_num_seqs:
                 request = self.waiting[0]
                 new = min(request.num_tokens - request.num_computed, budget)
-                if not self.blocks.allocate(request, new):
+                if not allocate(request, new):
                     break
                 self.waiting.popleft()
-                self.running.append(request)
+                running.append(request)
                 entries.append(self._entry(request, new))
                 budget -= new
         return entries

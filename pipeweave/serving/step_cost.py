@@ -26,6 +26,7 @@ scheduling them ahead with :meth:`estimate`.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 from typing import Iterable, Sequence
 
@@ -48,7 +49,7 @@ MIXED_ATTENTION = ("split", "single")
 
 def _work(shape: tuple) -> int:
     """Σ q·kv of an attention shape: the scale of :meth:`KernelStepCost.estimate`."""
-    return sum(q * kv for q, kv in zip(shape[2], shape[3]))
+    return sum(map(operator.mul, shape[2], shape[3]))
 
 
 class KernelStepCost:
@@ -181,8 +182,8 @@ class KernelStepCost:
         ms = round6(self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving"))
         self.engine_calls += 1
         self.attention_ms.update(zip(shapes, ms))
-        for shape, value in zip(shapes, ms):
-            self._scale[shape[0]] = (value, _work(shape))
+        last = {shape[0]: (shape, value) for shape, value in zip(shapes, ms)}  # the last shape of each backend
+        self._scale.update((backend, (value, _work(shape))) for backend, (shape, value) in last.items())
 
     # ---------------------------------------------------------------------------------------------
     def _ensure(self, instances, num_seqs: int, num_tokens: int) -> None:
