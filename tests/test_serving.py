@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -250,19 +251,62 @@ def test_estimate_scales_the_last_prediction_and_prefetch_batches(engine):
     assert cost.engine_calls == 3 and all(cost.known(*step) is not None for step in steps)
 
 
-def test_speculation_changes_only_the_engine_calls(engine):
-    """Predicting ahead on a speculative copy of the simulation gives the same run as predicting step by step."""
+class InstanceByInstanceCost:
+    """The step cost the slow way (as the simulator computed it before memoising per token count): the generator's
+    operators of the step, each predicted as its own one-operator iteration, Σ count × single in the generator's
+    order; a split step's two attention launches last."""
+
+    def __init__(self, engine, cfg, gpu, tp, pp):
+        self.engine, self.cfg, self.gpu, self.tp, self.pp = engine, cfg, gpu, tp, pp
+        self.steps = []  # (new, context, ms) of every step costed
+
+    def operators(self, new, context, attention):
+        return iteration_operators(self.cfg, RankShapes.of(self.cfg, self.tp), self.tp, self.pp, list(new),
+                                   list(context), sum(new), attention, 2 * self.cfg.num_hidden_layers + 1)
+
+    def __call__(self, new, context):
+        extra = []
+        if max(new) == 1:
+            operators = self.operators(new, context, "fa2_paged")
+        else:
+            operators = self.operators(new, context, "fa3_ragged")
+            if min(new) == 1:  # split: one prefill launch over the prefills, one decode launch over the decodes
+                operators["attention"] = None
+                prefill = list(zip(*[(n, c) for n, c in zip(new, context) if n > 1]))
+                decode = [c for n, c in zip(new, context) if n == 1]
+                extra = [self.operators(*prefill, "fa3_ragged")["attention"],
+                         self.operators([1] * len(decode), decode, "fa2_paged")["attention"]]
+        items = [(category, op) for category, value in operators.items()
+                 for op in (value if isinstance(value, list) else [value]) if op is not None]
+        ms = sum(self.single(category, op) * op.count for category, op in items + [("attention", a) for a in extra])
+        self.steps.append((list(new), list(context), ms))
+        return ms
+
+    def single(self, category, op):
+        one = replace(op, count=1)
+        iteration = Iteration("decode", **{category: [one] if category in ("gemm", "communication") else one})
+        return self.engine.iteration_ms(iteration, self.gpu, tp_size=self.tp)
+
+
+def test_memoised_step_cost_and_speculation_reproduce_the_slow_path(engine):
+    """Memo per (tokens, sequences) + attention shape, and predicting ahead on a speculative copy of the simulation,
+    give bit for bit the run of the instance-by-instance step cost (chunked prefill, split steps, preemption, PP)."""
     cfg = load_model_config("Llama-3.1-8B")
+    costs = [InstanceByInstanceCost(engine, cfg, "H100", 2, 2), KernelStepCost(engine, cfg, "H100", tp=2, pp=2),
+             KernelStepCost(engine, cfg, "H100", tp=2, pp=2)]
     runs = []
-    for ahead in (0, 64):
-        cost = KernelStepCost(engine, cfg, "H100", tp=2, pp=2)
-        requests = make_requests(load_serving_trace("splitwise_48"), num_requests=60, qps=30.0, seed=2,
+    for cost, ahead in zip(costs, (0, 0, 64)):
+        requests = make_requests(load_serving_trace("splitwise_48"), num_requests=40, qps=30.0, seed=2,
                                  per_request_outputs=True)
-        sim = simulate(requests, vllm(blocks=900, seqs=32, budget=1024), cost, pp=2, speculation_steps=ahead)
-        runs.append((request_metrics(sim.requests), sim.steps, cost.engine_calls))
-    (exact, steps, calls), (ahead, ahead_steps, ahead_calls) = runs
-    assert steps == ahead_steps and all(np.array_equal(exact[k], ahead[k], equal_nan=True) for k in exact)
-    assert exact["preemptions"].sum() > 0 and ahead_calls < calls / 4
+        sim = simulate(requests, vllm(blocks=400, seqs=32, budget=1024), cost, pp=2, speculation_steps=ahead)
+        runs.append((request_metrics(sim.requests), sim.steps))
+    (slow, steps), *fast = runs
+    assert slow["preemptions"].sum() > 0
+    for metrics, fast_steps in fast:
+        assert fast_steps == steps and all(np.array_equal(slow[k], metrics[k], equal_nan=True) for k in slow)
+    assert costs[2].engine_calls < costs[1].engine_calls / 4
+    split = [(new, context) for new, context, _ in costs[0].steps if min(new) == 1 < max(new)]
+    assert split and [costs[1](new, context) for new, context, _ in costs[0].steps] == [ms for *_, ms in costs[0].steps]
 
 
 def test_decode_bucket_approximates_only_decode_attention(engine):
