@@ -1,13 +1,13 @@
 """Speed of the serving simulator (serve_sim.py), and what the faster mixed-step attention model costs.
 
-    OMP_NUM_THREADS=1 python3 -m benchmarks.serving [--runs 2000:0,2000:16,100000:16] [--qps 20]
+    OMP_NUM_THREADS=1 python3 -m benchmarks.serving [--runs 2000:0,2000:16,100000:0,100000:16] [--qps 20]
         [--trace splitwise_48] [--single 2000]
 
 Llama-3.1-8B on H100 (TP1, vLLM scheduler with vLLM's serving defaults), Poisson arrivals (seed 0), requests drawn
 from the trace in order with their own output lengths. Per run: CPU seconds of the simulation (one thread; model
 loading excluded and timed once), wall seconds, steps and engine calls. ``--runs`` lists ``requests:decode_bucket``
-pairs; a bucketed run (``--decode_bucket``, the approximation for very long runs) is compared with the exact run
-of the same size when there is one. ``--single N`` also runs N requests with
+pairs (bucket 0: exact, what serve_sim.py does by default); a bucketed run (``--decode_bucket``, the optional
+approximation) is compared with the exact run of the same size when there is one. ``--single N`` also runs N requests with
 ``mixed_attention="single"`` (one attention launch over a mixed batch: exact compositions that never repeat) and
 prints how far its TTFT/TPOT/makespan are from the default "split" model. The last line is machine-readable.
 """
@@ -39,7 +39,8 @@ def compare(a: dict, b: dict, name_a: str, name_b: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", default="2000:0,2000:16,100000:16", help="requests:decode_bucket pairs")
+    parser.add_argument("--runs", default="2000:0,2000:16,100000:0,100000:16",
+                        help="requests:decode_bucket pairs")
     parser.add_argument("--qps", type=float, default=20.0)
     parser.add_argument("--trace", default="splitwise_48")
     parser.add_argument("--single", type=int, default=2000, help="requests of the split-vs-single comparison (0: no)")
