@@ -187,10 +187,18 @@ class KernelStepCost:
 
     # ---------------------------------------------------------------------------------------------
     def _ensure(self, instances, num_seqs: int, num_tokens: int) -> None:
-        """Predict whatever ``instances`` lack, with the whole token block of ``num_tokens``."""
-        if all(i[0] in self.single_ms for i in instances):
+        """Predict whatever ``instances`` lack, with the whole token block of ``num_tokens``; if all that is missing
+        is ``lm_head`` (the one operator sized by the number of sequences, not of tokens), with the block of
+        sequence counts of ``num_seqs`` instead (busy servers see many sequence counts per token count)."""
+        missing = [i for i in instances if i[0] not in self.single_ms]
+        if not missing:
             return
-        self._predict(instances + self._token_block(num_seqs, num_tokens))
+        if all(getattr(op, "name", None) == "lm_head" for *_, op in missing):
+            start = (num_seqs - 1) // self.token_block * self.token_block + 1
+            heads = [replace(op, M=seqs) for *_, op in missing for seqs in range(start, start + self.token_block)]
+            self._predict(missing + [(("gemm", op.shape), op.count, "gemm", op) for op in heads])
+        else:
+            self._predict(missing + self._token_block(num_seqs, num_tokens))
 
     def _token_block(self, num_seqs: int, num_tokens: int) -> list:
         """Token-dependent operators for every token count of ``num_tokens``'s block (attention excluded)."""
