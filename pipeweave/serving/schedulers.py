@@ -56,8 +56,9 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def speculative_copy(self, copy_of) -> "Scheduler":
-        """An independent copy holding ``copy_of(request)`` for each request, for the simulator's look ahead. A long
-        queue is cut to its first ``SPECULATIVE_WAITING`` requests: a look ahead of a few dozen steps admits fewer."""
+        """An independent copy holding ``copy_of(request)`` for each request, for the simulator's look-ahead. A long
+        queue is cut to its first ``SPECULATIVE_WAITING`` requests: the look-ahead only chooses what to predict, and
+        one that would admit more simply foresees less."""
         other = copy.copy(self)
         other.blocks = copy.copy(self.blocks)
         other.waiting = deque(map(copy_of, itertools.islice(self.waiting, SPECULATIVE_WAITING)))

@@ -6,6 +6,10 @@ micro-batches are in flight the scheduler is asked for another (vLLM V1's batch 
 (the whole model, every stage) spends ``T / pp`` on each stage; a stage takes one micro-batch at a time (flow
 shop), and the micro-batch ends when its last stage does. With ``pp = 1`` steps simply follow one another.
 
+Step durations are memoised by the step cost; when one is unknown, a copy of the simulation runs ahead on
+estimated durations to find the steps that follow, and their durations are predicted together (one engine call
+instead of one per step). The copy only chooses what to predict: the simulation itself uses exact durations only.
+
 Metrics per request: TTFT = first token − arrival, TPOT = (finish − first token) / (output tokens − 1) (requests
 with one output token have none), E2E = finish − arrival.
 """
@@ -121,11 +125,16 @@ class EventLoop:
         ms = step_cost.known(new, context)
         if ms is None:
             foreseen = [(new, context)]
-            copy, pending = self.speculative_copy(entries)
-            copy.cost = lambda n, c, e: foreseen.append((n, c)) or step_cost.estimate(n, c)
-            copy.launch(pending, step_cost.estimate(new, context))
+
+            def foresee(new_tokens, context_lens, _entries):
+                foreseen.append((new_tokens, context_lens))
+                return step_cost.estimate(new_tokens, context_lens)
+
+            shadow, pending = self.speculative_copy(entries)
+            shadow.cost = foresee
+            shadow.launch(pending, step_cost.estimate(new, context))
             try:
-                copy.run(max_steps=ahead)
+                shadow.run(max_steps=ahead)
             except SimulationStuck:
                 pass  # the real run reports it when it gets there
             step_cost.prefetch(foreseen)
