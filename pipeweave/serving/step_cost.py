@@ -31,12 +31,15 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 
+import numpy as np
+
 from pipeweave.engine import Engine
 from pipeweave.report import round6
 from pipeweave.schema import Category, CollectiveOp, Iteration, Workload
 from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators
 
 TOKEN_BLOCK = 256
+ESTIMATOR_ROWS = 8  # predicted launches of a backend from which estimate() fits its linear model
 
 
 def default_prefill_attention(hardware) -> str:
@@ -48,7 +51,7 @@ MIXED_ATTENTION = ("split", "single")
 
 
 def _work(shape: tuple) -> int:
-    """Σ q·kv of an attention shape: the scale of :meth:`KernelStepCost.estimate`."""
+    """Σ q·kv of an attention shape (:meth:`KernelStepCost.estimate`)."""
     return sum(map(operator.mul, shape[2], shape[3]))
 
 
@@ -79,7 +82,7 @@ class KernelStepCost:
         #: (tokens, sequences) -> (sum of the terms before attention, terms after it, sum of all terms)
         self.token_terms: dict[tuple[int, int], tuple[float, tuple[float, ...], float]] = {}
         self.attention_ms: dict[tuple, float] = {}  # attention shape -> single duration
-        self._scale: dict[tuple, tuple[float, float]] = {}  # what estimate() scales unknown attention from
+        self._estimator: dict[str, tuple[float, float, float]] = {}  # per backend: ms ≈ a + b·batch + c·Σ q·kv
         self.engine_calls = 0
 
     # ---------------------------------------------------------------------------------------------
@@ -136,14 +139,15 @@ class KernelStepCost:
         return self._total(new_tokens, attention)
 
     def estimate(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
-        """The step's duration, an unknown attention shape scaled from the last predicted one of its backend by
-        Σ q·kv (for scheduling steps ahead before they are predicted: :meth:`prefetch`)."""
+        """The step's duration, an unknown attention launch estimated from its batch size and Σ q·kv by a linear fit
+        to the last predicted launches of its backend (for scheduling steps ahead before they are predicted:
+        :meth:`prefetch`; a poor estimate only makes that look-ahead foresee fewer steps)."""
         attention = []
         for shape in self.attention_shapes(new_tokens, context_lens):
             ms = self.attention_ms.get(shape)
             if ms is None:
-                last_ms, last_work = self._scale.get(shape[0], (0.0, 1.0))
-                ms = last_ms * _work(shape) / last_work
+                a, b, c = self._estimator.get(shape[0], (0.0, 0.0, 0.0))
+                ms = a + b * shape[1] + c * _work(shape)
             attention.append(ms)
         return self._total(new_tokens, attention)
 
@@ -182,8 +186,13 @@ class KernelStepCost:
         ms = round6(self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving"))
         self.engine_calls += 1
         self.attention_ms.update(zip(shapes, ms))
-        last = {shape[0]: (shape, value) for shape, value in zip(shapes, ms)}  # the last shape of each backend
-        self._scale.update((backend, (value, _work(shape))) for backend, (shape, value) in last.items())
+        for backend in dict.fromkeys(shape[0] for shape in shapes):
+            rows = np.array([(1.0, shape[1], _work(shape), value) for shape, value in zip(shapes, ms)
+                             if shape[0] == backend])
+            if len(rows) >= ESTIMATOR_ROWS:
+                self._estimator[backend] = tuple(np.linalg.lstsq(rows[:, :3], rows[:, 3], rcond=None)[0])
+            else:  # too few to fit: proportional to the last one
+                self._estimator[backend] = (0.0, 0.0, rows[-1, 3] / rows[-1, 2])
 
     # ---------------------------------------------------------------------------------------------
     def _ensure(self, instances, num_seqs: int, num_tokens: int) -> None:
