@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pipeweave.engine import Engine
 from pipeweave.memory import weight_bytes_per_gpu
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
-from pipeweave.serving.requests import Request, load_serving_trace, make_requests
+from pipeweave.serving.requests import load_serving_trace, make_requests
 from pipeweave.serving.run import ServingConfig, simulate_config
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
