@@ -202,6 +202,7 @@ def test_simulation_is_deterministic():
     ("Qwen2.5-14B", "arxiv_8", 1, 1, "H100"),
     ("Llama-3.1-70B", "vllm_splitwise64", 4, 2, "H800"),
     ("Qwen2.5-14B", "splitwise_32", 1, 1, "A100"),
+    ("Mixtral-8x7B", "arxiv_8", 2, 1, "H100"),  # MoE: no dense MLP, expert passes per token count
 ])
 def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name, tp, pp, gpu):
     cfg, t = load_model_config(model), load_trace(trace_name)
@@ -211,7 +212,9 @@ def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name,
     cost = KernelStepCost(engine, cfg, gpu, tp, pp)
     sim = simulate(make_requests(t), StaticScheduler(), cost, pp=pp)
     assert sim.steps == len(workload.iterations)
-    assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-6)
+    # each operator's single duration is memoised as the engine writes it (10⁻⁶ ms), and a decode step repeats the
+    # same shapes, so the rounding adds up: 1.6·10⁻⁶ relative on the MoE case (docs/SERVING.md: up to 6.7·10⁻⁶)
+    assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-5)
 
 
 def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):

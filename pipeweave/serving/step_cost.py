@@ -35,10 +35,11 @@ import numpy as np
 
 from pipeweave.engine import Engine
 from pipeweave.report import round6
-from pipeweave.schema import Category, CollectiveOp, Iteration, Workload
+from pipeweave.schema import CollectiveOp, Iteration, Workload
 from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators
 
 TOKEN_BLOCK = 256
+EMPTY_ITERATION = Iteration("decode")  # which operator categories an iteration lists
 ESTIMATOR_ROWS = 8  # predicted launches of a backend from which estimate() fits its linear model
 
 
@@ -229,7 +230,7 @@ class KernelStepCost:
         iterations = []
         for category, op in todo.values():
             single = replace(op, count=1)
-            listed = category in (Category.GEMM.value, Category.COMMUNICATION.value)
+            listed = isinstance(getattr(EMPTY_ITERATION, category), list)  # gemm, moe, communication...
             iterations.append(Iteration("decode", **{category: [single] if listed else single}))
         workload = Workload(iterations, model=self.cfg.model, tp_size=self.tp, pp_size=self.pp)
         result = self.engine.predict_workload(workload, self.hardware, self.collective_hardware)
