@@ -98,7 +98,7 @@ def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficienc
     if get_operator(op).dram_bound:
         parameters = memory_model.fit_frame(op, cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
         ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
-        mlp_efficiency = ideal / (memory_model.duration_us(parameters, op, features, sm_freq) * sm_freq)
+        mlp_efficiency = ideal / (memory_model.frame_duration_us(parameters, op, test) * sm_freq)
     return clip_efficiency(op, mlp_efficiency, features, sm_freq)[0]
 
 

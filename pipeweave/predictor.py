@@ -90,7 +90,8 @@ class KernelPredictor:
         parameters = metadata.get("memory_model")
         if parameters and hw.name not in self.trained_on(op):
             ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
-            efficiency = ideal / (memory_model.duration_us(parameters, op, features, hw.sm_freq) * hw.sm_freq)
+            duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
+            efficiency = ideal / (duration * hw.sm_freq)
         else:
             efficiency = self.efficiency_from_features(op, features, described)
         return clip_efficiency(op, efficiency, features, hw.sm_freq)[0]

@@ -145,18 +145,20 @@ def test_unseen_gpu_takes_the_bandwidth_model(predictor):
         hw = load_hardware(gpu)
         features = features_of("rmsnorm", gpu, SHAPES)
         us = predictor.predict_columns("rmsnorm", SHAPES, [gpu] * 4)
-        bandwidth_us = memory_model.duration_us(parameters, "rmsnorm", features, hw.sm_freq)
+        bandwidth_us = memory_model.duration_us(parameters, "rmsnorm", features, hw.sm_freq, hw.max_threads_per_sm)
         assert np.allclose(us, bandwidth_us, rtol=1e-5) == expect_model, gpu
 
 
 def test_bandwidth_model_recovers_its_parameters():
     from pipeweave import memory_model
 
-    truth = {"latency_us": 2.5, "dram_fraction": 0.6, "sm_kib_per_cycle": 0.006}
+    truth = {"latency_us": 2.5, "dram_fraction": 0.6, "bytes_per_thread_cycle": 0.003}
     rows = {"seq": [1, 16, 256, 1024, 4096, 16384, 32768] * 2, "dim": [4096] * 7 + [8192] * 7}
-    features = np.concatenate([features_of("rmsnorm", gpu, rows) for gpu in ("A100", "H100")])
-    freq = np.repeat([load_hardware("A100").sm_freq, load_hardware("H100").sm_freq], 14)
-    fitted = memory_model.fit("rmsnorm", features, freq, memory_model.duration_us(truth, "rmsnorm", features, freq))
+    gpus = [load_hardware(gpu) for gpu in ("A100", "A40")]
+    features = np.concatenate([features_of("rmsnorm", hw.stem, rows) for hw in gpus])
+    freq, threads = (np.repeat([getattr(hw, name) for hw in gpus], 14) for name in ("sm_freq", "max_threads_per_sm"))
+    measured = memory_model.duration_us(truth, "rmsnorm", features, freq, threads)
+    fitted = memory_model.fit("rmsnorm", features, freq, threads, measured)
     for name, value in truth.items():
         assert fitted[name] == pytest.approx(value, rel=1e-4), name
 
@@ -166,7 +168,7 @@ def test_bandwidth_model_recovers_its_parameters():
 @pytest.mark.parametrize("by", ["gpu", "architecture"])
 def test_memory_bound_operators_transfer(op, by):
     """Issue targets: leave-one-GPU-out and leave-one-architecture-out beat the roofline on every held-out group,
-    mean ≤ 20 % over the groups, no kernel more than 3x off either way."""
+    mean ≤ 20 % on every held-out group, no kernel more than 3x off either way."""
     from pipeweave.accuracy import as_predicted, held_out_cell, held_out_groups
     from pipeweave.logo_cache import gpus_with_data, logo_config
     from pipeweave.modeling import load_splits
@@ -182,4 +184,4 @@ def test_memory_bound_operators_transfer(op, by):
     for label, cell in results.items():
         assert cell["model"]["mean"] < cell["roofline"]["mean"], label
         assert cell["worst_ratio"] < 3, label
-    assert np.mean([cell["model"]["mean"] for cell in results.values()]) <= 20
+        assert cell["model"]["mean"] <= 20, label
