@@ -15,7 +15,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
-from pipeweave.bounds import clip_efficiency
+from pipeweave.bounds import clip_efficiency, regime_efficiency
 from pipeweave.mlp import latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
 
@@ -85,13 +85,18 @@ class KernelPredictor:
     def kernel_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
         """Efficiency of feature rows on the GPU ``hw``, kept inside the physical band of :mod:`pipeweave.bounds`
         (before any calibration). A memory-bound operator on a GPU outside its MLP's training data takes the
-        bandwidth model of :mod:`pipeweave.memory_model` (stored with the model) instead of the MLP."""
+        bandwidth model of :mod:`pipeweave.memory_model` (stored with the model) instead of the MLP. An MLP trained
+        on a single GPU saw constant hardware inputs, so it knows nothing of how efficiency depends on the GPU: on
+        another GPU the kernel takes the median efficiency of its regime (:func:`pipeweave.bounds.regime_efficiency`)."""
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
-        if parameters and hw.name not in self.trained_on(op):
+        trained = self.trained_on(op)
+        if parameters and hw.name not in trained:
             ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
             duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
             efficiency = ideal / (duration * hw.sm_freq)
+        elif len(trained) == 1 and hw.name not in trained:
+            efficiency = regime_efficiency(op, features, hw.sm_freq)
         else:
             efficiency = self.efficiency_from_features(op, features, described)
         return clip_efficiency(op, efficiency, features, hw.sm_freq)[0]

@@ -10,7 +10,8 @@ import pytest
 
 from analytical_model.hardware import load_hardware
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.bounds import EFFICIENCY_FLOOR, LAUNCH_LATENCY_US, clip_efficiency, efficiency_band, measured_floor
+from pipeweave.bounds import (LAUNCH_LATENCY_US, clip_efficiency, efficiency_band, frame_band_table, regime_bins, regime_efficiency,
+                              shipped_tables)
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
@@ -49,17 +50,64 @@ def test_compute_ceiling_is_one_for_gemm():
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "gemm"])
-def test_floor_bounds_the_slowest_prediction(op):
+def test_absurdly_slow_prediction_is_clamped_to_its_regime_floor(op):
     hw = load_hardware("H100")
     columns = SHAPES if op == "rmsnorm" else {"M": [16, 4096], "N": [4096, 4096], "K": [4096, 4096]}
     features = features_of(op, "H100", columns)
     clipped, side = clip_efficiency(op, np.full(len(features), 1e-12), features, hw.sm_freq)
     assert (side == -1).all()
-    ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
+    ideal, roof, bins = regime_bins(op, features, hw.sm_freq)
     slowest_us = ideal / (clipped * hw.sm_freq)
-    low, high = efficiency_band(op, features, hw.sm_freq)
-    roofline_us = ideal / high / hw.sm_freq
-    np.testing.assert_allclose(slowest_us, roofline_us / EFFICIENCY_FLOOR[op] + LAUNCH_LATENCY_US, rtol=1e-9)
+    floor = np.ravel(shipped_tables()[op]["floor"])[bins]
+    np.testing.assert_allclose(slowest_us, roof / hw.sm_freq / floor + LAUNCH_LATENCY_US, rtol=1e-9)
+    if op == "gemm":  # a 4096^3 GEMM (~140 µs at the roofline): at most ~5 roofline times (a global floor: 500)
+        assert slowest_us[1] < 6 * roof[1] / hw.sm_freq
+
+
+def test_trained_in_distribution_prediction_is_untouched(predictor):
+    hw = load_hardware("H100")
+    features = features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]})
+    described = get_operator("gemm").descriptors({"M": [4096], "N": [4096], "K": [4096]}, hw)
+    raw = predictor.efficiency_from_features("gemm", features, described)
+    clipped, side = clip_efficiency("gemm", raw, features, hw.sm_freq)
+    assert side.tolist() == [0] and clipped[0] == raw[0]
+    assert predictor.kernel_efficiency("gemm", features, described, hw)[0] == raw[0]
+
+
+def test_band_table_floor_is_the_bin_percentile():
+    rng = np.random.default_rng(0)
+    features = np.repeat(features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]}), 1000, axis=0)
+    freq = np.full(1000, load_hardware("H100").sm_freq)
+    _, roof, bins = regime_bins("gemm", features, freq)
+    efficiency = rng.uniform(0.2, 0.9, 1000)
+    measured_us = roof / freq / efficiency
+    table = band_table_of(features, freq, measured_us)
+    latency_free = roof / freq / (measured_us - LAUNCH_LATENCY_US)
+    assert np.ravel(table["floor"])[bins[0]] == pytest.approx(np.percentile(latency_free, 0.1), rel=1e-3)
+    assert np.ravel(table["median"])[bins[0]] == pytest.approx(np.median(efficiency), rel=1e-3)
+    assert len(set(np.ravel(table["floor"]))) == 1  # every other bin is too small: the operator-wide percentile
+
+
+def band_table_of(features, freq, measured_us):
+    from pipeweave.bounds import band_table
+
+    return band_table("gemm", features, freq, measured_us)
+
+
+def test_single_gpu_model_takes_the_regime_median_elsewhere(predictor, monkeypatch):
+    columns = {"M": [16, 4096], "N": [4096, 4096], "K": [4096, 4096]}
+    monkeypatch.setattr(predictor, "trained_on", lambda op: frozenset({"NVIDIA L40S"}))
+    hw = load_hardware("H100")
+    features = features_of("gemm", "H100", columns)
+    described = get_operator("gemm").descriptors(columns, hw)
+    np.testing.assert_allclose(predictor.kernel_efficiency("gemm", features, described, hw),
+                               regime_efficiency("gemm", features, hw.sm_freq), rtol=1e-12)
+    on_l40s = load_hardware("L40S")
+    features = features_of("gemm", "L40S", columns)
+    described = get_operator("gemm").descriptors(columns, on_l40s)
+    np.testing.assert_array_equal(predictor.kernel_efficiency("gemm", features, described, on_l40s),
+                                  clip_efficiency("gemm", predictor.efficiency_from_features(
+                                      "gemm", features, described), features, on_l40s.sm_freq)[0])
 
 
 def test_predictions_respect_the_band_on_every_gpu(predictor):
@@ -127,12 +175,14 @@ def test_optimistic_widens_only_where_extrapolated_and_stays_below_point():
 @pytest.mark.data
 @pytest.mark.slow
 @pytest.mark.parametrize("op", operator_keys(trainable=True))
-def test_documented_floors_are_the_measured_percentiles(op):
+def test_shipped_band_is_the_measured_one(op):
     paths = dataset_paths(op, DATASET_DIR)
     if not all(path.is_file() for path in paths):
         pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
     frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
-    assert measured_floor(op, frame) == pytest.approx(EFFICIENCY_FLOOR[op], rel=5e-3)
+    measured = frame_band_table(op, frame)
+    for key in ("floor", "median"):
+        np.testing.assert_allclose(measured[key], shipped_tables()[op][key], rtol=1e-3, err_msg=key)
 
 
 def test_unseen_gpu_takes_the_bandwidth_model(predictor):
@@ -146,7 +196,9 @@ def test_unseen_gpu_takes_the_bandwidth_model(predictor):
         features = features_of("rmsnorm", gpu, SHAPES)
         us = predictor.predict_columns("rmsnorm", SHAPES, [gpu] * 4)
         bandwidth_us = memory_model.duration_us(parameters, "rmsnorm", features, hw.sm_freq, hw.max_threads_per_sm)
-        assert np.allclose(us, bandwidth_us, rtol=1e-5) == expect_model, gpu
+        ideal = get_operator("rmsnorm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
+        kept = clip_efficiency("rmsnorm", ideal / (bandwidth_us * hw.sm_freq), features, hw.sm_freq)[0]
+        assert np.allclose(us, ideal / (kept * hw.sm_freq), rtol=1e-5) == expect_model, gpu
 
 
 def test_bandwidth_model_recovers_its_parameters():
