@@ -101,16 +101,17 @@ def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficienc
     """The efficiency the predictor gives rows of GPUs outside the training data: a memory-bound operator takes
     the bandwidth model fitted on ``train`` (capped as the MLP's), an MLP trained on one GPU the median of the
     kernel's regime (``band``), the others their MLP's; kept inside the band (``band``: by default the shipped)."""
-    names = list(get_operator(op).feature_names)
-    features = test[names].to_numpy(np.float64)
+    operator = get_operator(op)
+    features = test[list(operator.feature_names)].to_numpy(np.float64)
+    described = test[list(operator.descriptor_names)].to_numpy(np.float64)
     sm_freq = test["sm_freq"].to_numpy(np.float64)
-    if get_operator(op).dram_bound:
+    if operator.dram_bound:
         parameters = memory_model.fit_frame(op, cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
-        ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
+        ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
         mlp_efficiency = ideal / (memory_model.frame_duration_us(parameters, op, test) * sm_freq)
     elif train["hardware"].nunique() == 1:
         mlp_efficiency = regime_efficiency(op, features, sm_freq, band)
-    return clip_efficiency(op, mlp_efficiency, features, sm_freq, band)[0]
+    return clip_efficiency(op, mlp_efficiency, features, described, sm_freq, band)[0]
 
 
 def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows: int, gpus: list[str]) -> dict:
@@ -243,7 +244,8 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
         except ValueError:  # no calculator for this GPU's architecture (e.g. FP8 GEMM before Ada)
             continue
         raw = predictor.efficiency_from_frame(op, features)
-        _, side = clip_efficiency(op, raw, features[list(operator.feature_names)].to_numpy(np.float64), hw.sm_freq)
+        _, side = clip_efficiency(op, raw, features[list(operator.feature_names)].to_numpy(np.float64),
+                                  features[list(operator.descriptor_names)].to_numpy(np.float64), hw.sm_freq)
         out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100))
     return out
 

@@ -3,25 +3,29 @@ inside the band ``[low, high]`` of ``overall_perf`` below, whatever the GPU or s
 
 Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycle features, ``f``: SM clock in MHz).
 
-* **Ceiling (a kernel never beats its roofline).** ``C_ideal`` is the compute work at the spec peak of the
-  operator's compute pipe, so ``eff ≤ 1``. For operators whose DRAM-cycle feature counts every byte exactly once
-  (:attr:`OperatorClass.dram_bound`: RMSNorm, SiLU*Mul; no measured row in any dataset beats it) the DRAM time at
-  the spec bandwidth binds too: ``t ≥ max(C_ideal, C_dram) / f``, i.e. ``eff ≤ C_ideal / max(C_ideal, C_dram)``.
-  For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2 cache absorbs (1–46 % of their
-  measured rows beat it), so only the compute ceiling applies.
+* **Ceiling (a kernel never beats its roofline).** No kernel does its unpadded work faster than the spec peak:
+  ``t ≥ E / f`` with ``E`` the shape descriptor ``exact_tensor_cycle`` (the problem's FLOPs at the spec peak,
+  without tiles or padding; GEMM, attention, MoE), i.e. ``eff ≤ C_ideal / E``. ``C_ideal`` itself counts padded
+  tiles and is beaten by measured rows (GEMM with M = 257 or 769, FA3 ragged attention up to 5.7x), so
+  ``eff ≤ 1`` is no bound: clipping there made the shipped attention model's correct predictions on those rows
+  97 % off; the exact-work bound holds on every measured row but 43 (RTX PRO 6000, by at most 1.9 %). For
+  operators whose DRAM-cycle feature counts every byte exactly once (:attr:`OperatorClass.dram_bound`: RMSNorm,
+  SiLU*Mul; no measured row in any dataset beats it) the DRAM time at the spec bandwidth binds too:
+  ``t ≥ max(C_ideal, C_dram) / f``. For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2
+  cache absorbs (1–46 % of their measured rows beat it), so only the compute ceiling applies.
 * **Floor, conditional on the kernel's regime (a well-formed kernel is not arbitrarily slow).** With
-  ``R = max(C_ideal, C_dram) / f`` the feature roofline time (µs), ``t ≤ R / floor(regime)``: ``floor`` is the
-  :data:`FLOOR_PERCENTILE`-th percentile of the measured roofline efficiency ``R / t`` over the rows of every GPU
-  (``dataset/<op>_{train,test}.csv``) in the same regime bin. The regime is GPU-independent: the roofline time's
-  decade (:data:`SIZE_EDGES`: launch latency and tails dominate small kernels, whose efficiency can be 0.1 %, while
-  no GEMM above 1 ms ran below 37 % of its roofline) and the intensity relative to the GPU's ridge point,
-  ``log10(C_ideal / C_dram)`` (:data:`INTENSITY_EDGES`: memory-bound kernels reach a larger share of their
-  roofline than compute-bound ones of the same size). A bin with fewer than :data:`MIN_BIN_ROWS` rows takes the
-  percentile of its whole size row, else of the operator. So at most 0.1 % of the measured kernels of a regime are
-  slower than the floor allows, and a kernel whose roofline time is large cannot be predicted many times slower
-  than any measured kernel of its regime ran. The bins' floors (and medians, used by :func:`regime_efficiency`)
-  are in ``pipeweave/efficiency_band.json`` (``python3 -m pipeweave.bounds --write`` recomputes it; a data test
-  checks it against the datasets). A ceiling from the same bins was tried and rejected: the fast tail depends on
+  ``R = max(C_ideal, C_dram) / f`` the feature roofline time (µs) and ``L`` = :data:`LAUNCH_LATENCY_US`,
+  ``t ≤ R / floor(regime) + L``: ``floor`` is the :data:`FLOOR_PERCENTILE`-th percentile of the measured
+  ``R / (t − L)`` over the rows of every GPU (``dataset/<op>_{train,test}.csv``) in the same regime bin. The regime
+  is GPU-independent: the roofline time in half decades (:data:`SIZE_EDGES`: latency and tails dominate small
+  kernels; BF16 GEMM's floor is 0.03–0.15 below 1 µs and 0.24–0.61 above 1 ms) and the intensity relative to the
+  GPU's ridge point, ``log10(C_ideal / C_dram)`` (:data:`INTENSITY_EDGES`: memory-bound kernels reach a larger
+  share of their roofline than compute-bound ones of the same size). A bin with fewer than :data:`MIN_BIN_ROWS`
+  rows takes the percentile of its whole size row, else of the operator. So at most 0.1 % of the measured kernels
+  of a regime are slower than the floor allows, and a kernel whose roofline time is large cannot be predicted many
+  times slower than the measured kernels of its regime ran. The bins' floors (and medians, used by
+  :func:`regime_efficiency`) are in ``pipeweave/efficiency_band.json`` (``python3 -m pipeweave.bounds --write``
+  recomputes it; a data test checks it against the datasets). A ceiling from the same bins was tried and rejected: the fast tail depends on
   the GPU's L2 size (an L40S holds in its 96 MB L2 weights an H100's 50 MB does not), so a ceiling derived from
   the other architectures forced FP8 GEMM on L40S 10x too slow (leave-one-architecture-out 30.8 -> 45.0 %).
 """
@@ -48,16 +52,22 @@ INTENSITY_EDGES = (-1.0, -0.5, 0.0, 0.5, 1.0)
 #: fewer rows than this in a bin: its floor is not trusted (a 0.1th percentile of 200 rows is below the minimum)
 MIN_BIN_ROWS = 200
 BAND_TABLE_PATH = Path(__file__).with_name("efficiency_band.json")
+#: the descriptor of the unpadded work at the spec peak (cycles), the compute ceiling
+EXACT_WORK_DESCRIPTOR = "exact_tensor_cycle"
 
 
-def roofline_cycles(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(C_ideal, ceiling cycles) of float64 feature rows (columns in the registry's feature order): the ceiling
-    is C_ideal, or max(C_ideal, C_dram) for a DRAM-bound operator."""
+def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(C_ideal, the fewest cycles the kernel can take) of float64 feature rows (columns in the registry's feature
+    order) and their shape descriptors (the registry's descriptor order)."""
     operator = get_operator(op)
     ideal = operator.ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
-    if not operator.dram_bound:
+    if operator.dram_bound:
+        return ideal, np.maximum(ideal, dram_cycles(op, features))
+    if EXACT_WORK_DESCRIPTOR not in operator.descriptor_names:
         return ideal, ideal
-    return ideal, np.maximum(ideal, dram_cycles(op, features))
+    if described is None:
+        raise ValueError(f"{op}: the physical band needs the shape descriptors ({EXACT_WORK_DESCRIPTOR})")
+    return ideal, np.asarray(described, dtype=np.float64)[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
 
 
 def dram_cycles(op: str, features: np.ndarray) -> np.ndarray:
@@ -130,11 +140,12 @@ def table_for(op: str, table: dict | None) -> dict:
     return {"floor": floors, "median": floors}
 
 
-def efficiency_band(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) efficiency per feature row on GPUs clocked at ``sm_freq_mhz`` (scalar or per row); ``table``
-    (:func:`band_table`) replaces the shipped floors, e.g. one derived without a held-out GPU."""
-    ideal, ceiling = roofline_cycles(op, features)
+def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
+                    table: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) efficiency per feature row (and its shape descriptors) on GPUs clocked at ``sm_freq_mhz``
+    (scalar or per row); ``table`` (:func:`band_table`) replaces the shipped floors, e.g. one derived without a
+    held-out GPU."""
+    ideal, ceiling = ceiling_cycles(op, features, described)
     high = ideal / np.maximum(ceiling, np.finfo(np.float64).tiny)
     _, roof, bins = regime_bins(op, features, sm_freq_mhz)
     slowest_cycles = roof / np.ravel(table_for(op, table)["floor"])[bins] + LAUNCH_LATENCY_US * np.asarray(
@@ -150,10 +161,10 @@ def regime_efficiency(op: str, features: np.ndarray, sm_freq_mhz, table: dict | 
     return ideal * np.ravel(table_for(op, table)["median"])[bins] / roof
 
 
-def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, sm_freq_mhz, table: dict | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
+                    table: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(efficiency kept inside the band, side): side is -1 where the floor bound, +1 the ceiling, 0 neither."""
-    low, high = efficiency_band(op, features, sm_freq_mhz, table)
+    low, high = efficiency_band(op, features, described, sm_freq_mhz, table)
     efficiency = np.asarray(efficiency, dtype=np.float64)
     side = np.where(efficiency < low, -1, np.where(efficiency > high, 1, 0)).astype(np.int8)
     return np.clip(efficiency, low, high), side

@@ -99,7 +99,7 @@ class KernelPredictor:
             efficiency = regime_efficiency(op, features, hw.sm_freq)
         else:
             efficiency = self.efficiency_from_features(op, features, described)
-        return clip_efficiency(op, efficiency, features, hw.sm_freq)[0]
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq)[0]
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:

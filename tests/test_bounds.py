@@ -36,17 +36,24 @@ def test_memory_bound_ceiling_is_the_dram_roofline(op):
     features = features_of(op, "B200", SHAPES)
     ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
     dram = features[:, get_operator(op).feature_names.index("global_cycle")]
-    clipped, side = clip_efficiency(op, np.full(len(ideal), 10.0), features, hw.sm_freq)
+    clipped, side = clip_efficiency(op, np.full(len(ideal), 10.0), features, None, hw.sm_freq)
     assert (side == 1).all()
     duration_us = ideal / (clipped * hw.sm_freq)
     np.testing.assert_allclose(duration_us, np.maximum(ideal, dram) / hw.sm_freq, rtol=1e-12)
 
 
-def test_compute_ceiling_is_one_for_gemm():
-    features = features_of("gemm", "H100", {"M": [16, 4096], "N": [4096, 4096], "K": [4096, 4096]})
-    low, high = efficiency_band("gemm", features, load_hardware("H100").sm_freq)
-    np.testing.assert_array_equal(high, 1.0)
+def test_compute_ceiling_is_the_unpadded_work_at_spec_peak():
+    hw = load_hardware("H100")
+    columns = {"M": [16, 257, 4096], "N": [4096, 4096, 4096], "K": [4096, 4096, 4096]}
+    features, described = features_of("gemm", "H100", columns), get_operator("gemm").descriptors(columns, hw)
+    low, high = efficiency_band("gemm", features, described, hw.sm_freq)
+    ideal = get_operator("gemm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
+    exact = described[:, get_operator("gemm").descriptor_names.index("exact_tensor_cycle")]
+    np.testing.assert_allclose(ideal / (high * hw.sm_freq), exact / hw.sm_freq, rtol=1e-12)  # fastest: E / f
+    assert high[1] > 1  # M = 257 pads to a second tile row: C_ideal counts work the kernel need not do
     assert (low > 0).all() and (low < high).all()
+    with pytest.raises(ValueError, match="exact_tensor_cycle"):
+        efficiency_band("gemm", features, None, hw.sm_freq)
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "gemm"])
@@ -54,7 +61,8 @@ def test_absurdly_slow_prediction_is_clamped_to_its_regime_floor(op):
     hw = load_hardware("H100")
     columns = SHAPES if op == "rmsnorm" else {"M": [16, 4096], "N": [4096, 4096], "K": [4096, 4096]}
     features = features_of(op, "H100", columns)
-    clipped, side = clip_efficiency(op, np.full(len(features), 1e-12), features, hw.sm_freq)
+    described = get_operator(op).descriptors(columns, hw)
+    clipped, side = clip_efficiency(op, np.full(len(features), 1e-12), features, described, hw.sm_freq)
     assert (side == -1).all()
     ideal, roof, bins = regime_bins(op, features, hw.sm_freq)
     slowest_us = ideal / (clipped * hw.sm_freq)
@@ -69,7 +77,7 @@ def test_trained_in_distribution_prediction_is_untouched(predictor):
     features = features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]})
     described = get_operator("gemm").descriptors({"M": [4096], "N": [4096], "K": [4096]}, hw)
     raw = predictor.efficiency_from_features("gemm", features, described)
-    clipped, side = clip_efficiency("gemm", raw, features, hw.sm_freq)
+    clipped, side = clip_efficiency("gemm", raw, features, described, hw.sm_freq)
     assert side.tolist() == [0] and clipped[0] == raw[0]
     assert predictor.kernel_efficiency("gemm", features, described, hw)[0] == raw[0]
 
@@ -107,7 +115,7 @@ def test_single_gpu_model_takes_the_regime_median_elsewhere(predictor, monkeypat
     described = get_operator("gemm").descriptors(columns, on_l40s)
     np.testing.assert_array_equal(predictor.kernel_efficiency("gemm", features, described, on_l40s),
                                   clip_efficiency("gemm", predictor.efficiency_from_features(
-                                      "gemm", features, described), features, on_l40s.sm_freq)[0])
+                                      "gemm", features, described), features, described, on_l40s.sm_freq)[0])
 
 
 def test_predictions_respect_the_band_on_every_gpu(predictor):
@@ -116,7 +124,7 @@ def test_predictions_respect_the_band_on_every_gpu(predictor):
         us = predictor.predict_columns("rmsnorm", SHAPES, [gpu] * 4)
         features = features_of("rmsnorm", gpu, SHAPES)
         ideal = get_operator("rmsnorm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
-        low, high = efficiency_band("rmsnorm", features, hw.sm_freq)
+        low, high = efficiency_band("rmsnorm", features, None, hw.sm_freq)
         assert (us >= ideal / (high * hw.sm_freq) * (1 - 1e-9)).all(), gpu
         assert (us <= ideal / (low * hw.sm_freq) * (1 + 1e-9)).all(), gpu
 
@@ -197,7 +205,7 @@ def test_unseen_gpu_takes_the_bandwidth_model(predictor):
         us = predictor.predict_columns("rmsnorm", SHAPES, [gpu] * 4)
         bandwidth_us = memory_model.duration_us(parameters, "rmsnorm", features, hw.sm_freq, hw.max_threads_per_sm)
         ideal = get_operator("rmsnorm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
-        kept = clip_efficiency("rmsnorm", ideal / (bandwidth_us * hw.sm_freq), features, hw.sm_freq)[0]
+        kept = clip_efficiency("rmsnorm", ideal / (bandwidth_us * hw.sm_freq), features, None, hw.sm_freq)[0]
         assert np.allclose(us, ideal / (kept * hw.sm_freq), rtol=1e-5) == expect_model, gpu
 
 
