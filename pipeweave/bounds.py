@@ -136,8 +136,12 @@ def table_for(op: str, table: dict | None) -> dict:
     model_op = get_operator(op).model_op
     if model_op in tables:
         return tables[model_op]
-    floors = np.min([t["floor"] for t in tables.values()], axis=0).tolist()
-    return {"floor": floors, "median": floors}
+    return {"floor": np.min([t["floor"] for t in tables.values()], axis=0).tolist(), "median": None}
+
+
+def has_regime_medians(op: str) -> bool:
+    """Whether the shipped table has measured medians for ``op``'s model (not for a newly registered operator)."""
+    return get_operator(op).model_op in shipped_tables()
 
 
 def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
@@ -157,8 +161,11 @@ def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None,
 def regime_efficiency(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None) -> np.ndarray:
     """The efficiency of a kernel running at the median roofline efficiency of its regime bin: the prediction
     where the model carries no information on the GPU (see :meth:`pipeweave.predictor.KernelPredictor`)."""
+    medians = table_for(op, table)["median"]
+    if medians is None:
+        raise ValueError(f"{op}: no measured rows, so no regime medians (python3 -m pipeweave.bounds --write)")
     ideal, roof, bins = regime_bins(op, features, sm_freq_mhz)
-    return ideal * np.ravel(table_for(op, table)["median"])[bins] / roof
+    return ideal * np.ravel(medians)[bins] / roof
 
 
 def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,

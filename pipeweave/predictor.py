@@ -15,7 +15,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
-from pipeweave.bounds import clip_efficiency, regime_efficiency
+from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
 from pipeweave.mlp import latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
 
@@ -87,7 +87,8 @@ class KernelPredictor:
         (before any calibration). A memory-bound operator on a GPU outside its MLP's training data takes the
         bandwidth model of :mod:`pipeweave.memory_model` (stored with the model) instead of the MLP. An MLP trained
         on a single GPU saw constant hardware inputs, so it knows nothing of how efficiency depends on the GPU: on
-        another GPU the kernel takes the median efficiency of its regime (:func:`pipeweave.bounds.regime_efficiency`)."""
+        another GPU the kernel takes the median efficiency of its regime (:func:`pipeweave.bounds.regime_efficiency`;
+        only a GPU of the hardware directory counts, and only an operator with measured medians)."""
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
@@ -95,7 +96,8 @@ class KernelPredictor:
             ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
             duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
             efficiency = ideal / (duration * hw.sm_freq)
-        elif len(trained) == 1 and hw.name not in trained:
+        elif (hw.name not in trained and sum(name in self.hardware for name in trained) == 1
+              and has_regime_medians(op)):
             efficiency = regime_efficiency(op, features, hw.sm_freq)
         else:
             efficiency = self.efficiency_from_features(op, features, described)
