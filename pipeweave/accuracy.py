@@ -227,8 +227,9 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
 
 
 def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict:
-    """{GPU: (% of the sampled test shapes whose MLP efficiency the floor binds, % the ceiling binds)} on every GPU
-    of the hardware directory, measured or not (the band matters most where the model extrapolates)."""
+    """{GPU: (% of the sampled test shapes whose unbounded predicted efficiency the floor binds, % the ceiling
+    binds)} on every GPU of the hardware directory, measured or not (the band matters most where the model
+    extrapolates)."""
     from analytical_model.registry import compute_features
 
     operator = get_operator(op)
@@ -243,9 +244,10 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
             features = compute_features(op, frame, predictor.hardware_dir)
         except ValueError:  # no calculator for this GPU's architecture (e.g. FP8 GEMM before Ada)
             continue
-        raw = predictor.efficiency_from_frame(op, features)
-        _, side = clip_efficiency(op, raw, features[list(operator.feature_names)].to_numpy(np.float64),
-                                  features[list(operator.descriptor_names)].to_numpy(np.float64), hw.sm_freq)
+        pipes = features[list(operator.feature_names)].to_numpy(np.float64)
+        described = features[list(operator.descriptor_names)].to_numpy(np.float64)
+        raw = predictor.unbounded_efficiency(op, pipes, described, hw)
+        _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq)
         out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100))
     return out
 
@@ -264,7 +266,8 @@ def render_band(binding: dict, trained: dict) -> str:
         f"bin of log10(R / µs) (edges {', '.join(f'{e:g}' for e in SIZE_EDGES)}) and log10(C_ideal / C_dram) (edges",
         f"{', '.join(f'{e:g}' for e in INTENSITY_EDGES)}); a bin under {MIN_BIN_ROWS} rows takes its size row's",
         "percentile, else the operator's (`pipeweave/efficiency_band.json`).",
-        f"Cells: % of {BAND_SAMPLE_ROWS} test shapes per operator (fixed sample) where the shipped model's efficiency",
+        f"Cells: % of {BAND_SAMPLE_ROWS} test shapes per operator (fixed sample) where the predicted efficiency (the",
+        "shipped MLP's, or on a GPU outside its training the bandwidth model's for RMSNorm and SiLU*Mul)",
         "fell below the floor / above the ceiling, on every GPU spec we ship; `*` = a GPU in that model's training.",
         "",
         "| GPU | " + " | ".join(ops) + " |",
