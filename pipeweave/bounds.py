@@ -76,11 +76,11 @@ def dram_cycles(op: str, features: np.ndarray) -> np.ndarray:
 
 def regime_bins(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(C_ideal, feature roofline cycles, flat regime-bin index) of float64 feature rows."""
+    tiny = np.finfo(np.float64).tiny
     ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
     dram = dram_cycles(op, features)
-    roof = np.maximum(np.maximum(ideal, dram), np.finfo(np.float64).tiny)
+    roof = np.maximum(np.maximum(ideal, dram), tiny)
     size = np.searchsorted(SIZE_EDGES, np.log10(roof / np.asarray(sm_freq_mhz, dtype=np.float64)))
-    tiny = np.finfo(np.float64).tiny
     intensity = np.searchsorted(INTENSITY_EDGES, np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny)))
     return ideal, roof, size * (len(INTENSITY_EDGES) + 1) + intensity
 
