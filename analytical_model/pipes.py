@@ -79,6 +79,18 @@ class HardwareSpec:
         return None if self.link_type is None else self.link_type.rstrip("0123456789")
 
     @property
+    def max_threads_per_sm(self) -> int:
+        """Resident threads an SM holds at full occupancy (CUDA C++ Programming Guide, technical specifications per
+        compute capability): 1536 on the GDDR workstation/server parts 8.6, 8.9 and 12.x, 2048 on 8.0, 9.0, 10.x."""
+        major, minor = self.compute_capability
+        if major == 12 or (major, minor) in ((8, 6), (8, 9)):
+            return 1536
+        if major == 10 or (major, minor) in ((8, 0), (9, 0)):
+            return 2048
+        raise ValueError(f"{self.name}: no resident-thread limit known for compute capability {major}.{minor} "
+                         f"(known: 8.0, 8.6, 8.9, 9.0, 10.x, 12.x)")
+
+    @property
     def uses_sm90_gemm(self) -> bool:
         """Hopper-style GEMM (TMA + asynchronous warpgroup MMA, persistent kernels).
 

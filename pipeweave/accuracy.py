@@ -30,7 +30,8 @@ import pandas as pd
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
 from pipeweave import memory_model
-from pipeweave.bounds import EFFICIENCY_FLOOR, FLOOR_PERCENTILE, LAUNCH_LATENCY_US, clip_efficiency
+from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_US, MIN_BIN_ROWS, SIZE_EDGES,
+                              clip_efficiency, frame_band_table, regime_efficiency)
 from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically, write_marked_section
 from pipeweave.logo_cache import LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_predictions
 from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, load_splits, read_dataset,
@@ -88,18 +89,29 @@ def held_out_groups(gpus: list[str], by: str) -> dict[str, list[str]]:
     return dict(sorted(groups.items())) if len(groups) >= 2 else {}
 
 
+def other_gpus_band(op: str, dataset_dir: Path, held_out: list[str]) -> dict:
+    """The band table (:func:`pipeweave.bounds.band_table`) of every measured row of the GPUs not held out: the
+    held-out GPUs' rows never shape the band their predictions are kept in."""
+    frame = pd.concat([read_dataset(path) for path in dataset_paths(op, dataset_dir)], ignore_index=True)
+    return frame_band_table(op, frame[~frame["hardware"].isin(held_out)])
+
+
 def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficiency: np.ndarray | None,
-                 config: TrainConfig) -> np.ndarray:
+                 config: TrainConfig, band: dict | None = None) -> np.ndarray:
     """The efficiency the predictor gives rows of GPUs outside the training data: a memory-bound operator takes
-    the bandwidth model fitted on ``train`` (capped as the MLP's), the others their MLP's; kept inside the band."""
-    names = list(get_operator(op).feature_names)
-    features = test[names].to_numpy(np.float64)
+    the bandwidth model fitted on ``train`` (capped as the MLP's), an MLP trained on one GPU the median of the
+    kernel's regime (``band``), the others their MLP's; kept inside the band (``band``: by default the shipped)."""
+    operator = get_operator(op)
+    features = test[list(operator.feature_names)].to_numpy(np.float64)
+    described = test[list(operator.descriptor_names)].to_numpy(np.float64)
     sm_freq = test["sm_freq"].to_numpy(np.float64)
-    if get_operator(op).dram_bound:
+    if operator.dram_bound:
         parameters = memory_model.fit_frame(op, cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
-        ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
-        mlp_efficiency = ideal / (memory_model.duration_us(parameters, op, features, sm_freq) * sm_freq)
-    return clip_efficiency(op, mlp_efficiency, features, sm_freq)[0]
+        ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
+        mlp_efficiency = ideal / (memory_model.frame_duration_us(parameters, op, test) * sm_freq)
+    elif train["hardware"].nunique() == 1:
+        mlp_efficiency = regime_efficiency(op, features, sm_freq, band)
+    return clip_efficiency(op, mlp_efficiency, features, described, sm_freq, band)[0]
 
 
 def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows: int, gpus: list[str]) -> dict:
@@ -126,9 +138,10 @@ def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
     config = TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
     for gpu in gpus:
         test, predicted, history = logo_predictions(op, gpu, dataset_dir, log=log)
-        train = load_splits(op, dataset_dir, [gpu])[0] if get_operator(op).dram_bound else None
-        out[gpu] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config), history["train_rows"],
-                                 [gpu])
+        train = load_splits(op, dataset_dir, [gpu])[0]
+        band = other_gpus_band(op, dataset_dir, [gpu])
+        out[gpu] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config, band),
+                                 history["train_rows"], [gpu])
         log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} %")
     return out
 
@@ -140,12 +153,13 @@ def loao_results(op: str, dataset_dir: Path, log=print) -> dict:
     for label, held_out in held_out_groups(gpus_with_data(op, dataset_dir), "architecture").items():
         started = time.perf_counter()
         train, test = load_splits(op, dataset_dir, held_out)
-        if get_operator(op).dram_bound:  # the MLP is not used on GPUs outside training
+        if get_operator(op).dram_bound or train["hardware"].nunique() == 1:  # the MLP is not used (as_predicted)
             predicted, rows = None, len(cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
         else:
             _, history, predicted, _ = train_and_evaluate(op, train, test, config)
             rows = history["train_rows"]
-        out[label] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config), rows, held_out)
+        band = other_gpus_band(op, dataset_dir, held_out)
+        out[label] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config, band), rows, held_out)
         log(f"  held out {op} / {label}: mean {out[label]['model']['mean']:.2f} % "
             f"({time.perf_counter() - started:.0f} s)")
     return out
@@ -213,8 +227,9 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
 
 
 def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict:
-    """{GPU: (% of the sampled test shapes whose MLP efficiency the floor binds, % the ceiling binds)} on every GPU
-    of the hardware directory, measured or not (the band matters most where the model extrapolates)."""
+    """{GPU: (% of the sampled test shapes whose unbounded predicted efficiency the floor binds, % the ceiling
+    binds)} on every GPU of the hardware directory, measured or not (the band matters most where the model
+    extrapolates)."""
     from analytical_model.registry import compute_features
 
     operator = get_operator(op)
@@ -229,8 +244,10 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
             features = compute_features(op, frame, predictor.hardware_dir)
         except ValueError:  # no calculator for this GPU's architecture (e.g. FP8 GEMM before Ada)
             continue
-        raw = predictor.efficiency_from_frame(op, features)
-        _, side = clip_efficiency(op, raw, features[list(operator.feature_names)].to_numpy(np.float64), hw.sm_freq)
+        pipes = features[list(operator.feature_names)].to_numpy(np.float64)
+        described = features[list(operator.descriptor_names)].to_numpy(np.float64)
+        raw = predictor.unbounded_efficiency(op, pipes, described, hw)
+        _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq)
         out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100))
     return out
 
@@ -243,11 +260,14 @@ def render_band(binding: dict, trained: dict) -> str:
         "",
         "Generated by `python3 -m pipeweave.accuracy` (section `bounds`). Every predicted efficiency is kept inside",
         "the band of `pipeweave.bounds` (docs/METHOD.md §4.3): ceiling = the roofline (efficiency ≤ 1 on the compute",
-        "pipe; for RMSNorm and SiLU*Mul also DRAM traffic at spec bandwidth), floor = the per-operator efficiency",
-        f"floor ({FLOOR_PERCENTILE}th percentile of the measured roofline efficiency over all GPUs, launch latency",
-        f"{LAUNCH_LATENCY_US:g} µs set aside): "
-        + ", ".join(f"{op} {EFFICIENCY_FLOOR[op]:.3g}" for op in ops) + ".",
-        f"Cells: % of {BAND_SAMPLE_ROWS} test shapes per operator (fixed sample) where the shipped model's efficiency",
+        "pipe; for RMSNorm and SiLU*Mul also DRAM traffic at spec bandwidth), floor = conditional on the kernel's",
+        f"regime: t ≤ R / floor + {LAUNCH_LATENCY_US:g} µs, with R the feature roofline time and floor the",
+        f"{FLOOR_PERCENTILE}th percentile of the measured R / (t − {LAUNCH_LATENCY_US:g} µs) over all GPUs in the same",
+        f"bin of log10(R / µs) (edges {', '.join(f'{e:g}' for e in SIZE_EDGES)}) and log10(C_ideal / C_dram) (edges",
+        f"{', '.join(f'{e:g}' for e in INTENSITY_EDGES)}); a bin under {MIN_BIN_ROWS} rows takes its size row's",
+        "percentile, else the operator's (`pipeweave/efficiency_band.json`).",
+        f"Cells: % of {BAND_SAMPLE_ROWS} test shapes per operator (fixed sample) where the predicted efficiency (the",
+        "shipped MLP's, or on a GPU outside its training the bandwidth model's for RMSNorm and SiLU*Mul)",
         "fell below the floor / above the ceiling, on every GPU spec we ship; `*` = a GPU in that model's training.",
         "",
         "| GPU | " + " | ".join(ops) + " |",

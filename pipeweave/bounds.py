@@ -3,21 +3,38 @@ inside the band ``[low, high]`` of ``overall_perf`` below, whatever the GPU or s
 
 Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycle features, ``f``: SM clock in MHz).
 
-* **Ceiling (a kernel never beats its roofline).** ``C_ideal`` is the compute work at the spec peak of the
-  operator's compute pipe, so ``eff ≤ 1``. For operators whose DRAM-cycle feature counts every byte exactly once
-  (:attr:`OperatorClass.dram_bound`: RMSNorm, SiLU*Mul; no measured row in any dataset beats it) the DRAM time at
-  the spec bandwidth binds too: ``t ≥ max(C_ideal, C_dram) / f``, i.e. ``eff ≤ C_ideal / max(C_ideal, C_dram)``.
-  For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2 cache absorbs (1–46 % of their
-  measured rows beat it), so only the compute ceiling applies.
-* **Floor (a well-formed kernel is not arbitrarily slow).** ``t ≤ R / floor + L`` with ``R`` the roofline time
-  above, ``L`` = :data:`LAUNCH_LATENCY_US` and ``floor`` = :data:`EFFICIENCY_FLOOR` per operator: the
-  :data:`FLOOR_PERCENTILE`-th percentile of ``R / (t − L)`` over every measured row of every GPU in
-  ``dataset/<op>_{train,test}.csv`` (``python3 -m pipeweave.bounds`` recomputes them; a data test checks the
-  constants against the datasets). So at most 0.1 % of measured kernels are slower than the floor allows.
+* **Ceiling (a kernel never beats its roofline).** No kernel does its unpadded work faster than the spec peak:
+  ``t ≥ E / f`` with ``E`` the shape descriptor ``exact_tensor_cycle`` (the problem's FLOPs at the spec peak,
+  without tiles or padding; GEMM, attention, MoE), i.e. ``eff ≤ C_ideal / E``. ``C_ideal`` itself counts padded
+  tiles and is beaten by measured rows (GEMM with M = 257 or 769, FA3 ragged attention up to 5.7x), so
+  ``eff ≤ 1`` is no bound: clipping there made the shipped attention model's correct predictions on those rows
+  97 % off; the exact-work bound holds on every measured row but 43 (RTX PRO 6000, by at most 1.9 %). For
+  operators whose DRAM-cycle feature counts every byte exactly once (:attr:`OperatorClass.dram_bound`: RMSNorm,
+  SiLU*Mul; no measured row in any dataset beats it) the DRAM time at the spec bandwidth binds too:
+  ``t ≥ max(C_ideal, C_dram) / f``. For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2
+  cache absorbs (1–46 % of their measured rows beat it), so only the compute ceiling applies.
+* **Floor, conditional on the kernel's regime (a well-formed kernel is not arbitrarily slow).** With
+  ``R = max(C_ideal, C_dram) / f`` the feature roofline time (µs) and ``L`` = :data:`LAUNCH_LATENCY_US`,
+  ``t ≤ R / floor(regime) + L``: ``floor`` is the :data:`FLOOR_PERCENTILE`-th percentile of the measured
+  ``R / (t − L)`` over the rows of every GPU (``dataset/<op>_{train,test}.csv``) in the same regime bin. The regime
+  is GPU-independent: the roofline time in half decades (:data:`SIZE_EDGES`: latency and tails dominate small
+  kernels; BF16 GEMM's floor is 0.03–0.15 below 1 µs and 0.24–0.61 above 1 ms) and the intensity relative to the
+  GPU's ridge point, ``log10(C_ideal / C_dram)`` (:data:`INTENSITY_EDGES`: memory-bound kernels reach a larger
+  share of their roofline than compute-bound ones of the same size). A bin with fewer than :data:`MIN_BIN_ROWS`
+  rows takes the percentile of its whole size row, else of the operator. So at most 0.1 % of the measured kernels
+  of a regime are slower than the floor allows, and a kernel whose roofline time is large cannot be predicted many
+  times slower than the measured kernels of its regime ran. The bins' floors (and medians, used by
+  :func:`regime_efficiency`) are in ``pipeweave/efficiency_band.json`` (``python3 -m pipeweave.bounds --write``
+  recomputes it; a data test checks it against the datasets). A ceiling from the same bins was tried and rejected: the fast tail depends on
+  the GPU's L2 size (an L40S holds in its 96 MB L2 weights an H100's 50 MB does not), so a ceiling derived from
+  the other architectures forced FP8 GEMM on L40S 10x too slow (leave-one-architecture-out 30.8 -> 45.0 %).
 """
 from __future__ import annotations
 
+import json
+import re
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -27,79 +44,163 @@ from analytical_model.registry import DRAM_CYCLE_FEATURE, get_operator, operator
 #: fixed cost of any kernel in µs (launch, CTA dispatch, prologue and tail): the smallest measured kernels of
 #: the datasets take 1–7 µs, so a kernel's time above its roofline share is at most this much "free" latency
 LAUNCH_LATENCY_US = 5.0
-#: percentile (in %) of the measured roofline efficiency R / (t − L) that defines the floor
+#: percentile (in %) of the measured roofline efficiency R / (t − L) that defines the floor of a regime bin
 FLOOR_PERCENTILE = 0.1
-#: per trained operator (an operator predicted by another's model, e.g. quantize by rmsnorm, takes that one's):
-#: the FLOOR_PERCENTILE-th percentile of R / (t − L) over all measured rows of all GPUs (4 significant digits)
-EFFICIENCY_FLOOR = {
-    "gemm": 0.001987,
-    "gemm_fp8": 0.001003,
-    "attn": 0.0002755,
-    "rmsnorm": 0.004552,
-    "siluandmul": 0.006332,
-    "moe": 0.002284,
-}
+#: regime bins: edges of log10(roofline time in µs) and of log10(C_ideal / C_dram); outer bins are open
+SIZE_EDGES = (-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+INTENSITY_EDGES = (-1.0, -0.5, 0.0, 0.5, 1.0)
+#: fewer rows than this in a bin: its floor is not trusted (a 0.1th percentile of 200 rows is below the minimum)
+MIN_BIN_ROWS = 200
+BAND_TABLE_PATH = Path(__file__).with_name("efficiency_band.json")
+#: the descriptor of the unpadded work at the spec peak (cycles), the compute ceiling
+EXACT_WORK_DESCRIPTOR = "exact_tensor_cycle"
 
 
-def efficiency_floor(op: str) -> float:
-    """The operator's floor (that of the model predicting it); an operator without measurements (a newly
-    registered one) gets the loosest measured floor."""
-    return EFFICIENCY_FLOOR.get(get_operator(op).model_op, min(EFFICIENCY_FLOOR.values()))
-
-
-def roofline_cycles(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(C_ideal, roofline cycles R·f) of float64 feature rows (columns in the registry's feature order)."""
+def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(C_ideal, the fewest cycles the kernel can take) of float64 feature rows (columns in the registry's feature
+    order) and their shape descriptors (the registry's descriptor order)."""
     operator = get_operator(op)
     ideal = operator.ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
-    if not operator.dram_bound:
+    if operator.dram_bound:
+        return ideal, np.maximum(ideal, dram_cycles(op, features))
+    if EXACT_WORK_DESCRIPTOR not in operator.descriptor_names:
         return ideal, ideal
-    dram = np.asarray(features, dtype=np.float64)[:, operator.feature_names.index(DRAM_CYCLE_FEATURE)]
-    return ideal, np.maximum(ideal, dram)
+    if described is None:
+        raise ValueError(f"{op}: the physical band needs the shape descriptors ({EXACT_WORK_DESCRIPTOR})")
+    return ideal, np.asarray(described, dtype=np.float64)[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
 
 
-def efficiency_band(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) efficiency per feature row on GPUs clocked at ``sm_freq_mhz`` (scalar or per row)."""
-    ideal, roof = roofline_cycles(op, features)
-    safe = np.maximum(roof, np.finfo(np.float64).tiny)
-    high = ideal / safe
-    slowest_cycles = roof / efficiency_floor(op) + LAUNCH_LATENCY_US * np.asarray(sm_freq_mhz, dtype=np.float64)
-    return np.minimum(ideal / slowest_cycles, high), high
+def dram_cycles(op: str, features: np.ndarray) -> np.ndarray:
+    return np.asarray(features, dtype=np.float64)[:, get_operator(op).feature_names.index(DRAM_CYCLE_FEATURE)]
 
 
-def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, sm_freq_mhz
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def regime_bins(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C_ideal, feature roofline cycles, flat regime-bin index) of float64 feature rows."""
+    tiny = np.finfo(np.float64).tiny
+    ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
+    dram = dram_cycles(op, features)
+    roof = np.maximum(np.maximum(ideal, dram), tiny)
+    size = np.searchsorted(SIZE_EDGES, np.log10(roof / np.asarray(sm_freq_mhz, dtype=np.float64)))
+    intensity = np.searchsorted(INTENSITY_EDGES, np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny)))
+    return ideal, roof, size * (len(INTENSITY_EDGES) + 1) + intensity
+
+
+def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_us: np.ndarray) -> dict:
+    """{"floor": [[...]], "median": [[...]]}: per size bin (rows) and intensity bin (columns), from measured rows
+    (feature rows, clock, duration)."""
+    _, roof, bins = regime_bins(op, features, sm_freq_mhz)
+    measured_us = np.asarray(measured_us, dtype=np.float64)
+    roof_us = roof / np.asarray(sm_freq_mhz, dtype=np.float64)
+    efficiency = roof_us / measured_us  # the median: a kernel's typical speed, latency included
+    slow = measured_us > LAUNCH_LATENCY_US  # faster kernels are inside the band for any floor
+    latency_free = np.where(slow, roof_us / np.maximum(measured_us - LAUNCH_LATENCY_US, 1e-9), np.inf)
+    width = len(INTENSITY_EDGES) + 1
+
+    def statistics(rows: np.ndarray) -> tuple[float, float]:
+        floor = np.percentile(latency_free[rows], FLOOR_PERCENTILE) if (rows & slow).any() else np.inf
+        return floor, np.median(efficiency[rows])
+
+    pooled = statistics(np.ones(len(bins), dtype=bool))
+    floor, median = [], []
+    for size in range(len(SIZE_EDGES) + 1):
+        floor.append([])
+        median.append([])
+        in_size = bins // width == size
+        fallback = statistics(in_size) if in_size.sum() >= MIN_BIN_ROWS else pooled
+        for intensity in range(width):
+            rows = bins == size * width + intensity
+            low, middle = statistics(rows) if rows.sum() >= MIN_BIN_ROWS else fallback
+            floor[-1].append(float(f"{low:.4g}"))
+            median[-1].append(float(f"{middle:.4g}"))
+    return {"floor": floor, "median": median}
+
+
+def frame_band_table(op: str, frame) -> dict:
+    """:func:`band_table` of a dataset frame (feature columns, ``sm_freq``, ``avg_duration``)."""
+    names = list(get_operator(op).feature_names)
+    return band_table(op, frame[names].to_numpy(np.float64), frame["sm_freq"].to_numpy(np.float64),
+                      frame["avg_duration"].to_numpy(np.float64))
+
+
+@lru_cache(maxsize=1)
+def shipped_tables() -> dict:
+    return json.loads(BAND_TABLE_PATH.read_text())
+
+
+def table_for(op: str, table: dict | None) -> dict:
+    """``table`` or the shipped one of the model predicting ``op``; an operator without measurements (a newly
+    registered one) gets, per bin, the loosest floor of the measured operators."""
+    if table is not None:
+        return table
+    tables = shipped_tables()
+    model_op = get_operator(op).model_op
+    if model_op in tables:
+        return tables[model_op]
+    return {"floor": np.min([t["floor"] for t in tables.values()], axis=0).tolist(), "median": None}
+
+
+def has_regime_medians(op: str) -> bool:
+    """Whether the shipped table has measured medians for ``op``'s model (not for a newly registered operator)."""
+    return get_operator(op).model_op in shipped_tables()
+
+
+def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
+                    table: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) efficiency per feature row (and its shape descriptors) on GPUs clocked at ``sm_freq_mhz``
+    (scalar or per row); ``table`` (:func:`band_table`) replaces the shipped floors, e.g. one derived without a
+    held-out GPU."""
+    ideal, ceiling = ceiling_cycles(op, features, described)
+    high = ideal / np.maximum(ceiling, np.finfo(np.float64).tiny)
+    _, roof, bins = regime_bins(op, features, sm_freq_mhz)
+    slowest_cycles = roof / np.ravel(table_for(op, table)["floor"])[bins] + LAUNCH_LATENCY_US * np.asarray(
+        sm_freq_mhz, dtype=np.float64)
+    low = ideal / slowest_cycles
+    return np.minimum(low, high), high
+
+
+def regime_efficiency(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None) -> np.ndarray:
+    """The efficiency of a kernel running at the median roofline efficiency of its regime bin: the prediction
+    where the model carries no information on the GPU (see :meth:`pipeweave.predictor.KernelPredictor`)."""
+    medians = table_for(op, table)["median"]
+    if medians is None:
+        raise ValueError(f"{op}: no measured rows, so no regime medians (python3 -m pipeweave.bounds --write)")
+    ideal, roof, bins = regime_bins(op, features, sm_freq_mhz)
+    return ideal * np.ravel(medians)[bins] / roof
+
+
+def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
+                    table: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(efficiency kept inside the band, side): side is -1 where the floor bound, +1 the ceiling, 0 neither."""
-    low, high = efficiency_band(op, features, sm_freq_mhz)
+    low, high = efficiency_band(op, features, described, sm_freq_mhz, table)
     efficiency = np.asarray(efficiency, dtype=np.float64)
     side = np.where(efficiency < low, -1, np.where(efficiency > high, 1, 0)).astype(np.int8)
     return np.clip(efficiency, low, high), side
 
 
-def measured_floor(op: str, frame) -> float:
-    """The FLOOR_PERCENTILE-th percentile of R / (t − L) over the measured rows of ``frame`` (a dataset frame)."""
-    operator = get_operator(op)
-    _, roof = roofline_cycles(op, frame[list(operator.feature_names)].to_numpy(np.float64))
-    measured = frame["avg_duration"].to_numpy(np.float64)
-    slow = measured > LAUNCH_LATENCY_US  # faster kernels are inside the band for any floor
-    roof_us = roof[slow] / frame["sm_freq"].to_numpy(np.float64)[slow]
-    return float(np.percentile(roof_us / (measured[slow] - LAUNCH_LATENCY_US), FLOOR_PERCENTILE))
-
-
 def main(argv=None) -> int:
-    """Print the efficiency floors measured on the datasets (the source of EFFICIENCY_FLOOR)."""
+    """Print (with --write: store in pipeweave/efficiency_band.json) the regime floors measured on the datasets."""
     import pandas as pd
 
-    from pipeweave.cli import ArgumentParser
+    from pipeweave.cli import ArgumentParser, write_atomically
     from pipeweave.modeling import dataset_paths, read_dataset
     from pipeweave.paths import DATASET_DIR
 
     parser = ArgumentParser(prog="python3 -m pipeweave.bounds", description=main.__doc__)
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--write", action="store_true", help=f"write {BAND_TABLE_PATH.name}")
     args = parser.parse_args(argv)
+    tables = {}
     for op in operator_keys(trainable=True):
         frame = pd.concat([read_dataset(path) for path in dataset_paths(op, args.dataset_dir)], ignore_index=True)
-        print(f"{op}: floor {measured_floor(op, frame):.4g} (shipped {EFFICIENCY_FLOOR[op]}; {len(frame)} rows, "
-              f"{frame['hardware'].nunique()} GPUs)")
+        tables[op] = frame_band_table(op, frame)
+        floors = np.ravel(tables[op]["floor"])
+        print(f"{op}: {len(frame)} rows, {frame['hardware'].nunique()} GPUs; floors {floors.min():.3g} .. "
+              f"{floors.max():.3g}")
+    if args.write:  # one line per size bin
+        text = json.dumps(tables, indent=1)
+        text = re.sub(r"\[\s+([^\[\]]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+        write_atomically(BAND_TABLE_PATH, lambda tmp: tmp.write_text(text + "\n"))
+        print(f"wrote {BAND_TABLE_PATH}")
     return 0
 
 

@@ -403,7 +403,8 @@ class Engine:
             # quantile model (trained separately, on a different loss) predicts a lower efficiency than the point
             # model, the point model is the better bound (and a calibration cannot reorder the two)
             upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described), efficiency)
-        upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, freq)[0]
+        upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, described,
+                                freq)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
         return point, np.minimum(optimistic, point), codes
 

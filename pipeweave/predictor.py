@@ -15,7 +15,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
-from pipeweave.bounds import clip_efficiency
+from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
 from pipeweave.mlp import latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
 
@@ -83,17 +83,28 @@ class KernelPredictor:
         return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
 
     def kernel_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
-        """Efficiency of feature rows on the GPU ``hw``, kept inside the physical band of :mod:`pipeweave.bounds`
-        (before any calibration). A memory-bound operator on a GPU outside its MLP's training data takes the
-        bandwidth model of :mod:`pipeweave.memory_model` (stored with the model) instead of the MLP."""
+        """Efficiency of feature rows on the GPU ``hw``: :meth:`unbounded_efficiency` kept inside the physical band
+        of :mod:`pipeweave.bounds` (before any calibration)."""
+        efficiency = self.unbounded_efficiency(op, features, described, hw)
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq)[0]
+
+    def unbounded_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
+        """The MLP's efficiency, except where it carries no information. A memory-bound operator on a GPU outside
+        its MLP's training data takes the bandwidth model of :mod:`pipeweave.memory_model` (stored with the model).
+        An MLP trained on a single GPU saw constant hardware inputs, so it knows nothing of how efficiency depends
+        on the GPU: on another GPU the kernel takes the median efficiency of its regime
+        (:func:`pipeweave.bounds.regime_efficiency`; only a GPU of the hardware directory counts, and only an
+        operator with measured medians)."""
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
-        if parameters and hw.name not in self.trained_on(op):
+        trained = self.trained_on(op)
+        if parameters and hw.name not in trained:
             ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
-            efficiency = ideal / (memory_model.duration_us(parameters, op, features, hw.sm_freq) * hw.sm_freq)
-        else:
-            efficiency = self.efficiency_from_features(op, features, described)
-        return clip_efficiency(op, efficiency, features, hw.sm_freq)[0]
+            duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
+            return ideal / (duration * hw.sm_freq)
+        if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
+            return regime_efficiency(op, features, hw.sm_freq)
+        return self.efficiency_from_features(op, features, described)
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:

@@ -240,7 +240,8 @@ def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
                 for shape in attention)
         else:
             expected = engine.iteration_ms(Iteration("prefill", **operators), "H100")
-        assert step_cost(new, context) == pytest.approx(expected, rel=1e-6)
+        # the engine rounds each kernel to 1e-6 ms, and the memo sums rounded single-kernel costs
+        assert step_cost(new, context) == pytest.approx(expected, rel=1e-5)
 
 
 def test_estimate_scales_the_last_prediction_and_prefetch_batches(engine):
@@ -299,9 +300,9 @@ def test_memoised_step_cost_and_speculation_reproduce_the_slow_path(engine):
              KernelStepCost(engine, cfg, "H100", tp=2, pp=2)]
     runs = []
     for cost, ahead in zip(costs, (0, 0, 64)):
-        requests = make_requests(load_serving_trace("splitwise_48"), num_requests=40, qps=30.0, seed=2,
+        requests = make_requests(load_serving_trace("splitwise_48"), num_requests=40, qps=60.0, seed=2,
                                  per_request_outputs=True)
-        sim = simulate(requests, vllm(blocks=400, seqs=32, budget=1024), cost, pp=2, speculation_steps=ahead)
+        sim = simulate(requests, vllm(blocks=300, seqs=32, budget=1024), cost, pp=2, speculation_steps=ahead)
         runs.append((request_metrics(sim.requests), sim.steps))
     (slow, steps), *fast = runs
     assert slow["preemptions"].sum() > 0
