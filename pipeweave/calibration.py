@@ -40,6 +40,7 @@ from pipeweave.calibration_design import (CLASSES, COLLECTIVE_KINDS, COMMUNICATI
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
 FORMAT_VERSION = 2  # 1: intercepts and the communication factor only (read with every shape slope at 0)
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
+FACTORS = INTERCEPTS + (PARAMS[COMMUNICATION],)  # parameters that are a plain factor (the others: slopes)
 MIN_TAU = 0.02  # least prior scale of any parameter (log space): no correction is ruled out a priori
 
 
@@ -220,7 +221,10 @@ class Calibration:
         """What an output records: file, GPU, method and the data it was fitted from."""
         return {"file": str(self.path) if self.path else None, "hardware": self.device_name,
                 "method": self.method, "fitted_from": self.fitted_from,
-                "factors": {p: round(float(np.exp(t)), 4) for p, t in zip(PARAMS, self.theta) if abs(t) > 1e-9}}
+                "factors": {p: round(float(np.exp(t)), 4) for p, t in zip(PARAMS, self.theta)
+                            if abs(t) > 1e-9 and p in FACTORS},
+                "slopes_per_sd": {p: round(float(t), 4) for p, t in zip(PARAMS, self.theta)
+                                  if abs(t) > 1e-9 and p not in FACTORS}}
 
     def factors(self, op: str, features: np.ndarray, shapes=None) -> np.ndarray:
         return np.exp(design(op, features, shapes, self.standardisation) @ self.theta)
@@ -285,7 +289,7 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ValueError(f"{path}: calibration format {version!r}, this pipeweave reads 1 and {FORMAT_VERSION}; "
                          f"refit it with calibrate.py")
     # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions
-    expected = [p for p in PARAMS if p in INTERCEPTS or p == PARAMS[COMMUNICATION]] if version == 1 else PARAMS
+    expected = [p for p in PARAMS if p in FACTORS] if version == 1 else PARAMS
     parameters = data.get("parameters", {})
     missing = [p for p in expected if p not in parameters]
     standardisation = data.get("standardisation") if version == FORMAT_VERSION else None

@@ -298,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior)
     calibration.save(args.output)
-    for name, value in calibration.summary()["factors"].items():
+    summary = calibration.summary()
+    for name, value in summary["factors"].items():
         print(f"  {name}: x{value:.3f}")
+    for name, value in summary["slopes_per_sd"].items():
+        print(f"  {name}: {value:+.3f} log per standard deviation")
     print(f"Calibration for {calibration.hardware} written to {args.output}")
     return 0
