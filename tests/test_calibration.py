@@ -292,6 +292,35 @@ def test_kernel_csv_calibration(tmp_path):
     assert cal.fitted_from["kernels"][0]["rows"] == 3 and np.any(cal.theta != 0)
 
 
+def test_attention_kernel_csv_calibration_learns_a_kv_length_trend(tmp_path):
+    """Decode attention measured slower the longer the KV cache (the profiler's columns, lengths as "[...]"):
+    the calibration learns the trend, and predict_kernels --calibration applies it to unseen shapes."""
+    lengths = (256, 1024, 4096, 16384)
+    shapes = [("fa2_paged", bs, "[" + ",".join(["1"] * bs) + "]", "[" + ",".join([str(kv)] * bs) + "]", 32, 8, 128)
+              for bs in (1, 8, 32) for kv in lengths]
+    header = "attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd"
+    table = tmp_path / "shapes.csv"
+    table.write_text(header + ",hardware\n" + "".join(
+        f'{t},{bs},"{q}","{kv}",{nh},{nkv},{hd},A40\n' for t, bs, q, kv, nh, nkv, hd in shapes))
+    plain = tmp_path / "plain.csv"
+    assert run_cli(kernels.main, ["--op", "attn", "--input", str(table), "--output", str(plain)]) == 0
+    zero_shot = pd.read_csv(plain)["predicted_us"].to_numpy()
+    kv = np.array([lengths.index(int(s[3].strip("[]").split(",")[0])) for s in shapes])
+    truth = zero_shot * np.exp(0.15 * (kv - 1.5))  # from 20 % faster at 256 to 25 % slower at 16384
+    measured = tmp_path / "attn.csv"
+    measured.write_text("op," + header + ",hardware,avg_duration\n" + "".join(
+        f'attn,{t},{bs},"{q}","{k}",{nh},{nkv},{hd},NVIDIA A40,{d}\n'
+        for (t, bs, q, k, nh, nkv, hd), d in zip(shapes, truth)))
+    out = tmp_path / "a40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), "--output", str(out)]) == 0
+    assert load_calibration(out).theta[PARAMS.index("attn_decode.log_kv_length")] > 0.02
+    calibrated = tmp_path / "cal.csv"
+    assert run_cli(kernels.main, ["--op", "attn", "--input", str(table), "--output", str(calibrated),
+                                  "--calibration", str(out)]) == 0
+    after = pd.read_csv(calibrated)["predicted_us"].to_numpy()
+    assert np.mean(np.abs(np.log(after / truth))) < 0.75 * np.mean(np.abs(np.log(zero_shot / truth)))
+
+
 def unsharded(data: dict) -> None:
     """Llama-3.1-70B on one GPU: every GEMM four times wider (140 GB of weights)."""
     data["tp_size"] = 1
