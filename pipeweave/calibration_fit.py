@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in summary["factors"].items():
         print(f"  {name}: x{value:.3f}")
     for name, value in summary["slopes_per_sd"].items():
-        print(f"  {name}: {value:+.3f} log per standard deviation")
+        if round(value, 3):  # slopes of classes without data move only through the prior's correlations
+            print(f"  {name}: {value:+.3f} log per standard deviation")
     print(f"Calibration for {calibration.hardware} written to {args.output}")
     return 0

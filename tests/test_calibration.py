@@ -307,7 +307,7 @@ def test_attention_kernel_csv_calibration_learns_a_kv_length_trend(tmp_path):
     zero_shot = pd.read_csv(plain)["predicted_us"].to_numpy()
     kv = np.array([lengths.index(int(s[3].strip("[]").split(",")[0])) for s in shapes])
     truth = zero_shot * np.exp(0.15 * (kv - 1.5))  # from 20 % faster at 256 to 25 % slower at 16384
-    measured = tmp_path / "attn.csv"
+    measured = tmp_path / "measured_attn.csv"  # not attn.csv: test_profiler reads every <op>.csv under the temp root
     measured.write_text("op," + header + ",hardware,avg_duration\n" + "".join(
         f'attn,{t},{bs},"{q}","{k}",{nh},{nkv},{hd},NVIDIA A40,{d}\n'
         for (t, bs, q, k, nh, nkv, hd), d in zip(shapes, truth)))
