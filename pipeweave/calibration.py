@@ -1,24 +1,24 @@
 """Per-GPU calibration: small log-space corrections of the zero-shot model, fitted by MAP with shrinkage.
 
-Why: on a GPU it never measured, pipeweave's error is mostly a per-GPU efficiency bias (docs/ACCURACY.md,
-leave-one-GPU-out); a user can nearly always measure something on their GPU (one benchmark run, a few
-minutes of ``profile_operators.py --quick``). A calibration turns those measurements into a correction of
-that GPU's predictions only.
+Why: on a GPU it never measured, pipeweave's error is a per-GPU efficiency bias that also varies with the shape
+(docs/ACCURACY.md, leave-one-GPU-out); a user can nearly always measure something on their GPU (one benchmark
+run, a few minutes of ``profile_operators.py --quick``). A calibration turns those measurements into a
+correction of that GPU's predictions only.
 
-Parametrisation. Every kernel's duration t̂ (the zero-shot prediction) becomes t̂ · exp(x · θ), where x splits
-the analytical model's ideal work of that kernel between its compute pipe (tensor or FMA+XU cycles, C) and
-its memory pipe (DRAM cycles, M): x has C / (C + M) in the kernel class's ``compute`` slot and M / (C + M) in
-its ``memory`` slot. The classes are GEMM, FP8 GEMM, attention prefill, attention decode (the paged kernel),
-element-wise (RMSNorm, SiLU*Mul) and MoE; collectives get one separate ``communication`` factor. So a
-compute-bound prefill and a memory-bound decode step inform different parameters, and a correction learned
-from a TP1 run (same kernel classes, other shapes) moves a TP2 prediction, while the communication factor
-stays at its prior until collectives are measured.
+Parametrisation (:mod:`pipeweave.calibration_design`). Every kernel's duration t̂ (the zero-shot prediction)
+becomes t̂ · exp(x · θ): per kernel class a compute and a memory intercept weighted by the analytical
+compute/memory share of the kernel, plus slopes on a few standardised shape covariates (log size with hinges,
+arithmetic intensity relative to the ridge point, SM imbalance; for attention KV length and GQA group size);
+collectives get one ``communication`` factor. A Bayesian linear regression of the log residual.
 
-Prior (shrinkage toward the zero-shot model). θ ~ N(0, Σ₀) with Σ₀ = τ_gpu² (every kernel parameter moves
-together: "this GPU is slower than its spec sheet says") + τ_pipe² (same pipe across classes) + τ_class,c²
-(one class alone); communication is independent with τ_comm. The τ's and the observation noise per kernel
-class come from the leave-one-GPU-out biases of the kernel models (``pipeweave.calibration_eval`` estimates
-them and writes ``pipeweave/calibration_prior.json``), never from end-to-end runs.
+Prior (shrinkage toward the zero-shot model, empirical Bayes). θ ~ N(0, Σ₀), zero mean: with no data the
+calibration is the zero-shot model. Within a class, Σ₀ is the second-moment matrix of the corrections that
+the other GPUs need (each GPU's leave-one-GPU-out model corrected with this parametrisation fitted on all its
+kernels), so shape effects that tend to come together on a new GPU are learned together. Across classes the
+intercepts share a GPU-wide part τ_gpu² and a per-pipe part τ_pipe² ("this GPU's memory system is slower than
+its spec sheet says"), so GEMM kernels or a prefill move attention too. ``pipeweave.calibration_eval`` estimates
+all of it, and the observation noise per class, from kernel data (``pipeweave/calibration_prior.json``), never
+from end-to-end runs and, in its evaluation, never from the held-out GPU.
 
 Fit. Each measurement is an equation log(measured) = log(Σ_terms base · exp(x θ)) + ε: a measured kernel is
 one term; an end-to-end prefill, decode step or total latency is the sum over the workload's kernel and
@@ -34,62 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from analytical_model.attention import resolve_attention_type
-from analytical_model.registry import get_operator
+from pipeweave.calibration_design import (CLASSES, COLLECTIVE_KINDS, COMMUNICATION, INTERCEPTS, PARAMS, class_slice,
+                                          class_terms, design)
 
-CLASSES = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "elementwise", "moe")
-PIPES = ("compute", "memory")
-KERNEL_PARAMS = tuple(f"{c}.{p}" for c in CLASSES for p in PIPES)
-PARAMS = KERNEL_PARAMS + ("communication",)
-COMMUNICATION = len(PARAMS) - 1
-COLLECTIVE_KINDS = ("all_reduce", "send_recv")
-OP_CLASS = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "rmsnorm": "elementwise", "siluandmul": "elementwise", "moe": "moe"}
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: intercepts and the communication factor only (read with every shape slope at 0)
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
-
-
-def kernel_classes(op: str, n: int, attention_types=None) -> np.ndarray:
-    """Calibration class of ``n`` kernels of ``op``; attention splits into prefill and decode by its layout
-    (the paged kernel is the decode kernel in every workload and dataset row)."""
-    if op == "attn":
-        layouts = {kind: resolve_attention_type(str(kind))[1] for kind in set(attention_types)}
-        return np.array(["attn_decode" if layouts[kind] == "paged" else "attn_prefill" for kind in attention_types],
-                        dtype=object)
-    if op not in OP_CLASS:
-        raise ValueError(f"operator {op!r} has no calibration class (known: {', '.join(OP_CLASS)}, attn)")
-    return np.full(n, OP_CLASS[op], dtype=object)
-
-
-def pipe_split(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(compute share, memory share) of each kernel's ideal cycles: C / (C + M), M / (C + M)."""
-    operator = get_operator(op)
-    names = operator.feature_names
-    features = np.asarray(features, dtype=np.float64)
-    compute = sum(features[:, names.index(n)] for n in operator.ideal_cycle_features)
-    memory = features[:, names.index("global_cycle")]
-    total = compute + memory
-    share = np.divide(compute, total, out=np.full(len(total), 0.5), where=total > 0)
-    return share, 1.0 - share
-
-
-def design(op: str, features: np.ndarray, attention_types=None) -> np.ndarray:
-    """Design rows x (n × len(PARAMS)) of kernels of one operator class."""
-    features = np.asarray(features, dtype=np.float64)
-    classes = kernel_classes(op, len(features), attention_types)
-    compute, memory = pipe_split(op, features)
-    x = np.zeros((len(features), len(PARAMS)))
-    for cls in np.unique(classes):
-        rows = classes == cls
-        x[rows, PARAMS.index(f"{cls}.compute")] = compute[rows]
-        x[rows, PARAMS.index(f"{cls}.memory")] = memory[rows]
-    return x
-
-
-def communication_design(n: int) -> np.ndarray:
-    x = np.zeros((n, len(PARAMS)))
-    x[:, COMMUNICATION] = 1.0
-    return x
+FACTORS = INTERCEPTS + (PARAMS[COMMUNICATION],)  # parameters that are a plain factor (the others: slopes)
+MIN_TAU = 0.02  # least prior scale of any parameter (log space): no correction is ruled out a priori
 
 
 # ------------------------------------------------------------------------------------------------
@@ -98,36 +50,58 @@ def communication_design(n: int) -> np.ndarray:
 
 @dataclass
 class Prior:
-    """Prior scales (log space) and observation noise; see the module docstring for their meaning."""
+    """Prior scales (log space), observation noise and covariate standardisation (module docstring)."""
 
     tau_gpu: float
     tau_pipe: float
-    tau_class: dict[str, float]
+    class_moments: dict[str, list]  # {class: second-moment matrix over class_terms(class)}
     tau_comm: float
     sigma_kernel: dict[str, float]
     sigma_e2e: float
+    standardisation: dict[str, dict]
     source: str = ""
 
     def covariance(self) -> np.ndarray:
-        n = len(PARAMS)
-        cov = np.zeros((n, n))
-        for i, a in enumerate(KERNEL_PARAMS):
-            for j, b in enumerate(KERNEL_PARAMS):
-                cov[i, j] = self.tau_gpu ** 2 + (self.tau_pipe ** 2 if a.split(".")[1] == b.split(".")[1] else 0.0)
-            cov[i, i] += self.tau_class[a.split(".")[0]] ** 2
+        """Σ₀: class blocks from the moments, shared intercept parts across classes, projected to be positive
+        definite (every eigenvalue at least MIN_TAU²: moments of a few GPUs need not be consistent)."""
+        cov = np.zeros((len(PARAMS), len(PARAMS)))
+        intercepts = [PARAMS.index(p) for p in INTERCEPTS]
+        for i in intercepts:
+            for j in intercepts:
+                same_pipe = PARAMS[i].split(".")[1] == PARAMS[j].split(".")[1]
+                cov[i, j] = self.tau_gpu ** 2 + (self.tau_pipe ** 2 if same_pipe else 0.0)
+        for cls in CLASSES:
+            block = class_slice(cls)
+            cov[block, block] = np.asarray(self.class_moments[cls], dtype=np.float64)
         cov[COMMUNICATION, COMMUNICATION] = self.tau_comm ** 2
-        return cov
+        values, vectors = np.linalg.eigh((cov + cov.T) / 2)
+        return (vectors * np.maximum(values, MIN_TAU ** 2)) @ vectors.T
+
+    def summary(self) -> dict:
+        """What a calibration file records of its prior (the matrices are in the prior file)."""
+        return {"source": self.source, "tau_gpu": self.tau_gpu, "tau_pipe": self.tau_pipe, "tau_comm": self.tau_comm,
+                "sigma_kernel": dict(self.sigma_kernel), "sigma_e2e": self.sigma_e2e}
 
     def as_dict(self) -> dict:
-        return {"tau_gpu": self.tau_gpu, "tau_pipe": self.tau_pipe, "tau_class": dict(self.tau_class),
+        return {"tau_gpu": self.tau_gpu, "tau_pipe": self.tau_pipe,
+                "class_moments": {c: {"terms": list(class_terms(c)), "matrix": np.asarray(m).tolist()}
+                                  for c, m in self.class_moments.items()},
                 "tau_comm": self.tau_comm, "sigma_kernel": dict(self.sigma_kernel), "sigma_e2e": self.sigma_e2e,
-                "source": self.source}
+                "standardisation": self.standardisation, "source": self.source}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Prior":
-        return cls(float(data["tau_gpu"]), float(data["tau_pipe"]), {k: float(v) for k, v in data["tau_class"].items()},
-                   float(data["tau_comm"]), {k: float(v) for k, v in data["sigma_kernel"].items()},
-                   float(data["sigma_e2e"]), str(data.get("source", "")))
+        moments = {}
+        for name in CLASSES:
+            entry = data["class_moments"][name]
+            if list(entry["terms"]) != list(class_terms(name)):
+                raise ValueError(f"calibration prior: class {name} has terms {entry['terms']}, this pipeweave "
+                                 f"expects {list(class_terms(name))}; regenerate it with "
+                                 f"python3 -m pipeweave.calibration_eval")
+            moments[name] = entry["matrix"]
+        return cls(float(data["tau_gpu"]), float(data["tau_pipe"]), moments, float(data["tau_comm"]),
+                   {k: float(v) for k, v in data["sigma_kernel"].items()}, float(data["sigma_e2e"]),
+                   data["standardisation"], str(data.get("source", "")))
 
 
 def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
@@ -135,7 +109,11 @@ def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
     if not path.is_file():
         raise FileNotFoundError(f"calibration prior {path} not found; "
                                 f"generate it with python3 -m pipeweave.calibration_eval")
-    return Prior.from_dict(json.loads(path.read_text()))
+    data = json.loads(path.read_text())
+    if "class_moments" not in data:
+        raise ValueError(f"calibration prior {path} is of an older pipeweave (no shape covariates); regenerate it "
+                         f"with python3 -m pipeweave.calibration_eval")
+    return Prior.from_dict(data)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,22 +208,26 @@ class Calibration:
     fitted_from: dict
     base_models: dict
     prior: dict
+    standardisation: dict | None = None  # None: a format-1 file, intercepts only
     path: Path | None = None
 
     @property
     def method(self) -> str:
-        return ("per-GPU log-duration corrections per kernel class, split by the analytical compute/memory share, "
-                "plus a communication factor; MAP with a Gaussian prior toward the zero-shot model "
-                "(pipeweave.calibration)")
+        return ("per-GPU log-duration corrections per kernel class: compute and memory intercepts split by the "
+                "analytical compute/memory share and slopes on standardised shape covariates, plus a communication "
+                "factor; MAP with an empirical-Bayes Gaussian prior toward the zero-shot model (pipeweave.calibration)")
 
     def summary(self) -> dict:
         """What an output records: file, GPU, method and the data it was fitted from."""
         return {"file": str(self.path) if self.path else None, "hardware": self.device_name,
                 "method": self.method, "fitted_from": self.fitted_from,
-                "factors": {p: round(float(np.exp(t)), 4) for p, t in zip(PARAMS, self.theta) if abs(t) > 1e-9}}
+                "factors": {p: round(float(np.exp(t)), 4) for p, t in zip(PARAMS, self.theta)
+                            if abs(t) > 1e-9 and p in FACTORS},
+                "slopes_per_sd": {p: round(float(t), 4) for p, t in zip(PARAMS, self.theta)
+                                  if abs(t) > 1e-9 and p not in FACTORS}}
 
-    def factors(self, op: str, features: np.ndarray, attention_types=None) -> np.ndarray:
-        return np.exp(design(op, features, attention_types) @ self.theta)
+    def factors(self, op: str, features: np.ndarray, shapes=None) -> np.ndarray:
+        return np.exp(design(op, features, shapes, self.standardisation) @ self.theta)
 
     def apply(self, kind: str, hardware, durations_ms: np.ndarray, features: np.ndarray | None = None,
               shapes=None) -> np.ndarray:
@@ -255,8 +237,7 @@ class Calibration:
             return durations_ms
         if kind in COLLECTIVE_KINDS:
             return durations_ms * float(np.exp(self.theta[COMMUNICATION]))
-        types = [shape[0] for shape in shapes] if kind == "attn" else None
-        return durations_ms * self.factors(kind, features, types)
+        return durations_ms * self.factors(kind, features, shapes)
 
     def record(self, hardware) -> dict | None:
         """What a prediction on ``hardware`` records (None for a GPU this calibration does not change)."""
@@ -282,7 +263,8 @@ class Calibration:
                 "device_name": self.device_name, "method": self.method,
                 "parameters": {p: {"log_factor": float(t), "factor": float(np.exp(t)), "posterior_std": float(s)}
                                for p, t, s in zip(PARAMS, self.theta, self.std)},
-                "fitted_from": self.fitted_from, "base_models": self.base_models, "prior": self.prior}
+                "standardisation": self.standardisation, "fitted_from": self.fitted_from,
+                "base_models": self.base_models, "prior": self.prior}
 
     def save(self, path: str | Path) -> None:
         from pipeweave.cli import write_atomically
@@ -302,18 +284,26 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ValueError(f"{path}: not a calibration file (invalid JSON: {exc})") from None
     if not isinstance(data, dict) or data.get("kind") != "pipeweave-calibration":
         raise ValueError(f"{path}: not a calibration file (write one with calibrate.py)")
-    if data.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{path}: calibration format {data.get('format')!r}, this pipeweave reads {FORMAT_VERSION}")
+    version = data.get("format")
+    if version not in (1, FORMAT_VERSION):
+        raise ValueError(f"{path}: calibration format {version!r}, this pipeweave reads 1 and {FORMAT_VERSION}; "
+                         f"refit it with calibrate.py")
+    # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions
+    expected = [p for p in PARAMS if p in FACTORS] if version == 1 else PARAMS
     parameters = data.get("parameters", {})
-    missing = [p for p in PARAMS if p not in parameters]
+    missing = [p for p in expected if p not in parameters]
+    standardisation = data.get("standardisation") if version == FORMAT_VERSION else None
+    if version == FORMAT_VERSION and (not isinstance(standardisation, dict) or set(standardisation) != set(CLASSES)):
+        missing.append("standardisation")
     if missing:
-        raise ValueError(f"{path}: calibration lacks parameter(s) {', '.join(missing)}")
-    theta = np.array([float(parameters[p]["log_factor"]) for p in PARAMS])
-    std = np.array([float(parameters[p]["posterior_std"]) for p in PARAMS])
+        raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
+    theta = np.array([float(parameters[p]["log_factor"]) if p in expected else 0.0 for p in PARAMS])
+    std = np.array([float(parameters[p]["posterior_std"]) if p in expected else 0.0 for p in PARAMS])
     if not np.all(np.isfinite(theta)):
         raise ValueError(f"{path}: calibration has non-finite parameters")
     return Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
-                       data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}), path)
+                       data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
+                       standardisation, path)
 
 
 def file_digest(path: str | Path) -> str:

@@ -66,9 +66,10 @@ def evaluate(real_dir: Path, workload_dir: Path, hardware_dir: Path, log=print) 
         for a, (calibrating, source) in enumerate(zip(runs, workloads)):
             truth = {EQUATION_KEYS[m]: v for m, v in measured(calibrating).items()}
             aggregator.calibration = None
-            equations = Equations.concat([run_equations(aggregator, source, spec, truth, prior.sigma_e2e, source.stem)])
+            equations = Equations.concat([run_equations(aggregator, source, spec, truth, prior, source.stem)])
             theta, std = fit_map(equations, prior)
-            aggregator.calibration = Calibration(spec.stem, spec.name, theta, std, {"e2e": source.stem}, {}, {})
+            aggregator.calibration = Calibration(spec.stem, spec.name, theta, std, {"e2e": source.stem}, {}, {},
+                                                 prior.standardisation)
             for b, (scored, target) in enumerate(zip(runs, workloads)):
                 if a == b:
                     continue

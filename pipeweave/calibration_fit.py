@@ -22,8 +22,8 @@ import pandas as pd
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
-from pipeweave.calibration import (PARAMS, Calibration, Equations, Prior, communication_design, design, file_digest,
-                                   fit_map, kernel_classes, load_prior, DEFAULT_PRIOR_PATH)
+from pipeweave.calibration import DEFAULT_PRIOR_PATH, Calibration, Equations, Prior, file_digest, fit_map, load_prior
+from pipeweave.calibration_design import PARAMS, attention_types, communication_design, design, kernel_classes
 from pipeweave.cli import ArgumentParser, UserError
 
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
@@ -103,7 +103,7 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
                         f"than {spec.stem}'s {spec.total_global_mem / 2**30:.0f} GiB: it cannot have run on this GPU")
 
 
-def instance_terms(aggregator, workload, spec: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: dict) -> tuple[np.ndarray, np.ndarray]:
     """(zero-shot single duration in ms, design row) of every operator instance of ``workload`` on ``spec``."""
     from pipeweave.engine import Job
     from pipeweave.flatten import CATEGORY_CODE, KERNEL_CATEGORIES
@@ -122,14 +122,14 @@ def instance_terms(aggregator, workload, spec: HardwareSpec) -> tuple[np.ndarray
             continue
         shapes = workload.shapes[op]
         features, _ = aggregator.kernel_features(op, [(spec.stem, shape) for shape in shapes])
-        unique_x = design(op, features, [s[0] for s in shapes] if op == "attn" else None)
+        unique_x = design(op, features, shapes, standardisation)
         x[rows] = unique_x[workload.inst_local[rows]]
     return single, x
 
 
-def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, sigma: float, label: str) -> Equations:
+def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, prior: Prior, label: str) -> Equations:
     """Equations of one measured run: prefill (Σ prefill iterations), decode step (mean decode iteration), total."""
-    single, x = instance_terms(aggregator, workload, spec)
+    single, x = instance_terms(aggregator, workload, spec, prior.standardisation)
     phases = np.array(workload.phases)[workload.inst_iter]
     weighted = single * workload.inst_count
     n_decode = sum(phase != "prefill" for phase in workload.phases)
@@ -150,7 +150,7 @@ def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, sigm
     if not values:
         return Equations.empty()
     return Equations(np.concatenate(eq), np.concatenate(base), np.vstack(rows), np.array(values),
-                     np.full(len(values), sigma), labels)
+                     np.full(len(values), prior.sigma_e2e), labels)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -214,9 +214,9 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
         base = predicted["predicted_us"].to_numpy(np.float64)
         features = predicted[list(get_operator(op).feature_names)].to_numpy()
-        types = frame["attention_type"].tolist() if op == "attn" else None
-        x = design(op, features, types)
-        classes = kernel_classes(op, len(frame), types)
+        shape_rows = list(frame[list(get_operator(op).shape_columns)].itertuples(index=False, name=None))
+        x = design(op, features, shape_rows, prior.standardisation)
+        classes = kernel_classes(op, len(frame), attention_types(op, shape_rows))
         sigma = np.array([prior.sigma_kernel[c] for c in classes])
     keep = base > 0
     return Equations(np.arange(int(keep.sum())), base[keep], x[keep], measured[keep], sigma[keep],
@@ -278,7 +278,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
                                                       "digest": file_digest(path)})
     for workload, measured in runs:
-        parts.append(run_equations(aggregator, workload, spec, measured, prior.sigma_e2e, workload.stem))
+        parts.append(run_equations(aggregator, workload, spec, measured, prior, workload.stem))
     equations = Equations.concat(parts)
     theta, std = fit_map(equations, prior)
     before = np.log(equations.predict(np.zeros(len(PARAMS)))[0] / equations.measured)
@@ -288,7 +288,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     base_models = {}
     for op in sorted(aggregator.predictor._models):
         base_models[op] = str(aggregator.predictor._models[op][2])
-    return Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.as_dict())
+    return Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.summary(),
+                       prior.standardisation)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior)
     calibration.save(args.output)
-    for name, value in calibration.summary()["factors"].items():
+    summary = calibration.summary()
+    for name, value in summary["factors"].items():
         print(f"  {name}: x{value:.3f}")
+    for name, value in summary["slopes_per_sd"].items():
+        if round(value, 3):  # slopes of classes without data move only through the prior's correlations
+            print(f"  {name}: {value:+.3f} log per standard deviation")
     print(f"Calibration for {calibration.hardware} written to {args.output}")
     return 0

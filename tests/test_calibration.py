@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from pipeweave import aggregate, calibration_fit, kernels
-from pipeweave.calibration import (COMMUNICATION, PARAMS, Calibration, Equations, Prior, design, fit_map,
-                                   load_calibration, load_prior)
-from pipeweave.calibration_eval import estimate_prior
+from pipeweave.calibration import Calibration, Equations, Prior, fit_map, load_calibration, load_prior
+from pipeweave.calibration_design import (COMMUNICATION, COVARIATES, HINGES, INTERCEPTS, PARAMS, class_covariates,
+                                          design, fit_standardisation)
+from pipeweave.calibration_eval import HeldOut, estimate_prior, kshot_errors
 from pipeweave.cli import run_cli
 
 from workload_copies import first_iterations
@@ -111,15 +112,93 @@ def test_design_splits_compute_and_memory_shares():
     np.testing.assert_allclose(x.sum(axis=1), 1.0)
 
 
+def synthetic_gpu(gpu: str, bias: float, slope: float, n: int = 3000, seed: int = 0, cls: str = "gemm",
+                  noise: float = 0.05) -> HeldOut:
+    """Kernels of one GPU whose log error is ``bias`` plus ``slope`` per standard deviation of log size."""
+    rng = np.random.default_rng(seed)
+    raw = np.zeros((n, 4))
+    raw[:, 0] = rng.normal(10.0, 2.0, n)  # log size
+    raw[:, 1] = np.abs(rng.normal(0.0, 0.5, n))  # log imbalance
+    y = bias + slope * (raw[:, 0] - 10.0) / 2.0 + rng.normal(0, noise, n)
+    return HeldOut("gemm", gpu, np.full(n, cls, dtype=object), rng.uniform(0.3, 0.7, n), raw, y)
+
+
 def test_prior_from_synthetic_corrections():
-    """Every GPU equally slow in every class -> the shared GPU term carries the spread, classes little."""
-    corrections = {f"gpu{i}": {"gemm.compute": s, "gemm.memory": s, "attn_prefill.compute": s,
-                               "attn_decode.memory": s} for i, s in enumerate((-0.3, -0.1, 0.1, 0.3))}
-    residuals = {"gemm": [np.random.default_rng(0).normal(0, 0.1, 5000)]}
-    prior = estimate_prior(corrections, residuals, "synthetic")
-    assert prior.tau_gpu == pytest.approx(np.sqrt(0.05), rel=0.01)
-    assert prior.tau_class["gemm"] < 0.05
-    assert prior.sigma_kernel["gemm"] == pytest.approx(0.1, rel=0.1)
+    """Every GPU equally slow in every class -> the shared GPU term carries the intercepts' spread; the size
+    slopes' spread lands on the size slope; the noise is the residual spread."""
+    rows = []
+    for i, (bias, slope) in enumerate(((-0.3, 0.2), (-0.1, -0.2), (0.1, 0.2), (0.3, -0.2))):
+        rows += [synthetic_gpu(f"gpu{i}", bias, slope, seed=i),
+                 synthetic_gpu(f"gpu{i}", bias, 0.0, seed=10 + i, cls="attn_prefill")]
+    prior = estimate_prior(rows, "synthetic")
+    assert prior.tau_gpu == pytest.approx(np.sqrt(0.05), rel=0.1)
+    terms = ("compute", "memory") + class_covariates("gemm") + HINGES
+    moments = np.asarray(prior.class_moments["gemm"])
+    assert np.sqrt(moments[terms.index("log_size"), terms.index("log_size")]) == pytest.approx(0.2, rel=0.15)
+    assert np.sqrt(moments[terms.index("log_imbalance"), terms.index("log_imbalance")]) < 0.03
+    assert prior.sigma_kernel["gemm"] == pytest.approx(0.05, rel=0.15)
+    assert prior.standardisation["gemm"]["center"][0] == pytest.approx(10.0, abs=0.1)
+
+
+def test_fit_recovers_a_planted_shape_dependent_bias():
+    """A held-out GPU whose error grows with kernel size: 128 shots recover the slope and, scored on the other
+    kernels, beat the intercepts alone; k = 0 is the zero-shot error; the numbers are deterministic."""
+    others = [synthetic_gpu(f"gpu{i}", b, s, seed=i) for i, (b, s) in enumerate(((-0.2, 0.3), (0.1, -0.25),
+                                                                                   (0.2, 0.2), (-0.1, -0.3)))]
+    prior = estimate_prior(others, "synthetic")
+    held = synthetic_gpu("new", 0.15, 0.35, n=4000, seed=99)
+    x = held.design(prior.standardisation)
+    theta = fit_map(Equations(np.arange(128), np.ones(128), x[:128], np.exp(held.y[:128]),
+                              np.full(128, prior.sigma_kernel["gemm"])), prior)[0]
+    assert theta[PARAMS.index("gemm.log_size")] == pytest.approx(0.35, abs=0.06)
+    shape_aware = kshot_errors(held, x, prior, 128, seed=1)
+    intercepts_only = kshot_errors(held, held.design(None), prior, 128, seed=1)
+    assert shape_aware[0] < 0.5 * intercepts_only[0]
+    assert kshot_errors(held, x, prior, 0, seed=1)[0] == pytest.approx(np.mean(np.abs(np.exp(-held.y) - 1)) * 100)
+    assert kshot_errors(held, x, prior, 32, seed=5) == kshot_errors(held, x, prior, 32, seed=5)
+    again = estimate_prior(others, "synthetic")
+    np.testing.assert_array_equal(again.covariance(), prior.covariance())
+
+
+def test_slopes_shrink_to_zero_without_data():
+    """No data: θ = 0 (the zero-shot model) with the prior's spread; more kernels narrow the slope's posterior
+    and move the fitted size effect to the planted one."""
+    others = [synthetic_gpu(f"gpu{i}", b, sl, seed=i, noise=0.15)
+              for i, (b, sl) in enumerate(((-0.2, 0.3), (0.1, -0.25), (0.2, 0.2), (-0.1, -0.3)))]
+    prior = estimate_prior(others, "synthetic")
+    assert np.all(fit_map(Equations.empty(), prior)[0] == 0)
+    held = synthetic_gpu("new", 0.0, 0.4, n=300, seed=3, noise=0.15)
+    x = held.design(prior.standardisation)
+    small_big = held.design(prior.standardisation)[[np.argmin(held.raw[:, 0]), np.argmax(held.raw[:, 0])]]
+    truth = 0.4 * (held.raw[:, 0].max() - held.raw[:, 0].min()) / 2.0
+    slope = PARAMS.index("gemm.log_size")
+    effects, stds = [], []
+    for k in (0, 1, 8, 300):
+        theta, std = fit_map(Equations(np.arange(k), np.ones(k), x[:k], np.exp(held.y[:k]),
+                                       np.full(k, prior.sigma_kernel["gemm"])), prior)
+        effects.append(float((small_big[1] - small_big[0]) @ theta))
+        stds.append(std[slope])
+    assert effects[0] == 0 and stds[0] == pytest.approx(np.sqrt(prior.covariance()[slope, slope]))
+    assert all(a > b for a, b in zip(stds, stds[1:])), stds  # every kernel narrows the slope's posterior
+    assert effects[-1] == pytest.approx(truth, rel=0.15)
+
+
+def test_covariates_are_standardised_and_clipped():
+    from analytical_model.registry import get_operator
+
+    names = get_operator("gemm").feature_names
+    features = np.zeros((3, len(names)))
+    features[:, names.index("tensor_all_cycle")] = [100.0, 1e4, 1e12]
+    features[:, names.index("tensor_sm_max_cycle")] = [100.0 * 132, 2e4, 1e12]
+    features[:, names.index("global_cycle")] = [1e3, 1e3, 1e3]
+    standardisation = fit_standardisation({})  # centre 0, scale 1
+    standardisation["gemm"] = {"center": [np.log(1e3), 0.0], "scale": [1.0, 1.0]}
+    x = design("gemm", features, None, standardisation)
+    np.testing.assert_allclose(x[:, PARAMS.index("gemm.log_size")], [0.0, np.log(10.0), 3.0])  # clipped at 3 σ
+    np.testing.assert_allclose(x[:, PARAMS.index("gemm.compute")], [100 / 1100, 1e4 / 1.1e4, 1.0], rtol=1e-9)
+    np.testing.assert_allclose(x[:, PARAMS.index("gemm.log_imbalance")], [3.0, np.log(2.0), 0.0])
+    np.testing.assert_allclose(x[:, PARAMS.index("gemm.log_size_above_+1")], [0.0, np.log(10.0) - 1, 2.0])
+    assert not x[:, [PARAMS.index(f"attn_decode.{c}") for c in COVARIATES]].any()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,14 +235,14 @@ def test_calibration_file_and_tp1_run_moves_tp2_prediction(a100_calibration, tmp
     cal = load_calibration(a100_calibration)
     assert cal.hardware == "A100" and cal.fitted_from["e2e"]["runs"]
     assert cal.theta[COMMUNICATION] == 0  # a TP1 run has no collectives: the communication factor stays at its prior
-    assert cal.theta[PARAMS.index("gemm.compute")] > 0.05  # prefill (compute-bound GEMMs) measured slower
     tp2 = small(TP2, tmp_path)
     out = tmp_path / "pred.json"
     assert run_cli(aggregate.main, ["--workload", str(tp2), "--hardware", "A100", "--calibration",
                                     str(a100_calibration), "--output", str(out)]) == 0
     result = json.loads(out.read_text())
     base = zero_shot(tp2, "A100")
-    assert result["summary"]["prefill_duration_ms"] > base["prefill_duration_ms"] * 1.05
+    assert result["summary"]["prefill_duration_ms"] > base["prefill_duration_ms"] * 1.05  # measured slower
+    assert result["summary"]["decode_avg_duration_ms"] < base["decode_avg_duration_ms"]  # measured faster
     assert result["calibration"]["hardware"] == "NVIDIA A100-SXM4-80GB"
     assert result["calibration"]["file"] == str(a100_calibration) and "MAP" in result["calibration"]["method"]
 
@@ -211,6 +290,35 @@ def test_kernel_csv_calibration(tmp_path):
     assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), "--output", str(out)]) == 0
     cal = load_calibration(out)
     assert cal.fitted_from["kernels"][0]["rows"] == 3 and np.any(cal.theta != 0)
+
+
+def test_attention_kernel_csv_calibration_learns_a_kv_length_trend(tmp_path):
+    """Decode attention measured slower the longer the KV cache (the profiler's columns, lengths as "[...]"):
+    the calibration learns the trend, and predict_kernels --calibration applies it to unseen shapes."""
+    lengths = (256, 1024, 4096, 16384)
+    shapes = [("fa2_paged", bs, "[" + ",".join(["1"] * bs) + "]", "[" + ",".join([str(kv)] * bs) + "]", 32, 8, 128)
+              for bs in (1, 8, 32) for kv in lengths]
+    header = "attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd"
+    table = tmp_path / "shapes.csv"
+    table.write_text(header + ",hardware\n" + "".join(
+        f'{t},{bs},"{q}","{kv}",{nh},{nkv},{hd},A40\n' for t, bs, q, kv, nh, nkv, hd in shapes))
+    plain = tmp_path / "plain.csv"
+    assert run_cli(kernels.main, ["--op", "attn", "--input", str(table), "--output", str(plain)]) == 0
+    zero_shot = pd.read_csv(plain)["predicted_us"].to_numpy()
+    kv = np.array([lengths.index(int(s[3].strip("[]").split(",")[0])) for s in shapes])
+    truth = zero_shot * np.exp(0.15 * (kv - 1.5))  # from 20 % faster at 256 to 25 % slower at 16384
+    measured = tmp_path / "measured_attn.csv"  # not attn.csv: test_profiler reads every <op>.csv under the temp root
+    measured.write_text("op," + header + ",hardware,avg_duration\n" + "".join(
+        f'attn,{t},{bs},"{q}","{k}",{nh},{nkv},{hd},NVIDIA A40,{d}\n'
+        for (t, bs, q, k, nh, nkv, hd), d in zip(shapes, truth)))
+    out = tmp_path / "a40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), "--output", str(out)]) == 0
+    assert load_calibration(out).theta[PARAMS.index("attn_decode.log_kv_length")] > 0.02
+    calibrated = tmp_path / "cal.csv"
+    assert run_cli(kernels.main, ["--op", "attn", "--input", str(table), "--output", str(calibrated),
+                                  "--calibration", str(out)]) == 0
+    after = pd.read_csv(calibrated)["predicted_us"].to_numpy()
+    assert np.mean(np.abs(np.log(after / truth))) < 0.75 * np.mean(np.abs(np.log(zero_shot / truth)))
 
 
 def unsharded(data: dict) -> None:
@@ -265,19 +373,50 @@ def test_kernel_csv_errors(tmp_path, capsys):
         assert code == 2 and len(err) == 1 and needle in err[0]
 
 
-def test_calibration_file_validation(tmp_path):
+def test_calibration_file_validation(tmp_path, a100_calibration):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"kind": "something else"}))
     with pytest.raises(ValueError, match="not a calibration file"):
+        load_calibration(bad)
+    data = json.loads(a100_calibration.read_text())
+    bad.write_text(json.dumps({**data, "format": 3}))
+    with pytest.raises(ValueError, match="calibration format 3, this pipeweave reads 1 and 2; refit"):
+        load_calibration(bad)
+    bad.write_text(json.dumps({key: value for key, value in data.items() if key != "standardisation"}))
+    with pytest.raises(ValueError, match="lacks standardisation"):
         load_calibration(bad)
     with pytest.raises(FileNotFoundError, match="calibrate.py"):
         load_calibration(tmp_path / "absent.json")
 
 
-def test_prior_file_is_consistent():
+def test_format_1_file_reads_with_zero_slopes(a100_calibration, tmp_path):
+    """A file of the intercept-only calibration (format 1) still applies, with the same factors as before."""
+    data = json.loads(a100_calibration.read_text())
+    old = {**data, "format": 1, "parameters": {p: v for p, v in data["parameters"].items()
+                                               if p in INTERCEPTS or p == "communication"}}
+    del old["standardisation"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    cal = load_calibration(path)
+    assert cal.standardisation is None
+    assert not cal.theta[[i for i, p in enumerate(PARAMS) if p not in INTERCEPTS and p != "communication"]].any()
+    from analytical_model.registry import get_operator
+
+    features = np.ones((4, len(get_operator("gemm").feature_names)))
+    expected = np.exp(cal.theta[PARAMS.index("gemm.compute")] * 0.5 + cal.theta[PARAMS.index("gemm.memory")] * 0.5)
+    np.testing.assert_allclose(cal.factors("gemm", features), expected)
+
+
+def test_prior_file_is_consistent(tmp_path):
     prior = load_prior()
     assert isinstance(prior, Prior) and prior.sigma_e2e > 0 and prior.tau_comm > 0
     assert np.all(np.linalg.eigvalsh(prior.covariance()) > 0)
+    data = json.loads((REPO / "pipeweave" / "calibration_prior.json").read_text())
+    data["class_moments"]["gemm"]["terms"] = ["compute", "memory"]
+    path = tmp_path / "prior.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="regenerate it"):
+        load_prior(path)
 
 
 def test_engine_hook_scales_collectives_of_its_gpu_only():
