@@ -103,6 +103,29 @@ def test_shape_split_is_deterministic_and_order_free():
     assert 0.15 < mask.mean() < 0.25
 
 
+def test_one_gemm_shape_in_two_dtypes_falls_on_one_side():
+    raw = synthetic_gemm(300)
+    both = pd.concat([raw, raw.assign(dtype="float16", source="other")], ignore_index=True)
+    train, test = split(build_operator("gemm", both, log=lambda *a: None), "gemm", 0.2)
+    train_shapes, test_shapes = (set(map(tuple, frame[["M", "N", "K", "hardware"]].to_numpy().tolist()))
+                                 for frame in (train, test))
+    assert test_shapes and not train_shapes & test_shapes
+
+
+@pytest.mark.data
+def test_built_gemm_files_share_no_shape_across_the_split():
+    from pipeweave.paths import DATASET_DIR
+
+    paths = {(op, part): DATASET_DIR / f"{op}_{part}.csv" for op in ("gemm", "gemm_fp8") for part in ("train", "test")}
+    if not all(path.is_file() for path in paths.values()):
+        pytest.skip("dataset not built (python3 -m dataset.build)")
+    shapes = {key: set(map(tuple, pd.read_csv(path, usecols=["M", "N", "K"]).to_numpy().tolist()))
+              for key, path in paths.items()}
+    train = shapes["gemm", "train"] | shapes["gemm_fp8", "train"]
+    test = shapes["gemm", "test"] | shapes["gemm_fp8", "test"]
+    assert test and not train & test
+
+
 def test_reference_validation_split_semantics():
     n = 103
     train_idx, val_idx = validation_split(n, TrainConfig(recipe="reference"), None)
