@@ -171,6 +171,37 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
 
 
 @pytest.mark.slow
+def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_dataset, tmp_path, repo_root):
+    from pipeweave import torch_mlp
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.mlp import NumpyMLP, model_inputs
+    from pipeweave.torch_mlp import predict_efficiency
+
+    root, _, test = gemm_dataset
+    result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--epochs", "3", "--dataset_dir", str(root),
+                             "--output_dir", str(tmp_path), "--no_progress", "--ensemble_seeds", "7,3"],
+                            cwd=repo_root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    directory = latest_model_dir(tmp_path, "gemm")
+    meta = json.loads((directory / "metadata.json").read_text())
+    assert meta["ensemble"]["seeds"] == [7, 3] and meta["training"]["ensemble_seeds"] == [7, 3]
+    assert [m["seed"] for m in meta["ensemble"]["members"]] == [7, 3] and meta["evaluation_results"]["by_hardware"]
+    frame = test[["M", "N", "K", "hardware"]].head(20)
+    members = [load_model_dir(member, "gemm")[0] for member in member_dirs(directory)]
+    ensemble = NumpyMLP.load(weights_path(directory, "gemm"))
+    x = test[meta["model_info"]["features"]].to_numpy(np.float64)[:20]
+    np.testing.assert_allclose(ensemble.efficiency(x), np.exp(np.mean(
+        [np.log(predict_efficiency(member, model_inputs(x))) for member in members], axis=0)), rtol=2e-5)
+    with pytest.raises(ValueError, match="ensemble of 2 members"):
+        torch_mlp.load_model_dir(directory, "gemm")
+    before = weights_path(directory, "gemm").read_bytes()
+    torch_mlp.export_roots([tmp_path], log=lambda *a: None)  # re-export rebuilds the same ensemble file
+    assert np.load(weights_path(directory, "gemm"))["members"] == 2 and len(before) > 0
+    out = KernelPredictor(tmp_path).predict_frame("gemm", frame)
+    assert (out["predicted_us"] > 0).all()
+
+
+@pytest.mark.slow
 def test_reference_recipe_uses_method_features(gemm_dataset, tmp_path, repo_root):
     root, _, _ = gemm_dataset
     result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--recipe", "reference", "--epochs", "3",
