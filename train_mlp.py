@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     parser.add_argument("--holdout_hardware", action="append", default=[], metavar="GPU",
                         help="leave this GPU out of training and test on all its rows (repeatable; default: none)")
     parser.add_argument("--ensemble_seeds", type=seed_list, metavar="S1,S2,...",
-                        help="train one member per seed and predict with their mean log-efficiency (an ensemble, "
+                        help="train one member per seed and predict with their median log-efficiency (an ensemble, "
                              "pipeweave/ensemble.py; --seed is then ignored; default: one model, --seed)")
     args = parser.parse_args(argv)
     check_device(args.device)

@@ -3,8 +3,8 @@
 K members are trained exactly like a single model, each with its own seed (row sample, validation split and
 initialisation). Where the data pin the model down (held-out shapes on a trained GPU) the members agree to a
 fraction of a point; where they do not (a GPU or dtype outside the training data, e.g. BF16 GEMMs of GPUs whose
-only GEMM measurements are FP8) single seeds differ by tens of percent, and their average is the estimate that
-does not depend on the draw. A model directory of an ensemble holds
+only GEMM measurements are FP8) single seeds differ by tens of percent and now and then one extrapolates absurdly;
+the members' median is the estimate that depends neither on the draw nor on one wild member. A model directory of an ensemble holds
 
 * ``members/seed<S>/``: each member as a complete single-model directory (checkpoint, weights, metadata);
 * ``<op>_mlp_weights.npz``: the members' exported weights in one file (format in :mod:`pipeweave.mlp`);
@@ -78,7 +78,7 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
                       m["evaluation_results"]["overall"]["duration_mean_abs_pct_error"]}
                      if "evaluation_results" in m else {})} for m, seed in zip(members, seeds)]
     metadata = members[0]
-    metadata["ensemble"] = {"seeds": list(seeds), "combination": "mean of the members' log-efficiency outputs",
+    metadata["ensemble"] = {"seeds": list(seeds), "combination": "median of the members' log-efficiency outputs",
                             "members": summaries}
     metadata["model_info"]["model_parameters"]["total_parameters"] *= len(seeds)
     metadata["training"] = {**replace(config, seed=seeds[0]).as_dict(), "ensemble_seeds": list(seeds),

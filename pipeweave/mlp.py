@@ -20,9 +20,9 @@ weight file ``<op>_mlp_weights.npz`` that this module reads. Its arrays (all flo
 Forward (eval mode; dropout is the identity): ``h = x``; for each hidden layer ``h = bn(relu(W h + b))`` with
 ``bn(z) = (z - mean) / sqrt(var + eps) * weight + bias``; then ``y = W h + b`` of the last layer. Efficiency is
 ``sigmoid(y)`` for ``MLP`` and ``exp(clip(y, *log_bounds))`` for ``MLP_v2`` (docs/METHOD.md §5.1). An ensemble
-averages its members' (clipped) ``y``: the geometric mean of their efficiencies for ``MLP_v2``. Members differ only
-in their seed; averaging them removes the seed-to-seed spread where the data do not pin the model down (a GPU or
-dtype outside the training data), which a single member shows as several points of end-to-end error.
+takes the median of its members' (clipped) ``y``. Members differ only in their seed; where the data do not pin the
+model down (a GPU or dtype outside the training data) single seeds differ by tens of percent and now and then one
+extrapolates absurdly (a GEMM 1000x too slow), so the median, not the mean, is the ensemble's estimate.
 :class:`NumpyMLP` folds each batch norm into the following linear layer when it loads (in float64: exact to
 rounding), which halves the work of the pass, and runs the pass in float64. It equals the torch model evaluated in
 float64 to ~1e-14 relative, and torch's float32 pass to float32 rounding (≤ ~1e-5; tests/test_runtime.py).
@@ -114,8 +114,8 @@ class NumpyMLP:
         with _blas_threads().limit(limits=1, user_api="blas"):
             y = self.output(model_inputs(features))
         if self.log_bounds is None:  # sigmoid(y) = exp(-log(1 + exp(-y))), without overflow for very negative y
-            return np.exp(-np.logaddexp(0.0, -y.mean(axis=0)))
-        return np.exp(np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:]).mean(axis=0))
+            return np.exp(-np.logaddexp(0.0, -np.median(y, axis=0)))
+        return np.exp(np.median(np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:]), axis=0))
 
 
 def _folded_layers(arrays: dict[str, np.ndarray], prefix: str, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
