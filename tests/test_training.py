@@ -90,10 +90,14 @@ def test_repeated_keys_are_averaged():
 def test_fp8_rows_only_for_gpus_without_bf16():
     gemm = build_operator("gemm", synthetic_gemm(10), log=lambda *a: None)
     fp8_raw = synthetic_gemm(10, gpus=("H100", "H20")).assign(dtype="fp8")
+    fp8_raw = pd.concat([fp8_raw, fp8_raw.assign(M=2)], ignore_index=True)  # decode-sized: memory-bound
     fp8 = build_operator("gemm_fp8", fp8_raw, log=lambda *a: None)
     extra = fp8_rows_for_gemm(gemm, fp8)
     assert set(extra["hardware"]) == {"NVIDIA H20"} and list(extra.columns) == list(gemm.columns)
     assert (extra["dtype"] == "fp8").all() and (extra["tile_M"] == 128).all()
+    h20 = fp8[fp8["hardware"] == "NVIDIA H20"]
+    compute_bound = h20["exact_tensor_cycle"] >= h20["exact_dram_cycle"]
+    assert 0 < compute_bound.sum() < len(h20) and len(extra) == compute_bound.sum()  # memory-bound rows left out
 
 
 def test_shape_split_is_deterministic_and_order_free():
