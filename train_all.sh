@@ -7,7 +7,11 @@ cd "$(dirname "$0")"
 python3 -m dataset.build
 rm -rf mlp_models mlp_models_quantile
 training_jobs() {
-  for op in $(python3 -m analytical_model list --trainable --keys); do echo "train_mlp.py --op $op --no_progress"; done
+  # GEMM ships as a five-seed ensemble (docs/METHOD.md §5.2: its seeds disagree on GPUs without BF16 data)
+  for op in $(python3 -m analytical_model list --trainable --keys); do
+    if [[ $op == gemm ]]; then echo "train_mlp.py --op gemm --ensemble_seeds 42,1,2,3,4 --no_progress"
+    else echo "train_mlp.py --op $op --no_progress"; fi
+  done
   for op in $(python3 -m analytical_model list --quantile --keys); do
     echo "train_mlp_quantile.py --op $op --topk 100 --no_progress"
   done

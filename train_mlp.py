@@ -3,6 +3,7 @@
     python3 train_mlp.py --op gemm                      # pipeweave recipe, all GPUs, shape-held-out test
     python3 train_mlp.py --op attn --holdout_hardware H100   # leave-one-GPU-out evaluation
     python3 train_mlp.py --op gemm --recipe reference   # the artifact's recipe (sigmoid MLP, MAPE on efficiency)
+    python3 train_mlp.py --op gemm --ensemble_seeds 42,1,2,3,4   # the shipped GEMM model: a 5-seed ensemble
 
 Writes mlp_models/<op>/<YYYYMMDD_HHMMSS>/ (with --holdout_hardware: runs/<op>/<YYYYMMDD_HHMMSS>/, so that an
 evaluation model never becomes the one the predictor loads; --output_dir mlp_models promotes it explicitly) with <op>_mlp_model.pth, metadata.json and
@@ -13,7 +14,8 @@ from __future__ import annotations
 import sys
 
 from analytical_model.registry import OPERATORS
-from pipeweave.cli import ArgumentParser, check_device, positive_int, run_cli
+from pipeweave.cli import ArgumentParser, check_device, positive_int, run_cli, seed_list
+from pipeweave.ensemble import train_ensemble
 from pipeweave.modeling import add_training_arguments, dataset_paths, load_splits, timestamp_dir, train_and_evaluate, worst_cases, write_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_RUNS_DIR
 from pipeweave.training import RECIPES, TrainConfig
@@ -36,6 +38,9 @@ def main(argv=None) -> int:
                         help="early-stopping patience in epochs (default: 25 pipeweave, 85 reference)")
     parser.add_argument("--holdout_hardware", action="append", default=[], metavar="GPU",
                         help="leave this GPU out of training and test on all its rows (repeatable; default: none)")
+    parser.add_argument("--ensemble_seeds", type=seed_list, metavar="S1,S2,...",
+                        help="train one member per seed and predict with their median log-efficiency (an ensemble, "
+                             "pipeweave/ensemble.py; --seed is then ignored; default: one model, --seed)")
     args = parser.parse_args(argv)
     check_device(args.device)
     if args.output_dir is None:
@@ -45,15 +50,19 @@ def main(argv=None) -> int:
                          patience=args.patience, seed=args.seed, device=args.device, threads=args.threads,
                          max_rows_per_gpu=args.max_rows_per_gpu or None, progress=not args.no_progress)
     train, test = load_splits(args.op, args.dataset_dir, args.holdout_hardware)
-    model, history, predicted, evaluation = train_and_evaluate(args.op, train, test, config)
     out_dir = timestamp_dir(args.output_dir, args.op)
     train_path, test_path = dataset_paths(args.op, args.dataset_dir)
-    write_model_dir(out_dir, args.op, model, history, config, train, test, evaluation,
-                    {"train_path": str(train_path), "test_path": str(test_path),
-                     "holdout_hardware": args.holdout_hardware})
+    paths = {"train_path": str(train_path), "test_path": str(test_path), "holdout_hardware": args.holdout_hardware}
+    if args.ensemble_seeds:
+        predicted, evaluation = train_ensemble(args.op, train, test, config, args.ensemble_seeds, out_dir, paths)
+        print(f"{args.op}: ensemble of {len(args.ensemble_seeds)} members (seeds {args.ensemble_seeds})")
+    else:
+        model, history, predicted, evaluation = train_and_evaluate(args.op, train, test, config)
+        write_model_dir(out_dir, args.op, model, history, config, train, test, evaluation, paths)
+        print(f"{args.op}: best epoch {history['best_epoch']} of {history['epochs_run']}, "
+              f"{history['train_seconds']} s")
     worst_cases(test, predicted).to_csv(out_dir / "worst_cases_top100.csv", index=False)
     overall = evaluation["overall"]
-    print(f"{args.op}: best epoch {history['best_epoch']} of {history['epochs_run']}, {history['train_seconds']} s")
     print(f"test duration error: mean {overall['duration_mean_abs_pct_error']:.2f} %, "
           f"median {overall['duration_median_abs_pct_error']:.2f} %")
     for hw, metrics in evaluation["by_hardware"].items():

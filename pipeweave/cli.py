@@ -33,6 +33,14 @@ def nonnegative_int(text: str) -> int:
     return _bounded_int(text, 0)
 
 
+def seed_list(text: str) -> list[int]:
+    """argparse type: at least two distinct non-negative integers, comma separated."""
+    seeds = [_bounded_int(part.strip(), 0) for part in text.split(",") if part.strip()]
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected at least two distinct seeds such as 42,1,2, got {text!r}")
+    return seeds
+
+
 def _bounded_int(text: str, low: int) -> int:
     try:
         value = int(text)

@@ -256,5 +256,11 @@ def write_serving(serving: dict, output_dir: Path) -> None:
 
 
 def read_serving(model_dir: Path) -> dict:
+    """The serving fits ``train_collective_rf.py`` writes beside the per-GPU folders; a folder without them is
+    refused rather than read as "no custom all-reduce", which would silently change the analytical estimate."""
     path = Path(model_dir) / SERVING_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: the analytical all-reduce estimate on NVLink needs the custom all-reduce fit that "
+            f"`python3 train_collective_rf.py --output_dir {model_dir}` writes there")
+    return json.loads(path.read_text())

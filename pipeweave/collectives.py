@@ -290,8 +290,10 @@ class CollectivePredictor:
     def _custom_allreduce_params(self):
         """This GPU's NVLink generation's custom all-reduce constants (``serving.json``, read once), or None."""
         from analytical_model.hardware import load_hardware
-        fitted = read_serving(self.model_dir).get("custom_allreduce", {})
-        return custom_allreduce_params(fitted, load_hardware(self.hardware).link_type)
+        link_type = load_hardware(self.hardware).link_type
+        if not link_type.startswith("nvlink"):
+            return None
+        return custom_allreduce_params(read_serving(self.model_dir).get("custom_allreduce", {}), link_type)
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Estimate from the hardware JSON's link; small NVLink all-reduces use the custom all-reduce model."""

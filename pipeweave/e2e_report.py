@@ -210,7 +210,12 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "measured vLLM custom all-reduce where it exists, host-timed sweeps converted to device time with the ratio "
         "measured on the GPUs that have both kinds of sweep, and below 8 MiB on NVLink a one-/two-stage custom "
         "all-reduce model fitted on the measured custom all-reduce of the same NVLink generation (mean 7.7 % before, "
-        "7.0 % after). No number was tuned against these runs.",
+        "7.0 % after). (4) After the H20 decode steps were seen 15-35 % too slow, the FP8 rows stand in for BF16 "
+        "only where their roofline is compute-bound: in the memory-bound regime PipeWeave's FP8 kernels reach a "
+        "median 0.20 of spec DRAM bandwidth on H100, where the BF16 GEMMs of the same GPU reach 0.49-0.54 (a "
+        "kernel-level comparison, `dataset/build.py`); at the same time the GEMM model became a five-seed "
+        "ensemble, because single seeds put these runs anywhere between 6.4 % and 9.5 % mean. No number was "
+        "tuned against these runs.",
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "

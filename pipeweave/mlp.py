@@ -13,11 +13,16 @@ weight file ``<op>_mlp_weights.npz`` that this module reads. Its arrays (all flo
 ``bn{i}.mean/.var/.weight`` the batch norm after layer i's ReLU (i < L-1): running mean and variance,
 ``bn{i}.bias/.eps``         affine weight and bias, and eps (float64), as trained (not folded)
 ``log_bounds``              MLP_v2 only: [low, high] clamp of the predicted log-efficiency
+``members``                 optional (int, default 1): an ensemble of K independently seeded members; member j's
+                            ``linear*``, ``bn*`` and ``log_bounds`` arrays then carry the prefix ``member{j}.``
 =========================== ===================================================================================
 
 Forward (eval mode; dropout is the identity): ``h = x``; for each hidden layer ``h = bn(relu(W h + b))`` with
 ``bn(z) = (z - mean) / sqrt(var + eps) * weight + bias``; then ``y = W h + b`` of the last layer. Efficiency is
-``sigmoid(y)`` for ``MLP`` and ``exp(clip(y, *log_bounds))`` for ``MLP_v2`` (docs/METHOD.md §5.1).
+``sigmoid(y)`` for ``MLP`` and ``exp(clip(y, *log_bounds))`` for ``MLP_v2`` (docs/METHOD.md §5.1). An ensemble
+takes the median of its members' (clipped) ``y``. Members differ only in their seed; where the data do not pin the
+model down (a GPU or dtype outside the training data) single seeds differ by tens of percent and now and then one
+extrapolates absurdly (a GEMM 1000x too slow), so the median, not the mean, is the ensemble's estimate.
 :class:`NumpyMLP` folds each batch norm into the following linear layer when it loads (in float64: exact to
 rounding), which halves the work of the pass, and runs the pass in float64. It equals the torch model evaluated in
 float64 to ~1e-14 relative, and torch's float32 pass to float32 rounding (≤ ~1e-5; tests/test_runtime.py).
@@ -75,17 +80,12 @@ class NumpyMLP:
             raise ValueError(f"{source}: unknown architecture {self.architecture!r}; known: MLP, MLP_v2")
         self.features = [str(name) for name in arrays["features"]]
         count = int(arrays["num_layers"])
-        self.layers = []  # (weight (in, out), bias) in float64, each batch norm folded into the next layer
-        for i in range(count):
-            weight = arrays[f"linear{i}.weight"].astype(np.float64).T
-            bias = arrays[f"linear{i}.bias"].astype(np.float64)
-            if i:  # bn(h) = h * scale + offset  =>  bn(h) @ W + b = h @ (scale[:, None] * W) + (offset @ W + b)
-                norm = {key: arrays[f"bn{i - 1}.{key}"].astype(np.float64) for key in ("mean", "var", "weight", "bias")}
-                scale = norm["weight"] / np.sqrt(norm["var"] + float(arrays[f"bn{i - 1}.eps"]))
-                offset = norm["bias"] - norm["mean"] * scale
-                weight, bias = scale[:, None] * weight, offset @ weight + bias
-            self.layers.append((weight, bias))
-        self.log_bounds = arrays["log_bounds"].astype(np.float64) if self.architecture == "MLP_v2" else None
+        prefixes = [""] if "members" not in arrays else [f"member{j}." for j in range(int(arrays["members"]))]
+        if not prefixes:
+            raise ValueError(f"{source}: an ensemble weight file needs at least one member")
+        self.members = [_folded_layers(arrays, prefix, count) for prefix in prefixes]
+        self.log_bounds = (np.stack([arrays[f"{prefix}log_bounds"].astype(np.float64) for prefix in prefixes])
+                           if self.architecture == "MLP_v2" else None)
 
     @classmethod
     def load(cls, path: str | Path) -> "NumpyMLP":
@@ -94,17 +94,11 @@ class NumpyMLP:
 
     @property
     def input_dim(self) -> int:
-        return self.layers[0][0].shape[0]
+        return self.members[0][0][0].shape[0]
 
     def output(self, inputs: np.ndarray) -> np.ndarray:
-        """The last layer's output for transformed inputs (log1p features), one value per row."""
-        h = np.asarray(inputs, dtype=np.float64)
-        for weight, bias in self.layers[:-1]:
-            h = h @ weight
-            h += bias
-            np.maximum(h, 0.0, out=h)
-        weight, bias = self.layers[-1]
-        return (h @ weight + bias)[:, 0]
+        """Each member's last-layer output for transformed inputs (log1p features): shape (members, rows)."""
+        return np.stack([_forward(layers, inputs) for layers in self.members])
 
     def efficiency(self, features: np.ndarray) -> np.ndarray:
         """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
@@ -120,8 +114,48 @@ class NumpyMLP:
         with _blas_threads().limit(limits=1, user_api="blas"):
             y = self.output(model_inputs(features))
         if self.log_bounds is None:  # sigmoid(y) = exp(-log(1 + exp(-y))), without overflow for very negative y
-            return np.exp(-np.logaddexp(0.0, -y))
-        return np.exp(np.clip(y, self.log_bounds[0], self.log_bounds[1]))
+            return np.exp(-np.logaddexp(0.0, -np.median(y, axis=0)))
+        return np.exp(np.median(np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:]), axis=0))
+
+
+def _folded_layers(arrays: dict[str, np.ndarray], prefix: str, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One member's (weight (in, out), bias) per layer in float64, each batch norm folded into the next layer."""
+    layers = []
+    for i in range(count):
+        weight = arrays[f"{prefix}linear{i}.weight"].astype(np.float64).T
+        bias = arrays[f"{prefix}linear{i}.bias"].astype(np.float64)
+        if i:  # bn(h) = h * scale + offset  =>  bn(h) @ W + b = h @ (scale[:, None] * W) + (offset @ W + b)
+            norm = {key: arrays[f"{prefix}bn{i - 1}.{key}"].astype(np.float64)
+                    for key in ("mean", "var", "weight", "bias")}
+            scale = norm["weight"] / np.sqrt(norm["var"] + float(arrays[f"{prefix}bn{i - 1}.eps"]))
+            offset = norm["bias"] - norm["mean"] * scale
+            weight, bias = scale[:, None] * weight, offset @ weight + bias
+        layers.append((weight, bias))
+    return layers
+
+
+def _forward(layers: list[tuple[np.ndarray, np.ndarray]], inputs: np.ndarray) -> np.ndarray:
+    h = np.asarray(inputs, dtype=np.float64)
+    for weight, bias in layers[:-1]:
+        h = h @ weight
+        h += bias
+        np.maximum(h, 0.0, out=h)
+    weight, bias = layers[-1]
+    return (h @ weight + bias)[:, 0]
+
+
+def ensemble_arrays(members: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One weight file's arrays from the exported arrays of K single models trained alike (same features)."""
+    first = members[0]
+    if any([str(f) for f in m["features"]] != [str(f) for f in first["features"]]
+           or str(m["architecture"]) != str(first["architecture"]) for m in members):
+        raise ValueError("ensemble members must share architecture and features")
+    shared = ("format", "architecture", "input_transform", "features", "num_layers")
+    arrays = {key: first[key] for key in shared}
+    arrays["members"] = np.array(len(members))
+    for j, member in enumerate(members):
+        arrays.update({f"member{j}.{key}": value for key, value in member.items() if key not in shared})
+    return arrays
 
 
 def latest_model_dir(root: str | Path, op: str) -> Path:

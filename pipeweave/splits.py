@@ -16,8 +16,6 @@ from analytical_model.registry import get_operator
 
 def shape_keys(frame: pd.DataFrame, op: str) -> np.ndarray:
     columns = list(get_operator(op).shape_columns)
-    if op in ("gemm", "gemm_fp8") and "dtype" in frame.columns:
-        columns = columns + ["dtype"]
     parts = [frame[c].astype(str) for c in columns]
     return parts[0].str.cat(parts[1:], sep="|").to_numpy(dtype=object)
 

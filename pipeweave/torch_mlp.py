@@ -99,6 +99,9 @@ def count_parameters(model: nn.Module) -> int:
 def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple[nn.Module, dict]:
     """Load a torch checkpoint and its metadata; the model is in eval mode on ``device``."""
     metadata = read_metadata(model_dir)
+    if "ensemble" in metadata:
+        raise ValueError(f"{model_dir} is an ensemble of {len(metadata['ensemble']['seeds'])} members; load one "
+                         f"of its member directories ({model_dir}/members/seed<S>) instead")
     params = metadata["model_info"]["model_parameters"]
     architecture = metadata["model_info"].get("architecture", "MLP")
     model = build_model(architecture, int(params["input_dim"]), dropout=float(params.get("dropout_rate", DROPOUT)))
@@ -158,21 +161,30 @@ def export_weights(model: nn.Module, features: list[str], path: str | Path) -> P
 
 
 def export_model_dir(model_dir: str | Path, op: str) -> Path:
-    """Export the checkpoint of one model directory beside it."""
+    """Export the checkpoint of one model directory beside it (of an ensemble: every member, then the ensemble)."""
+    from pipeweave.ensemble import member_dirs, write_ensemble_weights
+
+    members = member_dirs(model_dir)
+    if members:
+        for member in members:
+            export_model_dir(member, op)
+        return write_ensemble_weights(model_dir, op)
     model, metadata = load_model_dir(model_dir, op)
     return export_weights(model, metadata["model_info"]["features"], weights_path(model_dir, op))
 
 
 def export_roots(roots: list[str | Path], log=print) -> list[Path]:
-    """Export every ``<root>/<op>/<timestamp>/<op>_mlp_model.pth`` under the roots; returns the written files."""
+    """Export every ``<root>/<op>/<timestamp>/<op>_mlp_model.pth`` and every ensemble (``<timestamp>/members/``)
+    under the roots; returns the written files."""
     written = []
     for root in map(Path, roots):
         if not root.is_dir():
             raise FileNotFoundError(f"model root not found: {root}")
-        for checkpoint in sorted(root.glob(f"*/*/*{CHECKPOINT_SUFFIX}")):
-            op = checkpoint.parent.parent.name
-            if checkpoint.name == checkpoint_path(checkpoint.parent, op).name:
-                written.append(export_model_dir(checkpoint.parent, op))
+        ensembles = {members.parent for members in root.glob("*/*/members")}
+        for directory in sorted(ensembles | {c.parent for c in root.glob(f"*/*/*{CHECKPOINT_SUFFIX}")}):
+            op = directory.parent.name
+            if directory in ensembles or checkpoint_path(directory, op).is_file():
+                written.append(export_model_dir(directory, op))
                 log(f"exported {written[-1]}")
     return written
 

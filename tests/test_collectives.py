@@ -161,6 +161,15 @@ def test_missing_kind_needs_permission(tmp_path):
     assert allowed.predict_ms("send_recv", MiB, 2) > 0 and allowed.used_analytical == {"send_recv"}
 
 
+def test_analytical_nvlink_estimate_refuses_a_folder_without_serving_json(tmp_path):
+    train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
+    (tmp_path / "serving.json").unlink()
+    with pytest.raises(FileNotFoundError, match="serving.json is missing.*train_collective_rf.py"):
+        CollectivePredictor("H100", model_dir=tmp_path, allow_analytical=True).predict_ms("all_reduce", MiB, 8)
+    pcie = CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True)  # no NVLink: no fit needed
+    assert pcie.predict_ms("all_reduce", MiB, 2) > 0
+
+
 def test_interpolation_accuracy_and_linear_extrapolation(synthetic_dir):
     pred = CollectivePredictor("H100", model_dir=synthetic_dir)
     sizes = np.geomspace(4096, 128 * MiB, 37)

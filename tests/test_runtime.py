@@ -51,17 +51,22 @@ def test_numpy_forward_equals_torch_on_shipped_models(root, op):
     torch = pytest.importorskip("torch", reason="the torch reference needs the training extras")
     from pipeweave import torch_mlp
 
+    from pipeweave.ensemble import member_dirs
+
     directory = latest_model_dir(root, op)
     model, metadata = load_model_dir(directory, op)
-    reference, _ = torch_mlp.load_model_dir(directory, op)
     x = feature_rows(op, metadata["model_info"]["features"])
     got = model.efficiency(x)
-    with torch.no_grad():  # the same network evaluated in double precision
-        exact = reference.double().efficiency(torch.as_tensor(model_inputs(x), dtype=torch.float64)).numpy()
-    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=0)
-    # against torch's float32 pass (what prediction ran before): float32 rounding noise only
-    float32 = torch_mlp.predict_efficiency(reference.float(), model_inputs(x))
-    np.testing.assert_allclose(got, float32, rtol=2e-5, atol=0)
+    exact, float32 = [], []  # log-efficiency per member (one member for a single model)
+    for member in member_dirs(directory) or [directory]:
+        reference, _ = torch_mlp.load_model_dir(member, op)
+        with torch.no_grad():  # the same network evaluated in double precision
+            exact.append(np.log(reference.double().efficiency(
+                torch.as_tensor(model_inputs(x), dtype=torch.float64)).numpy()))
+        # against torch's float32 pass (what prediction ran before): float32 rounding noise only
+        float32.append(np.log(torch_mlp.predict_efficiency(reference.float(), model_inputs(x))))
+    np.testing.assert_allclose(got, np.exp(np.median(exact, axis=0)), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(got, np.exp(np.median(float32, axis=0)), rtol=2e-5, atol=0)
     assert len(np.unique(got)) > len(got) // 2  # the inputs really differ
 
 
@@ -92,6 +97,33 @@ def test_export_roundtrip_both_architectures(tmp_path):
         np.testing.assert_allclose(exported.efficiency(x), exact, rtol=1e-9, atol=0)
         if architecture == "MLP_v2":  # the clamp is applied
             assert exported.efficiency(x).min() >= np.exp(-3.0) * (1 - 1e-9)
+
+
+def test_ensemble_is_the_median_log_efficiency_of_its_members(tmp_path):
+    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    from pipeweave.mlp import ensemble_arrays
+    from pipeweave.torch_mlp import build_model, exported_arrays
+
+    names = [f"f{i}" for i in range(5)]
+    x = np.random.default_rng(1).uniform(0, 1e4, (32, 5))
+    members, singles = [], []
+    for seed, bounds in ((0, [-3.0, -0.2]), (1, [-2.0, -0.5]), (2, [-4.0, 0.0])):
+        torch.manual_seed(seed)
+        model = build_model("MLP_v2", len(names))
+        model.set_target_range(torch.tensor(bounds))
+        model.eval()
+        members.append(exported_arrays(model, names))
+        singles.append(NumpyMLP(members[-1]))
+    ensemble = NumpyMLP(ensemble_arrays(members))
+    expected = np.exp(np.median([np.log(single.efficiency(x)) for single in singles], axis=0))
+    np.testing.assert_allclose(ensemble.efficiency(x), expected, rtol=1e-12)  # each member keeps its own clamp
+    assert not np.allclose(singles[0].efficiency(x), singles[1].efficiency(x))  # the members really differ
+    np.testing.assert_allclose(NumpyMLP(ensemble_arrays([members[0]] * 3)).efficiency(x), singles[0].efficiency(x),
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="at least one member"):
+        NumpyMLP({**ensemble_arrays(members), "members": np.array(0)})
+    with pytest.raises(ValueError, match="share architecture and features"):
+        ensemble_arrays([members[0], {**members[1], "features": np.array(names[::-1])}])
 
 
 def test_weight_file_checks(tmp_path):

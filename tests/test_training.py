@@ -90,10 +90,14 @@ def test_repeated_keys_are_averaged():
 def test_fp8_rows_only_for_gpus_without_bf16():
     gemm = build_operator("gemm", synthetic_gemm(10), log=lambda *a: None)
     fp8_raw = synthetic_gemm(10, gpus=("H100", "H20")).assign(dtype="fp8")
+    fp8_raw = pd.concat([fp8_raw, fp8_raw.assign(M=2)], ignore_index=True)  # decode-sized: memory-bound
     fp8 = build_operator("gemm_fp8", fp8_raw, log=lambda *a: None)
     extra = fp8_rows_for_gemm(gemm, fp8)
     assert set(extra["hardware"]) == {"NVIDIA H20"} and list(extra.columns) == list(gemm.columns)
     assert (extra["dtype"] == "fp8").all() and (extra["tile_M"] == 128).all()
+    h20 = fp8[fp8["hardware"] == "NVIDIA H20"]
+    compute_bound = h20["exact_tensor_cycle"] >= h20["exact_dram_cycle"]
+    assert 0 < compute_bound.sum() < len(h20) and len(extra) == compute_bound.sum()  # memory-bound rows left out
 
 
 def test_shape_split_is_deterministic_and_order_free():
@@ -101,6 +105,29 @@ def test_shape_split_is_deterministic_and_order_free():
     mask = shape_holdout_mask(keys)
     assert np.array_equal(mask[::-1], shape_holdout_mask(keys[::-1]))
     assert 0.15 < mask.mean() < 0.25
+
+
+def test_one_gemm_shape_in_two_dtypes_falls_on_one_side():
+    raw = synthetic_gemm(300)
+    both = pd.concat([raw, raw.assign(dtype="float16", source="other")], ignore_index=True)
+    train, test = split(build_operator("gemm", both, log=lambda *a: None), "gemm", 0.2)
+    train_shapes, test_shapes = (set(map(tuple, frame[["M", "N", "K", "hardware"]].to_numpy().tolist()))
+                                 for frame in (train, test))
+    assert test_shapes and not train_shapes & test_shapes
+
+
+@pytest.mark.data
+def test_built_gemm_files_share_no_shape_across_the_split():
+    from pipeweave.paths import DATASET_DIR
+
+    paths = {(op, part): DATASET_DIR / f"{op}_{part}.csv" for op in ("gemm", "gemm_fp8") for part in ("train", "test")}
+    if not all(path.is_file() for path in paths.values()):
+        pytest.skip("dataset not built (python3 -m dataset.build)")
+    shapes = {key: set(map(tuple, pd.read_csv(path, usecols=["M", "N", "K"]).to_numpy().tolist()))
+              for key, path in paths.items()}
+    train = shapes["gemm", "train"] | shapes["gemm_fp8", "train"]
+    test = shapes["gemm", "test"] | shapes["gemm_fp8", "test"]
+    assert test and not train & test
 
 
 def test_reference_validation_split_semantics():
@@ -144,6 +171,37 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
     model, _ = load_model_dir(directory, "gemm")
     assert not model.training and weights_path(directory, "gemm").is_file()  # training exports the numpy weights
     out = KernelPredictor(tmp_path).predict_frame("gemm", test[["M", "N", "K", "hardware"]].head(5))
+    assert (out["predicted_us"] > 0).all()
+
+
+@pytest.mark.slow
+def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_dataset, tmp_path, repo_root):
+    from pipeweave import torch_mlp
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.mlp import NumpyMLP, model_inputs
+    from pipeweave.torch_mlp import predict_efficiency
+
+    root, _, test = gemm_dataset
+    result = subprocess.run([sys.executable, "train_mlp.py", "--op", "gemm", "--epochs", "3", "--dataset_dir", str(root),
+                             "--output_dir", str(tmp_path), "--no_progress", "--ensemble_seeds", "7,3"],
+                            cwd=repo_root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    directory = latest_model_dir(tmp_path, "gemm")
+    meta = json.loads((directory / "metadata.json").read_text())
+    assert meta["ensemble"]["seeds"] == [7, 3] and meta["training"]["ensemble_seeds"] == [7, 3]
+    assert [m["seed"] for m in meta["ensemble"]["members"]] == [7, 3] and meta["evaluation_results"]["by_hardware"]
+    frame = test[["M", "N", "K", "hardware"]].head(20)
+    members = [load_model_dir(member, "gemm")[0] for member in member_dirs(directory)]
+    ensemble = NumpyMLP.load(weights_path(directory, "gemm"))
+    x = test[meta["model_info"]["features"]].to_numpy(np.float64)[:20]
+    np.testing.assert_allclose(ensemble.efficiency(x), np.exp(np.median(
+        [np.log(predict_efficiency(member, model_inputs(x))) for member in members], axis=0)), rtol=2e-5)
+    with pytest.raises(ValueError, match="ensemble of 2 members"):
+        torch_mlp.load_model_dir(directory, "gemm")
+    before = weights_path(directory, "gemm").read_bytes()
+    torch_mlp.export_roots([tmp_path], log=lambda *a: None)  # re-export rebuilds the same ensemble file
+    assert np.load(weights_path(directory, "gemm"))["members"] == 2 and len(before) > 0
+    out = KernelPredictor(tmp_path).predict_frame("gemm", frame)
     assert (out["predicted_us"] > 0).all()
 
 

@@ -1,0 +1,95 @@
+"""Seed ensembles of one operator's efficiency MLP (training side; prediction reads them in :mod:`pipeweave.mlp`).
+
+K members are trained exactly like a single model, each with its own seed (row sample, validation split and
+initialisation). Where the data pin the model down (held-out shapes on a trained GPU) the members agree to a
+fraction of a point; where they do not (a GPU or dtype outside the training data, e.g. BF16 GEMMs of GPUs whose
+only GEMM measurements are FP8) single seeds differ by tens of percent and now and then one extrapolates absurdly;
+the members' median is the estimate that depends neither on the draw nor on one wild member. A model directory of an ensemble holds
+
+* ``members/seed<S>/``: each member as a complete single-model directory (checkpoint, weights, metadata);
+* ``<op>_mlp_weights.npz``: the members' exported weights in one file (format in :mod:`pipeweave.mlp`);
+* ``metadata.json``: the first member's, with the ensemble's own test evaluation and an ``ensemble`` entry
+  (seeds, each member's training history and its own test error).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeweave.mlp import NumpyMLP, ensemble_arrays, weights_path
+from pipeweave.modeling import evaluate, feature_matrix, train_and_evaluate, write_model_dir
+from pipeweave.training import TrainConfig
+
+MEMBERS_DIR = "members"
+
+
+def member_dirs(model_dir: str | Path) -> list[Path]:
+    """The member directories of an ensemble model directory, in training order (empty for a single model)."""
+    path = Path(model_dir) / "metadata.json"
+    if not path.is_file():
+        return []
+    seeds = json.loads(path.read_text()).get("ensemble", {}).get("seeds", [])
+    return [Path(model_dir) / MEMBERS_DIR / f"seed{seed}" for seed in seeds]
+
+
+def write_ensemble_weights(model_dir: str | Path, op: str) -> Path:
+    """(Re)write an ensemble's weight file from its members' exported weights."""
+    members = []
+    for member in member_dirs(model_dir):
+        with np.load(weights_path(member, op), allow_pickle=False) as data:
+            members.append({key: data[key] for key in data.files})
+    if not members:
+        raise ValueError(f"{model_dir} is not an ensemble model directory (no ensemble seeds in its metadata.json)")
+    path = weights_path(model_dir, op)
+    with open(path, "wb") as handle:
+        np.savez(handle, **ensemble_arrays(members))
+    path.chmod(0o644)
+    return path
+
+
+def train_ensemble(op: str, train: pd.DataFrame, test: pd.DataFrame, config: TrainConfig, seeds: list[int],
+                   out_dir: Path, paths: dict) -> tuple[np.ndarray, dict]:
+    """Train one member per seed into ``out_dir/members/``, then :func:`assemble_ensemble`."""
+    if len(set(seeds)) != len(seeds) or len(seeds) < 2:
+        raise ValueError(f"an ensemble needs at least two distinct seeds, got {seeds}")
+    for seed in seeds:
+        member_config = replace(config, seed=seed)
+        model, history, _, evaluation = train_and_evaluate(op, train, test, member_config)
+        write_model_dir(out_dir / MEMBERS_DIR / f"seed{seed}", op, model, history, member_config, train, test,
+                        evaluation, paths)
+        print(f"  member seed {seed}: best epoch {history['best_epoch']}, {history['train_seconds']} s")
+    return assemble_ensemble(op, out_dir, seeds, test, config)
+
+
+def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFrame,
+                      config: TrainConfig) -> tuple[np.ndarray, dict]:
+    """Write the ensemble's weights and metadata from the member directories ``out_dir/members/seed<S>``;
+    returns its test predictions and evaluation, computed by the numpy runtime as prediction will."""
+    members = [json.loads((out_dir / MEMBERS_DIR / f"seed{seed}" / "metadata.json").read_text()) for seed in seeds]
+    if any(m["training"]["seed"] != seed for m, seed in zip(members, seeds)):
+        raise ValueError(f"{out_dir}: member directories do not match the seeds {seeds}")
+    summaries = [{"seed": seed, **{key: m["training"][key] for key in
+                                   ("best_epoch", "epochs_run", "best_val_loss", "train_seconds")},
+                  **({"test_duration_mean_abs_pct_error":
+                      m["evaluation_results"]["overall"]["duration_mean_abs_pct_error"]}
+                     if "evaluation_results" in m else {})} for m, seed in zip(members, seeds)]
+    metadata = members[0]
+    metadata["ensemble"] = {"seeds": list(seeds), "combination": "median of the members' log-efficiency outputs",
+                            "members": summaries}
+    metadata["model_info"]["model_parameters"]["total_parameters"] *= len(seeds)
+    metadata["training"] = {**replace(config, seed=seeds[0]).as_dict(), "ensemble_seeds": list(seeds),
+                            "train_seconds": round(sum(s["train_seconds"] for s in summaries), 1)}
+    metadata.pop("evaluation_results", None)
+    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    write_ensemble_weights(out_dir, op)
+    model = NumpyMLP.load(weights_path(out_dir, op))
+    predicted = model.efficiency(feature_matrix(test, op, config)) if len(test) else np.zeros(0)
+    evaluation = evaluate(test, predicted) if len(test) else {}
+    if evaluation:
+        metadata["evaluation_results"] = evaluation
+        (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    return predicted, evaluation
