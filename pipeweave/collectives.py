@@ -89,7 +89,8 @@ import numpy as np
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
 
 from .collective_serving import (
-    CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, custom_allreduce_ms, custom_allreduce_params, read_serving,
+    CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, SERVING_FILE, custom_allreduce_ms, custom_allreduce_params,
+    read_serving,
 )
 
 KINDS = ("all_reduce", "send_recv")
@@ -293,7 +294,16 @@ class CollectivePredictor:
         link_type = load_hardware(self.hardware).link_type
         if not link_type.startswith("nvlink"):
             return None
+        if not collective_hardware_with_models(self.model_dir) and not (self.model_dir / SERVING_FILE).is_file():
+            return None  # a folder without any trained model has nothing fitted: the plain ring estimate
         return custom_allreduce_params(read_serving(self.model_dir).get("custom_allreduce", {}), link_type)
+
+    @property
+    def lacks_custom_allreduce_fit(self) -> bool:
+        """Whether this NVLink GPU's analytical all-reduce estimate has no fitted custom all-reduce model for small
+        messages (its model folder has nothing trained), so it is the plain ring estimate."""
+        from analytical_model.hardware import load_hardware
+        return load_hardware(self.hardware).link_type.startswith("nvlink") and self._custom_allreduce_params is None
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Estimate from the hardware JSON's link; small NVLink all-reduces use the custom all-reduce model."""

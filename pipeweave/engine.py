@@ -450,7 +450,10 @@ class Engine:
                     self.log(
                         f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
                         f"estimate (pipeweave.collectives.analytical_collective_ms: hardware JSON link bandwidth and "
-                        f"latency, not measurements) because no measured model covers it")
+                        f"latency, not measurements) because no measured model covers it"
+                        + ("" if kind != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
+                           f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
+                           f"the plain ring estimate, not the fitted custom all-reduce"))
         return out, analytical
 
 

@@ -385,6 +385,7 @@ def test_cli_communication_without_collective_model(models, tmp_path):
     proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
                           "--collective_dir", empty, "--output", out)  # default: warned estimate, no crash
     assert proc.returncode == 0 and "WARNING" in proc.stdout + proc.stderr and out.is_file()
+    assert "plain ring estimate" in proc.stdout + proc.stderr  # the empty folder has no custom all-reduce fit
 
 
 def test_cli_missing_model_names_file_and_training_command(tmp_path):

@@ -167,7 +167,14 @@ def test_analytical_nvlink_estimate_refuses_a_folder_without_serving_json(tmp_pa
     with pytest.raises(FileNotFoundError, match="serving.json is missing.*train_collective_rf.py"):
         CollectivePredictor("H100", model_dir=tmp_path, allow_analytical=True).predict_ms("all_reduce", MiB, 8)
     pcie = CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True)  # no NVLink: no fit needed
-    assert pcie.predict_ms("all_reduce", MiB, 2) > 0
+    assert pcie.predict_ms("all_reduce", MiB, 2) > 0 and not pcie.lacks_custom_allreduce_fit
+    empty = tmp_path / "empty"  # nothing trained at all: the plain ring estimate, which the engine's WARNING names
+    empty.mkdir()
+    ring = CollectivePredictor("H100", model_dir=empty, allow_analytical=True)
+    h100 = load_hardware("H100")
+    assert ring.predict_ms("all_reduce", MiB, 8) == pytest.approx(
+        analytical_collective_ms("all_reduce", MiB, 8, h100.link_gbps, h100.link_latency_us))
+    assert ring.lacks_custom_allreduce_fit
 
 
 def test_interpolation_accuracy_and_linear_extrapolation(synthetic_dir):

@@ -168,7 +168,10 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame, online: pd.DataFrame | No
         " by the default vLLM simulation. The measured latencies are longer than even the sequential (static) "
         "prediction: the measurement shows none of the overlap that two micro-batches in flight would give, which "
         "suggests the benchmarked vLLM (its version is not recorded) did not pipeline these batches, or lost the "
-        "gain to per-step overheads the kernel model does not see (scheduling, sampling, stage transfers). Nothing "
+        "gain to per-step overheads the kernel model does not see (scheduling, sampling, stage transfers). The "
+        "simulated pipelining was checked against vLLM 0.10.1's scheduler and engine-core source (the batch queue "
+        "holds up to PP micro-batches; `num_computed_tokens` advances when a request is scheduled, so a request "
+        "whose tokens are all in flight is skipped): it is vLLM V1's own behaviour, not a simulator bug. Nothing "
         "is fitted to these two runs; `--max_concurrent_batches 1` is shown as a diagnostic, not chosen for its "
         "error.",
         "",
