@@ -85,6 +85,9 @@ def regime_bins(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray,
     return ideal, roof, size * (len(INTENSITY_EDGES) + 1) + intensity
 
 
+BIGGEST = np.finfo(np.float64).max
+
+
 def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_us: np.ndarray) -> dict:
     """{"floor": [[...]], "median": [[...]]}: per size bin (rows) and intensity bin (columns), from measured rows
     (feature rows, clock, duration)."""
@@ -97,8 +100,11 @@ def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_
     width = len(INTENSITY_EDGES) + 1
 
     def statistics(rows: np.ndarray) -> tuple[float, float]:
-        floor = np.percentile(latency_free[rows], FLOOR_PERCENTILE) if (rows & slow).any() else np.inf
-        return floor, np.median(efficiency[rows])
+        if not (rows & slow).any():
+            return np.inf, np.median(efficiency[rows])
+        # inf stands for "faster than the launch latency"; interpolating between two infs would give NaN
+        floor = np.percentile(np.minimum(latency_free[rows], BIGGEST), FLOOR_PERCENTILE)
+        return (np.inf if floor >= BIGGEST else floor), np.median(efficiency[rows])
 
     pooled = statistics(np.ones(len(bins), dtype=bool))
     floor, median = [], []

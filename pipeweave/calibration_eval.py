@@ -70,7 +70,7 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path) -> HeldOut:
     (or, for a memory-bound operator, the bandwidth model fitted without ``gpu``) kept inside the physical band
     derived from the other GPUs' rows, exactly the LOGO column of the accuracy report."""
     frame, predicted, _ = logo_predictions(op, gpu, dataset_dir, cache)
-    train = load_splits(op, dataset_dir, [gpu])[0] if get_operator(op).dram_bound else None
+    train = load_splits(op, dataset_dir, [gpu])[0]  # the bandwidth model and the single-GPU rule read it
     predicted = as_predicted(op, train, frame, predicted, logo_config(), other_gpus_band(op, dataset_dir, [gpu]))
     operator = get_operator(op)
     features = frame[list(operator.feature_names)].to_numpy(np.float64)

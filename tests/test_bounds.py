@@ -96,6 +96,15 @@ def test_band_table_floor_is_the_bin_percentile():
     assert len(set(np.ravel(table["floor"]))) == 1  # every other bin is too small: the operator-wide percentile
 
 
+def test_band_table_bin_of_mostly_launch_bound_kernels_has_no_nan():
+    features = np.repeat(features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]}), 1000, axis=0)
+    freq = np.full(1000, load_hardware("H100").sm_freq)
+    measured_us = np.full(1000, LAUNCH_LATENCY_US / 2)  # all but one faster than the launch latency
+    measured_us[0] = 1e4
+    floors = np.ravel(band_table_of(features, freq, measured_us)["floor"])
+    assert not np.isnan(floors).any() and (floors > 1e300).all()  # the 0.1th percentile lies among the fast ones
+
+
 def band_table_of(features, freq, measured_us):
     from pipeweave.bounds import band_table
 
