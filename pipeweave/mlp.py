@@ -83,7 +83,10 @@ class NumpyMLP:
         prefixes = [""] if "members" not in arrays else [f"member{j}." for j in range(int(arrays["members"]))]
         if not prefixes:
             raise ValueError(f"{source}: an ensemble weight file needs at least one member")
-        self.members = [_folded_layers(arrays, prefix, count) for prefix in prefixes]
+        members = [_folded_layers(arrays, prefix, count) for prefix in prefixes]
+        # members stacked per layer, (members, in, out) and (members, 1, out): one batched matmul per layer
+        self.layers = [(np.stack([m[i][0] for m in members]), np.stack([m[i][1] for m in members])[:, None, :])
+                       for i in range(count)]
         self.log_bounds = (np.stack([arrays[f"{prefix}log_bounds"].astype(np.float64) for prefix in prefixes])
                            if self.architecture == "MLP_v2" else None)
 
@@ -94,11 +97,17 @@ class NumpyMLP:
 
     @property
     def input_dim(self) -> int:
-        return self.members[0][0][0].shape[0]
+        return self.layers[0][0].shape[1]
 
     def output(self, inputs: np.ndarray) -> np.ndarray:
         """Each member's last-layer output for transformed inputs (log1p features): shape (members, rows)."""
-        return np.stack([_forward(layers, inputs) for layers in self.members])
+        h = np.asarray(inputs, dtype=np.float64)[None]
+        for weight, bias in self.layers[:-1]:
+            h = h @ weight
+            h += bias
+            np.maximum(h, 0.0, out=h)
+        weight, bias = self.layers[-1]
+        return (h @ weight + bias)[:, :, 0]
 
     def efficiency(self, features: np.ndarray) -> np.ndarray:
         """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
@@ -132,16 +141,6 @@ def _folded_layers(arrays: dict[str, np.ndarray], prefix: str, count: int) -> li
             weight, bias = scale[:, None] * weight, offset @ weight + bias
         layers.append((weight, bias))
     return layers
-
-
-def _forward(layers: list[tuple[np.ndarray, np.ndarray]], inputs: np.ndarray) -> np.ndarray:
-    h = np.asarray(inputs, dtype=np.float64)
-    for weight, bias in layers[:-1]:
-        h = h @ weight
-        h += bias
-        np.maximum(h, 0.0, out=h)
-    weight, bias = layers[-1]
-    return (h @ weight + bias)[:, 0]
 
 
 def ensemble_arrays(members: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
