@@ -4,7 +4,8 @@ K members are trained exactly like a single model, each with its own seed (row s
 initialisation). Where the data pin the model down (held-out shapes on a trained GPU) the members agree to a
 fraction of a point; where they do not (a GPU or dtype outside the training data, e.g. BF16 GEMMs of GPUs whose
 only GEMM measurements are FP8) single seeds differ by tens of percent and now and then one extrapolates absurdly;
-the members' median is the estimate that depends neither on the draw nor on one wild member. A model directory of an ensemble holds
+the members' median is the estimate that depends neither on the draw nor on one wild member. A model directory
+of an ensemble holds
 
 * ``members/seed<S>/``: each member as a complete single-model directory (checkpoint, weights, metadata);
 * ``<op>_mlp_weights.npz``: the members' exported weights in one file (format in :mod:`pipeweave.mlp`);
