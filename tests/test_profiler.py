@@ -277,7 +277,8 @@ def test_unsupported_and_failed_rows_are_not_written(models, tmp_path):
 
 def test_csv_schema(models, tmp_path):
     rows = _small_rows(models)
-    _run(rows, tmp_path, FakeTimer(duration_us=20.0))
+    gpu_dir = tmp_path / "NVIDIA_Fake_GPU"  # the measured-data layout: <root>/<gpu>/<op>.csv
+    _run(rows, gpu_dir, FakeTimer(duration_us=20.0))
     expected_tail = ["hardware", "avg_duration", "median_us", "min_us", "std_us", "repeats", "dtype", "kernel",
                      "torch_version", "cuda_version", "flash_attn_version", "sm_clock_mhz", "mem_clock_mhz",
                      "timestamp"]
@@ -285,7 +286,7 @@ def test_csv_schema(models, tmp_path):
     assert list(csvio.columns_for("attn")) == ["op", "attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv",
                                                 "hd", *expected_tail]
     assert list(csvio.columns_for("all_reduce")) == ["op", "size_bytes", "num_workers", *expected_tail]
-    with (tmp_path / "gemm.csv").open() as handle:
+    with (gpu_dir / "gemm.csv").open() as handle:
         reader = csv.DictReader(handle)
         assert reader.fieldnames == list(csvio.columns_for("gemm"))
         first = next(reader)
@@ -298,11 +299,11 @@ def test_csv_schema(models, tmp_path):
     assert first["repeats"] == "4" and first["dtype"] == "bfloat16" and first["kernel"] == "fake-gemm"
     assert (first["sm_clock_mhz"], first["mem_clock_mhz"], first["flash_attn_version"]) == ("1980", "2619", "")
     assert first["timestamp"].endswith("Z")
-    frames = csvio.read_all_measured(tmp_path.parent)
+    frames = csvio.read_all_measured(tmp_path)
     assert set(frames) == {"gemm", "attn", "rmsnorm"}
     attn = frames["attn"]
     assert attn["q_lengths"].str.startswith("[").all() and attn["bs"].dtype.kind == "i"
-    assert list(csvio.iter_measured_files(tmp_path.parent))[0][0] == tmp_path.name
+    assert list(csvio.iter_measured_files(tmp_path))[0][0] == gpu_dir.name
 
 
 def test_header_mismatch_is_an_error(tmp_path):
