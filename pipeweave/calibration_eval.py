@@ -216,7 +216,9 @@ def render(results: dict, png: Path, doc: Path) -> str:
              f"duration error `mean / median` in %, averaged over {DRAWS} draws (seeds {SEED}…{SEED + DRAWS - 1}).",
              "",
              "**Disclosed** (every variant tried; mean k = 32 error over the GEMM / attention GPUs, 2 draws unless "
-             "noted). Intercepts only (the previous calibration, 5 draws, same LOGO models): GEMM 15.1 % / "
+             "noted; the variants were compared on the GEMM leave-one-GPU-out models of the dataset before its split "
+             "key dropped the dtype and its FP8 stand-in rows were limited to compute-bound ones, the table below is "
+             "on the current ones). Intercepts only (the previous calibration, 5 draws, same LOGO models): GEMM 15.1 % / "
              "attention 14.2 %. In a first prototype (prior per class only): intercepts 14.0 / 13.8; + linear "
              "log size, log arithmetic intensity and SM imbalance with a diagonal prior 11.4 / 13.3; + size hinges "
              "10.8 / 13.0 (diagonal prior 10.9 GEMM); + attention KV length and group size 12.3 attention. In this "
