@@ -34,8 +34,9 @@ def _layer_us(predictor, op: str, tokens: int, gpu: str) -> float:
     ("H100", 16 * 2197), ("H200", 16 * 2197), ("H800", 16 * 2197), ("H20", 16 * 2197),
     ("H100", 16), ("H200", 16), ("H800", 16),
     pytest.param("H20", 16, marks=pytest.mark.xfail(
-        strict=True, reason="known defect: H20 has FP8 but no BF16 GEMM measurements; its decode-sized FP8 GEMMs "
-                            "are predicted slower than BF16 (docs/ACCURACY.md, leave-one-GPU-out H20 row)")),
+        strict=True, reason="known defect: H20 has FP8 but no BF16 GEMM measurements, and its measured decode-sized "
+                            "FP8 GEMMs (PipeWeave's kernels) reach only ~13 % of spec DRAM bandwidth, so they are "
+                            "predicted slower than BF16, which the model transfers from other GPUs")),
 ])
 def test_fp8_linear_layers_are_faster_than_bf16_by_at_most_2x(predictor, gpu, tokens):
     ratio = _layer_us(predictor, "gemm", tokens, gpu) / _layer_us(predictor, "gemm_fp8", tokens, gpu)
