@@ -33,7 +33,8 @@ from pipeweave import memory_model
 from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_US, MIN_BIN_ROWS, SIZE_EDGES,
                               clip_efficiency, frame_band_table, regime_efficiency)
 from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically, write_marked_section
-from pipeweave.logo_cache import LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_predictions
+from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_config,
+                                  logo_predictions)
 from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, load_splits, read_dataset,
                                 train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
@@ -128,20 +129,27 @@ def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows
             "worst_ratio_near_roofline": float(worst[near].max()) if near.any() else None, "gpus": gpus}
 
 
+def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
+                      log=print) -> tuple[pd.DataFrame, np.ndarray, dict]:
+    """(every row of ``gpu``, the efficiency the predictor gives them when ``gpu`` is outside training, the LOGO
+    model's training history): the cached LOGO model (pipeweave.logo_cache trains a missing one) through
+    :func:`as_predicted`, inside the band of the other GPUs' rows."""
+    test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
+    train = load_splits(op, dataset_dir, [gpu])[0]  # the bandwidth model and the single-GPU rule read it
+    band = other_gpus_band(op, dataset_dir, [gpu])
+    return test, as_predicted(op, train, test, predicted, logo_config(), band), history
+
+
 def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
-    """Leave-one-GPU-out errors per GPU, from the cached LOGO models (pipeweave.logo_cache trains missing ones),
-    as the predictor gives them on a GPU outside training (:func:`as_predicted`)."""
+    """Leave-one-GPU-out errors per GPU, as the predictor gives them on a GPU outside training
+    (:func:`logo_as_predicted`)."""
     out = {}
     gpus = gpus_with_data(op, dataset_dir)
     if len(gpus) < 2:
         return out
-    config = TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
     for gpu in gpus:
-        test, predicted, history = logo_predictions(op, gpu, dataset_dir, log=log)
-        train = load_splits(op, dataset_dir, [gpu])[0]
-        band = other_gpus_band(op, dataset_dir, [gpu])
-        out[gpu] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config, band),
-                                 history["train_rows"], [gpu])
+        test, predicted, history = logo_as_predicted(op, gpu, dataset_dir, log=log)
+        out[gpu] = held_out_cell(op, test, predicted, history["train_rows"], [gpu])
         log(f"  LOGO {op} / {gpu}: mean {out[gpu]['model']['mean']:.2f} %")
     return out
 

@@ -25,14 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from analytical_model.registry import get_operator
-from pipeweave.accuracy import as_predicted, other_gpus_band
+from pipeweave.accuracy import logo_as_predicted
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, fit_map
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
-from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_config,
-                                  logo_predictions)
-from pipeweave.modeling import load_splits
+from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
@@ -69,9 +67,7 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path) -> HeldOut:
     """The kernels of ``gpu`` with the duration the predictor gives on a GPU outside training: the LOGO MLP
     (or, for a memory-bound operator, the bandwidth model fitted without ``gpu``) kept inside the physical band
     derived from the other GPUs' rows, exactly the LOGO column of the accuracy report."""
-    frame, predicted, _ = logo_predictions(op, gpu, dataset_dir, cache)
-    train = load_splits(op, dataset_dir, [gpu])[0]  # the bandwidth model and the single-GPU rule read it
-    predicted = as_predicted(op, train, frame, predicted, logo_config(), other_gpus_band(op, dataset_dir, [gpu]))
+    frame, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache)
     operator = get_operator(op)
     features = frame[list(operator.feature_names)].to_numpy(np.float64)
     shapes = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
