@@ -54,6 +54,8 @@ MIN_BIN_ROWS = 200
 BAND_TABLE_PATH = Path(__file__).with_name("efficiency_band.json")
 #: the descriptor of the unpadded work at the spec peak (cycles), the compute ceiling
 EXACT_WORK_DESCRIPTOR = "exact_tensor_cycle"
+#: stands for an infinite R / (t − L) (a kernel faster than the launch latency) inside a percentile
+BIGGEST = np.finfo(np.float64).max
 
 
 def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -83,9 +85,6 @@ def regime_bins(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray,
     size = np.searchsorted(SIZE_EDGES, np.log10(roof / np.asarray(sm_freq_mhz, dtype=np.float64)))
     intensity = np.searchsorted(INTENSITY_EDGES, np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny)))
     return ideal, roof, size * (len(INTENSITY_EDGES) + 1) + intensity
-
-
-BIGGEST = np.finfo(np.float64).max
 
 
 def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_us: np.ndarray) -> dict:

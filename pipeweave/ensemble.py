@@ -37,17 +37,18 @@ def member_dirs(model_dir: str | Path) -> list[Path]:
     return [Path(model_dir) / MEMBERS_DIR / f"seed{seed}" for seed in seeds]
 
 
-def write_ensemble_weights(model_dir: str | Path, op: str) -> Path:
-    """(Re)write an ensemble's weight file from its members' exported weights."""
-    members = []
-    for member in member_dirs(model_dir):
+def write_ensemble_weights(model_dir: str | Path, op: str, members: list[Path] | None = None) -> Path:
+    """(Re)write an ensemble's weight file from its members' exported weights (default: the members its
+    metadata.json lists)."""
+    arrays = []
+    for member in member_dirs(model_dir) if members is None else members:
         with np.load(weights_path(member, op), allow_pickle=False) as data:
-            members.append({key: data[key] for key in data.files})
-    if not members:
+            arrays.append({key: data[key] for key in data.files})
+    if not arrays:
         raise ValueError(f"{model_dir} is not an ensemble model directory (no ensemble seeds in its metadata.json)")
     path = weights_path(model_dir, op)
     with open(path, "wb") as handle:
-        np.savez(handle, **ensemble_arrays(members))
+        np.savez(handle, **ensemble_arrays(arrays))
     path.chmod(0o644)
     return path
 
@@ -70,7 +71,8 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
                       config: TrainConfig) -> tuple[np.ndarray, dict]:
     """Write the ensemble's weights and metadata from the member directories ``out_dir/members/seed<S>``;
     returns its test predictions and evaluation, computed by the numpy runtime as prediction will."""
-    members = [json.loads((out_dir / MEMBERS_DIR / f"seed{seed}" / "metadata.json").read_text()) for seed in seeds]
+    directories = [out_dir / MEMBERS_DIR / f"seed{seed}" for seed in seeds]
+    members = [json.loads((directory / "metadata.json").read_text()) for directory in directories]
     if any(m["training"]["seed"] != seed for m, seed in zip(members, seeds)):
         raise ValueError(f"{out_dir}: member directories do not match the seeds {seeds}")
     summaries = [{"seed": seed, **{key: m["training"][key] for key in
@@ -84,13 +86,11 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
     metadata["model_info"]["model_parameters"]["total_parameters"] *= len(seeds)
     metadata["training"] = {**replace(config, seed=seeds[0]).as_dict(), "ensemble_seeds": list(seeds),
                             "train_seconds": round(sum(s["train_seconds"] for s in summaries), 1)}
-    metadata.pop("evaluation_results", None)
-    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
-    write_ensemble_weights(out_dir, op)
-    model = NumpyMLP.load(weights_path(out_dir, op))
+    model = NumpyMLP.load(write_ensemble_weights(out_dir, op, directories))
     predicted = model.efficiency(feature_matrix(test, op, config)) if len(test) else np.zeros(0)
     evaluation = evaluate(test, predicted) if len(test) else {}
+    metadata.pop("evaluation_results", None)
     if evaluation:
         metadata["evaluation_results"] = evaluation
-        (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
     return predicted, evaluation
