@@ -252,32 +252,22 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
         assert got["summary"][key] == pytest.approx(value, rel=1e-6)
 
 
-def test_console_script_without_training_extras_is_one_error_line(monkeypatch, capsys):
+@pytest.mark.parametrize("module, command, extra", [
+    ("torch", "export_mlp", "training extras (pip install 'pipeweave[train]'"),
+    ("distributed", "search_config", "serving extras (pip install 'pipeweave[serve]'"),
+])
+def test_console_script_without_its_extra_is_one_error_line(monkeypatch, capsys, module, command, extra):
     from pipeweave import commands
 
     def missing(name):
-        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        raise ModuleNotFoundError(f"No module named '{module}'", name=module)
 
+    program = "pipeweave-" + command.replace("_", "-")
     monkeypatch.setattr(commands, "import_module", missing)
-    monkeypatch.setattr(sys, "argv", ["pipeweave-export-mlp"])
-    assert commands.export_mlp() == 2
+    monkeypatch.setattr(sys, "argv", [program])
+    assert getattr(commands, command)() == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["pipeweave-export-mlp: error: this command needs the training extras (pip install "
-                   "'pipeweave[train]'; module 'torch' is missing)"]
-
-
-def test_serving_command_without_dask_names_the_serving_extra(monkeypatch, capsys):
-    from pipeweave import commands
-
-    def missing(name):
-        raise ModuleNotFoundError("No module named 'distributed'", name="distributed")
-
-    monkeypatch.setattr(commands, "import_module", missing)
-    monkeypatch.setattr(sys, "argv", ["pipeweave-search-config"])
-    assert commands.search_config() == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["pipeweave-search-config: error: this command needs the serving extras (pip install "
-                   "'pipeweave[serve]'; module 'distributed' is missing)"]
+    assert err == [f"{program}: error: this command needs the {extra}; module '{module}' is missing)"]
 
 
 def test_console_scripts_point_at_commands():
