@@ -30,7 +30,6 @@ import operator
 from dataclasses import replace
 from typing import Iterable, Sequence
 
-
 import numpy as np
 
 from pipeweave.engine import Engine
