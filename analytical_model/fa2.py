@@ -2,7 +2,8 @@
 
 Models every attention type containing "fa2" (Ampere/Ada/Blackwell-workstation prefill and all decode
 steps).  Query heads of one GQA group are packed into the q dimension, the KV axis is split into chunks
-by FlashInfer's binary search, and one CTA per (request, packed q tile, KV chunk, KV head) is emitted.
+by FlashInfer's binary search (except where the kernel that runs does not split, :func:`splits_kv`), and one
+CTA per (request, packed q tile, KV chunk, KV head) is emitted.
 
 Quirks kept on purpose (docs/METHOD.md §11.1 items 1-4): the trained attention model was fitted on features
 computed with them, so they are *features, not bugs*, and changing any of them changes every sm_max
@@ -86,12 +87,31 @@ def tile_sizes(problem: AttentionProblem, hw: HardwareSpec) -> tuple[int, int]:
     return cta_q, cta_kv
 
 
+def splits_kv(problem: AttentionProblem, hw: HardwareSpec) -> bool:
+    """Whether the launch splits the KV axis (step 4).
+
+    FlashInfer's template always splits, and so do the decode kernels that run the ``fa2_paged`` steps on Hopper
+    and datacenter Blackwell (FA3, FlashInfer). On the other GPUs vLLM runs flash-attn's FA2 varlen kernel, which
+    splits a paged launch only when it is a decode step whose GQA group is packed into the query dimension
+    (``flash_api.cpp``, ``mha_varlen_fwd``: ``seqlenq_ngroups_swapped`` needs every q = 1 and nh > nkv). So an MHA
+    decode launch (nh = nkv) runs one CTA per request and head over the whole KV: measured (aiconfigurator-core,
+    vLLM), such launches on A100, L40S and RTX PRO 6000 stream 22-28 GB/s per CTA, one CTA per SM, and take
+    30-60x as long as the GQA launch of the same KV, while Hopper's take the same time. Ragged (prefill) launches
+    keep the template's rule, which docs/METHOD.md's worked examples fix (docs/METHOD.md §3.6, step 4)."""
+    if hw.uses_sm90_gemm or problem.layout != "paged":
+        return True
+    return max(problem.q_lengths) == 1 and group_size(problem) > 1
+
+
 def kv_chunk_size(problem: AttentionProblem, hw: HardwareSpec, cta_q: int | None = None) -> int:
-    """KV chunk size of the split-KV binary search (step 4); always applied."""
+    """KV chunk size of the split-KV binary search (step 4); one chunk per request where :func:`splits_kv` says
+    the launch does not split."""
     if cta_q is None:
         cta_q = tile_sizes(problem, hw)[0]
     page = 16 if problem.layout == "paged" else 1
     min_chunk = max(128 // page, 1)
+    if not splits_kv(problem, hw):
+        return max(min_chunk, max(problem.kv_lengths))
     max_parallel = (2 * hw.num_sms) // problem.num_kv_heads
     g = group_size(problem)
     q_tiles = ceil_div(np.array(problem.q_lengths, dtype=np.int64) * g, cta_q)

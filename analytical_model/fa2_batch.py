@@ -120,7 +120,9 @@ def features_from_arrays(
     packed = q * g[req_prob]
     cta_q, cta_kv = _tile_sizes(packed, starts, bs, hd, ds_q, ds_kv, fa2._shared_memory_kb(hw))
     q_tiles = ceil_div(packed, cta_q[req_prob])
-    chunk = _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, nkv, S)
+    # fa2.splits_kv per problem: a paged launch off Hopper / datacenter Blackwell splits only a GQA decode step
+    splits = ~paged | (np.maximum.reduceat(q, starts) == 1) & (g > 1) | hw.uses_sm90_gemm
+    chunk = _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, splits, nkv, S)
     its, tasks_r = _cta_iterations(q, kv, g, nkv, causal, cta_q, cta_kv, chunk, q_tiles, req_prob)
     counts, it_sums = _per_sm_sums(its, tasks_r, req_prob, count, S)
 
@@ -166,13 +168,14 @@ def _tile_sizes(packed, starts, bs, hd, ds_q, ds_kv, smem: float) -> tuple[np.nd
     return cta_q, cta_kv
 
 
-def _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, nkv, num_sms: int) -> np.ndarray:
-    """Step 4, per problem: the split-KV chunk size, every problem's binary search run in lock step."""
+def _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, splits, nkv, num_sms: int) -> np.ndarray:
+    """Step 4, per problem: the split-KV chunk size, every problem's binary search run in lock step (a problem
+    that does not split starts, and stays, at one chunk per request)."""
     min_chunk = np.maximum(128 // np.where(paged, 16, 1), 1).astype(np.int64)
     max_parallel = (2 * num_sms) // nkv
     kv_pos = np.maximum(kv, 1)
-    low = min_chunk.copy()
     high = np.maximum(1, np.maximum.reduceat(kv_pos, starts))
+    low = np.where(splits, min_chunk, np.maximum(min_chunk, np.maximum.reduceat(kv, starts)))
     while True:
         active = low < high
         if not active.any():

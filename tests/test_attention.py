@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from analytical_model import fa2, fa3, fa_ck, fa_cutlass
+from analytical_model import fa2, fa2_batch, fa3, fa_ck, fa_cutlass
 from analytical_model.attention_common import heap_schedule
 from analytical_model.attention import ATTENTION_CALCULATORS, attention_features, resolve_attention_type
 from analytical_model.hardware import load_hardware
@@ -344,6 +344,8 @@ def _ref_fa2(p, gpu):
     cta_kv = fa2.cta_tile_kv(cta_q, hd, gpu.shared_memory_size)
     page = 16 if p.layout == "paged" else 1
     low, high = max(128 // page, 1), max(1, max(p.kv_lengths))
+    if p.layout == "paged" and not gpu.uses_sm90_gemm and not (max(p.q_lengths) == 1 and g > 1):
+        low = max(low, max(p.kv_lengths))  # flash-attn FA2 varlen splits only GQA decode launches
     max_parallel = 2 * gpu.num_sms // p.num_kv_heads
     while low < high:
         mid = (low + high) // 2
@@ -639,3 +641,22 @@ def test_totals_grow_with_an_added_request(p, kind, gpu, extra, causal):
     grown = dataclasses.replace(p, batch_size=p.batch_size + 1, q_lengths=p.q_lengths + (extra,),
                                 kv_lengths=p.kv_lengths + (extra + 7,))
     _assert_not_smaller(_features(kind, p, hw(gpu)), _features(kind, grown, hw(gpu)))
+
+
+def test_fa2_paged_mha_decode_does_not_split_off_hopper():
+    """flash-attn's FA2 varlen kernel (vLLM on Ampere, Ada, RTX PRO) splits the KV of a paged decode launch only
+    for a GQA group; Hopper's decode kernel splits every launch (fa2.splits_kv)."""
+    mha, gqa = problem([1], [131072], 8, 8, 128, layout="paged"), problem([1], [131072], 16, 8, 128, layout="paged")
+    for name in ("A100", "L40S", "RTX PRO 6000 S"):
+        gpu = hw(name)
+        assert not fa2.splits_kv(mha, gpu) and fa2.kv_chunk_size(mha, gpu) == 131072
+        assert fa2.splits_kv(gqa, gpu) and fa2.kv_chunk_size(gqa, gpu) < 131072
+        mha_its = fa2.cta_iterations(mha, *fa2.tile_sizes(mha, gpu), fa2.kv_chunk_size(mha, gpu))
+        assert mha_its.size == 8  # one CTA per KV head, over the whole KV
+    assert fa2.splits_kv(mha, hw("H100")) and fa2.kv_chunk_size(mha, hw("H100")) < 131072
+    # ragged launches keep the template's rule; a paged launch with q > 1 is no GQA decode step either
+    assert fa2.splits_kv(problem([1], [131072], 8, 8, 128), hw("A100"))
+    assert not fa2.splits_kv(problem([4], [131072], 8, 8, 128, layout="paged"), hw("A100"))
+    # the batched calculator follows the same rule
+    np.testing.assert_array_equal(fa2_batch.features_many([mha, gqa], hw("A100")),
+                                  np.stack([fa2.features(mha, hw("A100")), fa2.features(gqa, hw("A100"))]))
