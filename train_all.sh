@@ -7,9 +7,9 @@ cd "$(dirname "$0")"
 python3 -m dataset.build
 rm -rf mlp_models mlp_models_quantile
 training_jobs() {
-  # GEMM ships as a five-seed ensemble (docs/METHOD.md §5.2: its seeds disagree on GPUs without BF16 data)
+  # GEMM and attention ship as five-seed ensembles (docs/METHOD.md §5.2: their seeds disagree on GPUs without data)
   for op in $(python3 -m analytical_model list --trainable --keys); do
-    if [[ $op == gemm ]]; then echo "train_mlp.py --op gemm --ensemble_seeds 42,1,2,3,4 --no_progress"
+    if [[ $op == gemm || $op == attn ]]; then echo "train_mlp.py --op $op --ensemble_seeds 42,1,2,3,4 --no_progress"
     else echo "train_mlp.py --op $op --no_progress"; fi
   done
   for op in $(python3 -m analytical_model list --quantile --keys); do

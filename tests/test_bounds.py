@@ -39,7 +39,9 @@ def test_memory_bound_ceiling_is_the_dram_roofline(op):
     clipped, side = clip_efficiency(op, np.full(len(ideal), 10.0), features, None, hw.sm_freq)
     assert (side == 1).all()
     duration_us = ideal / (clipped * hw.sm_freq)
-    np.testing.assert_allclose(duration_us, np.maximum(ideal, dram) / hw.sm_freq, rtol=1e-12)
+    fastest_us = shipped_tables()[op]["fastest_us"]
+    np.testing.assert_allclose(duration_us, np.maximum(np.maximum(ideal, dram) / hw.sm_freq, fastest_us), rtol=1e-12)
+    assert (np.maximum(ideal, dram) / hw.sm_freq < fastest_us).any()  # the launch binds for the one-row kernel
 
 
 def test_compute_ceiling_is_the_unpadded_work_at_spec_peak():
@@ -49,7 +51,9 @@ def test_compute_ceiling_is_the_unpadded_work_at_spec_peak():
     low, high = efficiency_band("gemm", features, described, hw.sm_freq)
     ideal = get_operator("gemm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
     exact = described[:, get_operator("gemm").descriptor_names.index("exact_tensor_cycle")]
-    np.testing.assert_allclose(ideal / (high * hw.sm_freq), exact / hw.sm_freq, rtol=1e-12)  # fastest: E / f
+    fastest_us = np.maximum(exact / hw.sm_freq, shipped_tables()["gemm"]["fastest_us"])  # E / f, or the launch
+    np.testing.assert_allclose(ideal / (high * hw.sm_freq), fastest_us, rtol=1e-12)
+    assert exact[0] / hw.sm_freq < fastest_us[0]  # M = 16: 0.5 µs of work at the spec peak; no GEMM ran that fast
     assert high[1] > 1  # M = 257 pads to a second tile row: C_ideal counts work the kernel need not do
     assert (low > 0).all() and (low < high).all()
     with pytest.raises(ValueError, match="exact_tensor_cycle"):
@@ -103,6 +107,13 @@ def test_band_table_bin_of_mostly_launch_bound_kernels_has_no_nan():
     measured_us[0] = 1e4
     floors = np.ravel(band_table_of(features, freq, measured_us)["floor"])
     assert not np.isnan(floors).any() and (floors > 1e300).all()  # the 0.1th percentile lies among the fast ones
+
+
+def test_band_table_fastest_is_the_shortest_measured_duration():
+    hw = load_hardware("H100")
+    features = features_of("gemm", "H100", {"M": [1, 64, 4096], "N": [4096] * 3, "K": [4096] * 3})
+    table = band_table_of(features, np.full(3, hw.sm_freq), np.array([3.5, 2.25, 200.0]))
+    assert table["fastest_us"] == 2.25
 
 
 def band_table_of(features, freq, measured_us):
@@ -198,7 +209,7 @@ def test_shipped_band_is_the_measured_one(op):
         pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
     frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
     measured = frame_band_table(op, frame)
-    for key in ("floor", "median"):
+    for key in ("floor", "median", "fastest_us"):
         np.testing.assert_allclose(measured[key], shipped_tables()[op][key], rtol=1e-3, err_msg=key)
 
 
