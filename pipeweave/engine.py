@@ -226,8 +226,9 @@ class Engine:
                   for kind, _ in job.workload.collectives}
         covering = hardware_covering(needed, self.collective_dir)
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
+        alternative = "" if self.collective_estimate == "analytical" else " or --collective_estimate analytical"
         return (f"GPUs with measured models for {what}: {', '.join(covering) or 'none'}; give --collective_hardware "
-                f"one of them or --collective_estimate analytical")
+                f"one of them{alternative}")
 
     # ---------------------------------------------------------------------------------------------
     def predict(self, jobs: Sequence[Job]) -> list[Prediction]:

@@ -369,3 +369,19 @@ def test_retraining_with_another_regressor_replaces_the_model_file(tmp_path):
     train_collectives(output_dir=tmp_path, frame=frame, compare=False, log=_quiet)
     assert sorted(p.name for p in (tmp_path / "H100").glob("*_model.*")) == ["all_reduce_model.json"]
     assert CollectivePredictor("H100", model_dir=tmp_path).models["all_reduce"]["regressor"] == "interp"
+
+
+def test_engine_hint_does_not_suggest_the_estimate_already_given(tmp_path, models):
+    """An NVLink all-reduce refused for a trained folder without serving.json: the error names the fix and does not
+    send the user to --collective_estimate analytical when that flag is already in force."""
+    from pipeweave.engine import Engine
+    from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+
+    train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
+    (tmp_path / "serving.json").unlink()
+    workload = DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json"  # 8 workers: not measured
+    engine = Engine(model_dir=models, collective_dir=tmp_path, collective_estimate="analytical", log=None)
+    with pytest.raises(UserError, match="serving.json is missing") as refused:
+        engine.predict_workload(workload, "H100")
+    assert "--collective_estimate analytical" not in str(refused.value)
+    assert "--collective_hardware" in str(refused.value)
