@@ -13,7 +13,10 @@ EXPECTED = {
     "H100": (132, 1830, "hopper"), "H800": (132, 1830, "hopper"), "H200": (132, 1830, "hopper"),
     "H20": (78, 1830, "hopper"), "RTX PRO 6000 S": (188, 2340, "blackwell"),
     "L40S": (142, 2520, "ada"), "B200": (148, 1860, "blackwell"),
+    "GB200": (148, 2062, "blackwell"), "B300": (160, 1717, "blackwell"), "GB300": (160, 1907, "blackwell"),
 }
+NO_BOOST_CLOCK = ("GB200", "B300", "GB300")  # no vendor boost-clock figure found (their provenance says so)
+NVLINK_BOARDS = ("A100", "H100", "H800", "H200", "H20", "B200", "GB200", "B300", "GB300")
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
@@ -27,7 +30,9 @@ def test_every_gpu_loads(stem):
     [("H100", "H100"), ("NVIDIA H100", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("h100_sxm", "H100"),
      ("NVIDIA A100-SXM4-80GB", "A100"), ("a100_sxm", "A100"), ("RTX_6000_Ada", "RTX 6000 Ada"),
      ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000 S"), ("rtx_pro_6000_server", "RTX PRO 6000 S"),
-     ("l40s", "L40S"), ("NVIDIA L40", "L40"), ("b200_sxm", "B200")],
+     ("l40s", "L40S"), ("NVIDIA L40", "L40"), ("b200_sxm", "B200"),
+     ("NVIDIA GB200", "GB200"), ("gb200", "GB200"), ("NVIDIA B300 SXM6 AC", "B300"), ("b300_sxm", "B300"),
+     ("NVIDIA GB300", "GB300"), ("gb300", "GB300")],
 )
 def test_aliases(name, stem):
     assert load_hardware(name).stem == stem
@@ -43,6 +48,11 @@ def test_sanity_peaks():
     assert a100.tc_bf16 * a100.num_sms * a100.sm_freq * 1e6 == pytest.approx(312e12, rel=0.01)
     assert h100.tc_bf16 * h100.num_sms * h100.sm_freq * 1e6 == pytest.approx(989e12, rel=0.01)
     assert h100.uses_sm90_gemm and load_hardware("B200").uses_sm90_gemm
+    # vendor dense BF16 peaks of the parts added from aiconfigurator-core's system files (GB200, B300, GB300)
+    for stem, peak in (("GB200", 2.5e15), ("B300", 2.25e15), ("GB300", 2.5e15)):
+        hw = load_hardware(stem)
+        assert hw.tc_bf16 * hw.num_sms * hw.sm_freq * 1e6 == pytest.approx(peak, rel=0.005)
+        assert hw.uses_sm90_gemm and hw.compute_capability[0] == 10
     assert not load_hardware("RTX PRO 6000 S").uses_sm90_gemm and not a100.uses_sm90_gemm
 
 
@@ -82,9 +92,12 @@ def test_every_value_has_a_source_and_links_are_consistent():
     """Audited fields (README "Hardware audit"): link family matches the board, peaks follow the convention."""
     for stem in EXPECTED:
         hw = load_hardware(stem)
-        assert hw.link_family == ("nvlink" if stem in ("A100", "H100", "H800", "H200", "H20", "B200") else "pcie")
+        assert hw.link_family == ("nvlink" if stem in NVLINK_BOARDS else "pcie")
         assert 0 < hw.link_latency_us < 50 and hw.link_gbps >= 32
-        assert hw.boost_clock >= hw.sm_freq, stem  # smFreq is the tensor-peak clock, never above the boost
+        if stem in NO_BOOST_CLOCK:
+            assert hw.boost_clock is None, stem
+        else:
+            assert hw.boost_clock >= hw.sm_freq, stem  # smFreq is the tensor-peak clock, never above the boost
     # FP32-accumulate rates: the non-S Ada parts run BF16 with FP32 accumulate at half rate (datasheets)
     l40, l40s, l20 = load_hardware("L40"), load_hardware("L40S"), load_hardware("L20")
     assert l40.tc_bf16 * l40.num_sms * l40.sm_freq * 1e6 == pytest.approx(181.05e12, rel=0.01)
