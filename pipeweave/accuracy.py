@@ -129,6 +129,30 @@ def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows
             "worst_ratio_near_roofline": float(worst[near].max()) if near.any() else None, "gpus": gpus}
 
 
+def unseen_gpu_results(op: str, gpus: list[str], predictor: KernelPredictor, dataset_dir: Path) -> dict:
+    """Zero-shot check of a model that never saw ``gpus`` (e.g. GPUs whose hardware JSON was added after it was
+    trained): every row of each GPU (train and test files), as the predictor gives it, inside the band of the
+    other GPUs' rows; ``outside_range``: share of rows with an input outside the model's training range."""
+    frame = pd.concat([read_dataset(path) for path in dataset_paths(op, dataset_dir)], ignore_index=True)
+    seen = [gpu for gpu in gpus if gpu in predictor.trained_on(op)]
+    if seen:
+        raise ValueError(f"the {op} model was trained on {', '.join(seen)}: not a zero-shot check")
+    operator, band, out = get_operator(op), other_gpus_band(op, dataset_dir, gpus), {}
+    for gpu in gpus:
+        rows = frame[frame["hardware"] == gpu].reset_index(drop=True)
+        if rows.empty:
+            continue
+        hw = predictor.hardware.get(gpu)
+        features = rows[list(operator.feature_names)].to_numpy(np.float64)
+        described = rows[list(operator.descriptor_names)].to_numpy(np.float64)
+        efficiency = predictor.unbounded_efficiency(op, features, described, hw)
+        efficiency = clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0]
+        out[gpu] = held_out_cell(op, rows, efficiency, 0, [gpu])
+        codes = predictor.extrapolation(op, features, described, hw.architecture)
+        out[gpu]["outside_range"] = float(np.mean(codes != 0))
+    return out
+
+
 def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
                       log=print) -> tuple[pd.DataFrame, np.ndarray, dict]:
     """(every row of ``gpu``, the efficiency the predictor gives them when ``gpu`` is outside training, the LOGO

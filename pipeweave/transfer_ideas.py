@@ -41,6 +41,8 @@ def _spec_value(idea: str, spec) -> float:
     if idea == "l2":
         return spec.l2_cache_size / 1024
     if idea == "boost":
+        if spec.boost_clock is None:  # optional field: GB200, B300 and GB300 have no vendor boost clock
+            raise ValueError(f"idea 'boost' needs boostClock, which hardware/{spec.stem}.json does not give")
         return spec.boost_clock / spec.sm_freq
     if idea == "balance":
         return spec.mem_bandwidth * 1e9 / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e6)
