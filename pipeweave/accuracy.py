@@ -133,10 +133,10 @@ def unseen_gpu_results(op: str, gpus: list[str], predictor: KernelPredictor, dat
     """Zero-shot check of a model that never saw ``gpus`` (e.g. GPUs whose hardware JSON was added after it was
     trained): every row of each GPU (train and test files), as the predictor gives it, inside the band of the
     other GPUs' rows; ``outside_range``: share of rows with an input outside the model's training range."""
-    frame = pd.concat([read_dataset(path) for path in dataset_paths(op, dataset_dir)], ignore_index=True)
     seen = [gpu for gpu in gpus if gpu in predictor.trained_on(op)]
     if seen:
         raise ValueError(f"the {op} model was trained on {', '.join(seen)}: not a zero-shot check")
+    frame = pd.concat([read_dataset(path) for path in dataset_paths(op, dataset_dir)], ignore_index=True)
     operator, band, out = get_operator(op), other_gpus_band(op, dataset_dir, gpus), {}
     for gpu in gpus:
         rows = frame[frame["hardware"] == gpu].reset_index(drop=True)
