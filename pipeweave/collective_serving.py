@@ -29,8 +29,8 @@ end-to-end runs:
 
    with ``linkGbps`` from the GPU's hardware JSON and (L_1stage, L_2stage, eta) fitted per NVLink generation
    (``linkType``) in log space on aiconfigurator-core's measured vLLM custom all-reduce (CUDA-graph replay) of the
-   GPUs of that generation (nvlink3: A100; nvlink4: H100, H200; nvlink5: B200). Where a GPU has such a
-   measurement for a worker count, the measurement itself is the model (all sizes; above 8 MiB vLLM calls NCCL
+   GPUs of that generation (nvlink3: A100; nvlink4: H100, H200; nvlink5: B200, B300, GB200, GB300). Where a GPU
+   has such a measurement for a worker count, the measurement itself is the model (all sizes; above 8 MiB vLLM calls NCCL
    and the table has that too). Otherwise (H20, H800: NVLink 4, no custom all-reduce data) the sizes below
    8 MiB of the NCCL curve are replaced by the fitted model of its generation. PCIe GPUs keep NCCL (vLLM
    disables the custom kernel on more than two PCIe GPUs; the two-GPU gain in the data is < 1 us).
