@@ -26,6 +26,9 @@ from pipeweave.modeling import evaluate, feature_matrix, train_and_evaluate, wri
 from pipeweave.training import TrainConfig
 
 MEMBERS_DIR = "members"
+#: the seeds of the shipped ensembles (train_all.sh trains them; leave-one-GPU-out evaluates the same recipe):
+#: the operators whose single seeds disagree on GPUs without data (docs/METHOD.md §5.2)
+SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {"gemm": (42, 1, 2, 3, 4), "attn": (42, 1, 2, 3, 4)}
 
 
 def member_dirs(model_dir: str | Path) -> list[Path]:

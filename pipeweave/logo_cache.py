@@ -2,23 +2,27 @@
 
 The k-shot calibration evaluation (``pipeweave.calibration_eval``) needs, per operator and held-out GPU,
 a base model that never saw that GPU, and its predictions on every row of that GPU. Training them all
-takes minutes of CPU per operator, so the model directory and the predictions are cached under
-``<cache>/<op>/<GPU>/`` together with a fingerprint of the dataset files and the training setup: a
+takes minutes of CPU per operator, so each member's model directory and predictions are cached under
+``<cache>/<op>/<GPU>/seed<S>/`` together with a fingerprint of the dataset files and the training setup: a
 rebuilt dataset or a changed recipe retrains, anything else is read back.
 
 The setup is the accuracy report's (``pipeweave.accuracy``: same recipe, row cap and epochs), so the
-k = 0 column of the evaluation is the report's LOGO column.
+k = 0 column of the evaluation is the report's LOGO column. An operator that ships as a seed ensemble
+(:data:`pipeweave.ensemble.SHIPPED_SEEDS`) is evaluated as one: a LOGO member per seed, combined as the shipped
+model combines them (median log-efficiency), so the column measures the recipe that ships, not one draw.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pipeweave.cli import write_atomically
+from pipeweave.ensemble import SHIPPED_SEEDS
 from pipeweave.modeling import dataset_paths, load_splits, train_and_evaluate, write_model_dir
 from pipeweave.paths import REPO_ROOT
 from pipeweave.training import TrainConfig
@@ -30,6 +34,11 @@ LOGO_EPOCHS = 100
 
 def logo_config() -> TrainConfig:
     return TrainConfig(epochs=LOGO_EPOCHS, max_rows_per_gpu=LOGO_MAX_ROWS_PER_GPU, progress=False)
+
+
+def logo_seeds(op: str) -> tuple[int, ...]:
+    """The seeds of ``op``'s LOGO members: the shipped ensemble's, else the single model's."""
+    return SHIPPED_SEEDS.get(op, (logo_config().seed,))
 
 
 def _fingerprint(op: str, dataset_dir: Path) -> str:
@@ -55,28 +64,37 @@ def _directory(cache: Path, op: str, gpu: str) -> Path:
 
 def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
                      fingerprint: str | None = None, log=print) -> tuple[pd.DataFrame, np.ndarray, dict]:
-    """(every row of ``gpu``, the LOGO model's predicted efficiency on them, training history).
+    """(every row of ``gpu``, the LOGO model's predicted efficiency on them, training history of its first member).
 
-    Trains (and caches) the model on the other GPUs' training rows when the cache is missing or stale.
+    One member per seed of :func:`logo_seeds`, combined by the median of their log-efficiencies; each member is
+    trained (and cached) on the other GPUs' training rows when its cache is missing or stale.
     """
     fingerprint = fingerprint or _fingerprint(op, Path(dataset_dir))
-    directory = _directory(Path(cache), op, gpu)
-    info_path = directory / "logo.json"
     train, test = load_splits(op, dataset_dir, [gpu])
+    members = [_member_predictions(op, gpu, seed, train, test, _directory(Path(cache), op, gpu) / f"seed{seed}",
+                                   f"{fingerprint}-seed{seed}", log) for seed in logo_seeds(op)]
+    predicted = np.exp(np.median(np.log([efficiency for efficiency, _ in members]), axis=0))
+    return test, predicted, members[0][1]
+
+
+def _member_predictions(op: str, gpu: str, seed: int, train: pd.DataFrame, test: pd.DataFrame, directory: Path,
+                        fingerprint: str, log) -> tuple[np.ndarray, dict]:
+    info_path = directory / "logo.json"
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info["fingerprint"] == fingerprint and info["rows"] == len(test):
-            return test, np.load(directory / "predicted.npy"), info["history"]
-    log(f"  training LOGO {op} without {gpu} ...")
-    config = logo_config()
+            return np.load(directory / "predicted.npy"), info["history"]
+    log(f"  training LOGO {op} without {gpu} (seed {seed}) ...")
+    config = replace(logo_config(), seed=seed)
     model, history, predicted, _ = train_and_evaluate(op, train, test, config)
     history = {k: v for k, v in history.items() if k not in ("train_loss", "val_loss")}
     write_model_dir(directory / "model", op, model, history, config, train, None, None,
                     {"holdout_hardware": gpu})
     np.save(directory / "predicted.npy", predicted)
-    info = {"op": op, "gpu": gpu, "fingerprint": fingerprint, "rows": int(len(test)), "history": history}
+    info = {"op": op, "gpu": gpu, "seed": seed, "fingerprint": fingerprint, "rows": int(len(test)),
+            "history": history}
     write_atomically(info_path, lambda tmp: tmp.write_text(json.dumps(info, indent=2)))
-    return test, predicted, history
+    return predicted, history
 
 
 def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) -> None:

@@ -248,3 +248,20 @@ def test_missing_model_names_file_and_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"python3 train_mlp.py --op attn"):
         KernelPredictor(tmp_path).model("attn")
 
+
+
+def test_shipped_ensembles_are_trained_and_evaluated_alike():
+    """train_all.sh trains the ensembles of pipeweave.ensemble.SHIPPED_SEEDS, and leave-one-GPU-out evaluates
+    the same members (one seed for the single models)."""
+    import re
+    from pathlib import Path
+
+    from pipeweave.ensemble import SHIPPED_SEEDS
+    from pipeweave.logo_cache import logo_config, logo_seeds
+
+    script = (Path(__file__).resolve().parent.parent / "train_all.sh").read_text()
+    ops = re.search(r"if \[\[ (.*?) \]\]; then", script).group(1)
+    assert set(re.findall(r"\$op == (\w+)", ops)) == set(SHIPPED_SEEDS)
+    seeds = re.search(r"--ensemble_seeds ([\d,]+)", script).group(1)
+    assert all(tuple(map(int, seeds.split(","))) == s for s in SHIPPED_SEEDS.values())
+    assert logo_seeds("gemm") == SHIPPED_SEEDS["gemm"] and logo_seeds("rmsnorm") == (logo_config().seed,)
