@@ -32,4 +32,4 @@ def test_error_summary_and_render():
 def test_zero_shot_check_refuses_a_gpu_the_model_trained_on(tmp_path):
     """unseen_gpu_results scores only GPUs outside the shipped model's training data (no dataset is read first)."""
     with pytest.raises(ValueError, match="trained on NVIDIA H100: not a zero-shot check"):
-        unseen_gpu_results("gemm", ["NVIDIA GB200", "NVIDIA H100"], KernelPredictor(), tmp_path)
+        unseen_gpu_results("gemm", ["NVIDIA L40", "NVIDIA H100"], KernelPredictor(), tmp_path)
