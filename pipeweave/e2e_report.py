@@ -219,7 +219,9 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "that leaves these GQA runs' features unchanged); the retrained single attention model put these runs at "
         "6.9 % mean but H20 TP8 decode 27-31 % too slow, and its seeds disagree by 30-50 % on the decode attention "
         "of the GPUs without attention data (H20, L40, A40), so attention became a five-seed ensemble like GEMM; "
-        "it scores 7.4 % here and was kept. No number was tuned against these runs.",
+        "it scored 7.4 % here and was kept. The GEMM and FP8 GEMM models were then retrained with the kernel data "
+        "of three more GPUs (GB200, B300, GB300), which gives the figures below. No number was tuned against "
+        "these runs.",
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "
