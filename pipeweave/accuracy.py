@@ -158,8 +158,7 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
     """(every row of ``gpu``, the efficiency the predictor gives them when ``gpu`` is outside training, the LOGO
     model's training history): the cached LOGO model (pipeweave.logo_cache trains a missing one) through
     :func:`as_predicted`, inside the band of the other GPUs' rows."""
-    test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
-    train = load_splits(op, dataset_dir, [gpu])[0]  # the bandwidth model and the single-GPU rule read it
+    train, test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
     band = other_gpus_band(op, dataset_dir, [gpu])
     return test, as_predicted(op, train, test, predicted, logo_config(), band), history
 

@@ -63,8 +63,10 @@ def _directory(cache: Path, op: str, gpu: str) -> Path:
 
 
 def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
-                     fingerprint: str | None = None, log=print) -> tuple[pd.DataFrame, np.ndarray, dict]:
-    """(every row of ``gpu``, the LOGO model's predicted efficiency on them, training history of its first member).
+                     fingerprint: str | None = None, log=print
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray, dict]:
+    """(the other GPUs' training rows, every row of ``gpu``, the LOGO model's predicted efficiency on them,
+    training history of its first member).
 
     One member per seed of :func:`logo_seeds`, combined by the median of their log-efficiencies; each member is
     trained (and cached) on the other GPUs' training rows when its cache is missing or stale.
@@ -74,7 +76,7 @@ def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT
     members = [_member_predictions(op, gpu, seed, train, test, _directory(Path(cache), op, gpu) / f"seed{seed}",
                                    f"{fingerprint}-seed{seed}", log) for seed in logo_seeds(op)]
     predicted = np.exp(np.median(np.log([efficiency for efficiency, _ in members]), axis=0))
-    return test, predicted, members[0][1]
+    return train, test, predicted, members[0][1]
 
 
 def _member_predictions(op: str, gpu: str, seed: int, train: pd.DataFrame, test: pd.DataFrame, directory: Path,
