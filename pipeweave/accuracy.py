@@ -145,8 +145,7 @@ def unseen_gpu_results(op: str, gpus: list[str], predictor: KernelPredictor, dat
         hw = predictor.hardware.get(gpu)
         features = rows[list(operator.feature_names)].to_numpy(np.float64)
         described = rows[list(operator.descriptor_names)].to_numpy(np.float64)
-        efficiency = predictor.unbounded_efficiency(op, features, described, hw)
-        efficiency = clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0]
+        efficiency = predictor.kernel_efficiency(op, features, described, hw, band)
         out[gpu] = held_out_cell(op, rows, efficiency, 0, [gpu])
         codes = predictor.extrapolation(op, features, described, hw.architecture)
         out[gpu]["outside_range"] = float(np.mean(codes != 0))

@@ -82,11 +82,12 @@ class KernelPredictor:
         _, metadata, _ = self.model(op)
         return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
 
-    def kernel_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
+    def kernel_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw,
+                          band: dict | None = None) -> np.ndarray:
         """Efficiency of feature rows on the GPU ``hw``: :meth:`unbounded_efficiency` kept inside the physical band
-        of :mod:`pipeweave.bounds` (before any calibration)."""
+        of :mod:`pipeweave.bounds` (before any calibration; ``band``: a band table other than the shipped one)."""
         efficiency = self.unbounded_efficiency(op, features, described, hw)
-        return clip_efficiency(op, efficiency, features, described, hw.sm_freq)[0]
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0]
 
     def unbounded_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
         """The MLP's efficiency, except where it carries no information. A memory-bound operator on a GPU outside
