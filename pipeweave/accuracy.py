@@ -32,7 +32,8 @@ from analytical_model.registry import get_operator, operator_keys
 from pipeweave import memory_model
 from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_US, MIN_BIN_ROWS, SIZE_EDGES,
                               clip_efficiency, frame_band_table, regime_efficiency)
-from pipeweave.cli import ArgumentParser, keep_marked_sections, run_cli, write_atomically, write_marked_section
+from pipeweave.cli import (ArgumentParser, keep_marked_sections, run_cli, trainable_operator_list, write_atomically,
+                           write_marked_section)
 from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_config,
                                   logo_predictions)
 from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, load_splits, read_dataset,
@@ -364,7 +365,7 @@ def render_architecture(by_arch: dict) -> str:
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python3 -m pipeweave.accuracy", description="Generate docs/ACCURACY.md.")
-    parser.add_argument("--ops", default=",".join(OPS),
+    parser.add_argument("--ops", type=trainable_operator_list, default=list(OPS),
                         help=f"comma list of operator classes to report (default: {','.join(OPS)})")
     parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR,
                         help="root of the shipped models scored on held-out shapes (default: mlp_models)")
@@ -380,7 +381,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from pipeweave.paths import existing_shared_data_dir
 
-    ops = [o for o in args.ops.split(",") if o]
+    ops = args.ops
     logo, by_arch = {}, {}
     for op in ops:
         logo[op] = cached(args.logo_cache / f"{op}.json", args.retrain_logo, f"leave-one-GPU-out for {op}",

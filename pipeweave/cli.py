@@ -41,6 +41,19 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def trainable_operator_list(text: str) -> list[str]:
+    """argparse type: a comma list of trainable operator classes (the registry's), at least one."""
+    from analytical_model.registry import operator_keys
+
+    known = operator_keys(trainable=True)
+    ops = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [op for op in ops if op not in known]
+    if unknown or not ops:
+        raise argparse.ArgumentTypeError(f"unknown operator class {unknown[0] if unknown else '(none)'!r}; known: "
+                                         f"{', '.join(known)}")
+    return ops
+
+
 def _bounded_int(text: str, low: int) -> int:
     try:
         value = int(text)
@@ -118,7 +131,10 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
               file=sys.stderr)
         return 2
     except (UserError, FileNotFoundError, ValueError) as exc:
-        message = exc.args[0] if exc.args else str(exc)
+        if isinstance(exc, OSError) and exc.filename is not None:  # raised by open(): args[0] is the errno
+            message = f"{exc.filename}: {exc.strerror}"
+        else:
+            message = exc.args[0] if exc.args else str(exc)
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
     except OSError as exc:  # unreadable input, read-only folder, a file where a folder is expected, disk full...

@@ -110,16 +110,18 @@ def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) ->
 
 
 def main(argv=None) -> int:
-    from pipeweave.cli import ArgumentParser
+    from analytical_model.registry import operator_keys
+    from pipeweave.cli import ArgumentParser, trainable_operator_list
     from pipeweave.paths import DATASET_DIR
 
     parser = ArgumentParser(prog="python3 -m pipeweave.logo_cache",
                             description="Train (or verify) the cached leave-one-GPU-out models.")
-    parser.add_argument("--ops", default="gemm,gemm_fp8,attn,rmsnorm,siluandmul,moe")
+    parser.add_argument("--ops", type=trainable_operator_list, default=list(operator_keys(trainable=True)),
+                        help="comma list of operator classes (default: every trainable one)")
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
-    train_all([o for o in args.ops.split(",") if o], args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
+    train_all(args.ops, args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
     return 0
 
 

@@ -488,3 +488,22 @@ def test_binary_pairs_file_is_one_line(models, tmp_path, capsys):
     code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
                        capsys=capsys)
     assert_one_error_line(code, err, str(pairs), "not UTF-8 text")
+
+
+def test_a_file_open_cannot_find_is_named_not_its_errno(tmp_path, capsys):
+    """FileNotFoundError raised by open() carries the errno as args[0]: the error line names the file instead."""
+    def reads_a_missing_file(argv):
+        (tmp_path / "missing.csv").read_text()
+
+    assert run_cli(reads_a_missing_file, []) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'missing.csv'}: No such file or directory" in err and "error: 2" not in err
+
+
+@pytest.mark.parametrize("module", ["pipeweave.accuracy", "pipeweave.logo_cache"])
+def test_unknown_operator_class_lists_the_known_ones(module, capsys):
+    import importlib
+
+    assert run_cli(importlib.import_module(module).main, ["--ops", "gemm,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown operator class 'nope'; known: gemm, gemm_fp8, attn, rmsnorm, siluandmul, moe" in err
