@@ -24,7 +24,7 @@ from analytical_model.pipes import HARDWARE_SPEC_COLUMNS
 from analytical_model.registry import TILE_COLUMNS, compute_features, get_operator, operator_keys
 from analytical_model.tiles import choose_gemm_tiles
 from dataset.sources import load_collectives, load_measurements
-from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, run_cli, trainable_operator_list, write_atomically
 from pipeweave.paths import DATASET_DIR
 from pipeweave.splits import shape_holdout_mask, shape_keys
 
@@ -122,26 +122,62 @@ def build_operator(op: str, raw: pd.DataFrame, log=print, workers: int = 1) -> p
     return out
 
 
-def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame) -> pd.DataFrame:
-    """Compute-bound FP8 GEMM rows of GPUs that have no BF16 GEMM measurement, in the gemm schema (``dtype`` fp8).
+#: an FP8 row stands for a BF16 GEMM only where both kernels' tiles divide the work alike: total and busiest-SM
+#: tensor cycles within this relative tolerance
+TILING_AGREEMENT = 0.05
 
-    Features and descriptors of these rows use the FP8 calculator and the FP8 tensor rate, so in cycle
-    space their ``overall_perf`` is the same kind of efficiency as a BF16 row's; they give the BF16
-    model the only measurements of compute-starved, bandwidth-rich GPUs (H20, H800). Only rows whose FP8
-    roofline is compute-bound (``exact_tensor_cycle >= exact_dram_cycle``) are taken: in the memory-bound
-    regime PipeWeave's FP8 kernels reach a median 0.20 of spec DRAM bandwidth on H100 where BF16 GEMMs of
-    the same GPU reach 0.49 (aiconfigurator) and 0.54 (Vidur), so those rows would teach the BF16 model a
-    bandwidth efficiency that BF16 GEMMs do not have (H20's reach 0.06). Tile columns hold the FP8
-    kernel's 128×128×128 tiles.
+
+def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame, fp8_raw: pd.DataFrame, log=print,
+                      workers: int = 1) -> pd.DataFrame:
+    """Compute-bound FP8 GEMM measurements of GPUs that have no BF16 GEMM measurement, as the BF16 GEMM of equal
+    hardware work (``dtype`` fp8): an FP8 GEMM of shape (M, N, K) is a BF16 GEMM of shape (M, N, K/2).
+
+    Both read the same bytes (K one-byte operand elements are K/2 two-byte ones), take the same tensor cycles
+    (the FP8 rate is twice the BF16 rate on every GPU here) and write the same BF16 output. The rows keep the
+    measured duration and take the BF16 calculator's features, descriptors and ``overall_perf`` for (M, N, K/2)
+    on that GPU, so they sit exactly where the GPU's own BF16 queries of that shape do. (Keeping the FP8
+    features with the shape (M, N, K) paired the shape with cycle counts and tiles that no BF16 query has, so
+    the model met H20's own BF16 GEMMs as an unknown GPU: its BF16 prefill GEMMs were predicted at 0.71-0.90 of
+    peak where its rows of the same shapes reach 0.96.)
+
+    Equal work means equal time only where the two kernels also divide it alike, so a row is kept only where
+    the FP8 kernel's 128x128x128 tiles (``fp8``, the FP8 calculator's rows) and the BF16 tile rule give total
+    and busiest-SM tensor cycles within :data:`TILING_AGREEMENT`. That leaves out decode-sized and narrow
+    GEMMs: the FP8 kernel pads M to 128 and runs N/128 CTAs (10 on H20's 78 SMs for N = 1280, 0.12 of its
+    roofline), which a BF16 kernel with smaller tiles does not. No rescaling replaces them: on H800, the H100
+    chip, FP8 durations scaled by either cycle ratio miss H100's measured BF16 GEMMs of equal work by 1.5-12x
+    below M = 128 (median).
+
+    Only rows whose roofline is compute-bound (``exact_tensor_cycle >= exact_dram_cycle``) are taken: in the
+    memory-bound regime PipeWeave's FP8 kernels reach a median 0.20 of spec DRAM bandwidth on H100 where BF16
+    GEMMs of the same GPU reach 0.49 (aiconfigurator) and 0.54 (Vidur), so those rows would teach the BF16
+    model a bandwidth efficiency that BF16 GEMMs do not have (H20's reach 0.06).
+
+    A GPU whose compute and memory spec (``HARDWARE_SPEC_COLUMNS``) equals that of a GPU with BF16 rows gets
+    none: that GPU's measured BF16 GEMMs already describe it (the model sees the same features), and are closer
+    to its BF16 GEMMs than converted FP8 rows: H800 runs its FP8 GEMMs a median 1.25x slower than H100 runs
+    the BF16 GEMMs of equal work (compute-bound, 1.24-1.45x by M; PipeWeave's FP8 kernels reach less of the
+    doubled FP8 peak), so as stand-ins they would contradict H100's rows on the same features.
     """
-    extra = fp8[~fp8["hardware"].isin(set(gemm["hardware"]))
-                & (fp8["exact_tensor_cycle"] >= fp8["exact_dram_cycle"])].copy()
-    if extra.empty:
-        return extra
-    extra["tile_M"] = extra["tile_N"] = extra["tile_K"] = 128
-    extra["is_split_k"] = 0
-    extra["cta_count"] = -(-extra["M"] // 128) * -(-extra["N"] // 128)
-    return extra[list(gemm.columns)]
+    bf16_specs = set(map(tuple, gemm[list(HARDWARE_SPEC_COLUMNS)].drop_duplicates().to_numpy().tolist()))
+    twin = np.array([spec in bf16_specs for spec in map(tuple, fp8[list(HARDWARE_SPEC_COLUMNS)].to_numpy().tolist())],
+                    dtype=bool)
+    candidates = fp8[~fp8["hardware"].isin(set(gemm["hardware"])) & ~twin & (fp8["K"] % 2 == 0)
+                     & (fp8["exact_tensor_cycle"] >= fp8["exact_dram_cycle"])]
+    if candidates.empty:
+        return gemm.iloc[:0]
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    canonical = fp8_raw["hardware"].map(lambda name: registry.get(name).name if name in registry else name)
+    raw = fp8_raw[canonical.isin(set(candidates["hardware"]))].assign(hardware=canonical, dtype="fp8")
+    raw = raw[raw["K"] % 2 == 0].assign(K=lambda frame: frame["K"] // 2)
+    as_bf16 = build_operator("gemm", raw, log=log, workers=workers)
+    keys = ["hardware", "M", "N", "K"]
+    cycles = ["tensor_all_cycle", "tensor_sm_max_cycle"]
+    fp8_cycles = candidates.assign(K=candidates["K"] // 2).groupby(keys)[cycles].first()
+    rows = as_bf16.join(fp8_cycles.add_prefix("fp8_"), on=keys, how="inner")
+    alike = np.logical_and.reduce([np.abs(rows[c] / rows[f"fp8_{c}"] - 1) <= TILING_AGREEMENT for c in cycles])
+    _log_drop(log, "gemm", "FP8 row whose tiles divide the work unlike a BF16 kernel's", rows[~alike])
+    return rows[alike][list(gemm.columns)].reset_index(drop=True)
 
 
 def split(frame: pd.DataFrame, op: str, test_fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -162,7 +198,7 @@ def row_count_table(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python3 -m dataset.build", description="Build per-operator datasets from real measurements.")
-    parser.add_argument("--ops", default=",".join(TRAINABLE_OPS),
+    parser.add_argument("--ops", type=trainable_operator_list, default=list(TRAINABLE_OPS),
                         help=f"comma list of operator classes (default: {','.join(TRAINABLE_OPS)})")
     parser.add_argument("--output_dir", type=Path, default=DATASET_DIR,
                         help="folder of the <op>_{train,test}.csv files (default: dataset)")
@@ -172,10 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="processes for the attention features (default: 2, or 1 on a one-core machine)")
     args = parser.parse_args(argv)
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    for op in ops:
-        if op not in TRAINABLE_OPS:
-            raise UserError(f"unknown operator {op!r}; choose from {', '.join(TRAINABLE_OPS)}")
+    ops = args.ops
     if not 0 < args.test_fraction < 1:
         raise UserError("--test_fraction must be between 0 and 1")
     started = time.perf_counter()
@@ -195,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         frame = operator_frame(op)
         if op == "gemm" and not raw.get("gemm_fp8", pd.DataFrame()).empty:
-            extra = fp8_rows_for_gemm(frame, operator_frame("gemm_fp8"))
-            print(f"gemm: + {len(extra)} FP8 rows of GPUs without BF16 data ({', '.join(sorted(pd.unique(extra['hardware'])))})")
+            extra = fp8_rows_for_gemm(frame, operator_frame("gemm_fp8"), raw["gemm_fp8"], workers=args.workers)
+            print(f"gemm: + {len(extra)} FP8 rows as BF16 GEMMs of half the K, of GPUs without BF16 data ({', '.join(sorted(pd.unique(extra['hardware'])))})")
             frame = pd.concat([frame, extra], ignore_index=True)
         train, test = split(frame, op, args.test_fraction)
         for name, part in (("train", train), ("test", test)):

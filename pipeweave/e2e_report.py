@@ -220,8 +220,19 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "6.9 % mean but H20 TP8 decode 27-31 % too slow, and its seeds disagree by 30-50 % on the decode attention "
         "of the GPUs without attention data (H20, L40, A40), so attention became a five-seed ensemble like GEMM; "
         "it scored 7.4 % here and was kept. The GEMM and FP8 GEMM models were then retrained with the kernel data "
-        "of three more GPUs (GB200, B300, GB300), which gives the figures below. No number was tuned against "
-        "these runs.",
+        "of three more GPUs (GB200, B300, GB300): 7.8 % mean, worst 17.4 % (H20 TP8 splitwise_64), H20 TP1 prefill "
+        "19-24 % too slow. (6) H20's BF16 GEMM predictions were then examined at kernel level: the model predicted "
+        "H20's BF16 GEMMs of the very shapes it had rows for at 0.71-0.90 of peak where the rows reach 0.94-0.96, "
+        "because the FP8 stand-in rows paired each shape (M, N, K) with FP8 cycle counts and tiles that no BF16 "
+        "query has. They now enter as the BF16 GEMM of equal work, (M, N, K/2) with the BF16 calculator's features "
+        "and the measured duration, and H800 (H100's spec, whose BF16 rows describe it) takes none "
+        "(`dataset/build.py: fp8_rows_for_gemm`). Three versions were scored here: FP8 features with K halved "
+        "(H20 prefill 34 % too slow; at kernel level its queries still missed its rows, not kept); all "
+        "compute-bound rows whose padded work agrees (7.5 % mean, worst 23.1 %, H20 TP8 decode "
+        "43-64 % too slow, traced to rows where the FP8 kernel runs N/128 CTAs, 10 on H20's 78 SMs for N = 1280, "
+        "0.12 of its roofline, which a BF16 kernel with smaller tiles does not); and the shipped one, which also "
+        "requires the busiest SM's tensor cycles to agree (2,359 rows, mostly M >= 1024), giving the figures "
+        "below. No number was tuned against these runs.",
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "

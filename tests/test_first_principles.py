@@ -31,12 +31,7 @@ def _layer_us(predictor, op: str, tokens: int, gpu: str) -> float:
 
 
 @pytest.mark.parametrize("gpu, tokens", [
-    ("H100", 16 * 2197), ("H200", 16 * 2197), ("H800", 16 * 2197),
-    pytest.param("H20", 16 * 2197, marks=pytest.mark.xfail(
-        strict=True, reason="known defect: H20's only GEMM rows are FP8 in cycle space, measured at smaller M; the "
-                            "GEMM ensemble retrained with GB200/B300/GB300 predicts its BF16 prefill GEMMs (M = "
-                            "35,152) at 0.79-0.90 of spec peak where its FP8 rows reach 0.95, so FP8 comes out "
-                            "2.25x faster than BF16 (the previous models: under 2.1x)")),
+    ("H100", 16 * 2197), ("H200", 16 * 2197), ("H800", 16 * 2197), ("H20", 16 * 2197),
     ("H100", 16), ("H200", 16), ("H800", 16),
     pytest.param("H20", 16, marks=pytest.mark.xfail(
         strict=True, reason="known defect: H20 has FP8 but no BF16 GEMM measurements, and its measured decode-sized "

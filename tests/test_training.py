@@ -87,17 +87,32 @@ def test_repeated_keys_are_averaged():
     np.testing.assert_allclose(merged["avg_duration"], 2 * merged["avg_duration_raw"])
 
 
-def test_fp8_rows_only_for_gpus_without_bf16():
+def test_fp8_rows_stand_in_as_the_bf16_gemm_of_half_the_k_for_gpus_without_bf16():
     gemm = build_operator("gemm", synthetic_gemm(10), log=lambda *a: None)
-    fp8_raw = synthetic_gemm(10, gpus=("H100", "H20")).assign(dtype="fp8")
-    fp8_raw = pd.concat([fp8_raw, fp8_raw.assign(M=2)], ignore_index=True)  # decode-sized: memory-bound
+    fp8_raw = synthetic_gemm(60, gpus=("H100", "H20", "H800")).assign(dtype="fp8")
+    fp8_raw = pd.concat([fp8_raw, fp8_raw.assign(M=2), fp8_raw.assign(M=64)],  # memory-bound; padded to 128
+                        ignore_index=True)
     fp8 = build_operator("gemm_fp8", fp8_raw, log=lambda *a: None)
-    extra = fp8_rows_for_gemm(gemm, fp8)
+    extra = fp8_rows_for_gemm(gemm, fp8, fp8_raw, log=lambda *a: None)
+    # H800 has H100's compute and memory spec: H100's BF16 rows describe it, no stand-ins
     assert set(extra["hardware"]) == {"NVIDIA H20"} and list(extra.columns) == list(gemm.columns)
-    assert (extra["dtype"] == "fp8").all() and (extra["tile_M"] == 128).all()
-    h20 = fp8[fp8["hardware"] == "NVIDIA H20"]
-    compute_bound = h20["exact_tensor_cycle"] >= h20["exact_dram_cycle"]
-    assert 0 < compute_bound.sum() < len(h20) and len(extra) == compute_bound.sum()  # memory-bound rows left out
+    assert len(extra) >= 5 and (extra["dtype"] == "fp8").all()
+    # each row is the BF16 calculator's row of (M, N, K/2) on H20 with the FP8 kernel's measured duration, so it
+    # sits exactly where H20's own BF16 query of that shape does
+    keys = ["M", "N", "K"]
+    h20 = fp8[fp8["hardware"] == "NVIDIA H20"].assign(K=lambda f: f["K"] // 2).set_index(keys)
+    as_bf16 = build_operator("gemm", extra[keys + ["hardware", "avg_duration", "source", "dtype"]],
+                             log=lambda *a: None).set_index(keys)
+    extra = extra.set_index(keys)
+    pd.testing.assert_frame_equal(extra.sort_index(), as_bf16.loc[extra.index].sort_index()[extra.columns])
+    np.testing.assert_allclose(extra["avg_duration"], h20.loc[extra.index, "avg_duration"])
+    # kept: compute-bound rows whose FP8 tiles divide the work as the BF16 tile rule does
+    assert (extra["exact_tensor_cycle"] >= extra["exact_dram_cycle"]).all()
+    for column in ("tensor_all_cycle", "tensor_sm_max_cycle"):
+        assert np.allclose(extra[column], h20.loc[extra.index, column], rtol=0.05)
+    padded = h20[(h20.index.get_level_values("M") == 64) & (h20["exact_tensor_cycle"] >= h20["exact_dram_cycle"])]
+    assert len(padded) and not extra.index.isin(padded.index).any()
+    assert not (extra.index.get_level_values("M") == 2).any()
 
 
 def test_shape_split_is_deterministic_and_order_free():
