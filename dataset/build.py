@@ -145,8 +145,8 @@ def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame, fp8_raw: pd.DataFra
     and busiest-SM tensor cycles within :data:`TILING_AGREEMENT`. That leaves out decode-sized and narrow
     GEMMs: the FP8 kernel pads M to 128 and runs N/128 CTAs (10 on H20's 78 SMs for N = 1280, 0.12 of its
     roofline), which a BF16 kernel with smaller tiles does not. No rescaling replaces them: on H800, the H100
-    chip, FP8 durations scaled by either cycle ratio miss H100's measured BF16 GEMMs of equal work by 1.5-12x
-    below M = 128 (median).
+    chip, FP8 durations below M = 128 scaled by either cycle ratio are 1.7-14x off H100's measured BF16 GEMMs
+    of equal work (medians per M range; memory-bound rows there, the only comparison the data allow).
 
     Only rows whose roofline is compute-bound (``exact_tensor_cycle >= exact_dram_cycle``) are taken: in the
     memory-bound regime PipeWeave's FP8 kernels reach a median 0.20 of spec DRAM bandwidth on H100 where BF16
