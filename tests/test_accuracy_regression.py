@@ -47,13 +47,13 @@ def test_shipped_model_within_documented_error(op, predictor):
         pytest.skip(f"{path} not built (python3 -m dataset.build; needs the shared data)")
     operator = get_operator(op)
     test = pd.read_csv(path)
-    # GEMM's test file also holds FP8 measurements of GPUs without BF16 data (features from the FP8 calculator):
-    # a BF16 prediction of those shapes is not what was measured, so only rows of the operator's own precision
-    test = test[(test["dtype"] == "fp8") == (operator.dtype == "fp8")]
+    # GEMM's test file also holds H20's FP8 measurements as the BF16 GEMMs of equal work they stand for
+    # (dataset/build.py: fp8_rows_for_gemm), with the shape and features of those BF16 GEMMs: they stay
     sample = test.sample(n=min(SAMPLE_ROWS, len(test)), random_state=SEED).reset_index(drop=True)
     shapes = sample[[*operator.shape_columns, "hardware"]]  # no tile columns: the tile rule picks them
     predicted = predictor.predict_frame(op, shapes)["predicted_us"].to_numpy()
     measured = sample["avg_duration"].to_numpy(np.float64)
     error_pct = float(np.mean(np.abs(predicted / measured - 1)) * 100)
     documented = documented_mean_pct(op)
+    print(f"{op}: sample mean {error_pct:.2f} %, documented {documented} %")
     assert error_pct <= documented * RELATIVE_MARGIN + ABSOLUTE_MARGIN_PCT, (op, error_pct, documented)
