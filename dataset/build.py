@@ -127,8 +127,7 @@ def build_operator(op: str, raw: pd.DataFrame, log=print, workers: int = 1) -> p
 TILING_AGREEMENT = 0.05
 
 
-def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame, fp8_raw: pd.DataFrame, log=print,
-                      workers: int = 1) -> pd.DataFrame:
+def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame, log=print, workers: int = 1) -> pd.DataFrame:
     """Compute-bound FP8 GEMM measurements of GPUs that have no BF16 GEMM measurement, as the BF16 GEMM of equal
     hardware work (``dtype`` fp8): an FP8 GEMM of shape (M, N, K) is a BF16 GEMM of shape (M, N, K/2).
 
@@ -159,22 +158,18 @@ def fp8_rows_for_gemm(gemm: pd.DataFrame, fp8: pd.DataFrame, fp8_raw: pd.DataFra
     the BF16 GEMMs of equal work (compute-bound, 1.24-1.45x by M; PipeWeave's FP8 kernels reach less of the
     doubled FP8 peak), so as stand-ins they would contradict H100's rows on the same features.
     """
+    # a GPU with BF16 rows, or with the spec of one, is described by them
     bf16_specs = set(map(tuple, gemm[list(HARDWARE_SPEC_COLUMNS)].drop_duplicates().to_numpy().tolist()))
-    twin = np.array([spec in bf16_specs for spec in map(tuple, fp8[list(HARDWARE_SPEC_COLUMNS)].to_numpy().tolist())],
-                    dtype=bool)
-    candidates = fp8[~fp8["hardware"].isin(set(gemm["hardware"])) & ~twin & (fp8["K"] % 2 == 0)
-                     & (fp8["exact_tensor_cycle"] >= fp8["exact_dram_cycle"])]
+    fp8_specs = map(tuple, fp8[list(HARDWARE_SPEC_COLUMNS)].to_numpy().tolist())
+    described = np.array([spec in bf16_specs for spec in fp8_specs], dtype=bool)
+    candidates = fp8[~described & (fp8["K"] % 2 == 0) & (fp8["exact_tensor_cycle"] >= fp8["exact_dram_cycle"])]
     if candidates.empty:
         return gemm.iloc[:0]
-    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
-    canonical = fp8_raw["hardware"].map(lambda name: registry.get(name).name if name in registry else name)
-    raw = fp8_raw[canonical.isin(set(candidates["hardware"]))].assign(hardware=canonical, dtype="fp8")
-    raw = raw[raw["K"] % 2 == 0].assign(K=lambda frame: frame["K"] // 2)
-    as_bf16 = build_operator("gemm", raw, log=log, workers=workers)
-    keys = ["hardware", "M", "N", "K"]
+    halved = candidates.assign(K=candidates["K"] // 2)
+    keys = ["hardware", "M", "N", "K", "source"]  # one row per key after average_repeats
+    as_bf16 = build_operator("gemm", halved[keys + ["dtype", "avg_duration"]], log=log, workers=workers)
     cycles = ["tensor_all_cycle", "tensor_sm_max_cycle"]
-    fp8_cycles = candidates.assign(K=candidates["K"] // 2).groupby(keys)[cycles].first()
-    rows = as_bf16.join(fp8_cycles.add_prefix("fp8_"), on=keys, how="inner")
+    rows = as_bf16.join(halved.set_index(keys)[cycles].add_prefix("fp8_"), on=keys, how="inner")
     alike = np.logical_and.reduce([np.abs(rows[c] / rows[f"fp8_{c}"] - 1) <= TILING_AGREEMENT for c in cycles])
     _log_drop(log, "gemm", "FP8 row whose tiles divide the work unlike a BF16 kernel's", rows[~alike])
     return rows[alike][list(gemm.columns)].reset_index(drop=True)
@@ -228,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         frame = operator_frame(op)
         if op == "gemm" and not raw.get("gemm_fp8", pd.DataFrame()).empty:
-            extra = fp8_rows_for_gemm(frame, operator_frame("gemm_fp8"), raw["gemm_fp8"], workers=args.workers)
-            print(f"gemm: + {len(extra)} FP8 rows as BF16 GEMMs of half the K, of GPUs without BF16 data ({', '.join(sorted(pd.unique(extra['hardware'])))})")
+            extra = fp8_rows_for_gemm(frame, operator_frame("gemm_fp8"), workers=args.workers)
+            print(f"gemm: + {len(extra)} FP8 rows as BF16 GEMMs of half the K, of GPUs without BF16 data "
+                  f"({', '.join(sorted(pd.unique(extra['hardware'])))})")
             frame = pd.concat([frame, extra], ignore_index=True)
         train, test = split(frame, op, args.test_fraction)
         for name, part in (("train", train), ("test", test)):

@@ -93,7 +93,7 @@ def test_fp8_rows_stand_in_as_the_bf16_gemm_of_half_the_k_for_gpus_without_bf16(
     fp8_raw = pd.concat([fp8_raw, fp8_raw.assign(M=2), fp8_raw.assign(M=64)],  # memory-bound; padded to 128
                         ignore_index=True)
     fp8 = build_operator("gemm_fp8", fp8_raw, log=lambda *a: None)
-    extra = fp8_rows_for_gemm(gemm, fp8, fp8_raw, log=lambda *a: None)
+    extra = fp8_rows_for_gemm(gemm, fp8, log=lambda *a: None)
     # H800 has H100's compute and memory spec: H100's BF16 rows describe it, no stand-ins
     assert set(extra["hardware"]) == {"NVIDIA H20"} and list(extra.columns) == list(gemm.columns)
     assert len(extra) >= 5 and (extra["dtype"] == "fp8").all()
