@@ -13,7 +13,11 @@ idea tried. The extra inputs are per-GPU constants from the hardware JSON (audit
 * ``hbm``: 1 for HBM, 0 for GDDR (latency and bank behaviour differ at equal bandwidth);
 * ``l2``: L2 size in MiB (6 MiB on GA102 to 128 MiB on GB202: how much of a GEMM's operands stay on chip);
 * ``boost``: boostClock / smFreq (headroom between the tensor-peak clock and the maximum clock);
-* ``balance``: DRAM bytes per dense tensor FLOP (memBandwidth / (tcBf16 x numSms x smFreq)).
+* ``balance``: DRAM bytes per dense tensor FLOP (memBandwidth / (tcBf16 x numSms x smFreq));
+* ``energy``: board power per dense BF16 tensor FLOP/s, tdpW / (tcBf16 x numSms x smFreq): a GEMM's power
+  draw scales with its tensor rate, so a part whose budget is small for its peak rate (B200 0.44 W per
+  TFLOP/s) sustains less of it than one with headroom (H20 2.7); ``power`` cannot tell H20 from H100 (equal W
+  per SM-cycle, 7x apart per tensor FLOP).
 """
 from __future__ import annotations
 
@@ -46,10 +50,12 @@ def _spec_value(idea: str, spec) -> float:
         return spec.boost_clock / spec.sm_freq
     if idea == "balance":
         return spec.mem_bandwidth * 1e9 / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e6)
+    if idea == "energy":
+        return spec.tdp_w / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e-6)
     raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
-IDEAS = ("power", "hbm", "l2", "boost", "balance")
+IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy")
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
@@ -59,15 +65,21 @@ def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
     return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
 
 
-def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig) -> dict:
+def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, clip: bool = False) -> dict:
+    """LOGO error of ``gpu`` with the ideas' inputs; with ``clip``, the held-out GPU's idea values are clipped to
+    the training GPUs' range (an MLP extrapolates a per-GPU constant it has never seen arbitrarily)."""
     train, test = load_splits(op, DATASET_DIR, [gpu])
     train = cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed)
+    train_extra, test_extra = extra_inputs(train, ideas), extra_inputs(test, ideas)
+    if clip and len(ideas):
+        test_extra = np.clip(test_extra, train_extra.min(axis=0), train_extra.max(axis=0))
 
-    def inputs(frame):
-        return model_inputs(np.column_stack([feature_matrix(frame, op, config), extra_inputs(frame, ideas)]))
+    def inputs(frame, extra):
+        return model_inputs(np.column_stack([feature_matrix(frame, op, config), extra]))
 
-    model, _ = fit(inputs(train), train["overall_perf"].to_numpy(), config, group_keys=shape_keys(train, op))
-    predicted = predict_efficiency(model, inputs(test))
+    model, _ = fit(inputs(train, train_extra), train["overall_perf"].to_numpy(), config,
+                   group_keys=shape_keys(train, op))
+    predicted = predict_efficiency(model, inputs(test, test_extra))
     measured = test["overall_perf"].to_numpy(np.float64)
     err = duration_errors(measured, predicted)
     signed = np.median(measured / predicted - 1)  # > 0: the model predicts the GPU too slow
@@ -83,6 +95,8 @@ def main(argv=None) -> int:
                         help="comma list; 'none' is the baseline, 'a+b' combines ideas")
     parser.add_argument("--seed", type=int, default=42, help="training seed (a second seed measures the noise)")
     parser.add_argument("--gpus", default=None, help="comma list of GPUs to hold out (default: every GPU)")
+    parser.add_argument("--clip", action="store_true",
+                        help="clip the held-out GPU's idea values to the training GPUs' range")
     args = parser.parse_args(argv)
     train_path, test_path = dataset_paths(args.op, DATASET_DIR)
     gpus = args.gpus.split(",") if args.gpus else sorted(
@@ -93,7 +107,7 @@ def main(argv=None) -> int:
         ideas = () if idea == "none" else tuple(idea.split("+"))
         for gpu in gpus:
             started = time.perf_counter()
-            result = logo_error(args.op, gpu, ideas, config)
+            result = logo_error(args.op, gpu, ideas, config, clip=args.clip)
             rows.append({"idea": idea, "gpu": load_hardware(gpu).stem, **result})
             print(f"{idea:>14s} {load_hardware(gpu).stem:>15s} mean {result['mean']:6.2f} %  median signed "
                   f"{result['median_signed']:+6.1f} %  ({time.perf_counter() - started:.0f} s)", flush=True)
