@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.hardware import load_hardware
+from analytical_model.pipes import ARCHITECTURES
 from pipeweave.cli import ArgumentParser, run_cli
 from pipeweave.mlp import model_inputs
 from pipeweave.modeling import (
@@ -50,12 +51,14 @@ def _spec_value(idea: str, spec) -> float:
         return spec.boost_clock / spec.sm_freq
     if idea == "balance":
         return spec.mem_bandwidth * 1e9 / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e6)
+    if idea in ARCHITECTURES:
+        return float(spec.architecture == idea)
     if idea == "energy":
         return spec.tdp_w / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e-6)
     raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
-IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy")
+IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES)
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
