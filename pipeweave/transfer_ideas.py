@@ -31,10 +31,16 @@ from analytical_model.pipes import ARCHITECTURES
 from pipeweave.cli import ArgumentParser, run_cli
 from pipeweave.mlp import model_inputs
 from pipeweave.modeling import (
-    DATASET_DIR, cap_rows_per_gpu, dataset_paths, duration_errors, feature_matrix, load_splits, read_dataset,
+    DATASET_DIR,
+    cap_rows_per_gpu,
+    dataset_paths,
+    duration_errors,
+    feature_matrix,
+    load_splits,
+    read_dataset,
 )
-from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.splits import shape_keys
+from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
 
 
