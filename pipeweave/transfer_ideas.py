@@ -17,7 +17,10 @@ idea tried. The extra inputs are per-GPU constants from the hardware JSON (audit
 * ``energy``: board power per dense BF16 tensor FLOP/s, tdpW / (tcBf16 x numSms x smFreq): a GEMM's power
   draw scales with its tensor rate, so a part whose budget is small for its peak rate (B200 0.44 W per
   TFLOP/s) sustains less of it than one with headroom (H20 2.7); ``power`` cannot tell H20 from H100 (equal W
-  per SM-cycle, 7x apart per tensor FLOP).
+  per SM-cycle, 3.9x apart per tensor FLOP);
+* ``ampere``, ``ada``, ``hopper``, ``blackwell``: 1 on a GPU of that architecture (``ampere+ada+hopper+blackwell``
+  is the one-hot architecture): siblings share their generation's kernels and power behaviour (L40S, the only
+  Ada GPU with GEMM data, runs large GEMMs at 0.63 of peak; its die-mate L40 has no data).
 """
 from __future__ import annotations
 
