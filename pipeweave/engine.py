@@ -32,7 +32,8 @@ between steps; split across modules those arrays would become a public interface
   ``"calibration"`` (:class:`pipeweave.calibration.Calibration`). None = no correction.
 * Every kernel efficiency is kept inside its physical band (:mod:`pipeweave.bounds`) before the calibration;
   the output's ``extrapolation`` block gives the share of predicted kernel time that is extrapolated (its GPU's
-  architecture or its shape outside the model's training data), overall, per operator and per phase.
+  architecture or its shape outside the model's training data, or the ensemble's members disagreeing), overall,
+  per operator and per phase.
 * A capacity check (e.g. memory) belongs before :meth:`Engine.predict`, on the :class:`Job` list: it needs the
   workload and the GPU spec, both on the job.
 
@@ -382,9 +383,9 @@ class Engine:
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(point, optimistic) durations in ms of the unique (GPU stem, shape) rows, each efficiency kept inside
         its physical band (:mod:`pipeweave.bounds`) and then calibrated if asked, and the rows' extrapolation
-        bits (:meth:`KernelPredictor.extrapolation`). The optimistic efficiency is the quantile model's, never
-        below the point one (optimistic ≤ point), times EXTRAPOLATION_WIDENING where the row is extrapolated
-        (still inside the band)."""
+        bits (:meth:`KernelPredictor.kernel_efficiency_and_codes`). The optimistic efficiency is the quantile
+        model's, never below the point one (optimistic ≤ point), times EXTRAPOLATION_WIDENING where the row is
+        extrapolated (still inside the band)."""
         from pipeweave.bounds import clip_efficiency
         from pipeweave.predictor import duration_us
 

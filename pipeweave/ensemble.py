@@ -9,8 +9,13 @@ of an ensemble holds
 
 * ``members/seed<S>/``: each member as a complete single-model directory (checkpoint, weights, metadata);
 * ``<op>_mlp_weights.npz``: the members' exported weights in one file (format in :mod:`pipeweave.mlp`);
-* ``metadata.json``: the first member's, with the ensemble's own test evaluation and an ``ensemble`` entry
-  (seeds, each member's training history and its own test error).
+* ``metadata.json``: the first member's, with the ensemble's own test evaluation, an ``ensemble`` entry
+  (seeds, each member's training history and its own test error) and ``member_spread``: the
+  MEMBER_SPREAD_QUANTILE of the members' disagreement (:meth:`pipeweave.mlp.NumpyMLP.efficiency_and_spread`) on
+  its test split, i.e. on held-out shapes of its training GPUs. A prediction whose members disagree more than
+  that is flagged as extrapolated (docs/METHOD.md §4.3): only 1 in 100 in-distribution rows are.
+
+    python3 -m pipeweave.ensemble MODEL_DIR [--dataset_dir dataset]   # (re)write member_spread of a model
 """
 from __future__ import annotations
 
@@ -21,14 +26,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeweave.mlp import NumpyMLP, ensemble_arrays, weights_path
+from pipeweave.mlp import NumpyMLP, ensemble_arrays, read_weight_arrays, weights_path
 from pipeweave.modeling import evaluate, feature_matrix, train_and_evaluate, write_model_dir
 from pipeweave.training import TrainConfig
 
 MEMBERS_DIR = "members"
 #: the seeds of the shipped ensembles (train_all.sh trains them; leave-one-GPU-out evaluates the same recipe):
 #: the operators whose single seeds disagree on GPUs without data (docs/METHOD.md §5.2)
-SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {"gemm": (42, 1, 2, 3, 4), "attn": (42, 1, 2, 3, 4)}
+SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {"gemm": (42, 1, 2, 3, 4), "gemm_fp8": (42, 1, 2, 3, 4),
+                                              "attn": (42, 1, 2, 3, 4)}
+#: the share of in-distribution rows (held-out shapes of training GPUs) allowed above the disagreement threshold
+MEMBER_SPREAD_QUANTILE = 0.99
 
 
 def member_dirs(model_dir: str | Path) -> list[Path]:
@@ -43,10 +51,8 @@ def member_dirs(model_dir: str | Path) -> list[Path]:
 def write_ensemble_weights(model_dir: str | Path, op: str, members: list[Path] | None = None) -> Path:
     """(Re)write an ensemble's weight file from its members' exported weights (default: the members its
     metadata.json lists)."""
-    arrays = []
-    for member in member_dirs(model_dir) if members is None else members:
-        with np.load(weights_path(member, op), allow_pickle=False) as data:
-            arrays.append({key: data[key] for key in data.files})
+    arrays = [read_weight_arrays(weights_path(member, op))
+              for member in (member_dirs(model_dir) if members is None else members)]
     if not arrays:
         raise ValueError(f"{model_dir} is not an ensemble model directory (no ensemble seeds in its metadata.json)")
     path = weights_path(model_dir, op)
@@ -95,5 +101,53 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
     metadata.pop("evaluation_results", None)
     if evaluation:
         metadata["evaluation_results"] = evaluation
+        metadata["member_spread"] = member_spread_entry(model, feature_matrix(test, op, config))
     (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
     return predicted, evaluation
+
+
+def member_spread_entry(model: NumpyMLP, inputs: np.ndarray) -> dict:
+    """The ``member_spread`` metadata entry from the model inputs of held-out shapes of its training GPUs."""
+    spread = model.efficiency_and_spread(inputs)[1]
+    return {"threshold": float(np.quantile(spread, MEMBER_SPREAD_QUANTILE)), "quantile": MEMBER_SPREAD_QUANTILE,
+            "rows": len(spread),
+            "of": "standard deviation of the members' log-efficiency on the test split (held-out shapes)"}
+
+
+def write_member_spread(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dict:
+    """(Re)write ``member_spread`` into an ensemble's metadata.json from its operator's test split."""
+    from pipeweave.modeling import dataset_paths, read_dataset
+
+    model_dir = Path(model_dir)
+    if not member_dirs(model_dir):
+        raise ValueError(f"{model_dir} is not an ensemble model directory (no ensemble seeds in its metadata.json)")
+    path = model_dir / "metadata.json"
+    metadata = json.loads(path.read_text())
+    test = read_dataset(dataset_paths(op, dataset_dir)[1])
+    model = NumpyMLP.load(weights_path(model_dir, op))
+    metadata["member_spread"] = member_spread_entry(model, test[metadata["model_info"]["features"]].to_numpy(
+        np.float64))
+    path.write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    return metadata["member_spread"]
+
+
+def main(argv=None) -> int:
+    from pipeweave.cli import ArgumentParser
+    from pipeweave.paths import DATASET_DIR
+
+    parser = ArgumentParser(description="(Re)write the member-disagreement threshold of ensemble model directories.")
+    parser.add_argument("model_dirs", nargs="+", help="ensemble directories such as mlp_models/gemm/<timestamp>")
+    parser.add_argument("--dataset_dir", default=str(DATASET_DIR))
+    args = parser.parse_args(argv)
+    for model_dir in args.model_dirs:
+        op = Path(model_dir).resolve().parent.name
+        entry = write_member_spread(model_dir, op, args.dataset_dir)
+        print(f"{model_dir}: member_spread threshold {entry['threshold']:.4f} ({entry['quantile']:.0%} of "
+              f"{entry['rows']} test rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    from pipeweave.cli import run_cli
+
+    raise SystemExit(run_cli(main))

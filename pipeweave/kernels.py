@@ -8,8 +8,9 @@ lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GP
 accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
 ``predicted_us``: C_ideal / (predicted efficiency × SM clock) (docs/METHOD.md §4.3), from one batched MLP pass, with
 the efficiency kept inside its physical band (:mod:`pipeweave.bounds`), and ``extrapolation``: empty where the
-model's training data covers the kernel, else ``architecture`` (the GPU's architecture is absent from the model's
-training GPUs), ``range`` (a model input lies outside its training range) or ``architecture+range``.
+model's training data covers the kernel, else the set reasons joined by ``+``: ``architecture`` (the GPU's
+architecture is absent from the model's training GPUs), ``range`` (a model input lies outside its training range),
+``members`` (the ensemble's members disagree beyond its threshold), e.g. ``range+members``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
-from pipeweave.predictor import DEFAULT_MODEL_DIR, EXTRAPOLATION_LABELS, KernelPredictor
+from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
 
 
@@ -80,7 +81,7 @@ def write_predictions(path: Path, header: list[str], rows: list[list[str]], pred
                       extrapolation: np.ndarray, calibrated: list[str] | None = None) -> None:
     """The input rows unchanged plus the ``predicted_us`` and ``extrapolation`` columns (and, with a calibration, a
     ``calibration`` column naming its file on the rows it corrected)."""
-    labels = [EXTRAPOLATION_LABELS[int(code)] for code in extrapolation]
+    labels = [extrapolation_label(code) for code in extrapolation]
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         if calibrated is None:

@@ -58,7 +58,8 @@ def gpus_with_data(op: str, dataset_dir: Path) -> list[str]:
                   | set(pd.read_csv(test_path, usecols=columns)["hardware"]))
 
 
-def _directory(cache: Path, op: str, gpu: str) -> Path:
+def cache_directory(cache: Path, op: str, gpu: str) -> Path:
+    """Where the LOGO members of ``op`` without ``gpu`` live (``seed<S>/model/``, ``seed<S>/predicted.npy``)."""
     return cache / op / gpu.replace(" ", "_").replace("/", "_")
 
 
@@ -73,7 +74,7 @@ def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT
     """
     fingerprint = fingerprint or _fingerprint(op, Path(dataset_dir))
     train, test = load_splits(op, dataset_dir, [gpu])
-    members = [_member_predictions(op, gpu, seed, train, test, _directory(Path(cache), op, gpu) / f"seed{seed}",
+    members = [_member_predictions(op, gpu, seed, train, test, cache_directory(Path(cache), op, gpu) / f"seed{seed}",
                                    f"{fingerprint}-seed{seed}", log) for seed in logo_seeds(op)]
     predicted = np.exp(np.median(np.log([efficiency for efficiency, _ in members]), axis=0))
     return train, test, predicted, members[0][1]

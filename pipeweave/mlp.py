@@ -92,8 +92,13 @@ class NumpyMLP:
 
     @classmethod
     def load(cls, path: str | Path) -> "NumpyMLP":
-        with np.load(path, allow_pickle=False) as data:
-            return cls({key: data[key] for key in data.files}, str(path))
+        return cls(read_weight_arrays(path), str(path))
+
+    @classmethod
+    def from_members(cls, paths: list[Path], source: str) -> "NumpyMLP":
+        """One model from single-model weight files (an ensemble of them if more than one)."""
+        arrays = [read_weight_arrays(path) for path in paths]
+        return cls(ensemble_arrays(arrays) if len(arrays) > 1 else arrays[0], source)
 
     @property
     def input_dim(self) -> int:
@@ -111,20 +116,36 @@ class NumpyMLP:
 
     def efficiency(self, features: np.ndarray) -> np.ndarray:
         """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
+        return self.efficiency_and_spread(features)[0]
+
+    def efficiency_and_spread(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(``overall_perf``, the members' disagreement) for raw feature rows. The disagreement is the standard
+        deviation of the members' log-efficiencies (0 for a single model): members trained alike agree where the
+        training data pin the answer down and scatter where the input lies outside what they saw, even when
+        every input is inside its training range (docs/METHOD.md §4.3)."""
         features = np.asarray(features)
         if features.ndim != 2 or features.shape[1] != self.input_dim:
             raise ValueError(f"{self.source}: expected feature rows of width {self.input_dim}, got shape "
                              f"{features.shape}")
         if len(features) == 0:
-            return np.zeros(0, dtype=np.float64)
+            return np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.float64)
         # One BLAS thread: the batches are a few hundred rows, where thread start-up and contention cost far
         # more than they save (the aggregator's 403-iteration benchmark on a busy 2-core machine: 150 ms with
         # the default OpenBLAS threads, 47 ms with one).
         with _blas_threads().limit(limits=1, user_api="blas"):
             y = self.output(model_inputs(features))
         if self.log_bounds is None:  # sigmoid(y) = exp(-log(1 + exp(-y))), without overflow for very negative y
-            return np.exp(-np.logaddexp(0.0, -np.median(y, axis=0)))
-        return np.exp(np.median(np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:]), axis=0))
+            log_efficiency = -np.logaddexp(0.0, -y)
+            efficiency = np.exp(-np.logaddexp(0.0, -np.median(y, axis=0)))
+        else:
+            log_efficiency = np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:])
+            efficiency = np.exp(np.median(log_efficiency, axis=0))
+        return efficiency, log_efficiency.std(axis=0)
+
+
+def read_weight_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}
 
 
 def _folded_layers(arrays: dict[str, np.ndarray], prefix: str, count: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -24,12 +24,47 @@ if TYPE_CHECKING:
 
 
 #: extrapolation bits (docs/METHOD.md §4.3): the GPU's architecture is absent from the model's training data; a
-#: model input (feature or shape descriptor) lies outside the range it took in training
-UNSEEN_ARCHITECTURE, OUTSIDE_RANGE = 1, 2
-EXTRAPOLATION_LABELS = {0: "", UNSEEN_ARCHITECTURE: "architecture", OUTSIDE_RANGE: "range",
-                        UNSEEN_ARCHITECTURE | OUTSIDE_RANGE: "architecture+range"}
+#: model input (feature or shape descriptor) lies outside the range it took in training; the members of an
+#: ensemble disagree more than on 99 % of held-out shapes of their training GPUs (the inputs are inside the
+#: box of the training ranges, but their combination is not like the training rows)
+UNSEEN_ARCHITECTURE, OUTSIDE_RANGE, MEMBERS_DISAGREE = 1, 2, 4
+EXTRAPOLATION_BITS = {UNSEEN_ARCHITECTURE: "architecture", OUTSIDE_RANGE: "range", MEMBERS_DISAGREE: "members"}
 #: relative slack on the training range: features are float32 in training, float64 here
 RANGE_TOLERANCE = 1e-5
+
+
+def extrapolation_label(code: int) -> str:
+    """'' for a covered row, else its bits' names joined by '+', e.g. ``range+members``."""
+    return "+".join(name for bit, name in EXTRAPOLATION_BITS.items() if int(code) & bit)
+
+
+def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
+    """(architectures, input minima, input maxima) of a model's training data from its metadata (``hardware``: the
+    registry that names the training GPUs' architectures; ``where`` names the file in errors)."""
+    names = metadata.get("data_info", {}).get("train_hardware_distribution")
+    ranges = metadata.get("feature_ranges")
+    if not names or not ranges:
+        raise ValueError(f"{where} lacks data_info.train_hardware_distribution or feature_ranges; retrain with: "
+                         f"python3 train_mlp.py --op {op}")
+    architectures = frozenset(hardware.get(name).architecture for name in names if name in hardware)
+    inputs = metadata["model_info"]["features"]
+    low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
+    high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
+    return architectures, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
+
+
+def coverage_codes(coverage: tuple, features: np.ndarray, described: np.ndarray | None,
+                   architecture: str) -> np.ndarray:
+    """UNSEEN_ARCHITECTURE | OUTSIDE_RANGE per row against a :func:`training_coverage`."""
+    architectures, low, high = coverage
+    inputs = features
+    if len(low) > features.shape[1]:
+        inputs = np.concatenate([features, described], axis=1)
+    outside = ((inputs < low) | (inputs > high)).any(axis=1)
+    codes = np.where(outside, OUTSIDE_RANGE, 0).astype(np.int8)
+    if architecture not in architectures:
+        codes |= UNSEEN_ARCHITECTURE
+    return codes
 
 
 def duration_us(ideal_cycles: np.ndarray, efficiency: np.ndarray, sm_freq_mhz: np.ndarray) -> np.ndarray:
@@ -69,13 +104,18 @@ class KernelPredictor:
 
     def efficiency_from_features(self, op: str, features: np.ndarray, described: np.ndarray | None = None) -> np.ndarray:
         """Efficiency from the pipe features and (for models trained with them) the shape descriptors."""
+        return self.efficiency_and_spread(op, features, described)[0]
+
+    def efficiency_and_spread(self, op: str, features: np.ndarray, described: np.ndarray | None = None
+                              ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`efficiency_from_features`, the members' disagreement: :meth:`NumpyMLP.efficiency_and_spread`)."""
         model, _, directory = self.model(op)
         inputs = features
         if self.uses_descriptors(op):
             if described is None:
                 raise ValueError(f"{directory} needs the {op} shape descriptors as well as the features")
             inputs = np.concatenate([features, described], axis=1)
-        return model.efficiency(inputs)
+        return model.efficiency_and_spread(inputs)
 
     def trained_on(self, op: str) -> frozenset:
         """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``)."""
@@ -86,8 +126,29 @@ class KernelPredictor:
                           band: dict | None = None) -> np.ndarray:
         """Efficiency of feature rows on the GPU ``hw``: :meth:`unbounded_efficiency` kept inside the physical band
         of :mod:`pipeweave.bounds` (before any calibration; ``band``: a band table other than the shipped one)."""
-        efficiency = self.unbounded_efficiency(op, features, described, hw)
-        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0]
+        return self.kernel_efficiency_and_codes(op, features, described, hw, band)[0]
+
+    def kernel_efficiency_and_codes(self, op: str, features: np.ndarray, described: np.ndarray | None, hw,
+                                    band: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`kernel_efficiency`, :meth:`extrapolation` bits with MEMBERS_DISAGREE where the ensemble that
+        gave the efficiency disagrees beyond its threshold), from one forward pass."""
+        efficiency, spread = self._unbounded(op, features, described, hw)
+        codes = self.extrapolation(op, features, described, hw.architecture)
+        threshold = self.member_spread_threshold(op)
+        if threshold is not None:
+            codes |= np.where(spread > threshold, MEMBERS_DISAGREE, 0).astype(np.int8)
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0], codes
+
+    def member_spread_threshold(self, op: str) -> float | None:
+        """The ensemble's disagreement threshold (metadata ``member_spread``; :mod:`pipeweave.ensemble`); None for
+        a single model, which has no members to disagree."""
+        _, metadata, directory = self.model(op)
+        if "ensemble" not in metadata:
+            return None
+        if "member_spread" not in metadata:
+            raise ValueError(f"{directory}/metadata.json lacks member_spread; write it with: "
+                             f"python3 -m pipeweave.ensemble {directory}")
+        return float(metadata["member_spread"]["threshold"])
 
     def unbounded_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
         """The MLP's efficiency, except where it carries no information. A memory-bound operator on a GPU outside
@@ -96,16 +157,22 @@ class KernelPredictor:
         on the GPU: on another GPU the kernel takes the median efficiency of its regime
         (:func:`pipeweave.bounds.regime_efficiency`; only a GPU of the hardware directory counts, and only an
         operator with measured medians)."""
+        return self._unbounded(op, features, described, hw)[0]
+
+    def _unbounded(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`unbounded_efficiency`, the members' disagreement; 0 where no MLP gave the efficiency)."""
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
+        none = np.zeros(len(features))
         if parameters and hw.name not in trained:
             ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
             duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
-            return ideal / (duration * hw.sm_freq)
+            return ideal / (duration * hw.sm_freq), none
         if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
-            return regime_efficiency(op, features, hw.sm_freq)
-        return self.efficiency_from_features(op, features, described)
+            return regime_efficiency(op, features, hw.sm_freq), none
+        return self.efficiency_and_spread(op, features, described)
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -114,41 +181,22 @@ class KernelPredictor:
         efficiency, codes = np.zeros(len(names)), np.zeros(len(names), dtype=np.int8)
         for name in dict.fromkeys(names.tolist()):
             rows = np.flatnonzero(names == name)
-            hw = self.hardware.get(name)
-            efficiency[rows] = self.kernel_efficiency(op, features[rows], described[rows], hw)
-            codes[rows] = self.extrapolation(op, features[rows], described[rows], hw.architecture)
+            efficiency[rows], codes[rows] = self.kernel_efficiency_and_codes(op, features[rows], described[rows],
+                                                                             self.hardware.get(name))
         return efficiency, codes
 
     def coverage(self, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
         """(architectures, input minima, input maxima) of the model's training data, from its metadata."""
         if op not in self._coverage:
             _, metadata, directory = self.model(op)
-            info = metadata.get("data_info", {})
-            names = info.get("train_hardware_distribution")
-            ranges = metadata.get("feature_ranges")
-            if not names or not ranges:
-                raise ValueError(f"{directory}/metadata.json lacks data_info.train_hardware_distribution or "
-                                 f"feature_ranges; retrain with: python3 train_mlp.py --op {op}")
-            architectures = frozenset(self.hardware.get(name).architecture for name in names if name in self.hardware)
-            inputs = metadata["model_info"]["features"]
-            low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
-            high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
-            self._coverage[op] = (architectures, low - RANGE_TOLERANCE * np.abs(low),
-                                  high + RANGE_TOLERANCE * np.abs(high))
+            self._coverage[op] = training_coverage(metadata, self.hardware, f"{directory}/metadata.json", op)
         return self._coverage[op]
 
     def extrapolation(self, op: str, features: np.ndarray, described: np.ndarray | None,
                       architecture: str) -> np.ndarray:
-        """Per row, the extrapolation bits (UNSEEN_ARCHITECTURE | OUTSIDE_RANGE; 0: covered by training)."""
-        architectures, low, high = self.coverage(op)
-        inputs = features
-        if len(low) > features.shape[1]:
-            inputs = np.concatenate([features, described], axis=1)
-        outside = ((inputs < low) | (inputs > high)).any(axis=1)
-        codes = np.where(outside, OUTSIDE_RANGE, 0).astype(np.int8)
-        if architecture not in architectures:
-            codes |= UNSEEN_ARCHITECTURE
-        return codes
+        """Per row, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE (0: covered by training); the prediction paths
+        add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
+        return coverage_codes(self.coverage(op), features, described, architecture)
 
     def efficiency_from_frame(self, op: str, frame: pd.DataFrame) -> np.ndarray:
         """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""
@@ -184,10 +232,9 @@ class KernelPredictor:
             part = {column: [values[i] for i in rows] for column, values in columns.items()}
             features, described = operator.features(part, hw), operator.descriptors(part, hw)
             ideal = operator.ideal_cycles(features.astype(np.float32))
-            out[rows] = duration_us(ideal, self.kernel_efficiency(op, features, described, hw), hw.sm_freq)
+            efficiency, codes[rows] = self.kernel_efficiency_and_codes(op, features, described, hw)
+            out[rows] = duration_us(ideal, efficiency, hw.sm_freq)
             if calibration is not None:
                 shapes = list(zip(*(part[column] for column in operator.shape_columns)))
                 out[rows] = calibration.apply(op, hw, out[rows], features, shapes)
-            if with_extrapolation:
-                codes[rows] = self.extrapolation(op, features, described, hw.architecture)
         return (out, codes) if with_extrapolation else out

@@ -16,7 +16,9 @@ from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_WORKLOAD_DIR
-from pipeweave.predictor import OUTSIDE_RANGE, UNSEEN_ARCHITECTURE, KernelPredictor
+from pipeweave.mlp import model_inputs
+from pipeweave.predictor import (DEFAULT_MODEL_DIR, MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE,
+                                 KernelPredictor, extrapolation_label)
 
 SHAPES = {"seq": [1, 128, 1024, 8192], "dim": [4096, 4096, 8192, 4096]}  # inside the RMSNorm training range
 
@@ -162,6 +164,64 @@ def test_flag_outside_the_training_range(predictor):
     _, codes = predictor.predict_columns("rmsnorm", {"seq": [10 ** 6], "dim": [4096]}, ["H100"],
                                          with_extrapolation=True)
     assert codes.tolist() == [OUTSIDE_RANGE]
+
+
+PREFILL_GEMMS = {"M": [4096, 16384, 1], "N": [5120, 13824, 5120], "K": [5120, 5120, 13824]}
+
+
+def test_members_flag_where_the_ensemble_disagrees_absent_on_trained_gpus(predictor):
+    # L40 and RTX 6000 Ada (Ada, seen through L40S) have no GEMM data: their large GEMMs are inside every input
+    # range, but the five members scatter there; on the trained H100 and A100 they agree
+    threshold = predictor.member_spread_threshold("gemm")
+    assert 0 < threshold < 0.2 and predictor.member_spread_threshold("rmsnorm") is None  # single model
+    for gpu in ("L40", "RTX 6000 Ada"):
+        _, codes = predictor.predict_columns("gemm", PREFILL_GEMMS, [gpu] * 3, with_extrapolation=True)
+        assert codes.tolist() == [MEMBERS_DISAGREE, MEMBERS_DISAGREE, 0], gpu
+    for gpu in ("H100", "A100"):
+        _, codes = predictor.predict_columns("gemm", PREFILL_GEMMS, [gpu] * 3, with_extrapolation=True)
+        np.testing.assert_array_equal(codes, 0)
+    hw = load_hardware("L40")
+    operator = get_operator("gemm")
+    features, described = operator.features(PREFILL_GEMMS, hw), operator.descriptors(PREFILL_GEMMS, hw)
+    spread = predictor.efficiency_and_spread("gemm", features, described)[1]
+    assert (spread[:2] > threshold).all() and spread[2] <= threshold
+
+
+def test_members_spread_is_the_members_log_efficiency_deviation(predictor):
+    model = predictor.model("gemm")[0]
+    hw = load_hardware("L40")
+    operator = get_operator("gemm")
+    inputs = np.concatenate([operator.features(PREFILL_GEMMS, hw), operator.descriptors(PREFILL_GEMMS, hw)], axis=1)
+    efficiency, spread = model.efficiency_and_spread(inputs)
+    outputs = np.clip(model.output(model_inputs(inputs)), model.log_bounds[:, :1], model.log_bounds[:, 1:])
+    np.testing.assert_allclose(spread, outputs.std(axis=0))
+    np.testing.assert_array_equal(efficiency, model.efficiency(inputs))
+    assert model.layers[0][0].shape[0] == 5  # five members
+
+
+def test_extrapolation_labels_join_the_bits():
+    assert extrapolation_label(0) == ""
+    assert extrapolation_label(OUTSIDE_RANGE | MEMBERS_DISAGREE) == "range+members"
+    assert extrapolation_label(UNSEEN_ARCHITECTURE | OUTSIDE_RANGE | MEMBERS_DISAGREE) == "architecture+range+members"
+
+
+def test_an_ensemble_without_its_disagreement_threshold_is_an_error(tmp_path):
+    import shutil
+
+    from pipeweave.ensemble import write_member_spread
+    from pipeweave.mlp import latest_model_dir
+
+    source = latest_model_dir(DEFAULT_MODEL_DIR, "attn")
+    copy = tmp_path / "attn" / source.name
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("members", "*.pth"))
+    metadata = json.loads((copy / "metadata.json").read_text())
+    threshold = metadata.pop("member_spread")["threshold"]
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ValueError, match=r"lacks member_spread; write it with: python3 -m pipeweave.ensemble"):
+        KernelPredictor(tmp_path).member_spread_threshold("attn")
+    with pytest.raises(ValueError, match="not an ensemble model directory"):
+        write_member_spread(tmp_path / "attn", "attn", tmp_path)
+    assert threshold > 0
 
 
 def test_predict_kernels_writes_the_flag(tmp_path):
