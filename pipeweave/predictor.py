@@ -126,7 +126,8 @@ class KernelPredictor:
                           band: dict | None = None) -> np.ndarray:
         """Efficiency of feature rows on the GPU ``hw``: :meth:`unbounded_efficiency` kept inside the physical band
         of :mod:`pipeweave.bounds` (before any calibration; ``band``: a band table other than the shipped one)."""
-        return self.kernel_efficiency_and_codes(op, features, described, hw, band)[0]
+        efficiency = self.unbounded_efficiency(op, features, described, hw)
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0]
 
     def kernel_efficiency_and_codes(self, op: str, features: np.ndarray, described: np.ndarray | None, hw,
                                     band: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
