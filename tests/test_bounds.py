@@ -233,6 +233,9 @@ def test_predict_kernels_writes_the_flag(tmp_path):
     assert main(["--op", "rmsnorm", "--input", str(src), "--output", str(out)]) == 0
     frame = pd.read_csv(out, keep_default_na=False)
     assert frame["extrapolation"].tolist() == ["", "architecture", "architecture+range"]
+    src.write_text("M,N,K,hardware\n4096,5120,5120,H100\n4096,5120,5120,L40\n")
+    assert main(["--op", "gemm", "--input", str(src), "--output", str(out)]) == 0
+    assert pd.read_csv(out, keep_default_na=False)["extrapolation"].tolist() == ["", "members"]
 
 
 def test_engine_reports_extrapolated_share():
