@@ -135,9 +135,12 @@ def main(argv=None) -> int:
     from pipeweave.cli import ArgumentParser
     from pipeweave.paths import DATASET_DIR
 
-    parser = ArgumentParser(description="(Re)write the member-disagreement threshold of ensemble model directories.")
+    parser = ArgumentParser(prog="python3 -m pipeweave.ensemble",
+                            description="(Re)write the member-disagreement threshold of ensemble model directories.")
     parser.add_argument("model_dirs", nargs="+", help="ensemble directories such as mlp_models/gemm/<timestamp>")
-    parser.add_argument("--dataset_dir", default=str(DATASET_DIR))
+    parser.add_argument("--dataset_dir", default=str(DATASET_DIR),
+                        help="folder of <op>_test.csv, the held-out shapes the threshold is measured on "
+                             "(default: dataset)")
     args = parser.parse_args(argv)
     for model_dir in args.model_dirs:
         op = Path(model_dir).resolve().parent.name
