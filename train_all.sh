@@ -7,10 +7,10 @@ cd "$(dirname "$0")"
 python3 -m dataset.build
 rm -rf mlp_models mlp_models_quantile
 training_jobs() {
-  # GEMM, FP8 GEMM and attention ship as five-seed ensembles (docs/METHOD.md §5.2: their seeds disagree on GPUs
+  # GEMM, FP8 GEMM, attention and MoE ship as five-seed ensembles (docs/METHOD.md §5.2: their seeds disagree on GPUs
   # without data)
   for op in $(python3 -m analytical_model list --trainable --keys); do
-    if [[ $op == gemm || $op == gemm_fp8 || $op == attn ]]; then echo "train_mlp.py --op $op --ensemble_seeds 42,1,2,3,4 --no_progress"
+    if [[ $op == gemm || $op == gemm_fp8 || $op == attn || $op == moe ]]; then echo "train_mlp.py --op $op --ensemble_seeds 42,1,2,3,4 --no_progress"
     else echo "train_mlp.py --op $op --no_progress"; fi
   done
   for op in $(python3 -m analytical_model list --quantile --keys); do

@@ -33,8 +33,7 @@ from pipeweave.training import TrainConfig
 MEMBERS_DIR = "members"
 #: the seeds of the shipped ensembles (train_all.sh trains them; leave-one-GPU-out evaluates the same recipe):
 #: the operators whose single seeds disagree on GPUs without data (docs/METHOD.md §5.2)
-SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {"gemm": (42, 1, 2, 3, 4), "gemm_fp8": (42, 1, 2, 3, 4),
-                                              "attn": (42, 1, 2, 3, 4)}
+SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {op: (42, 1, 2, 3, 4) for op in ("gemm", "gemm_fp8", "attn", "moe")}
 #: the share of in-distribution rows (held-out shapes of training GPUs) allowed above the disagreement threshold
 MEMBER_SPREAD_QUANTILE = 0.99
 
