@@ -315,5 +315,6 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
     if extrapolation.get("share", 0.0) > EXTRAPOLATED_NOTE_SHARE:
         operators = ", ".join(op for op, share in extrapolation["by_operator"].items() if share > 0)
         print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
-              f"GPU architecture or shapes outside the models' training data); treat it as a rough estimate")
+              f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
+              f"treat it as a rough estimate")
     print(f"Predictions saved to {target}")
