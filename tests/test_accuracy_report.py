@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeweave.accuracy import error_summary, feature_roofline_us, render, unseen_gpu_results
+from pipeweave.accuracy import error_summary, feature_roofline_us, render, render_flags, unseen_gpu_results
 from pipeweave.predictor import KernelPredictor
 
 
@@ -33,3 +33,13 @@ def test_zero_shot_check_refuses_a_gpu_the_model_trained_on(tmp_path):
     """unseen_gpu_results scores only GPUs outside the shipped model's training data (no dataset is read first)."""
     with pytest.raises(ValueError, match="trained on NVIDIA H100: not a zero-shot check"):
         unseen_gpu_results("gemm", ["NVIDIA L40", "NVIDIA H100"], KernelPredictor(), tmp_path)
+
+
+def test_flags_section_renders_shares_and_both_errors():
+    cell = {"n": 10, "flagged": 0.3, "architecture": 0.0, "range": 0.1, "members": 0.25, "error_flagged": 21.0,
+            "error_unflagged": 9.0}
+    every_row_flagged = {**cell, "flagged": 1.0, "architecture": 1.0, "error_unflagged": None}
+    text = render_flags({"gemm": {"NVIDIA H20": cell, "NVIDIA L40S": every_row_flagged}})
+    assert "| gemm | NVIDIA H20 | 10 | 30.0 | 10.0 | 0.0 | 25.0 | 21.0 | 9.0 |" in text
+    assert "| gemm | NVIDIA L40S | 10 | 100.0 | 10.0 | 100.0 | 25.0 | 21.0 | — |" in text
+    assert "(section `flags`)" in text
