@@ -100,9 +100,16 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
     metadata.pop("evaluation_results", None)
     if evaluation:
         metadata["evaluation_results"] = evaluation
-        metadata["member_spread"] = member_spread_entry(model, feature_matrix(test, op, config))
+    in_distribution = held_out_shapes_of_training_gpus(test, metadata)
+    if len(in_distribution):  # none when --holdout_hardware made the test split another GPU's rows
+        metadata["member_spread"] = member_spread_entry(model, feature_matrix(in_distribution, op, config))
     (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
     return predicted, evaluation
+
+
+def held_out_shapes_of_training_gpus(test: pd.DataFrame, metadata: dict) -> pd.DataFrame:
+    """The test rows of the GPUs the model trained on: what its members' disagreement is normal on."""
+    return test[test["hardware"].isin(metadata["data_info"]["train_hardware_distribution"])]
 
 
 def member_spread_entry(model: NumpyMLP, inputs: np.ndarray) -> dict:
@@ -110,7 +117,8 @@ def member_spread_entry(model: NumpyMLP, inputs: np.ndarray) -> dict:
     spread = model.efficiency_and_spread(inputs)[1]
     return {"threshold": float(np.quantile(spread, MEMBER_SPREAD_QUANTILE)), "quantile": MEMBER_SPREAD_QUANTILE,
             "rows": len(spread),
-            "of": "standard deviation of the members' log-efficiency on the test split (held-out shapes)"}
+            "of": "standard deviation of the members' log-efficiency on the test split's rows of the training GPUs "
+                  "(held-out shapes)"}
 
 
 def write_member_spread(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dict:
@@ -122,7 +130,9 @@ def write_member_spread(model_dir: str | Path, op: str, dataset_dir: str | Path)
         raise ValueError(f"{model_dir} is not an ensemble model directory (no ensemble seeds in its metadata.json)")
     path = model_dir / "metadata.json"
     metadata = json.loads(path.read_text())
-    test = read_dataset(dataset_paths(op, dataset_dir)[1])
+    test = held_out_shapes_of_training_gpus(read_dataset(dataset_paths(op, dataset_dir)[1]), metadata)
+    if test.empty:
+        raise ValueError(f"{dataset_paths(op, dataset_dir)[1]} has no rows of the GPUs {model_dir} trained on")
     model = NumpyMLP.load(weights_path(model_dir, op))
     metadata["member_spread"] = member_spread_entry(model, test[metadata["model_info"]["features"]].to_numpy(
         np.float64))

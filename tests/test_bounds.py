@@ -224,6 +224,17 @@ def test_an_ensemble_without_its_disagreement_threshold_is_an_error(tmp_path):
     assert threshold > 0
 
 
+def test_disagreement_threshold_uses_only_the_training_gpus_rows():
+    from pipeweave.ensemble import held_out_shapes_of_training_gpus
+
+    test = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA H20", "NVIDIA H100"], "M": [1, 2, 3]})
+    metadata = {"data_info": {"train_hardware_distribution": {"NVIDIA H100": 10}}}
+    assert held_out_shapes_of_training_gpus(test, metadata)["M"].tolist() == [1, 3]
+    # --holdout_hardware: the test split is the held-out GPU's, no threshold can be measured on it
+    metadata = {"data_info": {"train_hardware_distribution": {"NVIDIA A100-SXM4-80GB": 10}}}
+    assert held_out_shapes_of_training_gpus(test, metadata).empty
+
+
 def test_predict_kernels_writes_the_flag(tmp_path):
     from pipeweave.kernels import main
 
