@@ -35,7 +35,7 @@ from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_
                               clip_efficiency, frame_band_table, regime_efficiency)
 from pipeweave.cli import (ArgumentParser, keep_marked_sections, run_cli, trainable_operator_list, write_atomically,
                            write_marked_section)
-from pipeweave.ensemble import MEMBER_SPREAD_QUANTILE
+from pipeweave.ensemble import held_out_shapes_of_training_gpus, median_of_members, member_spread_entry
 from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, cache_directory, gpus_with_data,
                                   logo_config, logo_predictions, logo_seeds)
 from pipeweave.mlp import NumpyMLP, weights_path
@@ -43,8 +43,8 @@ from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors
                                 train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
-from pipeweave.predictor import (DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, MEMBERS_DISAGREE, KernelPredictor,
-                                 coverage_codes, training_coverage)
+from pipeweave.predictor import (DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor, coverage_codes,
+                                 disagreement_codes, training_coverage)
 from pipeweave.training import TrainConfig
 
 OPS = operator_keys(trainable=True)
@@ -193,7 +193,7 @@ def loao_results(op: str, dataset_dir: Path, log=print) -> dict:
             predicted, rows = None, len(cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed))
         else:
             members = [train_and_evaluate(op, train, test, replace(config, seed=seed)) for seed in logo_seeds(op)]
-            predicted = np.exp(np.median(np.log([member[2] for member in members]), axis=0))
+            predicted = median_of_members([member[2] for member in members])
             rows = members[0][1]["train_rows"]
         band = other_gpus_band(op, dataset_dir, held_out)
         out[label] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config, band), rows, held_out)
@@ -346,8 +346,8 @@ def near_roofline(cell: dict) -> str:
 def flag_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) -> dict:
     """What the extrapolation flag says under leave-one-GPU-out: per held-out GPU, the share of its rows the LOGO
     model flags (each bit as the predictor sets it: architecture and input ranges of that model's training data,
-    and for an ensemble the members' disagreement above the MEMBER_SPREAD_QUANTILE of their disagreement on the
-    other GPUs' held-out shapes) and the duration error of the flagged and the unflagged rows, as predicted."""
+    and for an ensemble the members' disagreement above its threshold, :func:`pipeweave.ensemble.member_spread_entry`
+    on the other GPUs' held-out shapes) and the duration error of the flagged and the unflagged rows, as predicted."""
     gpus = gpus_with_data(op, dataset_dir)
     if len(gpus) < 2:
         return {}
@@ -367,11 +367,9 @@ def flag_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=pr
                                test[list(operator.descriptor_names)].to_numpy(np.float64),
                                hardware.get(gpu).architecture)
         if len(members) > 1:
-            others = every_test[every_test["hardware"] != gpu]
-            threshold = np.quantile(model.efficiency_and_spread(others[inputs].to_numpy(np.float64))[1],
-                                    MEMBER_SPREAD_QUANTILE)
-            spread = model.efficiency_and_spread(test[inputs].to_numpy(np.float64))[1]
-            codes |= np.where(spread > threshold, MEMBERS_DISAGREE, 0).astype(np.int8)
+            others = held_out_shapes_of_training_gpus(every_test, metadata)
+            threshold = member_spread_entry(model, others[inputs].to_numpy(np.float64))["threshold"]
+            codes |= disagreement_codes(model.efficiency_and_spread(test[inputs].to_numpy(np.float64))[1], threshold)
         err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted) * 100
         flagged = codes > 0
         out[gpu] = {"n": len(codes), "flagged": float(flagged.mean()),
@@ -393,10 +391,11 @@ def render_flags(flags: dict) -> str:
         "flag (docs/METHOD.md §4.3): `architecture` (no GPU of its architecture in the model's training data),",
         "`range` (a model input outside its training range), `members` (the five members of an ensemble: GEMM,",
         "FP8 GEMM, attention, MoE; they disagree more than on 99 % of held-out shapes of their training GPUs: the",
-        "inputs are each inside their range but their combination is unlike the training rows). Here every GPU is held out in turn and",
-        "flagged by its leave-one-GPU-out model as the predictor flags a GPU outside training; the error columns are",
-        "the duration errors (mean %) of its flagged and unflagged rows. A flag that means something has the larger",
-        "error on the flagged rows. A per-GPU bias that all members share is not flagged (A40's GEMMs).",
+        "inputs are each inside their range but their combination is unlike the training rows). Here every GPU is",
+        "held out in turn and flagged by its leave-one-GPU-out model as the predictor flags a GPU outside training;",
+        "the error columns are the duration errors (mean %) of its flagged and unflagged rows. A flag that means",
+        "something has the larger error on the flagged rows. A per-GPU bias that all members share is not flagged",
+        "(A40's GEMMs).",
         "",
         "| operator | held-out GPU | n | flagged % | range % | architecture % | members % | error flagged "
         "| error not flagged |",

@@ -38,6 +38,12 @@ SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {op: (42, 1, 2, 3, 4) for op in ("ge
 MEMBER_SPREAD_QUANTILE = 0.99
 
 
+def median_of_members(efficiencies) -> np.ndarray:
+    """The ensemble's efficiency from its members' (one array per member): the median of their log-efficiencies,
+    as the numpy runtime combines them."""
+    return np.exp(np.median(np.log(efficiencies), axis=0))
+
+
 def member_dirs(model_dir: str | Path) -> list[Path]:
     """The member directories of an ensemble model directory, in training order (empty for a single model)."""
     path = Path(model_dir) / "metadata.json"

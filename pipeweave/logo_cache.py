@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from pipeweave.cli import write_atomically
-from pipeweave.ensemble import SHIPPED_SEEDS
+from pipeweave.ensemble import SHIPPED_SEEDS, median_of_members
 from pipeweave.modeling import dataset_paths, load_splits, train_and_evaluate, write_model_dir
 from pipeweave.paths import REPO_ROOT
 from pipeweave.training import TrainConfig
@@ -76,7 +76,7 @@ def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT
     train, test = load_splits(op, dataset_dir, [gpu])
     members = [_member_predictions(op, gpu, seed, train, test, cache_directory(Path(cache), op, gpu) / f"seed{seed}",
                                    f"{fingerprint}-seed{seed}", log) for seed in logo_seeds(op)]
-    predicted = np.exp(np.median(np.log([efficiency for efficiency, _ in members]), axis=0))
+    predicted = median_of_members([efficiency for efficiency, _ in members])
     return train, test, predicted, members[0][1]
 
 

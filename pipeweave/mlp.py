@@ -116,31 +116,42 @@ class NumpyMLP:
 
     def efficiency(self, features: np.ndarray) -> np.ndarray:
         """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
-        return self.efficiency_and_spread(features)[0]
+        return self._median_efficiency(self._outputs(features))
 
     def efficiency_and_spread(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(``overall_perf``, the members' disagreement) for raw feature rows. The disagreement is the standard
-        deviation of the members' log-efficiencies (0 for a single model): members trained alike agree where the
-        training data pin the answer down and scatter where the input lies outside what they saw, even when
-        every input is inside its training range (docs/METHOD.md §4.3)."""
+        """(``overall_perf``, the members' disagreement) for raw feature rows, from one forward pass. The
+        disagreement is the standard deviation of the members' log-efficiencies (0 for a single model): members
+        trained alike agree where the training data pin the answer down and scatter where the input lies outside
+        what they saw, even when every input is inside its training range (docs/METHOD.md §4.3)."""
+        y = self._outputs(features)
+        return self._median_efficiency(y), self._log_efficiencies(y).std(axis=0)
+
+    def _outputs(self, features: np.ndarray) -> np.ndarray:
+        """:meth:`output` of raw feature rows, checked: shape (members, rows)."""
         features = np.asarray(features)
         if features.ndim != 2 or features.shape[1] != self.input_dim:
             raise ValueError(f"{self.source}: expected feature rows of width {self.input_dim}, got shape "
                              f"{features.shape}")
         if len(features) == 0:
-            return np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.float64)
+            return np.zeros((len(self.layers[0][0]), 0), dtype=np.float64)
         # One BLAS thread: the batches are a few hundred rows, where thread start-up and contention cost far
         # more than they save (the aggregator's 403-iteration benchmark on a busy 2-core machine: 150 ms with
         # the default OpenBLAS threads, 47 ms with one).
         with _blas_threads().limit(limits=1, user_api="blas"):
-            y = self.output(model_inputs(features))
+            return self.output(model_inputs(features))
+
+    def _median_efficiency(self, y: np.ndarray) -> np.ndarray:
+        """The ensemble's efficiency: the members' median of the raw outputs for a sigmoid head, of the clamped
+        log-efficiencies for MLP_v2 (a single model: its own)."""
         if self.log_bounds is None:  # sigmoid(y) = exp(-log(1 + exp(-y))), without overflow for very negative y
-            log_efficiency = -np.logaddexp(0.0, -y)
-            efficiency = np.exp(-np.logaddexp(0.0, -np.median(y, axis=0)))
-        else:
-            log_efficiency = np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:])
-            efficiency = np.exp(np.median(log_efficiency, axis=0))
-        return efficiency, log_efficiency.std(axis=0)
+            return np.exp(-np.logaddexp(0.0, -np.median(y, axis=0)))
+        return np.exp(np.median(self._log_efficiencies(y), axis=0))
+
+    def _log_efficiencies(self, y: np.ndarray) -> np.ndarray:
+        """Each member's log-efficiency from its last-layer output (MLP_v2: clamped to its training bounds)."""
+        if self.log_bounds is None:
+            return -np.logaddexp(0.0, -y)
+        return np.clip(y, self.log_bounds[:, :1], self.log_bounds[:, 1:])
 
 
 def read_weight_arrays(path: str | Path) -> dict[str, np.ndarray]:

@@ -53,6 +53,11 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[fr
     return architectures, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
 
 
+def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:
+    """MEMBERS_DISAGREE where the members' disagreement exceeds the ensemble's threshold."""
+    return np.where(spread > threshold, MEMBERS_DISAGREE, 0).astype(np.int8)
+
+
 def coverage_codes(coverage: tuple, features: np.ndarray, described: np.ndarray | None,
                    architecture: str) -> np.ndarray:
     """UNSEEN_ARCHITECTURE | OUTSIDE_RANGE per row against a :func:`training_coverage`."""
@@ -137,7 +142,7 @@ class KernelPredictor:
         codes = self.extrapolation(op, features, described, hw.architecture)
         threshold = self.member_spread_threshold(op)
         if threshold is not None:
-            codes |= np.where(spread > threshold, MEMBERS_DISAGREE, 0).astype(np.int8)
+            codes |= disagreement_codes(spread, threshold)
         return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0], codes
 
     def member_spread_threshold(self, op: str) -> float | None:
