@@ -343,33 +343,43 @@ def near_roofline(cell: dict) -> str:
     return "—" if worst is None else f"{worst:.2f}x"
 
 
+def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFrame, cache: Path = DEFAULT_CACHE,
+                    hardware=None) -> np.ndarray:
+    """Extrapolation bits of the rows ``test`` of ``gpu`` under its LOGO model, each bit as the predictor sets it:
+    architecture and input ranges of that model's training data, and for an ensemble the members' disagreement
+    above its threshold (:func:`pipeweave.ensemble.member_spread_entry` on the other GPUs' held-out shapes,
+    ``every_test``: the operator's test split)."""
+    hardware = hardware or hardware_registry(DEFAULT_HARDWARE_DIR)
+    operator = get_operator(op)
+    directory = cache_directory(cache, op, gpu)
+    members = [directory / f"seed{seed}" / "model" for seed in logo_seeds(op)]
+    metadata = json.loads((members[0] / "metadata.json").read_text())
+    codes = coverage_codes(training_coverage(metadata, hardware, str(members[0]), op),
+                           test[list(operator.feature_names)].to_numpy(np.float64),
+                           test[list(operator.descriptor_names)].to_numpy(np.float64),
+                           hardware.get(gpu).architecture)
+    if len(members) > 1:
+        model = NumpyMLP.from_members([weights_path(member, op) for member in members], str(directory))
+        inputs = metadata["model_info"]["features"]
+        others = held_out_shapes_of_training_gpus(every_test, metadata)
+        threshold = member_spread_entry(model, others[inputs].to_numpy(np.float64))["threshold"]
+        codes |= disagreement_codes(model.efficiency_and_spread(test[inputs].to_numpy(np.float64))[1], threshold)
+    return codes
+
+
 def flag_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) -> dict:
     """What the extrapolation flag says under leave-one-GPU-out: per held-out GPU, the share of its rows the LOGO
-    model flags (each bit as the predictor sets it: architecture and input ranges of that model's training data,
-    and for an ensemble the members' disagreement above its threshold, :func:`pipeweave.ensemble.member_spread_entry`
-    on the other GPUs' held-out shapes) and the duration error of the flagged and the unflagged rows, as predicted."""
+    model flags (:func:`logo_flag_codes`) and the duration error of the flagged and the unflagged rows, as
+    predicted."""
     gpus = gpus_with_data(op, dataset_dir)
     if len(gpus) < 2:
         return {}
     hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
-    operator = get_operator(op)
     _, every_test = load_splits(op, dataset_dir)
     out = {}
     for gpu in gpus:
         test, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, log=log)
-        directory = cache_directory(cache, op, gpu)
-        members = [directory / f"seed{seed}" / "model" for seed in logo_seeds(op)]
-        metadata = json.loads((members[0] / "metadata.json").read_text())
-        model = NumpyMLP.from_members([weights_path(member, op) for member in members], str(directory))
-        inputs = metadata["model_info"]["features"]
-        codes = coverage_codes(training_coverage(metadata, hardware, str(members[0]), op),
-                               test[list(operator.feature_names)].to_numpy(np.float64),
-                               test[list(operator.descriptor_names)].to_numpy(np.float64),
-                               hardware.get(gpu).architecture)
-        if len(members) > 1:
-            others = held_out_shapes_of_training_gpus(every_test, metadata)
-            threshold = member_spread_entry(model, others[inputs].to_numpy(np.float64))["threshold"]
-            codes |= disagreement_codes(model.efficiency_and_spread(test[inputs].to_numpy(np.float64))[1], threshold)
+        codes = logo_flag_codes(op, gpu, test, every_test, cache, hardware)
         err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted) * 100
         flagged = codes > 0
         out[gpu] = {"n": len(codes), "flagged": float(flagged.mean()),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from pipeweave.calibration_design import (CLASSES, COLLECTIVE_KINDS, COMMUNICATI
                                           class_terms, design)
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
-FORMAT_VERSION = 2  # 1: intercepts and the communication factor only (read with every shape slope at 0)
+FORMAT_VERSION = 3  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
+# fine-tuned models (read as such)
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
 FACTORS = INTERCEPTS + (PARAMS[COMMUNICATION],)  # parameters that are a plain factor (the others: slopes)
 MIN_TAU = 0.02  # least prior scale of any parameter (log space): no correction is ruled out a priori
@@ -210,12 +212,29 @@ class Calibration:
     prior: dict
     standardisation: dict | None = None  # None: a format-1 file, intercepts only
     path: Path | None = None
+    #: {op: {"weights": base64 weight file, ...how it was fitted}}: models fine-tuned on this GPU's kernels
+    fine_tuned: dict = field(default_factory=dict)
+    _models: dict = field(default_factory=dict, repr=False)
 
     @property
     def method(self) -> str:
-        return ("per-GPU log-duration corrections per kernel class: compute and memory intercepts split by the "
-                "analytical compute/memory share and slopes on standardised shape covariates, plus a communication "
-                "factor; MAP with an empirical-Bayes Gaussian prior toward the zero-shot model (pipeweave.calibration)")
+        method = ("per-GPU log-duration corrections per kernel class: compute and memory intercepts split by the "
+                  "analytical compute/memory share and slopes on standardised shape covariates, plus a communication "
+                  "factor; MAP with an empirical-Bayes Gaussian prior toward the zero-shot model (pipeweave.calibration)")
+        if self.fine_tuned:
+            method += (f"; the {', '.join(sorted(self.fine_tuned))} model fine-tuned on this GPU's measured kernels, "
+                       f"where the shipped model extrapolates (pipeweave.finetune), under those corrections")
+        return method
+
+    def fine_tuned_models(self) -> dict:
+        """{op: NumpyMLP} of the models fine-tuned on this GPU (decoded once)."""
+        from pipeweave.finetune import decode_arrays
+        from pipeweave.mlp import NumpyMLP
+
+        for op, entry in self.fine_tuned.items():
+            if op not in self._models:
+                self._models[op] = NumpyMLP(decode_arrays(entry["weights"]), f"{self.path}: fine_tuned.{op}")
+        return dict(self._models)
 
     def summary(self) -> dict:
         """What an output records: file, GPU, method and the data it was fitted from."""
@@ -224,7 +243,9 @@ class Calibration:
                 "factors": {p: round(float(np.exp(t)), 4) for p, t in zip(PARAMS, self.theta)
                             if abs(t) > 1e-9 and p in FACTORS},
                 "slopes_per_sd": {p: round(float(t), 4) for p, t in zip(PARAMS, self.theta)
-                                  if abs(t) > 1e-9 and p not in FACTORS}}
+                                  if abs(t) > 1e-9 and p not in FACTORS},
+                **({"fine_tuned": {op: {k: v for k, v in entry.items() if k != "weights"}
+                                   for op, entry in sorted(self.fine_tuned.items())}} if self.fine_tuned else {})}
 
     def factors(self, op: str, features: np.ndarray, shapes=None) -> np.ndarray:
         return np.exp(design(op, features, shapes, self.standardisation) @ self.theta)
@@ -264,7 +285,7 @@ class Calibration:
                 "parameters": {p: {"log_factor": float(t), "factor": float(np.exp(t)), "posterior_std": float(s)}
                                for p, t, s in zip(PARAMS, self.theta, self.std)},
                 "standardisation": self.standardisation, "fitted_from": self.fitted_from,
-                "base_models": self.base_models, "prior": self.prior}
+                "base_models": self.base_models, "prior": self.prior, "fine_tuned": self.fine_tuned}
 
     def save(self, path: str | Path) -> None:
         from pipeweave.cli import write_atomically
@@ -285,25 +306,34 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(data, dict) or data.get("kind") != "pipeweave-calibration":
         raise ValueError(f"{path}: not a calibration file (write one with calibrate.py)")
     version = data.get("format")
-    if version not in (1, FORMAT_VERSION):
-        raise ValueError(f"{path}: calibration format {version!r}, this pipeweave reads 1 and {FORMAT_VERSION}; "
+    if version not in range(1, FORMAT_VERSION + 1):
+        raise ValueError(f"{path}: calibration format {version!r}, this pipeweave reads 1 to {FORMAT_VERSION}; "
                          f"refit it with calibrate.py")
     # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions
     expected = [p for p in PARAMS if p in FACTORS] if version == 1 else PARAMS
     parameters = data.get("parameters", {})
     missing = [p for p in expected if p not in parameters]
-    standardisation = data.get("standardisation") if version == FORMAT_VERSION else None
-    if version == FORMAT_VERSION and (not isinstance(standardisation, dict) or set(standardisation) != set(CLASSES)):
+    standardisation = data.get("standardisation") if version > 1 else None
+    if version > 1 and (not isinstance(standardisation, dict) or set(standardisation) != set(CLASSES)):
         missing.append("standardisation")
+    fine_tuned = data.get("fine_tuned", {}) if version == FORMAT_VERSION else {}
+    if not isinstance(fine_tuned, dict) or any(not isinstance(entry, dict) or "weights" not in entry
+                                               for entry in fine_tuned.values()):
+        missing.append("the weights of its fine_tuned models")
     if missing:
         raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
     theta = np.array([float(parameters[p]["log_factor"]) if p in expected else 0.0 for p in PARAMS])
     std = np.array([float(parameters[p]["posterior_std"]) if p in expected else 0.0 for p in PARAMS])
     if not np.all(np.isfinite(theta)):
         raise ValueError(f"{path}: calibration has non-finite parameters")
-    return Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
-                       data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
-                       standardisation, path)
+    calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
+                              data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
+                              standardisation, path, fine_tuned)
+    try:
+        calibration.fine_tuned_models()
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: a fine-tuned model does not load ({exc}); refit it with calibrate.py") from None
+    return calibration
 
 
 def file_digest(path: str | Path) -> str:

@@ -21,16 +21,22 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
-from pipeweave.accuracy import logo_as_predicted
+from pipeweave.accuracy import logo_as_predicted, logo_flag_codes, other_gpus_band
+from pipeweave.bounds import clip_efficiency
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, fit_map
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
-from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data
+from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS
+from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, cache_directory, gpus_with_data,
+                                  logo_seeds)
+from pipeweave.modeling import load_splits
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
@@ -49,6 +55,24 @@ SECTION = "calibration-kshot"
 
 
 @dataclass
+class FineTunable:
+    """What :mod:`pipeweave.finetune` needs to fine-tune a held-out GPU's LOGO model on drawn kernels."""
+
+    member_dirs: list[Path]
+    inputs: np.ndarray  # raw model inputs of every kernel of the GPU
+    efficiency: np.ndarray  # measured overall_perf
+    extrapolated: np.ndarray  # the LOGO model's extrapolation flag per kernel (pipeweave.accuracy.logo_flag_codes)
+    clip: Callable[[np.ndarray], np.ndarray]  # efficiency of every kernel -> kept inside the physical band
+
+    def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray) -> np.ndarray:
+        from pipeweave.finetune import fine_tune_for_gpu
+        from pipeweave.mlp import NumpyMLP
+
+        arrays = fine_tune_for_gpu(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target)
+        return self.clip(NumpyMLP(arrays).efficiency(self.inputs))
+
+
+@dataclass
 class HeldOut:
     """Every kernel of one GPU for one operator, as its leave-one-GPU-out model predicts it."""
 
@@ -58,6 +82,7 @@ class HeldOut:
     compute_share: np.ndarray
     raw: np.ndarray  # raw shape covariates (pipeweave.calibration_design.raw_covariates)
     y: np.ndarray  # log(measured / predicted duration)
+    fine_tunable: FineTunable | None = None  # an operator of pipeweave.finetune.FINE_TUNABLE
 
     def design(self, standardisation: dict | None) -> np.ndarray:
         return assemble(self.classes, self.compute_share, self.raw, standardisation)
@@ -71,9 +96,19 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path) -> HeldOut:
     operator = get_operator(op)
     features = frame[list(operator.feature_names)].to_numpy(np.float64)
     shapes = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
-    ratio = np.log(predicted / frame["overall_perf"].to_numpy(np.float64))  # t / t̂ = p̂ / p
+    measured = frame["overall_perf"].to_numpy(np.float64)
+    ratio = np.log(predicted / measured)  # t / t̂ = p̂ / p
+    fine_tunable = None
+    if op in FINE_TUNABLE:
+        members = [cache_directory(cache, op, gpu) / f"seed{seed}" / "model" for seed in logo_seeds(op)]
+        described = frame[list(operator.descriptor_names)].to_numpy(np.float64)
+        band = other_gpus_band(op, dataset_dir, [gpu])
+        sm_freq = frame["sm_freq"].to_numpy(np.float64)
+        codes = logo_flag_codes(op, gpu, frame, load_splits(op, dataset_dir)[1], cache)
+        fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured, codes > 0,
+                                   lambda e: clip_efficiency(op, e, features, described, sm_freq, band)[0])
     return HeldOut(op, gpu, kernel_classes(op, len(frame), attention_types(op, shapes)),
-                   pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio)
+                   pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio, fine_tunable)
 
 
 def identified_terms(block: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -158,18 +193,27 @@ def fallback_variances(cls: str, corrections: list) -> np.ndarray:
     return np.array(out)
 
 
-def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float]:
-    """(mean, median) duration error in % on the kernels not drawn, after calibrating on k drawn ones."""
+def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float, bool]:
+    """(mean, median) duration error in % on the kernels not drawn, after calibrating on k drawn ones as
+    ``calibrate.py --kernels`` does, and whether that fine-tuned the model (:mod:`pipeweave.finetune`)."""
     y = held.y
     if k == 0:
         errors = np.abs(np.exp(-y) - 1)
-        return float(errors.mean() * 100), float(np.median(errors) * 100)
+        return float(errors.mean() * 100), float(np.median(errors) * 100), False
     drawn = np.random.default_rng(seed).choice(len(y), size=k, replace=False)
     rest = np.setdiff1d(np.arange(len(y)), drawn)
     sigma = np.array([prior.sigma_kernel[c] for c in held.classes[drawn]])
     theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(y[drawn]), sigma), prior)[0]
-    errors = np.abs(np.exp(x[rest] @ theta - y[rest]) - 1)
-    return float(errors.mean() * 100), float(np.median(errors) * 100)
+    log_error = x @ theta - y  # log(calibrated / measured duration)
+    tune = held.fine_tunable
+    fine_tuned = (tune is not None and k >= MIN_KERNELS
+                  and tune.extrapolated[drawn].mean() >= MIN_EXTRAPOLATED_SHARE)
+    if fine_tuned:  # the model learns what the corrections leave unexplained on the drawn kernels
+        correction = np.exp(x @ theta)
+        efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn])
+        log_error = np.log(tune.efficiency / efficiency * correction)
+    errors = np.abs(np.exp(log_error[rest]) - 1)
+    return float(errors.mean() * 100), float(np.median(errors) * 100), bool(fine_tuned)
 
 
 def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=print) -> tuple[dict, Prior]:
@@ -187,11 +231,17 @@ def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=pr
             if k >= len(held.y):
                 continue
             runs = [kshot_errors(held, x, priors[held.gpu], k, SEED + d) for d in range(1 if k == 0 else draws)]
-            means, medians = zip(*runs)
-            cell[str(k)] = {"mean": float(np.mean(means)), "median": float(np.mean(medians))}
+            means, medians, tuned = zip(*runs)
+            cell[str(k)] = {"mean": float(np.mean(means)), "median": float(np.mean(medians)),
+                            "fine_tuned": int(sum(tuned)), "draws": len(runs)}
         results.setdefault(held.op, {})[held.gpu] = {"n": int(len(held.y)), "shots": cell}
         log(f"  {held.op} / {held.gpu}: " + ", ".join(f"k={k} {v['mean']:.1f} %" for k, v in cell.items()))
     return results, prior
+
+
+def tuned_mark(shot: dict) -> str:
+    """' (ft n/m)' where the calibration fine-tuned the model in n of the m draws."""
+    return f" (ft {shot['fine_tuned']}/{shot['draws']})" if shot.get("fine_tuned") else ""
 
 
 def render(results: dict, png: Path, doc: Path) -> str:
@@ -245,8 +295,8 @@ def render(results: dict, png: Path, doc: Path) -> str:
         for gpu, cell in by_gpu.items():
             shots = cell["shots"]
             lines.append(f"| {op} | {gpu} | {cell['n']} | " + " | ".join(
-                f"{shots[str(k)]['mean']:.1f} / {shots[str(k)]['median']:.1f}" if str(k) in shots else "—"
-                for k in SHOTS) + " |")
+                f"{shots[str(k)]['mean']:.1f} / {shots[str(k)]['median']:.1f}{tuned_mark(shots[str(k)])}"
+                if str(k) in shots else "—" for k in SHOTS) + " |")
     lines += ["", f"![k-shot calibration]({os.path.relpath(png, doc.parent)})"]
     return "\n".join(lines)
 

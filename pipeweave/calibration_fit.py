@@ -14,6 +14,7 @@ same quantity, written as a sum over kernel and collective instances, with each 
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -240,11 +241,68 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
     parser.add_argument("--prior", default=str(DEFAULT_PRIOR_PATH),
                         help="prior scales (default: pipeweave/calibration_prior.json)")
+    parser.add_argument("--no_fine_tune", action="store_true",
+                        help="fit the corrections only, also where the shipped model extrapolates on the measured "
+                             "kernels (by default a GEMM or FP8 GEMM model is then fine-tuned on them; needs torch)")
     return parser
 
 
+def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, corrections: Calibration
+                     ) -> tuple[float, np.ndarray, np.ndarray]:
+    """(share of the measured kernels of ``op`` the shipped model extrapolates on, their raw model inputs, the
+    efficiency the model must give them so that its duration under ``corrections`` is the measured one)."""
+    operator = get_operator(op)
+    shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
+    predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
+    inputs = predicted[predictor.model(op)[1]["model_info"]["features"]].to_numpy(np.float64)
+    count = len(operator.feature_names)
+    _, codes = predictor.kernel_rows(op, inputs[:, :count], inputs[:, count:], [spec.stem] * len(frame))
+    factors = corrections.factors(op, inputs[:, :count],
+                                  list(frame[list(operator.shape_columns)].itertuples(index=False, name=None)))
+    measured_us = frame["avg_duration"].to_numpy(np.float64) / factors
+    return float(np.mean(codes > 0)), inputs, predicted["ideal_cycles"].to_numpy(np.float64) / (measured_us
+                                                                                                  * spec.sm_freq)
+
+
+def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor, registry,
+                     corrections: Calibration, log=print) -> dict:
+    """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` whose measured
+    kernels the shipped model mostly extrapolates on: its members fine-tuned on what ``corrections`` (the fitted
+    calibration) leaves unexplained (:mod:`pipeweave.finetune`)."""
+    from pipeweave.finetune import (EPOCHS, FINE_TUNABLE, LEARNING_RATE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS,
+                                    encode_arrays)
+
+    entries = {}
+    for op in FINE_TUNABLE:
+        frames = [frame for kind, frame in kernel_frames if kind == op]
+        if not frames:
+            continue
+        frame = pd.concat(frames, ignore_index=True)
+        share, inputs, efficiency = fine_tune_inputs(op, frame, spec, predictor, corrections)
+        said = f"{op}: the shipped model extrapolates on {share:.0%} of {len(frame)} measured kernels"
+        if share < MIN_EXTRAPOLATED_SHARE or len(frame) < MIN_KERNELS:
+            log(f"{said}: corrections only (fine-tuning needs at least {MIN_EXTRAPOLATED_SHARE:.0%} of at least "
+                f"{MIN_KERNELS})")
+            continue
+        if importlib.util.find_spec("torch") is None:
+            raise UserError(f"{said}; fine-tuning it on them needs torch (pip install '.[train]'), or pass "
+                            f"--no_fine_tune to fit the corrections only")
+        from pipeweave.ensemble import member_dirs
+        from pipeweave.finetune import fine_tune_for_gpu
+
+        _, metadata, directory = predictor.model(op)
+        members = member_dirs(directory) if "ensemble" in metadata else [directory]
+        arrays = fine_tune_for_gpu(op, members, registry, inputs, efficiency)
+        log(f"{said}: fine-tuned its {len(members)} member(s) on them ({EPOCHS} epochs at learning rate "
+            f"{LEARNING_RATE:g})")
+        entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
+                       "epochs": EPOCHS, "learning_rate": LEARNING_RATE, "weights": encode_arrays(arrays)}
+    return entries
+
+
 def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=None,
-              hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, log=print) -> Calibration:
+              hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, fine_tune: bool = True,
+              log=print) -> Calibration:
     """Validate every input, build the equations and fit; nothing is written here."""
     from pipeweave.engine import Engine
     from pipeweave.flatten import load_workload
@@ -272,8 +330,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
             runs.append((workload, {m: getattr(run, m) for m in METRICS}))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [w.stem for w, _ in runs]}
-    for path in kernels:
-        op, frame = read_kernel_csv(path, spec, registry)
+    kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
+    for path, (op, frame) in zip(kernels, kernel_frames):
         parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name))
         fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
                                                       "digest": file_digest(path)})
@@ -288,15 +346,19 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     base_models = {}
     for op in sorted(aggregator.predictor._models):
         base_models[op] = str(aggregator.predictor._models[op][2])
-    return Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.summary(),
-                       prior.standardisation)
+    calibration = Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.summary(),
+                              prior.standardisation)
+    if fine_tune:  # what the corrections leave unexplained, where the shipped model extrapolates
+        calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry, calibration,
+                                                  log)
+    return calibration
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
-                            hardware_dir=args.hardware_dir, prior=prior)
+                            hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune)
     calibration.save(args.output)
     summary = calibration.summary()
     for name, value in summary["factors"].items():

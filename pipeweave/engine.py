@@ -29,7 +29,9 @@ between steps; split across modules those arrays would become a public interface
   durations_ms`` (``kind`` is a registry operator key or a collective kind; for kernels ``features`` are the rows'
   analytical features and ``shapes`` their shape keys), called on every kernel and collective duration before they
   are summed, and ``record(hardware) -> dict | None``, what a prediction on that GPU records under
-  ``"calibration"`` (:class:`pipeweave.calibration.Calibration`). None = no correction.
+  ``"calibration"`` (:class:`pipeweave.calibration.Calibration`), and optionally ``fine_tuned_models() ->
+  {op: NumpyMLP}`` and ``hardware`` (a file stem): kernel models fine-tuned on that GPU, which replace the shipped
+  ones for its rows (:mod:`pipeweave.finetune`). None = no correction.
 * Every kernel efficiency is kept inside its physical band (:mod:`pipeweave.bounds`) before the calibration;
   the output's ``extrapolation`` block gives the share of predicted kernel time that is extrapolated (its GPU's
   architecture or its shape outside the model's training data, or the ensemble's members disagreeing), overall,
@@ -152,6 +154,8 @@ class Engine:
             from pipeweave.predictor import KernelPredictor
 
             self._predictor = KernelPredictor(self.model_dir, self.hardware_dir)
+            if self.calibration is not None and hasattr(self.calibration, "fine_tuned_models"):
+                self._predictor.use_fine_tuned(self.calibration)
         return self._predictor
 
     @property

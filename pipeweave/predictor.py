@@ -7,6 +7,7 @@ needed only by the frame methods (dataset CSVs, the accuracy report), not by :me
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -16,7 +17,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
 from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
-from pipeweave.mlp import latest_model_dir, load_model_dir
+from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class KernelPredictor:
         self.hardware = hardware_registry(self.hardware_dir)
         self._models: dict[str, tuple] = {}
         self._coverage: dict[str, tuple] = {}
+        self._fine_tuned: dict[tuple[str, str], NumpyMLP] = {}
 
     def model(self, op: str):
         """(model, metadata, directory) for ``op``; a missing model is an error naming the file."""
@@ -114,13 +116,32 @@ class KernelPredictor:
     def efficiency_and_spread(self, op: str, features: np.ndarray, described: np.ndarray | None = None
                               ) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`efficiency_from_features`, the members' disagreement: :meth:`NumpyMLP.efficiency_and_spread`)."""
-        model, _, directory = self.model(op)
-        inputs = features
-        if self.uses_descriptors(op):
-            if described is None:
-                raise ValueError(f"{directory} needs the {op} shape descriptors as well as the features")
-            inputs = np.concatenate([features, described], axis=1)
-        return model.efficiency_and_spread(inputs)
+        return self.model(op)[0].efficiency_and_spread(self.model_inputs(op, features, described))
+
+    def model_inputs(self, op: str, features: np.ndarray, described: np.ndarray | None) -> np.ndarray:
+        """The model's raw input rows: the pipe features, then (for models trained with them) the descriptors."""
+        if not self.uses_descriptors(op):
+            return features
+        if described is None:
+            raise ValueError(f"{self.model(op)[2]} needs the {op} shape descriptors as well as the features")
+        return np.concatenate([features, described], axis=1)
+
+    def use_fine_tuned(self, calibration) -> None:
+        """Predict the GPU of ``calibration`` (:class:`pipeweave.calibration.Calibration`) with the models it
+        fine-tuned on that GPU's kernels (:mod:`pipeweave.finetune`); every other GPU keeps the shipped models."""
+        for op, model in calibration.fine_tuned_models().items():
+            self._fine_tuned[(op, calibration.hardware)] = model
+
+    @contextmanager
+    def fine_tuned_by(self, calibration):
+        """:meth:`use_fine_tuned` for the duration of a ``with`` block (nothing without a calibration)."""
+        saved = dict(self._fine_tuned)
+        if calibration is not None:
+            self.use_fine_tuned(calibration)
+        try:
+            yield self
+        finally:
+            self._fine_tuned = saved
 
     def trained_on(self, op: str) -> frozenset:
         """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``)."""
@@ -168,6 +189,9 @@ class KernelPredictor:
     def _unbounded(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
                    ) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`unbounded_efficiency`, the members' disagreement; 0 where no MLP gave the efficiency)."""
+        tuned = self._fine_tuned.get((op, hw.stem))
+        if tuned is not None:
+            return tuned.efficiency_and_spread(self.model_inputs(op, features, described))
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
@@ -228,6 +252,12 @@ class KernelPredictor:
         """Predicted µs per row of a column mapping (the operator's shape columns) on ``hardware[row]``; a
         ``calibration`` (:class:`pipeweave.calibration.Calibration`) corrects the rows of its own GPU only (after
         the physical band); with ``with_extrapolation``, (µs, extrapolation bits) per row."""
+        with self.fine_tuned_by(calibration):
+            out, codes = self._predict_columns(op, columns, hardware, calibration)
+        return (out, codes) if with_extrapolation else out
+
+    def _predict_columns(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str], calibration
+                         ) -> tuple[np.ndarray, np.ndarray]:
         operator = get_operator(op)
         names = np.asarray(list(hardware), dtype=object)
         out = np.zeros(len(names))
@@ -243,4 +273,4 @@ class KernelPredictor:
             if calibration is not None:
                 shapes = list(zip(*(part[column] for column in operator.shape_columns)))
                 out[rows] = calibration.apply(op, hw, out[rows], features, shapes)
-        return (out, codes) if with_extrapolation else out
+        return out, codes

@@ -379,8 +379,8 @@ def test_calibration_file_validation(tmp_path, a100_calibration):
     with pytest.raises(ValueError, match="not a calibration file"):
         load_calibration(bad)
     data = json.loads(a100_calibration.read_text())
-    bad.write_text(json.dumps({**data, "format": 3}))
-    with pytest.raises(ValueError, match="calibration format 3, this pipeweave reads 1 and 2; refit"):
+    bad.write_text(json.dumps({**data, "format": 4}))
+    with pytest.raises(ValueError, match="calibration format 4, this pipeweave reads 1 to 3; refit"):
         load_calibration(bad)
     bad.write_text(json.dumps({key: value for key, value in data.items() if key != "standardisation"}))
     with pytest.raises(ValueError, match="lacks standardisation"):

@@ -1,0 +1,131 @@
+"""Fine-tuning a kernel model on one GPU's measured kernels where the shipped model extrapolates there.
+
+Why. The calibration's corrections (:mod:`pipeweave.calibration`) are a low-dimensional function of the
+shape: they fix a GPU's efficiency bias where the model's shape structure is right. Where the GPU's kernels lie
+outside what the model was trained on (extrapolation flags, docs/METHOD.md §4.3: an unseen architecture,
+inputs outside the training range, ensemble members that disagree), the structure itself is guesswork: under
+leave-one-GPU-out, H20's BF16 and FP8 GEMMs are more compute-bound than any other GPU's and 86 % of them are
+flagged. There the measured kernels teach the MLP more than a correction of its output can.
+
+How. Each ensemble member is trained further, ``EPOCHS`` passes at ``LEARNING_RATE`` (the training recipe's
+optimiser, loss and gradient clipping), on the measured kernels of the GPU (log efficiency) together with a
+*replay set* that anchors the rest of the model: the profiler's full shape grid (:mod:`pipeweave.profiler.grids`)
+on every GPU the model was trained on, labelled with that member's own output. No training data is needed, so a
+user without the measurement sources can fine-tune. The measured kernels are repeated to weigh as much as one
+training GPU's replay rows. The result is a model for that GPU only, stored in the calibration file; other
+GPUs' predictions never use it.
+
+When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUNABLE` when at least
+:data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry an extrapolation flag and there are at least
+:data:`MIN_KERNELS` of them. Elsewhere the corrections alone are the better calibration (docs/ACCURACY.md, "Few-shot
+calibration"). Needs torch (``pip install '.[train]'``).
+"""
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from analytical_model.registry import get_operator
+from pipeweave.mlp import ensemble_arrays, read_metadata
+
+#: operator classes a calibration may fine-tune (attention was tried and lost: docs/ACCURACY.md)
+FINE_TUNABLE = ("gemm", "gemm_fp8")
+#: share of a class's measured kernels that must be flagged as extrapolated for it to be fine-tuned
+MIN_EXTRAPOLATED_SHARE = 0.5
+MIN_KERNELS = 8
+EPOCHS = 5
+LEARNING_RATE = 3e-4  # 0.3 x the training recipe's: a correction of a trained model, not a new one
+
+
+def replay_shapes(op: str, config_dir: str | Path | None = None) -> dict[str, list]:
+    """The shape columns of the profiler's full grid for ``op`` (LLM shapes of the default model configs and a
+    log-spaced sweep)."""
+    from pipeweave.paths import DEFAULT_CONFIG_DIR
+    from pipeweave.profiler.grids import DEFAULT_CONFIGS, build_grid, load_models
+
+    rows = build_grid(load_models(DEFAULT_CONFIGS, config_dir or DEFAULT_CONFIG_DIR), ops=[op]).rows[op]
+    return {column: [row[column] for row in rows] for column in get_operator(op).shape_columns}
+
+
+def model_input_rows(op: str, columns: dict[str, Sequence], hardware: Sequence) -> np.ndarray:
+    """Raw model inputs (features, then shape descriptors) of the shapes ``columns`` on each GPU of ``hardware``."""
+    operator = get_operator(op)
+    return np.concatenate([np.column_stack([operator.features(columns, hw), operator.descriptors(columns, hw)])
+                           for hw in hardware])
+
+
+def training_gpus(member_dir: str | Path, registry) -> list:
+    """The hardware specs of the GPUs a model was trained on (its metadata's training distribution)."""
+    names = read_metadata(member_dir).get("data_info", {}).get("train_hardware_distribution", {})
+    return [registry.get(name) for name in sorted(names)]
+
+
+def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
+              replay: np.ndarray, replay_rows_per_gpu: int) -> dict[str, np.ndarray]:
+    """The weight-file arrays (:mod:`pipeweave.mlp`) of the ensemble of ``member_dirs`` (torch checkpoints)
+    fine-tuned on measured kernels (raw model inputs and measured ``overall_perf``), with the replay inputs
+    ``replay`` labelled by each member itself."""
+    import torch
+
+    from pipeweave.mlp import model_inputs
+    from pipeweave.torch_mlp import exported_arrays, load_model_dir
+    from pipeweave.training import TrainConfig
+
+    if len(inputs) == 0:
+        raise ValueError(f"{op}: no measured kernels to fine-tune on")
+    recipe = TrainConfig(progress=False)
+    torch.set_num_threads(recipe.threads)
+    measured = np.asarray(inputs, dtype=np.float64)
+    x_replay = torch.as_tensor(model_inputs(replay).astype(np.float32))
+    repeats = max(1, replay_rows_per_gpu // len(measured))
+    x_measured = torch.as_tensor(np.repeat(model_inputs(measured), repeats, axis=0).astype(np.float32))
+    y_measured = torch.as_tensor(np.repeat(np.log(np.asarray(efficiency, dtype=np.float64)), repeats).astype(np.float32))
+    members = []
+    for directory in member_dirs:
+        model, metadata = load_model_dir(directory, op)
+        seed = int(metadata["training"]["seed"])
+        with torch.no_grad():
+            y_replay = model(x_replay)
+        x, y = torch.cat([x_replay, x_measured]), torch.cat([y_replay, y_measured])
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=recipe.weight_decay)
+        model.train()
+        for _ in range(EPOCHS):
+            order = torch.randperm(len(x), generator=generator)
+            for start in range(0, len(x), recipe.batch_size):
+                batch = order[start:start + recipe.batch_size]
+                if len(batch) < 2:  # BatchNorm needs two rows
+                    continue
+                optimizer.zero_grad()
+                loss = torch.mean(torch.abs(model(x[batch]) - y[batch]))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+        model.eval()
+        members.append(exported_arrays(model, list(metadata["model_info"]["features"])))
+    return ensemble_arrays(members) if len(members) > 1 else members[0]
+
+
+def fine_tune_for_gpu(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
+                      efficiency: np.ndarray, config_dir: str | Path | None = None) -> dict[str, np.ndarray]:
+    """:func:`fine_tune` with the replay set of the members' training GPUs."""
+    shapes = replay_shapes(op, config_dir)
+    replay = model_input_rows(op, shapes, training_gpus(member_dirs[0], registry))
+    return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))))
+
+
+def encode_arrays(arrays: dict[str, np.ndarray]) -> str:
+    """A weight file's arrays as base64 text (compressed npz), for a JSON calibration file."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_arrays(text: str) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(base64.b64decode(text.encode("ascii"))), allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}

@@ -1,0 +1,136 @@
+"""Fine-tuning the shipped kernel model on a GPU's measured kernels where it extrapolates (pipeweave/finetune.py,
+calibrate.py --kernels): when it happens, that it follows the measurements, that it changes only that GPU, how
+it is stored and what a missing torch or a damaged file says.
+
+Uses the shipped models; the "measurements" are the shipped predictions with a planted, shape-dependent slowdown
+on L40 (no GEMM of an Ada GPU but L40S in training: its prefill GEMMs are flagged as extrapolated).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeweave import aggregate, calibration_fit, kernels
+from pipeweave.calibration import load_calibration
+from pipeweave.cli import run_cli
+from pipeweave.finetune import decode_arrays, encode_arrays
+from pipeweave.mlp import NumpyMLP, latest_model_dir, read_weight_arrays, weights_path
+
+from workload_copies import first_iterations
+
+REPO = Path(__file__).resolve().parent.parent
+TP1 = REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+
+
+def shapes_csv(path: Path, seed: int, gpus=("L40",), n: int = 40) -> Path:
+    rng = np.random.default_rng(seed)
+    rows = [f"{int(2 ** rng.uniform(9, 15))},{rng.choice([5120, 7168, 13824, 27648])},{rng.choice([5120, 8192, 13824])},"
+            f"{gpu}" for _ in range(n) for gpu in gpus]
+    path.write_text("M,N,K,hardware\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def predicted(shapes: Path, out: Path, calibration: Path | None = None) -> pd.DataFrame:
+    args = ["--op", "gemm", "--input", str(shapes), "--output", str(out)]
+    assert run_cli(kernels.main, args + (["--calibration", str(calibration)] if calibration else [])) == 0
+    return pd.read_csv(out, keep_default_na=False)
+
+
+def planted_slowdown(frame: pd.DataFrame) -> np.ndarray:
+    """The "measured" factor over the shipped prediction: large GEMMs 40 % slower, small ones as predicted."""
+    return np.where(frame["M"] >= 4096, 1.4, 1.0)
+
+
+@pytest.fixture(scope="module")
+def l40(tmp_path_factory):
+    """(directory, calibration file) of L40 calibrated on 40 planted GEMM measurements."""
+    tmp = tmp_path_factory.mktemp("finetune")
+    base = predicted(shapes_csv(tmp / "shapes.csv", seed=0), tmp / "base.csv")
+    measured = base.assign(op="gemm", avg_duration=base["predicted_us"] * planted_slowdown(base))
+    measured[["op", "M", "N", "K", "hardware", "avg_duration"]].to_csv(tmp / "gemm.csv", index=False)
+    out = tmp / "l40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp / "gemm.csv"),
+                                          "--output", str(out)]) == 0
+    return tmp, out
+
+
+def test_extrapolated_kernels_fine_tune_the_model(l40):
+    calibration = load_calibration(l40[1])
+    entry = calibration.fine_tuned["gemm"]
+    assert entry["kernels"] == 40 and entry["extrapolated_share"] >= 0.5
+    assert Path(entry["base_model"]).name == latest_model_dir(REPO / "mlp_models", "gemm").name
+    assert set(calibration.fine_tuned_models()) == {"gemm"}
+    assert "fine-tuned" in calibration.method
+    assert calibration.summary()["fine_tuned"]["gemm"]["kernels"] == 40  # outputs record it, without the weights
+    assert "weights" not in calibration.summary()["fine_tuned"]["gemm"]
+
+
+def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40):
+    """Unseen shapes on L40 move toward the planted truth; the same shapes on H100 do not move at all."""
+    tmp, calibration = l40
+    shapes = shapes_csv(tmp / "unseen.csv", seed=1, gpus=("L40", "H100"))
+    base, calibrated = predicted(shapes, tmp / "u_base.csv"), predicted(shapes, tmp / "u_cal.csv", calibration)
+    on_l40 = (base["hardware"] == "L40").to_numpy()
+    truth = base["predicted_us"] * planted_slowdown(base)
+    error_before = np.abs(base["predicted_us"] / truth - 1)[on_l40].mean()
+    error_after = np.abs(calibrated["predicted_us"] / truth - 1)[on_l40].mean()
+    assert error_after < 0.5 * error_before
+    assert calibrated["predicted_us"][~on_l40].tolist() == base["predicted_us"][~on_l40].tolist()
+
+
+def test_aggregator_uses_and_records_the_fine_tuned_model(l40, tmp_path):
+    tp1 = first_iterations(TP1, tmp_path, 2)
+    plain, calibrated = tmp_path / "plain.json", tmp_path / "cal.json"
+    assert run_cli(aggregate.main, ["--workload", str(tp1), "--hardware", "L40", "--output", str(plain)]) == 0
+    assert run_cli(aggregate.main, ["--workload", str(tp1), "--hardware", "L40", "--calibration", str(l40[1]),
+                                    "--output", str(calibrated)]) == 0
+    result, base = json.loads(calibrated.read_text()), json.loads(plain.read_text())
+    assert result["calibration"]["fine_tuned"]["gemm"]["kernels"] == 40
+    assert result["summary"]["prefill_duration_ms"] > base["summary"]["prefill_duration_ms"] * 1.1
+
+
+def test_covered_kernels_and_no_fine_tune_fit_corrections_only(l40, tmp_path, capsys):
+    tmp, _ = l40
+    measured = pd.read_csv(tmp / "gemm.csv")
+    no_tune = tmp_path / "no_tune.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp / "gemm.csv"),
+                                          "--output", str(no_tune), "--no_fine_tune"]) == 0
+    assert load_calibration(no_tune).fine_tuned == {}
+    h100 = tmp_path / "h100_gemm.csv"
+    measured.assign(hardware="H100").to_csv(h100, index=False)
+    out = tmp_path / "h100.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "H100", "--kernels", str(h100), "--output", str(out)]) == 0
+    assert load_calibration(out).fine_tuned == {}  # the shipped model trained on H100's GEMMs
+    assert "corrections only" in capsys.readouterr().out
+
+
+def test_fine_tuning_without_torch_is_one_clear_error(l40, tmp_path, capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    out = tmp_path / "cal.json"
+    code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(l40[0] / "gemm.csv"),
+                                          "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs torch" in err[0] and "--no_fine_tune" in err[0]
+    assert not out.exists()
+
+
+def test_damaged_fine_tuned_weights_are_refused(l40, tmp_path):
+    data = json.loads(l40[1].read_text())
+    data["fine_tuned"]["gemm"]["weights"] = data["fine_tuned"]["gemm"]["weights"][:200]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="fine-tuned model does not load"):
+        load_calibration(bad)
+
+
+def test_weights_survive_the_text_encoding():
+    arrays = read_weight_arrays(weights_path(latest_model_dir(REPO / "mlp_models", "gemm"), "gemm"))
+    inputs = np.abs(np.random.default_rng(0).normal(size=(5, NumpyMLP(arrays).input_dim))) * 1e4
+    assert np.array_equal(NumpyMLP(decode_arrays(encode_arrays(arrays))).efficiency(inputs),
+                          NumpyMLP(arrays).efficiency(inputs))
