@@ -73,7 +73,7 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
 
     from pipeweave.mlp import model_inputs
     from pipeweave.torch_mlp import exported_arrays, load_model_dir
-    from pipeweave.training import TrainConfig
+    from pipeweave.training import TrainConfig, loss_function, train_epoch
 
     if len(inputs) == 0:
         raise ValueError(f"{op}: no measured kernels to fine-tune on")
@@ -94,18 +94,9 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=recipe.weight_decay)
-        model.train()
         for _ in range(EPOCHS):
-            order = torch.randperm(len(x), generator=generator)
-            for start in range(0, len(x), recipe.batch_size):
-                batch = order[start:start + recipe.batch_size]
-                if len(batch) < 2:  # BatchNorm needs two rows
-                    continue
-                optimizer.zero_grad()
-                loss = torch.mean(torch.abs(model(x[batch]) - y[batch]))
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+            train_epoch(model, optimizer, loss_function(recipe), x, y, torch.randperm(len(x), generator=generator),
+                        recipe.batch_size)
         model.eval()
         members.append(exported_arrays(model, list(metadata["model_info"]["features"])))
     return ensemble_arrays(members) if len(members) > 1 else members[0]

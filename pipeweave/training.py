@@ -74,7 +74,7 @@ class TrainConfig:
         return d
 
 
-def _loss_fn(config: TrainConfig):
+def loss_function(config: TrainConfig):
     if config.recipe == "pipeweave":
         return lambda pred, target: torch.mean(torch.abs(pred - target))
     if config.recipe == "reference":
@@ -111,7 +111,7 @@ def target_values(perf: np.ndarray, config: TrainConfig) -> np.ndarray:
     return np.log(perf) if config.recipe == "pipeweave" else perf
 
 
-def _train_epoch(model: nn.Module, optimizer, loss_fn, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
+def train_epoch(model: nn.Module, optimizer, loss_fn, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
                  batch_size: int) -> float:
     """One pass over the rows in ``order``; returns the mean training loss (grad-norm clipped at 1)."""
     model.train()
@@ -152,7 +152,7 @@ def fit(
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="min", factor=0.6, patience=config.scheduler_patience, min_lr=1e-6
         )
-    loss_fn = _loss_fn(config)
+    loss_fn = loss_function(config)
     generator = torch.Generator().manual_seed(config.seed)
     best = {"loss": math.inf, "epoch": -1, "state": None, "train_loss": math.inf}
     history = {"train_loss": [], "val_loss": []}
@@ -166,7 +166,7 @@ def fit(
         epochs = bar
     for epoch in epochs:
         order = torch.randperm(len(x_train), generator=generator).to(device)
-        train_loss = _train_epoch(model, optimizer, loss_fn, x_train, y_train, order, config.batch_size)
+        train_loss = train_epoch(model, optimizer, loss_fn, x_train, y_train, order, config.batch_size)
         history["train_loss"].append(train_loss)
         if len(x_val):
             model.eval()
