@@ -17,6 +17,7 @@ import pytest
 
 from pipeweave import aggregate, calibration_fit, kernels
 from pipeweave.calibration import load_calibration
+from pipeweave.calibration_eval import FineTunable, estimate_prior, kshot_errors
 from pipeweave.cli import run_cli
 from pipeweave.finetune import decode_arrays, encode_arrays
 from pipeweave.mlp import NumpyMLP, latest_model_dir, read_weight_arrays, weights_path
@@ -134,3 +135,39 @@ def test_weights_survive_the_text_encoding():
     inputs = np.abs(np.random.default_rng(0).normal(size=(5, NumpyMLP(arrays).input_dim))) * 1e4
     assert np.array_equal(NumpyMLP(decode_arrays(encode_arrays(arrays))).efficiency(inputs),
                           NumpyMLP(arrays).efficiency(inputs))
+
+
+class PerfectFineTune(FineTunable):
+    """A fine-tune that learns the GPU exactly (records what it was given)."""
+
+    def fine_tuned_efficiency(self, op, drawn, target):
+        self.calls.append((drawn, target))
+        return self.efficiency.copy()
+
+
+def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged():
+    """calibration_eval follows calibrate.py's rule: fine-tune when at least half of k >= 8 drawn kernels are
+    flagged, on the measured efficiency times the fitted correction; otherwise the corrections alone."""
+    from test_calibration import synthetic_gpu
+
+    prior = estimate_prior([synthetic_gpu(f"gpu{i}", b, 0.0, seed=i) for i, b in enumerate((-0.2, 0.1, 0.2))], "s")
+    held = synthetic_gpu("new", 0.3, 0.0, n=400, seed=7)
+    x = held.design(prior.standardisation)
+    efficiency = np.full(len(held.y), 0.5)
+
+    def with_flags(share: float) -> PerfectFineTune:
+        flagged = np.random.default_rng(0).uniform(size=len(held.y)) < share
+        tune = PerfectFineTune([], np.zeros((len(held.y), 1)), efficiency, flagged, lambda e: e)
+        tune.calls = []
+        return tune
+
+    held.fine_tunable = with_flags(1.0)
+    mean, _, tuned = kshot_errors(held, x, prior, 32, seed=3)
+    assert tuned and mean > 0 and len(held.fine_tunable.calls) == 1
+    drawn, target = held.fine_tunable.calls[0]
+    assert len(drawn) == 32 and np.all(target != efficiency[drawn])  # the corrections' residual, not the raw
+    assert kshot_errors(held, x, prior, 4, seed=3)[2] is False  # too few kernels
+    held.fine_tunable = with_flags(0.0)
+    assert kshot_errors(held, x, prior, 32, seed=3)[2] is False and not held.fine_tunable.calls
+    held.fine_tunable = None
+    assert kshot_errors(held, x, prior, 32, seed=3)[2] is False
