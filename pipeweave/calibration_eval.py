@@ -274,8 +274,10 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "the corrections, 3.0 % on H20 but 12.1 % on H100 against 9.7 %; replaying the other GPUs' measured "
              "training rows instead of the grid, 5.4 % on H20 against 3.0 %; fine-tuning attention lost everywhere "
              "(A100 12.9 → 22.4 %, H100 6.5 → 16.5 %, H200 6.2 → 16.8 %, L40S 12.5 → 17.3 %), so attention is "
-             "corrected only. The learning rate (3·10⁻⁴), the 5 epochs and the rule's 50 % were set before these "
-             "runs and not varied.",
+             "corrected only. MoE has no profiler shape grid to replay; with the dataset's MoE shapes as the replay "
+             "(an experiment only), L40S at k = 32 went 22.8 → 18.2 % (H100 and H200 would not trigger), so MoE "
+             "is a candidate once it has a grid. The learning rate (3·10⁻⁴), the 5 epochs and the rule's 50 % were "
+             "set before these runs and not varied.",
              "",
              "**Disclosed** (every variant tried; mean k = 32 error over the GEMM / attention GPUs, 2 draws unless "
              "noted; the variants were compared on the GEMM leave-one-GPU-out models of the dataset before its split "
