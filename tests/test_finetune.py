@@ -71,6 +71,13 @@ def test_extrapolated_kernels_fine_tune_the_model(l40):
     assert "weights" not in calibration.summary()["fine_tuned"]["gemm"]
 
 
+def test_fine_tuning_is_deterministic(l40, tmp_path):
+    again = tmp_path / "again.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(l40[0] / "gemm.csv"),
+                                          "--output", str(again)]) == 0
+    assert again.read_bytes() == l40[1].read_bytes()
+
+
 def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40):
     """Unseen shapes on L40 move toward the planted truth; the same shapes on H100 do not move at all."""
     tmp, calibration = l40
