@@ -92,14 +92,18 @@ def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40):
 
 
 def test_aggregator_uses_and_records_the_fine_tuned_model(l40, tmp_path):
+    """In a sweep, L40 is predicted with the fine-tuned model and records it; H100 is byte for byte unchanged."""
     tp1 = first_iterations(TP1, tmp_path, 2)
-    plain, calibrated = tmp_path / "plain.json", tmp_path / "cal.json"
-    assert run_cli(aggregate.main, ["--workload", str(tp1), "--hardware", "L40", "--output", str(plain)]) == 0
-    assert run_cli(aggregate.main, ["--workload", str(tp1), "--hardware", "L40", "--calibration", str(l40[1]),
-                                    "--output", str(calibrated)]) == 0
-    result, base = json.loads(calibrated.read_text()), json.loads(plain.read_text())
+    plain, calibrated = tmp_path / "plain", tmp_path / "cal"
+    sweep = ["--workload", str(tp1), "--hardware", "L40,H100"]
+    assert run_cli(aggregate.main, [*sweep, "--output", str(plain)]) == 0
+    assert run_cli(aggregate.main, [*sweep, "--calibration", str(l40[1]), "--output", str(calibrated)]) == 0
+    name = f"{tp1.stem}_L40.json"
+    result, base = json.loads((calibrated / name).read_text()), json.loads((plain / name).read_text())
     assert result["calibration"]["fine_tuned"]["gemm"]["kernels"] == 40
     assert result["summary"]["prefill_duration_ms"] > base["summary"]["prefill_duration_ms"] * 1.1
+    name = f"{tp1.stem}_H100.json"
+    assert (calibrated / name).read_text() == (plain / name).read_text()
 
 
 def test_covered_kernels_and_no_fine_tune_fit_corrections_only(l40, tmp_path, capsys):
