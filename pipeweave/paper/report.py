@@ -361,5 +361,6 @@ def render(results: dict, figures: dict, results_name: str) -> str:
               f"Budget ({results['mode']}): ablation {b['rows_per_gpu']:,} rows per GPU, {b['epochs']} epochs, seeds "
               f"{', '.join(map(str, b['seeds']))}; baselines {b['baseline_rows_per_gpu']:,} rows per GPU; "
               f"leave-one-GPU-out {b['logo_rows_per_gpu']:,} rows per GPU, {b['logo_epochs']} epochs; one CPU thread. "
-              "Same data, seeds and flags give the same tables. Run time: README \"Reproducing the paper's evidence\".", ""]
+              "Same data, seeds and flags give the same tables on the same machine (torch rounds differently on another "
+              "processor: README \"Datasets and training\"). Run time: README \"Reproducing the paper's evidence\".", ""]
     return "\n".join(lines)
