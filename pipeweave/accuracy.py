@@ -158,12 +158,14 @@ def unseen_gpu_results(op: str, gpus: list[str], predictor: KernelPredictor, dat
 
 
 def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
-                      log=print) -> tuple[pd.DataFrame, np.ndarray, dict]:
+                      log=print, band: dict | None = None) -> tuple[pd.DataFrame, np.ndarray, dict]:
     """(every row of ``gpu``, the efficiency the predictor gives them when ``gpu`` is outside training, the LOGO
     model's training history): the cached LOGO model (pipeweave.logo_cache trains a missing one) through
-    :func:`as_predicted`, inside the band of the other GPUs' rows."""
+    :func:`as_predicted`, inside the band of the other GPUs' rows (``band``: that table when the caller has it,
+    :func:`other_gpus_band`)."""
     train, test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
-    band = other_gpus_band(op, dataset_dir, [gpu])
+    if band is None:
+        band = other_gpus_band(op, dataset_dir, [gpu])
     return test, as_predicted(op, train, test, predicted, logo_config(), band), history
 
 

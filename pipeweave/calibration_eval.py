@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
@@ -36,7 +37,7 @@ from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marke
 from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS
 from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, cache_directory, gpus_with_data,
                                   logo_seeds)
-from pipeweave.modeling import load_splits
+from pipeweave.modeling import dataset_paths, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
@@ -88,11 +89,13 @@ class HeldOut:
         return assemble(self.classes, self.compute_share, self.raw, standardisation)
 
 
-def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path) -> HeldOut:
+def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split: pd.DataFrame | None) -> HeldOut:
     """The kernels of ``gpu`` with the duration the predictor gives on a GPU outside training: the LOGO MLP
     (or, for a memory-bound operator, the bandwidth model fitted without ``gpu``) kept inside the physical band
-    derived from the other GPUs' rows, exactly the LOGO column of the accuracy report."""
-    frame, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache)
+    derived from the other GPUs' rows, exactly the LOGO column of the accuracy report. An operator of
+    :data:`FINE_TUNABLE` needs the operator's ``test_split`` (its LOGO flags' threshold is measured there)."""
+    band = other_gpus_band(op, dataset_dir, [gpu])
+    frame, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, band=band)
     operator = get_operator(op)
     features = frame[list(operator.feature_names)].to_numpy(np.float64)
     shapes = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
@@ -102,9 +105,8 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path) -> HeldOut:
     if op in FINE_TUNABLE:
         members = [cache_directory(cache, op, gpu) / f"seed{seed}" / "model" for seed in logo_seeds(op)]
         described = frame[list(operator.descriptor_names)].to_numpy(np.float64)
-        band = other_gpus_band(op, dataset_dir, [gpu])
         sm_freq = frame["sm_freq"].to_numpy(np.float64)
-        codes = logo_flag_codes(op, gpu, frame, load_splits(op, dataset_dir)[1], cache)
+        codes = logo_flag_codes(op, gpu, frame, test_split, cache)
         fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured, codes > 0,
                                    lambda e: clip_efficiency(op, e, features, described, sm_freq, band)[0])
     return HeldOut(op, gpu, kernel_classes(op, len(frame), attention_types(op, shapes)),
@@ -217,8 +219,13 @@ def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) 
 
 
 def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=print) -> tuple[dict, Prior]:
-    rows = [held_out_rows(op, gpu, dataset_dir, cache) for op in ops
-            for gpu in (gpus_with_data(op, dataset_dir) if len(gpus_with_data(op, dataset_dir)) >= 2 else [])]
+    rows = []
+    for op in ops:
+        gpus = gpus_with_data(op, dataset_dir)
+        if len(gpus) < 2:
+            continue
+        test_split = read_dataset(dataset_paths(op, dataset_dir)[1]) if op in FINE_TUNABLE else None
+        rows += [held_out_rows(op, gpu, dataset_dir, cache, test_split) for gpu in gpus]
     gpus = sorted({held.gpu for held in rows})
     prior = estimate_prior(rows, f"LOGO per-GPU corrections of {len(gpus)} GPUs")
     # the held-out GPU's own kernels never set its prior (nor its covariates' standardisation)

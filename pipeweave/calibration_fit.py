@@ -255,13 +255,11 @@ def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
     shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
     predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
     inputs = predicted[predictor.model(op)[1]["model_info"]["features"]].to_numpy(np.float64)
-    count = len(operator.feature_names)
-    _, codes = predictor.kernel_rows(op, inputs[:, :count], inputs[:, count:], [spec.stem] * len(frame))
-    factors = corrections.factors(op, inputs[:, :count],
+    factors = corrections.factors(op, predicted[list(operator.feature_names)].to_numpy(np.float64),
                                   list(frame[list(operator.shape_columns)].itertuples(index=False, name=None)))
     measured_us = frame["avg_duration"].to_numpy(np.float64) / factors
-    return float(np.mean(codes > 0)), inputs, predicted["ideal_cycles"].to_numpy(np.float64) / (measured_us
-                                                                                                  * spec.sm_freq)
+    extrapolated = float(np.mean(predicted["extrapolation"].to_numpy() > 0))
+    return extrapolated, inputs, predicted["ideal_cycles"].to_numpy(np.float64) / (measured_us * spec.sm_freq)
 
 
 def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor, registry,

@@ -235,15 +235,17 @@ class KernelPredictor:
         return model.efficiency(inputs)
 
     def predict_frame(self, op: str, frame: pd.DataFrame) -> pd.DataFrame:
-        """Features, ideal cycles, predicted efficiency and ``predicted_us`` for rows of shapes + ``hardware``."""
+        """Features, ideal cycles, predicted efficiency, ``predicted_us`` and the ``extrapolation`` bits for rows of
+        shapes + ``hardware``."""
         features = compute_features(op, frame, self.hardware_dir)
         operator = get_operator(op)
         _, metadata, _ = self.model(op)
         inputs = features[metadata["model_info"]["features"]].to_numpy(np.float64)
         pipes, count = inputs[:, :len(operator.feature_names)], len(operator.feature_names)
-        efficiency, _ = self.kernel_rows(op, pipes, inputs[:, count:], frame["hardware"].tolist())
+        efficiency, codes = self.kernel_rows(op, pipes, inputs[:, count:], frame["hardware"].tolist())
         sm_freq = frame["hardware"].map(lambda name: self.hardware.get(name).sm_freq).to_numpy(np.float64)
         features["predicted_perf"] = efficiency
+        features["extrapolation"] = codes
         features["predicted_us"] = duration_us(features["ideal_cycles"].to_numpy(), efficiency, sm_freq)
         return features
 
