@@ -36,6 +36,11 @@ BF16_BYTES = 2
 # end-to-end runs
 
 
+def not_a_positive_number(values: pd.Series) -> pd.Series:
+    """Where a parsed column is not a finite positive number (non-numeric text parses to NaN, 1e400 to inf)."""
+    return ~(np.isfinite(values) & (values > 0))
+
+
 def read_e2e_csv(path: str | Path) -> pd.DataFrame:
     """The measured runs; every problem is a one-line error naming the file (and row)."""
     path = Path(path)
@@ -58,7 +63,7 @@ def read_e2e_csv(path: str | Path) -> pd.DataFrame:
     for metric in METRICS:
         text = frame[metric].str.strip()
         values = pd.to_numeric(text.replace("", np.nan), errors="coerce")
-        bad = text.ne("") & ~(values > 0)
+        bad = text.ne("") & not_a_positive_number(values)
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
             raise UserError(f"--e2e {path}: line {row + 2}: {metric} must be a positive number of ms, "
@@ -184,7 +189,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     if frame.empty:
         raise UserError(f"--kernels {path}: no measured kernels (only a header)")
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
-    bad = ~(duration > 0)
+    bad = not_a_positive_number(duration)
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
         raise UserError(f"--kernels {path}: line {row + 2}: avg_duration must be a positive number of µs, "

@@ -333,6 +333,7 @@ def unsharded(data: dict) -> None:
     ("{tp1},0,20,100\n", "prefill_ms must be a positive number"),
     ("{tp1},-5,20,100\n", "prefill_ms must be a positive number"),
     ("{tp1},abc,20,100\n", "prefill_ms must be a positive number"),
+    ("{tp1},100,1e400,200\n", "decode_step_ms must be a positive number"),
     ("", "no runs"),
     ("{missing},100,20,200\n", "workload file not found"),
     ("{big},100,20,200\n", "cannot have run on this GPU"),
@@ -366,7 +367,10 @@ def test_kernel_csv_errors(tmp_path, capsys):
     other_gpu.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,16,16,NVIDIA H100,5.0\n")
     unknown = tmp_path / "measured_rmsnorm.csv"
     unknown.write_text("op,seq,dim,avg_duration,colour\nrmsnorm,1,128,3.0,red\n")
-    for path, needle in ((other_gpu, "not on A100"), (unknown, "unknown column(s) colour")):
+    infinite = tmp_path / "measured_gemm_inf.csv"
+    infinite.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,16,16,A100,1e400\n")
+    for path, needle in ((other_gpu, "not on A100"), (unknown, "unknown column(s) colour"),
+                         (infinite, "line 2: avg_duration must be a positive number")):
         code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(path), "--output",
                                               str(tmp_path / "c.json")])
         err = capsys.readouterr().err.strip().splitlines()
