@@ -16,6 +16,7 @@ instead of hard-coding them (quirk §11.2.15). Needs the training extras (``pip 
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -105,8 +106,12 @@ def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple
     params = metadata["model_info"]["model_parameters"]
     architecture = metadata["model_info"].get("architecture", "MLP")
     model = build_model(architecture, int(params["input_dim"]), dropout=float(params.get("dropout_rate", DROPOUT)))
-    state = torch.load(checkpoint_path(model_dir, op), map_location=device, weights_only=True)
-    model.load_state_dict(state["model_state_dict"])
+    path = checkpoint_path(model_dir, op)
+    try:
+        model.load_state_dict(torch.load(path, map_location=device, weights_only=True)["model_state_dict"])
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as exc:  # torch's errors for a damaged checkpoint
+        raise ValueError(f"{path}: damaged or not a checkpoint of this model (torch: {type(exc).__name__}); restore "
+                         f"it or retrain with train_mlp.py --op {op}") from None
     model.to(device).eval()
     return model, metadata
 

@@ -182,3 +182,19 @@ def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged()
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False and not held.fine_tunable.calls
     held.fine_tunable = None
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False
+
+
+def test_damaged_member_checkpoint_is_one_clear_error(l40, tmp_path, capsys):
+    """Fine-tuning reads the members' torch checkpoints: a damaged one names the file and the remedy."""
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(REPO / "mlp_models" / "gemm", models / "gemm")
+    checkpoint = next((models / "gemm").glob("*/members/seed1/gemm_mlp_model.pth"))
+    checkpoint.write_bytes(b"not a checkpoint")
+    out = tmp_path / "cal.json"
+    code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(l40[0] / "gemm.csv"),
+                                          "--model_dir", str(models), "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(checkpoint) in err[0] and "train_mlp.py --op gemm" in err[0]
+    assert not out.exists()
