@@ -35,6 +35,9 @@ ATTENTION_FEATURES = TENSOR_FEATURES + XU_FEATURES + MEMORY_FEATURES
 ELEMENTWISE_FEATURES = FMA_FEATURES + XU_FEATURES + MEMORY_FEATURES
 #: the memory-pipe feature the kernel roofline compares with the compute cycles (DRAM traffic at peak bandwidth)
 DRAM_CYCLE_FEATURE = "global_cycle"
+#: feature and descriptor columns inversely proportional to the per-SM tensor-core rate, all else (tiles,
+#: waves, bytes) fixed: a tensor operator's features on a GPU whose tensor pipe is c times faster are these / c
+TENSOR_RATE_COLUMNS = ("tensor_all_cycle", "tensor_sm_max_cycle", "exact_tensor_cycle")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class OperatorClass:
     #: the DRAM-cycle feature counts each byte the kernel must move exactly once (no re-reads that a cache could
     #: absorb), so DRAM time at peak bandwidth is a true lower bound on the duration (pipeweave.bounds)
     dram_bound: bool = False
+    #: the HardwareSpec attribute of the per-SM tensor-core rate that the tensor-cycle columns
+    #: (:data:`TENSOR_RATE_COLUMNS`) divide by; None: no tensor pipe (pipeweave.siblings)
+    tensor_rate: str | None = None
 
     @property
     def model_op(self) -> str:
@@ -158,6 +164,7 @@ def _gemm_operator(key: str, description: str, calculators: dict, compute, opera
         describe=describe_gemm(operand_bytes, fp8=operand_bytes == 1),
         quantile=True,
         profiled=True,
+        tensor_rate="tc_fp8" if operand_bytes == 1 else "tc_bf16",
         **extra,
     )
 
@@ -180,6 +187,7 @@ register(OperatorClass(
     workload_key="attention",
     quantile=True,
     profiled=True,
+    tensor_rate="tc_bf16",
 ))
 def _elementwise_operator(key: str, description: str, calculator, output_fraction: float) -> OperatorClass:
     """RMSNorm and SiLU*Mul: one CTA per token row; ``output_fraction`` of the input width is written."""
@@ -214,6 +222,7 @@ register(OperatorClass(
     describe=describe_moe,
     workload_key="moe",
     quantile=True,
+    tensor_rate="tc_bf16",
 ))
 # The BF16 -> FP8 activation pass before an FP8 GEMM reads a row, reduces it to a scale and writes it scaled:
 # the structure of RMSNorm, whose features and model predict it (no quantisation kernel measurements exist).

@@ -45,6 +45,7 @@ from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
 from pipeweave.predictor import (DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor, coverage_codes,
                                  disagreement_codes, training_coverage)
+from pipeweave.siblings import ModelEfficiency, bound_by_sibling, sibling_scale
 from pipeweave.training import TrainConfig
 
 OPS = operator_keys(trainable=True)
@@ -103,10 +104,13 @@ def other_gpus_band(op: str, dataset_dir: Path, held_out: list[str]) -> dict:
 
 
 def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficiency: np.ndarray | None,
-                 config: TrainConfig, band: dict | None = None) -> np.ndarray:
+                 config: TrainConfig, band: dict | None = None,
+                 model_efficiency: ModelEfficiency | None = None) -> np.ndarray:
     """The efficiency the predictor gives rows of GPUs outside the training data: a memory-bound operator takes
     the bandwidth model fitted on ``train`` (capped as the MLP's), an MLP trained on one GPU the median of the
-    kernel's regime (``band``), the others their MLP's; kept inside the band (``band``: by default the shipped)."""
+    kernel's regime (``band``), the others their MLP's, kept inside the band of a trained sibling
+    (:mod:`pipeweave.siblings`; ``model_efficiency``: the MLP as a function of features and descriptors); all
+    inside the physical band (``band``: by default the shipped)."""
     operator = get_operator(op)
     features = test[list(operator.feature_names)].to_numpy(np.float64)
     described = test[list(operator.descriptor_names)].to_numpy(np.float64)
@@ -117,7 +121,38 @@ def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficienc
         mlp_efficiency = ideal / (memory_model.frame_duration_us(parameters, op, test) * sm_freq)
     elif train["hardware"].nunique() == 1:
         mlp_efficiency = regime_efficiency(op, features, sm_freq, band)
+    else:
+        mlp_efficiency = sibling_bounded(op, train, test, mlp_efficiency, features, described, model_efficiency)
     return clip_efficiency(op, mlp_efficiency, features, described, sm_freq, band)[0]
+
+
+def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency: np.ndarray, features: np.ndarray,
+                    described: np.ndarray, model_efficiency: ModelEfficiency | None) -> np.ndarray:
+    """``efficiency`` of each held-out GPU's rows of ``test`` kept inside the band of its trained sibling, as
+    :class:`pipeweave.predictor.KernelPredictor` keeps it (:func:`pipeweave.siblings.bound_by_sibling`)."""
+    hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
+    trained = [hardware.get(name) for name in sorted(train["hardware"].unique())]
+    names = test["hardware"].to_numpy()
+    efficiency = np.array(efficiency, dtype=np.float64)
+    for name in pd.unique(names):
+        hw, rows = hardware.get(name), np.flatnonzero(names == name)
+        if sibling_scale(op, hw, trained) is None:
+            continue
+        if model_efficiency is None:
+            raise ValueError(f"{op}: {name} has a trained sibling, so its bound needs the model itself")
+        efficiency[rows] = bound_by_sibling(op, efficiency[rows], features[rows], described[rows], hw, trained,
+                                            model_efficiency)
+    return efficiency
+
+
+def logo_model_efficiency(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> ModelEfficiency:
+    """The cached LOGO model of ``gpu`` (its members' median) as a function of features and descriptors."""
+    members = [cache_directory(cache, op, gpu) / f"seed{seed}" / "model" for seed in logo_seeds(op)]
+    model = NumpyMLP.from_members([weights_path(member, op) for member in members], str(members[0].parent))
+    with_descriptors = len(json.loads((members[0] / "metadata.json").read_text())["model_info"]["features"]) > \
+        len(get_operator(op).feature_names)
+    return lambda features, described: model.efficiency(
+        np.concatenate([features, described], axis=1) if with_descriptors else features)
 
 
 def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows: int, gpus: list[str]) -> dict:
@@ -166,7 +201,9 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
     train, test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
     if band is None:
         band = other_gpus_band(op, dataset_dir, [gpu])
-    return test, as_predicted(op, train, test, predicted, logo_config(), band), history
+    needs_model = get_operator(op).tensor_rate and train["hardware"].nunique() > 1
+    model = logo_model_efficiency(op, gpu, cache) if needs_model else None
+    return test, as_predicted(op, train, test, predicted, logo_config(), band, model), history
 
 
 def logo_results(op: str, dataset_dir: Path, log=print) -> dict:

@@ -232,7 +232,13 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "43-64 % too slow, traced to rows where the FP8 kernel runs N/128 CTAs, 10 on H20's 78 SMs for N = 1280, "
         "0.12 of its roofline, which a BF16 kernel with smaller tiles does not); and the shipped one, which also "
         "requires the busiest SM's tensor cycles to agree (2,359 rows, mostly M >= 1024), giving the figures "
-        "below. No number was tuned against these runs.",
+        "below. (7) Then a kernel-level change, fixed on leave-one-GPU-out kernel errors before these runs were "
+        "scored with it: on a GPU outside a model's training data whose SM design (compute capability) is "
+        "trained at another tensor rate, each kernel is kept between the model's prediction for the same kernel "
+        "at the trained rate and that plus the extra tensor time of its busiest SM (`pipeweave/siblings.py`; "
+        "leave-one-GPU-out H20 BF16 GEMM 19.0 -> 11.5 %, FP8 GEMM 60.3 -> 32.6 %). Here it moves H20's attention "
+        "and MoE (no H20 data: sibling H100) and every operator of L40, L20 and RTX 6000 Ada (sibling L40S); "
+        "before it, 6.1 % mean, worst 17.8 %. No number was tuned against these runs.",
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "

@@ -19,6 +19,7 @@ from pipeweave import memory_model
 from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
+from pipeweave.siblings import bound_by_sibling
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -183,7 +184,8 @@ class KernelPredictor:
         An MLP trained on a single GPU saw constant hardware inputs, so it knows nothing of how efficiency depends
         on the GPU: on another GPU the kernel takes the median efficiency of its regime
         (:func:`pipeweave.bounds.regime_efficiency`; only a GPU of the hardware directory counts, and only an
-        operator with measured medians)."""
+        operator with measured medians). On a GPU outside training whose SM design is trained at another tensor
+        rate (H20 beside H100), the MLP's efficiency is kept inside the band of :mod:`pipeweave.siblings`."""
         return self._unbounded(op, features, described, hw)[0]
 
     def _unbounded(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
@@ -202,7 +204,12 @@ class KernelPredictor:
             return ideal / (duration * hw.sm_freq), none
         if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
             return regime_efficiency(op, features, hw.sm_freq), none
-        return self.efficiency_and_spread(op, features, described)
+        efficiency, spread = self.efficiency_and_spread(op, features, described)
+        if hw.name not in trained:
+            siblings = [self.hardware.get(name) for name in sorted(trained) if name in self.hardware]
+            efficiency = bound_by_sibling(op, efficiency, features, described, hw, siblings,
+                                          lambda rows, shapes: self.efficiency_from_features(op, rows, shapes))
+        return efficiency, spread
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,137 @@
+"""Bounds from a trained sibling of the same SM design at another tensor rate (pipeweave.siblings)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analytical_model.hardware import load_hardware
+from analytical_model.operator_features import TILE_COLUMNS
+from analytical_model.registry import TENSOR_RATE_COLUMNS, get_operator, operator_keys
+from pipeweave.accuracy import sibling_bounded
+from pipeweave.bounds import clip_efficiency
+from pipeweave.predictor import KernelPredictor
+from pipeweave.siblings import bound_by_sibling, sibling_band, sibling_scale, virtual_inputs
+
+GEMM_SHAPES = {"M": [1, 64, 1000, 8192], "N": [4096, 1280, 5120, 8192], "K": [4096, 8192, 5120, 1024]}
+SHAPES = {
+    "gemm": GEMM_SHAPES,
+    "gemm_fp8": GEMM_SHAPES,
+    "attn": {"attention_type": ["fa2_paged", "fa3_paged"], "bs": [2, 4],
+             "q_lengths": ["[512,1024]", "[1,1,1,1]"], "kv_lengths": ["[512,1024]", "[900,70,4000,12]"],
+             "nh": [40, 64], "nkv": [8, 8], "hd": [128, 128]},
+    "moe": {"weight_type": ["layer", "layer"], "M": [16, 4096], "E": [64, 128], "topk": [6, 8], "H": [2048, 4096],
+            "N": [1408, 1536]},
+}
+
+
+def test_every_tensor_operator_declares_its_rate():
+    for op in operator_keys():
+        operator = get_operator(op)
+        has_tensor = "tensor_all_cycle" in operator.feature_names
+        assert (operator.tensor_rate is not None) == has_tensor, op
+        if has_tensor:
+            assert operator.tensor_rate in ("tc_bf16", "tc_fp8")
+
+
+@pytest.mark.parametrize("op", ["gemm", "gemm_fp8", "attn", "moe"])
+def test_virtual_inputs_are_the_features_recomputed_at_the_other_rate(op):
+    """Scaling the tensor-cycle columns is the calculator's own answer for the same kernels at another rate
+    (GEMM with its tiles fixed: the invented tile rule weighs the tensor rate, the bound is for the same kernel)."""
+    operator, hw = get_operator(op), load_hardware("H20")
+    columns = dict(SHAPES[op])
+    if op == "gemm":
+        columns.update({"tile_M": [128] * 4, "tile_N": [128] * 4, "tile_K": [64] * 4, "is_split_k": [0] * 4,
+                        "cta_count": [32, 10, 320, 4096]})
+        assert set(TILE_COLUMNS) <= set(columns)
+    faster = replace(hw, tc_bf16=hw.tc_bf16 * 4, tc_fp8=hw.tc_fp8 * 4)
+    features, described = operator.features(columns, hw), operator.descriptors(columns, hw)
+    virtual, virtual_described = virtual_inputs(op, features, described, 0.25)
+    np.testing.assert_allclose(virtual, operator.features(columns, faster), rtol=1e-12)
+    np.testing.assert_allclose(virtual_described, operator.descriptors(columns, faster), rtol=1e-12)
+    moved = [name in TENSOR_RATE_COLUMNS for name in operator.feature_names]
+    assert (virtual[:, moved] != features[:, moved]).all() and (virtual[:, ~np.array(moved)] ==
+                                                              features[:, ~np.array(moved)]).all()
+
+
+def test_sibling_is_a_trained_gpu_of_the_same_compute_capability_at_another_rate():
+    h100, h200, h20 = load_hardware("H100"), load_hardware("H200"), load_hardware("H20")
+    assert sibling_scale("gemm", h20, [h100, h200]) == pytest.approx(1024 / 4096)
+    assert sibling_scale("gemm_fp8", h20, [h100]) == pytest.approx(2048 / 8192)
+    assert sibling_scale("attn", load_hardware("L40"), [load_hardware("L40S")]) == pytest.approx(0.5)
+    assert sibling_scale("rmsnorm", h20, [h100]) is None  # no tensor pipe
+    assert sibling_scale("gemm", h100, [h200, h20]) is None  # its own rate is trained
+    assert sibling_scale("gemm", load_hardware("A40"), [load_hardware("A100")]) is None  # 8.6 is not 8.0
+    assert sibling_scale("gemm", load_hardware("RTX PRO 6000 S"), [load_hardware("B200")]) is None  # 12.0, 10.0
+    assert sibling_scale("gemm", h100, [h20]) == pytest.approx(4.0)  # a faster target is bounded too
+    assert sibling_scale("gemm_fp8", load_hardware("L40"), [load_hardware("L40S")]) is None  # no FP8 rate
+
+
+def _durations(op, features, efficiency):
+    return get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64) / efficiency
+
+
+@pytest.mark.parametrize("scale", [0.25, 4.0])
+def test_prediction_is_kept_between_the_sibling_time_and_it_plus_the_extra_tensor_time(scale):
+    op, hw = "gemm", load_hardware("H20")
+    operator = get_operator(op)
+    features, described = operator.features(GEMM_SHAPES, hw), operator.descriptors(GEMM_SHAPES, hw)
+    sibling_efficiency = np.array([0.3, 0.5, 0.7, 0.8])
+    model = lambda rows, shapes: sibling_efficiency  # noqa: E731 (the model at the sibling's rate)
+    low, high = sibling_band(op, features, described, scale, model)
+    virtual, _ = virtual_inputs(op, features, described, scale)
+    t_virtual = _durations(op, virtual, sibling_efficiency)
+    busiest = operator.feature_names.index("tensor_sm_max_cycle")
+    shift = features[:, busiest] - virtual[:, busiest]
+    assert ((shift > 0) if scale < 1 else (shift < 0)).all()  # slower target: longer tensor time
+    np.testing.assert_allclose(np.sort([_durations(op, features, high), _durations(op, features, low)], axis=0),
+                               np.sort([t_virtual, t_virtual + shift], axis=0), rtol=1e-9)
+    trained = [replace(hw, name="sibling", tc_bf16=hw.tc_bf16 / scale)]
+    slow, fast = np.full(4, 1e-6), np.full(4, 1e6)
+    np.testing.assert_allclose(bound_by_sibling(op, slow, features, described, hw, trained, model), low)
+    np.testing.assert_allclose(bound_by_sibling(op, fast, features, described, hw, trained, model), high)
+    inside = np.sqrt(low * high)
+    np.testing.assert_array_equal(bound_by_sibling(op, inside, features, described, hw, trained, model), inside)
+    untouched = bound_by_sibling(op, slow, features, described, hw, [hw], model)  # the target's rate is trained
+    np.testing.assert_array_equal(untouched, slow)
+
+
+@pytest.fixture(scope="module")
+def predictor() -> KernelPredictor:
+    return KernelPredictor()
+
+
+def test_predictor_bounds_an_untrained_gpu_by_its_sibling_and_leaves_others(predictor):
+    op = "attn"
+    trained = predictor.trained_on(op)
+    assert "NVIDIA H20" not in trained and "NVIDIA H100" in trained
+    operator = get_operator(op)
+    for gpu, expect_bound in (("H20", True), ("H100", False), ("A40", False)):
+        hw = load_hardware(gpu)
+        features, described = operator.features(SHAPES[op], hw), operator.descriptors(SHAPES[op], hw)
+        raw = predictor.efficiency_from_features(op, features, described)
+        bounded = predictor.unbounded_efficiency(op, features, described, hw)
+        if not expect_bound:
+            np.testing.assert_array_equal(bounded, raw)
+            continue
+        siblings = [load_hardware(name) for name in sorted(trained)]
+        low, high = sibling_band(op, features, described, sibling_scale(op, hw, siblings),
+                                 lambda rows, shapes: predictor.efficiency_from_features(op, rows, shapes))
+        np.testing.assert_allclose(bounded, np.clip(raw, low, high), rtol=1e-12)
+        assert (bounded > raw).any()  # H20's FA2 prefill: the model alone has it slower than the bound allows
+        kept = predictor.kernel_efficiency(op, features, described, hw)
+        np.testing.assert_allclose(kept, clip_efficiency(op, bounded, features, described, hw.sm_freq)[0])
+
+
+def test_evaluation_refuses_a_sibling_bound_without_the_model():
+    train = pd.DataFrame({"hardware": ["NVIDIA H100"]})
+    test = pd.DataFrame({"hardware": ["NVIDIA H20"]})
+    features = np.ones((1, len(get_operator("gemm").feature_names)))
+    described = np.ones((1, len(get_operator("gemm").descriptor_names)))
+    with pytest.raises(ValueError, match="NVIDIA H20 has a trained sibling"):
+        sibling_bounded("gemm", train, test, np.ones(1), features, described, None)
+    unchanged = sibling_bounded("gemm", pd.DataFrame({"hardware": ["NVIDIA A100-SXM4-80GB"]}),
+                                pd.DataFrame({"hardware": ["NVIDIA A40"]}), np.full(1, 0.5), features, described, None)
+    np.testing.assert_array_equal(unchanged, [0.5])
