@@ -45,7 +45,7 @@ from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
 from pipeweave.predictor import (DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor, coverage_codes,
                                  disagreement_codes, training_coverage)
-from pipeweave.siblings import ModelEfficiency, bound_by_sibling, sibling_scale
+from pipeweave.siblings import ModelEfficiency, sibling_band, sibling_scale
 from pipeweave.training import TrainConfig
 
 OPS = operator_keys(trainable=True)
@@ -129,7 +129,7 @@ def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficienc
 def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency: np.ndarray, features: np.ndarray,
                     described: np.ndarray, model_efficiency: ModelEfficiency | None) -> np.ndarray:
     """``efficiency`` of each held-out GPU's rows of ``test`` kept inside the band of its trained sibling, as
-    :class:`pipeweave.predictor.KernelPredictor` keeps it (:func:`pipeweave.siblings.bound_by_sibling`)."""
+    :class:`pipeweave.predictor.KernelPredictor` keeps it (:func:`pipeweave.siblings.sibling_band`)."""
     hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
     trained = [hardware.get(name) for name in sorted(train["hardware"].unique())]
     names = test["hardware"].to_numpy()
@@ -140,8 +140,8 @@ def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency
             continue
         if model_efficiency is None:
             raise ValueError(f"{op}: {name} has a trained sibling, so its bound needs the model itself")
-        efficiency[rows] = bound_by_sibling(op, efficiency[rows], features[rows], described[rows], hw, trained,
-                                            model_efficiency)
+        efficiency[rows] = np.clip(efficiency[rows], *sibling_band(op, features[rows], described[rows],
+                                                                   sibling_scale(op, hw, trained), model_efficiency))
     return efficiency
 
 
@@ -309,8 +309,8 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
 
 def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict:
     """{GPU: (% of the sampled test shapes whose unbounded predicted efficiency the floor binds, % the ceiling
-    binds)} on every GPU of the hardware directory, measured or not (the band matters most where the model
-    extrapolates)."""
+    binds, % the trained sibling's band binds or None without a sibling)} on every GPU of the hardware directory,
+    measured or not (the bands matter most where the model extrapolates)."""
     from analytical_model.registry import compute_features
 
     operator = get_operator(op)
@@ -329,7 +329,10 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
         described = features[list(operator.descriptor_names)].to_numpy(np.float64)
         raw = predictor.unbounded_efficiency(op, pipes, described, hw)
         _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq)
-        out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100))
+        sibling = None
+        if predictor.sibling_scale(op, hw) is not None:
+            sibling = float(np.mean(raw != predictor.efficiency_from_features(op, pipes, described)) * 100)
+        out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100), sibling)
     return out
 
 
@@ -349,7 +352,9 @@ def render_band(binding: dict, trained: dict) -> str:
         "percentile, else the operator's (`pipeweave/efficiency_band.json`).",
         f"Cells: % of {BAND_SAMPLE_ROWS} test shapes per operator (fixed sample) where the predicted efficiency (the",
         "shipped MLP's, or on a GPU outside its training the bandwidth model's for RMSNorm and SiLU*Mul)",
-        "fell below the floor / above the ceiling, on every GPU spec we ship; `*` = a GPU in that model's training.",
+        "fell below the floor / above the ceiling, on every GPU spec we ship; `*` = a GPU in that model's training;",
+        "`(s x)`: on a GPU outside training with a trained sibling of its compute capability at another tensor",
+        "rate, the % of shapes whose MLP efficiency the sibling's band moved first (`pipeweave.siblings`).",
         "",
         "| GPU | " + " | ".join(ops) + " |",
         "|---|" + "---|" * len(ops),
@@ -359,7 +364,8 @@ def render_band(binding: dict, trained: dict) -> str:
         for op in ops:
             cell = binding[op].get(gpu)
             mark = "*" if gpu in trained.get(op, ()) else ""
-            cells.append("—" if cell is None else f"{cell[0]:.1f} / {cell[1]:.1f}{mark}")
+            sibling = "" if cell is None or cell[2] is None else f" (s {cell[2]:.1f})"
+            cells.append("—" if cell is None else f"{cell[0]:.1f} / {cell[1]:.1f}{mark}{sibling}")
         lines.append(f"| {gpu} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ from pipeweave import memory_model
 from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
-from pipeweave.siblings import bound_by_sibling
+from pipeweave.siblings import sibling_band, sibling_scale
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -205,11 +205,19 @@ class KernelPredictor:
         if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
             return regime_efficiency(op, features, hw.sm_freq), none
         efficiency, spread = self.efficiency_and_spread(op, features, described)
-        if hw.name not in trained:
-            siblings = [self.hardware.get(name) for name in sorted(trained) if name in self.hardware]
-            efficiency = bound_by_sibling(op, efficiency, features, described, hw, siblings,
-                                          lambda rows, shapes: self.efficiency_from_features(op, rows, shapes))
+        scale = self.sibling_scale(op, hw)
+        if scale is not None and len(efficiency):
+            efficiency = np.clip(efficiency, *sibling_band(
+                op, features, described, scale, lambda rows, shapes: self.efficiency_from_features(op, rows, shapes)))
         return efficiency, spread
+
+    def sibling_scale(self, op: str, hw) -> float | None:
+        """:func:`pipeweave.siblings.sibling_scale` of ``hw`` among the model's training GPUs (None on one of
+        them: its own data pin the model down)."""
+        trained = self.trained_on(op)
+        if hw.name in trained:
+            return None
+        return sibling_scale(op, hw, [self.hardware.get(name) for name in sorted(trained) if name in self.hardware])
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:

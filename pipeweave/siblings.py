@@ -15,7 +15,8 @@ of the busiest SM's tensor cycles (``tensor_sm_max_cycle``) from the virtual GPU
 target's tensor pipe is slower (``ΔT > 0``), the kernel cannot get faster (``t ≥ t_v``) and it gets slower by
 at most ``ΔT``: the other pipes' work is unchanged and overlaps the longer tensor work at least as well
 (``t ≤ t_v + ΔT``). Where it is faster, symmetrically ``t_v − |ΔT| ≤ t ≤ t_v``. The model's own prediction for
-the target is kept inside ``[t_v, t_v + ΔT]``; where the model is consistent with itself that changes nothing.
+the target is kept inside ``[t_v, t_v + ΔT]`` (:func:`sibling_band`); where the model is consistent with itself
+that changes nothing.
 
 The sibling must share the compute capability: only then do the same kernels (cuBLAS, FlashAttention,
 Triton) run on the same SM with the same shared memory, issue and L1, so that only the tensor rate differs.
@@ -87,15 +88,3 @@ def sibling_band(op: str, features: np.ndarray, described: np.ndarray | None, sc
     shortest = np.maximum(np.minimum(virtual_cycles, virtual_cycles + shift), np.finfo(np.float64).tiny)
     longest = np.maximum(virtual_cycles, virtual_cycles + shift)
     return ideal / longest, ideal / shortest
-
-
-def bound_by_sibling(op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray | None,
-                     hw: HardwareSpec, trained: Iterable[HardwareSpec], model_efficiency: ModelEfficiency
-                     ) -> np.ndarray:
-    """``efficiency`` (the model's for ``hw``, a GPU outside its training data) kept inside :func:`sibling_band`
-    (unchanged without a sibling)."""
-    scale = sibling_scale(op, hw, trained)
-    if scale is None or not len(efficiency):
-        return efficiency
-    low, high = sibling_band(op, features, described, scale, model_efficiency)
-    return np.clip(efficiency, low, high)

@@ -13,7 +13,7 @@ from analytical_model.registry import TENSOR_RATE_COLUMNS, get_operator, operato
 from pipeweave.accuracy import sibling_bounded
 from pipeweave.bounds import clip_efficiency
 from pipeweave.predictor import KernelPredictor
-from pipeweave.siblings import bound_by_sibling, sibling_band, sibling_scale, virtual_inputs
+from pipeweave.siblings import sibling_band, sibling_scale, virtual_inputs
 
 GEMM_SHAPES = {"M": [1, 64, 1000, 8192], "N": [4096, 1280, 5120, 8192], "K": [4096, 8192, 5120, 1024]}
 SHAPES = {
@@ -74,7 +74,7 @@ def _durations(op, features, efficiency):
 
 
 @pytest.mark.parametrize("scale", [0.25, 4.0])
-def test_prediction_is_kept_between_the_sibling_time_and_it_plus_the_extra_tensor_time(scale):
+def test_sibling_band_spans_the_sibling_time_and_it_plus_the_extra_tensor_time(scale):
     op, hw = "gemm", load_hardware("H20")
     operator = get_operator(op)
     features, described = operator.features(GEMM_SHAPES, hw), operator.descriptors(GEMM_SHAPES, hw)
@@ -88,14 +88,7 @@ def test_prediction_is_kept_between_the_sibling_time_and_it_plus_the_extra_tenso
     assert ((shift > 0) if scale < 1 else (shift < 0)).all()  # slower target: longer tensor time
     np.testing.assert_allclose(np.sort([_durations(op, features, high), _durations(op, features, low)], axis=0),
                                np.sort([t_virtual, t_virtual + shift], axis=0), rtol=1e-9)
-    trained = [replace(hw, name="sibling", tc_bf16=hw.tc_bf16 / scale)]
-    slow, fast = np.full(4, 1e-6), np.full(4, 1e6)
-    np.testing.assert_allclose(bound_by_sibling(op, slow, features, described, hw, trained, model), low)
-    np.testing.assert_allclose(bound_by_sibling(op, fast, features, described, hw, trained, model), high)
-    inside = np.sqrt(low * high)
-    np.testing.assert_array_equal(bound_by_sibling(op, inside, features, described, hw, trained, model), inside)
-    untouched = bound_by_sibling(op, slow, features, described, hw, [hw], model)  # the target's rate is trained
-    np.testing.assert_array_equal(untouched, slow)
+    assert (low < high).all()
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +107,7 @@ def test_predictor_bounds_an_untrained_gpu_by_its_sibling_and_leaves_others(pred
         raw = predictor.efficiency_from_features(op, features, described)
         bounded = predictor.unbounded_efficiency(op, features, described, hw)
         if not expect_bound:
+            assert predictor.sibling_scale(op, hw) is None
             np.testing.assert_array_equal(bounded, raw)
             continue
         siblings = [load_hardware(name) for name in sorted(trained)]
