@@ -270,7 +270,7 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "",
              "**Fine-tuning where the model extrapolates** (`pipeweave.finetune`, as `calibrate.py --kernels` does it). "
              f"For {' and '.join(FINE_TUNABLE)}, when at least {MIN_EXTRAPOLATED_SHARE:.0%} of the k drawn kernels "
-             f"(k ≥ {MIN_KERNELS}) carry the LOGO model's extrapolation flag (its architecture unseen, inputs outside "
+             f"(k ≥ {MIN_KERNELS}) carry the LOGO model's extrapolation flag (its SM design unseen, inputs outside "
              "its training range or its members disagreeing: the section \"What the extrapolation flag means\"), "
              "each LOGO member is also trained further on what the fitted corrections leave unexplained on those "
              "kernels, anchored by a replay of the profiler's shape grid on its own training GPUs labelled with its "

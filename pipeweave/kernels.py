@@ -8,8 +8,8 @@ lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GP
 accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
 ``predicted_us``: C_ideal / (predicted efficiency × SM clock) (docs/METHOD.md §4.3), from one batched MLP pass, with
 the efficiency kept inside its physical band (:mod:`pipeweave.bounds`), and ``extrapolation``: empty where the
-model's training data covers the kernel, else the set reasons joined by ``+``: ``architecture`` (the GPU's
-architecture is absent from the model's training GPUs), ``range`` (a model input lies outside its training range),
+model's training data covers the kernel, else the set reasons joined by ``+``: ``architecture`` (no training GPU
+has the GPU's SM design, its compute capability), ``range`` (a model input lies outside its training range),
 ``members`` (the ensemble's members disagree beyond its threshold), e.g. ``range+members``.
 """
 from __future__ import annotations

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-#: extrapolation bits (docs/METHOD.md §4.3): the GPU's architecture is absent from the model's training data; a
-#: model input (feature or shape descriptor) lies outside the range it took in training; the members of an
-#: ensemble disagree more than on 99 % of held-out shapes of their training GPUs (the inputs are inside the
-#: box of the training ranges, but their combination is not like the training rows)
+#: extrapolation bits (docs/METHOD.md §4.3): no training GPU has the GPU's architecture in the sense that decides
+#: which kernels run, its SM design (compute capability; A40's 8.6 is not A100's 8.0); a model input (feature or
+#: shape descriptor) lies outside the range it took in training; the members of an ensemble disagree more than
+#: on 99 % of held-out shapes of their training GPUs (the inputs are inside the box of the training ranges, but
+#: their combination is not like the training rows)
 UNSEEN_ARCHITECTURE, OUTSIDE_RANGE, MEMBERS_DISAGREE = 1, 2, 4
 EXTRAPOLATION_BITS = {UNSEEN_ARCHITECTURE: "architecture", OUTSIDE_RANGE: "range", MEMBERS_DISAGREE: "members"}
 #: relative slack on the training range: features are float32 in training, float64 here
@@ -41,18 +42,19 @@ def extrapolation_label(code: int) -> str:
 
 
 def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
-    """(architectures, input minima, input maxima) of a model's training data from its metadata (``hardware``: the
-    registry that names the training GPUs' architectures; ``where`` names the file in errors)."""
+    """(SM designs: the compute capabilities, input minima, input maxima) of a model's training data from its
+    metadata (``hardware``: the registry that names the training GPUs' compute capabilities; ``where`` names the
+    file in errors)."""
     names = metadata.get("data_info", {}).get("train_hardware_distribution")
     ranges = metadata.get("feature_ranges")
     if not names or not ranges:
         raise ValueError(f"{where} lacks data_info.train_hardware_distribution or feature_ranges; retrain with: "
                          f"python3 train_mlp.py --op {op}")
-    architectures = frozenset(hardware.get(name).architecture for name in names if name in hardware)
+    sm_designs = frozenset(hardware.get(name).compute_capability for name in names if name in hardware)
     inputs = metadata["model_info"]["features"]
     low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
     high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
-    return architectures, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
+    return sm_designs, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
 
 
 def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:
@@ -61,15 +63,16 @@ def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def coverage_codes(coverage: tuple, features: np.ndarray, described: np.ndarray | None,
-                   architecture: str) -> np.ndarray:
-    """UNSEEN_ARCHITECTURE | OUTSIDE_RANGE per row against a :func:`training_coverage`."""
-    architectures, low, high = coverage
+                   compute_capability: tuple[int, int]) -> np.ndarray:
+    """UNSEEN_ARCHITECTURE | OUTSIDE_RANGE per row of a GPU of ``compute_capability`` against a
+    :func:`training_coverage`."""
+    sm_designs, low, high = coverage
     inputs = features
     if len(low) > features.shape[1]:
         inputs = np.concatenate([features, described], axis=1)
     outside = ((inputs < low) | (inputs > high)).any(axis=1)
     codes = np.where(outside, OUTSIDE_RANGE, 0).astype(np.int8)
-    if architecture not in architectures:
+    if tuple(compute_capability) not in sm_designs:
         codes |= UNSEEN_ARCHITECTURE
     return codes
 
@@ -161,7 +164,7 @@ class KernelPredictor:
         """(:meth:`kernel_efficiency`, :meth:`extrapolation` bits with MEMBERS_DISAGREE where the ensemble that
         gave the efficiency disagrees beyond its threshold), from one forward pass."""
         efficiency, spread = self._unbounded(op, features, described, hw)
-        codes = self.extrapolation(op, features, described, hw.architecture)
+        codes = self.extrapolation(op, features, described, hw.compute_capability)
         threshold = self.member_spread_threshold(op)
         if threshold is not None:
             codes |= disagreement_codes(spread, threshold)
@@ -231,17 +234,17 @@ class KernelPredictor:
         return efficiency, codes
 
     def coverage(self, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
-        """(architectures, input minima, input maxima) of the model's training data, from its metadata."""
+        """(compute capabilities, input minima, input maxima) of the model's training data, from its metadata."""
         if op not in self._coverage:
             _, metadata, directory = self.model(op)
             self._coverage[op] = training_coverage(metadata, self.hardware, f"{directory}/metadata.json", op)
         return self._coverage[op]
 
     def extrapolation(self, op: str, features: np.ndarray, described: np.ndarray | None,
-                      architecture: str) -> np.ndarray:
-        """Per row, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE (0: covered by training); the prediction paths
-        add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
-        return coverage_codes(self.coverage(op), features, described, architecture)
+                      compute_capability: tuple[int, int]) -> np.ndarray:
+        """Per row of a GPU of ``compute_capability``, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE (0: covered by
+        training); the prediction paths add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
+        return coverage_codes(self.coverage(op), features, described, compute_capability)
 
     def efficiency_from_frame(self, op: str, frame: pd.DataFrame) -> np.ndarray:
         """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""

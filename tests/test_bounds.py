@@ -152,12 +152,22 @@ def test_predictions_respect_the_band_on_every_gpu(predictor):
 
 
 def test_flag_on_unseen_architecture_absent_on_trained(predictor):
-    assert "blackwell" not in predictor.coverage("rmsnorm")[0]
+    assert (10, 0) not in predictor.coverage("rmsnorm")[0]
     _, on_b200 = predictor.predict_columns("rmsnorm", SHAPES, ["B200"] * 4, with_extrapolation=True)
     assert (on_b200 & UNSEEN_ARCHITECTURE).all()
     for gpu in ("H100", "A100"):
         _, codes = predictor.predict_columns("rmsnorm", SHAPES, [gpu] * 4, with_extrapolation=True)
         np.testing.assert_array_equal(codes, 0)
+
+
+def test_architecture_flag_is_the_sm_design_not_the_generation(predictor):
+    """Attention is trained on A100 (8.0), not on the GA102 parts (8.6) that share its generation, nor on B200's
+    10.0 beside RTX PRO 6000's 12.0: those run other kernels, and the flag says so; H20 shares H100's 9.0."""
+    shapes = {"attention_type": ["fa2_paged"], "bs": [1], "q_lengths": ["[512]"], "kv_lengths": ["[512]"],
+              "nh": [32], "nkv": [8], "hd": [128]}
+    for gpu, unseen in (("A40", True), ("RTX A6000", True), ("B200", True), ("H20", False), ("A100", False)):
+        _, codes = predictor.predict_columns("attn", shapes, [gpu], with_extrapolation=True)
+        assert bool(codes[0] & UNSEEN_ARCHITECTURE) == unseen, gpu
 
 
 def test_flag_outside_the_training_range(predictor):
