@@ -135,13 +135,13 @@ def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency
     names = test["hardware"].to_numpy()
     efficiency = np.array(efficiency, dtype=np.float64)
     for name in pd.unique(names):
-        hw, rows = hardware.get(name), np.flatnonzero(names == name)
-        if sibling_scale(op, hw, trained) is None:
+        rows, scale = np.flatnonzero(names == name), sibling_scale(op, hardware.get(name), trained)
+        if scale is None:
             continue
         if model_efficiency is None:
             raise ValueError(f"{op}: {name} has a trained sibling, so its bound needs the model itself")
-        efficiency[rows] = np.clip(efficiency[rows], *sibling_band(op, features[rows], described[rows],
-                                                                   sibling_scale(op, hw, trained), model_efficiency))
+        efficiency[rows] = np.clip(efficiency[rows], *sibling_band(op, features[rows], described[rows], scale,
+                                                                   model_efficiency))
     return efficiency
 
 
