@@ -331,6 +331,11 @@ class Engine:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
             result = build_result(job, single, best, extrapolated)
+            siblings = {category: sibling.name for category, op in KERNEL_CATEGORIES.items()
+                        if (codes == CATEGORY_CODE[category]).any()
+                        and (sibling := self.predictor.sibling(op, job.hardware)) is not None}
+            if siblings:
+                result["extrapolation"]["sibling"] = siblings
             record = self.calibration.record(job.hardware) if self.calibration is not None else None
             if record:
                 result["calibration"] = record

@@ -19,7 +19,7 @@ from pipeweave import memory_model
 from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
-from pipeweave.siblings import sibling_band, sibling_scale
+from pipeweave.siblings import sibling_band, sibling_of, sibling_scale
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -214,13 +214,21 @@ class KernelPredictor:
                 op, features, described, scale, lambda rows, shapes: self.efficiency_from_features(op, rows, shapes)))
         return efficiency, spread
 
-    def sibling_scale(self, op: str, hw) -> float | None:
-        """:func:`pipeweave.siblings.sibling_scale` of ``hw`` among the model's training GPUs (None on one of
-        them: its own data pin the model down)."""
+    def sibling(self, op: str, hw):
+        """The trained GPU whose tensor rate bounds ``hw``'s predictions of ``op``
+        (:func:`pipeweave.siblings.sibling_of` among the model's training GPUs); None on one of them, whose own
+        data pin the model down, and where a calibration fine-tuned the model on ``hw``'s kernels."""
         trained = self.trained_on(op)
-        if hw.name in trained:
+        if hw.name in trained or (op, hw.stem) in self._fine_tuned:
             return None
-        return sibling_scale(op, hw, [self.hardware.get(name) for name in sorted(trained) if name in self.hardware])
+        return sibling_of(op, hw, [self.hardware.get(name) for name in sorted(trained) if name in self.hardware])
+
+    def sibling_scale(self, op: str, hw) -> float | None:
+        """``r_target / r_sibling`` of :meth:`sibling` (None without one)."""
+        sibling = self.sibling(op, hw)
+        if sibling is None:
+            return None
+        return sibling_scale(op, hw, [sibling])
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:

@@ -39,20 +39,30 @@ BUSIEST_TENSOR_FEATURE = "tensor_sm_max_cycle"
 ModelEfficiency = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 
 
-def sibling_scale(op: str, hw: HardwareSpec, trained: Iterable[HardwareSpec]) -> float | None:
-    """``r_target / r_sibling``: the factor on the tensor-cycle columns that turns ``hw``'s features into those
-    of the same kernels at the sibling's tensor rate; None when ``op`` has no tensor pipe, no trained GPU shares
-    ``hw``'s compute capability, or one of them has ``hw``'s own rate."""
+def sibling_of(op: str, hw: HardwareSpec, trained: Iterable[HardwareSpec]) -> HardwareSpec | None:
+    """The trained GPU that bounds ``hw``'s predictions of ``op``: of those sharing its compute capability, the one
+    whose tensor rate for ``op`` is closest (in log) to ``hw``'s; None when ``op`` has no tensor pipe, no trained
+    GPU shares the compute capability, or one of them has ``hw``'s own rate (the rate is covered)."""
     attribute = get_operator(op).tensor_rate
     own = getattr(hw, attribute) if attribute else 0
     if not own:
         return None
-    rates = {getattr(spec, attribute) for spec in trained
-             if spec.compute_capability == hw.compute_capability and getattr(spec, attribute)}
-    if not rates or own in rates:
+    same_sm = sorted((spec for spec in trained
+                      if spec.compute_capability == hw.compute_capability and getattr(spec, attribute)),
+                     key=lambda spec: (getattr(spec, attribute), spec.name))
+    if not same_sm or any(getattr(spec, attribute) == own for spec in same_sm):
         return None
-    closest = min(sorted(rates), key=lambda rate: abs(np.log(rate / own)))
-    return own / closest
+    return min(same_sm, key=lambda spec: abs(np.log(getattr(spec, attribute) / own)))
+
+
+def sibling_scale(op: str, hw: HardwareSpec, trained: Iterable[HardwareSpec]) -> float | None:
+    """``r_target / r_sibling`` (:func:`sibling_of`): the factor on the tensor-cycle columns that turns ``hw``'s
+    features into those of the same kernels at the sibling's tensor rate; None without a sibling."""
+    sibling = sibling_of(op, hw, trained)
+    if sibling is None:
+        return None
+    attribute = get_operator(op).tensor_rate
+    return getattr(hw, attribute) / getattr(sibling, attribute)
 
 
 def virtual_inputs(op: str, features: np.ndarray, described: np.ndarray | None, scale: float

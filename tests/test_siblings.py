@@ -129,3 +129,22 @@ def test_evaluation_refuses_a_sibling_bound_without_the_model():
     unchanged = sibling_bounded("gemm", pd.DataFrame({"hardware": ["NVIDIA A100-SXM4-80GB"]}),
                                 pd.DataFrame({"hardware": ["NVIDIA A40"]}), np.full(1, 0.5), features, described, None)
     np.testing.assert_array_equal(unchanged, [0.5])
+
+
+def test_aggregator_output_names_the_sibling_per_category():
+    from pipeweave.engine import Engine, Job
+    from pipeweave.flatten import load_workload
+    from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+
+    engine = Engine(log=None)
+    workload = load_workload(DEFAULT_WORKLOAD_DIR / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json")
+    on_l40, on_h100 = engine.predict([Job(workload, load_hardware("L40")), Job(workload, load_hardware("H100"))])
+    assert on_l40.result["extrapolation"]["sibling"] == {"gemm": "NVIDIA L40S", "attention": "NVIDIA L40S"}
+    assert "sibling" not in on_h100.result["extrapolation"]
+
+
+def test_a_fine_tuned_model_is_not_held_to_the_sibling(predictor, monkeypatch):
+    h20 = load_hardware("H20")
+    assert predictor.sibling("attn", h20).name == "NVIDIA H100"
+    monkeypatch.setitem(predictor._fine_tuned, ("attn", h20.stem), object())
+    assert predictor.sibling("attn", h20) is None and predictor.sibling_scale("attn", h20) is None
