@@ -318,6 +318,6 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
               f"treat it as a rough estimate")
     for category, sibling in extrapolation.get("sibling", {}).items():
-        print(f"Note: {category} on {job.hardware.name} is kept between the same kernels at the tensor rate of {sibling} "
-              f"(trained, same SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)")
+        print(f"Note: {category} on {job.hardware.name} is kept between the same kernels at the tensor rate of "
+              f"{sibling} (trained, same SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)")
     print(f"Predictions saved to {target}")

@@ -293,10 +293,10 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "cells would fit the evaluation, so it is left for a test on data this evaluation has not seen."
              " Since the flag's `architecture` bit compares the SM design (compute capability) instead of the "
              "generation, every kernel of A100, A40 and RTX PRO 6000 is flagged with that GPU held out, so the rule "
-             "now fine-tunes them too; measured on the same 5 draws (corrections only → with fine-tuning, k = 32 / "
-             "128): GEMM A100 7.9 → 7.7 / 7.8 → 8.2 %, A40 7.4 → 7.7 / 7.3 → 7.6 %, RTX PRO 6000 9.9 → 10.6 / 9.8 "
-             "→ 9.7 %, FP8 GEMM RTX PRO 6000 17.9 → 14.0 / 17.5 → 11.6 %. The rule was left as it was: a narrower "
-             "trigger chosen on these four cells would fit the evaluation.",
+             "now fine-tunes them too; measured on the same 5 draws (corrections only → with fine-tuning, "
+             "k = 32 / 128): GEMM A100 7.9 → 7.7 / 7.8 → 8.2 %, A40 7.4 → 7.7 / 7.3 → 7.6 %, RTX PRO 6000 "
+             "9.9 → 10.6 / 9.8 → 9.7 %, FP8 GEMM RTX PRO 6000 17.9 → 14.0 / 17.5 → 11.6 %. The rule was left as "
+             "it was: a narrower trigger chosen on these four cells would fit the evaluation.",
              "",
              "**Disclosed** (every variant tried; mean k = 32 error over the GEMM / attention GPUs, 2 draws unless "
              "noted; the variants were compared on the GEMM leave-one-GPU-out models of the dataset before its split "
