@@ -24,6 +24,7 @@ from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 from pipeweave.report import (EXTRAPOLATED_NOTE_SHARE, SUMMARY_KEYS, build_result, describe, dumps_result,
                               output_name, summarize)
 from pipeweave.schema import WorkloadFormatError
+from pipeweave.siblings import sibling_note
 
 __all__ = [  # the CLI, and the names code written against the single-module layout imports from here
     "main", "build_parser", "expand_hardware", "read_pairs", "Aggregator", "Engine", "Job", "Prediction",
@@ -318,6 +319,5 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
               f"treat it as a rough estimate")
     for category, sibling in extrapolation.get("sibling", {}).items():
-        print(f"Note: {category} on {job.hardware.name} is kept between the same kernels at the tensor rate of "
-              f"{sibling} (trained, same SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)")
+        print(sibling_note(category, job.hardware.name, sibling))
     print(f"Predictions saved to {target}")

@@ -23,6 +23,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
+from pipeweave.siblings import sibling_note
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
 
 
@@ -132,4 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, extrapolation,
                                                                 calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
+    gpus = [predictor.hardware.get(name) for name in dict.fromkeys(row[header.index("hardware")].strip()
+                                                                    for row in rows)]
+    with predictor.fine_tuned_by(calibration):
+        siblings = [(hw, predictor.sibling(args.op, hw)) for hw in gpus]
+    for hw, sibling in siblings:
+        if sibling is not None:
+            print(sibling_note(args.op, hw.name, sibling.name))
     return 0

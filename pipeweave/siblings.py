@@ -98,3 +98,9 @@ def sibling_band(op: str, features: np.ndarray, described: np.ndarray | None, sc
     shortest = np.maximum(np.minimum(virtual_cycles, virtual_cycles + shift), np.finfo(np.float64).tiny)
     longest = np.maximum(virtual_cycles, virtual_cycles + shift)
     return ideal / longest, ideal / shortest
+
+
+def sibling_note(what: str, gpu: str, sibling: str) -> str:
+    """The line the command-line tools print where the bound applies (``what``: an operator or its category)."""
+    return (f"Note: {what} on {gpu} is kept between the same kernels at the tensor rate of {sibling} (trained, same "
+            f"SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)")

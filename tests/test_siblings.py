@@ -148,3 +148,14 @@ def test_a_fine_tuned_model_is_not_held_to_the_sibling(predictor, monkeypatch):
     assert predictor.sibling("attn", h20).name == "NVIDIA H100"
     monkeypatch.setitem(predictor._fine_tuned, ("attn", h20.stem), object())
     assert predictor.sibling("attn", h20) is None and predictor.sibling_scale("attn", h20) is None
+
+
+def test_predict_kernels_says_where_a_sibling_bounds_the_rows(tmp_path, capsys):
+    from pipeweave.kernels import main
+
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n4096,4096,4096,L40\n16,4096,4096,H100\n")
+    assert main(["--op", "gemm", "--input", str(shapes), "--output", str(tmp_path / "out.csv")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Note:")]
+    assert notes == ["Note: gemm on NVIDIA L40 is kept between the same kernels at the tensor rate of NVIDIA L40S "
+                     "(trained, same SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)"]
