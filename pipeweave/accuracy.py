@@ -36,8 +36,8 @@ from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_
 from pipeweave.cli import (ArgumentParser, keep_marked_sections, run_cli, trainable_operator_list, write_atomically,
                            write_marked_section)
 from pipeweave.ensemble import held_out_shapes_of_training_gpus, median_of_members, member_spread_entry
-from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, cache_directory, gpus_with_data,
-                                  logo_config, logo_predictions, logo_seeds)
+from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_config,
+                                  logo_predictions, logo_seeds, member_model_dirs)
 from pipeweave.mlp import NumpyMLP, weights_path
 from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, load_splits, read_dataset,
                                 train_and_evaluate)
@@ -145,12 +145,16 @@ def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency
     return efficiency
 
 
+def logo_mlp(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> NumpyMLP:
+    """The cached LOGO members of ``op`` without ``gpu`` as one model (their median)."""
+    members = member_model_dirs(op, gpu, cache)
+    return NumpyMLP.from_members([weights_path(member, op) for member in members], str(members[0].parent.parent))
+
+
 def logo_model_efficiency(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> ModelEfficiency:
     """The cached LOGO model of ``gpu`` (its members' median) as a function of features and descriptors."""
-    members = [cache_directory(cache, op, gpu) / f"seed{seed}" / "model" for seed in logo_seeds(op)]
-    model = NumpyMLP.from_members([weights_path(member, op) for member in members], str(members[0].parent))
-    with_descriptors = len(json.loads((members[0] / "metadata.json").read_text())["model_info"]["features"]) > \
-        len(get_operator(op).feature_names)
+    model = logo_mlp(op, gpu, cache)
+    with_descriptors = model.input_dim > len(get_operator(op).feature_names)
     return lambda features, described: model.efficiency(
         np.concatenate([features, described], axis=1) if with_descriptors else features)
 
@@ -396,15 +400,14 @@ def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFr
     ``every_test``: the operator's test split)."""
     hardware = hardware or hardware_registry(DEFAULT_HARDWARE_DIR)
     operator = get_operator(op)
-    directory = cache_directory(cache, op, gpu)
-    members = [directory / f"seed{seed}" / "model" for seed in logo_seeds(op)]
+    members = member_model_dirs(op, gpu, cache)
     metadata = json.loads((members[0] / "metadata.json").read_text())
     codes = coverage_codes(training_coverage(metadata, hardware, str(members[0]), op),
                            test[list(operator.feature_names)].to_numpy(np.float64),
                            test[list(operator.descriptor_names)].to_numpy(np.float64),
                            hardware.get(gpu).compute_capability)
     if len(members) > 1:
-        model = NumpyMLP.from_members([weights_path(member, op) for member in members], str(directory))
+        model = logo_mlp(op, gpu, cache)
         inputs = metadata["model_info"]["features"]
         others = held_out_shapes_of_training_gpus(every_test, metadata)
         threshold = member_spread_entry(model, others[inputs].to_numpy(np.float64))["threshold"]

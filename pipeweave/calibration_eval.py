@@ -35,8 +35,7 @@ from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_t
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
 from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS
-from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, cache_directory, gpus_with_data,
-                                  logo_seeds)
+from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
@@ -103,7 +102,7 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
     ratio = np.log(predicted / measured)  # t / t̂ = p̂ / p
     fine_tunable = None
     if op in FINE_TUNABLE:
-        members = [cache_directory(cache, op, gpu) / f"seed{seed}" / "model" for seed in logo_seeds(op)]
+        members = member_model_dirs(op, gpu, cache)
         described = frame[list(operator.descriptor_names)].to_numpy(np.float64)
         sm_freq = frame["sm_freq"].to_numpy(np.float64)
         codes = logo_flag_codes(op, gpu, frame, test_split, cache)

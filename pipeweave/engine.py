@@ -305,10 +305,14 @@ class Engine:
             single = np.zeros(len(job.workload.inst_code))
             best = np.zeros(len(job.workload.inst_code)) if self.quantile_predictor is not None else None
             extrapolated = np.zeros(len(job.workload.inst_code), dtype=bool)
+            siblings = {}
             codes = job.workload.inst_code
             for category, op in KERNEL_CATEGORIES.items():
                 rows = np.flatnonzero(codes == CATEGORY_CODE[category])
                 if rows.size:
+                    sibling = self.predictor.sibling(op, job.hardware)
+                    if sibling is not None:
+                        siblings[category] = sibling.name
                     ids = maps[(j, op)][job.workload.inst_local[rows]]
                     single[rows] = unique_ms[op][ids]
                     extrapolated[rows] = unique_codes[op][ids] > 0
@@ -331,9 +335,6 @@ class Engine:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
             result = build_result(job, single, best, extrapolated)
-            siblings = {category: sibling.name for category, op in KERNEL_CATEGORIES.items()
-                        if (codes == CATEGORY_CODE[category]).any()
-                        and (sibling := self.predictor.sibling(op, job.hardware)) is not None}
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
             record = self.calibration.record(job.hardware) if self.calibration is not None else None

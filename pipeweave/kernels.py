@@ -126,15 +126,14 @@ def main(argv: list[str] | None = None) -> int:
 
         calibration = load_calibration(args.calibration)
     predicted, extrapolation = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
+    index = header.index("hardware")
     if calibration is not None:
-        index = header.index("hardware")
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
     write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, extrapolation,
                                                                 calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
-    gpus = [predictor.hardware.get(name) for name in dict.fromkeys(row[header.index("hardware")].strip()
-                                                                    for row in rows)]
+    gpus = [predictor.hardware.get(name) for name in dict.fromkeys(row[index].strip() for row in rows)]
     with predictor.fine_tuned_by(calibration):
         siblings = [(hw, predictor.sibling(args.op, hw)) for hw in gpus]
     for hw, sibling in siblings:

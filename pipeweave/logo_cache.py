@@ -63,6 +63,12 @@ def cache_directory(cache: Path, op: str, gpu: str) -> Path:
     return cache / op / gpu.replace(" ", "_").replace("/", "_")
 
 
+def member_model_dirs(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> list[Path]:
+    """The model directories of the LOGO members of ``op`` without ``gpu``, in :func:`logo_seeds` order."""
+    directory = cache_directory(Path(cache), op, gpu)
+    return [directory / f"seed{seed}" / "model" for seed in logo_seeds(op)]
+
+
 def logo_predictions(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE,
                      fingerprint: str | None = None, log=print
                      ) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray, dict]:

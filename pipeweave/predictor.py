@@ -19,7 +19,7 @@ from pipeweave import memory_model
 from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
-from pipeweave.siblings import sibling_band, sibling_of, sibling_scale
+from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -226,9 +226,7 @@ class KernelPredictor:
     def sibling_scale(self, op: str, hw) -> float | None:
         """``r_target / r_sibling`` of :meth:`sibling` (None without one)."""
         sibling = self.sibling(op, hw)
-        if sibling is None:
-            return None
-        return sibling_scale(op, hw, [sibling])
+        return None if sibling is None else tensor_rate_ratio(op, hw, sibling)
 
     def kernel_rows(self, op: str, features: np.ndarray, described: np.ndarray, gpus: Sequence[str]
                     ) -> tuple[np.ndarray, np.ndarray]:

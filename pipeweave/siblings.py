@@ -59,10 +59,13 @@ def sibling_scale(op: str, hw: HardwareSpec, trained: Iterable[HardwareSpec]) ->
     """``r_target / r_sibling`` (:func:`sibling_of`): the factor on the tensor-cycle columns that turns ``hw``'s
     features into those of the same kernels at the sibling's tensor rate; None without a sibling."""
     sibling = sibling_of(op, hw, trained)
-    if sibling is None:
-        return None
+    return None if sibling is None else tensor_rate_ratio(op, hw, sibling)
+
+
+def tensor_rate_ratio(op: str, hw: HardwareSpec, other: HardwareSpec) -> float:
+    """``hw``'s tensor rate for ``op`` over ``other``'s."""
     attribute = get_operator(op).tensor_rate
-    return getattr(hw, attribute) / getattr(sibling, attribute)
+    return getattr(hw, attribute) / getattr(other, attribute)
 
 
 def virtual_inputs(op: str, features: np.ndarray, described: np.ndarray | None, scale: float
