@@ -17,9 +17,8 @@ import numpy as np
 
 from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, UserError, check_device, positive_int, run_cli
-from pipeweave.mlp import model_inputs
-from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, feature_matrix,
-                                kernel_reports, read_dataset, timestamp_dir, write_model_dir)
+from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, kernel_reports,
+                                network_inputs, read_dataset, timestamp_dir, write_model_dir)
 from pipeweave.paths import DEFAULT_QUANTILE_DIR
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
@@ -52,8 +51,8 @@ def main(argv=None) -> int:
                          lr=args.lr, seed=args.seed, device=args.device, threads=args.threads,
                          progress=not args.no_progress)
     fitted = cap_rows_per_gpu(train, args.max_rows_per_gpu or None, args.seed)
-    model, history = fit(model_inputs(feature_matrix(fitted, args.op, config)), fitted["overall_perf"].to_numpy(), config)
-    predicted = predict_efficiency(model, model_inputs(feature_matrix(train, args.op, config)))
+    model, history = fit(network_inputs(fitted, args.op, config), fitted["overall_perf"].to_numpy(), config)
+    predicted = predict_efficiency(model, network_inputs(train, args.op, config))
     out_dir = timestamp_dir(args.output_dir, args.op)
     files = kernel_reports(args.op, train, predicted, args.threshold, args.topk, out_dir / "kernel_reports")
     below = float(np.mean(train["overall_perf"].to_numpy() < predicted) * 100)

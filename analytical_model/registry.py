@@ -78,6 +78,9 @@ class OperatorClass:
     #: the HardwareSpec attribute of the per-SM tensor-core rate that the tensor-cycle columns
     #: (:data:`TENSOR_RATE_COLUMNS`) divide by; None: no tensor pipe (pipeweave.siblings)
     tensor_rate: str | None = None
+    #: the pipeweave recipe's MLP reads each pipe's cycles as a share of the busiest pipe's, the busiest pipe's
+    #: cycles and the shape, not log1p of every feature (pipeweave.mlp.PIPE_SHARES; docs/METHOD.md §4.1)
+    pipe_share_inputs: bool = False
 
     @property
     def model_op(self) -> str:
@@ -170,7 +173,7 @@ def _gemm_operator(key: str, description: str, calculators: dict, compute, opera
 
 
 register(_gemm_operator("gemm", "BF16 dense GEMM", {"sm80": gemm_sm80.features, "sm90": gemm_sm90.features}, gemm, 2,
-                        optional_columns=TILE_COLUMNS, workload_key="gemm"))
+                        optional_columns=TILE_COLUMNS, workload_key="gemm", pipe_share_inputs=True))
 register(_gemm_operator("gemm_fp8", "FP8 dense GEMM (per-tensor scaled)", {"fp8": gemm_fp8.features},
                         gemm_fp8_features, 1, dtype="fp8", workload_key="gemm_fp8"))
 register(OperatorClass(
@@ -188,6 +191,7 @@ register(OperatorClass(
     quantile=True,
     profiled=True,
     tensor_rate="tc_bf16",
+    pipe_share_inputs=True,
 ))
 def _elementwise_operator(key: str, description: str, calculator, output_fraction: float) -> OperatorClass:
     """RMSNorm and SiLU*Mul: one CTA per token row; ``output_fraction`` of the input width is written."""
@@ -223,6 +227,7 @@ register(OperatorClass(
     workload_key="moe",
     quantile=True,
     tensor_rate="tc_bf16",
+    pipe_share_inputs=True,
 ))
 # The BF16 -> FP8 activation pass before an FP8 GEMM reads a row, reduces it to a scale and writes it scaled:
 # the structure of RMSNorm, whose features and model predict it (no quantisation kernel measurements exist).

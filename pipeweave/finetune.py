@@ -71,7 +71,7 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
     ``replay`` labelled by each member itself."""
     import torch
 
-    from pipeweave.mlp import model_inputs
+    from pipeweave.mlp import metadata_transform, model_inputs, read_metadata
     from pipeweave.torch_mlp import exported_arrays, load_model_dir
     from pipeweave.training import TrainConfig, loss_function, train_epoch
 
@@ -80,9 +80,11 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
     recipe = TrainConfig(progress=False)
     torch.set_num_threads(recipe.threads)
     measured = np.asarray(inputs, dtype=np.float64)
-    x_replay = torch.as_tensor(model_inputs(replay).astype(np.float32))
+    info = read_metadata(member_dirs[0])  # the members share features and transform (pipeweave.mlp.ensemble_arrays)
+    names, transform = list(info["model_info"]["features"]), metadata_transform(info)
+    x_replay = torch.as_tensor(model_inputs(replay, names, transform))
     repeats = max(1, replay_rows_per_gpu // len(measured))
-    x_measured = torch.as_tensor(np.repeat(model_inputs(measured), repeats, axis=0).astype(np.float32))
+    x_measured = torch.as_tensor(np.repeat(model_inputs(measured, names, transform), repeats, axis=0))
     y_measured = torch.as_tensor(np.repeat(np.log(np.asarray(efficiency, dtype=np.float64)), repeats).astype(np.float32))
     members = []
     for directory in member_dirs:
@@ -98,7 +100,7 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
             train_epoch(model, optimizer, loss_function(recipe), x, y, torch.randperm(len(x), generator=generator),
                         recipe.batch_size)
         model.eval()
-        members.append(exported_arrays(model, list(metadata["model_info"]["features"])))
+        members.append(exported_arrays(model, names, transform))
     return ensemble_arrays(members) if len(members) > 1 else members[0]
 
 

@@ -23,7 +23,8 @@ import pandas as pd
 
 from pipeweave.cli import write_atomically
 from pipeweave.ensemble import SHIPPED_SEEDS, median_of_members
-from pipeweave.modeling import dataset_paths, load_splits, train_and_evaluate, write_model_dir
+from pipeweave.mlp import LOG1P
+from pipeweave.modeling import dataset_paths, input_transform, load_splits, train_and_evaluate, write_model_dir
 from pipeweave.paths import REPO_ROOT
 from pipeweave.training import TrainConfig
 
@@ -48,6 +49,9 @@ def _fingerprint(op: str, dataset_dir: Path) -> str:
             for block in iter(lambda: handle.read(1 << 22), b""):
                 digest.update(block)
     digest.update(json.dumps(logo_config().as_dict(), sort_keys=True).encode())
+    transform = input_transform(op, logo_config())
+    if transform != LOG1P:  # caches of log1p models predate the transform's choice and stay valid
+        digest.update(transform.encode())
     return digest.hexdigest()
 
 

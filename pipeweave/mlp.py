@@ -6,8 +6,10 @@ weight file ``<op>_mlp_weights.npz`` that this module reads. Its arrays (all flo
 =========================== ===================================================================================
 ``format``                  ``"pipeweave-mlp-v1"`` (string)
 ``architecture``            ``"MLP"`` (sigmoid output: efficiency) or ``"MLP_v2"`` (log-efficiency output)
-``input_transform``         ``"log1p(float32(x))"`` (string): features are cast to float32, then log1p
-``features``                the input feature names, in order (strings; the same as ``metadata.json``)
+``input_transform``         how raw input rows become the network's input (string, :data:`INPUT_TRANSFORMS`):
+                            ``"log1p(float32(x))"`` (docs/METHOD.md §4.1) or ``"pipe-shares(float32(x))"``
+                            (:func:`model_inputs`)
+``features``                the raw input names, in order (strings; the same as ``metadata.json``)
 ``num_layers``              number of linear layers L (int; 4 for the shipped models)
 ``linear{i}.weight/.bias``  layer i's weight (out, in) and bias, i = 0 .. L-1
 ``bn{i}.mean/.var/.weight`` the batch norm after layer i's ReLU (i < L-1): running mean and variance,
@@ -39,7 +41,13 @@ from pathlib import Path
 import numpy as np
 
 WEIGHTS_FORMAT = "pipeweave-mlp-v1"
-INPUT_TRANSFORM = "log1p(float32(x))"
+#: every input log1p'd (docs/METHOD.md §4.1): the artifact's transform
+LOG1P = "log1p(float32(x))"
+#: each pipe's cycles as a share of the busiest pipe's, the busiest pipe's cycles, the shape (:func:`model_inputs`)
+PIPE_SHARES = "pipe-shares(float32(x))"
+INPUT_TRANSFORMS = (LOG1P, PIPE_SHARES)
+#: a pipe below this share of the busiest one counts as idle (keeps the log finite for a pipe with no work)
+MIN_PIPE_SHARE = 1e-6
 CHECKPOINT_SUFFIX = "_mlp_model.pth"
 WEIGHTS_SUFFIX = "_mlp_weights.npz"
 
@@ -61,9 +69,63 @@ def _blas_threads():
     return ThreadpoolController()
 
 
-def model_inputs(features: np.ndarray) -> np.ndarray:
-    """The MLP input: log1p of the float32-cast features (docs/METHOD.md §4.1)."""
-    return np.log1p(np.asarray(features, dtype=np.float32))
+def metadata_transform(metadata: dict) -> str:
+    """The input transform a model directory's metadata names (models written before the field: log1p)."""
+    return str(metadata["model_info"].get("input_transform", LOG1P))
+
+
+def _cycle_input(name: str) -> bool:
+    return name.endswith("_cycle")
+
+
+def _absolute_demand(name: str) -> bool:
+    """A pipe's operation count or bytes in flight (analytical_model.pipes): how much work, not how long."""
+    return name.endswith("_ops") or name.endswith("_in_flight")
+
+
+@lru_cache(maxsize=64)
+def _pipe_share_columns(names: tuple[str, ...]) -> tuple[list[int], list[int]]:
+    """(the cycle inputs, the shape inputs) of raw input ``names`` for :data:`PIPE_SHARES`."""
+    cycles = [i for i, name in enumerate(names) if _cycle_input(name)]
+    shape = [i for i, name in enumerate(names) if not _cycle_input(name) and not _absolute_demand(name)]
+    return cycles, shape
+
+
+def transformed_names(names, transform: str) -> list[str]:
+    """Names of the network's input columns that :func:`model_inputs` makes from raw inputs ``names``."""
+    names = tuple(str(name) for name in names)
+    if transform == LOG1P:
+        return list(names)
+    if transform == PIPE_SHARES:
+        cycles, shape = _pipe_share_columns(names)
+        return ([f"share({names[i]})" for i in cycles] + ["log(busiest_cycles)"]
+                + [f"log1p({names[i]})" for i in shape])
+    raise ValueError(f"unknown input transform {transform!r}; known: {', '.join(INPUT_TRANSFORMS)}")
+
+
+def model_inputs(raw: np.ndarray, names=None, transform: str = LOG1P) -> np.ndarray:
+    """The network's input from raw input rows (float32, columns ``names``).
+
+    ``LOG1P`` (docs/METHOD.md §4.1): log1p of every input. ``PIPE_SHARES``: every cycle input (``*_cycle``: a
+    pipe's cycles at spec peak, features and descriptors alike) as the log of its share of the row's busiest
+    one, that busiest count as log cycles, and the other inputs but the pipes' absolute demands (operation
+    counts and bytes in flight) log1p'd: the shape descriptors. Efficiency depends on which pipe binds, by how
+    much, and on the kernel's size and shape; the absolute per-pipe counts add how fast each pipe of the GPU is,
+    a fingerprint of the training GPUs that an unseen GPU's model extrapolates from (docs/METHOD.md §4.1).
+    """
+    x = np.asarray(raw, dtype=np.float32)
+    if transform == LOG1P:
+        return np.log1p(x)
+    if transform != PIPE_SHARES:
+        raise ValueError(f"unknown input transform {transform!r}; known: {', '.join(INPUT_TRANSFORMS)}")
+    names = tuple(str(name) for name in names)
+    if x.ndim != 2 or x.shape[1] != len(names):
+        raise ValueError(f"expected input rows of width {len(names)} ({', '.join(names)}), got shape {x.shape}")
+    cycle_columns, shape_columns = _pipe_share_columns(names)
+    cycles = x[:, cycle_columns].astype(np.float64)
+    busiest = np.maximum(cycles.max(axis=1, initial=0.0), 1.0)
+    shares = np.log(np.maximum(cycles, 0.0) / busiest[:, None] + MIN_PIPE_SHARE)
+    return np.column_stack([shares, np.log(busiest), np.log1p(x[:, shape_columns])]).astype(np.float32)
 
 
 class NumpyMLP:
@@ -72,8 +134,10 @@ class NumpyMLP:
     def __init__(self, arrays: dict[str, np.ndarray], source: str = "<arrays>"):
         if str(arrays.get("format", "")) != WEIGHTS_FORMAT:
             raise ValueError(f"{source}: not a {WEIGHTS_FORMAT} weight file")
-        if str(arrays["input_transform"]) != INPUT_TRANSFORM:
-            raise ValueError(f"{source}: unsupported input transform {str(arrays['input_transform'])!r}")
+        self.input_transform = str(arrays["input_transform"])
+        if self.input_transform not in INPUT_TRANSFORMS:
+            raise ValueError(f"{source}: unsupported input transform {self.input_transform!r}; known: "
+                             f"{', '.join(INPUT_TRANSFORMS)}")
         self.source = source
         self.architecture = str(arrays["architecture"])
         if self.architecture not in ("MLP", "MLP_v2"):
@@ -87,6 +151,10 @@ class NumpyMLP:
         # members stacked per layer, (members, in, out) and (members, 1, out): one batched matmul per layer
         self.layers = [(np.stack([m[i][0] for m in members]), np.stack([m[i][1] for m in members])[:, None, :])
                        for i in range(count)]
+        width = len(transformed_names(self.features, self.input_transform))
+        if self.layers[0][0].shape[1] != width:
+            raise ValueError(f"{source}: the first layer takes {self.layers[0][0].shape[1]} inputs, but "
+                             f"{self.input_transform} makes {width} of its {len(self.features)} features")
         self.log_bounds = (np.stack([arrays[f"{prefix}log_bounds"].astype(np.float64) for prefix in prefixes])
                            if self.architecture == "MLP_v2" else None)
 
@@ -102,10 +170,15 @@ class NumpyMLP:
 
     @property
     def input_dim(self) -> int:
-        return self.layers[0][0].shape[1]
+        """Width of the raw input rows (:attr:`features`)."""
+        return len(self.features)
+
+    def inputs(self, raw: np.ndarray) -> np.ndarray:
+        """The network's input for raw input rows (:func:`model_inputs` with this model's transform)."""
+        return model_inputs(raw, self.features, self.input_transform)
 
     def output(self, inputs: np.ndarray) -> np.ndarray:
-        """Each member's last-layer output for transformed inputs (log1p features): shape (members, rows)."""
+        """Each member's last-layer output for transformed inputs (:meth:`inputs`): shape (members, rows)."""
         h = np.asarray(inputs, dtype=np.float64)[None]
         for weight, bias in self.layers[:-1]:
             h = h @ weight
@@ -138,7 +211,7 @@ class NumpyMLP:
         # more than they save (the aggregator's 403-iteration benchmark on a busy 2-core machine: 150 ms with
         # the default OpenBLAS threads, 47 ms with one).
         with _blas_threads().limit(limits=1, user_api="blas"):
-            return self.output(model_inputs(features))
+            return self.output(self.inputs(features))
 
     def _median_efficiency(self, y: np.ndarray) -> np.ndarray:
         """The ensemble's efficiency: the members' median of the raw outputs for a sigmoid head, of the clamped
@@ -179,8 +252,9 @@ def ensemble_arrays(members: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
     """One weight file's arrays from the exported arrays of K single models trained alike (same features)."""
     first = members[0]
     if any([str(f) for f in m["features"]] != [str(f) for f in first["features"]]
-           or str(m["architecture"]) != str(first["architecture"]) for m in members):
-        raise ValueError("ensemble members must share architecture and features")
+           or str(m["architecture"]) != str(first["architecture"])
+           or str(m["input_transform"]) != str(first["input_transform"]) for m in members):
+        raise ValueError("ensemble members must share architecture, input transform and features")
     shared = ("format", "architecture", "input_transform", "features", "num_layers")
     arrays = {key: first[key] for key in shared}
     arrays["members"] = np.array(len(members))
@@ -217,7 +291,9 @@ def load_model_dir(model_dir: str | Path, op: str) -> tuple[NumpyMLP, dict]:
     metadata = read_metadata(model_dir)
     model = NumpyMLP.load(weights_path(model_dir, op))
     info = metadata["model_info"]
-    if model.architecture != info.get("architecture", "MLP") or model.features != list(info["features"]):
-        raise ValueError(f"{model.source} does not match {Path(model_dir) / 'metadata.json'} (architecture or "
-                         f"features differ); re-export it with: pipeweave-export-mlp {Path(model_dir).parent.parent}")
+    if (model.architecture != info.get("architecture", "MLP") or model.features != list(info["features"])
+            or model.input_transform != metadata_transform(metadata)):
+        raise ValueError(f"{model.source} does not match {Path(model_dir) / 'metadata.json'} (architecture, input "
+                         f"transform or features differ); re-export it with: pipeweave-export-mlp "
+                         f"{Path(model_dir).parent.parent}")
     return model, metadata

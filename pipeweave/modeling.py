@@ -19,7 +19,7 @@ from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave import memory_model
 from pipeweave.cli import nonnegative_int, positive_float, positive_int
-from pipeweave.mlp import checkpoint_path, model_inputs, weights_path
+from pipeweave.mlp import LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, transformed_names, weights_path
 from pipeweave.paths import DATASET_DIR
 from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency
 from pipeweave.splits import shape_keys
@@ -62,6 +62,19 @@ def load_splits(
 
 def feature_matrix(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndarray:
     return frame[list(input_names(op, config))].to_numpy(np.float64)
+
+
+def input_transform(op: str, config: TrainConfig) -> str:
+    """How the model reads its inputs (:func:`pipeweave.mlp.model_inputs`): the pipeweave recipe on its own inputs
+    as the registry says (``pipe_share_inputs``); the reference and quantile recipes, and an input subset (an
+    ablation of docs/METHOD.md's inputs, ``config.features``), read them as docs/METHOD.md does: log1p."""
+    ablation = config.features is not None
+    return PIPE_SHARES if config.recipe == "pipeweave" and not ablation and get_operator(op).pipe_share_inputs else LOG1P
+
+
+def network_inputs(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndarray:
+    """The network's input rows for a frame with the input columns (:func:`input_names`, :func:`input_transform`)."""
+    return model_inputs(feature_matrix(frame, op, config), input_names(op, config), input_transform(op, config))
 
 
 def input_names(op: str, config: TrainConfig) -> tuple[str, ...]:
@@ -140,13 +153,13 @@ def train_and_evaluate(op: str, train: pd.DataFrame, test: pd.DataFrame, config:
         raise ValueError(f"{op}: only {len(train)} training rows; build the dataset first (python3 -m dataset.build)")
     started = time.perf_counter()
     model, history = fit(
-        model_inputs(feature_matrix(train, op, config)),
+        network_inputs(train, op, config),
         train["overall_perf"].to_numpy(),
         config,
         group_keys=shape_keys(train, op),
     )
     history["train_seconds"] = round(time.perf_counter() - started, 1)
-    predicted = predict_efficiency(model, model_inputs(feature_matrix(test, op, config))) if len(test) else np.zeros(0)
+    predicted = predict_efficiency(model, network_inputs(test, op, config)) if len(test) else np.zeros(0)
     evaluation = evaluate(test, predicted) if len(test) else {}
     return model, history, predicted, evaluation
 
@@ -170,7 +183,8 @@ def write_model_dir(
         state["val_loss"] = history["best_val_loss"]
     torch.save(state, checkpoint_path(out_dir, op))
     names = list(input_names(op, config))
-    export_weights(model, names, weights_path(out_dir, op))  # what prediction reads, without torch
+    transform = input_transform(op, config)
+    export_weights(model, names, transform, weights_path(out_dir, op))  # what prediction reads, without torch
     metadata = {
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "model_info": {
@@ -179,10 +193,11 @@ def write_model_dir(
             "architecture": config.architecture,
             "target_transform": "log" if config.architecture == "MLP_v2" else "identity",
             "features": names,
+            "input_transform": transform,
             "target": "overall_perf",
             "num_features": len(names),
             "model_parameters": {
-                "input_dim": len(names),
+                "input_dim": len(transformed_names(names, transform)),
                 "hidden_dims": list(HIDDEN_DIMS),
                 "dropout_rate": config.dropout,
                 "total_parameters": count_parameters(model),
@@ -199,7 +214,8 @@ def write_model_dir(
             "train_sources": sorted(pd.unique(train["source"]).tolist()) if "source" in train else [],
         },
         "feature_ranges": feature_ranges(train, names),
-        "preprocessing": {"transformation": "log1p only (no standardization)", "note": "This model does not use StandardScaler"},
+        "preprocessing": {"transformation": f"{transform} (no standardization; pipeweave.mlp.model_inputs)",
+                          "note": "This model does not use StandardScaler"},
     }
     if quantile:
         metadata["model_info"].update(

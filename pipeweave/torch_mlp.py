@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeweave.mlp import (CHECKPOINT_SUFFIX, INPUT_TRANSFORM, WEIGHTS_FORMAT, checkpoint_path, read_metadata,
-                           weights_path)
+from pipeweave.mlp import (CHECKPOINT_SUFFIX, WEIGHTS_FORMAT, checkpoint_path, metadata_transform, read_metadata,
+                           transformed_names, weights_path)
 
 HIDDEN_DIMS = (256, 128, 64)
 DROPOUT = 0.1
@@ -125,15 +125,17 @@ def predict_efficiency(model: nn.Module, inputs: np.ndarray, device: str = "cpu"
     return model.efficiency(x).double().cpu().numpy()
 
 
-def exported_arrays(model: nn.Module, features: list[str]) -> dict[str, np.ndarray]:
-    """The arrays of the numpy weight file (format in :mod:`pipeweave.mlp`) for an MLP / MLP_v2."""
+def exported_arrays(model: nn.Module, features: list[str], transform: str) -> dict[str, np.ndarray]:
+    """The arrays of the numpy weight file (format in :mod:`pipeweave.mlp`) for an MLP / MLP_v2 that reads
+    ``features`` through ``transform``."""
     linears = [m for m in model.network if isinstance(m, nn.Linear)]
     norms = [m for m in model.network if isinstance(m, nn.BatchNorm1d)]
-    if len(norms) != len(linears) - 1 or linears[0].in_features != len(features):
+    width = len(transformed_names(features, transform))
+    if len(norms) != len(linears) - 1 or linears[0].in_features != width:
         raise ValueError(f"cannot export {type(model).__name__}: expected linear/batch-norm blocks over "
-                         f"{len(features)} features")
+                         f"{width} inputs ({transform} of {len(features)} features)")
     arrays = {"format": np.array(WEIGHTS_FORMAT), "architecture": np.array(type(model).__name__),
-              "input_transform": np.array(INPUT_TRANSFORM), "features": np.array(features),
+              "input_transform": np.array(transform), "features": np.array(features),
               "num_layers": np.array(len(linears))}
 
     def numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -150,11 +152,11 @@ def exported_arrays(model: nn.Module, features: list[str]) -> dict[str, np.ndarr
     return arrays
 
 
-def export_weights(model: nn.Module, features: list[str], path: str | Path) -> Path:
+def export_weights(model: nn.Module, features: list[str], transform: str, path: str | Path) -> Path:
     """Write the numpy weight file of ``model`` (atomically)."""
     from pipeweave.cli import write_atomically
 
-    arrays = exported_arrays(model, list(features))
+    arrays = exported_arrays(model, list(features), transform)
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:  # a file object: np.savez would append .npz to a path
@@ -175,7 +177,8 @@ def export_model_dir(model_dir: str | Path, op: str) -> Path:
             export_model_dir(member, op)
         return write_ensemble_weights(model_dir, op)
     model, metadata = load_model_dir(model_dir, op)
-    return export_weights(model, metadata["model_info"]["features"], weights_path(model_dir, op))
+    return export_weights(model, metadata["model_info"]["features"], metadata_transform(metadata),
+                          weights_path(model_dir, op))
 
 
 def export_roots(roots: list[str | Path], log=print) -> list[Path]:

@@ -2,7 +2,8 @@
 
     python3 -m pipeweave.transfer_ideas [--op gemm] [--max_rows_per_gpu 2000] [--epochs 30] [--ideas a,b]
 
-For every idea, the operator's model is trained with the idea's extra inputs appended (log1p, as every input)
+For every idea, the operator's model is trained with the idea's extra inputs appended (log1p, as every input:
+METHOD's transform, which the GEMM model read when these ideas were tested; docs/METHOD.md §4.1)
 and scored on the whole held-out GPU, once per GPU (leave-one-GPU-out), with a reduced, fixed budget
 (defaults: 2,000 rows per GPU, 30 epochs; the shipped models use 20,000 and 300). An idea is kept only if it
 lowers the LOGO duration error on most GPUs and on average; the README ("Zero-shot transfer") reports every

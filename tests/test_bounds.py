@@ -16,7 +16,6 @@ from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_WORKLOAD_DIR
-from pipeweave.mlp import model_inputs
 from pipeweave.predictor import (DEFAULT_MODEL_DIR, MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE,
                                  KernelPredictor, extrapolation_label)
 
@@ -203,7 +202,7 @@ def test_members_spread_is_the_members_log_efficiency_deviation(predictor):
     operator = get_operator("gemm")
     inputs = np.concatenate([operator.features(PREFILL_GEMMS, hw), operator.descriptors(PREFILL_GEMMS, hw)], axis=1)
     efficiency, spread = model.efficiency_and_spread(inputs)
-    outputs = np.clip(model.output(model_inputs(inputs)), model.log_bounds[:, :1], model.log_bounds[:, 1:])
+    outputs = np.clip(model.output(model.inputs(inputs)), model.log_bounds[:, :1], model.log_bounds[:, 1:])
     np.testing.assert_allclose(spread, outputs.std(axis=0))
     np.testing.assert_array_equal(efficiency, model.efficiency(inputs))
     assert model.layers[0][0].shape[0] == 5  # five members

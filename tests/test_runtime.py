@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir, model_inputs, weights_path
+from pipeweave.mlp import LOG1P, NumpyMLP, latest_model_dir, load_model_dir, model_inputs, weights_path
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,9 +62,9 @@ def test_numpy_forward_equals_torch_on_shipped_models(root, op):
         reference, _ = torch_mlp.load_model_dir(member, op)
         with torch.no_grad():  # the same network evaluated in double precision
             exact.append(np.log(reference.double().efficiency(
-                torch.as_tensor(model_inputs(x), dtype=torch.float64)).numpy()))
+                torch.as_tensor(model.inputs(x), dtype=torch.float64)).numpy()))
         # against torch's float32 pass (what prediction ran before): float32 rounding noise only
-        float32.append(np.log(torch_mlp.predict_efficiency(reference.float(), model_inputs(x))))
+        float32.append(np.log(torch_mlp.predict_efficiency(reference.float(), model.inputs(x))))
     np.testing.assert_allclose(got, np.exp(np.median(exact, axis=0)), rtol=1e-6, atol=0)
     np.testing.assert_allclose(got, np.exp(np.median(float32, axis=0)), rtol=2e-5, atol=0)
     assert len(np.unique(got)) > len(got) // 2  # the inputs really differ
@@ -89,7 +89,7 @@ def test_export_roundtrip_both_architectures(tmp_path):
             if architecture == "MLP_v2":
                 model.set_target_range(torch.tensor([-3.0, -0.2]))
         model.eval()
-        path = export_weights(model, names, tmp_path / f"{architecture}.npz")
+        path = export_weights(model, names, LOG1P, tmp_path / f"{architecture}.npz")
         exported = NumpyMLP.load(path)
         assert exported.architecture == architecture and exported.features == names
         with torch.no_grad():
@@ -112,7 +112,7 @@ def test_ensemble_is_the_median_log_efficiency_of_its_members(tmp_path):
         model = build_model("MLP_v2", len(names))
         model.set_target_range(torch.tensor(bounds))
         model.eval()
-        members.append(exported_arrays(model, names))
+        members.append(exported_arrays(model, names, LOG1P))
         singles.append(NumpyMLP(members[-1]))
     ensemble = NumpyMLP(ensemble_arrays(members))
     expected = np.exp(np.median([np.log(single.efficiency(x)) for single in singles], axis=0))
@@ -122,7 +122,7 @@ def test_ensemble_is_the_median_log_efficiency_of_its_members(tmp_path):
                                rtol=1e-12)
     with pytest.raises(ValueError, match="at least one member"):
         NumpyMLP({**ensemble_arrays(members), "members": np.array(0)})
-    with pytest.raises(ValueError, match="share architecture and features"):
+    with pytest.raises(ValueError, match="share architecture, input transform and features"):
         ensemble_arrays([members[0], {**members[1], "features": np.array(names[::-1])}])
 
 
@@ -278,3 +278,72 @@ def test_console_scripts_point_at_commands():
     for name, target in scripts.items():
         module, function = target.split(":")
         assert module == "pipeweave.commands" and callable(getattr(commands, function)), name
+
+
+def _gemm_input_rows(rows: int = 48) -> tuple[list[str], np.ndarray]:
+    from analytical_model.hardware import load_hardware
+    from analytical_model.registry import get_operator
+
+    operator = get_operator("gemm")
+    rng = np.random.default_rng(3)
+    shapes = {name: rng.integers(16, 8192, rows) for name in ("M", "N", "K")}
+    hw = load_hardware("H100")
+    x = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    return list(operator.input_names(True)), x
+
+
+def test_pipe_shares_keep_only_the_balance_between_pipes_the_size_and_the_shape():
+    from pipeweave.mlp import PIPE_SHARES, transformed_names
+
+    names, x = _gemm_input_rows()
+    inputs = model_inputs(x, names, PIPE_SHARES)
+    columns = transformed_names(names, PIPE_SHARES)
+    assert inputs.shape == (len(x), len(columns)) and np.isfinite(inputs).all()
+    cycles = np.array([name.endswith("_cycle") for name in names])
+    busiest = columns.index("log(busiest_cycles)")
+    assert inputs[:, :busiest].max() <= 1e-6  # a share of the busiest pipe is at most 1 (log ≤ 0)
+    # every pipe c times slower (a GPU c times slower throughout): only the size moves, by log c
+    slower = x.copy()
+    slower[:, cycles] *= 4.0
+    moved = model_inputs(slower, names, PIPE_SHARES)
+    np.testing.assert_allclose(np.delete(moved, busiest, axis=1), np.delete(inputs, busiest, axis=1), atol=1e-5)
+    np.testing.assert_allclose(moved[:, busiest] - inputs[:, busiest], np.log(4.0), atol=1e-5)
+    # operation counts and bytes in flight (how much work, which the shape descriptors carry) are not read
+    demands = np.array([name.endswith(("_ops", "_in_flight")) for name in names])
+    other = x.copy()
+    other[:, demands] *= 7.0
+    np.testing.assert_array_equal(model_inputs(other, names, PIPE_SHARES), inputs)
+    np.testing.assert_array_equal(model_inputs(x, names), np.log1p(x.astype(np.float32)))  # the default: log1p
+
+
+def test_pipe_shares_model_exports_and_runs_as_torch_does(tmp_path):
+    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    from pipeweave.mlp import PIPE_SHARES, transformed_names
+    from pipeweave.torch_mlp import build_model, export_weights
+
+    names, x = _gemm_input_rows()
+    torch.manual_seed(0)
+    model = build_model("MLP_v2", len(transformed_names(names, PIPE_SHARES)))
+    model.set_target_range(torch.tensor([-3.0, -0.1]))
+    model.eval()
+    exported = NumpyMLP.load(export_weights(model, names, PIPE_SHARES, tmp_path / "w.npz"))
+    assert exported.input_transform == PIPE_SHARES and exported.input_dim == len(names)
+    with torch.no_grad():
+        exact = model.double().efficiency(torch.as_tensor(model_inputs(x, names, PIPE_SHARES),
+                                                          dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(exported.efficiency(x), exact, rtol=1e-9, atol=0)
+    with pytest.raises(ValueError, match="cannot export"):  # a network over the raw width is not a pipe-shares model
+        export_weights(build_model("MLP_v2", len(names)), names, PIPE_SHARES, tmp_path / "bad.npz")
+
+
+def test_unknown_input_transform_is_refused(tmp_path):
+    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    from pipeweave.torch_mlp import build_model, exported_arrays
+
+    names = [f"f{i}" for i in range(5)]
+    arrays = exported_arrays(build_model("MLP_v2", len(names)), names, LOG1P)
+    arrays["input_transform"] = np.array("sqrt(x)")
+    with pytest.raises(ValueError, match="unsupported input transform 'sqrt"):
+        NumpyMLP(arrays, "w.npz")
+    with pytest.raises(ValueError, match="unknown input transform"):
+        model_inputs(np.ones((2, 5)), names, "sqrt(x)")

@@ -193,7 +193,7 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
 def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_dataset, tmp_path, repo_root):
     from pipeweave import torch_mlp
     from pipeweave.ensemble import member_dirs
-    from pipeweave.mlp import NumpyMLP, model_inputs
+    from pipeweave.mlp import NumpyMLP
     from pipeweave.torch_mlp import predict_efficiency
 
     root, _, test = gemm_dataset
@@ -210,7 +210,7 @@ def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_datase
     ensemble = NumpyMLP.load(weights_path(directory, "gemm"))
     x = test[meta["model_info"]["features"]].to_numpy(np.float64)[:20]
     np.testing.assert_allclose(ensemble.efficiency(x), np.exp(np.median(
-        [np.log(predict_efficiency(member, model_inputs(x))) for member in members], axis=0)), rtol=2e-5)
+        [np.log(predict_efficiency(member, ensemble.inputs(x))) for member in members], axis=0)), rtol=2e-5)
     with pytest.raises(ValueError, match="ensemble of 2 members"):
         torch_mlp.load_model_dir(directory, "gemm")
     before = weights_path(directory, "gemm").read_bytes()
@@ -280,3 +280,17 @@ def test_shipped_ensembles_are_trained_and_evaluated_alike():
     seeds = re.search(r"--ensemble_seeds ([\d,]+)", script).group(1)
     assert all(tuple(map(int, seeds.split(","))) == s for s in SHIPPED_SEEDS.values())
     assert logo_seeds("gemm") == SHIPPED_SEEDS["gemm"] and logo_seeds("rmsnorm") == (logo_config().seed,)
+
+
+def test_input_transform_follows_the_registry_only_for_the_pipeweave_recipe_on_its_own_inputs():
+    from pipeweave.mlp import LOG1P, PIPE_SHARES
+    from pipeweave.modeling import input_transform
+
+    assert input_transform("gemm", TrainConfig()) == PIPE_SHARES
+    assert input_transform("attn", TrainConfig()) == PIPE_SHARES and input_transform("moe", TrainConfig()) == PIPE_SHARES
+    assert input_transform("gemm_fp8", TrainConfig()) == LOG1P  # lower on 4 of its 10 GPUs: docs/METHOD.md §4.1
+    assert input_transform("rmsnorm", TrainConfig()) == LOG1P
+    assert input_transform("gemm", TrainConfig(recipe="reference")) == LOG1P  # the artifact's recipe
+    assert input_transform("gemm", TrainConfig(recipe="quantile")) == LOG1P
+    ablation = TrainConfig(features=tuple(get_operator("gemm").feature_names))  # the paper's feature ablations
+    assert input_transform("gemm", ablation) == LOG1P
