@@ -56,8 +56,9 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
     import torch
 
     from analytical_model.registry import get_operator
+    from pipeweave.mlp import transformed_names
     from pipeweave.torch_mlp import build_model
-    from pipeweave.modeling import write_model_dir
+    from pipeweave.modeling import input_transform, write_model_dir
     from pipeweave.training import TrainConfig
 
     defaults = {"gemm": 0.5, "attn": 0.5, "rmsnorm": 1e-4, "siluandmul": 1e-4}
@@ -66,7 +67,7 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
     root = Path(root)
     for op in ops:
         names = list(get_operator(op).input_names())
-        model = build_model("MLP_v2", len(names))
+        model = build_model("MLP_v2", len(transformed_names(names, input_transform(op, TrainConfig()))))
         with torch.no_grad():
             last = model.network[-1]
             last.weight.mul_(0.01)

@@ -24,7 +24,7 @@ peak, DRAM bytes at the spec bandwidth) (w13 has twice w2's FLOPs and weights; t
 the two always sum to the layer prediction. The calculator's tile-level features are not used for the split:
 they charge w13 for whole padded BN tiles, which for narrow experts would hand w13 up to 98 % of the layer.
 Predicting each pass as its own row instead asks the model for inputs it never saw (one pass is about half a
-layer): on the held-out shapes that is 2–4x less accurate (``pass_choice_errors``; table in
+layer): on the held-out shapes that is 1.8–3x less accurate (``pass_choice_errors``; table in
 docs/ACCURACY.md). The split itself cannot be validated: no public source times the passes separately.
 """
 from __future__ import annotations

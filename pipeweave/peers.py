@@ -167,16 +167,16 @@ DISAGREEMENTS = [
     "* *MoE decode steps* (pipeweave 1.5–1.8× slower): routing. With 16 requests × top-8 = 128 routed slots over "
     "128 experts, balanced routing sends one token to every expert, so every decode step reads all expert "
     "weights (Qwen3-30B-A3B: 58 GB, ≥ 17 ms at H100's bandwidth); aiconfigurator's power-law routing touches "
-    "far fewer. With balanced routing aiconfigurator agrees with pipeweave's decode step within 6 % up to TP2 "
+    "far fewer. With balanced routing aiconfigurator agrees with pipeweave's decode step within 11 % up to TP2 "
     "(pipeweave's MoE model is trained on aiconfigurator's balanced layer measurements). At TP8 "
     "(Qwen3-235B-A22B on H200) 12 % remains: the MoE model over-predicts that shape's measured layer by 14 % "
     "(192 vs 168 µs at 16 tokens, a training row) and pipeweave's two all-reduces per layer cost 4 ms per "
     "step. Which routing is right depends on the real router, which no data here measures.",
-    "* *MoE prefill*: within 7 % except Mixtral TP2 (+18 %), whose 35,152-token layer is beyond the "
+    "* *MoE prefill*: within 8 % except Mixtral TP2 (+17 %), whose 35,152-token layer is beyond the "
     "largest measured MoE layer (16,384 tokens): both tools extrapolate there.",
-    "* *Expert parallelism* (pipeweave's prefill up to 2.4× faster): aiconfigurator's EP prefill is dominated by "
+    "* *Expert parallelism* (pipeweave's prefill up to 2.3× faster): aiconfigurator's EP prefill is dominated by "
     "the power-law load imbalance (the rank holding the hot experts); with balanced routing the gap is "
-    "14–31 %, the rest being aiconfigurator's expert-parallel kernels and communication, where pipeweave "
+    "18–34 %, the rest being aiconfigurator's expert-parallel kernels and communication, where pipeweave "
     "models EP inside the TP group with the same all-reduce as TP (no all-to-all; README).",
     "* *FP8* (pipeweave 0–30 % slower): pipeweave counts the BF16 → FP8 activation quantisation as standalone "
     "kernels before every FP8 GEMM (`operators.quantize`, predicted with the RMSNorm model: 1.8 ms of the "

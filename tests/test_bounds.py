@@ -175,11 +175,11 @@ def test_flag_outside_the_training_range(predictor):
     assert codes.tolist() == [OUTSIDE_RANGE]
 
 
-PREFILL_GEMMS = {"M": [4096, 16384, 1], "N": [5120, 13824, 5120], "K": [5120, 5120, 13824]}
+PREFILL_GEMMS = {"M": [1572, 4866, 16384], "N": [13824, 5120, 13824], "K": [8192, 8192, 5120]}
 
 
 def test_members_flag_where_the_ensemble_disagrees_absent_on_trained_gpus(predictor):
-    # L40 and RTX 6000 Ada (Ada, seen through L40S) have no GEMM data: their large GEMMs are inside every input
+    # L40 and RTX 6000 Ada (Ada, seen through L40S) have no GEMM data: their mid-sized GEMMs are inside every input
     # range, but the five members scatter there; on the trained H100 and A100 they agree
     threshold = predictor.member_spread_threshold("gemm")
     assert 0 < threshold < 0.2 and predictor.member_spread_threshold("rmsnorm") is None  # single model
@@ -253,7 +253,7 @@ def test_predict_kernels_writes_the_flag(tmp_path):
     assert main(["--op", "rmsnorm", "--input", str(src), "--output", str(out)]) == 0
     frame = pd.read_csv(out, keep_default_na=False)
     assert frame["extrapolation"].tolist() == ["", "architecture", "architecture+range"]
-    src.write_text("M,N,K,hardware\n4096,5120,5120,H100\n4096,5120,5120,L40\n")
+    src.write_text("M,N,K,hardware\n4866,5120,8192,H100\n4866,5120,8192,L40\n")
     assert main(["--op", "gemm", "--input", str(src), "--output", str(out)]) == 0
     assert pd.read_csv(out, keep_default_na=False)["extrapolation"].tolist() == ["", "members"]
 

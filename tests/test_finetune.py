@@ -3,12 +3,15 @@ calibrate.py --kernels): when it happens, that it follows the measurements, that
 it is stored and what a missing torch or a damaged file says.
 
 Uses the shipped models; the "measurements" are the shipped predictions with a planted, shape-dependent slowdown
-on L40 (no GEMM of an Ada GPU but L40S in training: its prefill GEMMs are flagged as extrapolated).
+on a GPU whose SM design no GEMM training GPU has, so every kernel is flagged as extrapolated: an L40 spec at
+compute capability 12.1, written for the tests beside the shipped specs (every shipped GPU shares its SM design
+with a GEMM training GPU).
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +29,22 @@ from workload_copies import first_iterations
 
 REPO = Path(__file__).resolve().parent.parent
 TP1 = REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+#: the test GPU: an L40 at a compute capability (12.1) that no GPU of the GEMM model's training data has
+GPU = "L40-SM121"
 
 
-def shapes_csv(path: Path, seed: int, gpus=("L40",), n: int = 40) -> Path:
+@pytest.fixture(scope="module")
+def hardware_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("hardware")
+    for path in (REPO / "hardware").glob("*.json"):
+        shutil.copy(path, directory / path.name)
+    spec = json.loads((REPO / "hardware" / "L40.json").read_text())
+    spec.update(name="Test L40 at SM 12.1", aliases=[], computeMajor=12, computeMinor=1)
+    (directory / f"{GPU}.json").write_text(json.dumps(spec))
+    return directory
+
+
+def shapes_csv(path: Path, seed: int, gpus=(GPU,), n: int = 40) -> Path:
     rng = np.random.default_rng(seed)
     rows = [f"{int(2 ** rng.uniform(9, 15))},{rng.choice([5120, 7168, 13824, 27648])},{rng.choice([5120, 8192, 13824])},"
             f"{gpu}" for _ in range(n) for gpu in gpus]
@@ -36,8 +52,8 @@ def shapes_csv(path: Path, seed: int, gpus=("L40",), n: int = 40) -> Path:
     return path
 
 
-def predicted(shapes: Path, out: Path, calibration: Path | None = None) -> pd.DataFrame:
-    args = ["--op", "gemm", "--input", str(shapes), "--output", str(out)]
+def predicted(shapes: Path, out: Path, hardware: Path, calibration: Path | None = None) -> pd.DataFrame:
+    args = ["--op", "gemm", "--input", str(shapes), "--output", str(out), "--hardware_dir", str(hardware)]
     assert run_cli(kernels.main, args + (["--calibration", str(calibration)] if calibration else [])) == 0
     return pd.read_csv(out, keep_default_na=False)
 
@@ -48,15 +64,16 @@ def planted_slowdown(frame: pd.DataFrame) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def l40(tmp_path_factory):
-    """(directory, calibration file) of L40 calibrated on 40 planted GEMM measurements."""
+def l40(tmp_path_factory, hardware_dir):
+    """(directory, calibration file) of the test GPU calibrated on 40 planted GEMM measurements."""
     tmp = tmp_path_factory.mktemp("finetune")
-    base = predicted(shapes_csv(tmp / "shapes.csv", seed=0), tmp / "base.csv")
+    base = predicted(shapes_csv(tmp / "shapes.csv", seed=0), tmp / "base.csv", hardware_dir)
+    assert (base["extrapolation"].str.contains("architecture")).all()
     measured = base.assign(op="gemm", avg_duration=base["predicted_us"] * planted_slowdown(base))
     measured[["op", "M", "N", "K", "hardware", "avg_duration"]].to_csv(tmp / "gemm.csv", index=False)
     out = tmp / "l40.json"
-    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp / "gemm.csv"),
-                                          "--output", str(out)]) == 0
+    assert run_cli(calibration_fit.main, ["--hardware", GPU, "--kernels", str(tmp / "gemm.csv"),
+                                          "--hardware_dir", str(hardware_dir), "--output", str(out)]) == 0
     return tmp, out
 
 
@@ -71,19 +88,20 @@ def test_extrapolated_kernels_fine_tune_the_model(l40):
     assert "weights" not in calibration.summary()["fine_tuned"]["gemm"]
 
 
-def test_fine_tuning_is_deterministic(l40, tmp_path):
+def test_fine_tuning_is_deterministic(l40, hardware_dir, tmp_path):
     again = tmp_path / "again.json"
-    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(l40[0] / "gemm.csv"),
-                                          "--output", str(again)]) == 0
+    assert run_cli(calibration_fit.main, ["--hardware", GPU, "--kernels", str(l40[0] / "gemm.csv"),
+                                          "--hardware_dir", str(hardware_dir), "--output", str(again)]) == 0
     assert again.read_bytes() == l40[1].read_bytes()
 
 
-def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40):
-    """Unseen shapes on L40 move toward the planted truth; the same shapes on H100 do not move at all."""
+def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40, hardware_dir):
+    """Unseen shapes on the test GPU move toward the planted truth; the same shapes on H100 do not move at all."""
     tmp, calibration = l40
-    shapes = shapes_csv(tmp / "unseen.csv", seed=1, gpus=("L40", "H100"))
-    base, calibrated = predicted(shapes, tmp / "u_base.csv"), predicted(shapes, tmp / "u_cal.csv", calibration)
-    on_l40 = (base["hardware"] == "L40").to_numpy()
+    shapes = shapes_csv(tmp / "unseen.csv", seed=1, gpus=(GPU, "H100"))
+    base = predicted(shapes, tmp / "u_base.csv", hardware_dir)
+    calibrated = predicted(shapes, tmp / "u_cal.csv", hardware_dir, calibration)
+    on_l40 = (base["hardware"] == GPU).to_numpy()
     truth = base["predicted_us"] * planted_slowdown(base)
     error_before = np.abs(base["predicted_us"] / truth - 1)[on_l40].mean()
     error_after = np.abs(calibrated["predicted_us"] / truth - 1)[on_l40].mean()
@@ -91,14 +109,15 @@ def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40):
     assert calibrated["predicted_us"][~on_l40].tolist() == base["predicted_us"][~on_l40].tolist()
 
 
-def test_aggregator_uses_and_records_the_fine_tuned_model(l40, tmp_path):
-    """In a sweep, L40 is predicted with the fine-tuned model and records it; H100 is byte for byte unchanged."""
+def test_aggregator_uses_and_records_the_fine_tuned_model(l40, hardware_dir, tmp_path):
+    """In a sweep, the test GPU is predicted with the fine-tuned model and records it; H100 is byte for byte
+    unchanged."""
     tp1 = first_iterations(TP1, tmp_path, 2)
     plain, calibrated = tmp_path / "plain", tmp_path / "cal"
-    sweep = ["--workload", str(tp1), "--hardware", "L40,H100"]
+    sweep = ["--workload", str(tp1), "--hardware", f"{GPU},H100", "--hardware_dir", str(hardware_dir)]
     assert run_cli(aggregate.main, [*sweep, "--output", str(plain)]) == 0
     assert run_cli(aggregate.main, [*sweep, "--calibration", str(l40[1]), "--output", str(calibrated)]) == 0
-    name = f"{tp1.stem}_L40.json"
+    name = f"{tp1.stem}_{GPU}.json"
     result, base = json.loads((calibrated / name).read_text()), json.loads((plain / name).read_text())
     assert result["calibration"]["fine_tuned"]["gemm"]["kernels"] == 40
     assert result["summary"]["prefill_duration_ms"] > base["summary"]["prefill_duration_ms"] * 1.1
@@ -106,12 +125,13 @@ def test_aggregator_uses_and_records_the_fine_tuned_model(l40, tmp_path):
     assert (calibrated / name).read_text() == (plain / name).read_text()
 
 
-def test_covered_kernels_and_no_fine_tune_fit_corrections_only(l40, tmp_path, capsys):
+def test_covered_kernels_and_no_fine_tune_fit_corrections_only(l40, hardware_dir, tmp_path, capsys):
     tmp, _ = l40
     measured = pd.read_csv(tmp / "gemm.csv")
     no_tune = tmp_path / "no_tune.json"
-    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp / "gemm.csv"),
-                                          "--output", str(no_tune), "--no_fine_tune"]) == 0
+    assert run_cli(calibration_fit.main, ["--hardware", GPU, "--kernels", str(tmp / "gemm.csv"),
+                                          "--hardware_dir", str(hardware_dir), "--output", str(no_tune),
+                                          "--no_fine_tune"]) == 0
     assert load_calibration(no_tune).fine_tuned == {}
     h100 = tmp_path / "h100_gemm.csv"
     measured.assign(hardware="H100").to_csv(h100, index=False)
@@ -121,12 +141,12 @@ def test_covered_kernels_and_no_fine_tune_fit_corrections_only(l40, tmp_path, ca
     assert "corrections only" in capsys.readouterr().out
 
 
-def test_fine_tuning_without_torch_is_one_clear_error(l40, tmp_path, capsys, monkeypatch):
+def test_fine_tuning_without_torch_is_one_clear_error(l40, hardware_dir, tmp_path, capsys, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     out = tmp_path / "cal.json"
-    code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(l40[0] / "gemm.csv"),
-                                          "--output", str(out)])
+    code = run_cli(calibration_fit.main, ["--hardware", GPU, "--kernels", str(l40[0] / "gemm.csv"),
+                                          "--hardware_dir", str(hardware_dir), "--output", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "needs torch" in err[0] and "--no_fine_tune" in err[0]
     assert not out.exists()
@@ -184,17 +204,16 @@ def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged()
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False
 
 
-def test_damaged_member_checkpoint_is_one_clear_error(l40, tmp_path, capsys):
+def test_damaged_member_checkpoint_is_one_clear_error(l40, hardware_dir, tmp_path, capsys):
     """Fine-tuning reads the members' torch checkpoints: a damaged one names the file and the remedy."""
-    import shutil
-
     models = tmp_path / "models"
     shutil.copytree(REPO / "mlp_models" / "gemm", models / "gemm")
     checkpoint = next((models / "gemm").glob("*/members/seed1/gemm_mlp_model.pth"))
     checkpoint.write_bytes(b"not a checkpoint")
     out = tmp_path / "cal.json"
-    code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(l40[0] / "gemm.csv"),
-                                          "--model_dir", str(models), "--output", str(out)])
+    code = run_cli(calibration_fit.main, ["--hardware", GPU, "--kernels", str(l40[0] / "gemm.csv"),
+                                          "--hardware_dir", str(hardware_dir), "--model_dir", str(models),
+                                          "--output", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and str(checkpoint) in err[0] and "train_mlp.py --op gemm" in err[0]
     assert not out.exists()
