@@ -295,7 +295,13 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "now fine-tunes them too; measured on the same 5 draws (corrections only → with fine-tuning, "
              "k = 32 / 128): GEMM A100 7.9 → 7.7 / 7.8 → 8.2 %, A40 7.4 → 7.7 / 7.3 → 7.6 %, RTX PRO 6000 "
              "9.9 → 10.6 / 9.8 → 9.7 %, FP8 GEMM RTX PRO 6000 17.9 → 14.0 / 17.5 → 11.6 %. The rule was left as "
-             "it was: a narrower trigger chosen on these four cells would fit the evaluation.",
+             "it was: a narrower trigger chosen on these four cells would fit the evaluation."
+             " Every comparison in this paragraph and the next was measured on the log1p LOGO models of earlier "
+             "sessions; the table is on the pipe-shares models of BF16 GEMM, attention and MoE (docs/METHOD.md "
+             "§4.1), with which the k = 32 mean is 7.9 % over the GEMM GPUs (7.7 % with log1p), 9.9 % over the "
+             "attention GPUs (9.3 %) and MoE H100 / H200 / L40S 11.8 / 13.1 / 26.8 % (10.4 / 11.7 / 22.7 %): the "
+             "pipe-shares models start closer on the GPUs they extrapolated worst, and the corrections recover "
+             "less.",
              "",
              "**Disclosed** (every variant tried; mean k = 32 error over the GEMM / attention GPUs, 2 draws unless "
              "noted; the variants were compared on the GEMM leave-one-GPU-out models of the dataset before its split "

@@ -238,7 +238,10 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "at the trained rate and that plus the extra tensor time of its busiest SM (`pipeweave/siblings.py`; "
         "leave-one-GPU-out H20 BF16 GEMM 19.0 -> 11.5 %, FP8 GEMM 60.3 -> 32.6 %). Here it moves H20's attention "
         "and MoE (no H20 data: sibling H100) and every operator of L40, L20 and RTX 6000 Ada (sibling L40S); "
-        "before it, 6.1 % mean, worst 17.8 %. No number was tuned against these runs.",
+        "before it, 6.1 % mean, worst 17.8 %; with it 5.7 %, worst 17.7 %. (8) Then the BF16 GEMM, attention and "
+        "MoE models were retrained to read pipe shares instead of log1p of every feature (docs/METHOD.md §4.1), "
+        "chosen by a leave-one-GPU-out kernel test with a rule set before it and before these runs were scored: "
+        "the figures below. No number was tuned against these runs.",
         "",
         "**Baselines.** *Roofline (this project)*: every kernel at max(FLOPs / peak BF16 tensor rate, bytes / peak "
         "DRAM bandwidth) from the hardware JSON peaks and this project's FLOP/byte counts, communication identical "
