@@ -454,8 +454,8 @@ def render_flags(flags: dict) -> str:
         "held out in turn and flagged by its leave-one-GPU-out model as the predictor flags a GPU outside training;",
         "the error columns are the duration errors (mean %) of its flagged and unflagged rows. A flag that means",
         "something has the larger error on the flagged rows. A per-GPU bias that all members share raises only the",
-        "`architecture` bit, where the GPU's SM design is unseen (A100's attention, 20 % off: its members disagree on 5 %",
-        "of its rows).",
+        "`architecture` bit, where the GPU's SM design is unseen (A100's attention, 20 % off: its members disagree",
+        "on 5 % of its rows).",
         "",
         "| operator | held-out GPU | n | flagged % | range % | architecture % | members % | error flagged "
         "| error not flagged |",

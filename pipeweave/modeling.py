@@ -69,7 +69,8 @@ def input_transform(op: str, config: TrainConfig) -> str:
     as the registry says (``pipe_share_inputs``); the reference and quantile recipes, and an input subset (an
     ablation of docs/METHOD.md's inputs, ``config.features``), read them as docs/METHOD.md does: log1p."""
     ablation = config.features is not None
-    return PIPE_SHARES if config.recipe == "pipeweave" and not ablation and get_operator(op).pipe_share_inputs else LOG1P
+    own_inputs = config.recipe == "pipeweave" and not ablation
+    return PIPE_SHARES if own_inputs and get_operator(op).pipe_share_inputs else LOG1P
 
 
 def network_inputs(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndarray:

@@ -37,8 +37,8 @@ def test_split_sums_to_the_layer_and_follows_first_principles():
 @pytest.mark.slow
 def test_predicting_the_layer_row_beats_summing_pass_predictions():
     """The choice documented in pipeweave/moe.py, scored on held-out measured layers: at least 1.5x as accurate on
-    every GPU (1.8–3.0x with the pipe-shares ensemble, 2.3–4.0x with the log1p one before it, 3.2–4.6x with a single
-    model)."""
+    every GPU (1.8–3.0x with the pipe-shares ensemble, 2.3–4.0x with the log1p one before it, 3.2–4.6x with a
+    single model)."""
     path = DATASET_DIR / "moe_test.csv"
     if not path.is_file():
         pytest.skip(f"{path} not built (python3 -m dataset.build --ops moe)")

@@ -287,7 +287,8 @@ def test_input_transform_follows_the_registry_only_for_the_pipeweave_recipe_on_i
     from pipeweave.modeling import input_transform
 
     assert input_transform("gemm", TrainConfig()) == PIPE_SHARES
-    assert input_transform("attn", TrainConfig()) == PIPE_SHARES and input_transform("moe", TrainConfig()) == PIPE_SHARES
+    assert input_transform("attn", TrainConfig()) == PIPE_SHARES
+    assert input_transform("moe", TrainConfig()) == PIPE_SHARES
     assert input_transform("gemm_fp8", TrainConfig()) == LOG1P  # lower on 4 of its 10 GPUs: docs/METHOD.md §4.1
     assert input_transform("rmsnorm", TrainConfig()) == LOG1P
     assert input_transform("gemm", TrainConfig(recipe="reference")) == LOG1P  # the artifact's recipe
