@@ -9,7 +9,8 @@ Parametrisation (:mod:`pipeweave.calibration_design`). Every kernel's duration t
 becomes t̂ · exp(x · θ): per kernel class a compute and a memory intercept weighted by the analytical
 compute/memory share of the kernel, plus slopes on a few standardised shape covariates (log size with hinges,
 arithmetic intensity relative to the ridge point, SM imbalance; for attention KV length and GQA group size);
-collectives get one ``communication`` factor. A Bayesian linear regression of the log residual.
+collectives get a latency and a bandwidth factor, weighted by the latency share of their analytical estimate.
+A Bayesian linear regression of the log residual.
 
 Prior (shrinkage toward the zero-shot model, empirical Bayes). θ ~ N(0, Σ₀), zero mean: with no data the
 calibration is the zero-shot model. Within a class, Σ₀ is the second-moment matrix of the corrections that
@@ -35,14 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.calibration_design import (CLASSES, COLLECTIVE_KINDS, COMMUNICATION, INTERCEPTS, PARAMS, class_slice,
-                                          class_terms, design)
+from pipeweave.calibration_design import (BANDWIDTH, CLASSES, COLLECTIVE_KINDS, COMMUNICATION_PARAMS, INTERCEPTS,
+                                          LATENCY, PARAMS, class_slice, class_terms, communication_design, design)
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
-FORMAT_VERSION = 3  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
-# fine-tuned models (read as such)
+FORMAT_VERSION = 4  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
+# fine-tuned models (read as such); 1-3: one communication factor (read as equal latency and bandwidth factors)
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
-FACTORS = INTERCEPTS + (PARAMS[COMMUNICATION],)  # parameters that are a plain factor (the others: slopes)
+FACTORS = INTERCEPTS + COMMUNICATION_PARAMS  # parameters that are a plain factor (the others: slopes)
 MIN_TAU = 0.02  # least prior scale of any parameter (log space): no correction is ruled out a priori
 
 
@@ -57,7 +58,8 @@ class Prior:
     tau_gpu: float
     tau_pipe: float
     class_moments: dict[str, list]  # {class: second-moment matrix over class_terms(class)}
-    tau_comm: float
+    tau_comm_latency: float
+    tau_comm_bandwidth: float
     sigma_kernel: dict[str, float]
     sigma_e2e: float
     standardisation: dict[str, dict]
@@ -75,20 +77,23 @@ class Prior:
         for cls in CLASSES:
             block = class_slice(cls)
             cov[block, block] = np.asarray(self.class_moments[cls], dtype=np.float64)
-        cov[COMMUNICATION, COMMUNICATION] = self.tau_comm ** 2
+        cov[LATENCY, LATENCY] = self.tau_comm_latency ** 2
+        cov[BANDWIDTH, BANDWIDTH] = self.tau_comm_bandwidth ** 2
         values, vectors = np.linalg.eigh((cov + cov.T) / 2)
         return (vectors * np.maximum(values, MIN_TAU ** 2)) @ vectors.T
 
     def summary(self) -> dict:
         """What a calibration file records of its prior (the matrices are in the prior file)."""
-        return {"source": self.source, "tau_gpu": self.tau_gpu, "tau_pipe": self.tau_pipe, "tau_comm": self.tau_comm,
+        return {"source": self.source, "tau_gpu": self.tau_gpu, "tau_pipe": self.tau_pipe,
+                "tau_comm_latency": self.tau_comm_latency, "tau_comm_bandwidth": self.tau_comm_bandwidth,
                 "sigma_kernel": dict(self.sigma_kernel), "sigma_e2e": self.sigma_e2e}
 
     def as_dict(self) -> dict:
         return {"tau_gpu": self.tau_gpu, "tau_pipe": self.tau_pipe,
                 "class_moments": {c: {"terms": list(class_terms(c)), "matrix": np.asarray(m).tolist()}
                                   for c, m in self.class_moments.items()},
-                "tau_comm": self.tau_comm, "sigma_kernel": dict(self.sigma_kernel), "sigma_e2e": self.sigma_e2e,
+                "tau_comm_latency": self.tau_comm_latency, "tau_comm_bandwidth": self.tau_comm_bandwidth,
+                "sigma_kernel": dict(self.sigma_kernel), "sigma_e2e": self.sigma_e2e,
                 "standardisation": self.standardisation, "source": self.source}
 
     @classmethod
@@ -101,7 +106,8 @@ class Prior:
                                  f"expects {list(class_terms(name))}; regenerate it with "
                                  f"python3 -m pipeweave.calibration_eval")
             moments[name] = entry["matrix"]
-        return cls(float(data["tau_gpu"]), float(data["tau_pipe"]), moments, float(data["tau_comm"]),
+        return cls(float(data["tau_gpu"]), float(data["tau_pipe"]), moments, float(data["tau_comm_latency"]),
+                   float(data["tau_comm_bandwidth"]),
                    {k: float(v) for k, v in data["sigma_kernel"].items()}, float(data["sigma_e2e"]),
                    data["standardisation"], str(data.get("source", "")))
 
@@ -112,9 +118,10 @@ def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
         raise FileNotFoundError(f"calibration prior {path} not found; "
                                 f"generate it with python3 -m pipeweave.calibration_eval")
     data = json.loads(path.read_text())
-    if "class_moments" not in data:
-        raise ValueError(f"calibration prior {path} is of an older pipeweave (no shape covariates); regenerate it "
-                         f"with python3 -m pipeweave.calibration_eval")
+    for key, lacks in (("class_moments", "no shape covariates"), ("tau_comm_latency", "one communication factor")):
+        if key not in data:
+            raise ValueError(f"calibration prior {path} is of an older pipeweave ({lacks}); regenerate it "
+                             f"with python3 -m pipeweave.calibration_eval")
     return Prior.from_dict(data)
 
 
@@ -219,8 +226,8 @@ class Calibration:
     @property
     def method(self) -> str:
         method = ("per-GPU log-duration corrections per kernel class: compute and memory intercepts split by the "
-                  "analytical compute/memory share and slopes on standardised shape covariates, plus a communication "
-                  "factor; MAP with an empirical-Bayes Gaussian prior toward the zero-shot model (pipeweave.calibration)")
+                  "analytical compute/memory share and slopes on standardised shape covariates, plus communication "
+                  "latency and bandwidth factors split by the analytical latency share; MAP with an empirical-Bayes Gaussian prior toward the zero-shot model (pipeweave.calibration)")
         if self.fine_tuned:
             method += (f"; the {', '.join(sorted(self.fine_tuned))} model fine-tuned on this GPU's measured kernels, "
                        f"where the shipped model extrapolates (pipeweave.finetune), under those corrections")
@@ -253,11 +260,13 @@ class Calibration:
     def apply(self, kind: str, hardware, durations_ms: np.ndarray, features: np.ndarray | None = None,
               shapes=None) -> np.ndarray:
         """The engine's hook (pipeweave.engine.Calibration): durations of one GPU's rows of one operator class
-        (features and shape keys given) or collective kind; other GPUs' rows come back unchanged."""
+        (features and shape keys given) or collective kind (``shapes``: (message bytes, workers) per row); other
+        GPUs' rows come back unchanged."""
         if hardware.stem != self.hardware:
             return durations_ms
         if kind in COLLECTIVE_KINDS:
-            return durations_ms * float(np.exp(self.theta[COMMUNICATION]))
+            size, workers = np.asarray(shapes, dtype=np.float64).reshape(-1, 2).T
+            return durations_ms * np.exp(communication_design(kind, size, workers, hardware) @ self.theta)
         return durations_ms * self.factors(kind, features, shapes)
 
     def record(self, hardware) -> dict | None:
@@ -311,7 +320,10 @@ def load_calibration(path: str | Path) -> Calibration:
                          f"refit it with calibrate.py")
     # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions
     expected = [p for p in PARAMS if p in FACTORS] if version == 1 else PARAMS
-    parameters = data.get("parameters", {})
+    parameters = dict(data.get("parameters", {}))
+    if version < 4 and "communication" in parameters:  # one factor on every collective: equal latency and bandwidth
+        shared = parameters.pop("communication")
+        parameters.update({p: shared for p in COMMUNICATION_PARAMS})
     missing = [p for p in expected if p not in parameters]
     standardisation = data.get("standardisation") if version > 1 else None
     if version > 1 and (not isinstance(standardisation, dict) or set(standardisation) != set(CLASSES)):

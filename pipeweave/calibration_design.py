@@ -19,7 +19,10 @@ Per kernel class (GEMM, FP8 GEMM, attention prefill, attention decode, element-w
     kernel's per-block overhead) and ``log_group_size`` (query heads per KV head, the GQA ratio).
   Standardised with the centre and scale of the kernels the prior was estimated from (stored in the prior
   and in every calibration file) and clipped to ±3 so that a shape far outside them is not extrapolated.
-* Collectives get one ``communication`` factor.
+* Collectives get a latency and a bandwidth factor, weighted like the kernels' pipe intercepts by the share of
+  the analytical ring estimate (:func:`pipeweave.collectives.analytical_collective_terms`, the GPU's link
+  latency and bandwidth) that is latency: a decode step's small all-reduces are latency-bound, a prefill's large
+  ones bandwidth-bound, and one run's decode error must not rescale the prefill's transfers.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ import numpy as np
 from analytical_model.attention import resolve_attention_type
 from analytical_model.columns import parse_length_list
 from analytical_model.registry import get_operator
+from pipeweave.collectives import SEND_RECV_WORKERS, analytical_collective_terms
+from pipeweave.schema import COLLECTIVE_KINDS
 
 CLASSES = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "elementwise", "moe")
 PIPES = ("compute", "memory")
@@ -49,10 +54,10 @@ def class_terms(cls: str) -> tuple[str, ...]:
 
 
 KERNEL_PARAMS = tuple(f"{c}.{t}" for c in CLASSES for t in class_terms(c))
-PARAMS = KERNEL_PARAMS + ("communication",)
-COMMUNICATION = len(PARAMS) - 1
+COMMUNICATION_PARAMS = ("communication.latency", "communication.bandwidth")
+PARAMS = KERNEL_PARAMS + COMMUNICATION_PARAMS
+LATENCY, BANDWIDTH = (PARAMS.index(p) for p in COMMUNICATION_PARAMS)
 INTERCEPTS = tuple(f"{c}.{p}" for c in CLASSES for p in PIPES)
-COLLECTIVE_KINDS = ("all_reduce", "send_recv")
 
 
 def class_slice(cls: str) -> slice:
@@ -160,7 +165,19 @@ def fit_standardisation(raw_by_class: dict[str, list[np.ndarray]]) -> dict:
     return out
 
 
-def communication_design(n: int) -> np.ndarray:
-    x = np.zeros((n, len(PARAMS)))
-    x[:, COMMUNICATION] = 1.0
+def collective_workers(kind: str, tp_size: int) -> int:
+    """Workers of one collective of a workload: its TP group for an all-reduce, a pipeline pair for send/recv."""
+    return tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
+
+
+def communication_design(kind: str, size_bytes, num_workers, spec) -> np.ndarray:
+    """Design rows of collectives of one kind on ``spec``: latency factor weighted by the latency share s of the
+    analytical ring estimate, bandwidth factor by 1 − s (a collective that takes no time: all latency)."""
+    latency, transfer = analytical_collective_terms(kind, size_bytes, num_workers, spec.link_gbps,
+                                                    spec.link_latency_us)
+    total = latency + transfer
+    share = np.divide(latency, total, out=np.ones(len(total)), where=total > 0)
+    x = np.zeros((len(share), len(PARAMS)))
+    x[:, LATENCY] = share
+    x[:, BANDWIDTH] = 1.0 - share
     return x

@@ -48,7 +48,11 @@ MIN_SHARE_SPREAD = 0.1  # standard deviation of the compute share needed to spli
 MIN_COVARIATE_SPREAD = 0.1  # standard deviations (of the pooled covariate) a GPU's kernels must span
 MIN_HINGE_SIDE = 0.05  # least fraction of a GPU's kernels on either side of a size knot
 RIDGE = 0.01  # per-GPU full-data fits: a direction its kernels do not identify stays near 0 (log-space units²)
-TAU_COMM = float(np.log(3.0))  # collective sources of one GPU differ by up to ~3x at small sizes (collectives.py)
+# prior scales of the communication factors, from how far the collective sources of one GPU disagree
+# (dataset/collective.csv, same GPU, worker count and size): at most 64 KiB, where latency dominates, by 1.4-5.6x
+# (typically ~3x: collectives.py); from 64 MiB up, where bandwidth does, by 1.01-1.14x, one pair 2.65x (H100, 2 GPUs)
+TAU_COMM_LATENCY = float(np.log(3.0))
+TAU_COMM_BANDWIDTH = 0.5  # a factor 1.65 at one standard deviation: the 2.65x pair at two
 SIGMA_COMM = 0.1
 SIGMA_E2E = 0.05  # shape-held-out kernel error of the shipped models: what remains once a GPU's bias is known
 SECTION = "calibration-kshot"
@@ -180,8 +184,8 @@ def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
         pooled = np.concatenate(residuals[cls]) if cls in residuals else every
         sigma[cls] = float(1.4826 * np.median(np.abs(pooled - np.median(pooled))))
     sigma["communication"] = SIGMA_COMM
-    return Prior(float(np.sqrt(tau_gpu2)), float(np.sqrt(tau_pipe2)), moments, TAU_COMM, sigma, SIGMA_E2E,
-                 standardisation, source)
+    return Prior(float(np.sqrt(tau_gpu2)), float(np.sqrt(tau_pipe2)), moments, TAU_COMM_LATENCY, TAU_COMM_BANDWIDTH,
+                 sigma, SIGMA_E2E, standardisation, source)
 
 
 def fallback_variances(cls: str, corrections: list) -> np.ndarray:

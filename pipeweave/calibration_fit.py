@@ -24,7 +24,8 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Calibration, Equations, Prior, file_digest, fit_map, load_prior
-from pipeweave.calibration_design import PARAMS, attention_types, communication_design, design, kernel_classes
+from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, collective_workers,
+                                          communication_design, design, kernel_classes)
 from pipeweave.cli import ArgumentParser, UserError
 
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
@@ -112,7 +113,7 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
 def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: dict) -> tuple[np.ndarray, np.ndarray]:
     """(zero-shot single duration in ms, design row) of every operator instance of ``workload`` on ``spec``."""
     from pipeweave.engine import Job
-    from pipeweave.flatten import CATEGORY_CODE, KERNEL_CATEGORIES
+    from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES
 
     result = aggregator.predict([Job(workload, spec)])[0].result
     single = np.zeros(len(workload.inst_code))
@@ -121,7 +122,14 @@ def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: di
         for category, name, i in entries:
             entry = durations[category][name] if name is not None else durations[category]
             single[i] = entry["single_duration_ms"]
-    x = communication_design(len(single))
+    x = np.zeros((len(single), len(PARAMS)))
+    for kind in COLLECTIVE_KINDS:
+        rows = np.flatnonzero((workload.inst_code == COMMUNICATION_CODE)
+                              & np.isin(workload.inst_local, [i for i, (k, _) in enumerate(workload.collectives)
+                                                              if k == kind]))
+        if rows.size:
+            sizes = np.array([workload.collectives[i][1] for i in workload.inst_local[rows]], dtype=np.float64)
+            x[rows] = communication_design(kind, sizes, collective_workers(kind, workload.tp_size), spec)
     for category, op in KERNEL_CATEGORIES.items():
         rows = np.flatnonzero(workload.inst_code == CATEGORY_CODE[category])
         if not rows.size:
@@ -211,9 +219,10 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR, CollectivePredictor
 
         collective = CollectivePredictor(spec.stem, collective_dir or DEFAULT_COLLECTIVE_DIR, allow_analytical=True)
-        base = collective.predict_ms("all_reduce", pd.to_numeric(frame["size_bytes"]).to_numpy(np.float64),
-                                     pd.to_numeric(frame["num_workers"]).to_numpy()) * 1000.0
-        x = communication_design(len(frame))
+        sizes = pd.to_numeric(frame["size_bytes"]).to_numpy(np.float64)
+        workers = pd.to_numeric(frame["num_workers"]).to_numpy()
+        base = collective.predict_ms("all_reduce", sizes, workers) * 1000.0
+        x = communication_design("all_reduce", sizes, workers, spec)
         sigma = np.full(len(frame), prior.sigma_kernel["communication"])
     else:
         shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)

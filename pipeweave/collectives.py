@@ -126,6 +126,13 @@ def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: floa
     H20/H800/H100/H200, 0.6-0.8 for the other NVLink cases, 0.36-0.63 on 2-GPU PCIe boards, 0.05 on 8x L40S
     without P2P). A zero-byte message takes 0 ms.
     """
+    latency, transfer = analytical_collective_terms(kind, size_bytes, num_workers, link_gbps, latency_us)
+    return latency + transfer
+
+
+def analytical_collective_terms(kind: str, size_bytes, num_workers, link_gbps: float, latency_us: float
+                                ) -> tuple[np.ndarray, np.ndarray]:
+    """(latency term, bandwidth term) of :func:`analytical_collective_ms`, in ms: their sum is the estimate."""
     _check_kind(kind)
     if not link_gbps or link_gbps <= 0:
         raise ValueError(f"link_gbps must be a positive bandwidth in GB/s, got {link_gbps!r}")
@@ -136,12 +143,14 @@ def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: floa
     if kind == "all_reduce":
         if np.any(~np.isfinite(workers)) or np.any(workers < 1):
             raise ValueError("num_workers must be >= 1")
-        factor = 2.0 * (workers - 1.0) / workers
-        out = factor * size * seconds_per_byte * 1e3 + float(latency_us) * 1e-3 * np.log2(np.maximum(workers, 2))
-        out = np.where(workers <= 1, 0.0, out)
+        transfer = 2.0 * (workers - 1.0) / workers * size * seconds_per_byte * 1e3
+        latency = np.full(size.shape, float(latency_us) * 1e-3) * np.log2(np.maximum(workers, 2))
+        idle = (workers <= 1) | (size == 0)
     else:
-        out = size * seconds_per_byte * 1e3 + float(latency_us) * 1e-3
-    return np.where(size == 0, 0.0, out).astype(np.float64)
+        transfer = size * seconds_per_byte * 1e3
+        latency = np.full(size.shape, float(latency_us) * 1e-3)
+        idle = size == 0
+    return np.where(idle, 0.0, latency), np.where(idle, 0.0, transfer)
 
 
 # ================================================================================================================

@@ -27,7 +27,8 @@ between steps; split across modules those arrays would become a public interface
   memoised on the iteration's operators, so asking again for the same batch costs a dictionary lookup.
 * ``calibration``: an object with ``apply(kind, hardware, durations_ms, features=None, shapes=None) ->
   durations_ms`` (``kind`` is a registry operator key or a collective kind; for kernels ``features`` are the rows'
-  analytical features and ``shapes`` their shape keys), called on every kernel and collective duration before they
+  analytical features and ``shapes`` their shape keys, for collectives ``shapes`` are (message bytes, workers)
+  and ``features`` None), called on every kernel and collective duration before they
   are summed, and ``record(hardware) -> dict | None``, what a prediction on that GPU records under
   ``"calibration"`` (:class:`pipeweave.calibration.Calibration`), and optionally ``fine_tuned_models() ->
   {op: NumpyMLP}`` and ``hardware`` (a file stem): kernel models fine-tuned on that GPU, which replace the shipped
@@ -67,6 +68,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
+from pipeweave.calibration_design import collective_workers
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
@@ -74,7 +76,6 @@ from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
 from pipeweave.validation import check_durations, fa3_warning, load_model_checked
 
-SEND_RECV_WORKERS = 2
 #: where a kernel is extrapolated (GPU architecture or shape region absent from its model's training), the
 #: optimistic efficiency is the quantile model's × 1.5 (within the physical band): the leave-one-GPU-out errors of
 #: the recipe reach ~50 % of the duration (docs/ACCURACY.md) where shape-held-out errors are ~10 %
@@ -227,7 +228,7 @@ class Engine:
         so that following the hint cannot lead to the next missing model."""
         from pipeweave.collectives import hardware_covering
 
-        needed = {(kind, job.workload.tp_size if kind == "all_reduce" else SEND_RECV_WORKERS)
+        needed = {(kind, collective_workers(kind, job.workload.tp_size))
                   for kind, _ in job.workload.collectives}
         covering = hardware_covering(needed, self.collective_dir)
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
@@ -444,12 +445,13 @@ class Engine:
             if not rows:
                 continue
             sizes = np.array([workload.collectives[i][1] for i in rows], dtype=np.float64)
-            workers = workload.tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
+            workers = collective_workers(kind, workload.tp_size)
             measured = predictor.available(kind) and (
                 workers in predictor.worker_counts(kind) or (kind == "all_reduce" and workers == 1))
             try:
                 out[rows] = self._calibrated(kind, [job.hardware.stem] * len(rows),
-                                             predictor.predict_ms(kind, sizes, workers))
+                                             predictor.predict_ms(kind, sizes, workers),
+                                             shapes=[(size, workers) for size in sizes])
             except (ValueError, FileNotFoundError) as exc:
                 message = exc.args[0] if exc.args else str(exc)
                 raise UserError(f"{workload.stem} on {job.hardware.stem}: cannot predict {kind} with "

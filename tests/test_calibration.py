@@ -14,8 +14,8 @@ import pytest
 
 from pipeweave import aggregate, calibration_fit, kernels
 from pipeweave.calibration import Calibration, Equations, Prior, fit_map, load_calibration, load_prior
-from pipeweave.calibration_design import (COMMUNICATION, COVARIATES, HINGES, INTERCEPTS, PARAMS, class_covariates,
-                                          design, fit_standardisation)
+from pipeweave.calibration_design import (BANDWIDTH, COMMUNICATION_PARAMS, COVARIATES, HINGES, INTERCEPTS, LATENCY,
+                                          PARAMS, class_covariates, design, fit_standardisation)
 from pipeweave.calibration_eval import HeldOut, estimate_prior, kshot_errors
 from pipeweave.cli import run_cli
 
@@ -98,7 +98,7 @@ def test_gemm_data_moves_other_classes_through_the_shared_prior():
     theta, _ = fit_map(kernel_equations(x, np.full(len(x), 0.3)), load_prior())
     attention = theta[PARAMS.index("attn_decode.memory")]
     assert 0 < attention < theta[PARAMS.index("gemm.memory")]
-    assert theta[COMMUNICATION] == 0
+    assert theta[LATENCY] == 0 and theta[BANDWIDTH] == 0
 
 
 def test_design_splits_compute_and_memory_shares():
@@ -234,7 +234,8 @@ def a100_calibration(tmp_path_factory):
 def test_calibration_file_and_tp1_run_moves_tp2_prediction(a100_calibration, tmp_path):
     cal = load_calibration(a100_calibration)
     assert cal.hardware == "A100" and cal.fitted_from["e2e"]["runs"]
-    assert cal.theta[COMMUNICATION] == 0  # a TP1 run has no collectives: the communication factor stays at its prior
+    # a TP1 run has no collectives: the communication factors stay at their prior
+    assert cal.theta[LATENCY] == 0 and cal.theta[BANDWIDTH] == 0
     tp2 = small(TP2, tmp_path)
     out = tmp_path / "pred.json"
     assert run_cli(aggregate.main, ["--workload", str(tp2), "--hardware", "A100", "--calibration",
@@ -383,8 +384,8 @@ def test_calibration_file_validation(tmp_path, a100_calibration):
     with pytest.raises(ValueError, match="not a calibration file"):
         load_calibration(bad)
     data = json.loads(a100_calibration.read_text())
-    bad.write_text(json.dumps({**data, "format": 4}))
-    with pytest.raises(ValueError, match="calibration format 4, this pipeweave reads 1 to 3; refit"):
+    bad.write_text(json.dumps({**data, "format": 5}))
+    with pytest.raises(ValueError, match="calibration format 5, this pipeweave reads 1 to 4; refit"):
         load_calibration(bad)
     bad.write_text(json.dumps({key: value for key, value in data.items() if key != "standardisation"}))
     with pytest.raises(ValueError, match="lacks standardisation"):
@@ -396,14 +397,14 @@ def test_calibration_file_validation(tmp_path, a100_calibration):
 def test_format_1_file_reads_with_zero_slopes(a100_calibration, tmp_path):
     """A file of the intercept-only calibration (format 1) still applies, with the same factors as before."""
     data = json.loads(a100_calibration.read_text())
-    old = {**data, "format": 1, "parameters": {p: v for p, v in data["parameters"].items()
-                                               if p in INTERCEPTS or p == "communication"}}
+    parameters = {p: v for p, v in data["parameters"].items() if p in INTERCEPTS}
+    old = {**data, "format": 1, "parameters": {**parameters, "communication": data["parameters"][COMMUNICATION_PARAMS[0]]}}
     del old["standardisation"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     cal = load_calibration(path)
     assert cal.standardisation is None
-    assert not cal.theta[[i for i, p in enumerate(PARAMS) if p not in INTERCEPTS and p != "communication"]].any()
+    assert not cal.theta[[i for i, p in enumerate(PARAMS) if p not in INTERCEPTS + COMMUNICATION_PARAMS]].any()
     from analytical_model.registry import get_operator
 
     features = np.ones((4, len(get_operator("gemm").feature_names)))
@@ -413,7 +414,7 @@ def test_format_1_file_reads_with_zero_slopes(a100_calibration, tmp_path):
 
 def test_prior_file_is_consistent(tmp_path):
     prior = load_prior()
-    assert isinstance(prior, Prior) and prior.sigma_e2e > 0 and prior.tau_comm > 0
+    assert isinstance(prior, Prior) and prior.sigma_e2e > 0 and prior.tau_comm_latency > prior.tau_comm_bandwidth > 0
     assert np.all(np.linalg.eigvalsh(prior.covariance()) > 0)
     data = json.loads((REPO / "pipeweave" / "calibration_prior.json").read_text())
     data["class_moments"]["gemm"]["terms"] = ["compute", "memory"]
@@ -427,10 +428,11 @@ def test_engine_hook_scales_collectives_of_its_gpu_only():
     from analytical_model.hardware import load_hardware
 
     theta = np.zeros(len(PARAMS))
-    theta[COMMUNICATION] = np.log(2.0)
+    theta[[LATENCY, BANDWIDTH]] = np.log(2.0)
     cal = Calibration("A100", "NVIDIA A100-SXM4-80GB", theta, np.zeros(len(PARAMS)), {}, {}, {})
-    np.testing.assert_allclose(cal.apply("all_reduce", load_hardware("A100"), np.ones(3)), 2.0)
-    np.testing.assert_array_equal(cal.apply("all_reduce", load_hardware("H100"), np.ones(3)), 1.0)
+    messages = [(1 << 10, 8), (1 << 20, 8), (1 << 30, 8)]
+    np.testing.assert_allclose(cal.apply("all_reduce", load_hardware("A100"), np.ones(3), shapes=messages), 2.0)
+    np.testing.assert_array_equal(cal.apply("all_reduce", load_hardware("H100"), np.ones(3), shapes=messages), 1.0)
     assert cal.record(load_hardware("H100")) is None and cal.record(load_hardware("A100"))["factors"]
 
 
@@ -459,8 +461,8 @@ def test_all_reduce_measurements_inform_only_the_communication_factor(tmp_path):
     out = tmp_path / "cal.json"
     assert run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(csv), "--output", str(out)]) == 0
     cal = load_calibration(out)
-    assert 1.6 < np.exp(cal.theta[COMMUNICATION]) < 2.0
-    np.testing.assert_array_equal(cal.theta[:COMMUNICATION], 0.0)
+    assert 1.6 < np.exp(cal.theta[LATENCY]) < 2.2 and 1.6 < np.exp(cal.theta[BANDWIDTH]) < 2.2
+    np.testing.assert_array_equal(cal.theta[:LATENCY], 0.0)
 
 
 def test_calibration_warns_when_the_base_model_changed(a100_calibration, tmp_path, capsys):
@@ -476,3 +478,31 @@ def test_calibration_warns_when_the_base_model_changed(a100_calibration, tmp_pat
     assert run_cli(aggregate.main, ["--workload", str(small(TP1, tmp_path)), "--hardware", "A100", "--calibration",
                                     str(a100_calibration), "--output", str(out)]) == 0
     assert "WARNING" not in capsys.readouterr().out
+
+
+def test_small_messages_move_the_latency_factor_large_ones_the_bandwidth_factor():
+    """A decode step's small all-reduces and a prefill's large ones take different corrections: a 2x slowdown
+    measured at small sizes scales small messages, not 1 GiB transfers (and the other way round)."""
+    from analytical_model.hardware import load_hardware
+    from pipeweave.calibration_design import communication_design
+
+    spec = load_hardware("H20")
+    x = communication_design("all_reduce", np.array([0, 256 << 10, 1 << 30], dtype=np.float64), 8, spec)
+    assert x[0, LATENCY] == 1.0 and x[1, LATENCY] > 0.9 and x[2, BANDWIDTH] > 0.95
+    np.testing.assert_allclose(x[:, LATENCY] + x[:, BANDWIDTH], 1.0)
+    for measured_at, moved, kept in (((1 << 12, 1 << 14), LATENCY, BANDWIDTH),
+                                     ((1 << 30, 1 << 31), BANDWIDTH, LATENCY)):
+        sizes = np.array(measured_at, dtype=np.float64)
+        rows = communication_design("all_reduce", sizes, 8, spec)
+        theta, _ = fit_map(Equations(np.arange(2), np.ones(2), rows, np.full(2, 2.0), np.full(2, 0.05)), load_prior())
+        assert np.exp(theta[moved]) > 1.7 and np.exp(theta[kept]) < 1.15, (measured_at, np.exp(theta[[moved, kept]]))
+
+
+def test_single_communication_factor_of_older_files_reads_as_both(a100_calibration, tmp_path):
+    data = json.loads(a100_calibration.read_text())
+    parameters = {p: v for p, v in data["parameters"].items() if p not in COMMUNICATION_PARAMS}
+    parameters["communication"] = {"log_factor": float(np.log(1.5)), "factor": 1.5, "posterior_std": 0.1}
+    path = tmp_path / "format3.json"
+    path.write_text(json.dumps({**data, "format": 3, "parameters": parameters}))
+    cal = load_calibration(path)
+    np.testing.assert_allclose(np.exp(cal.theta[[LATENCY, BANDWIDTH]]), 1.5)

@@ -92,8 +92,8 @@ class Scale:
 
     def apply(self, kind, hardware, durations_ms, features=None, shapes=None):
         self.seen.add(kind)
-        if kind in ("all_reduce", "send_recv"):
-            assert features is None and shapes is None
+        if kind in ("all_reduce", "send_recv"):  # collectives come with (message bytes, workers), row for row
+            assert features is None and len(shapes) == len(durations_ms) and all(len(s) == 2 for s in shapes)
         else:  # kernels come with their features and shape keys, row for row
             assert len(features) == len(shapes) == len(durations_ms)
         return durations_ms * self.factors.get(hardware.stem, 1.0)
