@@ -95,6 +95,15 @@ class OperatorClass:
         """MLP input columns: the docs/METHOD.md features, then (pipeweave recipe) the shape descriptors."""
         return self.feature_names + (self.descriptor_names if with_descriptors else ())
 
+    def input_rows(self, features: np.ndarray, described: np.ndarray | None, n_inputs: int, model: str) -> np.ndarray:
+        """The raw input rows of a model with ``n_inputs`` inputs (:meth:`input_names`): the features, then the
+        descriptors when the model was trained with them (``model`` names it in the error when they are missing)."""
+        if n_inputs <= len(self.feature_names):
+            return features
+        if described is None:
+            raise ValueError(f"{model} needs the {self.key} shape descriptors as well as the features")
+        return np.concatenate([features, described], axis=1)
+
     def calculator(self, name: str) -> Callable:
         """The calculator registered under ``name`` (an architecture or attention backend)."""
         try:

@@ -153,10 +153,9 @@ def logo_mlp(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> NumpyMLP:
 
 def logo_model_efficiency(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> ModelEfficiency:
     """The cached LOGO model of ``gpu`` (its members' median) as a function of features and descriptors."""
-    model = logo_mlp(op, gpu, cache)
-    with_descriptors = model.input_dim > len(get_operator(op).feature_names)
+    model, operator = logo_mlp(op, gpu, cache), get_operator(op)
     return lambda features, described: model.efficiency(
-        np.concatenate([features, described], axis=1) if with_descriptors else features)
+        operator.input_rows(features, described, model.input_dim, model.source))
 
 
 def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows: int, gpus: list[str]) -> dict:

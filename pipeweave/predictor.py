@@ -109,10 +109,6 @@ class KernelPredictor:
             self._models[op] = (model, metadata, directory)
         return self._models[op]
 
-    def uses_descriptors(self, op: str) -> bool:
-        _, metadata, _ = self.model(op)
-        return len(metadata["model_info"]["features"]) > len(get_operator(op).feature_names)
-
     def efficiency_from_features(self, op: str, features: np.ndarray, described: np.ndarray | None = None) -> np.ndarray:
         """Efficiency from the pipe features and (for models trained with them) the shape descriptors."""
         return self.efficiency_and_spread(op, features, described)[0]
@@ -124,11 +120,8 @@ class KernelPredictor:
 
     def model_inputs(self, op: str, features: np.ndarray, described: np.ndarray | None) -> np.ndarray:
         """The model's raw input rows: the pipe features, then (for models trained with them) the descriptors."""
-        if not self.uses_descriptors(op):
-            return features
-        if described is None:
-            raise ValueError(f"{self.model(op)[2]} needs the {op} shape descriptors as well as the features")
-        return np.concatenate([features, described], axis=1)
+        _, metadata, directory = self.model(op)
+        return get_operator(op).input_rows(features, described, len(metadata["model_info"]["features"]), directory)
 
     def use_fine_tuned(self, calibration) -> None:
         """Predict the GPU of ``calibration`` (:class:`pipeweave.calibration.Calibration`) with the models it

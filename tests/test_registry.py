@@ -110,3 +110,14 @@ def test_calculators_are_the_ones_used():
     assert marked.features(columns, hw).tolist() == [[7.0] * len(gemm.feature_names)]
     with pytest.raises(ValueError, match="no calculator 'sm90'"):
         OperatorClass(**{**gemm.__dict__, "calculators": {}}).features(columns, hw)
+
+
+def test_input_rows_append_the_descriptors_only_for_models_trained_with_them():
+    operator = get_operator("gemm")
+    features = np.ones((2, len(operator.feature_names)))
+    described = np.full((2, len(operator.descriptor_names)), 2.0)
+    assert operator.input_rows(features, described, len(operator.feature_names), "m") is features
+    both = operator.input_rows(features, described, len(operator.input_names()), "m")
+    np.testing.assert_array_equal(both, np.concatenate([features, described], axis=1))
+    with pytest.raises(ValueError, match="mlp_models/gemm/x needs the gemm shape descriptors"):
+        operator.input_rows(features, None, len(operator.input_names()), "mlp_models/gemm/x")
