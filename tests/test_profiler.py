@@ -584,3 +584,33 @@ def test_quick_gemm_on_gpu(config_dir, tmp_path):
     # a second run measures nothing new
     assert run_cli(profile_operators.main, argv) == 0
     assert len(csvio.read_measured(files[0])) == expected
+
+
+def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, capsys):
+    import pandas as pd
+
+    from pipeweave.profiler import crosscheck
+    from pipeweave.profiler.csvio import columns_for
+
+    shapes = [(8, 4096, 4096), (16, 4096, 4096), (4096, 4096, 4096)]
+    reference = pd.DataFrame([{"M": m, "N": n, "K": k, "hardware": "NVIDIA H200", "dtype": "bfloat16",
+                               "avg_duration": 10.0 * (i + 1) ** 3, "source": "aiconfigurator-core 0.12.0 x"}
+                              for i, (m, n, k) in enumerate(shapes)])
+    other_source = reference.assign(source="vidur 1 y", avg_duration=1.0)  # never the reference
+    pd.concat([reference, other_source]).to_csv(tmp_path / "gemm_train.csv", index=False)
+    measured = pd.DataFrame([{**dict.fromkeys(columns_for("gemm"), ""), "op": "gemm", "M": m, "N": n, "K": k,
+                              "hardware": "NVIDIA H200", "dtype": "bfloat16", "avg_duration": duration}
+                             for (m, n, k), duration in [(shapes[0], 12.0), (shapes[1], 80.0 * 1.5),
+                                                         (shapes[2], 270.0 * 0.9), ((32, 32, 32), 5.0)]])
+    (tmp_path / "measured" / "H200").mkdir(parents=True)
+    measured.to_csv(tmp_path / "measured" / "H200" / "gemm.csv", index=False)
+    report = tmp_path / "report.md"
+    assert crosscheck.main(["--measured_dir", str(tmp_path / "measured"), "--dataset_dir", str(tmp_path),
+                            "--output", str(report)]) == 0
+    row = next(line for line in report.read_text().splitlines() if line.startswith("| gemm |"))
+    assert "| gemm | NVIDIA H200 | 3 | 1.200 | 1.050–1.350 | 0.900 – 1.500 |" in row  # the unmatched shape is left out
+    assert "[10.0, 100.0) µs: 1.350 (2); [100.0, 1000.0) µs: 0.900 (1)" in row
+    assert report.read_text() == capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "empty"), "--dataset_dir", str(tmp_path)]) == 2
+    assert "profile_operators.py --quick" in capsys.readouterr().err

@@ -1,0 +1,136 @@
+"""python3 -m pipeweave.profiler.crosscheck: this project's kernel measurements beside another source's rows of the
+same GPU, shape and dtype.
+
+    python3 -m pipeweave.profiler.crosscheck [--measured_dir dataset/measured] [--dataset_dir dataset]
+        [--reference aiconfigurator-core] [--output REPORT.md]
+
+Why. Before the profiler's rows (``profile_operators.py``) train or calibrate anything, they should agree with
+what another harness measured on the same GPU: a systematic ratio means the harnesses differ (timing, L2 flush,
+kernel choice, clocks), not the GPU, and a calibration fitted on one would carry that into every prediction. For
+every operator, the measured rows (``<measured_dir>/<gpu>/<op>.csv``, read as ``python3 -m dataset.build`` reads
+them) are joined with the rows of ``dataset/<op>_{train,test}.csv`` whose source starts with ``--reference``
+(default aiconfigurator-core: vLLM's kernels as aiconfigurator timed them) on GPU, shape columns and dtype. Per
+operator and GPU the report gives the ratio measured / reference: median, interquartile range and extremes over
+all matched rows, the median per reference duration decade (launch-bound kernels differ in other ways than
+long ones), and the rows that differ most. Nothing is fitted.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analytical_model.hardware import hardware_registry
+from analytical_model.registry import get_operator
+from dataset.sources import load_measured
+from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.paths import DATASET_DIR
+
+DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
+DEFAULT_REFERENCE = "aiconfigurator-core"
+#: reference duration decades (µs) of the per-regime medians
+DURATION_EDGES = (0.0, 10.0, 100.0, 1000.0, np.inf)
+WORST_ROWS = 5
+
+
+def matched_rows(op: str, measured: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """Rows measured in both frames (same GPU, shape, dtype): the shape columns, hardware, dtype, ``measured_us``,
+    ``reference_us`` and ``ratio`` = measured / reference. Both frames have their GPU names canonical."""
+    key = [*get_operator(op).shape_columns, "hardware", "dtype"]
+    left = measured.groupby(key, as_index=False)["avg_duration"].median().rename(columns={"avg_duration": "measured_us"})
+    right = reference.groupby(key, as_index=False)["avg_duration"].median().rename(
+        columns={"avg_duration": "reference_us"})
+    joined = left.merge(right, on=key, how="inner")
+    return joined.assign(ratio=joined["measured_us"] / joined["reference_us"])
+
+
+def summary(op: str, joined: pd.DataFrame) -> list[dict]:
+    """One entry per GPU: matched rows, ratio quantiles, per-decade medians and the most different rows."""
+    out = []
+    shape_columns = list(get_operator(op).shape_columns)
+    for gpu, rows in joined.groupby("hardware", sort=True):
+        ratio = rows["ratio"].to_numpy()
+        decades = pd.cut(rows["reference_us"], DURATION_EDGES, right=False)
+        per_decade = {str(interval): (int(len(group)), float(group["ratio"].median()))
+                      for interval, group in rows.groupby(decades, observed=True)}
+        distance = np.abs(np.log(ratio))
+        worst = rows.iloc[np.argsort(-distance)[:WORST_ROWS]]
+        out.append({"op": op, "hardware": gpu, "rows": int(len(rows)), "median": float(np.median(ratio)),
+                    "q25": float(np.quantile(ratio, 0.25)), "q75": float(np.quantile(ratio, 0.75)),
+                    "min": float(ratio.min()), "max": float(ratio.max()), "per_decade": per_decade,
+                    "worst": [{**{c: row[c] for c in shape_columns}, "measured_us": float(row["measured_us"]),
+                               "reference_us": float(row["reference_us"]), "ratio": float(row["ratio"])}
+                              for _, row in worst.iterrows()]})
+    return out
+
+
+def canonical_hardware(frame: pd.DataFrame, registry) -> pd.DataFrame:
+    names = {name: registry.get(name).name for name in frame["hardware"].unique()}
+    return frame.assign(hardware=frame["hardware"].map(names))
+
+
+def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str, log=print) -> list[dict]:
+    """:func:`summary` entries of every operator with measured rows (``unmatched`` ones: no common shape)."""
+    measured = load_measured(measured_dir, log=lambda message: None)
+    if not measured:
+        raise UserError(f"no measured kernels under {measured_dir}/<gpu>/<op>.csv: measure them with "
+                        f"python3 profile_operators.py --quick")
+    registry, out = hardware_registry(), []
+    for op, frame in measured.items():
+        frame = canonical_hardware(frame, registry)
+        parts = [pd.read_csv(path, low_memory=False) for path in (dataset_dir / f"{op}_{split}.csv"
+                                                                  for split in ("train", "test")) if path.is_file()]
+        known = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=frame.columns)
+        known = known[known["source"].astype(str).str.startswith(reference)
+                      & known["hardware"].isin(frame["hardware"].unique())]
+        entries = summary(op, matched_rows(op, frame, known)) if len(known) else []
+        matched = {entry["hardware"] for entry in entries}
+        for gpu in sorted(set(frame["hardware"]) - matched):
+            entries.append({"op": op, "hardware": gpu, "rows": 0, "measured_rows": int((frame["hardware"] == gpu).sum())})
+            log(f"{op} on {gpu}: no shape measured by {reference} as well")
+        out += entries
+    return out
+
+
+def render(entries: list[dict], reference: str) -> str:
+    lines = [f"# Measured kernels beside {reference}", "",
+             "Generated by `python3 -m pipeweave.profiler.crosscheck`. Ratio = this project's measured duration / "
+             f"{reference}'s, same GPU, shape and dtype (median of repeats on each side).", "",
+             "| operator | GPU | matched rows | median ratio | IQR | min – max | median per reference duration |",
+             "|---|---|---|---|---|---|---|"]
+    for e in entries:
+        if not e["rows"]:
+            lines.append(f"| {e['op']} | {e['hardware']} | 0 of {e['measured_rows']} | — | — | — | — |")
+            continue
+        decades = "; ".join(f"{interval} µs: {ratio:.3f} ({n})" for interval, (n, ratio) in e["per_decade"].items())
+        lines.append(f"| {e['op']} | {e['hardware']} | {e['rows']} | {e['median']:.3f} | {e['q25']:.3f}–{e['q75']:.3f} "
+                     f"| {e['min']:.3f} – {e['max']:.3f} | {decades} |")
+    for e in entries:
+        if e["rows"]:
+            lines += ["", f"Most different {e['op']} rows on {e['hardware']}:", "",
+                      "| " + " | ".join([*e["worst"][0]]) + " |", "|" + "---|" * len(e["worst"][0])]
+            lines += ["| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()) + " |"
+                      for row in e["worst"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(prog="python3 -m pipeweave.profiler.crosscheck", description=__doc__.splitlines()[0])
+    parser.add_argument("--measured_dir", type=Path, default=DEFAULT_MEASURED_DIR,
+                        help="root of the profiler's <gpu>/<op>.csv (default: dataset/measured)")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="folder of <op>_{train,test}.csv holding the reference rows (default: dataset)")
+    parser.add_argument("--reference", default=DEFAULT_REFERENCE,
+                        help=f"source prefix of the reference rows (default: {DEFAULT_REFERENCE})")
+    parser.add_argument("--output", type=Path, help="also write the report (markdown) here")
+    args = parser.parse_args(argv)
+    text = render(crosscheck(args.measured_dir, args.dataset_dir, args.reference), args.reference)
+    print(text, end="")
+    if args.output:
+        write_atomically(args.output, lambda tmp: tmp.write_text(text))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
