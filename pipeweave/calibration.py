@@ -227,7 +227,8 @@ class Calibration:
     def method(self) -> str:
         method = ("per-GPU log-duration corrections per kernel class: compute and memory intercepts split by the "
                   "analytical compute/memory share and slopes on standardised shape covariates, plus communication "
-                  "latency and bandwidth factors split by the analytical latency share; MAP with an empirical-Bayes Gaussian prior toward the zero-shot model (pipeweave.calibration)")
+                  "latency and bandwidth factors split by the analytical latency share; MAP with an empirical-Bayes "
+                  "Gaussian prior toward the zero-shot model (pipeweave.calibration)")
         if self.fine_tuned:
             method += (f"; the {', '.join(sorted(self.fine_tuned))} model fine-tuned on this GPU's measured kernels, "
                        f"where the shipped model extrapolates (pipeweave.finetune), under those corrections")

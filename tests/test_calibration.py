@@ -398,7 +398,8 @@ def test_format_1_file_reads_with_zero_slopes(a100_calibration, tmp_path):
     """A file of the intercept-only calibration (format 1) still applies, with the same factors as before."""
     data = json.loads(a100_calibration.read_text())
     parameters = {p: v for p, v in data["parameters"].items() if p in INTERCEPTS}
-    old = {**data, "format": 1, "parameters": {**parameters, "communication": data["parameters"][COMMUNICATION_PARAMS[0]]}}
+    parameters["communication"] = data["parameters"][COMMUNICATION_PARAMS[0]]
+    old = {**data, "format": 1, "parameters": parameters}
     del old["standardisation"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))

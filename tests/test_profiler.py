@@ -608,7 +608,8 @@ def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, ca
     assert crosscheck.main(["--measured_dir", str(tmp_path / "measured"), "--dataset_dir", str(tmp_path),
                             "--output", str(report)]) == 0
     row = next(line for line in report.read_text().splitlines() if line.startswith("| gemm |"))
-    assert "| gemm | NVIDIA H200 | 3 | 1.200 | 1.050–1.350 | 0.900 – 1.500 |" in row  # the unmatched shape is left out
+    # the unmatched shape is left out
+    assert "| gemm | NVIDIA H200 | 3 | 1.200 | 1.050–1.350 | 0.900 – 1.500 |" in row
     assert "[10.0, 100.0) µs: 1.350 (2); [100.0, 1000.0) µs: 0.900 (1)" in row
     assert report.read_text() == capsys.readouterr().out
     (tmp_path / "empty").mkdir()

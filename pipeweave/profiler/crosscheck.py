@@ -38,9 +38,8 @@ def matched_rows(op: str, measured: pd.DataFrame, reference: pd.DataFrame) -> pd
     """Rows measured in both frames (same GPU, shape, dtype): the shape columns, hardware, dtype, ``measured_us``,
     ``reference_us`` and ``ratio`` = measured / reference. Both frames have their GPU names canonical."""
     key = [*get_operator(op).shape_columns, "hardware", "dtype"]
-    left = measured.groupby(key, as_index=False)["avg_duration"].median().rename(columns={"avg_duration": "measured_us"})
-    right = reference.groupby(key, as_index=False)["avg_duration"].median().rename(
-        columns={"avg_duration": "reference_us"})
+    left, right = (frame.groupby(key, as_index=False)["avg_duration"].median().rename(columns={"avg_duration": name})
+                   for frame, name in ((measured, "measured_us"), (reference, "reference_us")))
     joined = left.merge(right, on=key, how="inner")
     return joined.assign(ratio=joined["measured_us"] / joined["reference_us"])
 
@@ -87,7 +86,8 @@ def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str, log=print)
         entries = summary(op, matched_rows(op, frame, known)) if len(known) else []
         matched = {entry["hardware"] for entry in entries}
         for gpu in sorted(set(frame["hardware"]) - matched):
-            entries.append({"op": op, "hardware": gpu, "rows": 0, "measured_rows": int((frame["hardware"] == gpu).sum())})
+            entries.append({"op": op, "hardware": gpu, "rows": 0,
+                            "measured_rows": int((frame["hardware"] == gpu).sum())})
             log(f"{op} on {gpu}: no shape measured by {reference} as well")
         out += entries
     return out
@@ -104,8 +104,8 @@ def render(entries: list[dict], reference: str) -> str:
             lines.append(f"| {e['op']} | {e['hardware']} | 0 of {e['measured_rows']} | — | — | — | — |")
             continue
         decades = "; ".join(f"{interval} µs: {ratio:.3f} ({n})" for interval, (n, ratio) in e["per_decade"].items())
-        lines.append(f"| {e['op']} | {e['hardware']} | {e['rows']} | {e['median']:.3f} | {e['q25']:.3f}–{e['q75']:.3f} "
-                     f"| {e['min']:.3f} – {e['max']:.3f} | {decades} |")
+        lines.append(f"| {e['op']} | {e['hardware']} | {e['rows']} | {e['median']:.3f} "
+                     f"| {e['q25']:.3f}–{e['q75']:.3f} | {e['min']:.3f} – {e['max']:.3f} | {decades} |")
     for e in entries:
         if e["rows"]:
             lines += ["", f"Most different {e['op']} rows on {e['hardware']}:", "",
