@@ -615,3 +615,28 @@ def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, ca
     (tmp_path / "empty").mkdir()
     assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "empty"), "--dataset_dir", str(tmp_path)]) == 2
     assert "profile_operators.py --quick" in capsys.readouterr().err
+
+
+def test_onboard_scores_zero_shot_and_a_calibration_on_the_other_half(tmp_path, capsys):
+    import pandas as pd
+
+    from pipeweave.predictor import KernelPredictor
+    from pipeweave.profiler import onboard
+    from pipeweave.profiler.csvio import columns_for
+
+    shapes = pd.DataFrame({"M": [1, 8, 64, 512, 2048, 8192] * 2, "N": [4096] * 6 + [14336] * 6,
+                           "K": [4096] * 6 + [5120] * 6, "hardware": "H100"})
+    predicted = KernelPredictor().predict_frame("gemm", shapes)["predicted_us"].to_numpy()
+    measured = pd.DataFrame([{**dict.fromkeys(columns_for("gemm"), ""), "op": "gemm", "M": m, "N": n, "K": k,
+                              "hardware": "NVIDIA H100", "dtype": "bfloat16", "avg_duration": 1.3 * t}
+                             for (m, n, k), t in zip(shapes[["M", "N", "K"]].itertuples(index=False), predicted)])
+    path = tmp_path / "gemm.csv"
+    measured.to_csv(path, index=False)
+    assert onboard.main(["--hardware", "H100", "--kernels", str(path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| gemm |"))
+    zero_shot, calibrated = (float(cell.split(" / ")[0]) for cell in row.strip("| ").split(" | ")[3:5])
+    assert zero_shot == pytest.approx(100 * (1 - 1 / 1.3), abs=0.1)  # every kernel 1.3x slower than predicted
+    assert calibrated < 8.0  # a GPU-wide 1.3x is what a calibration learns from the other half
+    measured.head(3).to_csv(path, index=False)
+    assert run_cli(onboard.main, ["--hardware", "H100", "--kernels", str(path)]) == 2
+    assert "at least 4 are needed" in capsys.readouterr().err
