@@ -7,7 +7,7 @@
 working directory or to the CSV, or a stem of ``workload/``), its measured prefill latency, median per-step
 decode latency and total latency in ms. A metric that was not measured may be left empty (at least one per
 row). ``--kernels`` takes the profiler's CSVs (``dataset/measured/<gpu>/<op>.csv``: ``op``, the shape columns,
-``avg_duration`` in µs, ...); ``all_reduce.csv`` informs the communication factor.
+``avg_duration`` in µs, ...); ``all_reduce.csv`` informs the communication factors (latency and bandwidth).
 
 Each measured number becomes one equation of :mod:`pipeweave.calibration`: the zero-shot prediction of the
 same quantity, written as a sum over kernel and collective instances, with each instance's design row.
