@@ -612,6 +612,9 @@ def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, ca
     assert "| gemm | NVIDIA H200 | 3 | 1.200 | 1.050–1.350 | 0.900 – 1.500 |" in row
     assert "[10.0, 100.0) µs: 1.350 (2); [100.0, 1000.0) µs: 0.900 (1)" in row
     assert report.read_text() == capsys.readouterr().out
+    assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "measured"), "--dataset_dir",
+                                     str(tmp_path / "absent")]) == 2
+    assert "python3 -m dataset.build" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "empty"), "--dataset_dir", str(tmp_path)]) == 2
     assert "profile_operators.py --quick" in capsys.readouterr().err

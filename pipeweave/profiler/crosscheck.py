@@ -16,6 +16,7 @@ long ones), and the rows that differ most. Nothing is fitted.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -69,18 +70,20 @@ def canonical_hardware(frame: pd.DataFrame, registry) -> pd.DataFrame:
     return frame.assign(hardware=frame["hardware"].map(names))
 
 
-def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str, log=print) -> list[dict]:
-    """:func:`summary` entries of every operator with measured rows (``unmatched`` ones: no common shape)."""
-    measured = load_measured(measured_dir, log=lambda message: None)
+def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str) -> list[dict]:
+    """:func:`summary` entries of every operator and GPU with measured rows (``rows`` 0: no shape in common)."""
+    measured = load_measured(measured_dir, log=lambda message: print(message, file=sys.stderr))
     if not measured:
         raise UserError(f"no measured kernels under {measured_dir}/<gpu>/<op>.csv: measure them with "
                         f"python3 profile_operators.py --quick")
     registry, out = hardware_registry(), []
     for op, frame in measured.items():
         frame = canonical_hardware(frame, registry)
-        parts = [pd.read_csv(path, low_memory=False) for path in (dataset_dir / f"{op}_{split}.csv"
-                                                                  for split in ("train", "test")) if path.is_file()]
-        known = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=frame.columns)
+        paths = [path for path in (dataset_dir / f"{op}_{split}.csv" for split in ("train", "test")) if path.is_file()]
+        if not paths:
+            raise UserError(f"no {op}_train.csv or {op}_test.csv under {dataset_dir} to compare the measured {op} "
+                            f"rows with; build them with python3 -m dataset.build")
+        known = pd.concat([pd.read_csv(path, low_memory=False) for path in paths], ignore_index=True)
         known = known[known["source"].astype(str).str.startswith(reference)
                       & known["hardware"].isin(frame["hardware"].unique())]
         entries = summary(op, matched_rows(op, frame, known)) if len(known) else []
@@ -88,7 +91,6 @@ def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str, log=print)
         for gpu in sorted(set(frame["hardware"]) - matched):
             entries.append({"op": op, "hardware": gpu, "rows": 0,
                             "measured_rows": int((frame["hardware"] == gpu).sum())})
-            log(f"{op} on {gpu}: no shape measured by {reference} as well")
         out += entries
     return out
 
@@ -133,4 +135,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))
