@@ -202,6 +202,13 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
             tmp_path.unlink()
 
 
+def print_report(text: str, output: str | Path | None) -> None:
+    """Print a generated report and, with ``output``, also write it there (atomically)."""
+    print(text, end="")
+    if output:
+        write_atomically(output, lambda tmp: tmp.write_text(text))
+
+
 def _umask() -> int:
     current = os.umask(0o022)
     os.umask(current)

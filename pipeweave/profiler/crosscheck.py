@@ -25,7 +25,7 @@ import pandas as pd
 from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
 from dataset.sources import load_measured
-from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, print_report, run_cli
 from pipeweave.paths import DATASET_DIR
 
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
@@ -127,10 +127,10 @@ def main(argv=None) -> int:
                         help=f"source prefix of the reference rows (default: {DEFAULT_REFERENCE})")
     parser.add_argument("--output", type=Path, help="also write the report (markdown) here")
     args = parser.parse_args(argv)
-    text = render(crosscheck(args.measured_dir, args.dataset_dir, args.reference), args.reference)
-    print(text, end="")
     if args.output:
-        write_atomically(args.output, lambda tmp: tmp.write_text(text))
+        check_output_path(args.output)
+    text = render(crosscheck(args.measured_dir, args.dataset_dir, args.reference), args.reference)
+    print_report(text, args.output)
     return 0
 
 

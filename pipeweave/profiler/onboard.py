@@ -23,7 +23,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Equations, fit_map, load_prior
 from pipeweave.calibration_fit import kernel_equations, read_kernel_csv
-from pipeweave.cli import ArgumentParser, UserError, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, print_report, run_cli
 
 SEED = 2026
 MIN_KERNELS = 4  # fewer kernels of one operator leave a half too small to calibrate on
@@ -99,11 +99,11 @@ def main(argv=None) -> int:
                         help="prior scales (default: pipeweave/calibration_prior.json)")
     parser.add_argument("--output", type=Path, help="also write the report (markdown) here")
     args = parser.parse_args(argv)
+    if args.output:
+        check_output_path(args.output)
     rows = onboard(args.hardware, args.kernels, args.model_dir, args.hardware_dir, args.prior)
     text = render(hardware_registry(Path(args.hardware_dir)).get(args.hardware).name, rows)
-    print(text, end="")
-    if args.output:
-        write_atomically(args.output, lambda tmp: tmp.write_text(text))
+    print_report(text, args.output)
     return 0
 
 
