@@ -38,14 +38,16 @@ from pipeweave.cli import (ArgumentParser, keep_marked_sections, run_cli, traina
 from pipeweave.ensemble import held_out_shapes_of_training_gpus, median_of_members, member_spread_entry
 from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_config,
                                   logo_predictions, logo_seeds, member_model_dirs)
-from pipeweave.mlp import NumpyMLP, weights_path
-from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, load_splits, read_dataset,
-                                train_and_evaluate)
+from pipeweave.edges import frame_edges
+from pipeweave.mlp import PIPE_SHARES, NumpyMLP, weights_path
+from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, input_names, input_transform,
+                                load_splits, network_inputs, read_dataset, train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
 from pipeweave.predictor import (DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor, coverage_codes,
                                  disagreement_codes, training_coverage)
 from pipeweave.siblings import ModelEfficiency, sibling_band, sibling_scale
+from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig
 
 OPS = operator_keys(trainable=True)
@@ -145,15 +147,20 @@ def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency
     return efficiency
 
 
-def logo_mlp(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> NumpyMLP:
-    """The cached LOGO members of ``op`` without ``gpu`` as one model (their median)."""
+def logo_mlp(op: str, gpu: str, cache: Path = DEFAULT_CACHE, train: pd.DataFrame | None = None) -> NumpyMLP:
+    """The cached LOGO members of ``op`` without ``gpu`` as one model (their median); given its training rows
+    ``train``, a pipe-share model is kept inside the monotone bounds of their edges (:mod:`pipeweave.edges`), as
+    the predictor keeps the shipped models."""
     members = member_model_dirs(op, gpu, cache)
-    return NumpyMLP.from_members([weights_path(member, op) for member in members], str(members[0].parent.parent))
+    model = NumpyMLP.from_members([weights_path(member, op) for member in members], str(members[0].parent.parent))
+    if train is not None and model.input_transform == PIPE_SHARES:
+        model.edges = frame_edges(op, model.features, train)
+    return model
 
 
-def logo_model_efficiency(op: str, gpu: str, cache: Path = DEFAULT_CACHE) -> ModelEfficiency:
-    """The cached LOGO model of ``gpu`` (its members' median) as a function of features and descriptors."""
-    model, operator = logo_mlp(op, gpu, cache), get_operator(op)
+def model_efficiency(op: str, model: NumpyMLP) -> ModelEfficiency:
+    """``model`` as a function of features and descriptors."""
+    operator = get_operator(op)
     return lambda features, described: model.efficiency(
         operator.input_rows(features, described, model.input_dim, model.source))
 
@@ -204,9 +211,12 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
     train, test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
     if band is None:
         band = other_gpus_band(op, dataset_dir, [gpu])
-    needs_model = get_operator(op).tensor_rate and train["hardware"].nunique() > 1
-    model = logo_model_efficiency(op, gpu, cache) if needs_model else None
-    return test, as_predicted(op, train, test, predicted, logo_config(), band, model), history
+    operator, efficiency = get_operator(op), None
+    if operator.tensor_rate and train["hardware"].nunique() > 1:  # the MLP is used (as_predicted)
+        model = logo_mlp(op, gpu, cache, train)
+        predicted = model.within_edges(test[model.features].to_numpy(np.float64), predicted)
+        efficiency = model_efficiency(op, model)
+    return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency), history
 
 
 def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
@@ -236,6 +246,10 @@ def loao_results(op: str, dataset_dir: Path, log=print) -> dict:
         else:
             members = [train_and_evaluate(op, train, test, replace(config, seed=seed)) for seed in logo_seeds(op)]
             predicted = median_of_members([member[2] for member in members])
+            if input_transform(op, config) == PIPE_SHARES:
+                predicted = frame_edges(op, input_names(op, config), train).bound(
+                    network_inputs(test, op, config), predicted,
+                    lambda rows: median_of_members([predict_efficiency(member[0], rows) for member in members]))
             rows = members[0][1]["train_rows"]
         band = other_gpus_band(op, dataset_dir, held_out)
         out[label] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config, band), rows, held_out)

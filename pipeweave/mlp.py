@@ -157,6 +157,9 @@ class NumpyMLP:
                              f"{self.input_transform} makes {width} of its {len(self.features)} features")
         self.log_bounds = (np.stack([arrays[f"{prefix}log_bounds"].astype(np.float64) for prefix in prefixes])
                            if self.architecture == "MLP_v2" else None)
+        #: monotone bounds beyond the training data (:class:`pipeweave.edges.TrainingEdges`), set by whoever
+        #: knows that data: the predictor from the model's metadata, the held-out evaluations from their rows
+        self.edges = None
 
     @classmethod
     def load(cls, path: str | Path) -> "NumpyMLP":
@@ -189,29 +192,43 @@ class NumpyMLP:
 
     def efficiency(self, features: np.ndarray) -> np.ndarray:
         """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
-        return self._median_efficiency(self._outputs(features))
+        return self.efficiency_and_spread(features)[0]
 
     def efficiency_and_spread(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(``overall_perf``, the members' disagreement) for raw feature rows, from one forward pass. The
         disagreement is the standard deviation of the members' log-efficiencies (0 for a single model): members
         trained alike agree where the training data pin the answer down and scatter where the input lies outside
         what they saw, even when every input is inside its training range (docs/METHOD.md §4.3)."""
-        y = self._outputs(features)
-        return self._median_efficiency(y), self._log_efficiencies(y).std(axis=0)
-
-    def _outputs(self, features: np.ndarray) -> np.ndarray:
-        """:meth:`output` of raw feature rows, checked: shape (members, rows)."""
-        features = np.asarray(features)
-        if features.ndim != 2 or features.shape[1] != self.input_dim:
-            raise ValueError(f"{self.source}: expected feature rows of width {self.input_dim}, got shape "
-                             f"{features.shape}")
-        if len(features) == 0:
-            return np.zeros((len(self.layers[0][0]), 0), dtype=np.float64)
+        inputs = self._checked_inputs(features)
+        if len(inputs) == 0:
+            return np.zeros(0), np.zeros(0)
         # One BLAS thread: the batches are a few hundred rows, where thread start-up and contention cost far
         # more than they save (the aggregator's 403-iteration benchmark on a busy 2-core machine: 150 ms with
         # the default OpenBLAS threads, 47 ms with one).
         with _blas_threads().limit(limits=1, user_api="blas"):
-            return self.output(self.inputs(features))
+            y = self.output(inputs)
+            return self._within_edges(inputs, self._median_efficiency(y)), self._log_efficiencies(y).std(axis=0)
+
+    def within_edges(self, features: np.ndarray, efficiency: np.ndarray) -> np.ndarray:
+        """``efficiency`` of raw feature rows (this model's or its members' prediction) inside the monotone
+        bounds of :attr:`edges` (unchanged without edges)."""
+        if self.edges is None:
+            return np.asarray(efficiency, dtype=np.float64)
+        with _blas_threads().limit(limits=1, user_api="blas"):
+            return self._within_edges(self._checked_inputs(features), efficiency)
+
+    def _within_edges(self, inputs: np.ndarray, efficiency: np.ndarray) -> np.ndarray:
+        if self.edges is None:
+            return efficiency
+        return self.edges.bound(inputs, efficiency, lambda rows: self._median_efficiency(self.output(rows)))
+
+    def _checked_inputs(self, features: np.ndarray) -> np.ndarray:
+        """:meth:`inputs` of raw feature rows of the right width."""
+        features = np.asarray(features)
+        if features.ndim != 2 or features.shape[1] != self.input_dim:
+            raise ValueError(f"{self.source}: expected feature rows of width {self.input_dim}, got shape "
+                             f"{features.shape}")
+        return self.inputs(features)
 
     def _median_efficiency(self, y: np.ndarray) -> np.ndarray:
         """The ensemble's efficiency: the members' median of the raw outputs for a sigmoid head, of the clamped

@@ -17,7 +17,7 @@ import torch
 
 from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
-from pipeweave import memory_model
+from pipeweave import edges, memory_model
 from pipeweave.cli import nonnegative_int, positive_float, positive_int
 from pipeweave.mlp import LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, transformed_names, weights_path
 from pipeweave.paths import DATASET_DIR
@@ -218,6 +218,8 @@ def write_model_dir(
         "preprocessing": {"transformation": f"{transform} (no standardization; pipeweave.mlp.model_inputs)",
                           "note": "This model does not use StandardScaler"},
     }
+    if transform == PIPE_SHARES and len(train):
+        metadata[edges.METADATA_KEY] = edges.ranges_entry(names, train[names].to_numpy(np.float64))
     if quantile:
         metadata["model_info"].update(
             loss_function=f"Quantile Loss (q={config.quantile})",

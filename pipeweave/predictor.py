@@ -17,6 +17,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
 from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
+from pipeweave.edges import model_edges
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
@@ -106,6 +107,7 @@ class KernelPredictor:
             names = metadata["model_info"]["features"]
             if names not in (list(operator.input_names(True)), list(operator.input_names(False))):
                 raise ValueError(f"{directory}/metadata.json: its features are not the registry's {op} inputs")
+            model.edges = model_edges(operator.model_op, metadata, str(directory))
             self._models[op] = (model, metadata, directory)
         return self._models[op]
 
