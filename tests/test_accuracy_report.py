@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeweave.accuracy import error_summary, feature_roofline_us, render, render_flags, unseen_gpu_results
+from pipeweave.accuracy import (error_summary, feature_roofline_us, harness_ratios, render, render_flags, render_sources,
+                                unseen_gpu_results)
 from pipeweave.predictor import KernelPredictor
 
 
@@ -43,3 +44,18 @@ def test_flags_section_renders_shares_and_both_errors():
     assert "| gemm | NVIDIA H20 | 10 | 30.0 | 10.0 | 0.0 | 25.0 | 21.0 | 9.0 |" in text
     assert "| gemm | NVIDIA L40S | 10 | 100.0 | 10.0 | 100.0 | 25.0 | 21.0 | — |" in text
     assert "(section `flags`)" in text
+
+
+def test_harness_ratios_compare_the_shapes_both_harnesses_measured():
+    rows = pd.DataFrame({"M": [1, 1, 2, 3], "N": [8, 8, 8, 8], "K": [4, 4, 4, 4],
+                         "avg_duration": [10.0, 12.0, 5.0, 7.0],
+                         "source": ["vidur 7d47513 a100/x.csv", "aiconfigurator-core 0.12.0 a100_sxm/y",
+                                    "vidur 7d47513 a100/x.csv", "aiconfigurator-core 0.12.0 a100_sxm/y"]})
+    pairs = harness_ratios(rows, ["M", "N", "K"])
+    assert list(pairs) == ["aiconfigurator-core / vidur"]  # shapes 2 and 3 were measured by one harness each
+    assert pairs["aiconfigurator-core / vidur"]["shapes"] == 1
+    assert pairs["aiconfigurator-core / vidur"]["median"] == pytest.approx(1.2)
+    text = render_sources({"gemm": {"NVIDIA A100-SXM4-80GB": {
+        "sources": {"vidur": {"n": 2, "error": 15.54, "predicted_over_measured": 0.851}}, "pairs": pairs}}})
+    assert "| gemm | NVIDIA A100-SXM4-80GB | vidur | 2 | 15.5 | 0.85 |" in text
+    assert "| gemm | NVIDIA A100-SXM4-80GB | aiconfigurator-core / vidur | 1 | 1.20 (1.20–1.20) |" in text
