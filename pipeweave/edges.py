@@ -128,6 +128,8 @@ def write_ranges(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dic
 
     path = Path(model_dir) / "metadata.json"
     metadata = json.loads(path.read_text())
+    if "model_info" not in metadata or "data_info" not in metadata:
+        raise ValueError(f"{path} is not a trained model's metadata (no model_info or data_info)")
     if metadata_transform(metadata) != PIPE_SHARES:
         raise ValueError(f"{model_dir} does not read pipe shares ({metadata_transform(metadata)}): it has no edges")
     names = metadata["model_info"]["features"]
