@@ -44,8 +44,8 @@ from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors
                                 load_splits, network_inputs, read_dataset, train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
-from pipeweave.predictor import (DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor, coverage_codes,
-                                 disagreement_codes, training_coverage)
+from pipeweave.predictor import (BEYOND_SHARES, DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor,
+                                 coverage_codes, disagreement_codes, training_coverage)
 from pipeweave.siblings import ModelEfficiency, sibling_band, sibling_scale
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig
@@ -406,11 +406,12 @@ def near_roofline(cell: dict) -> str:
 
 
 def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFrame, cache: Path = DEFAULT_CACHE,
-                    hardware=None) -> np.ndarray:
+                    hardware=None, train: pd.DataFrame | None = None) -> np.ndarray:
     """Extrapolation bits of the rows ``test`` of ``gpu`` under its LOGO model, each bit as the predictor sets it:
-    architecture and input ranges of that model's training data, and for an ensemble the members' disagreement
-    above its threshold (:func:`pipeweave.ensemble.member_spread_entry` on the other GPUs' held-out shapes,
-    ``every_test``: the operator's test split)."""
+    architecture and input ranges of that model's training data, for an ensemble the members' disagreement above
+    its threshold (:func:`pipeweave.ensemble.member_spread_entry` on the other GPUs' held-out shapes,
+    ``every_test``: the operator's test split), and given its training rows ``train``, for a pipe-share model the
+    pipe shares outside their training ranges."""
     hardware = hardware or hardware_registry(DEFAULT_HARDWARE_DIR)
     operator = get_operator(op)
     members = member_model_dirs(op, gpu, cache)
@@ -425,6 +426,11 @@ def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFr
         others = held_out_shapes_of_training_gpus(every_test, metadata)
         threshold = member_spread_entry(model, others[inputs].to_numpy(np.float64))["threshold"]
         codes |= disagreement_codes(model.efficiency_and_spread(test[inputs].to_numpy(np.float64))[1], threshold)
+    if train is not None:
+        model = logo_mlp(op, gpu, cache, train)
+        if model.edges is not None:
+            beyond = model.edges.beyond(model.inputs(test[model.features].to_numpy(np.float64)))
+            codes |= np.where(beyond, BEYOND_SHARES, 0).astype(np.int8)
     return codes
 
 
@@ -440,7 +446,7 @@ def flag_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=pr
     out = {}
     for gpu in gpus:
         test, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, log=log)
-        codes = logo_flag_codes(op, gpu, test, every_test, cache, hardware)
+        codes = logo_flag_codes(op, gpu, test, every_test, cache, hardware, load_splits(op, dataset_dir, [gpu])[0])
         err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted) * 100
         flagged = codes > 0
         out[gpu] = {"n": len(codes), "flagged": float(flagged.mean()),
@@ -463,21 +469,24 @@ def render_flags(flags: dict) -> str:
         "training data: A40's 8.6 is not A100's 8.0),",
         "`range` (a model input outside its training range), `members` (the five members of an ensemble: GEMM,",
         "FP8 GEMM, attention, MoE; they disagree more than on 99 % of held-out shapes of their training GPUs: the",
-        "inputs are each inside their range but their combination is unlike the training rows). Here every GPU is",
+        "inputs are each inside their range but their combination is unlike the training rows), `shares` (BF16 GEMM,",
+        "attention and MoE, which read pipe shares: a share outside its training range, where the edge bounds of",
+        "docs/METHOD.md §4.3 act). Here every GPU is",
         "held out in turn and flagged by its leave-one-GPU-out model as the predictor flags a GPU outside training;",
         "the error columns are the duration errors (mean %) of its flagged and unflagged rows. A flag that means",
-        "something has the larger error on the flagged rows. A per-GPU bias that all members share raises only the",
-        "`architecture` bit, where the GPU's SM design is unseen (A100's attention, 20 % off: its members disagree",
-        "on 5 % of its rows).",
+        "something has the larger error on the flagged rows. A per-GPU bias that all members share raises no",
+        "`members` bit (A100's attention, 20 % off: its members disagree on 5 % of its rows); where it comes with a",
+        "balance of pipes no training GPU has, the `shares` bit sees it (64 % of A100's attention rows).",
         "",
-        "| operator | held-out GPU | n | flagged % | range % | architecture % | members % | error flagged "
-        "| error not flagged |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| operator | held-out GPU | n | flagged % | range % | architecture % | members % | shares % "
+        "| error flagged | error not flagged |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for op, gpus in flags.items():
         for gpu, cell in gpus.items():
+            shares = "—" if "shares" not in cell else f"{cell['shares'] * 100:.1f}"
             lines.append(f"| {op} | {gpu} | {cell['n']} | {cell['flagged'] * 100:.1f} | {cell['range'] * 100:.1f} "
-                         f"| {cell['architecture'] * 100:.1f} | {cell['members'] * 100:.1f} "
+                         f"| {cell['architecture'] * 100:.1f} | {cell['members'] * 100:.1f} | {shares} "
                          f"| {pct(cell['error_flagged'])} | {pct(cell['error_unflagged'])} |")
     return "\n".join(lines)
 

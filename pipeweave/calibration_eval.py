@@ -34,7 +34,7 @@ from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior,
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
-from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS
+from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, TRIGGER_BITS
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
@@ -110,7 +110,8 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
         described = frame[list(operator.descriptor_names)].to_numpy(np.float64)
         sm_freq = frame["sm_freq"].to_numpy(np.float64)
         codes = logo_flag_codes(op, gpu, frame, test_split, cache)
-        fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured, codes > 0,
+        fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured,
+                                   (codes & TRIGGER_BITS) > 0,
                                    lambda e: clip_efficiency(op, e, features, described, sm_freq, band)[0])
     return HeldOut(op, gpu, kernel_classes(op, len(frame), attention_types(op, shapes)),
                    pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio, fine_tunable)

@@ -27,6 +27,7 @@ from pipeweave.calibration import DEFAULT_PRIOR_PATH, Calibration, Equations, Pr
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, collective_workers,
                                           communication_design, design, kernel_classes)
 from pipeweave.cli import ArgumentParser, UserError
+from pipeweave.finetune import TRIGGER_BITS
 
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
 METRICS = ("prefill_ms", "decode_step_ms", "total_ms")
@@ -263,8 +264,9 @@ def build_parser() -> ArgumentParser:
 
 def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, corrections: Calibration
                      ) -> tuple[float, np.ndarray, np.ndarray]:
-    """(share of the measured kernels of ``op`` the shipped model extrapolates on, their raw model inputs, the
-    efficiency the model must give them so that its duration under ``corrections`` is the measured one)."""
+    """(share of the measured kernels of ``op`` the shipped model extrapolates on, by the fine-tune trigger's
+    flags, their raw model inputs, the efficiency the model must give them so that its duration under
+    ``corrections`` is the measured one)."""
     operator = get_operator(op)
     shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
     predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
@@ -272,7 +274,7 @@ def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
     factors = corrections.factors(op, predicted[list(operator.feature_names)].to_numpy(np.float64),
                                   list(frame[list(operator.shape_columns)].itertuples(index=False, name=None)))
     measured_us = frame["avg_duration"].to_numpy(np.float64) / factors
-    extrapolated = float(np.mean(predicted["extrapolation"].to_numpy() > 0))
+    extrapolated = float(np.mean((predicted["extrapolation"].to_numpy() & TRIGGER_BITS) > 0))
     return extrapolated, inputs, predicted["ideal_cycles"].to_numpy(np.float64) / (measured_us * spec.sm_freq)
 
 

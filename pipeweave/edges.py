@@ -46,6 +46,12 @@ class TrainingEdges:
     ideal: np.ndarray
     other: np.ndarray
 
+    def beyond(self, inputs: np.ndarray) -> np.ndarray:
+        """Per network input row: whether a pipe share lies outside its training range (where :meth:`bound`
+        acts)."""
+        shares = self.ideal | self.other
+        return ((inputs[:, shares] < self.low[shares]) | (inputs[:, shares] > self.high[shares])).any(axis=1)
+
     def bound(self, inputs: np.ndarray, efficiency: np.ndarray,
               efficiency_of: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """``efficiency`` of the network input rows ``inputs`` kept on the permitted side of the model's value at

@@ -35,8 +35,8 @@ between steps; split across modules those arrays would become a public interface
   ones for its rows (:mod:`pipeweave.finetune`). None = no correction.
 * Every kernel efficiency is kept inside its physical band (:mod:`pipeweave.bounds`) before the calibration;
   the output's ``extrapolation`` block gives the share of predicted kernel time that is extrapolated (its GPU's
-  architecture or its shape outside the model's training data, or the ensemble's members disagreeing), overall,
-  per operator and per phase.
+  architecture, its shape or its balance of pipes outside the model's training data, or the ensemble's members
+  disagreeing), overall, per operator and per phase.
 * A capacity check (e.g. memory) belongs before :meth:`Engine.predict`, on the :class:`Job` list: it needs the
   workload and the GPU spec, both on the job.
 

@@ -10,7 +10,8 @@ accepts). The output holds every input column unchanged (extra columns pass thro
 the efficiency kept inside its physical band (:mod:`pipeweave.bounds`), and ``extrapolation``: empty where the
 model's training data covers the kernel, else the set reasons joined by ``+``: ``architecture`` (no training GPU
 has the GPU's SM design, its compute capability), ``range`` (a model input lies outside its training range),
-``members`` (the ensemble's members disagree beyond its threshold), e.g. ``range+members``.
+``members`` (the ensemble's members disagree beyond its threshold), ``shares`` (a pipe share the network reads
+lies outside its training range: :mod:`pipeweave.edges`), e.g. ``range+members``.
 """
 from __future__ import annotations
 

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
 #: which kernels run, its SM design (compute capability; A40's 8.6 is not A100's 8.0); a model input (feature or
 #: shape descriptor) lies outside the range it took in training; the members of an ensemble disagree more than
 #: on 99 % of held-out shapes of their training GPUs (the inputs are inside the box of the training ranges, but
-#: their combination is not like the training rows)
-UNSEEN_ARCHITECTURE, OUTSIDE_RANGE, MEMBERS_DISAGREE = 1, 2, 4
-EXTRAPOLATION_BITS = {UNSEEN_ARCHITECTURE: "architecture", OUTSIDE_RANGE: "range", MEMBERS_DISAGREE: "members"}
+#: their combination is not like the training rows); a pipe share a pipe-share model reads lies outside its
+#: training range, so the edge bounds of :mod:`pipeweave.edges` act on the prediction (the balance of the pipes
+#: is unlike any training row's, although each raw input may be inside its range)
+UNSEEN_ARCHITECTURE, OUTSIDE_RANGE, MEMBERS_DISAGREE, BEYOND_SHARES = 1, 2, 4, 8
+EXTRAPOLATION_BITS = {UNSEEN_ARCHITECTURE: "architecture", OUTSIDE_RANGE: "range", MEMBERS_DISAGREE: "members",
+                      BEYOND_SHARES: "shares"}
 #: relative slack on the training range: features are float32 in training, float64 here
 RANGE_TOLERANCE = 1e-5
 
@@ -243,9 +246,14 @@ class KernelPredictor:
 
     def extrapolation(self, op: str, features: np.ndarray, described: np.ndarray | None,
                       compute_capability: tuple[int, int]) -> np.ndarray:
-        """Per row of a GPU of ``compute_capability``, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE (0: covered by
-        training); the prediction paths add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
-        return coverage_codes(self.coverage(op), features, described, compute_capability)
+        """Per row of a GPU of ``compute_capability``, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE | BEYOND_SHARES
+        (0: covered by training); the prediction paths add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
+        codes = coverage_codes(self.coverage(op), features, described, compute_capability)
+        model = self.model(op)[0]
+        if model.edges is None or len(features) == 0:
+            return codes
+        beyond = model.edges.beyond(model.inputs(self.model_inputs(op, features, described)))
+        return codes | np.where(beyond, BEYOND_SHARES, 0).astype(np.int8)
 
     def efficiency_from_frame(self, op: str, frame: pd.DataFrame) -> np.ndarray:
         """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""

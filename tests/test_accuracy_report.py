@@ -37,12 +37,15 @@ def test_zero_shot_check_refuses_a_gpu_the_model_trained_on(tmp_path):
 
 
 def test_flags_section_renders_shares_and_both_errors():
-    cell = {"n": 10, "flagged": 0.3, "architecture": 0.0, "range": 0.1, "members": 0.25, "error_flagged": 21.0,
-            "error_unflagged": 9.0}
+    cell = {"n": 10, "flagged": 0.3, "architecture": 0.0, "range": 0.1, "members": 0.25, "shares": 0.2,
+            "error_flagged": 21.0, "error_unflagged": 9.0}
     every_row_flagged = {**cell, "flagged": 1.0, "architecture": 1.0, "error_unflagged": None}
-    text = render_flags({"gemm": {"NVIDIA H20": cell, "NVIDIA L40S": every_row_flagged}})
-    assert "| gemm | NVIDIA H20 | 10 | 30.0 | 10.0 | 0.0 | 25.0 | 21.0 | 9.0 |" in text
-    assert "| gemm | NVIDIA L40S | 10 | 100.0 | 10.0 | 100.0 | 25.0 | 21.0 | — |" in text
+    cached_before_shares = {key: value for key, value in cell.items() if key != "shares"}
+    text = render_flags({"gemm": {"NVIDIA H20": cell, "NVIDIA L40S": every_row_flagged},
+                         "attn": {"NVIDIA H200": cached_before_shares}})
+    assert "| gemm | NVIDIA H20 | 10 | 30.0 | 10.0 | 0.0 | 25.0 | 20.0 | 21.0 | 9.0 |" in text
+    assert "| gemm | NVIDIA L40S | 10 | 100.0 | 10.0 | 100.0 | 25.0 | 20.0 | 21.0 | — |" in text
+    assert "| attn | NVIDIA H200 | 10 | 30.0 | 10.0 | 0.0 | 25.0 | — | 21.0 | 9.0 |" in text
     assert "(section `flags`)" in text
 
 

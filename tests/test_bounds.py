@@ -16,8 +16,8 @@ from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_WORKLOAD_DIR
-from pipeweave.predictor import (DEFAULT_MODEL_DIR, MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE,
-                                 KernelPredictor, extrapolation_label)
+from pipeweave.predictor import (BEYOND_SHARES, DEFAULT_MODEL_DIR, MEMBERS_DISAGREE, OUTSIDE_RANGE,
+                                 UNSEEN_ARCHITECTURE, KernelPredictor, extrapolation_label)
 
 SHAPES = {"seq": [1, 128, 1024, 8192], "dim": [4096, 4096, 8192, 4096]}  # inside the RMSNorm training range
 
@@ -173,6 +173,19 @@ def test_flag_outside_the_training_range(predictor):
     _, codes = predictor.predict_columns("rmsnorm", {"seq": [10 ** 6], "dim": [4096]}, ["H100"],
                                          with_extrapolation=True)
     assert codes.tolist() == [OUTSIDE_RANGE]
+
+
+def test_shares_flag_where_the_balance_of_pipes_is_unlike_training_absent_on_trained_gpus(predictor):
+    """H20 (no attention data) runs Hopper's SM with a quarter of H100's tensor rate: its decode attention's pipe
+    shares lie outside the attention model's training ranges, so the edge bounds act and the flag says so."""
+    decode = {"attention_type": ["fa2_paged"] * 2, "bs": [2, 1], "q_lengths": ["[1, 1]", "[1]"],
+              "kv_lengths": ["[2048, 2048]", "[512]"], "nh": [64, 64], "nkv": [8, 8], "hd": [128, 128]}
+    _, codes = predictor.predict_columns("attn", decode, ["H20"] * 2, with_extrapolation=True)
+    assert (codes & BEYOND_SHARES).all() and not (codes & UNSEEN_ARCHITECTURE).any()
+    for gpu in ("H100", "A100"):
+        _, codes = predictor.predict_columns("attn", decode, [gpu] * 2, with_extrapolation=True)
+        np.testing.assert_array_equal(codes, 0)
+    assert extrapolation_label(MEMBERS_DISAGREE | BEYOND_SHARES) == "members+shares"
 
 
 PREFILL_GEMMS = {"M": [1572, 4866, 16384], "N": [13824, 5120, 13824], "K": [8192, 8192, 5120]}

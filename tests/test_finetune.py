@@ -217,3 +217,25 @@ def test_damaged_member_checkpoint_is_one_clear_error(l40, hardware_dir, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and str(checkpoint) in err[0] and "train_mlp.py --op gemm" in err[0]
     assert not out.exists()
+
+
+def test_the_trigger_reads_the_flags_it_was_set_on_not_the_shares_flag(monkeypatch):
+    """A pipe share outside the training range (the `shares` flag, added after the trigger was measured) does not
+    count towards fine-tuning; the three original flags do."""
+    from analytical_model.hardware import load_hardware
+    from pipeweave.finetune import TRIGGER_BITS
+    from pipeweave.predictor import BEYOND_SHARES, MEMBERS_DISAGREE, KernelPredictor
+
+    assert TRIGGER_BITS & BEYOND_SHARES == 0
+    predictor = KernelPredictor()
+    frame = pd.DataFrame({"M": [64, 128], "N": [4096, 4096], "K": [4096, 4096], "avg_duration": [10.0, 20.0]})
+    for bits, share in ((BEYOND_SHARES, 0.0), (BEYOND_SHARES | MEMBERS_DISAGREE, 1.0)):
+        monkeypatch.setattr(KernelPredictor, "extrapolation", lambda self, *a, bits=bits: np.full(2, bits, np.int8))
+        monkeypatch.setattr(KernelPredictor, "member_spread_threshold", lambda self, op: None)
+        got = calibration_fit.fine_tune_inputs("gemm", frame, load_hardware("H100"), predictor, NoCorrection())[0]
+        assert got == share
+
+
+class NoCorrection:
+    def factors(self, op, features, shapes=None):
+        return np.ones(len(features))
