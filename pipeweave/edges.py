@@ -124,7 +124,10 @@ def model_edges(op: str, metadata: dict, where: str) -> TrainingEdges | None:
     if METADATA_KEY not in metadata:
         raise ValueError(f"{where}/metadata.json lacks {METADATA_KEY}; write it with: python3 -m pipeweave.edges "
                          f"{where}")
-    return edges_from_ranges(op, metadata["model_info"]["features"], metadata[METADATA_KEY])
+    try:
+        return edges_from_ranges(op, metadata["model_info"]["features"], metadata[METADATA_KEY])
+    except ValueError as exc:
+        raise ValueError(f"{where}/metadata.json: {exc}; rewrite it with: python3 -m pipeweave.edges {where}") from None
 
 
 def write_ranges(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dict:
