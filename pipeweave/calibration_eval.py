@@ -380,11 +380,16 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python3 -m pipeweave.calibration_eval", description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="LOGO model cache (trained when missing)")
-    parser.add_argument("--prior", type=Path, default=DEFAULT_PRIOR_PATH)
-    parser.add_argument("--accuracy_md", type=Path, default=DOCS_DIR / "ACCURACY.md")
-    parser.add_argument("--png", type=Path, default=DOCS_DIR / "calibration_kshot.png")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="folder of <op>_{train,test}.csv (default: dataset)")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                        help="LOGO model cache, trained when missing (default: .cache/logo)")
+    parser.add_argument("--prior", type=Path, default=DEFAULT_PRIOR_PATH,
+                        help="calibration prior to write (default: pipeweave/calibration_prior.json)")
+    parser.add_argument("--accuracy_md", type=Path, default=DOCS_DIR / "ACCURACY.md",
+                        help="report whose k-shot section is rewritten (default: docs/ACCURACY.md)")
+    parser.add_argument("--png", type=Path, default=DOCS_DIR / "calibration_kshot.png",
+                        help="k-shot curve to write (default: docs/calibration_kshot.png)")
     args = parser.parse_args(argv)
     results, prior = evaluate(args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
     write_atomically(args.prior, lambda tmp: tmp.write_text(json.dumps(prior.as_dict(), indent=2) + "\n"))
