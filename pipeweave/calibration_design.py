@@ -31,7 +31,7 @@ import numpy as np
 from analytical_model.attention import resolve_attention_type
 from analytical_model.columns import parse_length_list
 from analytical_model.registry import get_operator
-from pipeweave.collectives import SEND_RECV_WORKERS, analytical_collective_terms
+from pipeweave.collectives import analytical_collective_terms
 from pipeweave.schema import COLLECTIVE_KINDS
 
 CLASSES = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "elementwise", "moe")
@@ -163,11 +163,6 @@ def fit_standardisation(raw_by_class: dict[str, list[np.ndarray]]) -> dict:
         scale = pooled.std(axis=0)
         out[cls] = {"center": pooled.mean(axis=0).tolist(), "scale": np.where(scale > 1e-9, scale, 1.0).tolist()}
     return out
-
-
-def collective_workers(kind: str, tp_size: int) -> int:
-    """Workers of one collective of a workload: its TP group for an all-reduce, a pipeline pair for send/recv."""
-    return tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
 
 
 def communication_design(kind: str, size_bytes, num_workers, spec) -> np.ndarray:

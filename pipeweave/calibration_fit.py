@@ -24,9 +24,10 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Calibration, Equations, Prior, file_digest, fit_map, load_prior
-from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, collective_workers,
-                                          communication_design, design, kernel_classes)
+from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
+                                          kernel_classes)
 from pipeweave.cli import ArgumentParser, UserError
+from pipeweave.collectives import collective_workers
 from pipeweave.finetune import TRIGGER_BITS
 
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")

@@ -98,6 +98,11 @@ MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"
 SEND_RECV_WORKERS = 2
 
+
+def collective_workers(kind: str, tp_size: int) -> int:
+    """Workers of one collective of a workload: its TP group for an all-reduce, a pipeline pair for send/recv."""
+    return tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
+
 REGRESSORS = ("interp", "rf", "reference_rf")
 
 TRAIN_HINT = "train them with `python3 train_collective_rf.py --hardware <GPU>` (needs collective measurements)"

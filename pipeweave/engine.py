@@ -67,8 +67,8 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
-from pipeweave.calibration_design import collective_workers
 from pipeweave.cli import UserError
+from pipeweave.collectives import collective_workers
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
