@@ -420,17 +420,14 @@ def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFr
                            test[list(operator.feature_names)].to_numpy(np.float64),
                            test[list(operator.descriptor_names)].to_numpy(np.float64),
                            hardware.get(gpu).compute_capability)
+    model = logo_mlp(op, gpu, cache, train)
+    rows = test[model.features].to_numpy(np.float64)
     if len(members) > 1:
-        model = logo_mlp(op, gpu, cache)
-        inputs = metadata["model_info"]["features"]
         others = held_out_shapes_of_training_gpus(every_test, metadata)
-        threshold = member_spread_entry(model, others[inputs].to_numpy(np.float64))["threshold"]
-        codes |= disagreement_codes(model.efficiency_and_spread(test[inputs].to_numpy(np.float64))[1], threshold)
-    if train is not None:
-        model = logo_mlp(op, gpu, cache, train)
-        if model.edges is not None:
-            beyond = model.edges.beyond(model.inputs(test[model.features].to_numpy(np.float64)))
-            codes |= np.where(beyond, BEYOND_SHARES, 0).astype(np.int8)
+        threshold = member_spread_entry(model, others[model.features].to_numpy(np.float64))["threshold"]
+        codes |= disagreement_codes(model.efficiency_and_spread(rows)[1], threshold)
+    if model.edges is not None:
+        codes |= np.where(model.edges.beyond(model.inputs(rows)), BEYOND_SHARES, 0).astype(np.int8)
     return codes
 
 
