@@ -493,48 +493,85 @@ def source_family(source: str) -> str:
     return str(source).split()[0]
 
 
+DURATION_DECADES_US = (10.0, 100.0, 1000.0)  # edges of the reference-duration bins of :func:`harness_ratios`
+
+
+def duration_bin_labels() -> list[str]:
+    edges = [f"{edge:g}" for edge in DURATION_DECADES_US]
+    return ([f"< {edges[0]} µs"] + [f"{low}–{high} µs" for low, high in zip(edges, edges[1:])]
+            + [f"≥ {edges[-1]} µs"])
+
+
 def harness_ratios(rows: pd.DataFrame, keys: list[str]) -> dict:
-    """For each pair of harnesses among ``rows`` (one GPU's), the median and quartiles of their measured
-    duration ratio (each harness's median per shape ``keys``) on the shapes both measured."""
+    """For each pair of harnesses among ``rows`` (one GPU's), their measured duration ratio (each harness's median
+    per shape ``keys``) on the shapes both measured: median and quartiles; the median weighted by the shape's
+    duration (the geometric mean of the two), which is where a workload's time goes; and the median per bin of
+    that duration (:data:`DURATION_DECADES_US`), since two harnesses can agree on small kernels and not on large
+    ones."""
     family = rows["source"].map(source_family)
     medians = {name: part.groupby(keys)["avg_duration"].median() for name, part in rows.groupby(family)}
     names, out = sorted(medians), {}
     for i, first in enumerate(names):
         for second in names[i + 1:]:
             both = pd.concat([medians[first].rename("a"), medians[second].rename("b")], axis=1).dropna()
-            if len(both):
-                ratio = both["a"] / both["b"]
-                out[f"{first} / {second}"] = {"shapes": len(both), "median": float(ratio.median()),
-                                              "q25": float(ratio.quantile(0.25)), "q75": float(ratio.quantile(0.75))}
+            if not len(both):
+                continue
+            ratio = (both["a"] / both["b"]).to_numpy(np.float64)
+            duration = np.sqrt(both["a"].to_numpy(np.float64) * both["b"].to_numpy(np.float64))
+            bins = np.searchsorted(DURATION_DECADES_US, duration, side="right")
+            out[f"{first} / {second}"] = {
+                "shapes": len(both), "median": float(np.median(ratio)),
+                "q25": float(np.quantile(ratio, 0.25)), "q75": float(np.quantile(ratio, 0.75)),
+                "time_weighted_median": weighted_median(ratio, duration),
+                "by_duration": [{"shapes": int((bins == b).sum()),
+                                 "median": float(np.median(ratio[bins == b])) if (bins == b).any() else None}
+                                for b in range(len(DURATION_DECADES_US) + 1)]}
     return out
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The value below which half of the total weight lies."""
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
+
+
+def multi_harness_gpus(frame: pd.DataFrame) -> list[str]:
+    """The GPUs of ``frame`` whose rows come from more than one harness."""
+    families = frame["source"].map(source_family)
+    return [gpu for gpu in sorted(frame["hardware"].unique()) if families[frame["hardware"] == gpu].nunique() > 1]
+
+
+def harness_pairs(op: str, dataset_dir: Path) -> dict:
+    """Per GPU measured by more than one harness, :func:`harness_ratios` over all its rows (training and test
+    split). Measured data only, no model: computed afresh on every report."""
+    frame = pd.concat([read_dataset(path) for path in dataset_paths(op, dataset_dir)], ignore_index=True)
+    keys = list(get_operator(op).shape_columns)  # not the dtype: Vidur timed FP16 GEMMs, aiconfigurator BF16
+    return {gpu: harness_ratios(frame[frame["hardware"] == gpu], keys) for gpu in multi_harness_gpus(frame)}
 
 
 def source_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) -> dict:
     """Per GPU measured by more than one harness: per harness its rows, the leave-one-GPU-out duration error and
-    the median predicted/measured duration (as :func:`logo_as_predicted` gives them); per pair of harnesses the
-    median and quartiles of their measured duration ratio on the shapes both measured."""
+    the median predicted/measured duration (as :func:`logo_as_predicted` gives them)."""
     frame = pd.concat([read_dataset(path) for path in dataset_paths(op, dataset_dir)], ignore_index=True)
-    families = frame["source"].map(source_family)
-    shared = [gpu for gpu in gpus_with_data(op, dataset_dir) if families[frame["hardware"] == gpu].nunique() > 1]
-    keys = list(get_operator(op).shape_columns)  # not the dtype: Vidur timed FP16 GEMMs, aiconfigurator BF16
     out = {}
-    for gpu in shared:
+    for gpu in multi_harness_gpus(frame):
         test, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, log=log)
         family = test["source"].map(source_family).to_numpy()
         measured = test["overall_perf"].to_numpy(np.float64)
         err, ratio = duration_errors(measured, predicted) * 100, measured / predicted
-        cell = {"sources": {}, "pairs": {}}
+        cell = {"sources": {}}
         for name in sorted(set(family)):
             rows = family == name
             cell["sources"][name] = {"n": int(rows.sum()), "error": float(err[rows].mean()),
                                      "predicted_over_measured": float(np.median(ratio[rows]))}
-        cell["pairs"] = harness_ratios(test, keys)
         out[gpu] = cell
         log(f"  sources {op} / {gpu}: {', '.join(cell['sources'])}")
     return out
 
 
-def render_sources(sources: dict) -> str:
+def render_sources(sources: dict, pairs: dict) -> str:
+    bins = duration_bin_labels()
     lines = [
         "## Where measurement sources disagree",
         "",
@@ -544,7 +581,9 @@ def render_sources(sources: dict) -> str:
         "disagreement: one prediction per shape cannot match two measurements that differ. First, per harness, the",
         "held-out GPU's rows, their leave-one-GPU-out error (mean %) and the median of predicted over measured",
         "duration (above 1: predicted too slow); then, for each pair of harnesses, their measured duration ratio on",
-        "the shapes both measured (median and quartiles). Nothing here is corrected: which harness an end-to-end run",
+        "the shapes both measured: median and quartiles over the shapes, the median weighted by each shape's",
+        "duration (the geometric mean of the two measurements: where a workload's time goes), and the median per",
+        "duration bin with its number of shapes. Nothing here is corrected: which harness an end-to-end run",
         "resembles is not known from kernels alone.",
         "",
         "| operator | held-out GPU | harness | rows | LOGO error | predicted / measured |",
@@ -555,13 +594,17 @@ def render_sources(sources: dict) -> str:
             for name, entry in cell["sources"].items():
                 lines.append(f"| {op} | {gpu} | {name} | {entry['n']} | {entry['error']:.1f} "
                              f"| {entry['predicted_over_measured']:.2f} |")
-    lines += ["", "| operator | GPU | harnesses a / b | shapes both measured | measured a / b: median (quartiles) |",
-              "|---|---|---|---|---|"]
-    for op, gpus in sources.items():
-        for gpu, cell in gpus.items():
-            for pair, entry in cell["pairs"].items():
+    lines += ["", "| operator | GPU | harnesses a / b | shapes both measured | measured a / b: median (quartiles) "
+                  "| time-weighted median | " + " | ".join(bins) + " |",
+              "|---|---|---|---|---|---|" + "---|" * len(bins)]
+    for op, gpus in pairs.items():
+        for gpu, by_pair in gpus.items():
+            for pair, entry in by_pair.items():
+                cells = ["—" if part["median"] is None else f"{part['median']:.2f} ({part['shapes']})"
+                         for part in entry["by_duration"]]
                 lines.append(f"| {op} | {gpu} | {pair} | {entry['shapes']} | {entry['median']:.2f} "
-                             f"({entry['q25']:.2f}–{entry['q75']:.2f}) |")
+                             f"({entry['q25']:.2f}–{entry['q75']:.2f}) | {entry['time_weighted_median']:.2f} | "
+                             + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -625,6 +668,7 @@ def main(argv=None) -> int:
                              lambda: source_results(op, args.dataset_dir))
     if args.logo_only:
         return 0
+    pairs = {op: harness_pairs(op, args.dataset_dir) for op in ops}
     predictor = KernelPredictor(args.model_dir)
     results = {op: shape_holdout_results(op, predictor, args.dataset_dir) for op in ops}
     notes = {}
@@ -639,7 +683,7 @@ def main(argv=None) -> int:
     write_marked_section(args.output, "bounds", render_band(binding, trained))
     write_marked_section(args.output, "architecture", render_architecture(by_arch))
     write_marked_section(args.output, "flags", render_flags(flags))
-    write_marked_section(args.output, "sources", render_sources(sources))
+    write_marked_section(args.output, "sources", render_sources(sources, pairs))
     print(f"wrote {args.output}")
     return 0
 

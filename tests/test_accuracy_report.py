@@ -59,6 +59,28 @@ def test_harness_ratios_compare_the_shapes_both_harnesses_measured():
     assert pairs["aiconfigurator-core / vidur"]["shapes"] == 1
     assert pairs["aiconfigurator-core / vidur"]["median"] == pytest.approx(1.2)
     text = render_sources({"gemm": {"NVIDIA A100-SXM4-80GB": {
-        "sources": {"vidur": {"n": 2, "error": 15.54, "predicted_over_measured": 0.851}}, "pairs": pairs}}})
+        "sources": {"vidur": {"n": 2, "error": 15.54, "predicted_over_measured": 0.851}}}}},
+        {"gemm": {"NVIDIA A100-SXM4-80GB": pairs}})
     assert "| gemm | NVIDIA A100-SXM4-80GB | vidur | 2 | 15.5 | 0.85 |" in text
-    assert "| gemm | NVIDIA A100-SXM4-80GB | aiconfigurator-core / vidur | 1 | 1.20 (1.20–1.20) |" in text
+    # the one common shape lasts sqrt(10 * 12) = 11 µs: the 10–100 µs bin
+    assert "| gemm | NVIDIA A100-SXM4-80GB | aiconfigurator-core / vidur | 1 | 1.20 (1.20–1.20) | 1.20 | — | 1.20 (1) " \
+           "| — | — |" in text
+
+
+def test_harness_ratios_weigh_and_bin_shapes_by_duration():
+    """Two harnesses that agree on many short kernels and not on a few long ones: the plain median says they
+    agree, the time-weighted median and the long-kernel bin say they do not (A100's GEMMs, docs/ACCURACY.md)."""
+    short, long = [(1, n, 8) for n in range(1, 10)], [(4096, 4096, n) for n in (4096, 8192)]
+    shapes = short + long
+    vidur = [5.0] * len(short) + [2000.0, 4000.0]
+    aic = [5.0] * len(short) + [1600.0, 3200.0]
+    rows = pd.DataFrame({"M": [s[0] for s in shapes] * 2, "N": [s[1] for s in shapes] * 2,
+                         "K": [s[2] for s in shapes] * 2, "avg_duration": vidur + aic,
+                         "source": ["vidur x"] * len(shapes) + ["aiconfigurator-core y"] * len(shapes)})
+    pair = harness_ratios(rows, ["M", "N", "K"])["aiconfigurator-core / vidur"]
+    assert pair["median"] == pytest.approx(1.0)
+    assert pair["time_weighted_median"] == pytest.approx(0.8)
+    assert [part["shapes"] for part in pair["by_duration"]] == [9, 0, 0, 2]
+    assert pair["by_duration"][0]["median"] == pytest.approx(1.0)
+    assert pair["by_duration"][1]["median"] is None
+    assert pair["by_duration"][3]["median"] == pytest.approx(0.8)
