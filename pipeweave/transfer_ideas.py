@@ -1,13 +1,16 @@
-"""Leave-one-GPU-out test of spec-sheet inputs that might explain the per-GPU efficiency bias.
+"""Leave-one-GPU-out test of extra model inputs that might explain the per-GPU efficiency bias.
 
     python3 -m pipeweave.transfer_ideas [--op gemm] [--max_rows_per_gpu 2000] [--epochs 30] [--ideas a,b]
+                                        [--inputs log1p|pipe_shares] [--seeds 42,1,2,3,4]
 
-For every idea, the operator's model is trained with the idea's extra inputs appended (log1p, as every input:
-METHOD's transform, which the GEMM model read when these ideas were tested; docs/METHOD.md §4.1)
-and scored on the whole held-out GPU, once per GPU (leave-one-GPU-out), with a reduced, fixed budget
-(defaults: 2,000 rows per GPU, 30 epochs; the shipped models use 20,000 and 300). An idea is kept only if it
-lowers the LOGO duration error on most GPUs and on average; the README ("Zero-shot transfer") reports every
-idea tried. The extra inputs are per-GPU constants from the hardware JSON (audited, with sources):
+For every idea, the operator's model is trained with the idea's extra inputs appended (log1p) to its network
+inputs (``--inputs``: METHOD's log1p of every input, which the GEMM model read when the spec-sheet ideas were
+tested, or the pipe shares it reads now; docs/METHOD.md §4.1) and scored on the whole held-out GPU, once per
+GPU (leave-one-GPU-out), with a reduced, fixed budget (defaults: 2,000 rows per GPU, 30 epochs; the shipped
+models use 20,000 and 300); with several ``--seeds``, as the median of one member per seed, as the ensembles
+ship. An idea is kept only if it lowers the LOGO duration error on most GPUs and on average; the README
+("Zero-shot transfer") reports every idea tried. The extra inputs are per-GPU constants from the hardware JSON
+(audited, with sources):
 
 * ``power``: board power per SM-cycle, tdpW / (numSms x smFreq): a small budget means the clock sags below
   smFreq under load (A40 300 W for 84 SMs at 1.74 GHz vs H100 700 W for 132 at 1.83 GHz);
@@ -22,10 +25,18 @@ idea tried. The extra inputs are per-GPU constants from the hardware JSON (audit
 * ``ampere``, ``ada``, ``hopper``, ``blackwell``: 1 on a GPU of that architecture (``ampere+ada+hopper+blackwell``
   is the one-hot architecture): siblings share their generation's kernels and power behaviour (L40S, the only
   Ada GPU with GEMM data, runs large GEMMs at 0.63 of peak; its die-mate L40 has no data).
+
+and one per-row input, a property of the measurement rather than of the GPU:
+
+* ``harness``: 1 for a row timed by Vidur's profiler, 0 for the other harnesses (docs/DATA.md). On the GPUs both
+  measured, Vidur's large GEMMs take 1.1-1.2x aiconfigurator's (docs/ACCURACY.md, "Where measurement sources
+  disagree"); with the input the model can learn that offset from those GPUs instead of absorbing it into the
+  GPU effects. The held-out GPU's rows are scored with their own harness; a prediction for a user takes 0.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -33,13 +44,14 @@ import pandas as pd
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ARCHITECTURES
 from pipeweave.cli import ArgumentParser, run_cli
-from pipeweave.mlp import model_inputs
+from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs
 from pipeweave.modeling import (
     DATASET_DIR,
     cap_rows_per_gpu,
     dataset_paths,
     duration_errors,
     feature_matrix,
+    input_names,
     load_splits,
     read_dataset,
 )
@@ -68,45 +80,71 @@ def _spec_value(idea: str, spec) -> float:
     raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
-IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES)
+ROW_IDEAS = ("harness",)
+TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
+IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES, *ROW_IDEAS)
+
+
+def _row_values(idea: str, frame: pd.DataFrame) -> np.ndarray:
+    if idea == "harness":
+        return frame["source"].astype(str).str.startswith("vidur").to_numpy(np.float64)
+    raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
     specs = {name: load_hardware(name) for name in frame["hardware"].unique()}
-    columns = [frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
+    columns = [_row_values(i, frame) if i in ROW_IDEAS else
+               frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
                for i in ideas]
     return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
 
 
-def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, clip: bool = False) -> dict:
-    """LOGO error of ``gpu`` with the ideas' inputs; with ``clip``, the held-out GPU's idea values are clipped to
-    the training GPUs' range (an MLP extrapolates a per-GPU constant it has never seen arbitrarily)."""
-    train, test = load_splits(op, DATASET_DIR, [gpu])
-    train = cap_rows_per_gpu(train, config.max_rows_per_gpu, config.seed)
-    train_extra, test_extra = extra_inputs(train, ideas), extra_inputs(test, ideas)
-    if clip and len(ideas):
-        test_extra = np.clip(test_extra, train_extra.min(axis=0), train_extra.max(axis=0))
+def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, clip: bool = False,
+               transform: str = LOG1P, seeds: tuple[int, ...] | None = None) -> dict:
+    """LOGO error of ``gpu`` with the ideas' inputs appended (log1p) to the network inputs of ``transform``, one
+    member per seed of ``seeds`` (default: ``config.seed``), their median; with ``clip``, the held-out GPU's idea
+    values are clipped to the training GPUs' range (an MLP extrapolates a per-GPU constant it has never seen
+    arbitrarily)."""
+    train_all, test = load_splits(op, DATASET_DIR, [gpu])
+    names = input_names(op, config)
+    test_features = feature_matrix(test, op, config)
 
-    def inputs(frame, extra):
-        return model_inputs(np.column_stack([feature_matrix(frame, op, config), extra]))
+    def inputs(features, extra):
+        if transform == LOG1P:  # the ideas' original form: one log1p over features and extras alike
+            return model_inputs(np.column_stack([features, extra]))
+        return np.column_stack([model_inputs(features, names, transform), np.log1p(extra)]).astype(np.float32)
 
-    model, _ = fit(inputs(train, train_extra), train["overall_perf"].to_numpy(), config,
-                   group_keys=shape_keys(train, op))
-    predicted = predict_efficiency(model, inputs(test, test_extra))
+    predictions = []
+    for seed in seeds or (config.seed,):
+        member = replace(config, seed=seed)
+        train = cap_rows_per_gpu(train_all, member.max_rows_per_gpu, member.seed)
+        train_extra, test_extra = extra_inputs(train, ideas), extra_inputs(test, ideas)
+        if clip and len(ideas):
+            test_extra = np.clip(test_extra, train_extra.min(axis=0), train_extra.max(axis=0))
+        model, _ = fit(inputs(feature_matrix(train, op, member), train_extra), train["overall_perf"].to_numpy(),
+                       member, group_keys=shape_keys(train, op))
+        predictions.append(predict_efficiency(model, inputs(test_features, test_extra)))
+    predicted = np.median(np.array(predictions), axis=0)
     measured = test["overall_perf"].to_numpy(np.float64)
-    err = duration_errors(measured, predicted)
+    err = duration_errors(measured, predicted) * 100
     signed = np.median(measured / predicted - 1)  # > 0: the model predicts the GPU too slow
-    return {"mean": float(err.mean() * 100), "median_signed": float(signed * 100)}
+    harness = test["source"].astype(str).str.split().str[0].to_numpy()
+    return {"mean": float(err.mean()), "median_signed": float(signed * 100),
+            "by_harness": {name: float(err[harness == name].mean()) for name in sorted(set(harness))}}
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(description="Leave-one-GPU-out test of extra spec-sheet inputs.")
+    parser = ArgumentParser(description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the harness).")
     parser.add_argument("--op", default="gemm")
     parser.add_argument("--max_rows_per_gpu", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--ideas", default="none," + ",".join(IDEAS),
                         help="comma list; 'none' is the baseline, 'a+b' combines ideas")
-    parser.add_argument("--seed", type=int, default=42, help="training seed (a second seed measures the noise)")
+    parser.add_argument("--seeds", type=lambda text: tuple(int(seed) for seed in text.split(",")), default=(42,),
+                        help="comma list of training seeds, one member each, scored as their median (default: 42; "
+                             "a second run with another seed measures the noise)")
+    parser.add_argument("--inputs", choices=tuple(TRANSFORMS), default="log1p",
+                        help="the network inputs the ideas are appended to (default: log1p)")
     parser.add_argument("--gpus", default=None, help="comma list of GPUs to hold out (default: every GPU)")
     parser.add_argument("--clip", action="store_true",
                         help="clip the held-out GPU's idea values to the training GPUs' range")
@@ -114,16 +152,20 @@ def main(argv=None) -> int:
     train_path, test_path = dataset_paths(args.op, DATASET_DIR)
     gpus = args.gpus.split(",") if args.gpus else sorted(
         set(read_dataset(train_path)["hardware"]) | set(read_dataset(test_path)["hardware"]))
-    config = TrainConfig(epochs=args.epochs, max_rows_per_gpu=args.max_rows_per_gpu, progress=False, seed=args.seed)
+    config = TrainConfig(epochs=args.epochs, max_rows_per_gpu=args.max_rows_per_gpu, progress=False,
+                         seed=args.seeds[0])
     rows = []
     for idea in args.ideas.split(","):
         ideas = () if idea == "none" else tuple(idea.split("+"))
         for gpu in gpus:
             started = time.perf_counter()
-            result = logo_error(args.op, gpu, ideas, config, clip=args.clip)
-            rows.append({"idea": idea, "gpu": load_hardware(gpu).stem, **result})
+            result = logo_error(args.op, gpu, ideas, config, clip=args.clip, transform=TRANSFORMS[args.inputs],
+                                seeds=args.seeds)
+            rows.append({"idea": idea, "gpu": load_hardware(gpu).stem, "mean": result["mean"]})
+            by_harness = ", ".join(f"{name} {error:.2f} %" for name, error in result["by_harness"].items())
             print(f"{idea:>14s} {load_hardware(gpu).stem:>15s} mean {result['mean']:6.2f} %  median signed "
-                  f"{result['median_signed']:+6.1f} %  ({time.perf_counter() - started:.0f} s)", flush=True)
+                  f"{result['median_signed']:+6.1f} %  by harness: {by_harness}  "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
     table = pd.DataFrame(rows).pivot(index="gpu", columns="idea", values="mean").round(1)
     table.loc["mean"] = table.mean().round(1)
     print(table.to_string())

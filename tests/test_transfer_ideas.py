@@ -4,13 +4,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipeweave.transfer_ideas import IDEAS, extra_inputs
+from pipeweave.transfer_ideas import IDEAS, ROW_IDEAS, extra_inputs
 
 
 def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
     frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA A40", "NVIDIA H100"]})
-    values = extra_inputs(frame, IDEAS)
-    assert values.shape == (3, len(IDEAS))
+    spec_ideas = tuple(idea for idea in IDEAS if idea not in ROW_IDEAS)
+    values = extra_inputs(frame, spec_ideas)
+    assert values.shape == (3, len(spec_ideas))
     assert (values[0] == values[2]).all() and (values[0] != values[1]).any()
     power, hbm, l2, boost, balance, energy, *architecture = values[0]
     assert power == pytest.approx(700 / (132 * 1830))
@@ -27,3 +28,12 @@ def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
 def test_unknown_idea_is_an_error():
     with pytest.raises(ValueError, match="unknown idea 'color'"):
         extra_inputs(pd.DataFrame({"hardware": ["NVIDIA H100"]}), ("color",))
+
+
+def test_harness_is_a_property_of_each_row_not_of_the_gpu():
+    frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA H100", "NVIDIA A40"],
+                          "source": ["vidur 7d47513 h100/mlp.csv", "aiconfigurator-core 0.12.0 h100_sxm/gemm",
+                                     "vidur 7d47513 a40/mlp.csv"]})
+    assert list(extra_inputs(frame, ("harness",))[:, 0]) == [1.0, 0.0, 1.0]
+    both = extra_inputs(frame, ("hbm", "harness"))
+    assert both.shape == (3, 2) and list(both[:, 0]) == [1.0, 1.0, 0.0]
