@@ -134,7 +134,8 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the harness).")
+    parser = ArgumentParser(description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the "
+                                        "measurement harness).")
     parser.add_argument("--op", default="gemm")
     parser.add_argument("--max_rows_per_gpu", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=30)

@@ -63,8 +63,8 @@ def test_harness_ratios_compare_the_shapes_both_harnesses_measured():
         {"gemm": {"NVIDIA A100-SXM4-80GB": pairs}})
     assert "| gemm | NVIDIA A100-SXM4-80GB | vidur | 2 | 15.5 | 0.85 |" in text
     # the one common shape lasts sqrt(10 * 12) = 11 µs: the 10–100 µs bin
-    assert "| gemm | NVIDIA A100-SXM4-80GB | aiconfigurator-core / vidur | 1 | 1.20 (1.20–1.20) | 1.20 | — | 1.20 (1) " \
-           "| — | — |" in text
+    assert ("| gemm | NVIDIA A100-SXM4-80GB | aiconfigurator-core / vidur | 1 | 1.20 (1.20–1.20) | 1.20 | — "
+            "| 1.20 (1) | — | — |") in text
 
 
 def test_harness_ratios_weigh_and_bin_shapes_by_duration():
