@@ -36,6 +36,7 @@ and one per-row input, a property of the measurement rather than of the GPU:
 from __future__ import annotations
 
 import time
+from argparse import ArgumentTypeError
 from dataclasses import replace
 
 import numpy as np
@@ -43,6 +44,7 @@ import pandas as pd
 
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ARCHITECTURES
+from pipeweave.accuracy import source_family
 from pipeweave.cli import ArgumentParser, run_cli
 from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs
 from pipeweave.modeling import (
@@ -80,20 +82,15 @@ def _spec_value(idea: str, spec) -> float:
     raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
-ROW_IDEAS = ("harness",)
+# per-row ideas: a property of each measurement (its harness, :func:`pipeweave.accuracy.source_family`)
+ROW_IDEAS = {"harness": lambda frame: (frame["source"].map(source_family) == "vidur").to_numpy(np.float64)}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES, *ROW_IDEAS)
 
 
-def _row_values(idea: str, frame: pd.DataFrame) -> np.ndarray:
-    if idea == "harness":
-        return frame["source"].astype(str).str.startswith("vidur").to_numpy(np.float64)
-    raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
-
-
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
     specs = {name: load_hardware(name) for name in frame["hardware"].unique()}
-    columns = [_row_values(i, frame) if i in ROW_IDEAS else
+    columns = [ROW_IDEAS[i](frame) if i in ROW_IDEAS else
                frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
                for i in ideas]
     return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
@@ -107,7 +104,7 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     arbitrarily)."""
     train_all, test = load_splits(op, DATASET_DIR, [gpu])
     names = input_names(op, config)
-    test_features = feature_matrix(test, op, config)
+    test_features, test_ideas = feature_matrix(test, op, config), extra_inputs(test, ideas)
 
     def inputs(features, extra):
         if transform == LOG1P:  # the ideas' original form: one log1p over features and extras alike
@@ -118,9 +115,9 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     for seed in seeds or (config.seed,):
         member = replace(config, seed=seed)
         train = cap_rows_per_gpu(train_all, member.max_rows_per_gpu, member.seed)
-        train_extra, test_extra = extra_inputs(train, ideas), extra_inputs(test, ideas)
+        train_extra, test_extra = extra_inputs(train, ideas), test_ideas
         if clip and len(ideas):
-            test_extra = np.clip(test_extra, train_extra.min(axis=0), train_extra.max(axis=0))
+            test_extra = np.clip(test_ideas, train_extra.min(axis=0), train_extra.max(axis=0))
         model, _ = fit(inputs(feature_matrix(train, op, member), train_extra), train["overall_perf"].to_numpy(),
                        member, group_keys=shape_keys(train, op))
         predictions.append(predict_efficiency(model, inputs(test_features, test_extra)))
@@ -128,9 +125,17 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     measured = test["overall_perf"].to_numpy(np.float64)
     err = duration_errors(measured, predicted) * 100
     signed = np.median(measured / predicted - 1)  # > 0: the model predicts the GPU too slow
-    harness = test["source"].astype(str).str.split().str[0].to_numpy()
+    harness = test["source"].map(source_family).to_numpy()
     return {"mean": float(err.mean()), "median_signed": float(signed * 100),
             "by_harness": {name: float(err[harness == name].mean()) for name in sorted(set(harness))}}
+
+
+def seed_list(text: str) -> tuple[int, ...]:
+    """``--seeds``: a comma list of integers."""
+    try:
+        return tuple(int(seed) for seed in text.split(","))
+    except ValueError:
+        raise ArgumentTypeError(f"expected a comma list of integer seeds, got {text!r}") from None
 
 
 def main(argv=None) -> int:
@@ -141,7 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--ideas", default="none," + ",".join(IDEAS),
                         help="comma list; 'none' is the baseline, 'a+b' combines ideas")
-    parser.add_argument("--seeds", type=lambda text: tuple(int(seed) for seed in text.split(",")), default=(42,),
+    parser.add_argument("--seeds", type=seed_list, default=(42,),
                         help="comma list of training seeds, one member each, scored as their median (default: 42; "
                              "a second run with another seed measures the noise)")
     parser.add_argument("--inputs", choices=tuple(TRANSFORMS), default="log1p",
