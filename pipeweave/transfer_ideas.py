@@ -28,10 +28,16 @@ ship. An idea is kept only if it lowers the LOGO duration error on most GPUs and
 
 and one per-row input, a property of the measurement rather than of the GPU:
 
-* ``harness``: 1 for a row timed by Vidur's profiler, 0 for the other harnesses (docs/DATA.md). On the GPUs both
-  measured, Vidur's large GEMMs take 1.1-1.2x aiconfigurator's (docs/ACCURACY.md, "Where measurement sources
+* ``vidur_harness``: 1 for a row timed by Vidur's profiler, 0 for the other harnesses (docs/DATA.md). On the GPUs
+  both measured, Vidur's large GEMMs take 1.1-1.2x aiconfigurator's (docs/ACCURACY.md, "Where measurement sources
   disagree"); with the input the model can learn that offset from those GPUs instead of absorbing it into the
-  GPU effects. The held-out GPU's rows are scored with their own harness; a prediction for a user takes 0.
+  GPU effects.
+* ``pipeweave_harness``: 1 for a row of the PipeWeave artifact's CSVs (its own FP8 GEMM harness). H800 and H100
+  have identical model inputs, and on their 2,080 common FP8 shapes aiconfigurator's H100 durations are 1.14x
+  H800's PipeWeave ones (median; interquartile range 0.89-1.39x), while PipeWeave's H100 and H800 agree within 2 %:
+  without the input, a held-out H100 is predicted from its twin's harness.
+
+The held-out GPU's rows are scored with their own harness; a prediction for a user takes 0 (aiconfigurator's).
 """
 from __future__ import annotations
 
@@ -83,7 +89,9 @@ def _spec_value(idea: str, spec) -> float:
 
 
 # per-row ideas: a property of each measurement (its harness, :func:`pipeweave.accuracy.source_family`)
-ROW_IDEAS = {"harness": lambda frame: (frame["source"].map(source_family) == "vidur").to_numpy(np.float64)}
+ROW_IDEAS = {f"{family}_harness": (lambda frame, family=family:
+                                     (frame["source"].map(source_family) == family).to_numpy(np.float64))
+             for family in ("vidur", "pipeweave")}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES, *ROW_IDEAS)
 

@@ -34,6 +34,14 @@ def test_harness_is_a_property_of_each_row_not_of_the_gpu():
     frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA H100", "NVIDIA A40"],
                           "source": ["vidur 7d47513 h100/mlp.csv", "aiconfigurator-core 0.12.0 h100_sxm/gemm",
                                      "vidur 7d47513 a40/mlp.csv"]})
-    assert list(extra_inputs(frame, ("harness",))[:, 0]) == [1.0, 0.0, 1.0]
-    both = extra_inputs(frame, ("hbm", "harness"))
+    assert list(extra_inputs(frame, ("vidur_harness",))[:, 0]) == [1.0, 0.0, 1.0]
+    both = extra_inputs(frame, ("hbm", "vidur_harness"))
     assert both.shape == (3, 2) and list(both[:, 0]) == [1.0, 1.0, 0.0]
+
+
+def test_each_harness_idea_marks_only_its_own_family():
+    frame = pd.DataFrame({"hardware": ["NVIDIA H100"] * 3,
+                          "source": ["pipeweave fp8_gemm/h100.csv", "aiconfigurator-core 0.12.0 h100_sxm/gemm",
+                                     "vidur 7d47513 h100/mlp.csv"]})
+    marks = extra_inputs(frame, ("vidur_harness", "pipeweave_harness"))
+    assert marks.tolist() == [[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
