@@ -110,19 +110,36 @@ def _member_predictions(op: str, gpu: str, seed: int, train: pd.DataFrame, test:
     return predicted, history
 
 
-def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print) -> None:
+def _train_held_out(op: str, gpu: str, dataset_dir: Path, cache: Path, fingerprint: str) -> str:
+    logo_predictions(op, gpu, dataset_dir, cache, fingerprint, log=lambda m: print(m, flush=True))
+    return f"{op} without {gpu}"
+
+
+def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print, workers: int = 1) -> None:
+    """Train (or verify) every LOGO member of ``ops``. With ``workers`` > 1 the held-out GPUs are trained in that
+    many processes at once; each member trains single-threaded with its own seed, so the cache is the same."""
+    jobs = []
     for op in ops:
-        fingerprint = _fingerprint(op, Path(dataset_dir))
         gpus = gpus_with_data(op, dataset_dir)
-        if len(gpus) < 2:
-            continue
-        for gpu in gpus:
-            logo_predictions(op, gpu, dataset_dir, cache, fingerprint, log)
+        if len(gpus) >= 2:
+            fingerprint = _fingerprint(op, Path(dataset_dir))
+            jobs += [(op, gpu, Path(dataset_dir), Path(cache), fingerprint) for gpu in gpus]
+    if workers < 2 or len(jobs) < 2:
+        for op, gpu, dataset, root, fingerprint in jobs:
+            logo_predictions(op, gpu, dataset, root, fingerprint, log)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: a forked child inherits torch's thread pools in an undefined state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for done in pool.map(_train_held_out, *zip(*jobs)):
+            log(f"  done: {done}")
 
 
 def main(argv=None) -> int:
     from analytical_model.registry import operator_keys
-    from pipeweave.cli import ArgumentParser, trainable_operator_list
+    from pipeweave.cli import ArgumentParser, positive_int, trainable_operator_list
     from pipeweave.paths import DATASET_DIR
 
     parser = ArgumentParser(prog="python3 -m pipeweave.logo_cache",
@@ -131,8 +148,10 @@ def main(argv=None) -> int:
                         help="comma list of operator classes (default: every trainable one)")
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help="held-out GPUs trained at once, one process each (default 1; the cache is the same)")
     args = parser.parse_args(argv)
-    train_all(args.ops, args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
+    train_all(args.ops, args.dataset_dir, args.cache, log=lambda m: print(m, flush=True), workers=args.workers)
     return 0
 
 
