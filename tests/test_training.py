@@ -298,3 +298,24 @@ def test_input_transform_follows_the_registry_only_for_the_pipeweave_recipe_on_i
     assert input_transform("gemm", TrainConfig(recipe="quantile")) == LOG1P
     ablation = TrainConfig(features=tuple(get_operator("gemm").feature_names))  # the paper's feature ablations
     assert input_transform("gemm", ablation) == LOG1P
+
+
+@pytest.mark.slow
+def test_logo_cache_in_worker_processes_equals_the_sequential_one(tmp_path):
+    """logo_cache --workers trains held-out GPUs in parallel processes; every member is seeded and single-threaded,
+    so the cached predictions are the same as one process writes."""
+    from pipeweave.logo_cache import cache_directory, logo_seeds, main, train_all
+
+    frame = build_operator("gemm", synthetic_gemm(60), log=lambda *a: None)
+    train, test = split(frame, "gemm", 0.2)
+    train.to_csv(tmp_path / "gemm_train.csv", index=False)
+    test.to_csv(tmp_path / "gemm_test.csv", index=False)
+    train_all(["gemm"], tmp_path, tmp_path / "sequential", log=lambda *a: None)
+    assert main(["--ops", "gemm", "--dataset_dir", str(tmp_path), "--cache", str(tmp_path / "parallel"),
+                 "--workers", "2"]) == 0
+    for gpu in ("NVIDIA H100", "NVIDIA A100-SXM4-80GB"):
+        for seed in logo_seeds("gemm"):
+            one, two = (np.load(cache_directory(tmp_path / name, "gemm", gpu) / f"seed{seed}" / "predicted.npy")
+                        for name in ("sequential", "parallel"))
+            assert len(one) == (frame["hardware"] == gpu).sum()
+            np.testing.assert_array_equal(one, two)
