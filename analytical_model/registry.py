@@ -24,7 +24,7 @@ import numpy as np
 
 from . import descriptors, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, triton_moe
 from .attention import ATTENTION_CALCULATORS
-from .columns import Columns
+from .columns import Columns, column_values
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from .operator_features import (TILE_COLUMNS, attention, describe_attention, describe_elementwise, describe_gemm,
                                 describe_moe, elementwise, gemm, gemm_fp8_features, moe)
@@ -81,6 +81,9 @@ class OperatorClass:
     #: the pipeweave recipe's MLP reads each pipe's cycles as a share of the busiest pipe's, the busiest pipe's
     #: cycles and the shape, not log1p of every feature (pipeweave.mlp.PIPE_SHARES; docs/METHOD.md §4.1)
     pipe_share_inputs: bool = False
+    #: measurement harnesses (:func:`source_family`) the pipeweave recipe's MLP tells apart from the reference one,
+    #: one 0/1 input each, the last of ``descriptor_names`` (:func:`with_harness_inputs`); a prediction is 0
+    harness_families: tuple[str, ...] = ()
 
     @property
     def model_op(self) -> str:
@@ -149,6 +152,43 @@ class OperatorClass:
         return np.maximum(compute, np.asarray(columns[DRAM_CYCLE_FEATURE], dtype=np.float64))
 
 
+#: the harness whose measurements a prediction stands for (all harness inputs 0): aiconfigurator-core's collector,
+#: which times vLLM's own layers as a serving engine runs them, and measured most GPUs with kernel data (BF16 GEMM
+#: 9 of 11, FP8 GEMM 8 of 10)
+REFERENCE_HARNESS = "aiconfigurator-core"
+
+
+def source_family(source) -> str:
+    """The harness a dataset row's ``source`` names: its first word (vidur, aiconfigurator-core, pipeweave, ...)."""
+    words = str(source).split()
+    return words[0] if words else ""
+
+
+def harness_input_names(families: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"{family}_harness" for family in families)
+
+
+def with_harness_inputs(describe: Callable, families: tuple[str, ...]) -> Callable:
+    """``describe`` followed by one input per harness family, 1 on a row whose ``source`` names that family.
+
+    Two harnesses can time the same kernel on the same GPU differently (docs/ACCURACY.md, "Where measurement
+    sources disagree"); with the input a model learns that difference where both measured, instead of folding it
+    into the effects of a GPU that only one of them measured. Columns without ``source`` (every prediction: a
+    shape, not a measurement) take 0, the :data:`REFERENCE_HARNESS`."""
+    if not families:
+        return describe
+
+    def described(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+        shape = np.asarray(describe(columns, hw), dtype=np.float64)  # (rows, shape descriptors)
+        marks = np.zeros((shape.shape[0], len(families)))
+        if "source" in columns:
+            named = np.array([source_family(source) for source in column_values(columns, "source")], dtype=object)
+            marks = np.column_stack([named == family for family in families]).astype(np.float64)
+        return np.concatenate([shape, marks], axis=1)
+
+    return described
+
+
 OPERATORS: dict[str, OperatorClass] = {}
 
 
@@ -162,8 +202,9 @@ def register(operator: OperatorClass) -> OperatorClass:
     return operator
 
 
-def _gemm_operator(key: str, description: str, calculators: dict, compute, operand_bytes: int, **extra) -> OperatorClass:
-    """BF16 and FP8 GEMM share shapes, features, descriptors and the ideal-cycle column."""
+def _gemm_operator(key: str, description: str, calculators: dict, compute, operand_bytes: int,
+                   harness_families: tuple[str, ...] = (), **extra) -> OperatorClass:
+    """BF16 and FP8 GEMM share shapes, features, shape descriptors and the ideal-cycle column."""
     return OperatorClass(
         key=key,
         description=description,
@@ -172,8 +213,9 @@ def _gemm_operator(key: str, description: str, calculators: dict, compute, opera
         ideal_cycle_features=("tensor_all_cycle",),
         calculators=calculators,
         compute=compute,
-        descriptor_names=descriptors.GEMM_DESCRIPTORS,
-        describe=describe_gemm(operand_bytes, fp8=operand_bytes == 1),
+        descriptor_names=descriptors.GEMM_DESCRIPTORS + harness_input_names(harness_families),
+        describe=with_harness_inputs(describe_gemm(operand_bytes, fp8=operand_bytes == 1), harness_families),
+        harness_families=harness_families,
         quantile=True,
         profiled=True,
         tensor_rate="tc_fp8" if operand_bytes == 1 else "tc_bf16",
@@ -183,8 +225,10 @@ def _gemm_operator(key: str, description: str, calculators: dict, compute, opera
 
 register(_gemm_operator("gemm", "BF16 dense GEMM", {"sm80": gemm_sm80.features, "sm90": gemm_sm90.features}, gemm, 2,
                         optional_columns=TILE_COLUMNS, workload_key="gemm", pipe_share_inputs=True))
+# H800 and H100 have the same model inputs, and PipeWeave's FP8 harness times H800 1.14x faster than
+# aiconfigurator times H100 (median over 2,080 shapes), while it times H100 and H800 alike within 2 %
 register(_gemm_operator("gemm_fp8", "FP8 dense GEMM (per-tensor scaled)", {"fp8": gemm_fp8.features},
-                        gemm_fp8_features, 1, dtype="fp8", workload_key="gemm_fp8"))
+                        gemm_fp8_features, 1, harness_families=("pipeweave",), dtype="fp8", workload_key="gemm_fp8"))
 register(OperatorClass(
     key="attn",
     description="FlashAttention/FlashInfer prefill and decode",

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
-from analytical_model.registry import get_operator, operator_keys
+from analytical_model.registry import REFERENCE_HARNESS, get_operator, operator_keys, source_family
 from pipeweave import memory_model
 from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_US, MIN_BIN_ROWS, SIZE_EDGES,
                               clip_efficiency, frame_band_table, regime_efficiency)
@@ -280,6 +280,16 @@ def fmt(summary: dict | None) -> str:
     return "—" if not summary else f"{summary['mean']:.1f} / {summary['median']:.1f}"
 
 
+def harness_note() -> list[str]:
+    """The header's line on the operators whose model reads the measurement harness (registry ``harness_families``)."""
+    reading = [op for op in operator_keys(trainable=True) if get_operator(op).harness_families]
+    if not reading:
+        return []
+    return [f"Rows of {', '.join(reading)} are predicted with their own measurement harness as a model input",
+            "(docs/METHOD.md §4.1, harness inputs) in the shape-held-out and LOGO columns; a prediction for a user",
+            f"takes {REFERENCE_HARNESS}'s."]
+
+
 def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None) -> str:
     """The report; ``notes`` maps an operator to extra markdown lines placed after its table."""
     lines = [
@@ -295,6 +305,7 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
         "the held-out GPU, scored as the predictor gives it: inside the physical band, and for RMSNorm and SiLU*Mul",
         "the bandwidth model fitted on the other GPUs (their MLP is not used on a GPU outside its training;",
         "docs/METHOD.md §4.3); a cache written before the band (no `worst_ratio` key) is scored without it.",
+        *harness_note(),
         "*Roofline*: max(compute at spec peak, DRAM traffic at spec bandwidth) from the same",
         "analytical features. *Artifact*: PipeWeave's published per-GPU mean relative error of `overall_perf`",
         "on its own (unpublished) data, as reported in its metadata — an efficiency error on different data,",
@@ -488,11 +499,6 @@ def render_flags(flags: dict) -> str:
     return "\n".join(lines)
 
 
-def source_family(source: str) -> str:
-    """The harness a dataset row's ``source`` names (its first word: vidur, aiconfigurator-core, pipeweave)."""
-    return str(source).split()[0]
-
-
 DURATION_DECADES_US = (10.0, 100.0, 1000.0)  # edges of the reference-duration bins of :func:`harness_ratios`
 
 
@@ -583,8 +589,9 @@ def render_sources(sources: dict, pairs: dict) -> str:
         "duration (above 1: predicted too slow); then, for each pair of harnesses, their measured duration ratio on",
         "the shapes both measured: median and quartiles over the shapes, the median weighted by each shape's",
         "duration (the geometric mean of the two measurements: where a workload's time goes), and the median per",
-        "duration bin with its number of shapes. Nothing here is corrected: which harness an end-to-end run",
-        "resembles is not known from kernels alone.",
+        "duration bin with its number of shapes. A model that reads the harness (docs/METHOD.md §4.1) predicts each",
+        f"row with its own; every prediction for a user takes {REFERENCE_HARNESS}'s, and which harness an",
+        "end-to-end run resembles is not known from kernels alone.",
         "",
         "| operator | held-out GPU | harness | rows | LOGO error | predicted / measured |",
         "|---|---|---|---|---|---|",

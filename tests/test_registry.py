@@ -121,3 +121,28 @@ def test_input_rows_append_the_descriptors_only_for_models_trained_with_them():
     np.testing.assert_array_equal(both, np.concatenate([features, described], axis=1))
     with pytest.raises(ValueError, match="mlp_models/gemm/x needs the gemm shape descriptors"):
         operator.input_rows(features, None, len(operator.input_names()), "mlp_models/gemm/x")
+
+
+def test_fp8_gemm_reads_the_pipeweave_harness_of_a_measurement_and_a_prediction_is_the_reference_one():
+    """A dataset row names its harness in ``source``; the FP8 GEMM model gets a 1 for PipeWeave's, a 0 for every
+    other harness, and a shape to predict (no ``source``) is a measurement of the reference harness: 0."""
+    operator = get_operator("gemm_fp8")
+    assert operator.harness_families == ("pipeweave",) and operator.descriptor_names[-1] == "pipeweave_harness"
+    assert get_operator("gemm").harness_families == () and "pipeweave_harness" not in get_operator("gemm").input_names()
+    rows = pd.DataFrame({"M": [8, 8, 8, 8], "N": [4096] * 4, "K": [4096] * 4, "hardware": ["NVIDIA H100"] * 4,
+                         "source": ["pipeweave 0a1b dataset/fp8_gemm_h100.csv", "aiconfigurator-core 0.12.0 h100_sxm",
+                                    "measured profile.csv", ""]})
+    described = compute_features("gemm_fp8", rows)
+    assert described["pipeweave_harness"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    shape_only = operator.descriptors({c: rows[c].to_numpy() for c in ("M", "N", "K")}, load_hardware("H100"))
+    assert shape_only[:, -1].tolist() == [0.0] * 4
+    np.testing.assert_array_equal(shape_only[:, :-1], described[list(operator.descriptor_names[:-1])].to_numpy())
+    assert registry.source_family("vidur 7d47513 h100/mlp.csv") == "vidur" and registry.source_family("") == ""
+
+
+def test_an_operator_without_harness_inputs_ignores_the_source_column():
+    rows = pd.DataFrame({"M": [64], "N": [4096], "K": [4096], "hardware": ["NVIDIA H100"], "source": ["vidur x"]})
+    with_source = compute_features("gemm", rows)
+    np.testing.assert_array_equal(with_source.to_numpy(), compute_features("gemm", rows.drop(columns="source")).to_numpy())
+    assert list(with_source.columns[-len(get_operator("gemm").descriptor_names) - 1:-1]) == \
+        list(get_operator("gemm").descriptor_names)
