@@ -168,6 +168,12 @@ def harness_input_names(families: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"{family}_harness" for family in families)
 
 
+def harness_marks(sources, families: tuple[str, ...]) -> np.ndarray:
+    """(rows, families) float64: 1 where a row's ``source`` names the family (:func:`source_family`), else 0."""
+    named = np.array([source_family(source) for source in sources], dtype=object)
+    return np.column_stack([named == family for family in families]).astype(np.float64).reshape(len(named), -1)
+
+
 def with_harness_inputs(describe: Callable, families: tuple[str, ...]) -> Callable:
     """``describe`` followed by one input per harness family, 1 on a row whose ``source`` names that family.
 
@@ -180,10 +186,8 @@ def with_harness_inputs(describe: Callable, families: tuple[str, ...]) -> Callab
 
     def described(columns: Columns, hw: HardwareSpec) -> np.ndarray:
         shape = np.asarray(describe(columns, hw), dtype=np.float64)  # (rows, shape descriptors)
-        marks = np.zeros((shape.shape[0], len(families)))
-        if "source" in columns:
-            named = np.array([source_family(source) for source in column_values(columns, "source")], dtype=object)
-            marks = np.column_stack([named == family for family in families]).astype(np.float64)
+        marks = (harness_marks(column_values(columns, "source"), families) if "source" in columns
+                 else np.zeros((shape.shape[0], len(families))))
         return np.concatenate([shape, marks], axis=1)
 
     return described

@@ -50,7 +50,7 @@ import pandas as pd
 
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ARCHITECTURES
-from analytical_model.registry import source_family
+from analytical_model.registry import harness_input_names, harness_marks, source_family
 from pipeweave.cli import ArgumentParser, run_cli
 from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs
 from pipeweave.modeling import (
@@ -88,10 +88,9 @@ def _spec_value(idea: str, spec) -> float:
     raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
-# per-row ideas: a property of each measurement (its harness, :func:`analytical_model.registry.source_family`)
-ROW_IDEAS = {f"{family}_harness": (lambda frame, family=family:
-                                     (frame["source"].map(source_family) == family).to_numpy(np.float64))
-             for family in ("vidur", "pipeweave")}
+# per-row ideas: a property of each measurement, its harness, marked as the registry's harness inputs mark it
+ROW_IDEAS = {name: (lambda frame, family=family: harness_marks(frame["source"], (family,))[:, 0])
+             for family, name in zip(("vidur", "pipeweave"), harness_input_names(("vidur", "pipeweave")))}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES, *ROW_IDEAS)
 
