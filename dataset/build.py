@@ -57,8 +57,19 @@ def _parallel_features(op: str, frame: pd.DataFrame, workers: int) -> pd.DataFra
     return pd.concat(parts)
 
 
+#: a calculator may reject a few malformed measured shapes (a zero dimension); rejecting more than this share of an
+#: operator's rows, or every row of one GPU, is a calculator bug, and the build stops instead of writing a dataset
+#: without them (none of the real measurements is rejected today)
+MAX_REJECTED_SHARE = 0.01
+
+
+class CalculatorRejectedRows(RuntimeError):
+    """The analytical calculators rejected too many measured rows for the rejections to be bad measurements."""
+
+
 def _features_with_row_fallback(op: str, frame: pd.DataFrame, log, workers: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Features for every valid row; rows the calculators reject are dropped, reason logged."""
+    """Features for every valid row; the few rows the calculators reject are dropped, reason logged
+    (:data:`MAX_REJECTED_SHARE`: more stop the build)."""
     try:
         return frame, _parallel_features(op, frame, workers)
     except ValueError:
@@ -72,6 +83,15 @@ def _features_with_row_fallback(op: str, frame: pd.DataFrame, log, workers: int 
             reasons.setdefault(str(exc).split(";")[0][:120], []).append(i)
     for reason, rows in reasons.items():
         _log_drop(log, op, f"calculator rejected: {reason}", frame.iloc[rows])
+    rejected = len(frame) - len(keep)
+    emptied = sorted(set(frame["hardware"]) - set(frame["hardware"].iloc[keep]))
+    if rejected > MAX_REJECTED_SHARE * len(frame) or emptied:
+        reason, rows = max(reasons.items(), key=lambda item: len(item[1]))
+        raise CalculatorRejectedRows(
+            f"{op}: the calculators rejected {rejected} of {len(frame)} rows"
+            + (f", every row of {', '.join(emptied)}" if emptied else "")
+            + f" (more than {MAX_REJECTED_SHARE:.0%} is a calculator bug, not bad measurements); most common reason "
+            f"({len(rows)} rows): {reason}")
     frame = frame.iloc[keep]
     return frame, compute_features(op, frame)
 

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="training needs torch (pip install '.[train]')")
 
 from analytical_model.registry import get_operator  # noqa: E402 - after the torch check
-from dataset.build import build_operator, fp8_rows_for_gemm, split  # noqa: E402
+from dataset.build import CalculatorRejectedRows, build_operator, fp8_rows_for_gemm, split  # noqa: E402
 from pipeweave.mlp import latest_model_dir, weights_path  # noqa: E402
 from pipeweave.predictor import KernelPredictor  # noqa: E402
 from pipeweave.torch_mlp import MLP, MLP_v2, count_parameters, load_model_dir  # noqa: E402
@@ -67,7 +67,7 @@ def test_build_schema_and_shape_split(gemm_dataset):
 
 
 def test_build_drops_and_logs_invalid_rows():
-    raw = synthetic_gemm(20).copy()
+    raw = synthetic_gemm(100).copy()
     raw.loc[0, "avg_duration"] = -1.0
     raw.loc[1, "hardware"] = "V100"
     raw.loc[2, "M"] = 0
@@ -76,6 +76,19 @@ def test_build_drops_and_logs_invalid_rows():
     assert len(out) == len(raw) - 3
     text = "\n".join(messages)
     assert "GPU without a hardware JSON" in text and "non-positive duration" in text and "calculator rejected" in text
+
+
+def test_build_stops_when_the_calculators_reject_more_than_a_few_rows():
+    """A calculator that rejects many rows is broken: the build must not write a dataset without them."""
+    raw = synthetic_gemm(100).copy()
+    raw.loc[:9, "M"] = 0  # about 5 % of the rows (repeats of a shape are averaged first)
+    with pytest.raises(CalculatorRejectedRows, match=r"gemm: the calculators rejected \d+ of \d+ rows .*M must be a positive"):
+        build_operator("gemm", raw, log=lambda *a: None)
+    one_gpu_rejected = synthetic_gemm(100)
+    one_gpu_rejected.loc[one_gpu_rejected["hardware"] == "A100", "M"] = 0
+    one_gpu_rejected = pd.concat([synthetic_gemm(1000, gpus=("H100",)), one_gpu_rejected.iloc[-1:]], ignore_index=True)
+    with pytest.raises(CalculatorRejectedRows, match=r"every row of NVIDIA A100-SXM4-80GB"):
+        build_operator("gemm", one_gpu_rejected, log=lambda *a: None)
 
 
 def test_repeated_keys_are_averaged():
