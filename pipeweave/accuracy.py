@@ -32,7 +32,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import REFERENCE_HARNESS, get_operator, operator_keys, source_family
 from pipeweave import memory_model
 from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LAUNCH_LATENCY_US, MIN_BIN_ROWS, SIZE_EDGES,
-                              clip_efficiency, frame_band_table, regime_efficiency)
+                              clip_efficiency, frame_band_table, frame_l2_cycles, l2_cycles, regime_efficiency)
 from pipeweave.cli import (ArgumentParser, keep_marked_sections, run_cli, trainable_operator_list, write_atomically,
                            write_marked_section)
 from pipeweave.ensemble import held_out_shapes_of_training_gpus, median_of_members, member_spread_entry
@@ -125,7 +125,7 @@ def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficienc
         mlp_efficiency = regime_efficiency(op, features, sm_freq, band)
     else:
         mlp_efficiency = sibling_bounded(op, train, test, mlp_efficiency, features, described, model_efficiency)
-    return clip_efficiency(op, mlp_efficiency, features, described, sm_freq, band)[0]
+    return clip_efficiency(op, mlp_efficiency, features, described, sm_freq, band, l2=frame_l2_cycles(test))[0]
 
 
 def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency: np.ndarray, features: np.ndarray,
@@ -356,7 +356,7 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
         pipes = features[list(operator.feature_names)].to_numpy(np.float64)
         described = features[list(operator.descriptor_names)].to_numpy(np.float64)
         raw = predictor.unbounded_efficiency(op, pipes, described, hw)
-        _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq)
+        _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq, l2=l2_cycles(hw))
         sibling = None
         if predictor.sibling_scale(op, hw) is not None:
             sibling = float(np.mean(raw != predictor.efficiency_from_features(op, pipes, described)) * 100)

@@ -12,7 +12,18 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   operators whose DRAM-cycle feature counts every byte exactly once (:attr:`OperatorClass.dram_bound`: RMSNorm,
   SiLU*Mul; no measured row in any dataset beats it) the DRAM time at the spec bandwidth binds too:
   ``t ≥ max(C_ideal, C_dram) / f``. For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2
-  cache absorbs (1–46 % of their measured rows beat it), so only the compute ceiling applies. And no kernel
+  cache absorbs (1–46 % of their measured rows beat it), so it is no bound.
+* **Ceiling where the problem does not fit in the L2.** GEMM and attention have a descriptor that counts each byte
+  of their operands and result once, ``D = exact_dram_cycle`` (:attr:`OperatorClass.exact_dram_once`). A
+  benchmark that re-runs a kernel keeps operands in the L2 that fit there, so measured rows beat ``D / f`` (up to
+  2.8x, mostly GPUs with a large L2). But where those bytes exceed the L2 by more than :data:`L2_SPILL_FACTOR`,
+  ``t ≥ D / f``: the L2 keeps too little of a streamed working set to matter. No such measured row beats
+  ``D / f``: 153,725 GEMMs of 11 GPUs, 66,347 FP8 GEMMs of 10 and 41,396 attention kernels of 5; the fastest reach
+  0.87–0.88 of it. Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX PRO 6000) do, up to 2.7x, and the
+  factor leaves a margin above that. With no L2 size in a GPU's JSON the bound does not apply. Leave-one-GPU-out
+  it stopped L40S's memory-bound GEMMs of a 117 MB operand being predicted up to 3.35x faster than measured, at a
+  speed only an L2 that held them would give (README, "Known limits"). MoE's ``D`` counts the experts that
+  receive tokens at a uniform routing, and measured layers beat it at any size, so MoE takes no such bound. And no kernel
   beats the launch: ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU (``fastest_us``
   of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny kernel whose
   exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper held out:
@@ -58,13 +69,39 @@ MIN_BIN_ROWS = 200
 BAND_TABLE_PATH = Path(__file__).with_name("efficiency_band.json")
 #: the descriptor of the unpadded work at the spec peak (cycles), the compute ceiling
 EXACT_WORK_DESCRIPTOR = "exact_tensor_cycle"
+#: the descriptor of the problem's bytes at the spec DRAM bandwidth (cycles), a ceiling where they spill the L2
+EXACT_DRAM_DESCRIPTOR = "exact_dram_cycle"
+#: the problem's bytes must exceed the L2 size by this factor for their DRAM time to bound the kernel: measured
+#: rows beat it up to 1.05x the L2 size, none beyond on any GPU
+L2_SPILL_FACTOR = 1.1
 #: stands for an infinite R / (t − L) (a kernel faster than the launch latency) inside a percentile
 BIGGEST = np.finfo(np.float64).max
 
 
-def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def l2_cycles(hw) -> float:
+    """The L2 size of the GPU ``hw`` as DRAM cycles at its spec bandwidth, in the units of ``exact_dram_cycle``
+    (inf without an L2 size: no L2 ceiling)."""
+    from analytical_model.descriptors import dram_cycles as bytes_as_dram_cycles
+
+    if not hw.l2_cache_size:
+        return np.inf
+    return float(bytes_as_dram_cycles(hw.l2_cache_size * 1024.0, hw))
+
+
+def frame_l2_cycles(frame) -> np.ndarray:
+    """:func:`l2_cycles` of each row's GPU (column ``hardware``) of a dataset frame."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    cycles = {name: l2_cycles(registry.get(name)) for name in frame["hardware"].unique()}
+    return frame["hardware"].map(cycles).to_numpy(np.float64)
+
+
+def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None, l2: np.ndarray | float
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """(C_ideal, the fewest cycles the kernel can take) of float64 feature rows (columns in the registry's feature
-    order) and their shape descriptors (the registry's descriptor order)."""
+    order) and their shape descriptors (the registry's descriptor order) on GPUs whose L2 holds ``l2`` DRAM cycles
+    (:func:`l2_cycles`; scalar or per row)."""
     operator = get_operator(op)
     ideal = operator.ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
     if operator.dram_bound:
@@ -73,7 +110,13 @@ def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None) 
         return ideal, ideal
     if described is None:
         raise ValueError(f"{op}: the physical band needs the shape descriptors ({EXACT_WORK_DESCRIPTOR})")
-    return ideal, np.asarray(described, dtype=np.float64)[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
+    described = np.asarray(described, dtype=np.float64)
+    ceiling = described[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
+    if operator.exact_dram_once:
+        exact_dram = described[:, operator.descriptor_names.index(EXACT_DRAM_DESCRIPTOR)]
+        spills = exact_dram > L2_SPILL_FACTOR * np.asarray(l2, dtype=np.float64)
+        ceiling = np.where(spills, np.maximum(ceiling, exact_dram), ceiling)
+    return ideal, ceiling
 
 
 def dram_cycles(op: str, features: np.ndarray) -> np.ndarray:
@@ -155,13 +198,13 @@ def has_regime_medians(op: str) -> bool:
 
 
 def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
-                    table: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    table: dict | None = None, *, l2) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) efficiency per feature row (and its shape descriptors) on GPUs clocked at ``sm_freq_mhz``
-    (scalar or per row); ``table`` (:func:`band_table`) replaces the shipped floors, e.g. one derived without a
-    held-out GPU."""
+    whose L2 holds ``l2`` DRAM cycles (:func:`l2_cycles`; both scalar or per row); ``table``
+    (:func:`band_table`) replaces the shipped floors, e.g. one derived without a held-out GPU."""
     table = table_for(op, table)
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
-    ideal, ceiling = ceiling_cycles(op, features, described)
+    ideal, ceiling = ceiling_cycles(op, features, described, l2)
     high = ideal / np.maximum(ceiling, table["fastest_us"] * sm_freq_mhz)
     _, roof, bins = regime_bins(op, features, sm_freq_mhz)
     slowest_cycles = roof / np.ravel(table["floor"])[bins] + LAUNCH_LATENCY_US * sm_freq_mhz
@@ -180,9 +223,10 @@ def regime_efficiency(op: str, features: np.ndarray, sm_freq_mhz, table: dict | 
 
 
 def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz,
-                    table: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(efficiency kept inside the band, side): side is -1 where the floor bound, +1 the ceiling, 0 neither."""
-    low, high = efficiency_band(op, features, described, sm_freq_mhz, table)
+                    table: dict | None = None, *, l2) -> tuple[np.ndarray, np.ndarray]:
+    """(efficiency kept inside the band, side): side is -1 where the floor bound, +1 the ceiling, 0 neither
+    (arguments as :func:`efficiency_band`'s)."""
+    low, high = efficiency_band(op, features, described, sm_freq_mhz, table, l2=l2)
     efficiency = np.asarray(efficiency, dtype=np.float64)
     side = np.where(efficiency < low, -1, np.where(efficiency > high, 1, 0)).astype(np.int8)
     return np.clip(efficiency, low, high), side

@@ -29,7 +29,7 @@ import pandas as pd
 from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
 from pipeweave.accuracy import logo_as_predicted, logo_flag_codes, other_gpus_band
-from pipeweave.bounds import clip_efficiency
+from pipeweave.bounds import clip_efficiency, frame_l2_cycles
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, fit_map
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
@@ -108,11 +108,11 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
     if op in FINE_TUNABLE:
         members = member_model_dirs(op, gpu, cache)
         described = frame[list(operator.descriptor_names)].to_numpy(np.float64)
-        sm_freq = frame["sm_freq"].to_numpy(np.float64)
+        sm_freq, l2 = frame["sm_freq"].to_numpy(np.float64), frame_l2_cycles(frame)
         codes = logo_flag_codes(op, gpu, frame, test_split, cache)
         fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured,
                                    (codes & TRIGGER_BITS) > 0,
-                                   lambda e: clip_efficiency(op, e, features, described, sm_freq, band)[0])
+                                   lambda e: clip_efficiency(op, e, features, described, sm_freq, band, l2=l2)[0])
     return HeldOut(op, gpu, kernel_classes(op, len(frame), attention_types(op, shapes)),
                    pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio, fine_tunable)
 

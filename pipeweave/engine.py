@@ -397,7 +397,7 @@ class Engine:
         bits (:meth:`KernelPredictor.kernel_efficiency_and_codes`). The optimistic efficiency is the quantile
         model's, never below the point one (optimistic ≤ point), times EXTRAPOLATION_WIDENING where the row is
         extrapolated (still inside the band)."""
-        from pipeweave.bounds import clip_efficiency
+        from pipeweave.bounds import clip_efficiency, l2_cycles
         from pipeweave.predictor import duration_us
 
         operator = get_operator(op)
@@ -416,8 +416,9 @@ class Engine:
             # quantile model (trained separately, on a different loss) predicts a lower efficiency than the point
             # model, the point model is the better bound (and a calibration cannot reorder the two)
             upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described), efficiency)
+        l2 = np.array([l2_cycles(self.registry.get(stem)) for stem in stems], dtype=np.float64)
         upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, described,
-                                freq)[0]
+                                freq, l2=l2)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
         return point, np.minimum(optimistic, point), codes
 

@@ -16,7 +16,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
-from pipeweave.bounds import clip_efficiency, has_regime_medians, regime_efficiency
+from pipeweave.bounds import clip_efficiency, has_regime_medians, l2_cycles, regime_efficiency
 from pipeweave.edges import model_edges
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.paths import DEFAULT_MODEL_DIR
@@ -155,7 +155,7 @@ class KernelPredictor:
         """Efficiency of feature rows on the GPU ``hw``: :meth:`unbounded_efficiency` kept inside the physical band
         of :mod:`pipeweave.bounds` (before any calibration; ``band``: a band table other than the shipped one)."""
         efficiency = self.unbounded_efficiency(op, features, described, hw)
-        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0]
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band, l2=l2_cycles(hw))[0]
 
     def kernel_efficiency_and_codes(self, op: str, features: np.ndarray, described: np.ndarray | None, hw,
                                     band: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +166,7 @@ class KernelPredictor:
         threshold = self.member_spread_threshold(op)
         if threshold is not None:
             codes |= disagreement_codes(spread, threshold)
-        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band)[0], codes
+        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band, l2=l2_cycles(hw))[0], codes
 
     def member_spread_threshold(self, op: str) -> float | None:
         """The ensemble's disagreement threshold (metadata ``member_spread``; :mod:`pipeweave.ensemble`); None for

@@ -32,6 +32,11 @@ and one per-row input, a property of the measurement rather than of the GPU:
   both measured, Vidur's large GEMMs take 1.1-1.2x aiconfigurator's (docs/ACCURACY.md, "Where measurement sources
   disagree"); with the input the model can learn that offset from those GPUs instead of absorbing it into the
   GPU effects.
+* ``l2_fit``: the kernel's unique DRAM bytes (A, B and C once) over the GPU's L2 size. A harness re-runs a
+  kernel in a loop, so operands that fit stay in the L2 (L40S's 96 MiB holds weights that H100's 50 MiB does
+  not): a memory-bound GEMM of a 117 MB operand runs at 0.69 of L40S's DRAM bandwidth, and the leave-one-GPU-out
+  model predicted it 3.35x faster, at a speed only an L2 that held it would give. Unlike ``l2``, it is not a
+  constant of the GPU: the same GPU's rows take values on both sides of 1.
 * ``pipeweave_harness``: 1 for a row of the PipeWeave artifact's CSVs (its own FP8 GEMM harness). H800 and H100
   have identical model inputs, and on their 2,080 common FP8 shapes aiconfigurator's H100 durations are 1.14x
   H800's PipeWeave ones (median; interquartile range 0.89-1.39x), while PipeWeave's H100 and H800 agree within 2 %:
@@ -51,6 +56,7 @@ import pandas as pd
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ARCHITECTURES
 from analytical_model.registry import harness_input_names, harness_marks, source_family
+from pipeweave.bounds import EXACT_DRAM_DESCRIPTOR, frame_l2_cycles
 from pipeweave.cli import ArgumentParser, run_cli
 from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs
 from pipeweave.modeling import (
@@ -88,9 +94,16 @@ def _spec_value(idea: str, spec) -> float:
     raise ValueError(f"unknown idea {idea!r}; known: {', '.join(IDEAS)}")
 
 
-# per-row ideas: a property of each measurement, its harness, marked as the registry's harness inputs mark it
+def working_set_over_l2(frame: pd.DataFrame) -> np.ndarray:
+    """Per row: the problem's bytes over the GPU's L2 size, both as DRAM cycles at the spec bandwidth."""
+    return frame[EXACT_DRAM_DESCRIPTOR].to_numpy(np.float64) / frame_l2_cycles(frame)
+
+
+# per-row ideas: a property of each measurement, its harness, marked as the registry's harness inputs mark it; and
+# whether the kernel's operands fit in the L2, which a benchmark loop that re-runs a kernel keeps warm
 ROW_IDEAS = {name: (lambda frame, family=family: harness_marks(frame["source"], (family,))[:, 0])
              for family, name in zip(("vidur", "pipeweave"), harness_input_names(("vidur", "pipeweave")))}
+ROW_IDEAS["l2_fit"] = working_set_over_l2
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES, *ROW_IDEAS)
 

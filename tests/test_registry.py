@@ -128,7 +128,7 @@ def test_fp8_gemm_reads_the_pipeweave_harness_of_a_measurement_and_a_prediction_
     other harness, and a shape to predict (no ``source``) is a measurement of the reference harness: 0."""
     operator = get_operator("gemm_fp8")
     assert operator.harness_families == ("pipeweave",) and operator.descriptor_names[-1] == "pipeweave_harness"
-    assert get_operator("gemm").harness_families == () and "pipeweave_harness" not in get_operator("gemm").input_names()
+    assert "pipeweave_harness" not in get_operator("gemm").input_names()
     rows = pd.DataFrame({"M": [8, 8, 8, 8], "N": [4096] * 4, "K": [4096] * 4, "hardware": ["NVIDIA H100"] * 4,
                          "source": ["pipeweave 0a1b dataset/fp8_gemm_h100.csv", "aiconfigurator-core 0.12.0 h100_sxm",
                                     "measured profile.csv", ""]})
@@ -140,9 +140,22 @@ def test_fp8_gemm_reads_the_pipeweave_harness_of_a_measurement_and_a_prediction_
     assert registry.source_family("vidur 7d47513 h100/mlp.csv") == "vidur" and registry.source_family("") == ""
 
 
+def test_bf16_gemm_reads_the_vidur_harness_and_takes_pipeweaves_stand_in_rows_as_the_reference():
+    """The BF16 GEMM model tells Vidur's rows apart; H20's FP8 stand-in rows (PipeWeave's harness) are 0, as are
+    aiconfigurator's and a shape to predict."""
+    operator = get_operator("gemm")
+    assert operator.harness_families == ("vidur",) and operator.descriptor_names[-1] == "vidur_harness"
+    rows = pd.DataFrame({"M": [64] * 4, "N": [4096] * 4, "K": [4096] * 4, "hardware": ["NVIDIA H100"] * 4,
+                         "source": ["vidur 7d47513 h100/mlp.csv", "aiconfigurator-core 0.12.0 h100_sxm",
+                                    "pipeweave 0a1b dataset/fp8_gemm_h20.csv", ""]})
+    assert compute_features("gemm", rows)["vidur_harness"].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
 def test_an_operator_without_harness_inputs_ignores_the_source_column():
-    rows = pd.DataFrame({"M": [64], "N": [4096], "K": [4096], "hardware": ["NVIDIA H100"], "source": ["vidur x"]})
-    with_source = compute_features("gemm", rows)
-    np.testing.assert_array_equal(with_source.to_numpy(), compute_features("gemm", rows.drop(columns="source")).to_numpy())
-    assert list(with_source.columns[-len(get_operator("gemm").descriptor_names) - 1:-1]) == \
-        list(get_operator("gemm").descriptor_names)
+    rows = pd.DataFrame({"seq": [64], "dim": [4096], "hardware": ["NVIDIA H100"], "source": ["vidur x"]})
+    assert get_operator("rmsnorm").harness_families == ()
+    with_source = compute_features("rmsnorm", rows)
+    np.testing.assert_array_equal(with_source.to_numpy(),
+                                  compute_features("rmsnorm", rows.drop(columns="source")).to_numpy())
+    assert list(with_source.columns[-len(get_operator("rmsnorm").descriptor_names) - 1:-1]) == \
+        list(get_operator("rmsnorm").descriptor_names)

@@ -45,3 +45,19 @@ def test_each_harness_idea_marks_only_its_own_family():
                                      "vidur 7d47513 h100/mlp.csv"]})
     marks = extra_inputs(frame, ("vidur_harness", "pipeweave_harness"))
     assert marks.tolist() == [[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
+
+
+def test_l2_fit_is_the_unique_dram_bytes_over_the_gpus_l2():
+    """A GEMM whose A, B and C take exactly L40S's 96 MiB L2 is at 1 there and at 96/50 on H100's 50 MiB."""
+    from analytical_model.descriptors import gemm
+    from analytical_model.hardware import load_hardware
+
+    m = n = 4096
+    k = (96 * 2**20 - 2 * m * n) // (2 * (m + n))  # 2 (mK + nK) + 2 mn bytes = 96 MiB
+    rows = []
+    for name in ("NVIDIA L40S", "NVIDIA H100"):
+        spec = load_hardware(name)
+        rows.append({"hardware": name, "exact_dram_cycle": gemm(m, n, k, spec)[4], "sm_freq": spec.sm_freq,
+                     "mem_bandwidth": spec.mem_bandwidth})
+    fit = extra_inputs(pd.DataFrame(rows), ("l2_fit",))[:, 0]
+    assert fit == pytest.approx([1.0, 96 / 50], rel=1e-9)
