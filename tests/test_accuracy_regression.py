@@ -50,7 +50,7 @@ def test_shipped_model_within_documented_error(op, predictor):
     # GEMM's test file also holds H20's FP8 measurements as the BF16 GEMMs of equal work they stand for
     # (dataset/build.py: fp8_rows_for_gemm), with the shape and features of those BF16 GEMMs: they stay
     sample = test.sample(n=min(SAMPLE_ROWS, len(test)), random_state=SEED).reset_index(drop=True)
-    # no tile columns: the tile rule picks them; the source names each row's harness, which FP8 GEMM's model reads
+    # no tile columns: the tile rule picks them; the source names each row's harness, which the GEMM models read
     shapes = sample[[*operator.shape_columns, "hardware", "source"]]
     predicted = predictor.predict_frame(op, shapes)["predicted_us"].to_numpy()
     measured = sample["avg_duration"].to_numpy(np.float64)
