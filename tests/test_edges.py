@@ -68,7 +68,8 @@ def test_shipped_pipe_share_models_carry_their_edges_and_the_predictor_applies_t
     model, metadata, _ = predictor.model("gemm")
     names = transformed_names(model.features, model.input_transform)
     local = names.index("share(sm_max_local_cycle)")
-    row = np.array([[1e6, 2e6, 3e6, 4e6, 1.0, 1e6, 1e6, 1.0, 2e6, 1e6, 2e6, 1024, 1024, 1024, 2e6, 1e6]])
+    # features, descriptors, and the harness input (0: aiconfigurator's)
+    row = np.array([[1e6, 2e6, 3e6, 4e6, 1.0, 1e6, 1e6, 1.0, 2e6, 1e6, 2e6, 1024, 1024, 1024, 2e6, 1e6, 0.0]])
     beyond = row[:, :model.input_dim].copy()
     beyond[0, model.features.index("sm_max_local_cycle")] = 1e9  # the L2 pipe far busier than any training row
     inputs = model.inputs(beyond)

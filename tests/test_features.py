@@ -9,7 +9,7 @@ from analytical_model import gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ElementwiseProblem, GemmProblem, MoeProblem
 from analytical_model.descriptors import GEMM_DESCRIPTORS
-from analytical_model.registry import GEMM_FEATURES, compute_features
+from analytical_model.registry import GEMM_FEATURES, compute_features, get_operator
 
 
 def approx(values, rel=1e-6):
@@ -88,7 +88,7 @@ def test_registry_gemm_uses_given_tiles():
     frame = pd.DataFrame({"M": [3], "N": [2560], "K": [8192], "tile_M": [64], "tile_N": [128], "tile_K": [64],
                           "is_split_k": [1], "cta_count": [60], "hardware": ["NVIDIA A40"]})
     out = compute_features("gemm", frame)
-    assert list(out.columns) == list(GEMM_FEATURES) + list(GEMM_DESCRIPTORS) + ["ideal_cycles"]
+    assert list(out.columns) == list(GEMM_FEATURES) + list(get_operator("gemm").descriptor_names) + ["ideal_cycles"]
     assert out[list(GEMM_DESCRIPTORS)].iloc[0].tolist()[:3] == [3, 2560, 8192]
     assert out["tensor_all_ops"].iloc[0] == 2684354560
     assert out["ideal_cycles"].iloc[0] == pytest.approx(31207.619, rel=1e-6)

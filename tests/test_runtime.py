@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analytical_model.registry import get_operator
 from pipeweave.mlp import LOG1P, NumpyMLP, latest_model_dir, load_model_dir, model_inputs, weights_path
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 
@@ -136,7 +137,7 @@ def test_weight_file_checks(tmp_path):
     with pytest.raises(FileNotFoundError, match="pipeweave-export-mlp"):
         latest_model_dir(tmp_path, "gemm")
     model = NumpyMLP.load(weights_path(latest_model_dir(DEFAULT_MODEL_DIR, "gemm"), "gemm"))
-    with pytest.raises(ValueError, match="width 16"):
+    with pytest.raises(ValueError, match=f"width {len(get_operator('gemm').input_names())}"):
         model.efficiency(np.ones((3, 4)))
 
 
