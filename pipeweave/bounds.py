@@ -19,15 +19,15 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   2.8x, mostly GPUs with a large L2). But where those bytes exceed the L2 by more than :data:`L2_SPILL_FACTOR`,
   ``t ≥ D / f``: the L2 keeps too little of a streamed working set to matter. No such measured row beats
   ``D / f``: 153,725 GEMMs of 11 GPUs, 66,347 FP8 GEMMs of 10 and 41,396 attention kernels of 5; the fastest reach
-  0.87–0.88 of it. Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX PRO 6000) do, up to 2.7x, and the
-  factor leaves a margin above that. With no L2 size in a GPU's JSON the bound does not apply. Leave-one-GPU-out
-  it stopped L40S's memory-bound GEMMs of a 117 MB operand being predicted up to 3.35x faster than measured, at a
-  speed only an L2 that held them would give (README, "Known limits"). MoE's ``D`` counts the experts that
-  receive tokens at a uniform routing, and measured layers beat it at any size, so MoE takes no such bound. And no kernel
-  beats the launch: ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU (``fastest_us``
-  of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny kernel whose
-  exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper held out:
-  5,324x).
+  0.87–0.88 of it. Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX PRO 6000) do, up to
+  2.7x, and the factor leaves a margin above that. With no L2 size in a GPU's JSON the bound does not apply.
+  Leave-one-GPU-out it moves L40S only: GEMM 16.8 -> 16.6 %, attention 16.7 -> 16.2 %, FP8 GEMM by 0.02 points
+  (README, "Differences"). MoE's ``D`` counts the experts that receive tokens at a uniform routing, and measured
+  layers beat it at any size, so MoE takes no such bound.
+* **No kernel beats the launch:** ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU
+  (``fastest_us`` of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny
+  kernel whose exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper
+  held out: 5,324x).
 * **Floor, conditional on the kernel's regime (a well-formed kernel is not arbitrarily slow).** With
   ``R = max(C_ideal, C_dram) / f`` the feature roofline time (µs) and ``L`` = :data:`LAUNCH_LATENCY_US`,
   ``t ≤ R / floor(regime) + L``: ``floor`` is the :data:`FLOOR_PERCENTILE`-th percentile of the measured
