@@ -108,7 +108,8 @@ def test_absurdly_slow_prediction_is_clamped_to_its_regime_floor(op):
     columns = SHAPES if op == "rmsnorm" else {"M": [16, 4096], "N": [4096, 4096], "K": [4096, 4096]}
     features = features_of(op, "H100", columns)
     described = get_operator(op).descriptors(columns, hw)
-    clipped, side = clip_efficiency(op, np.full(len(features), 1e-12), features, described, hw.sm_freq, l2=l2_cycles(hw))
+    clipped, side = clip_efficiency(op, np.full(len(features), 1e-12), features, described, hw.sm_freq,
+                                    l2=l2_cycles(hw))
     assert (side == -1).all()
     ideal, roof, bins = regime_bins(op, features, hw.sm_freq)
     slowest_us = ideal / (clipped * hw.sm_freq)
@@ -367,7 +368,8 @@ def test_unseen_gpu_takes_the_bandwidth_model(predictor):
         us = predictor.predict_columns("rmsnorm", SHAPES, [gpu] * 4)
         bandwidth_us = memory_model.duration_us(parameters, "rmsnorm", features, hw.sm_freq, hw.max_threads_per_sm)
         ideal = get_operator("rmsnorm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
-        kept = clip_efficiency("rmsnorm", ideal / (bandwidth_us * hw.sm_freq), features, None, hw.sm_freq, l2=l2_cycles(hw))[0]
+        kept = clip_efficiency("rmsnorm", ideal / (bandwidth_us * hw.sm_freq), features, None, hw.sm_freq,
+                               l2=l2_cycles(hw))[0]
         assert np.allclose(us, ideal / (kept * hw.sm_freq), rtol=1e-5) == expect_model, gpu
 
 

@@ -116,7 +116,8 @@ def test_predictor_bounds_an_untrained_gpu_by_its_sibling_and_leaves_others(pred
         np.testing.assert_allclose(bounded, np.clip(raw, low, high), rtol=1e-12)
         assert (bounded > raw).any()  # H20's FA2 prefill: the model alone has it slower than the bound allows
         kept = predictor.kernel_efficiency(op, features, described, hw)
-        np.testing.assert_allclose(kept, clip_efficiency(op, bounded, features, described, hw.sm_freq, l2=l2_cycles(hw))[0])
+        np.testing.assert_allclose(kept, clip_efficiency(op, bounded, features, described, hw.sm_freq,
+                                                         l2=l2_cycles(hw))[0])
 
 
 def test_evaluation_refuses_a_sibling_bound_without_the_model():

@@ -82,7 +82,8 @@ def test_build_stops_when_the_calculators_reject_more_than_a_few_rows():
     """A calculator that rejects many rows is broken: the build must not write a dataset without them."""
     raw = synthetic_gemm(100).copy()
     raw.loc[:9, "M"] = 0  # about 5 % of the rows (repeats of a shape are averaged first)
-    with pytest.raises(CalculatorRejectedRows, match=r"gemm: the calculators rejected \d+ of \d+ rows .*M must be a positive"):
+    rejected = r"gemm: the calculators rejected \d+ of \d+ rows .*M must be a positive"
+    with pytest.raises(CalculatorRejectedRows, match=rejected):
         build_operator("gemm", raw, log=lambda *a: None)
     one_gpu_rejected = synthetic_gemm(100)
     one_gpu_rejected.loc[one_gpu_rejected["hardware"] == "A100", "M"] = 0
