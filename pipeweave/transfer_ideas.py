@@ -22,6 +22,10 @@ ship. An idea is kept only if it lowers the LOGO duration error on most GPUs and
   draw scales with its tensor rate, so a part whose budget is small for its peak rate (B200 0.44 W per
   TFLOP/s) sustains less of it than one with headroom (H20 2.7); ``power`` cannot tell H20 from H100 (equal W
   per SM-cycle, 3.9x apart per tensor FLOP);
+* ``sm_bandwidth``: DRAM bytes per SM-cycle at spec bandwidth, memBandwidth / (numSms x smFreq): what each SM
+  must keep in flight to saturate the DRAM (Little's law). H20 needs 28.2, H200 20.4, H100 13.9; decode-sized
+  GEMMs reach a median 0.74 of spec bandwidth on H100 and 0.67 on H200, and H20's decode steps run 1.25x H100's
+  on 1.2x its bandwidth;
 * ``ampere``, ``ada``, ``hopper``, ``blackwell``: 1 on a GPU of that architecture (``ampere+ada+hopper+blackwell``
   is the one-hot architecture): siblings share their generation's kernels and power behaviour (L40S, the only
   Ada GPU with GEMM data, runs large GEMMs at 0.63 of peak; its die-mate L40 has no data).
@@ -87,6 +91,8 @@ def _spec_value(idea: str, spec) -> float:
         return spec.boost_clock / spec.sm_freq
     if idea == "balance":
         return spec.mem_bandwidth * 1e9 / (spec.tc_bf16 * spec.num_sms * spec.sm_freq * 1e6)
+    if idea == "sm_bandwidth":
+        return spec.mem_bandwidth * 1e9 / (spec.num_sms * spec.sm_freq * 1e6)
     if idea in ARCHITECTURES:
         return float(spec.architecture == idea)
     if idea == "energy":
@@ -105,7 +111,7 @@ ROW_IDEAS = {name: (lambda frame, family=family: harness_marks(frame["source"], 
              for family, name in zip(("vidur", "pipeweave"), harness_input_names(("vidur", "pipeweave")))}
 ROW_IDEAS["l2_fit"] = working_set_over_l2
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
-IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", *ARCHITECTURES, *ROW_IDEAS)
+IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", "sm_bandwidth", *ARCHITECTURES, *ROW_IDEAS)
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:

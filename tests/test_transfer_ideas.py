@@ -13,12 +13,13 @@ def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
     values = extra_inputs(frame, spec_ideas)
     assert values.shape == (3, len(spec_ideas))
     assert (values[0] == values[2]).all() and (values[0] != values[1]).any()
-    power, hbm, l2, boost, balance, energy, *architecture = values[0]
+    power, hbm, l2, boost, balance, energy, sm_bandwidth, *architecture = values[0]
     assert power == pytest.approx(700 / (132 * 1830))
     assert (hbm, l2) == (1.0, 50.0) and values[1][1] == 0.0  # A40: GDDR6
     assert boost == pytest.approx(1980 / 1830)
     assert balance == pytest.approx(3352.32e9 / 989.4e12, rel=1e-3)
     assert energy == pytest.approx(700 / 989.4, rel=1e-3)  # W per dense BF16 TFLOP/s
+    assert sm_bandwidth == pytest.approx(3352.32e9 / (132 * 1830e6))  # 13.9 DRAM bytes per SM-cycle
     assert architecture == [0.0, 0.0, 1.0, 0.0] and list(values[1][-4:]) == [1.0, 0.0, 0.0, 0.0]  # Hopper; A40 Ampere
     h20 = extra_inputs(pd.DataFrame({"hardware": ["NVIDIA H20"]}), ("power", "energy"))[0]
     assert h20[0] == pytest.approx(power, rel=0.05) and h20[1] > 3 * energy  # equal per SM-cycle, not per FLOP
