@@ -54,6 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from analytical_model.descriptors import dram_cycles as bytes_as_dram_cycles
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import DRAM_CYCLE_FEATURE, get_operator, operator_keys
 
 #: fixed cost of any kernel in µs (launch, CTA dispatch, prologue and tail): the smallest measured kernels of
@@ -81,8 +83,6 @@ BIGGEST = np.finfo(np.float64).max
 def l2_cycles(hw) -> float:
     """The L2 size of the GPU ``hw`` as DRAM cycles at its spec bandwidth, in the units of ``exact_dram_cycle``
     (inf without an L2 size: no L2 ceiling)."""
-    from analytical_model.descriptors import dram_cycles as bytes_as_dram_cycles
-
     if not hw.l2_cache_size:
         return np.inf
     return float(bytes_as_dram_cycles(hw.l2_cache_size * 1024.0, hw))
@@ -90,8 +90,6 @@ def l2_cycles(hw) -> float:
 
 def frame_l2_cycles(frame) -> np.ndarray:
     """:func:`l2_cycles` of each row's GPU (column ``hardware``) of a dataset frame."""
-    from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
-
     registry = hardware_registry(DEFAULT_HARDWARE_DIR)
     cycles = {name: l2_cycles(registry.get(name)) for name in frame["hardware"].unique()}
     return frame["hardware"].map(cycles).to_numpy(np.float64)

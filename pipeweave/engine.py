@@ -405,7 +405,8 @@ class Engine:
         stems = [stem for stem, _ in keys]
         shapes = [shape for _, shape in keys]
         share = pass_shares(keys, self.registry) if op == "moe" else 1.0  # a pass's part of its layer
-        freq = np.array([self.registry.get(stem).sm_freq for stem in stems], dtype=np.float64)
+        specs = [self.registry.get(stem) for stem in stems]
+        freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
         efficiency, codes = self.predictor.kernel_rows(op, features, described, stems)
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.quantile_predictor is None:
@@ -416,7 +417,7 @@ class Engine:
             # quantile model (trained separately, on a different loss) predicts a lower efficiency than the point
             # model, the point model is the better bound (and a calibration cannot reorder the two)
             upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described), efficiency)
-        l2 = np.array([l2_cycles(self.registry.get(stem)) for stem in stems], dtype=np.float64)
+        l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
         upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, described,
                                 freq, l2=l2)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)

@@ -10,8 +10,9 @@ import pytest
 
 from analytical_model.hardware import load_hardware
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.bounds import (L2_SPILL_FACTOR, LAUNCH_LATENCY_US, clip_efficiency, efficiency_band, frame_band_table,
-                              l2_cycles, regime_bins, regime_efficiency, shipped_tables)
+from pipeweave.bounds import (EXACT_DRAM_DESCRIPTOR, L2_SPILL_FACTOR, LAUNCH_LATENCY_US, clip_efficiency,
+                              efficiency_band, frame_band_table, frame_l2_cycles, l2_cycles, regime_bins,
+                              regime_efficiency, shipped_tables)
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
@@ -89,8 +90,6 @@ def test_a_gemm_whose_bytes_spill_the_l2_cannot_beat_their_dram_time():
 def test_no_measured_kernel_beats_the_dram_time_of_bytes_that_spill_the_l2(op):
     """The L2 ceiling's premise, on every measured row of every GPU: where the problem's bytes exceed the L2 by
     L2_SPILL_FACTOR, no kernel ran faster than their DRAM time at the spec bandwidth (docs/METHOD.md §4.3)."""
-    from pipeweave.bounds import EXACT_DRAM_DESCRIPTOR, frame_l2_cycles
-
     paths = dataset_paths(op, DATASET_DIR)
     if not all(path.is_file() for path in paths):
         pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
