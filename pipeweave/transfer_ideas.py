@@ -111,16 +111,34 @@ def working_set_over_l2(frame: pd.DataFrame) -> np.ndarray:
 ROW_IDEAS = {name: (lambda frame, family=family: harness_marks(frame["source"], (family,))[:, 0])
              for family, name in zip(("vidur", "pipeweave"), harness_input_names(("vidur", "pipeweave")))}
 ROW_IDEAS["l2_fit"] = working_set_over_l2
+#: a kernel's fixed time, of the order of the smallest measured kernels (1.5-2.5 µs on every GPU with data)
+LAUNCH_PIPE_US = 2.0
+# pipe ideas: one more cycle column that takes part in the pipe shares (with --inputs pipe_shares the busiest pipe
+# may be the new one, so it also changes the size input). ``launch_pipe``: the fixed time at the SM clock. A kernel
+# far below it takes about that long whatever the GPU's bandwidth (H200's short GEMMs take 0.98x H100's on 1.47x
+# the bandwidth), while the other pipes' cycles make a small kernel look bandwidth-bound
+PIPE_IDEAS = {"launch_pipe": (lambda frame: LAUNCH_PIPE_US * frame["sm_freq"].to_numpy(np.float64))}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
-IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", "sm_bandwidth", *ARCHITECTURES, *ROW_IDEAS)
+IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", "sm_bandwidth", *ARCHITECTURES, *ROW_IDEAS,
+         *PIPE_IDEAS)
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
     specs = {name: load_hardware(name) for name in frame["hardware"].unique()}
     columns = [ROW_IDEAS[i](frame) if i in ROW_IDEAS else
                frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
-               for i in ideas]
+               for i in ideas if i not in PIPE_IDEAS]
     return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
+
+
+def with_pipes(frame: pd.DataFrame, features: np.ndarray, names: tuple[str, ...],
+               ideas: tuple[str, ...]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """``features`` (columns ``names``) with the cycle column of each pipe idea of ``ideas`` appended."""
+    pipes = [i for i in ideas if i in PIPE_IDEAS]
+    if not pipes:
+        return features, names
+    return (np.column_stack([features, *(PIPE_IDEAS[i](frame) for i in pipes)]),
+            (*names, *(f"{i}_cycle" for i in pipes)))
 
 
 def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, clip: bool = False,
@@ -130,8 +148,8 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     values are clipped to the training GPUs' range (an MLP extrapolates a per-GPU constant it has never seen
     arbitrarily)."""
     train_all, test = load_splits(op, DATASET_DIR, [gpu])
-    names = input_names(op, config)
-    test_features, test_ideas = feature_matrix(test, op, config), extra_inputs(test, ideas)
+    test_features, names = with_pipes(test, feature_matrix(test, op, config), input_names(op, config), ideas)
+    test_ideas = extra_inputs(test, ideas)
 
     def inputs(features, extra):
         if transform == LOG1P:  # the ideas' original form: one log1p over features and extras alike
@@ -145,7 +163,8 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
         train_extra, test_extra = extra_inputs(train, ideas), test_ideas
         if clip and len(ideas):
             test_extra = np.clip(test_ideas, train_extra.min(axis=0), train_extra.max(axis=0))
-        model, _ = fit(inputs(feature_matrix(train, op, member), train_extra), train["overall_perf"].to_numpy(),
+        train_features = with_pipes(train, feature_matrix(train, op, member), input_names(op, config), ideas)[0]
+        model, _ = fit(inputs(train_features, train_extra), train["overall_perf"].to_numpy(),
                        member, group_keys=shape_keys(train, op))
         predictions.append(predict_efficiency(model, inputs(test_features, test_extra)))
     predicted = np.median(np.array(predictions), axis=0)
