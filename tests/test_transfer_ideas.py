@@ -1,15 +1,17 @@
 """Spec-sheet inputs of the zero-shot experiments (pipeweave/transfer_ideas.py)."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from pipeweave.transfer_ideas import IDEAS, ROW_IDEAS, extra_inputs
+from pipeweave.mlp import PIPE_SHARES, model_inputs
+from pipeweave.transfer_ideas import IDEAS, PIPE_IDEAS, ROW_IDEAS, extra_inputs, with_pipes
 
 
 def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
     frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA A40", "NVIDIA H100"]})
-    spec_ideas = tuple(idea for idea in IDEAS if idea not in ROW_IDEAS)
+    spec_ideas = tuple(idea for idea in IDEAS if idea not in ROW_IDEAS and idea not in PIPE_IDEAS)
     values = extra_inputs(frame, spec_ideas)
     assert values.shape == (3, len(spec_ideas))
     assert (values[0] == values[2]).all() and (values[0] != values[1]).any()
@@ -62,3 +64,19 @@ def test_l2_fit_is_the_unique_dram_bytes_over_the_gpus_l2():
                      "mem_bandwidth": spec.mem_bandwidth})
     fit = extra_inputs(pd.DataFrame(rows), ("l2_fit",))[:, 0]
     assert fit == pytest.approx([1.0, 96 / 50], rel=1e-9)
+
+
+def test_a_pipe_idea_takes_part_in_the_pipe_shares():
+    """launch_pipe: 2 us at the SM clock, a cycle column; below it, it is the busiest pipe (the size input), and it
+    adds no extra input of its own."""
+    frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA H100"], "sm_freq": [1830.0, 1830.0]})
+    features = np.array([[100.0, 7.0], [10_000.0, 7.0]])
+    extended, names = with_pipes(frame, features, ("global_cycle", "shape_M"), ("launch_pipe",))
+    assert names == ("global_cycle", "shape_M", "launch_pipe_cycle")
+    assert extended[:, 2].tolist() == [2 * 1830.0, 2 * 1830.0]
+    assert extra_inputs(frame, ("launch_pipe",)).shape == (2, 0)
+    shares = model_inputs(extended, names, PIPE_SHARES)  # shares (2 pipes), log busiest, log1p shape
+    assert shares[0, 2] == pytest.approx(np.log(3660.0)) and shares[1, 2] == pytest.approx(np.log(10_000.0))
+    assert shares[0, 1] == pytest.approx(0.0, abs=1e-6) and shares[1, 0] == pytest.approx(0.0, abs=1e-6)
+    unchanged, same_names = with_pipes(frame, features, ("global_cycle", "shape_M"), ("power",))
+    assert unchanged is features and same_names == ("global_cycle", "shape_M")
