@@ -118,16 +118,20 @@ LAUNCH_PIPE_US = 2.0
 # far below it takes about that long whatever the GPU's bandwidth (H200's short GEMMs take 0.98x H100's on 1.47x
 # the bandwidth), while the other pipes' cycles make a small kernel look bandwidth-bound
 PIPE_IDEAS = {"launch_pipe": (lambda frame: LAUNCH_PIPE_US * frame["sm_freq"].to_numpy(np.float64))}
+# target ideas: a fixed time in µs taken out of every duration before the model sees it, t = t0 + C / (p f), so
+# the network learns the efficiency p of the rest and the held-out GPU gets the fixed part exactly. ``launch_offset``:
+# 1 µs, below every measured kernel (the smallest take 1.5 µs)
+TARGET_IDEAS = {"launch_offset": 1.0}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", "sm_bandwidth", *ARCHITECTURES, *ROW_IDEAS,
-         *PIPE_IDEAS)
+         *PIPE_IDEAS, *TARGET_IDEAS)
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
     specs = {name: load_hardware(name) for name in frame["hardware"].unique()}
     columns = [ROW_IDEAS[i](frame) if i in ROW_IDEAS else
                frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
-               for i in ideas if i not in PIPE_IDEAS]
+               for i in ideas if i not in PIPE_IDEAS and i not in TARGET_IDEAS]
     return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
 
 
@@ -141,6 +145,25 @@ def with_pipes(frame: pd.DataFrame, features: np.ndarray, names: tuple[str, ...]
             (*names, *(f"{i}_cycle" for i in pipes)))
 
 
+def offset_efficiency(frame: pd.DataFrame, offset_us: float) -> np.ndarray:
+    """The efficiency of each measured row once ``offset_us`` is taken out of its duration: C / ((t − t0) f)."""
+    efficiency, duration = frame["overall_perf"].to_numpy(np.float64), frame["avg_duration"].to_numpy(np.float64)
+    if not offset_us:
+        return efficiency
+    if (duration <= offset_us).any():
+        raise ValueError(f"a fixed time of {offset_us} us is not below every measured duration "
+                         f"(smallest {duration.min():.2f} us)")
+    return efficiency * duration / (duration - offset_us)
+
+
+def with_offset(frame: pd.DataFrame, efficiency: np.ndarray, offset_us: float) -> np.ndarray:
+    """The efficiency of the whole duration t0 + C / (p f) from the predicted efficiency ``p`` of the rest."""
+    if not offset_us:
+        return efficiency
+    ideal_us = frame["overall_perf"].to_numpy(np.float64) * frame["avg_duration"].to_numpy(np.float64)  # C / f
+    return ideal_us / (offset_us + ideal_us / np.asarray(efficiency, dtype=np.float64))
+
+
 def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, clip: bool = False,
                transform: str = LOG1P, seeds: tuple[int, ...] | None = None) -> dict:
     """LOGO error of ``gpu`` with the ideas' inputs appended (log1p) to the network inputs of ``transform``, one
@@ -150,6 +173,7 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     train_all, test = load_splits(op, DATASET_DIR, [gpu])
     test_features, names = with_pipes(test, feature_matrix(test, op, config), input_names(op, config), ideas)
     test_ideas = extra_inputs(test, ideas)
+    offset_us = sum(TARGET_IDEAS[i] for i in ideas if i in TARGET_IDEAS)
 
     def inputs(features, extra):
         if transform == LOG1P:  # the ideas' original form: one log1p over features and extras alike
@@ -164,9 +188,10 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
         if clip and len(ideas):
             test_extra = np.clip(test_ideas, train_extra.min(axis=0), train_extra.max(axis=0))
         train_features = with_pipes(train, feature_matrix(train, op, member), input_names(op, config), ideas)[0]
-        model, _ = fit(inputs(train_features, train_extra), train["overall_perf"].to_numpy(),
+        model, _ = fit(inputs(train_features, train_extra), offset_efficiency(train, offset_us),
                        member, group_keys=shape_keys(train, op))
-        predictions.append(predict_efficiency(model, inputs(test_features, test_extra)))
+        predictions.append(with_offset(test, predict_efficiency(model, inputs(test_features, test_extra)),
+                                       offset_us))
     predicted = np.median(np.array(predictions), axis=0)
     measured = test["overall_perf"].to_numpy(np.float64)
     err = duration_errors(measured, predicted) * 100

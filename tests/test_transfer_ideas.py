@@ -6,12 +6,13 @@ import pandas as pd
 import pytest
 
 from pipeweave.mlp import PIPE_SHARES, model_inputs
-from pipeweave.transfer_ideas import IDEAS, PIPE_IDEAS, ROW_IDEAS, extra_inputs, with_pipes
+from pipeweave.transfer_ideas import (IDEAS, PIPE_IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, offset_efficiency,
+                                      with_offset, with_pipes)
 
 
 def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
     frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA A40", "NVIDIA H100"]})
-    spec_ideas = tuple(idea for idea in IDEAS if idea not in ROW_IDEAS and idea not in PIPE_IDEAS)
+    spec_ideas = tuple(idea for idea in IDEAS if idea not in (*ROW_IDEAS, *PIPE_IDEAS, *TARGET_IDEAS))
     values = extra_inputs(frame, spec_ideas)
     assert values.shape == (3, len(spec_ideas))
     assert (values[0] == values[2]).all() and (values[0] != values[1]).any()
@@ -80,3 +81,15 @@ def test_a_pipe_idea_takes_part_in_the_pipe_shares():
     assert shares[0, 1] == pytest.approx(0.0, abs=1e-6) and shares[1, 0] == pytest.approx(0.0, abs=1e-6)
     unchanged, same_names = with_pipes(frame, features, ("global_cycle", "shape_M"), ("power",))
     assert unchanged is features and same_names == ("global_cycle", "shape_M")
+
+
+def test_a_target_idea_takes_a_fixed_time_out_of_every_duration():
+    """launch_offset: a 3 us kernel of 1 us ideal time (efficiency 1/3) is 2 us of work at 1/2 once 1 us is fixed;
+    the round trip gives the measured efficiency back, and no offset leaves the efficiencies as they are."""
+    frame = pd.DataFrame({"overall_perf": [1 / 3, 0.5], "avg_duration": [3.0, 40.0]})
+    rest = offset_efficiency(frame, TARGET_IDEAS["launch_offset"])
+    assert rest == pytest.approx([0.5, 20 / 39])
+    assert with_offset(frame, rest, 1.0) == pytest.approx(frame["overall_perf"].to_numpy())
+    assert offset_efficiency(frame, 0.0) is not None and (offset_efficiency(frame, 0.0) == frame["overall_perf"]).all()
+    with pytest.raises(ValueError, match="not below every measured duration"):
+        offset_efficiency(frame, 3.0)
