@@ -90,6 +90,7 @@ def test_a_target_idea_takes_a_fixed_time_out_of_every_duration():
     rest = offset_efficiency(frame, TARGET_IDEAS["launch_offset"])
     assert rest == pytest.approx([0.5, 20 / 39])
     assert with_offset(frame, rest, 1.0) == pytest.approx(frame["overall_perf"].to_numpy())
-    assert offset_efficiency(frame, 0.0) is not None and (offset_efficiency(frame, 0.0) == frame["overall_perf"]).all()
+    assert (offset_efficiency(frame, 0.0) == frame["overall_perf"].to_numpy()).all()
+    assert (with_offset(frame, rest, 0.0) == rest).all()
     with pytest.raises(ValueError, match="not below every measured duration"):
         offset_efficiency(frame, 3.0)
