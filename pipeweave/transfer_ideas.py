@@ -178,7 +178,8 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     values are clipped to the training GPUs' range (an MLP extrapolates a per-GPU constant it has never seen
     arbitrarily)."""
     train_all, test = load_splits(op, DATASET_DIR, [gpu])
-    test_features, names = with_pipes(test, feature_matrix(test, op, config), input_names(op, config), ideas)
+    model_names = input_names(op, config)
+    test_features, names = with_pipes(test, feature_matrix(test, op, config), model_names, ideas)
     test_ideas = extra_inputs(test, ideas)
     offset_us = sum(TARGET_IDEAS[i] for i in ideas if i in TARGET_IDEAS)
 
@@ -194,7 +195,7 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
         train_extra, test_extra = extra_inputs(train, ideas), test_ideas
         if clip and len(ideas):
             test_extra = np.clip(test_ideas, train_extra.min(axis=0), train_extra.max(axis=0))
-        train_features = with_pipes(train, feature_matrix(train, op, member), input_names(op, config), ideas)[0]
+        train_features = with_pipes(train, feature_matrix(train, op, member), model_names, ideas)[0]
         model, _ = fit(inputs(train_features, train_extra), offset_efficiency(train, offset_us),
                        member, group_keys=shape_keys(train, op))
         predictions.append(with_offset(test, predict_efficiency(model, inputs(test_features, test_extra)),
