@@ -39,9 +39,10 @@ from pipeweave.ensemble import held_out_shapes_of_training_gpus, median_of_membe
 from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, logo_config,
                                   logo_predictions, logo_seeds, member_model_dirs)
 from pipeweave.edges import frame_edges
-from pipeweave.mlp import PIPE_SHARES, NumpyMLP, weights_path
-from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, input_names, input_transform,
-                                load_splits, network_inputs, read_dataset, train_and_evaluate)
+from pipeweave.mlp import PIPE_SHARES, NumpyMLP, total_efficiency, weights_path, work_efficiency
+from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, fixed_time_us, frame_ideal_us,
+                                input_names, input_transform, load_splits, network_inputs, read_dataset,
+                                train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
 from pipeweave.predictor import (BEYOND_SHARES, DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor,
@@ -158,11 +159,11 @@ def logo_mlp(op: str, gpu: str, cache: Path = DEFAULT_CACHE, train: pd.DataFrame
     return model
 
 
-def model_efficiency(op: str, model: NumpyMLP) -> ModelEfficiency:
-    """``model`` as a function of features and descriptors."""
+def model_efficiency(op: str, model: NumpyMLP, sm_freq: float) -> ModelEfficiency:
+    """``model`` as a function of features and descriptors, on a GPU of SM clock ``sm_freq`` (MHz)."""
     operator = get_operator(op)
     return lambda features, described: model.efficiency(
-        operator.input_rows(features, described, model.input_dim, model.source))
+        operator.input_rows(features, described, model.input_dim, model.source), sm_freq)
 
 
 def held_out_cell(op: str, test: pd.DataFrame, predicted: np.ndarray, train_rows: int, gpus: list[str]) -> dict:
@@ -214,8 +215,9 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
     operator, efficiency = get_operator(op), None
     if operator.tensor_rate and train["hardware"].nunique() > 1:  # the MLP is used (as_predicted)
         model = logo_mlp(op, gpu, cache, train)
-        predicted = model.within_edges(test[model.features].to_numpy(np.float64), predicted)
-        efficiency = model_efficiency(op, model)
+        predicted = model.within_edges(test[model.features].to_numpy(np.float64), predicted,
+                                       test["sm_freq"].to_numpy(np.float64))
+        efficiency = model_efficiency(op, model, hardware_registry(DEFAULT_HARDWARE_DIR).get(gpu).sm_freq)
     return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency), history
 
 
@@ -246,10 +248,12 @@ def loao_results(op: str, dataset_dir: Path, log=print) -> dict:
         else:
             members = [train_and_evaluate(op, train, test, replace(config, seed=seed)) for seed in logo_seeds(op)]
             predicted = median_of_members([member[2] for member in members])
-            if input_transform(op, config) == PIPE_SHARES:
-                predicted = frame_edges(op, input_names(op, config), train).bound(
-                    network_inputs(test, op, config), predicted,
-                    lambda rows: median_of_members([predict_efficiency(member[0], rows) for member in members]))
+            if input_transform(op, config) == PIPE_SHARES:  # bound in the members' terms (pipeweave.mlp)
+                fixed, ideal_us = fixed_time_us(op, config), frame_ideal_us(op, test)
+                predicted = total_efficiency(frame_edges(op, input_names(op, config), train).bound(
+                    network_inputs(test, op, config), work_efficiency(predicted, ideal_us, fixed),
+                    lambda rows: median_of_members([predict_efficiency(member[0], rows) for member in members])),
+                    ideal_us, fixed)
             rows = members[0][1]["train_rows"]
         band = other_gpus_band(op, dataset_dir, held_out)
         out[label] = held_out_cell(op, test, as_predicted(op, train, test, predicted, config, band), rows, held_out)
@@ -359,7 +363,7 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
         _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq, l2=l2_cycles(hw))
         sibling = None
         if predictor.sibling_scale(op, hw) is not None:
-            sibling = float(np.mean(raw != predictor.efficiency_from_features(op, pipes, described)) * 100)
+            sibling = float(np.mean(raw != predictor.efficiency_from_features(op, pipes, described, hw.sm_freq)) * 100)
         out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100), sibling)
     return out
 
@@ -436,7 +440,7 @@ def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFr
     if len(members) > 1:
         others = held_out_shapes_of_training_gpus(every_test, metadata)
         threshold = member_spread_entry(model, others[model.features].to_numpy(np.float64))["threshold"]
-        codes |= disagreement_codes(model.efficiency_and_spread(rows)[1], threshold)
+        codes |= disagreement_codes(model.spread(rows), threshold)
     if model.edges is not None:
         codes |= np.where(model.edges.beyond(model.inputs(rows)), BEYOND_SHARES, 0).astype(np.int8)
     return codes

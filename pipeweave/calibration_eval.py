@@ -67,13 +67,14 @@ class FineTunable:
     efficiency: np.ndarray  # measured overall_perf
     extrapolated: np.ndarray  # the LOGO model's extrapolation flag per kernel (pipeweave.accuracy.logo_flag_codes)
     clip: Callable[[np.ndarray], np.ndarray]  # efficiency of every kernel -> kept inside the physical band
+    sm_freq: float  # the GPU's SM clock (MHz)
 
     def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray) -> np.ndarray:
         from pipeweave.finetune import fine_tune_for_gpu
         from pipeweave.mlp import NumpyMLP
 
-        arrays = fine_tune_for_gpu(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target)
-        return self.clip(NumpyMLP(arrays).efficiency(self.inputs))
+        arrays = fine_tune_for_gpu(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target, self.sm_freq)
+        return self.clip(NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq))
 
 
 @dataclass
@@ -112,7 +113,8 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
         codes = logo_flag_codes(op, gpu, frame, test_split, cache)
         fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured,
                                    (codes & TRIGGER_BITS) > 0,
-                                   lambda e: clip_efficiency(op, e, features, described, sm_freq, band, l2=l2)[0])
+                                   lambda e: clip_efficiency(op, e, features, described, sm_freq, band, l2=l2)[0],
+                                   hardware_registry().get(gpu).sm_freq)
     return HeldOut(op, gpu, kernel_classes(op, len(frame), attention_types(op, shapes)),
                    pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio, fine_tunable)
 

@@ -303,13 +303,20 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             raise UserError(f"{said}; fine-tuning it on them needs torch (pip install '.[train]'), or pass "
                             f"--no_fine_tune to fit the corrections only")
         from pipeweave.ensemble import member_dirs
-        from pipeweave.finetune import fine_tune_for_gpu
+        from pipeweave.finetune import above_fixed_time, fine_tune_for_gpu
 
-        _, metadata, directory = predictor.model(op)
+        model, metadata, directory = predictor.model(op)
+        above = above_fixed_time(op, inputs, efficiency, spec.sm_freq, model.fixed_time_us)
+        if not above.all():
+            log(f"{op}: {int((~above).sum())} of {len(frame)} measured kernels take, after the corrections, no "
+                f"longer than the model's fixed {model.fixed_time_us} us; fine-tuning leaves them out")
+            if above.sum() < MIN_KERNELS:
+                log(f"{said}: corrections only (fine-tuning needs at least {MIN_KERNELS} kernels)")
+                continue
         members = member_dirs(directory) if "ensemble" in metadata else [directory]
-        arrays = fine_tune_for_gpu(op, members, registry, inputs, efficiency)
-        log(f"{said}: fine-tuned its {len(members)} member(s) on them ({EPOCHS} epochs at learning rate "
-            f"{LEARNING_RATE:g})")
+        arrays = fine_tune_for_gpu(op, members, registry, inputs, efficiency, spec.sm_freq)
+        log(f"{said}: fine-tuned its {len(members)} member(s) on {int(above.sum())} of them ({EPOCHS} epochs at "
+            f"learning rate {LEARNING_RATE:g})")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
                        "epochs": EPOCHS, "learning_rate": LEARNING_RATE, "weights": encode_arrays(arrays)}
     return entries

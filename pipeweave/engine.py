@@ -416,7 +416,8 @@ class Engine:
             # an upper bound on efficiency can never give a longer time than the point prediction: where the
             # quantile model (trained separately, on a different loss) predicts a lower efficiency than the point
             # model, the point model is the better bound (and a calibration cannot reorder the two)
-            upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described), efficiency)
+            upper = np.maximum(self.quantile_predictor.efficiency_from_features(op, features, described, freq),
+                               efficiency)
         l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
         upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, described,
                                 freq, l2=l2)[0]

@@ -101,7 +101,9 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
     metadata["training"] = {**replace(config, seed=seeds[0]).as_dict(), "ensemble_seeds": list(seeds),
                             "train_seconds": round(sum(s["train_seconds"] for s in summaries), 1)}
     model = NumpyMLP.load(write_ensemble_weights(out_dir, op, directories))
-    predicted = model.efficiency(feature_matrix(test, op, config)) if len(test) else np.zeros(0)
+    predicted = np.zeros(0)
+    if len(test):
+        predicted = model.efficiency(feature_matrix(test, op, config), test["sm_freq"].to_numpy(np.float64))
     evaluation = evaluate(test, predicted) if len(test) else {}
     metadata.pop("evaluation_results", None)
     if evaluation:
@@ -120,7 +122,7 @@ def held_out_shapes_of_training_gpus(test: pd.DataFrame, metadata: dict) -> pd.D
 
 def member_spread_entry(model: NumpyMLP, inputs: np.ndarray) -> dict:
     """The ``member_spread`` metadata entry from the model inputs of held-out shapes of its training GPUs."""
-    spread = model.efficiency_and_spread(inputs)[1]
+    spread = model.spread(inputs)
     return {"threshold": float(np.quantile(spread, MEMBER_SPREAD_QUANTILE)), "quantile": MEMBER_SPREAD_QUANTILE,
             "rows": len(spread),
             "of": "standard deviation of the members' log-efficiency on the test split's rows of the training GPUs "

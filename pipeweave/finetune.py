@@ -68,15 +68,29 @@ def training_gpus(member_dir: str | Path, registry) -> list:
     return [registry.get(name) for name in sorted(names)]
 
 
+def ideal_us(op: str, inputs: np.ndarray, sm_freq: float) -> np.ndarray:
+    """C_ideal / f of raw model input rows (features first) on a GPU of SM clock ``sm_freq`` (MHz)."""
+    operator = get_operator(op)
+    return operator.ideal_cycles(np.asarray(inputs)[:, :len(operator.feature_names)].astype(np.float32)) / sm_freq
+
+
+def above_fixed_time(op: str, inputs: np.ndarray, efficiency: np.ndarray, sm_freq: float,
+                     fixed_time_us: float) -> np.ndarray:
+    """Which kernels of raw model inputs ``inputs`` and target ``efficiency`` take longer than a model's fixed time:
+    the others have no work above it to teach, and :func:`fine_tune` leaves them out."""
+    return ideal_us(op, inputs, sm_freq) / np.asarray(efficiency, dtype=np.float64) > fixed_time_us
+
+
 def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
-              replay: np.ndarray, replay_rows_per_gpu: int) -> dict[str, np.ndarray]:
+              replay: np.ndarray, replay_rows_per_gpu: int, sm_freq: float) -> dict[str, np.ndarray]:
     """The weight-file arrays (:mod:`pipeweave.mlp`) of the ensemble of ``member_dirs`` (torch checkpoints)
-    fine-tuned on measured kernels (raw model inputs and measured ``overall_perf``), with the replay inputs
-    ``replay`` labelled by each member itself."""
+    fine-tuned on measured kernels (raw model inputs and measured ``overall_perf`` on a GPU of SM clock
+    ``sm_freq``, MHz; those not above the model's fixed time left out, :func:`above_fixed_time`), with the replay
+    inputs ``replay`` labelled by each member itself."""
     import torch
 
-    from pipeweave.mlp import metadata_transform, model_inputs, read_metadata
-    from pipeweave.torch_mlp import exported_arrays, load_model_dir
+    from pipeweave.mlp import metadata_transform, model_inputs, read_metadata, work_efficiency
+    from pipeweave.torch_mlp import exported_arrays, fixed_time_of, load_model_dir
     from pipeweave.training import TrainConfig, loss_function, train_epoch
 
     if len(inputs) == 0:
@@ -86,10 +100,17 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
     measured = np.asarray(inputs, dtype=np.float64)
     info = read_metadata(member_dirs[0])  # the members share features and transform (pipeweave.mlp.ensemble_arrays)
     names, transform = list(info["model_info"]["features"]), metadata_transform(info)
+    fixed = fixed_time_of(info, op)
+    above = above_fixed_time(op, measured, efficiency, sm_freq, fixed[0])
+    if not above.any():
+        raise ValueError(f"{op}: no measured kernel takes longer than the model's fixed {fixed[0]} us")
+    measured, efficiency = measured[above], np.asarray(efficiency, dtype=np.float64)[above]
+    # what the members predict: the efficiency of the time above the fixed one (pipeweave.mlp)
+    target = np.log(work_efficiency(efficiency, ideal_us(op, measured, sm_freq), fixed[0]))
     x_replay = torch.as_tensor(model_inputs(replay, names, transform))
     repeats = max(1, replay_rows_per_gpu // len(measured))
     x_measured = torch.as_tensor(np.repeat(model_inputs(measured, names, transform), repeats, axis=0))
-    y_measured = torch.as_tensor(np.repeat(np.log(np.asarray(efficiency, dtype=np.float64)), repeats).astype(np.float32))
+    y_measured = torch.as_tensor(np.repeat(target, repeats).astype(np.float32))
     members = []
     for directory in member_dirs:
         model, metadata = load_model_dir(directory, op)
@@ -104,16 +125,17 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
             train_epoch(model, optimizer, loss_function(recipe), x, y, torch.randperm(len(x), generator=generator),
                         recipe.batch_size)
         model.eval()
-        members.append(exported_arrays(model, names, transform))
+        members.append(exported_arrays(model, names, transform, *fixed))
     return ensemble_arrays(members) if len(members) > 1 else members[0]
 
 
 def fine_tune_for_gpu(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
-                      efficiency: np.ndarray, config_dir: str | Path | None = None) -> dict[str, np.ndarray]:
+                      efficiency: np.ndarray, sm_freq: float, config_dir: str | Path | None = None
+                      ) -> dict[str, np.ndarray]:
     """:func:`fine_tune` with the replay set of the members' training GPUs."""
     shapes = replay_shapes(op, config_dir)
     replay = model_input_rows(op, shapes, training_gpus(member_dirs[0], registry))
-    return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))))
+    return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))), sm_freq)
 
 
 def encode_arrays(arrays: dict[str, np.ndarray]) -> str:

@@ -24,7 +24,8 @@ import pandas as pd
 from pipeweave.cli import write_atomically
 from pipeweave.ensemble import SHIPPED_SEEDS, median_of_members
 from pipeweave.mlp import LOG1P
-from pipeweave.modeling import dataset_paths, input_transform, load_splits, train_and_evaluate, write_model_dir
+from pipeweave.modeling import (dataset_paths, fixed_time_us, input_transform, load_splits, train_and_evaluate,
+                                write_model_dir)
 from pipeweave.paths import REPO_ROOT
 from pipeweave.training import TrainConfig
 
@@ -52,6 +53,9 @@ def _fingerprint(op: str, dataset_dir: Path) -> str:
     transform = input_transform(op, logo_config())
     if transform != LOG1P:  # caches of log1p models predate the transform's choice and stay valid
         digest.update(transform.encode())
+    fixed = fixed_time_us(op, logo_config())
+    if fixed:  # likewise caches of models without a fixed time
+        digest.update(f"fixed_time_us={fixed!r}".encode())
     return digest.hexdigest()
 
 

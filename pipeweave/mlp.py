@@ -17,6 +17,9 @@ weight file ``<op>_mlp_weights.npz`` that this module reads. Its arrays (all flo
 ``log_bounds``              MLP_v2 only: [low, high] clamp of the predicted log-efficiency
 ``members``                 optional (int, default 1): an ensemble of K independently seeded members; member j's
                             ``linear*``, ``bn*`` and ``log_bounds`` arrays then carry the prefix ``member{j}.``
+``fixed_time_us``           optional (float64, default 0): a time t0 every kernel takes besides its work; the
+                            network then predicts the efficiency p_w of the rest, t = t0 + C_ideal / (p_w f)
+``ideal_cycle_features``    with ``fixed_time_us``: the features whose sum is C_ideal (strings)
 =========================== ===================================================================================
 
 Forward (eval mode; dropout is the identity): ``h = x``; for each hidden layer ``h = bn(relu(W h + b))`` with
@@ -25,6 +28,8 @@ Forward (eval mode; dropout is the identity): ``h = x``; for each hidden layer `
 takes the median of its members' (clipped) ``y``. Members differ only in their seed; where the data do not pin the
 model down (a GPU or dtype outside the training data) single seeds differ by tens of percent and now and then one
 extrapolates absurdly (a GEMM 1000x too slow), so the median, not the mean, is the ensemble's estimate.
+A model with a fixed time reports the efficiency over the whole duration, C_ideal / (f t) with t as above, so it
+needs the GPU's SM clock f (:func:`total_efficiency`); its edges and members' disagreement stay in p_w.
 :class:`NumpyMLP` folds each batch norm into the following linear layer when it loads (in float64: exact to
 rounding), which halves the work of the pass, and runs the pass in float64. It equals the torch model evaluated in
 float64 to ~1e-14 relative, and torch's float32 pass to float32 rounding (≤ ~1e-5; tests/test_runtime.py).
@@ -50,6 +55,29 @@ INPUT_TRANSFORMS = (LOG1P, PIPE_SHARES)
 MIN_PIPE_SHARE = 1e-6
 CHECKPOINT_SUFFIX = "_mlp_model.pth"
 WEIGHTS_SUFFIX = "_mlp_weights.npz"
+
+
+def total_efficiency(work_efficiency: np.ndarray, ideal_us: np.ndarray, fixed_time_us: float) -> np.ndarray:
+    """The efficiency over a kernel's whole duration, C / (f t), from that of its work above the fixed time t0:
+    t = t0 + ideal_us / p_w (``ideal_us`` = C / f)."""
+    work_efficiency = np.asarray(work_efficiency, dtype=np.float64)
+    if not fixed_time_us:
+        return work_efficiency
+    ideal_us = np.asarray(ideal_us, dtype=np.float64)
+    return ideal_us / (fixed_time_us + ideal_us / work_efficiency)
+
+
+def work_efficiency(efficiency: np.ndarray, ideal_us: np.ndarray, fixed_time_us: float) -> np.ndarray:
+    """The inverse of :func:`total_efficiency`: C / (f (t − t0)) of kernels of efficiency C / (f t); an error where
+    a duration t is not above t0 (the fixed time could not be part of it)."""
+    efficiency = np.asarray(efficiency, dtype=np.float64)
+    if not fixed_time_us:
+        return efficiency
+    duration = np.asarray(ideal_us, dtype=np.float64) / efficiency
+    if (duration <= fixed_time_us).any():
+        raise ValueError(f"a duration of {duration.min():.3g} us is not above the fixed time of {fixed_time_us} us "
+                         f"that every kernel of the model takes")
+    return np.asarray(ideal_us, dtype=np.float64) / (duration - fixed_time_us)
 
 
 def checkpoint_path(model_dir: str | Path, op: str) -> Path:
@@ -157,6 +185,11 @@ class NumpyMLP:
                              f"{self.input_transform} makes {width} of its {len(self.features)} features")
         self.log_bounds = (np.stack([arrays[f"{prefix}log_bounds"].astype(np.float64) for prefix in prefixes])
                            if self.architecture == "MLP_v2" else None)
+        #: the time every kernel takes besides its work (us; module docstring), and C_ideal's features
+        self.fixed_time_us = float(arrays.get("fixed_time_us", 0.0))
+        self.ideal_columns = [self.features.index(str(name)) for name in arrays.get("ideal_cycle_features", [])]
+        if self.fixed_time_us and not self.ideal_columns:
+            raise ValueError(f"{source}: a fixed time needs ideal_cycle_features, the features C_ideal sums")
         #: monotone bounds beyond the training data (:class:`pipeweave.edges.TrainingEdges`), set by whoever
         #: knows that data: the predictor from the model's metadata, the held-out evaluations from their rows
         self.edges = None
@@ -190,11 +223,13 @@ class NumpyMLP:
         weight, bias = self.layers[-1]
         return (h @ weight + bias)[:, :, 0]
 
-    def efficiency(self, features: np.ndarray) -> np.ndarray:
-        """``overall_perf`` for raw feature rows (columns in ``self.features`` order)."""
-        return self.efficiency_and_spread(features)[0]
+    def efficiency(self, features: np.ndarray, sm_freq: float | np.ndarray | None = None) -> np.ndarray:
+        """``overall_perf`` for raw feature rows (columns in ``self.features`` order) on a GPU of SM clock
+        ``sm_freq`` (MHz; per row or one; needed only by a model with a fixed time)."""
+        return self.efficiency_and_spread(features, sm_freq)[0]
 
-    def efficiency_and_spread(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def efficiency_and_spread(self, features: np.ndarray, sm_freq: float | np.ndarray | None = None
+                              ) -> tuple[np.ndarray, np.ndarray]:
         """(``overall_perf``, the members' disagreement) for raw feature rows, from one forward pass. The
         disagreement is the standard deviation of the members' log-efficiencies (0 for a single model): members
         trained alike agree where the training data pin the answer down and scatter where the input lies outside
@@ -202,20 +237,46 @@ class NumpyMLP:
         inputs = self._checked_inputs(features)
         if len(inputs) == 0:
             return np.zeros(0), np.zeros(0)
+        ideal_us = self._ideal_us(features, sm_freq)
         # One BLAS thread: the batches are a few hundred rows, where thread start-up and contention cost far
         # more than they save (the aggregator's 403-iteration benchmark on a busy 2-core machine: 150 ms with
         # the default OpenBLAS threads, 47 ms with one).
         with _blas_threads().limit(limits=1, user_api="blas"):
             y = self.output(inputs)
-            return self._within_edges(inputs, self._median_efficiency(y)), self._log_efficiencies(y).std(axis=0)
+            work = self._within_edges(inputs, self._median_efficiency(y))
+            return total_efficiency(work, ideal_us, self.fixed_time_us), self._log_efficiencies(y).std(axis=0)
 
-    def within_edges(self, features: np.ndarray, efficiency: np.ndarray) -> np.ndarray:
-        """``efficiency`` of raw feature rows (this model's or its members' prediction) inside the monotone
-        bounds of :attr:`edges` (unchanged without edges)."""
+    def spread(self, features: np.ndarray) -> np.ndarray:
+        """The members' disagreement of :meth:`efficiency_and_spread` alone (it needs no SM clock)."""
+        inputs = self._checked_inputs(features)
+        with _blas_threads().limit(limits=1, user_api="blas"):
+            return self._log_efficiencies(self.output(inputs)).std(axis=0) if len(inputs) else np.zeros(0)
+
+    def within_edges(self, features: np.ndarray, efficiency: np.ndarray,
+                     sm_freq: float | np.ndarray | None = None) -> np.ndarray:
+        """``efficiency`` of raw feature rows (this model's or its members' prediction, on a GPU of SM clock
+        ``sm_freq``) inside the monotone bounds of :attr:`edges` (unchanged without edges)."""
         if self.edges is None:
             return np.asarray(efficiency, dtype=np.float64)
+        ideal_us = self._ideal_us(np.asarray(features), sm_freq)
         with _blas_threads().limit(limits=1, user_api="blas"):
-            return self._within_edges(self._checked_inputs(features), efficiency)
+            work = self._within_edges(self._checked_inputs(features),
+                                      work_efficiency(efficiency, ideal_us, self.fixed_time_us))
+            return total_efficiency(work, ideal_us, self.fixed_time_us)
+
+    def _ideal_us(self, features: np.ndarray, sm_freq) -> np.ndarray | None:
+        """C_ideal / f of raw feature rows (C_ideal summed in float32, as the registry sums it); None without a
+        fixed time, which needs none."""
+        if not self.fixed_time_us:
+            return None
+        if sm_freq is None:
+            raise ValueError(f"{self.source}: the model takes a fixed {self.fixed_time_us} us out of every kernel, "
+                             f"so its efficiency needs the GPU's SM clock")
+        columns = np.asarray(features)[:, self.ideal_columns].astype(np.float32)
+        cycles = columns[:, 0]
+        for i in range(1, columns.shape[1]):
+            cycles = cycles + columns[:, i]
+        return cycles.astype(np.float64) / np.asarray(sm_freq, dtype=np.float64)
 
     def _within_edges(self, inputs: np.ndarray, efficiency: np.ndarray) -> np.ndarray:
         if self.edges is None:
@@ -272,8 +333,11 @@ def ensemble_arrays(members: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
            or str(m["architecture"]) != str(first["architecture"])
            or str(m["input_transform"]) != str(first["input_transform"]) for m in members):
         raise ValueError("ensemble members must share architecture, input transform and features")
-    shared = ("format", "architecture", "input_transform", "features", "num_layers")
-    arrays = {key: first[key] for key in shared}
+    if any(float(m.get("fixed_time_us", 0.0)) != float(first.get("fixed_time_us", 0.0)) for m in members):
+        raise ValueError("ensemble members must share their fixed time")
+    shared = ("format", "architecture", "input_transform", "features", "num_layers", "fixed_time_us",
+              "ideal_cycle_features")
+    arrays = {key: first[key] for key in shared if key in first}
     arrays["members"] = np.array(len(members))
     for j, member in enumerate(members):
         arrays.update({f"member{j}.{key}": value for key, value in member.items() if key not in shared})
@@ -309,8 +373,9 @@ def load_model_dir(model_dir: str | Path, op: str) -> tuple[NumpyMLP, dict]:
     model = NumpyMLP.load(weights_path(model_dir, op))
     info = metadata["model_info"]
     if (model.architecture != info.get("architecture", "MLP") or model.features != list(info["features"])
-            or model.input_transform != metadata_transform(metadata)):
+            or model.input_transform != metadata_transform(metadata)
+            or model.fixed_time_us != float(info.get("fixed_time_us", 0.0))):
         raise ValueError(f"{model.source} does not match {Path(model_dir) / 'metadata.json'} (architecture, input "
-                         f"transform or features differ); re-export it with: pipeweave-export-mlp "
+                         f"transform, features or fixed time differ); re-export it with: pipeweave-export-mlp "
                          f"{Path(model_dir).parent.parent}")
     return model, metadata

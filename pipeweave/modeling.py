@@ -19,7 +19,8 @@ from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave import edges, memory_model
 from pipeweave.cli import nonnegative_int, positive_float, positive_int
-from pipeweave.mlp import LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, transformed_names, weights_path
+from pipeweave.mlp import (LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, total_efficiency, transformed_names,
+                           weights_path, work_efficiency)
 from pipeweave.paths import DATASET_DIR
 from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency
 from pipeweave.splits import shape_keys
@@ -71,6 +72,19 @@ def input_transform(op: str, config: TrainConfig) -> str:
     ablation = config.features is not None
     own_inputs = config.recipe == "pipeweave" and not ablation
     return PIPE_SHARES if own_inputs and get_operator(op).pipe_share_inputs else LOG1P
+
+
+def fixed_time_us(op: str, config: TrainConfig) -> float:
+    """The time the model takes out of every kernel before it learns the efficiency of the rest: the registry's
+    (``fixed_time_us``) for the pipeweave recipe; the reference and quantile recipes follow docs/METHOD.md: none."""
+    return get_operator(op).fixed_time_us if config.recipe == "pipeweave" else 0.0
+
+
+def frame_ideal_us(op: str, frame: pd.DataFrame) -> np.ndarray:
+    """C_ideal / f of each row of a frame with the feature columns and ``sm_freq`` (MHz): microseconds."""
+    operator = get_operator(op)
+    ideal = operator.ideal_cycles(frame[list(operator.feature_names)].to_numpy(np.float32)).astype(np.float64)
+    return ideal / frame["sm_freq"].to_numpy(np.float64)
 
 
 def network_inputs(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndarray:
@@ -153,14 +167,17 @@ def train_and_evaluate(op: str, train: pd.DataFrame, test: pd.DataFrame, config:
     if len(train) < 10:
         raise ValueError(f"{op}: only {len(train)} training rows; build the dataset first (python3 -m dataset.build)")
     started = time.perf_counter()
-    model, history = fit(
-        network_inputs(train, op, config),
-        train["overall_perf"].to_numpy(),
-        config,
-        group_keys=shape_keys(train, op),
-    )
+    fixed = fixed_time_us(op, config)
+    target = train["overall_perf"].to_numpy(np.float64)
+    if fixed:
+        target = work_efficiency(target, frame_ideal_us(op, train), fixed)
+    model, history = fit(network_inputs(train, op, config), target, config, group_keys=shape_keys(train, op))
     history["train_seconds"] = round(time.perf_counter() - started, 1)
-    predicted = predict_efficiency(model, network_inputs(test, op, config)) if len(test) else np.zeros(0)
+    predicted = np.zeros(0)
+    if len(test):
+        predicted = predict_efficiency(model, network_inputs(test, op, config))
+        if fixed:
+            predicted = total_efficiency(predicted, frame_ideal_us(op, test), fixed)
     evaluation = evaluate(test, predicted) if len(test) else {}
     return model, history, predicted, evaluation
 
@@ -185,7 +202,9 @@ def write_model_dir(
     torch.save(state, checkpoint_path(out_dir, op))
     names = list(input_names(op, config))
     transform = input_transform(op, config)
-    export_weights(model, names, transform, weights_path(out_dir, op))  # what prediction reads, without torch
+    fixed = fixed_time_us(op, config)
+    # what prediction reads, without torch
+    export_weights(model, names, transform, weights_path(out_dir, op), fixed, get_operator(op).ideal_cycle_features)
     metadata = {
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "model_info": {
@@ -204,6 +223,7 @@ def write_model_dir(
                 "total_parameters": count_parameters(model),
             },
             "batch_norm_position": "post_activation",
+            **({"fixed_time_us": fixed} if fixed else {}),
         },
         "training": {**config.as_dict(), **{k: v for k, v in history.items() if k not in ("train_loss", "val_loss")}},
         "data_info": {

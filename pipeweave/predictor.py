@@ -114,14 +114,16 @@ class KernelPredictor:
             self._models[op] = (model, metadata, directory)
         return self._models[op]
 
-    def efficiency_from_features(self, op: str, features: np.ndarray, described: np.ndarray | None = None) -> np.ndarray:
-        """Efficiency from the pipe features and (for models trained with them) the shape descriptors."""
-        return self.efficiency_and_spread(op, features, described)[0]
+    def efficiency_from_features(self, op: str, features: np.ndarray, described: np.ndarray | None,
+                                 sm_freq: float | np.ndarray) -> np.ndarray:
+        """The MLP's efficiency from the pipe features and (for models trained with them) the shape descriptors, on
+        a GPU of SM clock ``sm_freq`` (MHz)."""
+        return self.efficiency_and_spread(op, features, described, sm_freq)[0]
 
-    def efficiency_and_spread(self, op: str, features: np.ndarray, described: np.ndarray | None = None
-                              ) -> tuple[np.ndarray, np.ndarray]:
+    def efficiency_and_spread(self, op: str, features: np.ndarray, described: np.ndarray | None,
+                              sm_freq: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`efficiency_from_features`, the members' disagreement: :meth:`NumpyMLP.efficiency_and_spread`)."""
-        return self.model(op)[0].efficiency_and_spread(self.model_inputs(op, features, described))
+        return self.model(op)[0].efficiency_and_spread(self.model_inputs(op, features, described), sm_freq)
 
     def model_inputs(self, op: str, features: np.ndarray, described: np.ndarray | None) -> np.ndarray:
         """The model's raw input rows: the pipe features, then (for models trained with them) the descriptors."""
@@ -194,7 +196,7 @@ class KernelPredictor:
         """(:meth:`unbounded_efficiency`, the members' disagreement; 0 where no MLP gave the efficiency)."""
         tuned = self._fine_tuned.get((op, hw.stem))
         if tuned is not None:
-            return tuned.efficiency_and_spread(self.model_inputs(op, features, described))
+            return tuned.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
@@ -205,11 +207,11 @@ class KernelPredictor:
             return ideal / (duration * hw.sm_freq), none
         if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
             return regime_efficiency(op, features, hw.sm_freq), none
-        efficiency, spread = self.efficiency_and_spread(op, features, described)
+        efficiency, spread = self.efficiency_and_spread(op, features, described, hw.sm_freq)
         scale = self.sibling_scale(op, hw)
         if scale is not None and len(efficiency):
-            efficiency = np.clip(efficiency, *sibling_band(
-                op, features, described, scale, lambda rows, shapes: self.efficiency_from_features(op, rows, shapes)))
+            efficiency = np.clip(efficiency, *sibling_band(op, features, described, scale, lambda rows, shapes:
+                                                           self.efficiency_from_features(op, rows, shapes, hw.sm_freq)))
         return efficiency, spread
 
     def sibling(self, op: str, hw):
@@ -259,7 +261,7 @@ class KernelPredictor:
         """Efficiency for a frame that holds the feature (and descriptor) columns, e.g. a dataset CSV."""
         model, metadata, _ = self.model(op)
         inputs = frame[metadata["model_info"]["features"]].to_numpy(np.float64)
-        return model.efficiency(inputs)
+        return model.efficiency(inputs, frame["sm_freq"].to_numpy(np.float64))
 
     def predict_frame(self, op: str, frame: pd.DataFrame) -> pd.DataFrame:
         """Features, ideal cycles, predicted efficiency, ``predicted_us`` and the ``extrapolation`` bits for rows of

@@ -125,9 +125,10 @@ def predict_efficiency(model: nn.Module, inputs: np.ndarray, device: str = "cpu"
     return model.efficiency(x).double().cpu().numpy()
 
 
-def exported_arrays(model: nn.Module, features: list[str], transform: str) -> dict[str, np.ndarray]:
+def exported_arrays(model: nn.Module, features: list[str], transform: str, fixed_time_us: float = 0.0,
+                    ideal_cycle_features: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """The arrays of the numpy weight file (format in :mod:`pipeweave.mlp`) for an MLP / MLP_v2 that reads
-    ``features`` through ``transform``."""
+    ``features`` through ``transform`` (and, trained with a fixed time, predicts the efficiency of the rest)."""
     linears = [m for m in model.network if isinstance(m, nn.Linear)]
     norms = [m for m in model.network if isinstance(m, nn.BatchNorm1d)]
     width = len(transformed_names(features, transform))
@@ -149,14 +150,18 @@ def exported_arrays(model: nn.Module, features: list[str], transform: str) -> di
                        f"bn{i}.eps": np.array(norm.eps, dtype=np.float64)})
     if hasattr(model, "log_bounds"):
         arrays["log_bounds"] = numpy(model.log_bounds)
+    if fixed_time_us:
+        arrays["fixed_time_us"] = np.array(float(fixed_time_us), dtype=np.float64)
+        arrays["ideal_cycle_features"] = np.array(list(ideal_cycle_features))
     return arrays
 
 
-def export_weights(model: nn.Module, features: list[str], transform: str, path: str | Path) -> Path:
+def export_weights(model: nn.Module, features: list[str], transform: str, path: str | Path,
+                   fixed_time_us: float = 0.0, ideal_cycle_features: tuple[str, ...] = ()) -> Path:
     """Write the numpy weight file of ``model`` (atomically)."""
     from pipeweave.cli import write_atomically
 
-    arrays = exported_arrays(model, list(features), transform)
+    arrays = exported_arrays(model, list(features), transform, fixed_time_us, ideal_cycle_features)
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:  # a file object: np.savez would append .npz to a path
@@ -178,7 +183,15 @@ def export_model_dir(model_dir: str | Path, op: str) -> Path:
         return write_ensemble_weights(model_dir, op)
     model, metadata = load_model_dir(model_dir, op)
     return export_weights(model, metadata["model_info"]["features"], metadata_transform(metadata),
-                          weights_path(model_dir, op))
+                          weights_path(model_dir, op), *fixed_time_of(metadata, op))
+
+
+def fixed_time_of(metadata: dict, op: str) -> tuple[float, tuple[str, ...]]:
+    """(the fixed time a model directory's metadata records, the features whose sum is its C_ideal): the
+    :func:`exported_arrays` arguments after the transform."""
+    from analytical_model.registry import get_operator
+
+    return float(metadata["model_info"].get("fixed_time_us", 0.0)), get_operator(op).ideal_cycle_features
 
 
 def export_roots(roots: list[str | Path], log=print) -> list[Path]:

@@ -69,13 +69,15 @@ from analytical_model.pipes import ARCHITECTURES
 from analytical_model.registry import harness_input_names, harness_marks, source_family
 from pipeweave.bounds import EXACT_DRAM_DESCRIPTOR, frame_l2_cycles
 from pipeweave.cli import ArgumentParser, run_cli
-from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs
+from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs, total_efficiency, work_efficiency
 from pipeweave.modeling import (
     DATASET_DIR,
     cap_rows_per_gpu,
     dataset_paths,
     duration_errors,
     feature_matrix,
+    fixed_time_us,
+    frame_ideal_us,
     input_names,
     load_splits,
     read_dataset,
@@ -125,8 +127,9 @@ LAUNCH_PIPE_US = 2.0
 # the bandwidth), while the other pipes' cycles make a small kernel look bandwidth-bound
 PIPE_IDEAS = {"launch_pipe": (lambda frame: LAUNCH_PIPE_US * frame["sm_freq"].to_numpy(np.float64))}
 # target ideas: a fixed time in µs taken out of every duration before the model sees it, t = t0 + C / (p f), so
-# the network learns the efficiency p of the rest and the held-out GPU gets the fixed part exactly. ``launch_offset``:
-# 1 µs, below every measured kernel (the smallest take 1.5 µs)
+# the network learns the efficiency p of the rest and the held-out GPU gets the fixed part exactly; on top of the
+# operator's own (the registry's ``fixed_time_us``: BF16 and FP8 GEMM ship with 1 µs, this idea's first test).
+# ``launch_offset``: 1 µs, below every measured kernel (the smallest take 1.5 µs)
 TARGET_IDEAS = {"launch_offset": 1.0}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", "sm_bandwidth", *ARCHITECTURES, *ROW_IDEAS,
@@ -151,24 +154,10 @@ def with_pipes(frame: pd.DataFrame, features: np.ndarray, names: tuple[str, ...]
             (*names, *(f"{i}_cycle" for i in pipes)))
 
 
-def offset_efficiency(frame: pd.DataFrame, offset_us: float) -> np.ndarray:
-    """The efficiency of each measured row once ``offset_us`` is taken out of its duration: C / ((t − t0) f)."""
-    efficiency, duration = frame["overall_perf"].to_numpy(np.float64), frame["avg_duration"].to_numpy(np.float64)
-    if not offset_us:
-        return efficiency
-    if (duration <= offset_us).any():
-        raise ValueError(f"a fixed time of {offset_us} us is not below every measured duration "
-                         f"(smallest {duration.min():.2f} us)")
-    return efficiency * duration / (duration - offset_us)
-
-
-def with_offset(frame: pd.DataFrame, efficiency: np.ndarray, offset_us: float) -> np.ndarray:
-    """The efficiency of the whole duration t0 + C / (p f) from the predicted efficiency ``p`` of the rest."""
-    if not offset_us:
-        return efficiency
-    # C / f, the ideal time from the features (overall_perf is C / (t f) by definition)
-    ideal_us = frame["overall_perf"].to_numpy(np.float64) * frame["avg_duration"].to_numpy(np.float64)
-    return ideal_us / (offset_us + ideal_us / np.asarray(efficiency, dtype=np.float64))
+def target_offset_us(op: str, ideas: tuple[str, ...], config: TrainConfig) -> float:
+    """The fixed time taken out of every duration: the recipe's own (the registry's; docs/METHOD.md §4.3) and the
+    target ideas' on top of it."""
+    return fixed_time_us(op, config) + sum(TARGET_IDEAS[i] for i in ideas if i in TARGET_IDEAS)
 
 
 def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, clip: bool = False,
@@ -181,7 +170,7 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     model_names = input_names(op, config)
     test_features, names = with_pipes(test, feature_matrix(test, op, config), model_names, ideas)
     test_ideas = extra_inputs(test, ideas)
-    offset_us = sum(TARGET_IDEAS[i] for i in ideas if i in TARGET_IDEAS)
+    offset_us = target_offset_us(op, ideas, config)
 
     def inputs(features, extra):
         if transform == LOG1P:  # the ideas' original form: one log1p over features and extras alike
@@ -196,10 +185,10 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
         if clip and len(ideas):
             test_extra = np.clip(test_ideas, train_extra.min(axis=0), train_extra.max(axis=0))
         train_features = with_pipes(train, feature_matrix(train, op, member), model_names, ideas)[0]
-        model, _ = fit(inputs(train_features, train_extra), offset_efficiency(train, offset_us),
-                       member, group_keys=shape_keys(train, op))
-        predictions.append(with_offset(test, predict_efficiency(model, inputs(test_features, test_extra)),
-                                       offset_us))
+        target = work_efficiency(train["overall_perf"].to_numpy(np.float64), frame_ideal_us(op, train), offset_us)
+        model, _ = fit(inputs(train_features, train_extra), target, member, group_keys=shape_keys(train, op))
+        predictions.append(total_efficiency(predict_efficiency(model, inputs(test_features, test_extra)),
+                                            frame_ideal_us(op, test), offset_us))
     predicted = np.median(np.array(predictions), axis=0)
     measured = test["overall_perf"].to_numpy(np.float64)
     err = duration_errors(measured, predicted) * 100

@@ -122,7 +122,7 @@ def test_trained_in_distribution_prediction_is_untouched(predictor):
     hw = load_hardware("H100")
     features = features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]})
     described = get_operator("gemm").descriptors({"M": [4096], "N": [4096], "K": [4096]}, hw)
-    raw = predictor.efficiency_from_features("gemm", features, described)
+    raw = predictor.efficiency_from_features("gemm", features, described, hw.sm_freq)
     clipped, side = clip_efficiency("gemm", raw, features, described, hw.sm_freq, l2=l2_cycles(hw))
     assert side.tolist() == [0] and clipped[0] == raw[0]
     assert predictor.kernel_efficiency("gemm", features, described, hw)[0] == raw[0]
@@ -177,7 +177,7 @@ def test_single_gpu_model_takes_the_regime_median_elsewhere(predictor, monkeypat
     described = get_operator("gemm").descriptors(columns, on_l40s)
     np.testing.assert_array_equal(predictor.kernel_efficiency("gemm", features, described, on_l40s),
                                   clip_efficiency("gemm", predictor.efficiency_from_features(
-                                      "gemm", features, described), features, described, on_l40s.sm_freq,
+                                      "gemm", features, described, on_l40s.sm_freq), features, described, on_l40s.sm_freq,
                                   l2=l2_cycles(on_l40s))[0])
 
 
@@ -251,7 +251,7 @@ def test_members_flag_where_the_ensemble_disagrees_absent_on_trained_gpus(predic
     hw = load_hardware("L20")
     operator = get_operator("gemm")
     features, described = operator.features(DISAGREEING_GEMMS, hw), operator.descriptors(DISAGREEING_GEMMS, hw)
-    spread = predictor.efficiency_and_spread("gemm", features, described)[1]
+    spread = predictor.efficiency_and_spread("gemm", features, described, hw.sm_freq)[1]
     assert spread[0] > threshold and spread[1] <= threshold
 
 
@@ -260,10 +260,10 @@ def test_members_spread_is_the_members_log_efficiency_deviation(predictor):
     hw = load_hardware("L40")
     operator = get_operator("gemm")
     inputs = np.concatenate([operator.features(PREFILL_GEMMS, hw), operator.descriptors(PREFILL_GEMMS, hw)], axis=1)
-    efficiency, spread = model.efficiency_and_spread(inputs)
+    efficiency, spread = model.efficiency_and_spread(inputs, hw.sm_freq)
     outputs = np.clip(model.output(model.inputs(inputs)), model.log_bounds[:, :1], model.log_bounds[:, 1:])
     np.testing.assert_allclose(spread, outputs.std(axis=0))
-    np.testing.assert_array_equal(efficiency, model.efficiency(inputs))
+    np.testing.assert_array_equal(efficiency, model.efficiency(inputs, hw.sm_freq))
     assert model.layers[0][0].shape[0] == 5  # five members
 
 

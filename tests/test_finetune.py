@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analytical_model.registry import get_operator
 from pipeweave import aggregate, calibration_fit, kernels
 from pipeweave.calibration import load_calibration
 from pipeweave.calibration_eval import FineTunable, estimate_prior, kshot_errors
@@ -164,8 +165,8 @@ def test_damaged_fine_tuned_weights_are_refused(l40, tmp_path):
 def test_weights_survive_the_text_encoding():
     arrays = read_weight_arrays(weights_path(latest_model_dir(REPO / "mlp_models", "gemm"), "gemm"))
     inputs = np.abs(np.random.default_rng(0).normal(size=(5, NumpyMLP(arrays).input_dim))) * 1e4
-    assert np.array_equal(NumpyMLP(decode_arrays(encode_arrays(arrays))).efficiency(inputs),
-                          NumpyMLP(arrays).efficiency(inputs))
+    assert np.array_equal(NumpyMLP(decode_arrays(encode_arrays(arrays))).efficiency(inputs, 1755.0),
+                          NumpyMLP(arrays).efficiency(inputs, 1755.0))
 
 
 class PerfectFineTune(FineTunable):
@@ -188,7 +189,7 @@ def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged()
 
     def with_flags(share: float) -> PerfectFineTune:
         flagged = np.random.default_rng(0).uniform(size=len(held.y)) < share
-        tune = PerfectFineTune([], np.zeros((len(held.y), 1)), efficiency, flagged, lambda e: e)
+        tune = PerfectFineTune([], np.zeros((len(held.y), 1)), efficiency, flagged, lambda e: e, 1755.0)
         tune.calls = []
         return tune
 
@@ -239,3 +240,19 @@ def test_the_trigger_reads_the_flags_it_was_set_on_not_the_shares_flag(monkeypat
 class NoCorrection:
     def factors(self, op, features, shapes=None):
         return np.ones(len(features))
+
+
+def test_kernels_not_above_the_fixed_time_have_nothing_to_teach():
+    """A GEMM model with a fixed time t0 learns the time above it: a kernel whose target duration is t0 or less is
+    left out of fine-tuning (none is left out without a fixed time)."""
+    from analytical_model.hardware import load_hardware
+    from pipeweave.finetune import above_fixed_time, ideal_us
+
+    hw, operator = load_hardware("H100"), get_operator("gemm")
+    shapes = {"M": [1, 4096], "N": [1024, 4096], "K": [1024, 4096]}
+    inputs = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    ideal = ideal_us("gemm", inputs, hw.sm_freq)
+    durations = np.array([0.9, 200.0])  # a 0.9 us kernel cannot contain a 1 us fixed time
+    efficiency = ideal / durations
+    assert above_fixed_time("gemm", inputs, efficiency, hw.sm_freq, 1.0).tolist() == [False, True]
+    assert above_fixed_time("gemm", inputs, efficiency, hw.sm_freq, 0.0).tolist() == [True, True]

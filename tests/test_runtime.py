@@ -348,3 +348,65 @@ def test_unknown_input_transform_is_refused(tmp_path):
         NumpyMLP(arrays, "w.npz")
     with pytest.raises(ValueError, match="unknown input transform"):
         model_inputs(np.ones((2, 5)), names, "sqrt(x)")
+
+
+def test_fixed_time_efficiency_is_the_whole_duration_and_inverts():
+    """t = t0 + C / (p_w f): the total efficiency C / (f t) and back to p_w, exactly; a duration not above t0 is
+    an error (the fixed time could not be part of it), and no fixed time changes nothing."""
+    from pipeweave.mlp import total_efficiency, work_efficiency
+
+    ideal_us, work = np.array([0.5, 3.0, 200.0]), np.array([0.4, 0.8, 0.9])
+    total = total_efficiency(work, ideal_us, 1.0)
+    np.testing.assert_allclose(ideal_us / total, 1.0 + ideal_us / work, rtol=1e-15)  # the durations
+    np.testing.assert_allclose(work_efficiency(total, ideal_us, 1.0), work, rtol=1e-12)
+    assert (total < work).all() and total[-1] > 0.89  # the fixed time weighs on short kernels only
+    np.testing.assert_array_equal(total_efficiency(work, ideal_us, 0.0), work)
+    np.testing.assert_array_equal(work_efficiency(work, None, 0.0), work)
+    with pytest.raises(ValueError, match="not above the fixed time of 1.0 us"):
+        work_efficiency(np.array([0.9]), np.array([0.8]), 1.0)  # a 0.89 us kernel
+
+
+def test_fixed_time_model_exports_and_needs_the_clock(tmp_path):
+    """A model trained with a fixed time reports the efficiency of the whole duration from the torch network's
+    efficiency of the work, with C_ideal summed from its features and the GPU's clock; without the clock it refuses
+    loudly, and its members' disagreement needs none. Ensembles keep one fixed time; metadata must agree."""
+    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    from pipeweave.mlp import PIPE_SHARES, ensemble_arrays, total_efficiency, transformed_names
+    from pipeweave.torch_mlp import build_model, exported_arrays, export_weights
+
+    names, x = _gemm_input_rows()
+    torch.manual_seed(0)
+    model = build_model("MLP_v2", len(transformed_names(names, PIPE_SHARES)))
+    model.set_target_range(torch.tensor([-3.0, -0.1]))
+    model.eval()
+    ideal_features = get_operator("gemm").ideal_cycle_features
+    exported = NumpyMLP.load(export_weights(model, names, PIPE_SHARES, tmp_path / "w.npz", 1.0, ideal_features))
+    assert exported.fixed_time_us == 1.0
+    with torch.no_grad():
+        work = model.double().efficiency(torch.as_tensor(model_inputs(x, names, PIPE_SHARES),
+                                                         dtype=torch.float64)).numpy()
+    sm_freq = np.linspace(1400.0, 2000.0, len(x))
+    ideal_us = get_operator("gemm").ideal_cycles(x[:, :len(get_operator("gemm").feature_names)].astype(np.float32))
+    expected = total_efficiency(work, ideal_us / sm_freq, 1.0)
+    np.testing.assert_allclose(exported.efficiency(x, sm_freq), expected, rtol=1e-9, atol=0)
+    assert (exported.efficiency(x, sm_freq) < work).all()
+    with pytest.raises(ValueError, match="fixed 1.0 us out of every kernel.*SM clock"):
+        exported.efficiency(x)
+    assert exported.spread(x).shape == (len(x),)
+    with pytest.raises(ValueError, match="share their fixed time"):
+        ensemble_arrays([exported_arrays(model, names, PIPE_SHARES, 1.0, ideal_features),
+                         exported_arrays(model, names, PIPE_SHARES)])
+    with pytest.raises(ValueError, match="needs ideal_cycle_features"):
+        NumpyMLP({**exported_arrays(model, names, PIPE_SHARES), "fixed_time_us": np.array(1.0)})
+
+
+def test_the_registry_fixed_time_is_the_pipeweave_recipe_s_only():
+    """The pipeweave recipe takes the registry's fixed time out of every GEMM; the reference and quantile recipes
+    follow docs/METHOD.md and take none; element-wise operators have none."""
+    from pipeweave.modeling import fixed_time_us
+    from pipeweave.training import TrainConfig
+
+    assert fixed_time_us("gemm", TrainConfig()) == get_operator("gemm").fixed_time_us > 0
+    assert fixed_time_us("gemm", TrainConfig(recipe="reference")) == 0.0
+    assert fixed_time_us("gemm", TrainConfig(recipe="quantile")) == 0.0
+    assert fixed_time_us("rmsnorm", TrainConfig()) == 0.0

@@ -104,7 +104,7 @@ def test_predictor_bounds_an_untrained_gpu_by_its_sibling_and_leaves_others(pred
     for gpu, expect_bound in (("H20", True), ("H100", False), ("A40", False)):
         hw = load_hardware(gpu)
         features, described = operator.features(SHAPES[op], hw), operator.descriptors(SHAPES[op], hw)
-        raw = predictor.efficiency_from_features(op, features, described)
+        raw = predictor.efficiency_from_features(op, features, described, hw.sm_freq)
         bounded = predictor.unbounded_efficiency(op, features, described, hw)
         if not expect_bound:
             assert predictor.sibling_scale(op, hw) is None
@@ -112,7 +112,7 @@ def test_predictor_bounds_an_untrained_gpu_by_its_sibling_and_leaves_others(pred
             continue
         siblings = [load_hardware(name) for name in sorted(trained)]
         low, high = sibling_band(op, features, described, sibling_scale(op, hw, siblings),
-                                 lambda rows, shapes: predictor.efficiency_from_features(op, rows, shapes))
+                                 lambda rows, shapes: predictor.efficiency_from_features(op, rows, shapes, hw.sm_freq))
         np.testing.assert_allclose(bounded, np.clip(raw, low, high), rtol=1e-12)
         assert (bounded > raw).any()  # H20's FA2 prefill: the model alone has it slower than the bound allows
         kept = predictor.kernel_efficiency(op, features, described, hw)

@@ -6,8 +6,10 @@ import pandas as pd
 import pytest
 
 from pipeweave.mlp import PIPE_SHARES, model_inputs
-from pipeweave.transfer_ideas import (IDEAS, PIPE_IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, offset_efficiency,
-                                      with_offset, with_pipes)
+from analytical_model.registry import get_operator
+from pipeweave.training import TrainConfig
+from pipeweave.transfer_ideas import (IDEAS, PIPE_IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, target_offset_us,
+                                      with_pipes)
 
 
 def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
@@ -83,14 +85,10 @@ def test_a_pipe_idea_takes_part_in_the_pipe_shares():
     assert unchanged is features and same_names == ("global_cycle", "shape_M")
 
 
-def test_a_target_idea_takes_a_fixed_time_out_of_every_duration():
-    """launch_offset: a 3 us kernel of 1 us ideal time (efficiency 1/3) is 2 us of work at 1/2 once 1 us is fixed;
-    the round trip gives the measured efficiency back, and no offset leaves the efficiencies as they are."""
-    frame = pd.DataFrame({"overall_perf": [1 / 3, 0.5], "avg_duration": [3.0, 40.0]})
-    rest = offset_efficiency(frame, TARGET_IDEAS["launch_offset"])
-    assert rest == pytest.approx([0.5, 20 / 39])
-    assert with_offset(frame, rest, 1.0) == pytest.approx(frame["overall_perf"].to_numpy())
-    assert (offset_efficiency(frame, 0.0) == frame["overall_perf"].to_numpy()).all()
-    assert (with_offset(frame, rest, 0.0) == rest).all()
-    with pytest.raises(ValueError, match="not below every measured duration"):
-        offset_efficiency(frame, 3.0)
+def test_a_target_idea_adds_to_the_operator_s_own_fixed_time():
+    """launch_offset takes 1 us more than the registry's fixed time out of every duration; the ``none`` baseline
+    is the shipped recipe, with the registry's alone (none for attention)."""
+    config = TrainConfig()
+    assert target_offset_us("gemm", (), config) == get_operator("gemm").fixed_time_us > 0
+    assert target_offset_us("gemm", ("launch_offset", "l2"), config) == get_operator("gemm").fixed_time_us + 1.0
+    assert target_offset_us("attn", ("launch_offset",), config) == TARGET_IDEAS["launch_offset"] == 1.0
