@@ -234,7 +234,7 @@ PREFILL_GEMMS = {"M": [1572, 4866, 16384], "N": [13824, 5120, 13824], "K": [8192
 
 
 #: a decode-sized GEMM of a wide MLP projection and a large prefill GEMM
-DISAGREEING_GEMMS = {"M": [64, 16384], "N": [28672, 13824], "K": [8192, 5120]}
+DISAGREEING_GEMMS = {"M": [32, 16384], "N": [28672, 13824], "K": [8192, 5120]}
 
 
 def test_members_flag_where_the_ensemble_disagrees_absent_on_trained_gpus(predictor):
