@@ -325,16 +325,26 @@ def test_pipe_shares_keep_only_the_balance_between_pipes_the_size_and_the_shape(
     np.testing.assert_array_equal(model_inputs(x, names), np.log1p(x.astype(np.float32)))  # the default: log1p
 
 
-def test_pipe_shares_model_exports_and_runs_as_torch_does(tmp_path):
-    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
-    from pipeweave.mlp import PIPE_SHARES, transformed_names
-    from pipeweave.torch_mlp import build_model, export_weights
+def _pipe_share_model(names: list[str]):
+    """An untrained MLP_v2 over the pipe-share inputs of ``names`` (seeded), in eval mode."""
+    import torch
 
-    names, x = _gemm_input_rows()
+    from pipeweave.mlp import PIPE_SHARES, transformed_names
+    from pipeweave.torch_mlp import build_model
+
     torch.manual_seed(0)
     model = build_model("MLP_v2", len(transformed_names(names, PIPE_SHARES)))
     model.set_target_range(torch.tensor([-3.0, -0.1]))
-    model.eval()
+    return model.eval()
+
+
+def test_pipe_shares_model_exports_and_runs_as_torch_does(tmp_path):
+    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    from pipeweave.mlp import PIPE_SHARES
+    from pipeweave.torch_mlp import build_model, export_weights
+
+    names, x = _gemm_input_rows()
+    model = _pipe_share_model(names)
     exported = NumpyMLP.load(export_weights(model, names, PIPE_SHARES, tmp_path / "w.npz"))
     assert exported.input_transform == PIPE_SHARES and exported.input_dim == len(names)
     with torch.no_grad():
@@ -377,16 +387,13 @@ def test_fixed_time_efficiency_is_the_whole_duration_and_inverts():
 def test_fixed_time_model_exports_and_needs_the_clock(tmp_path):
     """A model trained with a fixed time reports the efficiency of the whole duration from the torch network's
     efficiency of the work, with C_ideal summed from its features and the GPU's clock; without the clock it refuses
-    loudly, and its members' disagreement needs none. Ensembles keep one fixed time; metadata must agree."""
+    loudly, and its members' disagreement needs none. Ensembles keep one fixed time."""
     torch = pytest.importorskip("torch", reason="exporting needs the training extras")
-    from pipeweave.mlp import PIPE_SHARES, ensemble_arrays, total_efficiency, transformed_names
-    from pipeweave.torch_mlp import build_model, exported_arrays, export_weights
+    from pipeweave.mlp import PIPE_SHARES, ensemble_arrays, total_efficiency
+    from pipeweave.torch_mlp import exported_arrays, export_weights
 
     names, x = _gemm_input_rows()
-    torch.manual_seed(0)
-    model = build_model("MLP_v2", len(transformed_names(names, PIPE_SHARES)))
-    model.set_target_range(torch.tensor([-3.0, -0.1]))
-    model.eval()
+    model = _pipe_share_model(names)
     ideal_features = get_operator("gemm").ideal_cycle_features
     exported = NumpyMLP.load(export_weights(model, names, PIPE_SHARES, tmp_path / "w.npz", 1.0, ideal_features))
     assert exported.fixed_time_us == 1.0
