@@ -148,6 +148,12 @@ class OperatorClass:
             total = total + features32[:, i].astype(np.float32)
         return total
 
+    def ideal_us(self, rows: np.ndarray, sm_freq) -> np.ndarray:
+        """C_ideal / f in microseconds of rows that start with the features (model input rows: descriptors may
+        follow) on a GPU of SM clock ``sm_freq`` (MHz; one or per row)."""
+        features32 = np.asarray(rows)[:, :len(self.feature_names)].astype(np.float32)
+        return self.ideal_cycles(features32).astype(np.float64) / np.asarray(sm_freq, dtype=np.float64)
+
     def feature_roofline_cycles(self, columns: Columns) -> np.ndarray:
         """The *feature roofline*: max(ideal compute cycles, DRAM cycles), both analytical features at spec peaks.
 

@@ -68,17 +68,11 @@ def training_gpus(member_dir: str | Path, registry) -> list:
     return [registry.get(name) for name in sorted(names)]
 
 
-def ideal_us(op: str, inputs: np.ndarray, sm_freq: float) -> np.ndarray:
-    """C_ideal / f of raw model input rows (features first) on a GPU of SM clock ``sm_freq`` (MHz)."""
-    operator = get_operator(op)
-    return operator.ideal_cycles(np.asarray(inputs)[:, :len(operator.feature_names)].astype(np.float32)) / sm_freq
-
-
 def above_fixed_time(op: str, inputs: np.ndarray, efficiency: np.ndarray, sm_freq: float,
                      fixed_time_us: float) -> np.ndarray:
     """Which kernels of raw model inputs ``inputs`` and target ``efficiency`` take longer than a model's fixed time:
     the others have no work above it to teach, and :func:`fine_tune` leaves them out."""
-    return ideal_us(op, inputs, sm_freq) / np.asarray(efficiency, dtype=np.float64) > fixed_time_us
+    return get_operator(op).ideal_us(inputs, sm_freq) / np.asarray(efficiency, dtype=np.float64) > fixed_time_us
 
 
 def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
@@ -106,7 +100,7 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
         raise ValueError(f"{op}: no measured kernel takes longer than the model's fixed {fixed[0]} us")
     measured, efficiency = measured[above], np.asarray(efficiency, dtype=np.float64)[above]
     # what the members predict: the efficiency of the time above the fixed one (pipeweave.mlp)
-    target = np.log(work_efficiency(efficiency, ideal_us(op, measured, sm_freq), fixed[0]))
+    target = np.log(work_efficiency(efficiency, get_operator(op).ideal_us(measured, sm_freq), fixed[0]))
     x_replay = torch.as_tensor(model_inputs(replay, names, transform))
     repeats = max(1, replay_rows_per_gpu // len(measured))
     x_measured = torch.as_tensor(np.repeat(model_inputs(measured, names, transform), repeats, axis=0))

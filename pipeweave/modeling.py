@@ -83,8 +83,7 @@ def fixed_time_us(op: str, config: TrainConfig) -> float:
 def frame_ideal_us(op: str, frame: pd.DataFrame) -> np.ndarray:
     """C_ideal / f of each row of a frame with the feature columns and ``sm_freq`` (MHz): microseconds."""
     operator = get_operator(op)
-    ideal = operator.ideal_cycles(frame[list(operator.feature_names)].to_numpy(np.float32)).astype(np.float64)
-    return ideal / frame["sm_freq"].to_numpy(np.float64)
+    return operator.ideal_us(frame[list(operator.feature_names)].to_numpy(np.float64), frame["sm_freq"].to_numpy())
 
 
 def network_inputs(frame: pd.DataFrame, op: str, config: TrainConfig) -> np.ndarray:

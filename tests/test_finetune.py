@@ -246,12 +246,12 @@ def test_kernels_not_above_the_fixed_time_have_nothing_to_teach():
     """A GEMM model with a fixed time t0 learns the time above it: a kernel whose target duration is t0 or less is
     left out of fine-tuning (none is left out without a fixed time)."""
     from analytical_model.hardware import load_hardware
-    from pipeweave.finetune import above_fixed_time, ideal_us
+    from pipeweave.finetune import above_fixed_time
 
     hw, operator = load_hardware("H100"), get_operator("gemm")
     shapes = {"M": [1, 4096], "N": [1024, 4096], "K": [1024, 4096]}
     inputs = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
-    ideal = ideal_us("gemm", inputs, hw.sm_freq)
+    ideal = operator.ideal_us(inputs, hw.sm_freq)
     durations = np.array([0.9, 200.0])  # a 0.9 us kernel cannot contain a 1 us fixed time
     efficiency = ideal / durations
     assert above_fixed_time("gemm", inputs, efficiency, hw.sm_freq, 1.0).tolist() == [False, True]

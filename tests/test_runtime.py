@@ -63,7 +63,7 @@ def test_numpy_forward_equals_torch_on_shipped_models(root, op):
     columns, gpus = SHAPES[op]
     sm_freq = np.repeat([load_hardware(gpu).sm_freq for gpu in gpus], len(next(iter(columns.values()))))
     got = model.efficiency(x, sm_freq)
-    ideal_us = get_operator(op).ideal_cycles(x[:, :len(get_operator(op).feature_names)].astype(np.float32)) / sm_freq
+    ideal_us = get_operator(op).ideal_us(x, sm_freq)
     exact, float32 = [], []  # log-efficiency per member (one member for a single model)
     for member in member_dirs(directory) or [directory]:
         reference, _ = torch_mlp.load_model_dir(member, op)
@@ -401,8 +401,7 @@ def test_fixed_time_model_exports_and_needs_the_clock(tmp_path):
         work = model.double().efficiency(torch.as_tensor(model_inputs(x, names, PIPE_SHARES),
                                                          dtype=torch.float64)).numpy()
     sm_freq = np.linspace(1400.0, 2000.0, len(x))
-    ideal_us = get_operator("gemm").ideal_cycles(x[:, :len(get_operator("gemm").feature_names)].astype(np.float32))
-    expected = total_efficiency(work, ideal_us / sm_freq, 1.0)
+    expected = total_efficiency(work, get_operator("gemm").ideal_us(x, sm_freq), 1.0)
     np.testing.assert_allclose(exported.efficiency(x, sm_freq), expected, rtol=1e-9, atol=0)
     assert (exported.efficiency(x, sm_freq) < work).all()
     with pytest.raises(ValueError, match="fixed 1.0 us out of every kernel.*SM clock"):
