@@ -210,7 +210,8 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
 def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_dataset, tmp_path, repo_root):
     from pipeweave import torch_mlp
     from pipeweave.ensemble import member_dirs
-    from pipeweave.mlp import NumpyMLP
+    from analytical_model.registry import get_operator
+    from pipeweave.mlp import NumpyMLP, total_efficiency
     from pipeweave.torch_mlp import predict_efficiency
 
     root, _, test = gemm_dataset
@@ -226,13 +227,17 @@ def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_datase
     members = [load_model_dir(member, "gemm")[0] for member in member_dirs(directory)]
     ensemble = NumpyMLP.load(weights_path(directory, "gemm"))
     x = test[meta["model_info"]["features"]].to_numpy(np.float64)[:20]
-    np.testing.assert_allclose(ensemble.efficiency(x), np.exp(np.median(
-        [np.log(predict_efficiency(member, ensemble.inputs(x))) for member in members], axis=0)), rtol=2e-5)
+    sm_freq = test["sm_freq"].to_numpy(np.float64)[:20]
+    work = np.exp(np.median([np.log(predict_efficiency(member, ensemble.inputs(x))) for member in members], axis=0))
+    assert ensemble.fixed_time_us == meta["model_info"]["fixed_time_us"] == 1.0  # the members' (docs/METHOD.md §4.3)
+    np.testing.assert_allclose(ensemble.efficiency(x, sm_freq),
+                               total_efficiency(work, get_operator("gemm").ideal_us(x, sm_freq), 1.0), rtol=2e-5)
     with pytest.raises(ValueError, match="ensemble of 2 members"):
         torch_mlp.load_model_dir(directory, "gemm")
     before = weights_path(directory, "gemm").read_bytes()
     torch_mlp.export_roots([tmp_path], log=lambda *a: None)  # re-export rebuilds the same ensemble file
     assert np.load(weights_path(directory, "gemm"))["members"] == 2 and len(before) > 0
+    assert NumpyMLP.load(weights_path(directory, "gemm")).fixed_time_us == 1.0  # re-exported from the metadata
     out = KernelPredictor(tmp_path).predict_frame("gemm", frame)
     assert (out["predicted_us"] > 0).all()
 
