@@ -256,3 +256,25 @@ def test_kernels_not_above_the_fixed_time_have_nothing_to_teach():
     efficiency = ideal / durations
     assert above_fixed_time("gemm", inputs, efficiency, hw.sm_freq, 1.0).tolist() == [False, True]
     assert above_fixed_time("gemm", inputs, efficiency, hw.sm_freq, 0.0).tolist() == [True, True]
+
+
+def test_fine_tuning_leaves_out_kernels_not_above_the_fixed_time():
+    """fine_tune on kernels of which some take less than the model's fixed time gives exactly the model fine-tuned
+    on the others; with none above it, it refuses (seeded, tiny replay set: a few seconds)."""
+    pytest.importorskip("torch", reason="fine-tuning needs the training extras")
+    from analytical_model.hardware import load_hardware
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.finetune import fine_tune
+
+    hw, operator = load_hardware("L40"), get_operator("gemm")
+    members = member_dirs(latest_model_dir(REPO / "mlp_models", "gemm"))[:2]
+    shapes = {"M": [1, 2, 4, 8, 4096, 8192], "N": [1024] * 4 + [8192] * 2, "K": [1024] * 4 + [8192] * 2}
+    inputs = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    durations = np.array([0.6, 0.9, 3.0, 3.5, 900.0, 1800.0])  # the first two cannot contain 1 us
+    efficiency = operator.ideal_us(inputs, hw.sm_freq) / durations
+    replay = inputs[[2, 4]]
+    kept = fine_tune("gemm", members, inputs[2:], efficiency[2:], replay, 8, hw.sm_freq)
+    both = fine_tune("gemm", members, inputs, efficiency, replay, 8, hw.sm_freq)
+    assert kept.keys() == both.keys() and all(np.array_equal(kept[key], both[key]) for key in kept)
+    with pytest.raises(ValueError, match="no measured kernel takes longer than the model's fixed 1.0 us"):
+        fine_tune("gemm", members, inputs[:2], efficiency[:2], replay, 8, hw.sm_freq)
