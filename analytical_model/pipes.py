@@ -17,6 +17,16 @@ from typing import Sequence
 
 import numpy as np
 
+
+def float32_sum(columns: np.ndarray) -> np.ndarray:
+    """The row sums of cycle columns (rows x columns), cast to float32 and added left to right in float32: how
+    C_ideal is summed from the ideal-cycle features (docs/METHOD.md §4.3), wherever it is computed."""
+    columns = np.asarray(columns).astype(np.float32)
+    total = columns[:, 0]
+    for i in range(1, columns.shape[1]):
+        total = total + columns[:, i]
+    return total
+
 COMPUTE_PIPE_FIELDS = ("all_ops", "all_cycle", "sm_max_ops", "sm_max_cycle")
 MEMORY_FEATURES = (
     "global_in_flight",

@@ -28,7 +28,7 @@ from .columns import Columns, column_values
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from .operator_features import (TILE_COLUMNS, attention, describe_attention, describe_elementwise, describe_gemm,
                                 describe_moe, elementwise, gemm, gemm_fp8_features, moe)
-from .pipes import FMA_FEATURES, MEMORY_FEATURES, TENSOR_FEATURES, XU_FEATURES, HardwareSpec
+from .pipes import FMA_FEATURES, MEMORY_FEATURES, TENSOR_FEATURES, XU_FEATURES, HardwareSpec, float32_sum
 
 GEMM_FEATURES = TENSOR_FEATURES + MEMORY_FEATURES
 ATTENTION_FEATURES = TENSOR_FEATURES + XU_FEATURES + MEMORY_FEATURES
@@ -142,11 +142,7 @@ class OperatorClass:
 
     def ideal_cycles(self, features32: np.ndarray) -> np.ndarray:
         """C_ideal from float32 features: the float32 sum of the ideal-cycle columns (docs/METHOD.md §4.3)."""
-        idx = [self.feature_names.index(name) for name in self.ideal_cycle_features]
-        total = features32[:, idx[0]].astype(np.float32)
-        for i in idx[1:]:
-            total = total + features32[:, i].astype(np.float32)
-        return total
+        return float32_sum(features32[:, [self.feature_names.index(name) for name in self.ideal_cycle_features]])
 
     def ideal_us(self, rows: np.ndarray, sm_freq) -> np.ndarray:
         """C_ideal / f in microseconds of rows that start with the features (model input rows: descriptors may

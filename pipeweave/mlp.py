@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from analytical_model.pipes import float32_sum
+
 WEIGHTS_FORMAT = "pipeweave-mlp-v1"
 #: every input log1p'd (docs/METHOD.md §4.1): the artifact's transform
 LOG1P = "log1p(float32(x))"
@@ -265,17 +267,14 @@ class NumpyMLP:
             return total_efficiency(work, ideal_us, self.fixed_time_us)
 
     def _ideal_us(self, features: np.ndarray, sm_freq) -> np.ndarray | None:
-        """C_ideal / f of raw feature rows (C_ideal summed in float32, as the registry sums it); None without a
-        fixed time, which needs none."""
+        """C_ideal / f of raw feature rows (C_ideal summed as the registry sums it); None without a fixed time,
+        which needs none."""
         if not self.fixed_time_us:
             return None
         if sm_freq is None:
             raise ValueError(f"{self.source}: the model takes a fixed {self.fixed_time_us} us out of every kernel, "
                              f"so its efficiency needs the GPU's SM clock")
-        columns = np.asarray(features)[:, self.ideal_columns].astype(np.float32)
-        cycles = columns[:, 0]
-        for i in range(1, columns.shape[1]):
-            cycles = cycles + columns[:, i]
+        cycles = float32_sum(np.asarray(features)[:, self.ideal_columns])
         return cycles.astype(np.float64) / np.asarray(sm_freq, dtype=np.float64)
 
     def _within_edges(self, inputs: np.ndarray, efficiency: np.ndarray) -> np.ndarray:

@@ -171,6 +171,7 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
     test_features, names = with_pipes(test, feature_matrix(test, op, config), model_names, ideas)
     test_ideas = extra_inputs(test, ideas)
     offset_us = target_offset_us(op, ideas, config)
+    test_ideal_us = frame_ideal_us(op, test)
 
     def inputs(features, extra):
         if transform == LOG1P:  # the ideas' original form: one log1p over features and extras alike
@@ -188,7 +189,7 @@ def logo_error(op: str, gpu: str, ideas: tuple[str, ...], config: TrainConfig, c
         target = work_efficiency(train["overall_perf"].to_numpy(np.float64), frame_ideal_us(op, train), offset_us)
         model, _ = fit(inputs(train_features, train_extra), target, member, group_keys=shape_keys(train, op))
         predictions.append(total_efficiency(predict_efficiency(model, inputs(test_features, test_extra)),
-                                            frame_ideal_us(op, test), offset_us))
+                                            test_ideal_us, offset_us))
     predicted = np.median(np.array(predictions), axis=0)
     measured = test["overall_perf"].to_numpy(np.float64)
     err = duration_errors(measured, predicted) * 100

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeweave.mlp import PIPE_SHARES, model_inputs
 from analytical_model.registry import get_operator
+from pipeweave.mlp import PIPE_SHARES, model_inputs
 from pipeweave.training import TrainConfig
 from pipeweave.transfer_ideas import (IDEAS, PIPE_IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, target_offset_us,
                                       with_pipes)
