@@ -189,9 +189,13 @@ class NumpyMLP:
                            if self.architecture == "MLP_v2" else None)
         #: the time every kernel takes besides its work (us; module docstring), and C_ideal's features
         self.fixed_time_us = float(arrays.get("fixed_time_us", 0.0))
-        self.ideal_columns = [self.features.index(str(name)) for name in arrays.get("ideal_cycle_features", [])]
-        if self.fixed_time_us and not self.ideal_columns:
+        ideal_names = [str(name) for name in arrays.get("ideal_cycle_features", [])]
+        if self.fixed_time_us and not ideal_names:
             raise ValueError(f"{source}: a fixed time needs ideal_cycle_features, the features C_ideal sums")
+        unknown = [name for name in ideal_names if name not in self.features]
+        if unknown:
+            raise ValueError(f"{source}: ideal_cycle_features {unknown} are not among its features")
+        self.ideal_columns = [self.features.index(name) for name in ideal_names]
         #: monotone bounds beyond the training data (:class:`pipeweave.edges.TrainingEdges`), set by whoever
         #: knows that data: the predictor from the model's metadata, the held-out evaluations from their rows
         self.edges = None

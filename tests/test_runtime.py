@@ -412,6 +412,8 @@ def test_fixed_time_model_exports_and_needs_the_clock(tmp_path):
                          exported_arrays(model, names, PIPE_SHARES)])
     with pytest.raises(ValueError, match="needs ideal_cycle_features"):
         NumpyMLP({**exported_arrays(model, names, PIPE_SHARES), "fixed_time_us": np.array(1.0)})
+    with pytest.raises(ValueError, match=r"ideal_cycle_features \['bogus_cycle'\] are not among its features"):
+        NumpyMLP(exported_arrays(model, names, PIPE_SHARES, 1.0, ("bogus_cycle",)))
 
 
 def test_the_registry_fixed_time_is_the_pipeweave_recipe_s_only():
