@@ -312,6 +312,15 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"{summary['optimistic_prefill_duration_ms']:.3f} / "
               f"{summary['optimistic_decode_avg_duration_ms']:.3f} / "
               f"{summary['optimistic_total_duration_ms']:.3f} ms")
+    interval = prediction.result.get("interval")
+    if interval:
+        low, high = interval["low"], interval["high"]
+        decode = (f", decode avg {low['decode_avg_duration_ms']:.3f}–{high['decode_avg_duration_ms']:.3f}"
+                  if "decode" in job.workload.phases else "")
+        print(f"{round((interval['levels'][1] - interval['levels'][0]) * 100)} % interval (held-out kernel errors): "
+              f"prefill {low['prefill_duration_ms']:.3f}–{high['prefill_duration_ms']:.3f}{decode}, total "
+              f"{low['total_duration_ms']:.3f}–{high['total_duration_ms']:.3f} ms"
+              + (" (collectives at their point value)" if "note" in interval else ""))
     extrapolation = prediction.result.get("extrapolation", {})
     if extrapolation.get("share", 0.0) > EXTRAPOLATED_NOTE_SHARE:
         operators = ", ".join(op for op, share in extrapolation["by_operator"].items() if share > 0)

@@ -100,9 +100,11 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
         if parsed is None:
             continue
         try:
-            summary = json.loads(path.read_text())["summary"]
+            output = json.loads(path.read_text())
+            summary = output["summary"]
         except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
             raise UserError(f"{path}: not an aggregator output (no summary)") from None
+        interval = output.get("interval") if isinstance(output, dict) else None
         for key in ("prefill_duration_ms", "decode_avg_duration_ms", "total_duration_ms"):
             value = summary.get(key) if isinstance(summary, dict) else None
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
@@ -114,9 +116,25 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
             "pred_prefill_ms": float(summary.get("prefill_duration_ms", np.nan)),
             "pred_decode_ms": float(summary.get("decode_avg_duration_ms", np.nan)),
             "pred_total_ms": float(summary.get("total_duration_ms", np.nan)),
+            **interval_ends(interval),
         })
     return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "fa", "workload", "path",
-                                       "pred_prefill_ms", "pred_decode_ms", "pred_total_ms"])
+                                       "pred_prefill_ms", "pred_decode_ms", "pred_total_ms", *INTERVAL_COLUMNS])
+
+
+SUMMARY_KEY = {"prefill": "prefill_duration_ms", "decode": "decode_avg_duration_ms", "total": "total_duration_ms"}
+INTERVAL_COLUMNS = tuple(f"pred_{metric}_{end}_ms" for metric in METRICS for end in ("low", "high"))
+
+
+def interval_ends(interval) -> dict:
+    """The ``interval`` block of an output (docs/METHOD.md §7.5) as ``pred_<metric>_{low,high}_ms``; NaN for an
+    output written before intervals existed."""
+    out = {}
+    for metric in METRICS:
+        for end in ("low", "high"):
+            value = interval.get(end, {}).get(SUMMARY_KEY[metric]) if isinstance(interval, dict) else None
+            out[f"pred_{metric}_{end}_ms"] = float(value) if isinstance(value, (int, float)) else np.nan
+    return out
 
 
 # ==================================================================================================
@@ -169,6 +187,13 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
             value = pred[f"pred_{metric}_ms"] if pred is not None else np.nan
             row[f"pred_{metric}_ms"] = value
             row[f"err_{metric}_pct"] = float(ape(value, run[f"{metric}_ms_median"]))
+            low, high = ((pred[f"pred_{metric}_low_ms"], pred[f"pred_{metric}_high_ms"]) if pred is not None
+                         else (np.nan, np.nan))
+            row[f"pred_{metric}_low_ms"], row[f"pred_{metric}_high_ms"] = low, high
+            measured = run[f"{metric}_ms_median"]
+            # 1 inside, 0 outside, NaN without an interval (or a measurement)
+            row[f"in_interval_{metric}"] = (float(low <= measured <= high)
+                                            if np.isfinite([low, high, measured]).all() else np.nan)
         row["err_mean_pct"] = float(np.mean([row[f"err_{m}_pct"] for m in metrics]))
         if roofline:
             summary = _roofline_for_row(run, pred, workload_dir, hardware_dir)

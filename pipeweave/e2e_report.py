@@ -72,6 +72,41 @@ def markdown_vllm(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def markdown_intervals(table: pd.DataFrame) -> str:
+    """How often the measured median lies inside the predicted interval (docs/METHOD.md §4.4), per metric and
+    GPU, and every run × metric outside it."""
+    columns = [f"in_interval_{metric}" for metric in METRICS if f"in_interval_{metric}" in table]
+    if not columns or table[columns].isna().all().all():
+        return "(the predictions carry no interval: rerun the batch scripts)"
+    inside = table[columns].to_numpy(np.float64)
+    scored = np.isfinite(inside)
+    lines = [
+        "Each prediction carries an interval that held-out kernel errors of its state put around it "
+        "(docs/METHOD.md §4.4: 10th-90th percentiles per kernel, summed as perfectly correlated errors; "
+        "collectives at their point value). Share of the measured medians inside it "
+        f"(runs × metrics): **{np.nansum(inside) / scored.sum() * 100:.0f} %** of {int(scored.sum())}; "
+        + ", ".join(f"{metric} {np.nanmean(inside[:, i]) * 100:.0f} %" for i, metric in enumerate(METRICS)) + ".",
+        "",
+        "| GPU | runs | inside (runs × metrics) |",
+        "|---|---|---|",
+    ]
+    for gpu, rows in table.groupby("gpu", sort=True):
+        values = rows[columns].to_numpy(np.float64)
+        lines.append(f"| {gpu} | {len(rows)} | {int(np.nansum(values))} / {int(np.isfinite(values).sum())} |")
+    misses = []
+    for _, row in table.iterrows():
+        for metric in METRICS:
+            if row.get(f"in_interval_{metric}") == 0.0:
+                measured = row[f"real_{metric}_median_ms"]
+                low, high = row[f"pred_{metric}_low_ms"], row[f"pred_{metric}_high_ms"]
+                side = f"above {high:,.2f}" if measured > high else f"below {low:,.2f}"
+                misses.append(f"{row['gpu']} TP{row['tp']} {row['model']} {row['trace']} {metric}: measured "
+                              f"{measured:,.2f} ms, {side} ms")
+    if misses:
+        lines += ["", "Outside the interval: " + "; ".join(misses) + "."]
+    return "\n".join(lines)
+
+
 def markdown_summary(summary: list[dict], metrics: Sequence[str] = METRICS) -> str:
     cols = [m for m in metrics]
     lines = ["| method | runs | " + " | ".join(f"mean {m} err %" for m in cols) + " | **mean err %** | worst err % "
@@ -269,7 +304,8 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
     parts += ["## Static batches (prefill + lock-step decode)", "", "### Summary", "",
               markdown_summary(error_summary(static)) if len(static) else "(no measured runs)", "",
               "### Per run", "", markdown_static(static) if len(static) else "", "",
-              "### Mean error per run, all methods (%)", "", markdown_methods(static) if len(static) else "", ""]
+              "### Mean error per run, all methods (%)", "", markdown_methods(static) if len(static) else "", "",
+              "### Prediction intervals", "", markdown_intervals(static) if len(static) else "", ""]
     if vllm is not None and len(vllm):
         parts += ["## vLLM, Llama-3.1-70B TP4 × PP2 (total latency)", "",
                   "Compared on total latency only (the vLLM benchmark reports end-to-end latency). The workloads are "

@@ -297,8 +297,10 @@ class Engine:
         unique_ms: dict[str, np.ndarray] = {}
         optimistic_ms: dict[str, np.ndarray] = {}
         unique_codes: dict[str, np.ndarray] = {}
+        interval_factors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for op, table in tables.items():
             unique_ms[op], optimistic_ms[op], unique_codes[op] = self.unique_durations(op, list(table))
+            interval_factors[op] = self.interval_factors(op, list(table), unique_codes[op])
 
         # 3. scatter back and assemble the outputs
         out = []
@@ -306,6 +308,7 @@ class Engine:
             single = np.zeros(len(job.workload.inst_code))
             best = np.zeros(len(job.workload.inst_code)) if self.quantile_predictor is not None else None
             extrapolated = np.zeros(len(job.workload.inst_code), dtype=bool)
+            low, high = np.zeros(len(job.workload.inst_code)), np.zeros(len(job.workload.inst_code))
             siblings = {}
             codes = job.workload.inst_code
             for category, op in KERNEL_CATEGORIES.items():
@@ -317,11 +320,14 @@ class Engine:
                     ids = maps[(j, op)][job.workload.inst_local[rows]]
                     single[rows] = unique_ms[op][ids]
                     extrapolated[rows] = unique_codes[op][ids] > 0
+                    low[rows] = single[rows] * interval_factors[op][0][ids]
+                    high[rows] = single[rows] * interval_factors[op][1][ids]
                     if best is not None:
                         best[rows] = optimistic_ms[op][ids]
             rows = np.flatnonzero(codes == COMMUNICATION_CODE)
             if rows.size:
                 single[rows] = coll_ms[j][0][job.workload.inst_local[rows]]
+                low[rows] = high[rows] = single[rows]  # intervals.COMMUNICATION_NOTE
                 if best is not None:
                     best[rows] = single[rows]
             source = None
@@ -335,7 +341,7 @@ class Engine:
                 if coll_ms[j][1]:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
-            result = build_result(job, single, best, extrapolated)
+            result = build_result(job, single, best, extrapolated, (low, high))
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
             record = self.calibration.record(job.hardware) if self.calibration is not None else None
@@ -359,6 +365,18 @@ class Engine:
         point, optimistic, codes = self.kernel_durations(op, keys, features, described)
         check_durations(op, keys, point, optimistic)
         return point, optimistic, codes
+
+    def interval_factors(self, op: str, keys: list[tuple[str, tuple]], codes: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) multipliers of the point durations of the unique (GPU stem, shape) rows: the measured
+        interval of each row's state (:mod:`pipeweave.intervals`: its GPU in the model's training data, outside it
+        with its SM design trained, or outside it altogether)."""
+        from pipeweave.intervals import prediction_states, shipped_table
+
+        names = {stem: self.registry.get(stem).name for stem in dict.fromkeys(stem for stem, _ in keys)}
+        states = prediction_states(self.predictor.trained_on(get_operator(op).model_op),
+                                   [names[stem] for stem, _ in keys], codes)
+        return shipped_table().factors(op, states)
 
     def warn_fa3_mismatch(self, job: Job) -> None:
         """A FlashAttention-3 workload on a GPU that cannot run FA3 is predicted (the paper's matrix does so), but

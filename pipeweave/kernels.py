@@ -7,7 +7,8 @@ tile_M, tile_N, tile_K, is_split_k, cta_count]; attn attention_type,bs,q_lengths
 lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GPU name the hardware loader
 accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
 ``predicted_us``: C_ideal / (predicted efficiency × SM clock) (docs/METHOD.md §4.3), from one batched MLP pass, with
-the efficiency kept inside its physical band (:mod:`pipeweave.bounds`), and ``extrapolation``: empty where the
+the efficiency kept inside its physical band (:mod:`pipeweave.bounds`); ``low_us`` and ``high_us``: the interval
+that held-out kernel errors of the prediction's state put around it (:mod:`pipeweave.intervals`); ``extrapolation``: empty where the
 model's training data covers the kernel, else the set reasons joined by ``+``: ``architecture`` (no training GPU
 has the GPU's SM design, its compute capability), ``range`` (a model input lies outside its training range),
 ``members`` (the ensemble's members disagree beyond its threshold), ``shares`` (a pipe share the network reads
@@ -23,6 +24,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
+from pipeweave.intervals import prediction_states, shipped_table
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
@@ -79,20 +81,29 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
 
 
+def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predicted_us: np.ndarray,
+                extrapolation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) ends of each row's measured interval (:mod:`pipeweave.intervals`) around ``predicted_us``."""
+    names = [predictor.hardware.get(name).name for name in gpu_names]
+    states = prediction_states(predictor.trained_on(get_operator(op).model_op), names, extrapolation)
+    low, high = shipped_table().factors(op, states)
+    return predicted_us * low, predicted_us * high
+
+
 def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray,
-                      extrapolation: np.ndarray, calibrated: list[str] | None = None) -> None:
-    """The input rows unchanged plus the ``predicted_us`` and ``extrapolation`` columns (and, with a calibration, a
-    ``calibration`` column naming its file on the rows it corrected)."""
+                      interval: tuple[np.ndarray, np.ndarray], extrapolation: np.ndarray,
+                      calibrated: list[str] | None = None) -> None:
+    """The input rows unchanged plus the ``predicted_us``, ``low_us``, ``high_us`` (the measured interval) and
+    ``extrapolation`` columns (and, with a calibration, a ``calibration`` column naming its file on the rows it
+    corrected)."""
     labels = [extrapolation_label(code) for code in extrapolation]
+    marks = [] if calibrated is None else [calibrated]
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        if calibrated is None:
-            writer.writerow([*header, "predicted_us", "extrapolation"])
-            writer.writerows([*row, repr(float(us)), label] for row, us, label in zip(rows, predicted_us, labels))
-        else:
-            writer.writerow([*header, "predicted_us", "extrapolation", "calibration"])
-            writer.writerows([*row, repr(float(us)), label, mark]
-                             for row, us, label, mark in zip(rows, predicted_us, labels, calibrated))
+        writer.writerow([*header, "predicted_us", "low_us", "high_us", "extrapolation",
+                         *(["calibration"] if marks else [])])
+        writer.writerows([*row, repr(float(us)), repr(float(low)), repr(float(high)), label, *extra]
+                         for row, us, low, high, label, *extra in zip(rows, predicted_us, *interval, labels, *marks))
 
 
 def build_parser() -> ArgumentParser:
@@ -104,7 +115,8 @@ def build_parser() -> ArgumentParser:
                         help="operator class, with its shape columns: " + shape_columns_help())
     parser.add_argument("--input", required=True,
                         help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
-    parser.add_argument("--output", required=True, help="output CSV: the input columns plus predicted_us and extrapolation")
+    parser.add_argument("--output", required=True,
+                        help="output CSV: the input columns plus predicted_us, low_us, high_us and extrapolation")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
                         help="root of the trained MLPs (default: mlp_models)")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
@@ -131,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
-    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, extrapolation,
-                                                                calibrated))
+    interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation)
+    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
+                                                                extrapolation, calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
     gpus = [predictor.hardware.get(name) for name in dict.fromkeys(row[index].strip() for row in rows)]
     with predictor.fine_tuned_by(calibration):

@@ -22,10 +22,13 @@ def round6(values: np.ndarray) -> list[float]:
 
 
 def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None,
-                 extrapolated: np.ndarray | None = None) -> dict:
+                 extrapolated: np.ndarray | None = None, interval: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> dict:
     """The §7.5 output object of a :class:`pipeweave.engine.Job` from per-instance single durations (ms,
     unrounded; ``optimistic``: the quantile models' durations, added as ``summary.optimistic_*``; ``extrapolated``:
-    per instance, whether its kernel prediction is extrapolated, summarised in the ``extrapolation`` block)."""
+    per instance, whether its kernel prediction is extrapolated, summarised in the ``extrapolation`` block;
+    ``interval``: per instance the low and high durations of :mod:`pipeweave.intervals`, summed into the
+    ``interval`` block)."""
     workload = job.workload
     n_iter = len(workload.numbers)
     weighted = single * workload.inst_count
@@ -65,7 +68,24 @@ def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None,
     }
     if extrapolated is not None:
         result["extrapolation"] = extrapolation_shares(workload, weighted, extrapolated)
+    if interval is not None:
+        result["interval"] = interval_block(workload, *interval)
     return result
+
+
+def interval_block(workload, low: np.ndarray, high: np.ndarray) -> dict:
+    """The summary of the per-instance interval ends (kernel intervals summed as perfectly correlated errors;
+    :mod:`pipeweave.intervals`)."""
+    from pipeweave.intervals import COMMUNICATION_NOTE, LEVELS
+
+    n_iter = len(workload.numbers)
+    block = {"levels": list(LEVELS)}
+    for name, ends in (("low", low), ("high", high)):
+        totals = np.bincount(workload.inst_iter, weights=ends * workload.inst_count, minlength=n_iter)
+        block[name] = summarize(workload.phases, totals.tolist())
+    if workload.has_communication:
+        block["note"] = COMMUNICATION_NOTE
+    return block
 
 
 def extrapolation_shares(workload, weighted: np.ndarray, extrapolated: np.ndarray) -> dict:

@@ -112,7 +112,8 @@ def test_output_schema_and_key_order(models, tmp_path):
     workload = load_workload(small(PP2, tmp_path))
     agg = Aggregator(model_dir=models, log=None)
     result = agg.predict([Job(workload, agg.gpu("H20"))])[0].result
-    assert list(result) == ["model", "hardware", "tp_size", "pp_size", "iterations", "summary", "extrapolation"]
+    assert list(result) == ["model", "hardware", "tp_size", "pp_size", "iterations", "summary", "extrapolation",
+                            "interval"]
     assert result["hardware"] == "NVIDIA H20" and (result["tp_size"], result["pp_size"]) == (4, 2)
     assert list(result["summary"]) == list(aggregate.SUMMARY_KEYS)
     first = result["iterations"][0]
@@ -413,7 +414,8 @@ def test_predict_kernels_passes_columns_through(models, tmp_path):
     out = tmp_path / "out.csv"
     assert main(["--op", "gemm", "--input", str(src), "--output", str(out), "--model_dir", str(models)]) == 0
     frame = pd.read_csv(out, dtype=str, keep_default_na=False)
-    assert list(frame.columns) == ["M", "N", "K", "hardware", "note", "predicted_us", "extrapolation"]
+    assert list(frame.columns) == ["M", "N", "K", "hardware", "note", "predicted_us", "low_us", "high_us",
+                                   "extrapolation"]
     assert frame["note"].tolist() == ["a,b", "x"] and frame["hardware"].tolist() == ["H100", "RTX_6000_Ada"]
     assert (frame["predicted_us"].astype(float) > 0).all()
     agg = Aggregator(model_dir=models, log=None)

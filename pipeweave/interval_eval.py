@@ -1,0 +1,241 @@
+"""python3 -m pipeweave.interval_eval [--write]: estimate the prediction intervals of :mod:`pipeweave.intervals`
+from held-out kernel errors, and measure how often they hold on GPUs they were not estimated from.
+
+Errors, as log(measured / predicted duration), each from a model that never trained on the kernel:
+
+* ``trained``: the shipped model on the test split (held-out shapes) of each of its training GPUs, as the
+  predictor gives them (inside the physical band);
+* ``unseen_gpu`` / ``unseen_architecture``: the leave-one-GPU-out models of ``pipeweave.logo_cache`` on every row
+  of the held-out GPU, as the predictor gives a GPU outside training (``pipeweave.accuracy.logo_as_predicted``);
+  the state is ``unseen_architecture`` when no other GPU with data shares the held-out GPU's SM design.
+
+The table (``pipeweave/error_intervals.json``) holds the 10th and 90th percentiles per operator and state, every
+GPU weighing equally. **Coverage** is measured leave-one-GPU-out a second time: each GPU's rows are scored against
+the percentiles of the *other* GPUs of its state (the other unseen state where it is alone, as the predictor
+falls back), so a GPU never sets its own interval. ``--write`` writes the table and the docs/ACCURACY.md section
+``intervals``; without it the coverage is printed only. Needs the datasets and the leave-one-GPU-out cache
+(``python3 -m pipeweave.logo_cache``).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.registry import get_operator, operator_keys
+from pipeweave.accuracy import logo_as_predicted
+from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
+from pipeweave.intervals import DEFAULT_PATH, FORMAT, LEVELS, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
+from pipeweave.logo_cache import DEFAULT_CACHE, gpus_with_data
+from pipeweave.modeling import dataset_paths, read_dataset
+from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR, DOCS_DIR
+from pipeweave.predictor import KernelPredictor
+
+OPS = operator_keys(trainable=True)
+#: an unseen state needs this many GPUs for a spread of their biases; with fewer the other unseen state's join
+MIN_GPUS = 3
+PREDICTIVE_SEED = 0
+PREDICTIVE_DRAWS = 400_000
+
+
+def log_ratio(measured_efficiency: np.ndarray, predicted_efficiency: np.ndarray) -> np.ndarray:
+    """log(t / t̂) for durations implied by efficiencies on the same ideal cycles and clock: log(p̂ / p)."""
+    return np.log(np.asarray(predicted_efficiency, dtype=np.float64)) - np.log(
+        np.asarray(measured_efficiency, dtype=np.float64))
+
+
+def trained_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict[str, np.ndarray]:
+    """{training GPU: log ratios of its held-out shapes} under the shipped model, as predicted."""
+    operator = get_operator(op)
+    test = read_dataset(dataset_paths(op, dataset_dir)[1])
+    out = {}
+    for gpu in sorted(predictor.trained_on(op) & set(test["hardware"])):
+        rows = test[test["hardware"] == gpu]
+        efficiency = predictor.kernel_efficiency(op, rows[list(operator.feature_names)].to_numpy(np.float64),
+                                                 rows[list(operator.descriptor_names)].to_numpy(np.float64),
+                                                 predictor.hardware.get(gpu))
+        out[gpu] = log_ratio(rows["overall_perf"].to_numpy(np.float64), efficiency)
+    return out
+
+
+def unseen_ratios(op: str, dataset_dir: Path, cache: Path, log=print) -> dict[int, dict[str, np.ndarray]]:
+    """{UNSEEN_GPU / UNSEEN_ARCHITECTURE: {held-out GPU: log ratios of all its rows}} under leave-one-GPU-out."""
+    hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
+    gpus = gpus_with_data(op, dataset_dir)
+    out: dict[int, dict[str, np.ndarray]] = {UNSEEN_GPU: {}, UNSEEN_ARCHITECTURE: {}}
+    if len(gpus) < 2:
+        return out
+    for gpu in gpus:
+        test, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, log=log)
+        design = hardware.get(gpu).compute_capability
+        shared = any(hardware.get(other).compute_capability == design for other in gpus if other != gpu)
+        out[UNSEEN_GPU if shared else UNSEEN_ARCHITECTURE][gpu] = log_ratio(test["overall_perf"], predicted)
+    return out
+
+
+def pooled_quantiles(by_gpu: dict[str, np.ndarray], levels=LEVELS) -> list[float]:
+    """Quantiles of the GPUs' log ratios pooled with equal weight per GPU (a GPU with many rows does not set the
+    interval of the others)."""
+    values = np.concatenate(list(by_gpu.values()))
+    weights = np.concatenate([np.full(len(v), 1.0 / len(v)) for v in by_gpu.values()])
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order]) / len(by_gpu)
+    return [float(values[order][min(np.searchsorted(cumulative, level), len(values) - 1)]) for level in levels]
+
+
+def predictive_quantiles(by_gpu: dict[str, np.ndarray], levels=LEVELS) -> list[float]:
+    """Quantiles of the log ratio on a GPU not among ``by_gpu``: its bias (median log ratio) drawn from the
+    predictive distribution of a new GPU's bias, a Student t with n − 1 degrees of freedom, centre the mean of
+    the n GPUs' biases and scale their standard deviation × sqrt(1 + 1/n) (one-way random effects, normal
+    biases), plus a residual around the bias drawn from the GPUs' residuals, each GPU weighing equally. With one
+    GPU there is no spread of biases to estimate: its own quantiles. Monte Carlo with a fixed seed."""
+    names = list(by_gpu)
+    if len(names) < 2:
+        return pooled_quantiles(by_gpu, levels)
+    rng = np.random.default_rng(PREDICTIVE_SEED)
+    biases = np.array([np.median(by_gpu[name]) for name in names])
+    residuals = np.concatenate([by_gpu[name] - bias for name, bias in zip(names, biases)])
+    weights = np.concatenate([np.full(len(by_gpu[name]), 1.0 / len(by_gpu[name])) for name in names])
+    scale = biases.std(ddof=1) * np.sqrt(1.0 + 1.0 / len(names))
+    draws = (biases.mean() + scale * rng.standard_t(len(names) - 1, PREDICTIVE_DRAWS)
+             + rng.choice(residuals, PREDICTIVE_DRAWS, p=weights / weights.sum()))
+    return [float(q) for q in np.quantile(draws, levels)]
+
+
+def donors(ratios: dict[int, dict[str, np.ndarray]], state: int, exclude: str | None = None
+           ) -> tuple[list[int], dict[str, np.ndarray]]:
+    """(states the interval is taken from, their GPUs' log ratios without ``exclude``): the state's own GPUs; an
+    unseen state with fewer than MIN_GPUS of them adds the other unseen state's, so that a spread of GPU biases
+    can be estimated (as :class:`pipeweave.intervals.IntervalTable` is written)."""
+    own = {gpu: r for gpu, r in ratios[state].items() if gpu != exclude}
+    if len(own) >= MIN_GPUS or state == TRAINED:
+        return [state], own
+    other = UNSEEN_ARCHITECTURE if state == UNSEEN_GPU else UNSEEN_GPU
+    return [state, other], {**own, **{gpu: r for gpu, r in ratios[other].items() if gpu != exclude}}
+
+
+def coverage(ratios: dict[int, dict[str, np.ndarray]]) -> dict[str, dict[str, dict]]:
+    """{state: {GPU: {coverage, low, high}}}: each GPU's rows against the interval of the other GPUs."""
+    out = {}
+    for state in range(len(STATES)):
+        cells = {}
+        for gpu, values in ratios[state].items():
+            _, others = donors(ratios, state, exclude=gpu)
+            if not others:
+                continue
+            low, high = predictive_quantiles(others)
+            cells[gpu] = {"coverage": float(np.mean((values >= low) & (values <= high))), "low": low, "high": high,
+                          "n": int(len(values))}
+        out[STATES[state]] = cells
+    return out
+
+
+def operator_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path, cache: Path, log=print
+                    ) -> dict[int, dict[str, np.ndarray]]:
+    ratios = unseen_ratios(op, dataset_dir, cache, log)
+    ratios[TRAINED] = trained_ratios(op, predictor, dataset_dir)
+    return ratios
+
+
+def table_entry(ratios: dict[int, dict[str, np.ndarray]]) -> dict:
+    """The JSON entry of one operator: per state its percentiles, GPUs and rows (``from``: the states whose GPUs
+    they were estimated from, where another state's were added)."""
+    entry = {}
+    for state, name in enumerate(STATES):
+        sources, by_gpu = donors(ratios, state)
+        if not by_gpu:
+            raise ValueError(f"no held-out errors for state {name!r} nor a state to take its place")
+        low, high = predictive_quantiles(by_gpu)
+        entry[name] = {"log_low": low, "log_high": high, "gpus": sorted(by_gpu),
+                       "rows": int(sum(len(v) for v in by_gpu.values()))}
+        if sources != [state]:
+            entry[name]["from"] = [STATES[source] for source in sources]
+    return entry
+
+
+def render(entries: dict, covered: dict) -> str:
+    low, high = (f"{level * 100:g}" for level in LEVELS)
+    lines = [
+        "## Prediction intervals: how often they hold",
+        "",
+        "Generated by `python3 -m pipeweave.interval_eval --write` (table `pipeweave/error_intervals.json`;",
+        "docs/METHOD.md §4.4). Every prediction comes with an interval [t̂ · e^q_low, t̂ · e^q_high]: the",
+        f"{low}th and {high}th percentiles of log(measured / predicted duration) on a GPU outside the evaluated",
+        "ones, from the errors of its operator and state on kernels the predicting model never trained on: a",
+        "new GPU's bias drawn from the spread of the evaluated GPUs' biases (Student t), plus their residuals",
+        "around them, every GPU weighing equally. States: `trained` (the GPU is in the model's training data: the",
+        "shipped model on held-out shapes), `unseen_gpu` (outside training, a training GPU shares its SM design:",
+        "leave-one-GPU-out errors of such GPUs), `unseen_architecture` (none does); an unseen state with fewer",
+        f"than {MIN_GPUS} GPUs adds the other's (*with*). **Coverage** is the share of a GPU's kernels inside the",
+        "interval estimated *without* that GPU, by the same rule: the target is",
+        f"{round((LEVELS[1] - LEVELS[0]) * 100)} %. A GPU far below it has a bias the other GPUs do not share (its",
+        "interval is too narrow); far above, the other GPUs disagree more than it does.",
+        "",
+        "| operator | state | GPUs | rows | interval (× prediction) | coverage, mean over GPUs | lowest (GPU) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for op, entry in entries.items():
+        for name in STATES:
+            cell = entry[name]
+            cells = covered[op].get(name, {})
+            taken = f" (with {' and '.join(cell['from'][1:])})" if "from" in cell else ""
+            if cells:
+                worst = min(cells, key=lambda gpu: cells[gpu]["coverage"])
+                mean = (f"{np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "
+                        f"({len(cells)} GPU{'s' if len(cells) != 1 else ''})")
+                lowest = f"{cells[worst]['coverage'] * 100:.0f} % ({worst.replace('NVIDIA ', '')})"
+            else:
+                mean, lowest = "—", "—"
+            lines.append(f"| {op} | {name}{taken} | {len(cell['gpus'])} | {cell['rows']:,} | "
+                         f"{np.exp(cell['log_low']):.2f}–{np.exp(cell['log_high']):.2f} | {mean} | {lowest} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(prog="python3 -m pipeweave.interval_eval",
+                            description="Estimate the prediction intervals from held-out kernel errors and "
+                                        "measure their coverage leave-one-GPU-out.")
+    parser.add_argument("--ops", type=trainable_operator_list, default=list(OPS),
+                        help=f"comma list of operator classes (default: {','.join(OPS)})")
+    parser.add_argument("--model_dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="root of the shipped models (default: mlp_models)")
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="folder of <op>_{train,test}.csv (default: dataset)")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                        help="leave-one-GPU-out cache (default: .cache/logo; pipeweave.logo_cache trains it)")
+    parser.add_argument("--write", action="store_true",
+                        help="write the table and the docs/ACCURACY.md section (default: print the coverage)")
+    parser.add_argument("--table", type=Path, default=DEFAULT_PATH,
+                        help="table to write (default: pipeweave/error_intervals.json)")
+    parser.add_argument("--report", type=Path, default=DOCS_DIR / "ACCURACY.md",
+                        help="markdown report whose section 'intervals' is written (default: docs/ACCURACY.md)")
+    args = parser.parse_args(argv)
+    if args.write and set(args.ops) != set(OPS):
+        parser.error("--write needs every operator class (the table is written whole)")
+    predictor = KernelPredictor(args.model_dir)
+    entries, covered = {}, {}
+    for op in args.ops:
+        ratios = operator_ratios(op, predictor, args.dataset_dir, args.cache)
+        entries[op], covered[op] = table_entry(ratios), coverage(ratios)
+        for name, cells in covered[op].items():
+            if cells:
+                print(f"{op} {name}: coverage {np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "
+                      f"over {len(cells)} GPUs")
+    text = render(entries, covered)
+    if not args.write:
+        print(text)
+        return 0
+    table = {"format": FORMAT, "levels": list(LEVELS), "operators": entries,
+             "coverage": {op: {name: {gpu: round(c["coverage"], 4) for gpu, c in cells.items()}
+                               for name, cells in states.items()} for op, states in covered.items()}}
+    write_atomically(args.table, lambda tmp: tmp.write_text(json.dumps(table, indent=2) + "\n"))
+    write_marked_section(args.report, "intervals", text)
+    print(f"wrote {args.table} and the section 'intervals' of {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
