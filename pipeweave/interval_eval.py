@@ -14,7 +14,8 @@ GPU weighing equally. **Coverage** is measured leave-one-GPU-out a second time: 
 the percentiles of the *other* GPUs of its state (the other unseen state where it is alone, as the predictor
 falls back), so a GPU never sets its own interval. ``--write`` writes the table and the docs/ACCURACY.md section
 ``intervals``; without it the coverage is printed only. Needs the datasets and the leave-one-GPU-out cache
-(``python3 -m pipeweave.logo_cache``).
+(``python3 -m pipeweave.logo_cache --workers 2``, ~40 min on two cores); a missing or stale member is trained
+first, with a log line, as ``pipeweave.accuracy`` does.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import train_mlp_quantile
 import workload_generator
 from analytical_model.__main__ import main as features_main
 from dataset import build as dataset_build
-from pipeweave import accuracy, aggregate, compare, edges, ensemble, kernels
+from pipeweave import accuracy, aggregate, compare, edges, ensemble, interval_eval, kernels
 from pipeweave.cli import ArgumentParser
 
 SCRIPTS = {
@@ -25,7 +25,7 @@ SCRIPTS = {
     "compare_pred_real.py": compare.main_pred_real, "compare_vllm_pred_real.py": compare.main_vllm,
     "compare_pred_real.py --summarize_real": compare.main_summarize, "profile_operators.py": profile_operators.main,
     "dataset.build": dataset_build.main, "pipeweave.accuracy": accuracy.main, "pipeweave.ensemble": ensemble.main,
-    "pipeweave.edges": edges.main,
+    "pipeweave.edges": edges.main, "pipeweave.interval_eval": interval_eval.main,
 }
 
 

@@ -498,7 +498,7 @@ def test_a_file_open_cannot_find_is_named_not_its_errno(tmp_path, capsys):
     assert f"error: {tmp_path / 'missing.csv'}: No such file or directory" in err and "error: 2" not in err
 
 
-@pytest.mark.parametrize("module", ["pipeweave.accuracy", "pipeweave.logo_cache"])
+@pytest.mark.parametrize("module", ["pipeweave.accuracy", "pipeweave.logo_cache", "pipeweave.interval_eval"])
 def test_unknown_operator_class_lists_the_known_ones(module, capsys):
     import importlib
 
