@@ -201,18 +201,17 @@ def fallback_variances(cls: str, corrections: list) -> np.ndarray:
     return np.array(out)
 
 
-def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float, bool]:
-    """(mean, median) duration error in % on the kernels not drawn, after calibrating on k drawn ones as
-    ``calibrate.py --kernels`` does, and whether that fine-tuned the model (:mod:`pipeweave.finetune`)."""
+def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[np.ndarray, bool]:
+    """(log(calibrated / measured duration) of every kernel not drawn, after calibrating on k drawn ones as
+    ``calibrate.py --kernels`` does; whether that fine-tuned the model, :mod:`pipeweave.finetune`)."""
     y = held.y
     if k == 0:
-        errors = np.abs(np.exp(-y) - 1)
-        return float(errors.mean() * 100), float(np.median(errors) * 100), False
+        return -y, False
     drawn = np.random.default_rng(seed).choice(len(y), size=k, replace=False)
     rest = np.setdiff1d(np.arange(len(y)), drawn)
     sigma = np.array([prior.sigma_kernel[c] for c in held.classes[drawn]])
     theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(y[drawn]), sigma), prior)[0]
-    log_error = x @ theta - y  # log(calibrated / measured duration)
+    log_error = x @ theta - y
     tune = held.fine_tunable
     fine_tuned = (tune is not None and k >= MIN_KERNELS
                   and tune.extrapolated[drawn].mean() >= MIN_EXTRAPOLATED_SHARE)
@@ -220,11 +219,19 @@ def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) 
         correction = np.exp(x @ theta)
         efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn])
         log_error = np.log(tune.efficiency / efficiency * correction)
-    errors = np.abs(np.exp(log_error[rest]) - 1)
-    return float(errors.mean() * 100), float(np.median(errors) * 100), bool(fine_tuned)
+    return log_error[rest], bool(fine_tuned)
 
 
-def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=print) -> tuple[dict, Prior]:
+def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float, bool]:
+    """(mean, median) duration error in % of :func:`kshot_log_errors`, and whether it fine-tuned."""
+    log_error, fine_tuned = kshot_log_errors(held, x, prior, k, seed)
+    errors = np.abs(np.exp(log_error) - 1)
+    return float(errors.mean() * 100), float(np.median(errors) * 100), fine_tuned
+
+
+def held_out_and_priors(dataset_dir: Path, cache: Path, ops=OPS) -> tuple[list[HeldOut], Prior, dict[str, Prior]]:
+    """(every held-out GPU's kernels per operator, the prior from all of them, per GPU the prior without it:
+    the held-out GPU's own kernels never set its prior, nor its covariates' standardisation)."""
     rows = []
     for op in ops:
         gpus = gpus_with_data(op, dataset_dir)
@@ -234,8 +241,12 @@ def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=pr
         rows += [held_out_rows(op, gpu, dataset_dir, cache, test_split) for gpu in gpus]
     gpus = sorted({held.gpu for held in rows})
     prior = estimate_prior(rows, f"LOGO per-GPU corrections of {len(gpus)} GPUs")
-    # the held-out GPU's own kernels never set its prior (nor its covariates' standardisation)
     priors = {gpu: estimate_prior([h for h in rows if h.gpu != gpu], f"without {gpu}") for gpu in gpus}
+    return rows, prior, priors
+
+
+def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=print) -> tuple[dict, Prior]:
+    rows, prior, priors = held_out_and_priors(dataset_dir, cache, ops)
     results = {}
     for held in rows:
         x = held.design(priors[held.gpu].standardisation)

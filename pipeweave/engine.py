@@ -32,7 +32,9 @@ between steps; split across modules those arrays would become a public interface
   are summed, and ``record(hardware) -> dict | None``, what a prediction on that GPU records under
   ``"calibration"`` (:class:`pipeweave.calibration.Calibration`), and optionally ``fine_tuned_models() ->
   {op: NumpyMLP}`` and ``hardware`` (a file stem): kernel models fine-tuned on that GPU, which replace the shipped
-  ones for its rows (:mod:`pipeweave.finetune`). None = no correction.
+  ones for its rows (:mod:`pipeweave.finetune`), and ``kernel_count(op) -> int``: the measured kernels of an
+  operator it was fitted on, which select the calibrated prediction interval (:mod:`pipeweave.intervals`).
+  None = no correction.
 * Every kernel efficiency is kept inside its physical band (:mod:`pipeweave.bounds`) before the calibration;
   the output's ``extrapolation`` block gives the share of predicted kernel time that is extrapolated (its GPU's
   architecture, its shape or its balance of pipes outside the model's training data, or the ensemble's members
@@ -370,13 +372,11 @@ class Engine:
                          ) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) multipliers of the point durations of the unique (GPU stem, shape) rows: the measured
         interval of each row's state (:mod:`pipeweave.intervals`: its GPU in the model's training data, outside it
-        with its SM design trained, or outside it altogether)."""
-        from pipeweave.intervals import prediction_states, shipped_table
+        with its SM design trained, outside it altogether, or calibrated on the GPU's measured kernels)."""
+        from pipeweave.intervals import row_factors
 
-        names = {stem: self.registry.get(stem).name for stem in dict.fromkeys(stem for stem, _ in keys)}
-        states = prediction_states(self.predictor.trained_on(get_operator(op).model_op),
-                                   [names[stem] for stem, _ in keys], codes)
-        return shipped_table().factors(op, states)
+        return row_factors(op, self.predictor.trained_on(get_operator(op).model_op),
+                           [self.registry.get(stem) for stem, _ in keys], codes, self.calibration)
 
     def warn_fa3_mismatch(self, job: Job) -> None:
         """A FlashAttention-3 workload on a GPU that cannot run FA3 is predicted (the paper's matrix does so), but

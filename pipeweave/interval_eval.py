@@ -28,6 +28,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
 from pipeweave.accuracy import logo_as_predicted
+from pipeweave.calibration_eval import DRAWS, SEED, SHOTS, held_out_and_priors, kshot_log_errors
 from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
 from pipeweave.intervals import DEFAULT_PATH, FORMAT, LEVELS, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
 from pipeweave.logo_cache import DEFAULT_CACHE, gpus_with_data
@@ -40,6 +41,8 @@ OPS = operator_keys(trainable=True)
 MIN_GPUS = 3
 PREDICTIVE_SEED = 0
 PREDICTIVE_DRAWS = 400_000
+#: calibrations evaluated (kernels of the GPU drawn): the k-shot evaluation's
+CALIBRATED_SHOTS = tuple(k for k in SHOTS if k > 0)
 
 
 def log_ratio(measured_efficiency: np.ndarray, predicted_efficiency: np.ndarray) -> np.ndarray:
@@ -118,6 +121,13 @@ def donors(ratios: dict[int, dict[str, np.ndarray]], state: int, exclude: str | 
     return [state, other], {**own, **{gpu: r for gpu, r in ratios[other].items() if gpu != exclude}}
 
 
+def coverage_cell(values: np.ndarray, others: dict[str, np.ndarray]) -> dict:
+    """One GPU's log ratios ``values`` against the interval estimated from ``others``."""
+    low, high = predictive_quantiles(others)
+    return {"coverage": float(np.mean((values >= low) & (values <= high))), "low": low, "high": high,
+            "n": int(len(values))}
+
+
 def coverage(ratios: dict[int, dict[str, np.ndarray]]) -> dict[str, dict[str, dict]]:
     """{state: {GPU: {coverage, low, high}}}: each GPU's rows against the interval of the other GPUs."""
     out = {}
@@ -125,13 +135,39 @@ def coverage(ratios: dict[int, dict[str, np.ndarray]]) -> dict[str, dict[str, di
         cells = {}
         for gpu, values in ratios[state].items():
             _, others = donors(ratios, state, exclude=gpu)
-            if not others:
-                continue
-            low, high = predictive_quantiles(others)
-            cells[gpu] = {"coverage": float(np.mean((values >= low) & (values <= high))), "low": low, "high": high,
-                          "n": int(len(values))}
+            if others:
+                cells[gpu] = coverage_cell(values, others)
         out[STATES[state]] = cells
     return out
+
+
+def calibrated_ratios(dataset_dir: Path, cache: Path, ops, log=print) -> dict[str, dict[int, dict[str, np.ndarray]]]:
+    """{op: {k: {held-out GPU: log ratios of its kernels not drawn}}} after calibrating its leave-one-GPU-out
+    prediction on k drawn kernels, exactly the k-shot evaluation of :mod:`pipeweave.calibration_eval` (same
+    priors without the GPU, draws, seeds and fine-tuning rule), all draws together."""
+    rows, _, priors = held_out_and_priors(dataset_dir, cache)  # the priors pool every operator, as calibrations do
+    out: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    for held in (held for held in rows if held.op in ops):
+        x = held.design(priors[held.gpu].standardisation)
+        for k in CALIBRATED_SHOTS:
+            if k < len(held.y):
+                parts = [-kshot_log_errors(held, x, priors[held.gpu], k, SEED + d)[0] for d in range(DRAWS)]
+                out.setdefault(held.op, {}).setdefault(k, {})[held.gpu] = np.concatenate(parts)
+        log(f"  calibrated {held.op} / {held.gpu}")
+    return out
+
+
+def calibrated_entry(by_shots: dict[int, dict[str, np.ndarray]]) -> tuple[dict, dict]:
+    """(the JSON entry ``calibrated`` of one operator: per k its percentiles over all GPUs, {k: {GPU: coverage
+    cell}} with each GPU scored against the others' interval)."""
+    entry, covered = {}, {}
+    for k, by_gpu in sorted(by_shots.items()):
+        low, high = predictive_quantiles(by_gpu)
+        entry[str(k)] = {"log_low": low, "log_high": high, "gpus": sorted(by_gpu),
+                         "rows": int(sum(len(v) for v in by_gpu.values()))}
+        covered[str(k)] = {gpu: coverage_cell(values, {g: v for g, v in by_gpu.items() if g != gpu})
+                           for gpu, values in by_gpu.items() if len(by_gpu) > 1}
+    return entry, covered
 
 
 def operator_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path, cache: Path, log=print
@@ -174,14 +210,19 @@ def render(entries: dict, covered: dict) -> str:
         "interval estimated *without* that GPU, by the same rule: the target is",
         f"{round((LEVELS[1] - LEVELS[0]) * 100)} %. A GPU far below it has a bias the other GPUs do not share (its",
         "interval is too narrow); far above, the other GPUs disagree more than it does.",
+        "`calibrated, k = …`: a GPU outside training calibrated on k of its kernels (`calibrate.py --kernels`),",
+        "from the errors on its other kernels in the k-shot evaluation above (same priors without the GPU, draws",
+        "and fine-tuning rule), every GPU with data of the operator pooled; a calibration with at least k kernels",
+        "of an operator takes the interval of the largest such k.",
         "",
         "| operator | state | GPUs | rows | interval (× prediction) | coverage, mean over GPUs | lowest (GPU) |",
         "|---|---|---|---|---|---|---|",
     ]
     for op, entry in entries.items():
-        for name in STATES:
-            cell = entry[name]
-            cells = covered[op].get(name, {})
+        rows = [(name, entry[name], covered[op].get(name, {})) for name in STATES]
+        rows += [(f"calibrated, k = {k}", cell, covered[op].get(f"calibrated_{k}", {}))
+                 for k, cell in entry.get("calibrated", {}).items()]
+        for name, cell, cells in rows:
             taken = f" (with {' and '.join(cell['from'][1:])})" if "from" in cell else ""
             if cells:
                 worst = min(cells, key=lambda gpu: cells[gpu]["coverage"])
@@ -213,14 +254,21 @@ def main(argv=None) -> int:
                         help="table to write (default: pipeweave/error_intervals.json)")
     parser.add_argument("--report", type=Path, default=DOCS_DIR / "ACCURACY.md",
                         help="markdown report whose section 'intervals' is written (default: docs/ACCURACY.md)")
+    parser.add_argument("--without_calibrated", action="store_true",
+                        help="skip the calibrated states (the k-shot calibrations, ~20 min of CPU with their "
+                             "fine-tuning); only without --write (default: evaluate them)")
     args = parser.parse_args(argv)
-    if args.write and set(args.ops) != set(OPS):
-        parser.error("--write needs every operator class (the table is written whole)")
+    if args.write and (set(args.ops) != set(OPS) or args.without_calibrated):
+        parser.error("--write needs every operator class and the calibrated states (the table is written whole)")
     predictor = KernelPredictor(args.model_dir)
     entries, covered = {}, {}
+    calibrated = {} if args.without_calibrated else calibrated_ratios(args.dataset_dir, args.cache, args.ops)
     for op in args.ops:
         ratios = operator_ratios(op, predictor, args.dataset_dir, args.cache)
         entries[op], covered[op] = table_entry(ratios), coverage(ratios)
+        if op in calibrated:
+            entries[op]["calibrated"], by_shots = calibrated_entry(calibrated[op])
+            covered[op].update({f"calibrated_{k}": cells for k, cells in by_shots.items()})
         for name, cells in covered[op].items():
             if cells:
                 print(f"{op} {name}: coverage {np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "

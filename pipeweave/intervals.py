@@ -20,8 +20,14 @@ three GPUs in the evaluation adds the other unseen state's (recorded as ``from``
 Kernel intervals are summed as if their errors were perfectly correlated (comonotone: the quantile of a sum of
 comonotone variables is the sum of their quantiles). On a GPU outside training the error is mostly a bias that
 all kernels of an operator share (docs/ACCURACY.md), so independent errors would give a far too narrow interval.
-Collectives enter at their point value: no held-out evaluation of their errors exists (the output says so). A
-calibration scales a kernel's interval with its point prediction; it does not narrow it.
+Collectives enter at their point value: no held-out evaluation of their errors exists (the output says so).
+
+A fourth state, ``calibrated``: a GPU outside training whose calibration (``calibrate.py --kernels``) was fitted
+on at least k measured kernels of the operator, k = 8, 32 or 128, takes the interval of the k-shot evaluation
+(errors on the GPU's other kernels after calibrating on k drawn ones; the largest evaluated k not above the
+user's count). A calibration from end-to-end runs only, which has no such evaluation per kernel, leaves the
+interval of the uncalibrated state, scaled with the corrected prediction; so does any calibration of a GPU in
+the training data.
 """
 from __future__ import annotations
 
@@ -63,12 +69,14 @@ class IntervalTable:
                              f"expected {FORMAT!r}); rewrite it with: python3 -m pipeweave.interval_eval --write")
         self.path = Path(path)
         self.levels = tuple(table["levels"])
-        self._quantiles = {}
+        self._quantiles, self._calibrated = {}, {}
         for op, states in table["operators"].items():
-            missing = [state for state in STATES if state not in states]
+            missing = [state for state in (*STATES, "calibrated") if state not in states]
             if missing:
                 raise ValueError(f"{path}: operator {op!r} lacks state(s) {', '.join(missing)}")
             self._quantiles[op] = np.array([[states[s]["log_low"], states[s]["log_high"]] for s in STATES])
+            self._calibrated[op] = {int(k): (cell["log_low"], cell["log_high"])
+                                    for k, cell in states["calibrated"].items()}
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_PATH) -> "IntervalTable":
@@ -81,18 +89,54 @@ class IntervalTable:
     def operators(self) -> list[str]:
         return sorted(self._quantiles)
 
-    def factors(self, op: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(low, high) multipliers of the point duration per row of operator ``op`` in ``states``."""
+    def calibrated_shots(self, op: str, kernels: int) -> int | None:
+        """The largest evaluated calibration size k ≤ ``kernels`` (measured kernels of ``op`` a calibration was
+        fitted on), None below the smallest."""
+        shots = [k for k in self._calibrated.get(get_operator(op).model_op, {}) if k <= kernels]
+        return max(shots) if shots else None
+
+    def factors(self, op: str, states: np.ndarray, calibrated_kernels: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) multipliers of the point duration per row of operator ``op`` in ``states``, on a GPU whose
+        calibration was fitted on ``calibrated_kernels`` measured kernels of that operator: outside training, at
+        least the smallest evaluated k of them take the interval of the calibrated state (:meth:`calibrated_shots`)."""
         model_op = get_operator(op).model_op
         quantiles = self._quantiles.get(model_op)
         if quantiles is None:
             raise ValueError(f"{self.path} has no intervals for {model_op!r} (operators: "
                              f"{', '.join(self.operators())}); rewrite it with: "
                              f"python3 -m pipeweave.interval_eval --write")
-        chosen = quantiles[np.asarray(states, dtype=np.int64)]
+        states = np.asarray(states, dtype=np.int64)
+        chosen = quantiles[states]
+        shots = self.calibrated_shots(op, calibrated_kernels)
+        if shots is not None:
+            chosen = np.where((states != TRAINED)[:, None], np.array(self._calibrated[model_op][shots]), chosen)
         return np.exp(chosen[:, 0]), np.exp(chosen[:, 1])
+
+
+def calibrated_kernels(calibration, op: str, stem: str) -> int:
+    """Measured kernels of ``op``'s model that ``calibration`` was fitted on, if it is for the GPU ``stem``
+    (0 without one, for another GPU, or for a correction without that method, e.g. a caller's own)."""
+    if calibration is None or getattr(calibration, "hardware", None) != stem:
+        return 0
+    count = getattr(calibration, "kernel_count", None)
+    return int(count(get_operator(op).model_op)) if count is not None else 0
 
 
 @lru_cache(maxsize=4)
 def shipped_table(path: str = str(DEFAULT_PATH)) -> IntervalTable:
     return IntervalTable.load(path)
+
+
+def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibration=None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) multipliers of the point durations of rows on the GPUs ``specs[row]`` (hardware specs with
+    ``stem`` and ``name``), with the rows' extrapolation bits ``codes``: the shipped table, each GPU's rows in
+    their state, calibrated where ``calibration`` was fitted on that GPU's measured kernels of ``op``."""
+    stems = np.array([spec.stem for spec in specs], dtype=object)
+    codes = np.asarray(codes)
+    low, high = np.ones(len(specs)), np.ones(len(specs))
+    for stem in dict.fromkeys(stems.tolist()):
+        rows = np.flatnonzero(stems == stem)
+        states = prediction_states(trained, [specs[rows[0]].name] * len(rows), codes[rows])
+        low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem))
+    return low, high

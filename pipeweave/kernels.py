@@ -24,7 +24,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
-from pipeweave.intervals import prediction_states, shipped_table
+from pipeweave.intervals import row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
@@ -82,11 +82,10 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
 
 
 def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predicted_us: np.ndarray,
-                extrapolation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                extrapolation: np.ndarray, calibration=None) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) ends of each row's measured interval (:mod:`pipeweave.intervals`) around ``predicted_us``."""
-    names = [predictor.hardware.get(name).name for name in gpu_names]
-    states = prediction_states(predictor.trained_on(get_operator(op).model_op), names, extrapolation)
-    low, high = shipped_table().factors(op, states)
+    low, high = row_factors(op, predictor.trained_on(get_operator(op).model_op),
+                            [predictor.hardware.get(name) for name in gpu_names], extrapolation, calibration)
     return predicted_us * low, predicted_us * high
 
 
@@ -143,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
-    interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation)
+    interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation,
+                           calibration)
     write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
                                                                 extrapolation, calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")

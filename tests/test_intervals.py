@@ -12,8 +12,8 @@ from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.interval_eval import (MIN_GPUS, coverage, donors, pooled_quantiles, predictive_quantiles, table_entry,
                                      trained_ratios)
-from pipeweave.intervals import (DEFAULT_PATH, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU, IntervalTable,
-                                 prediction_states, shipped_table)
+from pipeweave.intervals import (DEFAULT_PATH, FORMAT, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU,
+                                 IntervalTable, calibrated_kernels, prediction_states, shipped_table)
 from pipeweave.paths import DATASET_DIR, DEFAULT_WORKLOAD_DIR
 from pipeweave.predictor import UNSEEN_ARCHITECTURE as ARCHITECTURE_BIT, KernelPredictor
 
@@ -37,6 +37,68 @@ def test_shipped_table_covers_every_model_and_widens_outside_training():
         assert width(table, op, UNSEEN_ARCHITECTURE) > width(table, op, TRAINED), op
         assert width(table, op, UNSEEN_GPU) > width(table, op, TRAINED), op
     assert table.factors("quantize", np.array([TRAINED]))[1] == table.factors("rmsnorm", np.array([TRAINED]))[1]
+
+
+def test_calibration_narrows_the_interval_of_a_gpu_outside_training():
+    table = shipped_table()
+    for op in table.operators():
+        shots = sorted(json.loads(DEFAULT_PATH.read_text())["operators"][op]["calibrated"], key=int)
+        assert [int(k) for k in shots] == [8, 32, 128]
+        # the issue's premise for calibrating: measured kernels of the GPU make its prediction more certain
+        calibrated = table.factors(op, np.array([UNSEEN_ARCHITECTURE]), calibrated_kernels=128)
+        assert calibrated[1] / calibrated[0] < width(table, op, UNSEEN_ARCHITECTURE), op
+
+
+def test_calibrated_state_takes_the_largest_evaluated_k_and_spares_trained_gpus():
+    entry = {"log_low": -0.2, "log_high": 0.2}
+    calibrated = {"8": {"log_low": -0.15, "log_high": 0.15}, "32": {"log_low": -0.1, "log_high": 0.1},
+                  "128": {"log_low": -0.05, "log_high": 0.05}}
+    table = IntervalTable({"format": FORMAT, "levels": [0.1, 0.9], "operators": {"gemm": {
+        "trained": {"log_low": -0.01, "log_high": 0.01}, "unseen_gpu": entry, "unseen_architecture": entry,
+        "calibrated": calibrated}}})
+    states = np.array([TRAINED, UNSEEN_GPU, UNSEEN_ARCHITECTURE])
+    assert table.calibrated_shots("gemm", 7) is None and table.calibrated_shots("gemm", 40) == 32
+    assert np.log(table.factors("gemm", states, 7)[1]) == pytest.approx([0.01, 0.2, 0.2])
+    assert np.log(table.factors("gemm", states, 40)[1]) == pytest.approx([0.01, 0.1, 0.1])
+    assert np.log(table.factors("gemm", states, 10_000)[0]) == pytest.approx([-0.01, -0.05, -0.05])
+
+
+class KernelCalibration:
+    """A stand-in for a calibrate.py file of one GPU, fitted on ``kernels`` GEMMs; it changes no duration."""
+
+    def __init__(self, hardware: str, kernels: int):
+        self.hardware, self.kernels = hardware, kernels
+
+    def kernel_count(self, op: str) -> int:
+        return self.kernels if op == "gemm" else 0
+
+    def apply(self, kind, hardware, durations_ms, features=None, shapes=None):
+        return durations_ms
+
+    def record(self, hardware):
+        return None
+
+
+def test_engine_and_predict_kernels_take_the_calibrated_interval_of_the_calibrated_gpu(tmp_path):
+    from pipeweave.kernels import interval_us
+
+    assert calibrated_kernels(None, "gemm", "L40") == 0
+    assert calibrated_kernels(KernelCalibration("L40", 40), "gemm", "L40S") == 0  # another GPU's
+    assert calibrated_kernels(KernelCalibration("L40", 40), "gemm", "L40") == 40
+    keys = [("L40", (4096, 4096, 4096)), ("L40S", (4096, 4096, 4096))]
+    plain = Engine(log=None)
+    calibrated = Engine(log=None, calibration=KernelCalibration("L40", 40))
+    for engine in (plain, calibrated):
+        engine.load_models(["gemm"])
+    codes = plain.kernel_durations("gemm", keys, *plain.kernel_features("gemm", keys))[2]
+    before, after = plain.interval_factors("gemm", keys, codes), calibrated.interval_factors("gemm", keys, codes)
+    assert after[1][0] / after[0][0] < before[1][0] / before[0][0]  # L40: calibrated on 40 GEMMs
+    assert (after[0][1], after[1][1]) == (before[0][1], before[1][1])  # L40S is in training: unchanged
+    table = shipped_table()
+    assert after[1][0] == pytest.approx(table.factors("gemm", np.array([UNSEEN_GPU]), 32)[1][0])
+    predictor = KernelPredictor()
+    low, high = interval_us("gemm", predictor, ["L40"], np.array([10.0]), codes[:1], KernelCalibration("L40", 40))
+    assert (low[0] / 10.0, high[0] / 10.0) == pytest.approx((after[0][0], after[1][0]))
 
 
 def test_table_errors_name_the_file_and_the_remedy(tmp_path):
