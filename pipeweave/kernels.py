@@ -2,18 +2,17 @@
 
     python3 predict_kernels.py --op gemm --input shapes.csv --output predicted.csv
 
-The input needs the operator's shape columns (see ``analytical_model.registry``: gemm M,N,K [+ optional
-tile_M, tile_N, tile_K, is_split_k, cta_count]; attn attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd with
-lists written "[a,b]"; rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GPU name the hardware loader
-accepts). The output holds every input column unchanged (extra columns pass through, text as read) plus
-``predicted_us``: C_ideal / (predicted efficiency × SM clock) (docs/METHOD.md §4.3), from one batched MLP pass, with
-the efficiency kept inside its physical band (:mod:`pipeweave.bounds`); ``low_us`` and ``high_us``: the interval
-that held-out kernel errors of the prediction's state put around it (:mod:`pipeweave.intervals`); ``extrapolation``: empty where the
-model's training data covers the kernel, else the set reasons joined by ``+``: ``architecture`` (no training GPU
-has the GPU's SM design, its compute capability), ``range`` (a model input lies outside its training range),
-``members`` (the ensemble's members disagree beyond its threshold), ``shares`` (a pipe share the network reads
-lies outside its training range: :mod:`pipeweave.edges`), e.g. ``range+members``.
-"""
+The input needs the operator's shape columns (see ``analytical_model.registry``: gemm M,N,K [+ optional tile_M, tile_N,
+tile_K, is_split_k, cta_count]; attn attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd with lists written "[a,b]";
+rmsnorm/siluandmul seq,dim; ...) and ``hardware`` (any GPU name the hardware loader accepts). The output holds every
+input column unchanged (extra columns pass through, text as read) plus ``predicted_us``: C_ideal / (predicted efficiency
+× SM clock) (docs/METHOD.md §4.3), from one batched MLP pass, with the efficiency kept inside its physical band
+(:mod:`pipeweave.bounds`); ``low_us`` and ``high_us``: the interval that held-out kernel errors of the prediction's
+state put around it (:mod:`pipeweave.intervals`); ``extrapolation``: empty where the model's training data covers the
+kernel, else the set reasons joined by ``+``: ``architecture`` (no training GPU has the GPU's SM design, its compute
+capability), ``range`` (a model input lies outside its training range), ``members`` (the ensemble's members disagree
+beyond its threshold), ``shares`` (a pipe share the network reads lies outside its training range:
+:mod:`pipeweave.edges`), e.g. ``range+members``."""
 from __future__ import annotations
 
 import csv
