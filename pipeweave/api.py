@@ -13,6 +13,9 @@ first call and kept for later calls with the same directories.
 >>> us = pipeweave.predict_kernels("gemm", {"M": [1, 4096], "N": [8192, 8192], "K": [8192, 8192]}, "H100")
 >>> us.shape, bool(us[0] < us[1])
 ((2,), True)
+>>> us, low, high = pipeweave.predict_kernels("gemm", {"M": [4096], "N": [8192], "K": [8192]}, "H100", interval=True)
+>>> bool(low[0] < us[0] < high[0])
+True
 """
 from __future__ import annotations
 
@@ -84,14 +87,26 @@ def predict_kernels(
     *,
     model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
     hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
-) -> np.ndarray:
+    interval: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Predicted duration in µs of each kernel (row) of ``shapes`` on ``hardware`` (one name, or one per row).
 
     ``op`` is a registry operator (``python3 -m analytical_model list``: ``gemm``, ``gemm_fp8``, ``attn``,
     ``rmsnorm``, ``siluandmul``, ``moe``); ``shapes`` maps its shape columns to equal-length sequences, as the
     ``predict_kernels`` CSV does (gemm: ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh, nkv,
-    hd`` with per-request lists; ...). No pandas needed.
+    hd`` with per-request lists; ...). No pandas needed. With ``interval``, (µs, low µs, high µs): the measured
+    80 % interval of each prediction's state, the ``low_us`` / ``high_us`` columns of ``predict_kernels.py``
+    (:mod:`pipeweave.intervals`).
     """
+    from analytical_model.registry import get_operator
+    from pipeweave.intervals import row_factors
+
     rows = len(next(iter(shapes.values()))) if shapes else 0
     names = [hardware] * rows if isinstance(hardware, str) else list(hardware)
-    return _kernel_predictor(str(model_dir), str(hardware_dir)).predict_columns(op, shapes, names)
+    predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
+    if not interval:
+        return predictor.predict_columns(op, shapes, names)
+    us, codes = predictor.predict_columns(op, shapes, names, with_extrapolation=True)
+    low, high = row_factors(op, predictor.trained_on(get_operator(op).model_op),
+                            [predictor.hardware.get(name) for name in names], codes)
+    return us, us * low, us * high

@@ -207,3 +207,18 @@ def test_shipped_table_matches_the_shipped_models_on_held_out_shapes(shared_data
         low, high = predictive_quantiles(ratios)
         assert (low, high) == pytest.approx((entry["trained"]["log_low"], entry["trained"]["log_high"]), abs=1e-9), op
         assert get_operator(op).model_op == op
+
+
+def test_api_interval_is_the_predict_kernels_columns(tmp_path):
+    import pipeweave
+    from pipeweave.kernels import main
+
+    src, out = tmp_path / "in.csv", tmp_path / "out.csv"
+    src.write_text("M,N,K,hardware\n4096,8192,8192,L40\n16,8192,8192,H100\n")
+    assert main(["--op", "gemm", "--input", str(src), "--output", str(out)]) == 0
+    frame = pd.read_csv(out)
+    us, low, high = pipeweave.predict_kernels("gemm", {"M": [4096, 16], "N": [8192] * 2, "K": [8192] * 2},
+                                              ["L40", "H100"], interval=True)
+    assert us == pytest.approx(frame["predicted_us"].to_numpy(), rel=1e-12)
+    assert low == pytest.approx(frame["low_us"].to_numpy(), rel=1e-12)
+    assert high == pytest.approx(frame["high_us"].to_numpy(), rel=1e-12)
