@@ -36,7 +36,7 @@ from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_t
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
 from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, TRIGGER_BITS
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
-from pipeweave.modeling import dataset_paths, read_dataset
+from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
@@ -104,7 +104,7 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
     features = frame[list(operator.feature_names)].to_numpy(np.float64)
     shapes = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
     measured = frame["overall_perf"].to_numpy(np.float64)
-    ratio = np.log(predicted / measured)  # t / t̂ = p̂ / p
+    ratio = log_duration_ratio(measured, predicted)
     fine_tunable = None
     if op in FINE_TUNABLE:
         members = member_model_dirs(op, gpu, cache)

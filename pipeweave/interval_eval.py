@@ -27,12 +27,11 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.accuracy import logo_as_predicted
-from pipeweave.calibration_eval import DRAWS, SEED, SHOTS, held_out_and_priors, kshot_log_errors
+from pipeweave.calibration_eval import DRAWS, SEED, SHOTS, HeldOut, held_out_and_priors, kshot_log_errors
 from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
 from pipeweave.intervals import DEFAULT_PATH, FORMAT, LEVELS, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
-from pipeweave.logo_cache import DEFAULT_CACHE, gpus_with_data
-from pipeweave.modeling import dataset_paths, read_dataset
+from pipeweave.logo_cache import DEFAULT_CACHE
+from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR, DOCS_DIR
 from pipeweave.predictor import KernelPredictor
 
@@ -45,12 +44,6 @@ PREDICTIVE_DRAWS = 400_000
 CALIBRATED_SHOTS = tuple(k for k in SHOTS if k > 0)
 
 
-def log_ratio(measured_efficiency: np.ndarray, predicted_efficiency: np.ndarray) -> np.ndarray:
-    """log(t / t̂) for durations implied by efficiencies on the same ideal cycles and clock: log(p̂ / p)."""
-    return np.log(np.asarray(predicted_efficiency, dtype=np.float64)) - np.log(
-        np.asarray(measured_efficiency, dtype=np.float64))
-
-
 def trained_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict[str, np.ndarray]:
     """{training GPU: log ratios of its held-out shapes} under the shipped model, as predicted."""
     operator = get_operator(op)
@@ -61,22 +54,21 @@ def trained_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path) -> di
         efficiency = predictor.kernel_efficiency(op, rows[list(operator.feature_names)].to_numpy(np.float64),
                                                  rows[list(operator.descriptor_names)].to_numpy(np.float64),
                                                  predictor.hardware.get(gpu))
-        out[gpu] = log_ratio(rows["overall_perf"].to_numpy(np.float64), efficiency)
+        out[gpu] = log_duration_ratio(rows["overall_perf"].to_numpy(np.float64), efficiency)
     return out
 
 
-def unseen_ratios(op: str, dataset_dir: Path, cache: Path, log=print) -> dict[int, dict[str, np.ndarray]]:
-    """{UNSEEN_GPU / UNSEEN_ARCHITECTURE: {held-out GPU: log ratios of all its rows}} under leave-one-GPU-out."""
+def unseen_ratios(op: str, rows: list[HeldOut]) -> dict[int, dict[str, np.ndarray]]:
+    """{UNSEEN_GPU / UNSEEN_ARCHITECTURE: {held-out GPU: log ratios of all its rows}} under leave-one-GPU-out:
+    the ``y`` of ``op``'s :class:`pipeweave.calibration_eval.HeldOut` rows, the prediction of a GPU outside
+    training (``pipeweave.accuracy.logo_as_predicted``, in the other GPUs' band)."""
     hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
-    gpus = gpus_with_data(op, dataset_dir)
+    held = [h for h in rows if h.op == op]
     out: dict[int, dict[str, np.ndarray]] = {UNSEEN_GPU: {}, UNSEEN_ARCHITECTURE: {}}
-    if len(gpus) < 2:
-        return out
-    for gpu in gpus:
-        test, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, log=log)
-        design = hardware.get(gpu).compute_capability
-        shared = any(hardware.get(other).compute_capability == design for other in gpus if other != gpu)
-        out[UNSEEN_GPU if shared else UNSEEN_ARCHITECTURE][gpu] = log_ratio(test["overall_perf"], predicted)
+    for h in held:
+        design = hardware.get(h.gpu).compute_capability
+        shared = any(hardware.get(other.gpu).compute_capability == design for other in held if other is not h)
+        out[UNSEEN_GPU if shared else UNSEEN_ARCHITECTURE][h.gpu] = h.y
     return out
 
 
@@ -141,11 +133,11 @@ def coverage(ratios: dict[int, dict[str, np.ndarray]]) -> dict[str, dict[str, di
     return out
 
 
-def calibrated_ratios(dataset_dir: Path, cache: Path, ops, log=print) -> dict[str, dict[int, dict[str, np.ndarray]]]:
+def calibrated_ratios(rows: list[HeldOut], priors: dict, ops) -> dict[str, dict[int, dict[str, np.ndarray]]]:
     """{op: {k: {held-out GPU: log ratios of its kernels not drawn}}} after calibrating its leave-one-GPU-out
-    prediction on k drawn kernels, exactly the k-shot evaluation of :mod:`pipeweave.calibration_eval` (same
-    priors without the GPU, draws, seeds and fine-tuning rule), all draws together."""
-    rows, _, priors = held_out_and_priors(dataset_dir, cache)  # the priors pool every operator, as calibrations do
+    prediction on k drawn kernels, exactly the k-shot evaluation of :mod:`pipeweave.calibration_eval` (its
+    ``rows`` and per-GPU ``priors`` estimated without the GPU, draws, seeds and fine-tuning rule), all draws
+    together."""
     out: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     for held in (held for held in rows if held.op in ops):
         x = held.design(priors[held.gpu].standardisation)
@@ -153,8 +145,15 @@ def calibrated_ratios(dataset_dir: Path, cache: Path, ops, log=print) -> dict[st
             if k < len(held.y):
                 parts = [-kshot_log_errors(held, x, priors[held.gpu], k, SEED + d)[0] for d in range(DRAWS)]
                 out.setdefault(held.op, {}).setdefault(k, {})[held.gpu] = np.concatenate(parts)
-        log(f"  calibrated {held.op} / {held.gpu}")
+        print(f"  calibrated {held.op} / {held.gpu}", flush=True)
     return out
+
+
+def interval_entry(by_gpu: dict[str, np.ndarray]) -> dict:
+    """The table cell of one state: its percentiles (:func:`predictive_quantiles`), GPUs and rows."""
+    low, high = predictive_quantiles(by_gpu)
+    return {"log_low": low, "log_high": high, "gpus": sorted(by_gpu),
+            "rows": int(sum(len(v) for v in by_gpu.values()))}
 
 
 def calibrated_entry(by_shots: dict[int, dict[str, np.ndarray]]) -> tuple[dict, dict]:
@@ -162,17 +161,16 @@ def calibrated_entry(by_shots: dict[int, dict[str, np.ndarray]]) -> tuple[dict, 
     cell}} with each GPU scored against the others' interval)."""
     entry, covered = {}, {}
     for k, by_gpu in sorted(by_shots.items()):
-        low, high = predictive_quantiles(by_gpu)
-        entry[str(k)] = {"log_low": low, "log_high": high, "gpus": sorted(by_gpu),
-                         "rows": int(sum(len(v) for v in by_gpu.values()))}
+        entry[str(k)] = interval_entry(by_gpu)
         covered[str(k)] = {gpu: coverage_cell(values, {g: v for g, v in by_gpu.items() if g != gpu})
                            for gpu, values in by_gpu.items() if len(by_gpu) > 1}
     return entry, covered
 
 
-def operator_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path, cache: Path, log=print
+def operator_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path, rows: list[HeldOut]
                     ) -> dict[int, dict[str, np.ndarray]]:
-    ratios = unseen_ratios(op, dataset_dir, cache, log)
+    """{state: {GPU: log ratios}} of one operator: trained from the shipped model, unseen from ``rows``."""
+    ratios = unseen_ratios(op, rows)
     ratios[TRAINED] = trained_ratios(op, predictor, dataset_dir)
     return ratios
 
@@ -185,9 +183,7 @@ def table_entry(ratios: dict[int, dict[str, np.ndarray]]) -> dict:
         sources, by_gpu = donors(ratios, state)
         if not by_gpu:
             raise ValueError(f"no held-out errors for state {name!r} nor a state to take its place")
-        low, high = predictive_quantiles(by_gpu)
-        entry[name] = {"log_low": low, "log_high": high, "gpus": sorted(by_gpu),
-                       "rows": int(sum(len(v) for v in by_gpu.values()))}
+        entry[name] = interval_entry(by_gpu)
         if sources != [state]:
             entry[name]["from"] = [STATES[source] for source in sources]
     return entry
@@ -262,9 +258,12 @@ def main(argv=None) -> int:
         parser.error("--write needs every operator class and the calibrated states (the table is written whole)")
     predictor = KernelPredictor(args.model_dir)
     entries, covered = {}, {}
-    calibrated = {} if args.without_calibrated else calibrated_ratios(args.dataset_dir, args.cache, args.ops)
+    # every operator's held-out rows, once: the unseen states' errors, and the priors pool every operator, as a
+    # calibration's does
+    rows, _, priors = held_out_and_priors(args.dataset_dir, args.cache)
+    calibrated = {} if args.without_calibrated else calibrated_ratios(rows, priors, args.ops)
     for op in args.ops:
-        ratios = operator_ratios(op, predictor, args.dataset_dir, args.cache)
+        ratios = operator_ratios(op, predictor, args.dataset_dir, rows)
         entries[op], covered[op] = table_entry(ratios), coverage(ratios)
         if op in calibrated:
             entries[op]["calibrated"], by_shots = calibrated_entry(calibrated[op])

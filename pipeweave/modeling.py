@@ -103,6 +103,11 @@ def input_names(op: str, config: TrainConfig) -> tuple[str, ...]:
     return tuple(config.features)
 
 
+def log_duration_ratio(measured_perf: np.ndarray, predicted_perf: np.ndarray) -> np.ndarray:
+    """log(t / t̂) for durations implied by efficiencies on the same ideal cycles and clock: log(p̂ / p)."""
+    return np.log(np.asarray(predicted_perf, dtype=np.float64) / np.asarray(measured_perf, dtype=np.float64))
+
+
 def duration_errors(measured_perf: np.ndarray, predicted_perf: np.ndarray) -> np.ndarray:
     """|t̂ − t| / t for durations implied by efficiencies (same C_ideal and clock): |p / p̂ − 1|."""
     return np.abs(np.asarray(measured_perf) / np.asarray(predicted_perf) - 1.0)
