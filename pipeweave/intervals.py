@@ -84,7 +84,12 @@ class IntervalTable:
         if not path.is_file():
             raise FileNotFoundError(f"error-interval table not found: {path}; write it with: "
                                     f"python3 -m pipeweave.interval_eval --write")
-        return cls(json.loads(path.read_text()), path)
+        try:
+            table = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not readable JSON ({exc}); rewrite it with: "
+                             f"python3 -m pipeweave.interval_eval --write") from None
+        return cls(table, path)
 
     def operators(self) -> list[str]:
         return sorted(self._quantiles)

@@ -105,6 +105,9 @@ def test_table_errors_name_the_file_and_the_remedy(tmp_path):
     with pytest.raises(FileNotFoundError, match="interval_eval --write"):
         IntervalTable.load(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not readable JSON .*interval_eval --write"):
+        IntervalTable.load(bad)
     bad.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ValueError, match="bad.json: not a pipeweave error-interval table"):
         IntervalTable.load(bad)
