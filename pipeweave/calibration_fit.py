@@ -284,8 +284,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
     """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` whose measured
     kernels the shipped model mostly extrapolates on: its members fine-tuned on what ``corrections`` (the fitted
     calibration) leaves unexplained (:mod:`pipeweave.finetune`)."""
-    from pipeweave.finetune import (EPOCHS, FINE_TUNABLE, LEARNING_RATE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS,
-                                    encode_arrays)
+    from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, encode_arrays
 
     entries = {}
     for op in FINE_TUNABLE:
@@ -303,7 +302,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             raise UserError(f"{said}; fine-tuning it on them needs torch (pip install '.[train]'), or pass "
                             f"--no_fine_tune to fit the corrections only")
         from pipeweave.ensemble import member_dirs
-        from pipeweave.finetune import above_fixed_time, fine_tune_for_gpu
+        from pipeweave.finetune import above_fixed_time, fine_tune_selected
 
         model, metadata, directory = predictor.model(op)
         above = above_fixed_time(op, inputs, efficiency, spec.sm_freq, model.fixed_time_us)
@@ -314,11 +313,13 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
                 log(f"{said}: corrections only (fine-tuning needs at least {MIN_KERNELS} kernels)")
                 continue
         members = member_dirs(directory) if "ensemble" in metadata else [directory]
-        arrays = fine_tune_for_gpu(op, members, registry, inputs, efficiency, spec.sm_freq)
-        log(f"{said}: fine-tuned its {len(members)} member(s) on {int(above.sum())} of them ({EPOCHS} epochs at "
-            f"learning rate {LEARNING_RATE:g})")
+        arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq)
+        chosen = (", chosen on a held-out fifth of them: mean |log error| "
+                  + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
+        log(f"{said}: fine-tuned its {len(members)} member(s) on {int(above.sum())} of them ({recipe.name} recipe: "
+            f"{recipe.epochs} epochs at learning rate {recipe.as_dict()['learning_rate']:g}{chosen})")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
-                       "epochs": EPOCHS, "learning_rate": LEARNING_RATE, "weights": encode_arrays(arrays)}
+                       **recipe.as_dict(), "validation_errors": errors, "weights": encode_arrays(arrays)}
     return entries
 
 

@@ -15,6 +15,16 @@ user without the measurement sources can fine-tune. The measured kernels are rep
 training GPU's replay rows. The result is a model for that GPU only, stored in the calibration file; other
 GPUs' predictions never use it.
 
+How long, with many kernels. A few kernels only correct the model: :data:`STANDARD` (``EPOCHS`` passes, the
+measured kernels weighing as one training GPU's replay). Thousands of kernels (the profiler's full grid) say
+more than that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048)
+with it. :data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the
+whole replay set (2,048 kernels of L40S: 8.9 %; 512: 11.1 %, no better than the standard recipe). Which one
+suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on the kernels
+decide: each recipe is fine-tuned on all but a seeded fifth of them (:data:`VALIDATION_SHARE`), the one with
+the smaller mean |log error| on that fifth is fine-tuned on all of them (:func:`fine_tune_selected`). Below
+that, too few kernels are held out to tell the recipes apart, and the standard recipe applies.
+
 When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUNABLE` when at least
 :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
 :data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them. Elsewhere the corrections alone are the better calibration (docs/ACCURACY.md, "Few-shot
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +54,34 @@ TRIGGER_BITS = UNSEEN_ARCHITECTURE | OUTSIDE_RANGE | MEMBERS_DISAGREE
 MIN_KERNELS = 8
 EPOCHS = 5
 LEARNING_RATE = 3e-4  # 0.3 x the training recipe's: a correction of a trained model, not a new one
+THOROUGH_EPOCHS = 20
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How long a fine-tuning trains and how much the measured kernels weigh against the replay set."""
+
+    name: str
+    epochs: int
+    #: the measured kernels (repeated) weigh as much as one training GPU's replay rows (``"one_gpu"``) or as
+    #: all of them (``"replay"``)
+    measured_weight: str
+
+    def measured_rows(self, replay_rows: int, replay_rows_per_gpu: int) -> int:
+        return replay_rows if self.measured_weight == "replay" else replay_rows_per_gpu
+
+    def as_dict(self) -> dict:
+        return {"recipe": self.name, "epochs": self.epochs, "learning_rate": LEARNING_RATE,
+                "measured_weight": self.measured_weight}
+
+
+STANDARD = Recipe("standard", EPOCHS, "one_gpu")
+THOROUGH = Recipe("thorough", THOROUGH_EPOCHS, "replay")
+RECIPES = (STANDARD, THOROUGH)
+#: from this many kernels on, a held-out fifth of them chooses the recipe: at least 40 kernels to compare on
+MIN_SELECTION_KERNELS = 200
+VALIDATION_SHARE = 0.2
+VALIDATION_SEED = 0
 
 
 def replay_shapes(op: str, config_dir: str | Path | None = None) -> dict[str, list]:
@@ -76,11 +115,12 @@ def above_fixed_time(op: str, inputs: np.ndarray, efficiency: np.ndarray, sm_fre
 
 
 def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
-              replay: np.ndarray, replay_rows_per_gpu: int, sm_freq: float) -> dict[str, np.ndarray]:
+              replay: np.ndarray, replay_rows_per_gpu: int, sm_freq: float, recipe: Recipe = STANDARD
+              ) -> dict[str, np.ndarray]:
     """The weight-file arrays (:mod:`pipeweave.mlp`) of the ensemble of ``member_dirs`` (torch checkpoints)
-    fine-tuned on measured kernels (raw model inputs and measured ``overall_perf`` on a GPU of SM clock
-    ``sm_freq``, MHz; those not above the model's fixed time left out, :func:`above_fixed_time`), with the replay
-    inputs ``replay`` labelled by each member itself."""
+    fine-tuned with ``recipe`` on measured kernels (raw model inputs and measured ``overall_perf`` on a GPU of
+    SM clock ``sm_freq``, MHz; those not above the model's fixed time left out, :func:`above_fixed_time`), with
+    the replay inputs ``replay`` labelled by each member itself."""
     import torch
 
     from pipeweave.mlp import metadata_transform, model_inputs, read_metadata, work_efficiency
@@ -89,8 +129,8 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
 
     if len(inputs) == 0:
         raise ValueError(f"{op}: no measured kernels to fine-tune on")
-    recipe = TrainConfig(progress=False)
-    torch.set_num_threads(recipe.threads)
+    config = TrainConfig(progress=False)
+    torch.set_num_threads(config.threads)
     measured = np.asarray(inputs, dtype=np.float64)
     info = read_metadata(member_dirs[0])  # the members share features and transform (pipeweave.mlp.ensemble_arrays)
     names, transform = list(info["model_info"]["features"]), metadata_transform(info)
@@ -102,7 +142,7 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
     # what the members predict: the efficiency of the time above the fixed one (pipeweave.mlp)
     target = np.log(work_efficiency(efficiency, get_operator(op).ideal_us(measured, sm_freq), fixed[0]))
     x_replay = torch.as_tensor(model_inputs(replay, names, transform))
-    repeats = max(1, replay_rows_per_gpu // len(measured))
+    repeats = max(1, recipe.measured_rows(len(replay), replay_rows_per_gpu) // len(measured))
     x_measured = torch.as_tensor(np.repeat(model_inputs(measured, names, transform), repeats, axis=0))
     y_measured = torch.as_tensor(np.repeat(target, repeats).astype(np.float32))
     members = []
@@ -114,22 +154,50 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
         x, y = torch.cat([x_replay, x_measured]), torch.cat([y_replay, y_measured])
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=recipe.weight_decay)
-        for _ in range(EPOCHS):
-            train_epoch(model, optimizer, loss_function(recipe), x, y, torch.randperm(len(x), generator=generator),
-                        recipe.batch_size)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=config.weight_decay)
+        for _ in range(recipe.epochs):
+            train_epoch(model, optimizer, loss_function(config), x, y, torch.randperm(len(x), generator=generator),
+                        config.batch_size)
         model.eval()
         members.append(exported_arrays(model, names, transform, *fixed))
     return ensemble_arrays(members) if len(members) > 1 else members[0]
 
 
 def fine_tune_for_gpu(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
-                      efficiency: np.ndarray, sm_freq: float, config_dir: str | Path | None = None
-                      ) -> dict[str, np.ndarray]:
+                      efficiency: np.ndarray, sm_freq: float, config_dir: str | Path | None = None,
+                      recipe: Recipe = STANDARD) -> dict[str, np.ndarray]:
     """:func:`fine_tune` with the replay set of the members' training GPUs."""
     shapes = replay_shapes(op, config_dir)
     replay = model_input_rows(op, shapes, training_gpus(member_dirs[0], registry))
-    return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))), sm_freq)
+    return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))), sm_freq, recipe)
+
+
+def validation_rows(n: int) -> np.ndarray:
+    """The seeded fifth of ``n`` measured kernels that chooses the recipe (:func:`fine_tune_selected`)."""
+    return np.sort(np.random.default_rng(VALIDATION_SEED).choice(n, size=round(n * VALIDATION_SHARE), replace=False))
+
+
+def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
+                       efficiency: np.ndarray, sm_freq: float, config_dir: str | Path | None = None
+                       ) -> tuple[dict[str, np.ndarray], Recipe, dict[str, float]]:
+    """(weight-file arrays, the recipe they were fine-tuned with, mean |log error| of each recipe on the held-out
+    fifth): :func:`fine_tune_for_gpu` with :data:`STANDARD` below :data:`MIN_SELECTION_KERNELS` kernels (no
+    errors), else with the recipe whose fine-tuning on the other kernels predicts the held-out fifth best."""
+    from pipeweave.mlp import NumpyMLP
+
+    inputs, efficiency = np.asarray(inputs, dtype=np.float64), np.asarray(efficiency, dtype=np.float64)
+    errors = {}
+    if len(inputs) >= MIN_SELECTION_KERNELS:
+        held = np.zeros(len(inputs), bool)
+        held[validation_rows(len(inputs))] = True
+        for recipe in RECIPES:
+            arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[~held], efficiency[~held], sm_freq,
+                                       config_dir, recipe)
+            predicted = NumpyMLP(arrays).efficiency(inputs[held], sm_freq)
+            errors[recipe.name] = float(np.mean(np.abs(np.log(predicted / efficiency[held]))))
+    chosen = min(RECIPES, key=lambda recipe: errors[recipe.name]) if errors else STANDARD
+    return (fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir, chosen),
+            chosen, errors)
 
 
 def encode_arrays(arrays: dict[str, np.ndarray]) -> str:

@@ -278,3 +278,48 @@ def test_fine_tuning_leaves_out_kernels_not_above_the_fixed_time():
     assert kept.keys() == both.keys() and all(np.array_equal(kept[key], both[key]) for key in kept)
     with pytest.raises(ValueError, match="no measured kernel takes longer than the model's fixed 1.0 us"):
         fine_tune("gemm", members, inputs[:2], efficiency[:2], replay, 8, hw.sm_freq)
+
+
+def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
+    """Below MIN_SELECTION_KERNELS the standard recipe fine-tunes on every kernel, unvalidated; from it on, each
+    recipe is fine-tuned on the same seeded four fifths, the one that predicts the held-out fifth better is then
+    fine-tuned on all kernels (fine-tuning and the model replaced by fakes whose error is known)."""
+    from pipeweave import finetune, mlp
+
+    calls = []
+
+    def fake_fine_tune(op, members, registry, inputs, efficiency, sm_freq, config_dir=None, recipe=finetune.STANDARD):
+        calls.append((recipe.name, len(inputs)))
+        return {"recipe": recipe.name}
+
+    class FakeModel:  # the thorough recipe is off by 2 %, the standard one by 10 %
+        def __init__(self, arrays):
+            self.factor = {"standard": 1.10, "thorough": 1.02}[arrays["recipe"]]
+
+        def efficiency(self, inputs, sm_freq):
+            return inputs[:, 0] * self.factor
+
+    monkeypatch.setattr(finetune, "fine_tune_for_gpu", fake_fine_tune)
+    monkeypatch.setattr(mlp, "NumpyMLP", FakeModel)
+    few = finetune.MIN_SELECTION_KERNELS - 1
+    truth = np.linspace(0.1, 0.9, few)[:, None]
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0)
+    assert (recipe, errors, calls) == (finetune.STANDARD, {}, [("standard", few)])
+
+    calls.clear()
+    many = 2 * finetune.MIN_SELECTION_KERNELS
+    truth = np.linspace(0.1, 0.9, many)[:, None]
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0)
+    held = round(many * finetune.VALIDATION_SHARE)
+    assert recipe is finetune.THOROUGH and arrays == {"recipe": "thorough"}
+    assert calls == [("standard", many - held), ("thorough", many - held), ("thorough", many)]
+    assert errors == pytest.approx({"standard": np.log(1.10), "thorough": np.log(1.02)})
+    assert np.array_equal(finetune.validation_rows(many), finetune.validation_rows(many))  # seeded
+
+
+def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
+    from pipeweave.finetune import STANDARD, THOROUGH
+
+    assert STANDARD.measured_rows(replay_rows=37_900, replay_rows_per_gpu=3_790) == 3_790
+    assert THOROUGH.measured_rows(replay_rows=37_900, replay_rows_per_gpu=3_790) == 37_900
+    assert THOROUGH.epochs > STANDARD.epochs
