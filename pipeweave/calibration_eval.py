@@ -34,7 +34,8 @@ from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior,
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
-from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, TRIGGER_BITS
+from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, TRIGGER_BITS,
+                                considers_fine_tuning)
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
@@ -69,13 +70,17 @@ class FineTunable:
     clip: Callable[[np.ndarray], np.ndarray]  # efficiency of every kernel -> kept inside the physical band
     sm_freq: float  # the GPU's SM clock (MHz)
 
-    def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray) -> np.ndarray:
+    def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray, base: np.ndarray
+                              ) -> np.ndarray | None:
+        """Every kernel's efficiency from the members fine-tuned on the ``drawn`` ones (``target``: the efficiency
+        they must give them under the corrections, ``base``: the LOGO model's) as ``calibrate.py`` fine-tunes
+        (:func:`pipeweave.finetune.fine_tune_selected`); None where that keeps the corrections alone."""
         from pipeweave.finetune import fine_tune_selected
         from pipeweave.mlp import NumpyMLP
 
         arrays = fine_tune_selected(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target,
-                                    self.sm_freq)[0]
-        return self.clip(NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq))
+                                    self.sm_freq, base)[0]
+        return None if arrays is None else self.clip(NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq))
 
 
 @dataclass
@@ -214,13 +219,15 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
     theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(y[drawn]), sigma), prior)[0]
     log_error = x @ theta - y
     tune = held.fine_tunable
-    fine_tuned = (tune is not None and k >= MIN_KERNELS
-                  and tune.extrapolated[drawn].mean() >= MIN_EXTRAPOLATED_SHARE)
-    if fine_tuned:  # the model learns what the corrections leave unexplained on the drawn kernels
-        correction = np.exp(x @ theta)
-        efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn])
-        log_error = np.log(tune.efficiency / efficiency * correction)
-    return log_error[rest], bool(fine_tuned)
+    if tune is None or not considers_fine_tuning(k, tune.extrapolated[drawn].mean()):
+        return log_error[rest], False
+    # the model learns what the corrections leave unexplained on the drawn kernels
+    correction = np.exp(x @ theta)
+    efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
+                                            tune.efficiency[drawn] * np.exp(y[drawn]))
+    if efficiency is None:
+        return log_error[rest], False
+    return np.log(tune.efficiency / efficiency * correction)[rest], True
 
 
 def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float, bool]:
@@ -398,75 +405,94 @@ MANY_KERNELS = 1024
 
 def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, op: str = "gemm",
                         log=print) -> dict:
-    """Per held-out GPU of ``op`` whose drawn kernels trigger fine-tuning (:mod:`pipeweave.finetune`): the error of
-    the calibration on ``k`` drawn kernels (seed :data:`SEED`) with the standard recipe and with the recipe a
-    held-out fifth of them chooses (:func:`pipeweave.finetune.fine_tune_selected`), on all other kernels of the
-    GPU. The prior is estimated from the other GPUs' kernels of ``op`` only (this evaluation needs no other
-    operator's LOGO models); the held-out GPU never sets it."""
+    """Per held-out GPU of ``op`` with more than ``k`` kernels: the error on all its other kernels of a calibration
+    on ``k`` drawn ones (seed :data:`SEED`) with the corrections alone, with the standard fine-tuning, and as
+    ``calibrate.py --kernels`` now calibrates with that many (:func:`pipeweave.finetune.fine_tune_selected`: the
+    choice of a held-out fifth of them, with its validation errors). The prior is estimated from the other GPUs'
+    kernels of ``op`` only (this evaluation needs no other operator's LOGO models); the held-out GPU never sets
+    it."""
     from pipeweave.finetune import STANDARD, fine_tune_for_gpu, fine_tune_selected
     from pipeweave.mlp import NumpyMLP
 
     test_split = read_dataset(dataset_paths(op, dataset_dir)[1])
     rows = [held_out_rows(op, gpu, dataset_dir, cache, test_split) for gpu in gpus_with_data(op, dataset_dir)]
-    results = {}
+    registry, results = hardware_registry(), {}
     for held in rows:
         tune = held.fine_tunable
         if k >= len(held.y):
             continue
         drawn = np.random.default_rng(SEED).choice(len(held.y), size=k, replace=False)
-        if tune is None or tune.extrapolated[drawn].mean() < MIN_EXTRAPOLATED_SHARE:
-            continue
+        rest = np.setdiff1d(np.arange(len(held.y)), drawn)
         prior = estimate_prior([h for h in rows if h.gpu != held.gpu], f"{op} without {held.gpu}")
         x = held.design(prior.standardisation)
-        rest = np.setdiff1d(np.arange(len(held.y)), drawn)
         sigma = np.array([prior.sigma_kernel[c] for c in held.classes[drawn]])
         theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(held.y[drawn]), sigma), prior)[0]
         correction = np.exp(x @ theta)
+
+        def summary(efficiency: np.ndarray | None) -> dict:
+            ratio = correction[rest] * (np.exp(-held.y[rest]) if efficiency is None
+                                        else tune.efficiency[rest] / efficiency[rest])
+            errors = np.abs(ratio - 1) * 100
+            return {"mean": float(errors.mean()), "median": float(np.median(errors))}
+
+        def tuned(arrays) -> np.ndarray:
+            return tune.clip(NumpyMLP(arrays).efficiency(tune.inputs, tune.sm_freq))
+
         target = tune.efficiency[drawn] * correction[drawn]
-        registry = hardware_registry()
-
-        def error(arrays) -> dict:
-            efficiency = tune.clip(NumpyMLP(arrays).efficiency(tune.inputs, tune.sm_freq))
-            errors = np.abs(tune.efficiency[rest] / efficiency[rest] * correction[rest] - 1)
-            return {"mean": float(errors.mean() * 100), "median": float(np.median(errors) * 100)}
-
-        standard = error(fine_tune_for_gpu(op, tune.member_dirs, registry, tune.inputs[drawn], target,
+        standard = tuned(fine_tune_for_gpu(op, tune.member_dirs, registry, tune.inputs[drawn], target,
                                            tune.sm_freq, recipe=STANDARD))
         arrays, recipe, validation = fine_tune_selected(op, tune.member_dirs, registry, tune.inputs[drawn], target,
-                                                        tune.sm_freq)
-        corrections = np.abs(np.exp(x[rest] @ theta - held.y[rest]) - 1)
-        results[held.gpu] = {"n": int(len(held.y)), "k": k, "k0": float(np.mean(np.abs(np.exp(-held.y[rest]) - 1)) * 100),
-                             "corrections_only": float(corrections.mean() * 100), "standard": standard,
-                             "selected": error(arrays) if recipe is not STANDARD else standard,
-                             "recipe": recipe.name, "validation": validation}
-        log(f"  {op} / {held.gpu}: k={k} standard {standard['mean']:.1f} %, selected ({recipe.name}) "
-            f"{results[held.gpu]['selected']['mean']:.1f} %")
+                                                        tune.sm_freq, tune.efficiency[drawn] * np.exp(held.y[drawn]))
+        zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
+        cell = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
+                "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},
+                "corrections_only": summary(None), "standard": summary(standard),
+                "selected": summary(None if arrays is None else standard if recipe is STANDARD else tuned(arrays)),
+                "recipe": recipe.name, "validation": validation}
+        cell["before"] = cell["standard" if cell["flagged"] >= MIN_EXTRAPOLATED_SHARE else "corrections_only"]
+        results[held.gpu] = cell
+        log(f"  {op} / {held.gpu}: k={k} before {cell['before']['mean']:.1f} %, now ({recipe.name}) "
+            f"{cell['selected']['mean']:.1f} %")
     return results
 
 
 def render_many(results: dict, op: str = "gemm") -> str:
-    from pipeweave.finetune import (MIN_SELECTION_KERNELS, STANDARD, THOROUGH, VALIDATION_SHARE)
+    from pipeweave.finetune import CORRECTIONS_ONLY, MIN_SELECTION_KERNELS, RECIPES, STANDARD, THOROUGH, VALIDATION_SHARE
 
     k = next(iter(results.values()))["k"] if results else MANY_KERNELS
-    lines = ["## Fine-tuning with many kernels", "",
+    names = [CORRECTIONS_ONLY.name] + [recipe.name for recipe in RECIPES]
+
+    def cell(summary: dict) -> str:
+        return f"{summary['mean']:.1f} / {summary['median']:.1f}"
+
+    lines = ["## Calibration on many kernels", "",
              "Generated by `python3 -m pipeweave.calibration_eval --many_kernels` — do not edit by hand.", "",
-             f"A user who runs the profiler's full grid measures thousands of kernels ({op}: 3,790), the quick grid "
-             f"239. From {MIN_SELECTION_KERNELS} measured kernels on, a calibration that fine-tunes chooses its "
-             f"recipe on a held-out {VALIDATION_SHARE:.0%} of them (`pipeweave.finetune.fine_tune_selected`): the "
-             f"standard one ({STANDARD.epochs} epochs, the kernels weighing as one training GPU's replay rows, the "
-             f"recipe of the table above) or the thorough one ({THOROUGH.epochs} epochs, the kernels weighing as the "
-             "whole replay set), then fine-tunes with it on all of them. Leave-one-GPU-out, "
-             f"k = {k} kernels drawn at random (seed {SEED}, one draw) calibrate each GPU whose drawn kernels "
-             "trigger fine-tuning; the prior is estimated from the other GPUs' corrections of this operator only; "
-             "cells are the duration error `mean / median` in % on all the GPU's other kernels.", "",
-             f"| GPU | kernels | k = 0 | corrections only | standard fine-tuning | chosen recipe "
-             "(held-out fifth: mean abs log error standard / thorough) | chosen fine-tuning |",
-             "|---|---|---|---|---|---|---|"]
-    for gpu, cell in sorted(results.items()):
-        validation = " / ".join(f"{cell['validation'][name]:.3f}" for name in ("standard", "thorough"))
-        lines.append(f"| {gpu} | {cell['n']} | {cell['k0']:.1f} | {cell['corrections_only']:.1f} | "
-                     f"{cell['standard']['mean']:.1f} / {cell['standard']['median']:.1f} | {cell['recipe']} "
-                     f"({validation}) | {cell['selected']['mean']:.1f} / {cell['selected']['median']:.1f} |")
+             f"A user who runs the profiler's full grid measures thousands of kernels ({op}: 3,790; the quick grid "
+             f"239). From {MIN_SELECTION_KERNELS} measured kernels of a class on, `calibrate.py --kernels` holds out a "
+             f"seeded {VALIDATION_SHARE:.0%} of them and keeps whichever predicts that fifth best: the corrections "
+             f"alone, the standard fine-tuning ({STANDARD.epochs} epochs, the kernels weighing as one training GPU's "
+             f"replay rows: the recipe of the table above) or the thorough one ({THOROUGH.epochs} epochs, the kernels "
+             "weighing as the whole replay set), fine-tuned on the other four fifths for the choice and then on all "
+             "of them (`pipeweave.finetune.fine_tune_selected`). Before, the extrapolation flag alone decided, as in "
+             f"the table above (*before*: the standard fine-tuning where at least {MIN_EXTRAPOLATED_SHARE:.0%} of the "
+             "kernels are flagged, else the corrections alone). Leave-one-GPU-out, "
+             f"k = {k} kernels drawn at random (seed {SEED}, one draw) calibrate each GPU's LOGO model; the prior is "
+             "estimated from the other GPUs' corrections of this operator only; cells are the duration error "
+             "`mean / median` in % on all the GPU's other kernels. *Validation*: mean |log error| of "
+             f"{', '.join(names)} on the held-out fifth.", "",
+             "| GPU | kernels | flagged | k = 0 | corrections only | standard fine-tuning | before | chosen "
+             "(validation) | **now** |", "|---|---|---|---|---|---|---|---|---|"]
+    for gpu, result in sorted(results.items()):
+        validation = " / ".join(f"{result['validation'][name]:.3f}" for name in names)
+        lines.append(f"| {gpu} | {result['n']} | {result['flagged']:.0%} | {cell(result['k0'])} | "
+                     f"{cell(result['corrections_only'])} | {cell(result['standard'])} | {cell(result['before'])} | "
+                     f"{result['recipe']} ({validation}) | **{cell(result['selected'])}** |")
+    if results:
+        before = np.mean([r["before"]["mean"] for r in results.values()])
+        now = np.mean([r["selected"]["mean"] for r in results.values()])
+        worst = max(results.items(), key=lambda item: item[1]["selected"]["mean"])
+        lines += ["", f"Mean over the {len(results)} GPUs: before {before:.1f} %, now {now:.1f} %; the largest now "
+                      f"{worst[1]['selected']['mean']:.1f} % ({worst[0]})."]
     return "\n".join(lines)
 
 

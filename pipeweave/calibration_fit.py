@@ -264,10 +264,10 @@ def build_parser() -> ArgumentParser:
 
 
 def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, corrections: Calibration
-                     ) -> tuple[float, np.ndarray, np.ndarray]:
+                     ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """(share of the measured kernels of ``op`` the shipped model extrapolates on, by the fine-tune trigger's
     flags, their raw model inputs, the efficiency the model must give them so that its duration under
-    ``corrections`` is the measured one)."""
+    ``corrections`` is the measured one, the efficiency the shipped model gives them)."""
     operator = get_operator(op)
     shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
     predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
@@ -276,15 +276,19 @@ def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
                                   list(frame[list(operator.shape_columns)].itertuples(index=False, name=None)))
     measured_us = frame["avg_duration"].to_numpy(np.float64) / factors
     extrapolated = float(np.mean((predicted["extrapolation"].to_numpy() & TRIGGER_BITS) > 0))
-    return extrapolated, inputs, predicted["ideal_cycles"].to_numpy(np.float64) / (measured_us * spec.sm_freq)
+    ideal = predicted["ideal_cycles"].to_numpy(np.float64)
+    return (extrapolated, inputs, ideal / (measured_us * spec.sm_freq),
+            ideal / (predicted["predicted_us"].to_numpy(np.float64) * spec.sm_freq))
 
 
 def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor, registry,
                      corrections: Calibration, log=print) -> dict:
-    """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` whose measured
-    kernels the shipped model mostly extrapolates on: its members fine-tuned on what ``corrections`` (the fitted
-    calibration) leaves unexplained (:mod:`pipeweave.finetune`)."""
-    from pipeweave.finetune import FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, encode_arrays
+    """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` that
+    :func:`pipeweave.finetune.considers_fine_tuning` and whose held-out measured kernels (with enough of them) do
+    not prefer the corrections alone: its members fine-tuned on what ``corrections`` (the fitted calibration)
+    leaves unexplained (:mod:`pipeweave.finetune`)."""
+    from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
+                                    considers_fine_tuning, encode_arrays)
 
     entries = {}
     for op in FINE_TUNABLE:
@@ -292,13 +296,17 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         if not frames:
             continue
         frame = pd.concat(frames, ignore_index=True)
-        share, inputs, efficiency = fine_tune_inputs(op, frame, spec, predictor, corrections)
+        share, inputs, efficiency, base = fine_tune_inputs(op, frame, spec, predictor, corrections)
         said = f"{op}: the shipped model extrapolates on {share:.0%} of {len(frame)} measured kernels"
-        if share < MIN_EXTRAPOLATED_SHARE or len(frame) < MIN_KERNELS:
+        if not considers_fine_tuning(len(frame), share):
             log(f"{said}: corrections only (fine-tuning needs at least {MIN_EXTRAPOLATED_SHARE:.0%} of at least "
-                f"{MIN_KERNELS})")
+                f"{MIN_KERNELS}, or at least {MIN_SELECTION_KERNELS} kernels)")
             continue
         if importlib.util.find_spec("torch") is None:
+            if share < MIN_EXTRAPOLATED_SHARE:
+                log(f"{said}: corrections only (whether fine-tuning on them helps is tested only with torch: "
+                    f"pip install '.[train]')")
+                continue
             raise UserError(f"{said}; fine-tuning it on them needs torch (pip install '.[train]'), or pass "
                             f"--no_fine_tune to fit the corrections only")
         from pipeweave.ensemble import member_dirs
@@ -313,11 +321,15 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
                 log(f"{said}: corrections only (fine-tuning needs at least {MIN_KERNELS} kernels)")
                 continue
         members = member_dirs(directory) if "ensemble" in metadata else [directory]
-        arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq)
-        chosen = (", chosen on a held-out fifth of them: mean |log error| "
+        arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base)
+        chosen = (" chosen on a held-out fifth of them, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
+        if arrays is None:
+            log(f"{said}: corrections only ({chosen.strip()})")
+            continue
         log(f"{said}: fine-tuned its {len(members)} member(s) on {int(above.sum())} of them ({recipe.name} recipe: "
-            f"{recipe.epochs} epochs at learning rate {recipe.as_dict()['learning_rate']:g}{chosen})")
+            f"{recipe.epochs} epochs at learning rate {recipe.as_dict()['learning_rate']:g}{';' if chosen else ''}"
+            f"{chosen})")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
                        **recipe.as_dict(), "validation_errors": errors, "weights": encode_arrays(arrays)}
     return entries

@@ -1,4 +1,5 @@
-"""Fine-tuning a kernel model on one GPU's measured kernels where the shipped model extrapolates there.
+"""Fine-tuning a kernel model on one GPU's measured kernels: where the shipped model extrapolates there, and where
+many kernels show that it helps.
 
 Why. The calibration's corrections (:mod:`pipeweave.calibration`) are a low-dimensional function of the
 shape: they fix a GPU's efficiency bias where the model's shape structure is right. Where the GPU's kernels lie
@@ -15,20 +16,24 @@ user without the measurement sources can fine-tune. The measured kernels are rep
 training GPU's replay rows. The result is a model for that GPU only, stored in the calibration file; other
 GPUs' predictions never use it.
 
-How long, with many kernels. A few kernels only correct the model: :data:`STANDARD` (``EPOCHS`` passes, the
-measured kernels weighing as one training GPU's replay). Thousands of kernels (the profiler's full grid) say
-more than that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048)
-with it. :data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the
-whole replay set (2,048 kernels of L40S: 8.9 %; 512: 11.1 %, no better than the standard recipe). Which one
-suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on the kernels
-decide: each recipe is fine-tuned on all but a seeded fifth of them (:data:`VALIDATION_SHARE`), the one with
-the smaller mean |log error| on that fifth is fine-tuned on all of them (:func:`fine_tune_selected`). Below
-that, too few kernels are held out to tell the recipes apart, and the standard recipe applies.
+With many kernels. A few kernels only correct the model: :data:`STANDARD` (``EPOCHS`` passes, the measured
+kernels weighing as one training GPU's replay rows). Thousands of kernels (the profiler's full grid) say more than
+that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048) with it.
+:data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the whole replay
+set (2,048 kernels of L40S: 8.9 %; 512: 11.1 %, no better than the standard recipe). Nor is the extrapolation
+flag the whole story with that many kernels: on 1,024 kernels the thorough recipe also beat the corrections alone
+on H100 (7.7 -> 6.3 %), where the model does not extrapolate, and lost to them on B200 (5.5 -> 6.3 %). Which one
+suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on the kernels decide
+(:func:`fine_tune_selected`): each recipe is fine-tuned on all but a seeded fifth of them
+(:data:`VALIDATION_SHARE`), and of the corrections alone (:data:`CORRECTIONS_ONLY`) and the two recipes the one
+with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them). Below that
+too few kernels are held out to tell them apart, and the flag decides (:func:`considers_fine_tuning`).
 
-When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUNABLE` when at least
-:data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
-:data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them. Elsewhere the corrections alone are the better calibration (docs/ACCURACY.md, "Few-shot
-calibration"). Needs torch (``pip install '.[train]'``).
+When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUNABLE` with the standard recipe
+when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
+:data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them; from :data:`MIN_SELECTION_KERNELS` on,
+as the held-out fifth chooses. With fewer kernels where the model does not extrapolate, the corrections alone are the
+better calibration (docs/ACCURACY.md, "Few-shot calibration"). Needs torch (``pip install '.[train]'``).
 """
 from __future__ import annotations
 
@@ -75,10 +80,20 @@ class Recipe:
                 "measured_weight": self.measured_weight}
 
 
+def considers_fine_tuning(kernels: int, extrapolated_share: float) -> bool:
+    """Whether a calibration on ``kernels`` measured kernels of a class in :data:`FINE_TUNABLE`, of which the
+    model extrapolates on ``extrapolated_share``, may fine-tune: from :data:`MIN_SELECTION_KERNELS` kernels on
+    always (a held-out fifth of them then chooses, :func:`fine_tune_selected`), below that where the model
+    extrapolates on most of at least :data:`MIN_KERNELS`."""
+    return kernels >= MIN_SELECTION_KERNELS or (kernels >= MIN_KERNELS
+                                                 and extrapolated_share >= MIN_EXTRAPOLATED_SHARE)
+
+
+CORRECTIONS_ONLY = Recipe("corrections_only", 0, "none")  # no fine-tuning: the calibration's corrections alone
 STANDARD = Recipe("standard", EPOCHS, "one_gpu")
 THOROUGH = Recipe("thorough", THOROUGH_EPOCHS, "replay")
 RECIPES = (STANDARD, THOROUGH)
-#: from this many kernels on, a held-out fifth of them chooses the recipe: at least 40 kernels to compare on
+#: from this many kernels on, a held-out fifth of them chooses: at least 40 kernels to compare on
 MIN_SELECTION_KERNELS = 200
 VALIDATION_SHARE = 0.2
 VALIDATION_SEED = 0
@@ -178,26 +193,34 @@ def validation_rows(n: int) -> np.ndarray:
 
 
 def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
-                       efficiency: np.ndarray, sm_freq: float, config_dir: str | Path | None = None
-                       ) -> tuple[dict[str, np.ndarray], Recipe, dict[str, float]]:
-    """(weight-file arrays, the recipe they were fine-tuned with, mean |log error| of each recipe on the held-out
-    fifth): :func:`fine_tune_for_gpu` with :data:`STANDARD` below :data:`MIN_SELECTION_KERNELS` kernels (no
-    errors), else with the recipe whose fine-tuning on the other kernels predicts the held-out fifth best."""
+                       efficiency: np.ndarray, sm_freq: float, base_efficiency: np.ndarray,
+                       config_dir: str | Path | None = None
+                       ) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
+    """(weight-file arrays, or None for the corrections alone; the recipe; mean |log error| of each choice on the
+    held-out fifth) for measured kernels (raw model inputs, the ``efficiency`` the model must give them under the
+    fitted corrections, the ``base_efficiency`` the model gives them): below :data:`MIN_SELECTION_KERNELS` kernels
+    :data:`STANDARD`, unvalidated; from it on, of :data:`CORRECTIONS_ONLY` and :data:`RECIPES` the one that predicts
+    a held-out fifth best after fine-tuning on the other kernels, a recipe then fine-tuned on all of them."""
     from pipeweave.mlp import NumpyMLP
 
     inputs, efficiency = np.asarray(inputs, dtype=np.float64), np.asarray(efficiency, dtype=np.float64)
-    errors = {}
-    if len(inputs) >= MIN_SELECTION_KERNELS:
-        held = np.zeros(len(inputs), bool)
-        held[validation_rows(len(inputs))] = True
-        for recipe in RECIPES:
-            arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[~held], efficiency[~held], sm_freq,
-                                       config_dir, recipe)
-            predicted = NumpyMLP(arrays).efficiency(inputs[held], sm_freq)
-            errors[recipe.name] = float(np.mean(np.abs(np.log(predicted / efficiency[held]))))
-    chosen = min(RECIPES, key=lambda recipe: errors[recipe.name]) if errors else STANDARD
-    return (fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir, chosen),
-            chosen, errors)
+    if len(inputs) < MIN_SELECTION_KERNELS:
+        return fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir), STANDARD, {}
+    held = np.zeros(len(inputs), bool)
+    held[validation_rows(len(inputs))] = True
+
+    def error(predicted: np.ndarray) -> float:
+        return float(np.mean(np.abs(np.log(np.asarray(predicted, dtype=np.float64) / efficiency[held]))))
+
+    errors = {CORRECTIONS_ONLY.name: error(np.asarray(base_efficiency, dtype=np.float64)[held])}
+    for recipe in RECIPES:
+        arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[~held], efficiency[~held], sm_freq,
+                                   config_dir, recipe)
+        errors[recipe.name] = error(NumpyMLP(arrays).efficiency(inputs[held], sm_freq))
+    chosen = min((CORRECTIONS_ONLY,) + RECIPES, key=lambda recipe: errors[recipe.name])
+    if chosen is CORRECTIONS_ONLY:
+        return None, chosen, errors
+    return fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir, chosen), chosen, errors
 
 
 def encode_arrays(arrays: dict[str, np.ndarray]) -> str:

@@ -172,14 +172,15 @@ def test_weights_survive_the_text_encoding():
 class PerfectFineTune(FineTunable):
     """A fine-tune that learns the GPU exactly (records what it was given)."""
 
-    def fine_tuned_efficiency(self, op, drawn, target):
+    def fine_tuned_efficiency(self, op, drawn, target, base):
         self.calls.append((drawn, target))
         return self.efficiency.copy()
 
 
 def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged():
     """calibration_eval follows calibrate.py's rule: fine-tune when at least half of k >= 8 drawn kernels are
-    flagged, on the measured efficiency times the fitted correction; otherwise the corrections alone."""
+    flagged, or k >= 200 (where fine_tune_selected may still keep the corrections alone), on the measured
+    efficiency times the fitted correction; otherwise the corrections alone."""
     from test_calibration import synthetic_gpu
 
     prior = estimate_prior([synthetic_gpu(f"gpu{i}", b, 0.0, seed=i) for i, b in enumerate((-0.2, 0.1, 0.2))], "s")
@@ -201,6 +202,7 @@ def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged()
     assert kshot_errors(held, x, prior, 4, seed=3)[2] is False  # too few kernels
     held.fine_tunable = with_flags(0.0)
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False and not held.fine_tunable.calls
+    assert kshot_errors(held, x, prior, 200, seed=3)[2] is True  # with many kernels, whatever the flags
     held.fine_tunable = None
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False
 
@@ -282,8 +284,9 @@ def test_fine_tuning_leaves_out_kernels_not_above_the_fixed_time():
 
 def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     """Below MIN_SELECTION_KERNELS the standard recipe fine-tunes on every kernel, unvalidated; from it on, each
-    recipe is fine-tuned on the same seeded four fifths, the one that predicts the held-out fifth better is then
-    fine-tuned on all kernels (fine-tuning and the model replaced by fakes whose error is known)."""
+    recipe is fine-tuned on the same seeded four fifths and the choice that predicts the held-out fifth best (the
+    corrections alone among them) is kept, a recipe then fine-tuned on all kernels (fine-tuning and the model
+    replaced by fakes whose error is known)."""
     from pipeweave import finetune, mlp
 
     calls = []
@@ -303,18 +306,34 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     monkeypatch.setattr(mlp, "NumpyMLP", FakeModel)
     few = finetune.MIN_SELECTION_KERNELS - 1
     truth = np.linspace(0.1, 0.9, few)[:, None]
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0)
-    assert (recipe, errors, calls) == (finetune.STANDARD, {}, [("standard", few)])
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0, truth[:, 0])
+    assert (arrays, recipe, errors, calls) == ({"recipe": "standard"}, finetune.STANDARD, {}, [("standard", few)])
 
     calls.clear()
     many = 2 * finetune.MIN_SELECTION_KERNELS
     truth = np.linspace(0.1, 0.9, many)[:, None]
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0)
     held = round(many * finetune.VALIDATION_SHARE)
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                         truth[:, 0] * 1.05)  # the corrections alone: 5 % off
     assert recipe is finetune.THOROUGH and arrays == {"recipe": "thorough"}
     assert calls == [("standard", many - held), ("thorough", many - held), ("thorough", many)]
-    assert errors == pytest.approx({"standard": np.log(1.10), "thorough": np.log(1.02)})
+    assert errors == pytest.approx({"corrections_only": np.log(1.05), "standard": np.log(1.10),
+                                    "thorough": np.log(1.02)})
     assert np.array_equal(finetune.validation_rows(many), finetune.validation_rows(many))  # seeded
+
+    calls.clear()
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                         truth[:, 0] * 1.01)  # the corrections alone: 1 % off
+    assert (arrays, recipe) == (None, finetune.CORRECTIONS_ONLY)
+    assert calls == [("standard", many - held), ("thorough", many - held)]
+
+
+def test_fine_tuning_is_considered_where_the_model_extrapolates_or_with_many_kernels():
+    from pipeweave.finetune import MIN_KERNELS, MIN_SELECTION_KERNELS, considers_fine_tuning
+
+    assert not considers_fine_tuning(MIN_KERNELS - 1, 1.0)
+    assert considers_fine_tuning(MIN_KERNELS, 0.5) and not considers_fine_tuning(MIN_SELECTION_KERNELS - 1, 0.49)
+    assert considers_fine_tuning(MIN_SELECTION_KERNELS, 0.0)
 
 
 def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
