@@ -18,7 +18,8 @@ GPUs' predictions never use it.
 
 With many kernels. A few kernels only correct the model: :data:`STANDARD` (``EPOCHS`` passes, the measured
 kernels weighing as one training GPU's replay rows). Thousands of kernels (the profiler's full grid) say more than
-that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048) with it.
+that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048) with it
+(one draw each).
 :data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the whole replay
 set (2,048 kernels of L40S: 8.9 %; 512: 11.1 %, no better than the standard recipe). Nor is the extrapolation
 flag the whole story with that many kernels: on 1,024 kernels the thorough recipe also beat the corrections alone
