@@ -22,7 +22,7 @@ from analytical_model.registry import get_operator
 from pipeweave import aggregate, calibration_fit, kernels
 from pipeweave.calibration import load_calibration
 from pipeweave.calibration_eval import FineTunable, estimate_prior, kshot_errors
-from pipeweave.cli import run_cli
+from pipeweave.cli import UserError, run_cli
 from pipeweave.finetune import decode_arrays, encode_arrays
 from pipeweave.mlp import NumpyMLP, latest_model_dir, read_weight_arrays, weights_path
 
@@ -342,3 +342,24 @@ def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
     assert STANDARD.measured_rows(replay_rows=37_900, replay_rows_per_gpu=3_790) == 3_790
     assert THOROUGH.measured_rows(replay_rows=37_900, replay_rows_per_gpu=3_790) == 37_900
     assert THOROUGH.epochs > STANDARD.epochs
+
+
+def test_many_kernel_section_names_the_command_that_rewrites_it():
+    """The rendered section says which operator and k it is for, and the command it names parses to the same."""
+    from pipeweave import calibration_eval
+
+    def summary(mean):
+        return {"mean": mean, "median": mean / 2}
+
+    cell = {"n": 5000, "k": 239, "flagged": 1.0, "k0": summary(12.0), "corrections_only": summary(9.0),
+            "standard": summary(8.0), "before": summary(8.0), "selected": summary(6.0), "recipe": "thorough",
+            "validation": {"corrections_only": 0.09, "standard": 0.08, "thorough": 0.06}}
+    text = calibration_eval.render_many({"NVIDIA A40": cell, "NVIDIA L40S": {**cell, "selected": summary(10.0)}},
+                                        "gemm_fp8")
+    assert text.startswith("## Calibration on many kernels: gemm_fp8, k = 239\n")
+    assert "`python3 -m pipeweave.calibration_eval --many_kernels gemm_fp8 --many_kernels_k 239`" in text
+    assert "| NVIDIA A40 | 5000 | 100% | 12.0 / 6.0 | 9.0 / 4.5 | 8.0 / 4.0 | 8.0 / 4.0 | thorough " \
+           "(0.090 / 0.080 / 0.060) | **6.0 / 3.0** |" in text
+    assert text.endswith("Mean over the 2 GPUs: before 8.0 %, now 8.0 %; the largest now 10.0 % (NVIDIA L40S).")
+    with pytest.raises(UserError, match="--many_kernels_k: must be at least 1, got 0"):
+        calibration_eval.main(["--many_kernels", "gemm", "--many_kernels_k", "0"])
