@@ -327,9 +327,10 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         if arrays is None:
             log(f"{said}: corrections only ({chosen.strip()})")
             continue
+        described = recipe.as_dict()
         log(f"{said}: fine-tuned its {len(members)} member(s) on {int(above.sum())} of them ({recipe.name} recipe: "
-            f"{recipe.epochs} epochs at learning rate {recipe.as_dict()['learning_rate']:g}{';' if chosen else ''}"
-            f"{chosen})")
+            f"{recipe.epochs} epochs at learning rate {described['learning_rate']:g}, "
+            f"{described['learning_rate_schedule']}{';' if chosen else ''}{chosen})")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
                        **recipe.as_dict(), "validation_errors": errors, "weights": encode_arrays(arrays)}
     return entries

@@ -344,6 +344,35 @@ def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
     assert THOROUGH.epochs > STANDARD.epochs
 
 
+def test_the_thorough_recipe_anneals_its_learning_rate(monkeypatch):
+    """Each pass of the thorough recipe trains at LEARNING_RATE times a half cosine (the first at the full rate, the
+    last near 0), the standard recipe's at the constant rate; the calibration file says which (two real members,
+    a tiny replay set, the passes replaced by a recorder)."""
+    pytest.importorskip("torch", reason="fine-tuning needs the training extras")
+    from analytical_model.hardware import load_hardware
+    from pipeweave import training
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.finetune import LEARNING_RATE, STANDARD, THOROUGH, fine_tune
+
+    rates = []
+    monkeypatch.setattr(training, "train_epoch",
+                        lambda model, optimizer, *rest: rates.append(optimizer.param_groups[0]["lr"]))
+    hw, operator = load_hardware("L40"), get_operator("gemm")
+    members = member_dirs(latest_model_dir(REPO / "mlp_models", "gemm"))[:1]
+    shapes = {"M": [4096, 8192], "N": [4096, 8192], "K": [4096, 8192]}
+    inputs = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    efficiency = operator.ideal_us(inputs, hw.sm_freq) / np.array([900.0, 1800.0])
+    fine_tune("gemm", members, inputs, efficiency, inputs[:1], 8, hw.sm_freq, THOROUGH)
+    n = THOROUGH.epochs
+    assert rates == pytest.approx([LEARNING_RATE * (1 + np.cos(np.pi * e / n)) / 2 for e in range(n)])
+    assert rates[0] == LEARNING_RATE and rates[-1] < 0.01 * LEARNING_RATE
+    rates.clear()
+    fine_tune("gemm", members, inputs, efficiency, inputs[:1], 8, hw.sm_freq, STANDARD)
+    assert rates == [LEARNING_RATE] * STANDARD.epochs
+    assert (THOROUGH.as_dict()["learning_rate_schedule"], STANDARD.as_dict()["learning_rate_schedule"]) == \
+        ("cosine", "constant")
+
+
 def test_many_kernel_section_names_the_command_that_rewrites_it():
     """The rendered section says which operator and k it is for, and the command it names parses to the same."""
     from pipeweave import calibration_eval
