@@ -21,13 +21,15 @@ kernels weighing as one training GPU's replay rows). Thousands of kernels (the p
 that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048) with it
 (one draw each).
 :data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the whole replay
-set (2,048 kernels of L40S: 8.9 %; 512: 11.1 %, no better than the standard recipe), its learning rate annealed to
+set (first at a constant rate: 2,048 kernels of L40S 8.9 %, 512 11.1 %, no better than the standard recipe), its
+learning rate annealed to
 near 0 along a half cosine: at a constant rate the last pass leaves each member wherever its last batches put it
 (FP8 GEMMs of H20, 1,024 kernels, leave-one-GPU-out: members 1.7-6.5 % on the GPU's other kernels, and
 refitting on all kernels after the held-out fifth had chosen gave 3.4 % against the 1.7 % of the fit it chose);
 annealed, the same members give 1.5-2.0 %. Nor is the extrapolation
 flag the whole story with that many kernels: on 1,024 kernels the thorough recipe also beat the corrections alone
-on H100 (7.7 -> 6.3 %), where the model does not extrapolate, and lost to them on B200 (5.5 -> 6.3 %). Which one
+on H100's GEMMs (7.7 -> 6.4 %), where the model does not extrapolate, and the corrections alone stay best on
+B200's (the held-out fifth keeps them). Which one
 suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on the kernels decide
 (:func:`fine_tune_selected`): each recipe is fine-tuned on all but a seeded fifth of them
 (:data:`VALIDATION_SHARE`), and of the corrections alone (:data:`CORRECTIONS_ONLY`) and the two recipes the one
