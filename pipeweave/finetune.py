@@ -16,25 +16,24 @@ user without the measurement sources can fine-tune. The measured kernels are rep
 training GPU's replay rows. The result is a model for that GPU only, stored in the calibration file; other
 GPUs' predictions never use it.
 
-With many kernels. A few kernels only correct the model: :data:`STANDARD` (``EPOCHS`` passes, the measured
-kernels weighing as one training GPU's replay rows). Thousands of kernels (the profiler's full grid) say more than
-that recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048) with it
-(one draw each).
-:data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the whole replay
-set (first at a constant rate: 2,048 kernels of L40S 8.9 %, 512 11.1 %, no better than the standard recipe), its
-learning rate annealed to
-near 0 along a half cosine: at a constant rate the last pass leaves each member wherever its last batches put it
-(FP8 GEMMs of H20, 1,024 kernels, leave-one-GPU-out: members 1.7-6.5 % on the GPU's other kernels, and
-refitting on all kernels after the held-out fifth had chosen gave 3.4 % against the 1.7 % of the fit it chose);
-annealed, the same members give 1.5-2.0 %. Nor is the extrapolation
-flag the whole story with that many kernels: on 1,024 kernels the thorough recipe also beat the corrections alone
-on H100's GEMMs (7.7 -> 6.4 %), where the model does not extrapolate, and the corrections alone stay best on
-B200's (the held-out fifth keeps them). Which one
-suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on the kernels decide
-(:func:`fine_tune_selected`): each recipe is fine-tuned on all but a seeded fifth of them
+With many kernels. A few kernels only correct the model: :data:`STANDARD` (``EPOCHS`` passes, the measured kernels
+weighing as one training GPU's replay rows). Thousands of kernels (the profiler's full grid) say more than that
+recipe lets them: leave-one-GPU-out, L40S's GEMMs went 11.0 % (512 kernels) -> 11.9 % (2,048) with it (one draw
+each). :data:`THOROUGH` trains ``THOROUGH_EPOCHS`` passes with the measured kernels weighing as much as the whole
+replay set (first at a constant rate: 2,048 kernels of L40S 8.9 %, 512 11.1 %, no better than the standard recipe),
+its learning rate annealed to near 0 along a half cosine: at a constant rate the last pass leaves each member
+wherever its last batches put it (FP8 GEMMs of H20, 1,024 kernels, leave-one-GPU-out: members 1.7-6.5 % on the
+GPU's other kernels, and refitting on all kernels after the held-out fifth had chosen gave 3.4 % against the 1.7 %
+of the fit it chose); annealed, the same members give 1.5-2.0 %. The
+standard recipe's five passes stay at a constant rate: annealed they learn less (FP8 GEMMs of H20, 128 kernels:
+3.7 -> 4.7 %). Nor is the extrapolation flag the whole story with
+that many kernels: on 1,024 kernels the thorough recipe also beat the corrections alone on H100's GEMMs (7.7 -> 6.4
+%), where the model does not extrapolate, and the corrections alone stay best on B200's (the held-out fifth keeps
+them). Which one suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on
+the kernels decide (:func:`fine_tune_selected`): each recipe is fine-tuned on all but a seeded fifth of them
 (:data:`VALIDATION_SHARE`), and of the corrections alone (:data:`CORRECTIONS_ONLY`) and the two recipes the one
-with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them). Below that
-too few kernels are held out to tell them apart, and the flag decides (:func:`considers_fine_tuning`).
+with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them). Below that too
+few kernels are held out to tell them apart, and the flag decides (:func:`considers_fine_tuning`).
 
 When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUNABLE` with the standard recipe
 when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
