@@ -332,7 +332,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             f"{recipe.epochs} epochs at learning rate {described['learning_rate']:g}, "
             f"{described['learning_rate_schedule']}{';' if chosen else ''}{chosen})")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
-                       **recipe.as_dict(), "validation_errors": errors, "weights": encode_arrays(arrays)}
+                       **described, "validation_errors": errors, "weights": encode_arrays(arrays)}
     return entries
 
 

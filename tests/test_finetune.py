@@ -346,7 +346,7 @@ def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
 
 def test_the_thorough_recipe_anneals_its_learning_rate(monkeypatch):
     """Each pass of the thorough recipe trains at LEARNING_RATE times a half cosine (the first at the full rate, the
-    last near 0), the standard recipe's at the constant rate; the calibration file says which (two real members,
+    last near 0), the standard recipe's at the constant rate; the calibration file says which (one real member,
     a tiny replay set, the passes replaced by a recorder)."""
     pytest.importorskip("torch", reason="fine-tuning needs the training extras")
     from analytical_model.hardware import load_hardware
@@ -384,7 +384,7 @@ def test_many_kernel_section_names_the_command_that_rewrites_it():
             "standard": summary(8.0), "before": summary(8.0), "selected": summary(6.0), "recipe": "thorough",
             "validation": {"corrections_only": 0.09, "standard": 0.08, "thorough": 0.06}}
     text = calibration_eval.render_many({"NVIDIA A40": cell, "NVIDIA L40S": {**cell, "selected": summary(10.0)}},
-                                        "gemm_fp8")
+                                        "gemm_fp8", 239)
     assert text.startswith("## Calibration on many kernels: gemm_fp8, k = 239\n")
     assert "`python3 -m pipeweave.calibration_eval --many_kernels gemm_fp8 --many_kernels_k 239`" in text
     assert "| NVIDIA A40 | 5000 | 100% | 12.0 / 6.0 | 9.0 / 4.5 | 8.0 / 4.0 | 8.0 / 4.0 | thorough " \
