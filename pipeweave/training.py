@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeweave.torch_mlp import DROPOUT, build_model
+from pipeweave.torch_mlp import DROPOUT, build_model, float_path
 from pipeweave.splits import group_ids
 
 RECIPES = ("pipeweave", "reference", "quantile")
@@ -71,6 +71,7 @@ class TrainConfig:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["architecture"] = self.architecture
+        d["mkl_cbwr"] = float_path()
         return d
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -338,3 +339,41 @@ def test_logo_cache_in_worker_processes_equals_the_sequential_one(tmp_path):
                         for name in ("sequential", "parallel"))
             assert len(one) == (frame["hardware"] == gpu).sum()
             np.testing.assert_array_equal(one, two)
+
+
+FLOAT_PATH_PROBE = """
+import hashlib, numpy as np, torch
+from pipeweave.training import TrainConfig, fit
+rng = np.random.default_rng(0)
+x = rng.normal(size=(600, 12)).astype(np.float32)
+perf = 1.0 / (1.0 + np.exp(-x[:, 0] - 0.5 * x[:, 1]))
+model, _ = fit(x, perf, TrainConfig(epochs=4, patience=4, batch_size=128, progress=False))
+digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.state_dict().values())).hexdigest()
+print(TrainConfig().as_dict()["mkl_cbwr"], digest)
+"""
+
+
+def train_on_float_path(repo_root, **environment) -> tuple[str, str]:
+    """(the MKL path a training subprocess records, a digest of its weights) under ``environment``."""
+    env = {key: value for key, value in os.environ.items() if key not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY")}
+    result = subprocess.run([sys.executable, "-c", FLOAT_PATH_PROBE], cwd=repo_root, capture_output=True, text=True,
+                            env={**env, **environment})
+    assert result.returncode == 0, result.stderr
+    recorded, digest = result.stdout.split()
+    return recorded, digest
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                    reason="needs an AVX-512 CPU to run both the AVX2 and the AVX-512 code paths on one machine")
+def test_training_gives_the_same_weights_on_the_avx2_and_avx512_code_paths(repo_root):
+    """What an AVX2 and an AVX-512 machine run: MKL left to choose by CPU trains two different models, the
+    reproducible path (the default) one, whichever vector width torch's own kernels use."""
+    assert train_on_float_path(repo_root, MKL_CBWR="AVX2")[1] != train_on_float_path(repo_root, MKL_CBWR="AVX512")[1]
+    avx2 = train_on_float_path(repo_root, ATEN_CPU_CAPABILITY="avx2")
+    avx512 = train_on_float_path(repo_root, ATEN_CPU_CAPABILITY="avx512")
+    assert avx2 == avx512 and avx2[0] == "COMPATIBLE"
+
+
+def test_training_records_its_float_path_and_keeps_the_users(repo_root):
+    assert train_on_float_path(repo_root)[0] == "COMPATIBLE"
+    assert train_on_float_path(repo_root, MKL_CBWR="AUTO")[0] == "AUTO"
