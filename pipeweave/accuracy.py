@@ -467,6 +467,25 @@ def flag_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=pr
     return out
 
 
+#: the held-out cell that shows a bias every member shares: (operator, GPU, its name in the prose)
+SHARED_BIAS_EXAMPLE = ("attn", "NVIDIA A100-SXM4-80GB", "A100's attention")
+
+
+def shared_bias_example(flags: dict) -> str:
+    """The sentence of :func:`render_flags` on a bias no `members` bit sees, with the figures of its example cell
+    (empty when that cell is not in ``flags``)."""
+    op, gpu, name = SHARED_BIAS_EXAMPLE
+    cell = flags.get(op, {}).get(gpu)
+    if cell is None or "shares" not in cell:
+        return ""
+    parts = [(share, error) for share, error in ((cell["flagged"], cell["error_flagged"]),
+                                                   (1 - cell["flagged"], cell["error_unflagged"])) if error is not None]
+    error = sum(share * error for share, error in parts) / sum(share for share, _ in parts)
+    return (f" A per-GPU bias that all members share raises no `members` bit ({name}, {error:.0f} % off: its "
+            f"members disagree on {cell['members'] * 100:.0f} % of its rows); where it comes with a balance of pipes "
+            f"no training GPU has, the `shares` bit sees it ({cell['shares'] * 100:.0f} % of {name} rows).")
+
+
 def render_flags(flags: dict) -> str:
     def pct(value):
         return "—" if value is None else f"{value:.1f}"
@@ -484,9 +503,7 @@ def render_flags(flags: dict) -> str:
         "docs/METHOD.md §4.3 act). Here every GPU is",
         "held out in turn and flagged by its leave-one-GPU-out model as the predictor flags a GPU outside training;",
         "the error columns are the duration errors (mean %) of its flagged and unflagged rows. A flag that means",
-        "something has the larger error on the flagged rows. A per-GPU bias that all members share raises no",
-        "`members` bit (A100's attention, 20 % off: its members disagree on 5 % of its rows); where it comes with a",
-        "balance of pipes no training GPU has, the `shares` bit sees it (64 % of A100's attention rows).",
+        "something has the larger error on the flagged rows." + shared_bias_example(flags),
         "",
         "| operator | held-out GPU | n | flagged % | range % | architecture % | members % | shares % "
         "| error flagged | error not flagged |",

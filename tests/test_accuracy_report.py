@@ -49,6 +49,19 @@ def test_flags_section_renders_shares_and_both_errors():
     assert "(section `flags`)" in text
 
 
+def test_flags_section_quotes_its_example_from_the_results():
+    """The prose example of a bias every member shares is computed from its cell, never written by hand."""
+    a100 = {"n": 10, "flagged": 1.0, "architecture": 1.0, "range": 0.0, "members": 0.066, "shares": 0.64,
+            "error_flagged": 19.4, "error_unflagged": None}
+    text = render_flags({"attn": {"NVIDIA A100-SXM4-80GB": a100}})
+    assert "(A100's attention, 19 % off: its members disagree on 7 % of its rows)" in text
+    assert "(64 % of A100's attention rows)" in text
+    partly = {**a100, "flagged": 0.5, "error_flagged": 30.0, "error_unflagged": 10.0, "members": 0.2}
+    assert "(A100's attention, 20 % off: its members disagree on 20 % of its rows)" in render_flags(
+        {"attn": {"NVIDIA A100-SXM4-80GB": partly}})
+    assert "A100's attention" not in render_flags({"gemm": {"NVIDIA A100-SXM4-80GB": a100}})
+
+
 def test_harness_ratios_compare_the_shapes_both_harnesses_measured():
     rows = pd.DataFrame({"M": [1, 1, 2, 3], "N": [8, 8, 8, 8], "K": [4, 4, 4, 4],
                          "avg_duration": [10.0, 12.0, 5.0, 7.0],
