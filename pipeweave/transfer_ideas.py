@@ -26,7 +26,7 @@ ship. An idea is kept only if it lowers the LOGO duration error on most GPUs and
   must keep in flight to saturate the DRAM (Little's law). H20 needs 28.2, H200 20.4, H100 13.9; aiconfigurator's
   decode-sized GEMMs reach a median 0.80 of spec bandwidth on H100 and 0.72 on H200, and H20's decode steps run
   1.25x H100's on 1.2x its bandwidth. The features carry it already, as the ratio of ``sm_max_shared_cycle`` to
-  ``sm_max_global_cycle`` (README, "End to end");
+  ``sm_max_global_cycle`` (docs/ACCURACY_HISTORY.md, "End to end");
 * ``ampere``, ``ada``, ``hopper``, ``blackwell``: 1 on a GPU of that architecture (``ampere+ada+hopper+blackwell``
   is the one-hot architecture): siblings share their generation's kernels and power behaviour (L40S, the only
   Ada GPU with GEMM data, runs large GEMMs at 0.63 of peak; its die-mate L40 has no data).
