@@ -34,8 +34,8 @@ from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior,
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, UserError, positive_int, run_cli, write_atomically, write_marked_section
-from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, TRIGGER_BITS,
-                                considers_fine_tuning)
+from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
+                                SELECTION_ONLY, TRIGGER_BITS, considers_fine_tuning)
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
@@ -219,7 +219,7 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
     theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(y[drawn]), sigma), prior)[0]
     log_error = x @ theta - y
     tune = held.fine_tunable
-    if tune is None or not considers_fine_tuning(k, tune.extrapolated[drawn].mean()):
+    if tune is None or not considers_fine_tuning(held.op, k, tune.extrapolated[drawn].mean()):
         return log_error[rest], False
     # the model learns what the corrections leave unexplained on the drawn kernels
     correction = np.exp(x @ theta)
@@ -294,7 +294,7 @@ def render(results: dict, png: Path, doc: Path) -> str:
              f"duration error `mean / median` in %, averaged over {DRAWS} draws (seeds {SEED}…{SEED + DRAWS - 1}).",
              "",
              "**Fine-tuning where the model extrapolates** (`pipeweave.finetune`, as `calibrate.py --kernels` does it). "
-             f"For {' and '.join(FINE_TUNABLE)}, when at least {MIN_EXTRAPOLATED_SHARE:.0%} of the k drawn kernels "
+             f"For {' and '.join(op for op in FINE_TUNABLE if op not in SELECTION_ONLY)}, when at least {MIN_EXTRAPOLATED_SHARE:.0%} of the k drawn kernels "
              f"(k ≥ {MIN_KERNELS}) carry the LOGO model's extrapolation flag (its SM design unseen, inputs outside "
              "its training range or its members disagreeing: the section \"What the extrapolation flag means\"), "
              "each LOGO member is also trained further on what the fitted corrections leave unexplained on those "
@@ -306,7 +306,8 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "the corrections, 3.0 % on H20 but 12.1 % on H100 against 9.7 %; replaying the other GPUs' measured "
              "training rows instead of the grid, 5.4 % on H20 against 3.0 %; fine-tuning attention lost everywhere "
              "(A100 12.9 → 22.4 %, H100 6.5 → 16.5 %, H200 6.2 → 16.8 %, L40S 12.5 → 17.3 %), so attention is "
-             "corrected only. MoE has no profiler shape grid to replay; with the dataset's MoE shapes as the replay "
+             f"corrected only below {MIN_SELECTION_KERNELS} kernels (from there a held-out fifth of them chooses: "
+             "the sections \"Calibration on many kernels\"). MoE has no profiler shape grid to replay; with the dataset's MoE shapes as the replay "
              "(an experiment only), L40S at k = 32 went 22.8 → 18.2 % (H100 and H200 would not trigger), so MoE "
              "is a candidate once it has a grid. The learning rate (3·10⁻⁴), the 5 epochs and the rule's 50 % were "
              "set before these runs and not varied."
@@ -450,18 +451,31 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
                 "corrections_only": summary(None), "standard": summary(standard),
                 "selected": summary(None if arrays is None else standard if recipe is STANDARD else tuned(arrays)),
                 "recipe": recipe.name, "validation": validation}
-        cell["before"] = cell["standard" if cell["flagged"] >= MIN_EXTRAPOLATED_SHARE else "corrections_only"]
+        flag_decided = op not in SELECTION_ONLY and cell["flagged"] >= MIN_EXTRAPOLATED_SHARE
+        cell["before"] = cell["standard" if flag_decided else "corrections_only"]
         results[held.gpu] = cell
         log(f"  {op} / {held.gpu}: k={k} before {cell['before']['mean']:.1f} %, now ({recipe.name}) "
             f"{cell['selected']['mean']:.1f} %")
     return results
 
 
+def profiler_grid_size(op: str, quick: bool) -> int:
+    """How many kernels of ``op`` the profiler's grid (``profile_operators.py``, ``--quick``) measures."""
+    from pipeweave.paths import DEFAULT_CONFIG_DIR
+    from pipeweave.profiler.grids import DEFAULT_CONFIGS, build_grid, load_models
+
+    return len(build_grid(load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), ops=[op], quick=quick).rows[op])
+
+
 def render_many(results: dict, op: str, k: int) -> str:
-    from pipeweave.finetune import (CORRECTIONS_ONLY, MIN_SELECTION_KERNELS, RECIPES, STANDARD, THOROUGH,
-                                    VALIDATION_SHARE)
+    from pipeweave.finetune import CORRECTIONS_ONLY, RECIPES, STANDARD, THOROUGH, VALIDATION_SHARE
 
     names = [CORRECTIONS_ONLY.name] + [recipe.name for recipe in RECIPES]
+    full, quick = profiler_grid_size(op, quick=False), profiler_grid_size(op, quick=True)
+    before = ("Before, this class was never fine-tuned (*before*: the corrections alone)." if op in SELECTION_ONLY
+              else "Before, the extrapolation flag alone decided, as in the table above (*before*: the standard "
+                   f"fine-tuning where at least {MIN_EXTRAPOLATED_SHARE:.0%} of the kernels are flagged, else the "
+                   "corrections alone).")
 
     def cell(summary: dict) -> str:
         return f"{summary['mean']:.1f} / {summary['median']:.1f}"
@@ -469,17 +483,15 @@ def render_many(results: dict, op: str, k: int) -> str:
     lines = [f"## Calibration on many kernels: {op}, k = {k}", "",
              f"Generated by `python3 -m pipeweave.calibration_eval --many_kernels {op} --many_kernels_k {k}` — do "
              "not edit by hand.", "",
-             "A user who runs the profiler's full grid measures thousands of kernels (3,790 of each GEMM class; "
-             f"the quick grid 239). From {MIN_SELECTION_KERNELS} measured kernels of a class on, "
+             f"A user who runs the profiler's full grid measures {full:,} {op} kernels (its quick grid {quick:,}). "
+             f"From {MIN_SELECTION_KERNELS} measured kernels of a class on, "
              "`calibrate.py --kernels` holds out a "
              f"seeded {VALIDATION_SHARE:.0%} of them and keeps whichever predicts that fifth best: the corrections "
              f"alone, the standard fine-tuning ({STANDARD.epochs} epochs, the kernels weighing as one training GPU's "
              f"replay rows: the recipe of the table above) or the thorough one ({THOROUGH.epochs} epochs, the kernels "
              "weighing as the whole replay set, the learning rate annealed to near 0 along a half cosine), "
              "fine-tuned on the other four fifths for the choice and then on all "
-             "of them (`pipeweave.finetune.fine_tune_selected`). Before, the extrapolation flag alone decided, as in "
-             f"the table above (*before*: the standard fine-tuning where at least {MIN_EXTRAPOLATED_SHARE:.0%} of the "
-             "kernels are flagged, else the corrections alone). Leave-one-GPU-out, "
+             "of them (`pipeweave.finetune.fine_tune_selected`). " + before + " Leave-one-GPU-out, "
              f"k = {k} kernels drawn at random (seed {SEED}, one draw) calibrate each GPU's LOGO model; the prior is "
              "estimated from the other GPUs' corrections of this operator only; cells are the duration error "
              "`mean / median` in % on all the GPU's other kernels. *Validation*: mean |log error| of "
@@ -517,7 +529,8 @@ def main(argv=None) -> int:
                              "kernels of each held-out GPU, and rewrite that section of --accuracy_md")
     parser.add_argument("--many_kernels_k", type=positive_int, default=MANY_KERNELS, metavar="K",
                         help=f"kernels drawn per held-out GPU for --many_kernels (default: {MANY_KERNELS}; the "
-                             "profiler's quick grid measures 239 of each GEMM class)")
+                             "profiler's full grid measures 3,790 of each GEMM class and 1,288 attention kernels, its "
+                             "quick grid 239 and 32)")
     args = parser.parse_args(argv)
     if args.many_kernels:
         op, k = args.many_kernels, args.many_kernels_k

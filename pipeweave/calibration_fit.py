@@ -258,8 +258,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--prior", default=str(DEFAULT_PRIOR_PATH),
                         help="prior scales (default: pipeweave/calibration_prior.json)")
     parser.add_argument("--no_fine_tune", action="store_true",
-                        help="fit the corrections only, also where the shipped model extrapolates on the measured "
-                             "kernels (by default a GEMM or FP8 GEMM model is then fine-tuned on them; needs torch)")
+                        help="fit the corrections only (by default a GEMM or FP8 GEMM model is also fine-tuned on "
+                             "the measured kernels where it extrapolates on them, and from 200 kernels of a GEMM, FP8 "
+                             "GEMM or attention class on, where a held-out fifth of them prefers it; needs torch)")
     return parser
 
 
@@ -288,7 +289,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
     not prefer the corrections alone: its members fine-tuned on what ``corrections`` (the fitted calibration)
     leaves unexplained (:mod:`pipeweave.finetune`)."""
     from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
-                                    considers_fine_tuning, encode_arrays)
+                                    SELECTION_ONLY, considers_fine_tuning, encode_arrays)
 
     entries = {}
     for op in FINE_TUNABLE:
@@ -298,9 +299,10 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         frame = pd.concat(frames, ignore_index=True)
         share, inputs, efficiency, base = fine_tune_inputs(op, frame, spec, predictor, corrections)
         said = f"{op}: the shipped model extrapolates on {share:.0%} of {len(frame)} measured kernels"
-        if not considers_fine_tuning(len(frame), share):
-            log(f"{said}: corrections only (fine-tuning needs at least {MIN_EXTRAPOLATED_SHARE:.0%} of at least "
-                f"{MIN_KERNELS}, or at least {MIN_SELECTION_KERNELS} kernels)")
+        if not considers_fine_tuning(op, len(frame), share):
+            needs = (f"at least {MIN_EXTRAPOLATED_SHARE:.0%} of at least {MIN_KERNELS}, or "
+                     if op not in SELECTION_ONLY else "")
+            log(f"{said}: corrections only (fine-tuning needs {needs}at least {MIN_SELECTION_KERNELS} kernels)")
             continue
         if importlib.util.find_spec("torch") is None:
             if share < MIN_EXTRAPOLATED_SHARE:

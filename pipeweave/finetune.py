@@ -39,7 +39,10 @@ When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUN
 when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
 :data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them; from :data:`MIN_SELECTION_KERNELS` on,
 as the held-out fifth chooses. With fewer kernels where the model does not extrapolate, the corrections alone are the
-better calibration (docs/ACCURACY.md, "Few-shot calibration"). Needs torch (``pip install '.[train]'``).
+better calibration (docs/ACCURACY.md, "Few-shot calibration"). Attention (:data:`SELECTION_ONLY`) is fine-tuned only
+from :data:`MIN_SELECTION_KERNELS` kernels on: a few kernels cannot hold its model in place against a replay grid
+that does not cover them (every GPU got worse on 32), while on the profiler's full attention grid the kernels
+themselves do, and the thorough recipe won on every held-out GPU. Needs torch (``pip install '.[train]'``).
 """
 from __future__ import annotations
 
@@ -56,8 +59,12 @@ from analytical_model.registry import get_operator
 from pipeweave.mlp import ensemble_arrays, read_metadata
 from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE
 
-#: operator classes a calibration may fine-tune (attention was tried and lost: docs/ACCURACY.md)
-FINE_TUNABLE = ("gemm", "gemm_fp8")
+#: operator classes a calibration may fine-tune
+FINE_TUNABLE = ("gemm", "gemm_fp8", "attn")
+#: classes fine-tuned only where many kernels choose it (:data:`MIN_SELECTION_KERNELS`), never on the flag alone:
+#: on 32 kernels the standard recipe made attention worse on every GPU (the replay set does not hold its kernels in
+#: place; README, "Calibrating for your GPU"), on 1,024 the thorough recipe won on all five (docs/ACCURACY.md)
+SELECTION_ONLY = ("attn",)
 #: share of a class's measured kernels that must be flagged as extrapolated for it to be fine-tuned
 MIN_EXTRAPOLATED_SHARE = 0.5
 #: the flags the rule was set and measured on. The ``shares`` bit came later and is not one of them: with it, 96.8 %
@@ -90,13 +97,14 @@ class Recipe:
                 "measured_weight": self.measured_weight}
 
 
-def considers_fine_tuning(kernels: int, extrapolated_share: float) -> bool:
-    """Whether a calibration on ``kernels`` measured kernels of a class in :data:`FINE_TUNABLE`, of which the
-    model extrapolates on ``extrapolated_share``, may fine-tune: from :data:`MIN_SELECTION_KERNELS` kernels on
+def considers_fine_tuning(op: str, kernels: int, extrapolated_share: float) -> bool:
+    """Whether a calibration on ``kernels`` measured kernels of ``op`` (a class of :data:`FINE_TUNABLE`), of which
+    the model extrapolates on ``extrapolated_share``, may fine-tune: from :data:`MIN_SELECTION_KERNELS` kernels on
     always (a held-out fifth of them then chooses, :func:`fine_tune_selected`), below that where the model
-    extrapolates on most of at least :data:`MIN_KERNELS`."""
-    return kernels >= MIN_SELECTION_KERNELS or (kernels >= MIN_KERNELS
-                                                 and extrapolated_share >= MIN_EXTRAPOLATED_SHARE)
+    extrapolates on most of at least :data:`MIN_KERNELS`, except for a class of :data:`SELECTION_ONLY`."""
+    if kernels >= MIN_SELECTION_KERNELS:
+        return True
+    return op not in SELECTION_ONLY and kernels >= MIN_KERNELS and extrapolated_share >= MIN_EXTRAPOLATED_SHARE
 
 
 CORRECTIONS_ONLY = Recipe("corrections_only", 0, "none")  # no fine-tuning: the calibration's corrections alone

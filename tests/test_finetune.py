@@ -203,6 +203,10 @@ def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged()
     held.fine_tunable = with_flags(0.0)
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False and not held.fine_tunable.calls
     assert kshot_errors(held, x, prior, 200, seed=3)[2] is True  # with many kernels, whatever the flags
+    held.fine_tunable = with_flags(1.0)
+    held.op = "attn"  # fine-tuned only where many kernels choose it, whatever the flags
+    assert kshot_errors(held, x, prior, 32, seed=3)[2] is False and not held.fine_tunable.calls
+    assert kshot_errors(held, x, prior, 200, seed=3)[2] is True
     held.fine_tunable = None
     assert kshot_errors(held, x, prior, 32, seed=3)[2] is False
 
@@ -331,9 +335,21 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
 def test_fine_tuning_is_considered_where_the_model_extrapolates_or_with_many_kernels():
     from pipeweave.finetune import MIN_KERNELS, MIN_SELECTION_KERNELS, considers_fine_tuning
 
-    assert not considers_fine_tuning(MIN_KERNELS - 1, 1.0)
-    assert considers_fine_tuning(MIN_KERNELS, 0.5) and not considers_fine_tuning(MIN_SELECTION_KERNELS - 1, 0.49)
-    assert considers_fine_tuning(MIN_SELECTION_KERNELS, 0.0)
+    for op in ("gemm", "gemm_fp8"):
+        assert not considers_fine_tuning(op, MIN_KERNELS - 1, 1.0)
+        assert considers_fine_tuning(op, MIN_KERNELS, 0.5)
+        assert not considers_fine_tuning(op, MIN_SELECTION_KERNELS - 1, 0.49)
+        assert considers_fine_tuning(op, MIN_SELECTION_KERNELS, 0.0)
+
+
+def test_attention_is_fine_tuned_only_where_many_kernels_choose_it():
+    """Attention is fine-tunable, but the flag never triggers it: only from MIN_SELECTION_KERNELS kernels on, where a
+    held-out fifth of them chooses between the corrections alone and the recipes."""
+    from pipeweave.finetune import FINE_TUNABLE, MIN_SELECTION_KERNELS, SELECTION_ONLY, considers_fine_tuning
+
+    assert "attn" in FINE_TUNABLE and "attn" in SELECTION_ONLY
+    assert not considers_fine_tuning("attn", MIN_SELECTION_KERNELS - 1, 1.0)
+    assert considers_fine_tuning("attn", MIN_SELECTION_KERNELS, 0.0)
 
 
 def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
@@ -392,3 +408,65 @@ def test_many_kernel_section_names_the_command_that_rewrites_it():
     assert text.endswith("Mean over the 2 GPUs: before 8.0 %, now 8.0 %; the largest now 10.0 % (NVIDIA L40S).")
     with pytest.raises(UserError, match="--many_kernels_k: must be at least 1, got 0"):
         calibration_eval.main(["--many_kernels", "gemm", "--many_kernels_k", "0"])
+
+
+def attention_measurements(path: Path, rows: np.ndarray, gpu: str = "L40") -> pd.DataFrame:
+    """Attention kernels of the profiler's full grid (``rows`` of it) "measured" on ``gpu``: the shipped prediction
+    with a planted slowdown the calibration's covariates do not see (GQA with 8 KV heads 1.5x slower, the paged
+    decode kernel 20 % faster), in the profiler's CSV format."""
+    from pipeweave.finetune import replay_shapes
+    from pipeweave.predictor import KernelPredictor
+    from pipeweave.profiler.grids import SHAPE_COLUMNS
+
+    shapes = pd.DataFrame(replay_shapes("attn")).iloc[rows].reset_index(drop=True)
+    base = KernelPredictor().predict_frame("attn", shapes.assign(hardware=gpu))["predicted_us"].to_numpy()
+    factor = (np.where(shapes["nkv"].astype(int) >= 8, 1.5, 1.0)
+              * np.where(shapes["attention_type"].str.contains("paged"), 0.8, 1.0))
+    frame = shapes.assign(op="attn", hardware=gpu, avg_duration=base * factor)
+    frame[["op", *SHAPE_COLUMNS["attn"], "hardware", "avg_duration"]].to_csv(path, index=False)
+    return frame.assign(base_us=base)
+
+
+def test_few_attention_kernels_fit_the_corrections_only(tmp_path, capsys):
+    attention_measurements(tmp_path / "attn.csv", np.arange(40))
+    out = tmp_path / "l40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp_path / "attn.csv"),
+                                          "--output", str(out)]) == 0
+    assert load_calibration(out).fine_tuned == {}
+    said = capsys.readouterr().out
+    assert "attn: the shipped model extrapolates on" in said
+    assert "corrections only (fine-tuning needs at least 200 kernels)" in said
+
+
+@pytest.mark.slow
+def test_many_attention_kernels_fine_tune_where_a_held_out_fifth_prefers_it(tmp_path):
+    """200 attention kernels with a slowdown the corrections cannot express: the held-out fifth chooses a
+    fine-tuning, recorded in the file; unseen grid shapes on L40 move toward the planted truth, H100's do not move."""
+    pytest.importorskip("torch", reason="fine-tuning needs the training extras")
+    from pipeweave.finetune import MIN_SELECTION_KERNELS, replay_shapes
+
+    order = np.random.default_rng(0).permutation(len(next(iter(replay_shapes("attn").values()))))
+    attention_measurements(tmp_path / "attn.csv", order[:MIN_SELECTION_KERNELS])
+    out = tmp_path / "l40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp_path / "attn.csv"),
+                                          "--output", str(out)]) == 0
+    entry = load_calibration(out).fine_tuned["attn"]
+    assert entry["kernels"] == MIN_SELECTION_KERNELS and entry["recipe"] in ("standard", "thorough")
+    errors = entry["validation_errors"]
+    assert errors[entry["recipe"]] < errors["corrections_only"]
+
+    unseen = attention_measurements(tmp_path / "unseen_truth.csv", order[-100:])
+    columns = [c for c in pd.read_csv(tmp_path / "unseen_truth.csv").columns if c not in ("op", "avg_duration")]
+    both = pd.concat([unseen[columns], unseen[columns].assign(hardware="H100")], ignore_index=True)
+    both.to_csv(tmp_path / "unseen.csv", index=False)
+    runs = {}
+    for name, extra in (("base", []), ("calibrated", ["--calibration", str(out)])):
+        assert run_cli(kernels.main, ["--op", "attn", "--input", str(tmp_path / "unseen.csv"),
+                                      "--output", str(tmp_path / f"{name}.csv"), *extra]) == 0
+        runs[name] = pd.read_csv(tmp_path / f"{name}.csv", keep_default_na=False)["predicted_us"].to_numpy()
+    on_l40, truth = np.arange(len(unseen)), unseen["avg_duration"].to_numpy()
+    before = np.abs(runs["base"][on_l40] / truth - 1).mean()
+    after = np.abs(runs["calibrated"][on_l40] / truth - 1).mean()
+    assert after < 0.5 * before
+    h100 = np.arange(len(unseen), len(both))
+    assert runs["calibrated"][h100].tolist() == runs["base"][h100].tolist()
