@@ -11,7 +11,8 @@ H x 1 sigmoid gate. Routing is assumed balanced (docs/METHOD.md §11.1.10): each
 slots. Expert parallelism ``ep`` divides ``tp``: the TP group's GPUs form ``ep`` groups, each holding E / ep
 experts, each expert split over ``tp / ep`` ranks (aiconfigurator's ``moe_tp x moe_ep = tp``; vLLM's
 ``--enable-expert-parallel`` is ep = tp). A rank's fused-MoE launch is then described as ceil(tokens / ep)
-tokens routed top-k over E / ep experts of width N / (tp / ep): the same slots per expert as the whole layer.
+tokens routed top-k over E / ep experts of width N / (tp / ep): the same slots per expert as the whole layer
+(where a rank holds fewer than k experts, as its routed slots spread over all of them, ``expert_operators``).
 The tokens are already on every rank of the TP group (attention is TP-sharded), so EP needs no all-to-all:
 each rank's partial output is summed by one all-reduce over the TP group, as the TP MLP's is.
 
@@ -138,9 +139,14 @@ def moe_gate_gemms(moe: MoeConfig, hidden: int, tokens: int, layers: int) -> lis
 
 
 def expert_operators(moe: MoeConfig, hidden: int, tokens: int, tp: int, ep: int, layers: int) -> list[MoeOp]:
-    """The fused-MoE w13 and w2 passes one rank launches per layer (layout in the module docstring)."""
-    shape = (math.ceil(tokens / ep), moe.num_experts // ep, moe.top_k, hidden,
-             moe.expert_intermediate_size // (tp // ep))
+    """The fused-MoE w13 and w2 passes one rank launches per layer (layout in the module docstring). A rank that
+    holds fewer experts than a token picks (Mixtral's 8 experts, top-2, over 8 ranks: one each) gets its routed
+    slots as ceil(tokens x top_k / ep) / (E / ep) tokens, each routed to all E / ep local experts: the same slots
+    per expert, and a top-k the fused kernel can run (it picks k distinct experts per token)."""
+    local_experts = moe.num_experts // ep
+    top_k = min(moe.top_k, local_experts)
+    m = math.ceil(tokens / ep) if top_k == moe.top_k else math.ceil(tokens * moe.top_k / ep / top_k)
+    shape = (m, local_experts, top_k, hidden, moe.expert_intermediate_size // (tp // ep))
     return [MoeOp(f"experts_{kind}", kind, *shape, layers) for kind in ("w13", "w2")]
 
 

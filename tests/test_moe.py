@@ -181,3 +181,22 @@ def test_fp8_prefill_is_faster_than_bf16_on_hopper(aggregator):
         bf16 = _predict(aggregator, "Llama-3.1-70B", [2197] * 16, 2, gpu, tp=4, dtype="bf16")["summary"]
         fp8 = _predict(aggregator, "Llama-3.1-70B", [2197] * 16, 2, gpu, tp=4, dtype="fp8")["summary"]
         assert 1.1 < bf16["prefill_duration_ms"] / fp8["prefill_duration_ms"] < 2.0, gpu
+
+
+def test_a_rank_with_fewer_experts_than_top_k_keeps_the_slots_per_expert(aggregator):
+    """Mixtral (8 experts, top-2) at EP 8 holds one expert per rank: its launch is the tokens routed to that expert
+    (T x 2 / 8 of them) through one expert, top-1, which the fused kernel runs; before, E = 1 with top-2 made the
+    whole prediction fail. Each expert still gets T x top_k / E slots, as at every other layout."""
+    from pipeweave.moe import expert_operators
+
+    moe = load_model_config("Mixtral-8x7B").moe
+    for tokens in (256, 4096):
+        for tp, ep in ((8, 8), (8, 4), (8, 2), (2, 1)):
+            layer = expert_operators(moe, 4096, tokens, tp, ep, 1)[0]
+            assert layer.topk <= layer.E
+            assert layer.M * layer.topk / layer.E == tokens * moe.top_k / moe.num_experts
+    assert expert_operators(moe, 4096, 1, 8, 8, 1)[0].M == 1  # a single token still launches the kernel
+    layer = expert_operators(moe, 4096, 256, 8, 8, 1)[0]
+    assert (layer.M, layer.E, layer.topk, layer.N) == (64, 1, 1, 14336)
+    result = _predict(aggregator, "Mixtral-8x7B", [128, 128], 2, "H100", tp=8, ep=8)
+    assert result["iterations"][0]["operator_durations"]["moe"]["experts_w13"]["single_duration_ms"] > 0
