@@ -294,7 +294,8 @@ def render(results: dict, png: Path, doc: Path) -> str:
              f"duration error `mean / median` in %, averaged over {DRAWS} draws (seeds {SEED}…{SEED + DRAWS - 1}).",
              "",
              "**Fine-tuning where the model extrapolates** (`pipeweave.finetune`, as `calibrate.py --kernels` does it). "
-             f"For {' and '.join(op for op in FINE_TUNABLE if op not in SELECTION_ONLY)}, when at least {MIN_EXTRAPOLATED_SHARE:.0%} of the k drawn kernels "
+             f"For {' and '.join(op for op in FINE_TUNABLE if op not in SELECTION_ONLY)}, when at least "
+             f"{MIN_EXTRAPOLATED_SHARE:.0%} of the k drawn kernels "
              f"(k ≥ {MIN_KERNELS}) carry the LOGO model's extrapolation flag (its SM design unseen, inputs outside "
              "its training range or its members disagreeing: the section \"What the extrapolation flag means\"), "
              "each LOGO member is also trained further on what the fitted corrections leave unexplained on those "
@@ -307,10 +308,12 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "training rows instead of the grid, 5.4 % on H20 against 3.0 %; fine-tuning attention lost everywhere "
              "(A100 12.9 → 22.4 %, H100 6.5 → 16.5 %, H200 6.2 → 16.8 %, L40S 12.5 → 17.3 %), so attention is "
              f"corrected only below {MIN_SELECTION_KERNELS} kernels (from there a held-out fifth of them chooses: "
-             "the sections \"Calibration on many kernels\"). MoE has no profiler shape grid to replay; with the dataset's MoE shapes as the replay "
-             "(an experiment only), L40S at k = 32 went 22.8 → 18.2 % (H100 and H200 would not trigger), so MoE "
-             "is a candidate once it has a grid. The learning rate (3·10⁻⁴), the 5 epochs and the rule's 50 % were "
-             "set before these runs and not varied."
+             "the sections \"Calibration on many kernels\"). MoE had no shape grid to replay; with the dataset's "
+             "MoE shapes as the replay (an experiment only), L40S at k = 32 went 22.8 → 18.2 % (H100 and H200 would "
+             "not trigger). It now replays the MoE layers of the MoE model configs and, like attention, is "
+             f"fine-tuned only from {MIN_SELECTION_KERNELS} kernels on (the rule was not re-chosen on these cells). "
+             "The learning rate (3·10⁻⁴), the 5 epochs and the rule's 50 % were set before these runs and not "
+             "varied."
              " After the rule was set, FP8 GEMM fine-tuned on every GPU (2 draws, k = 32, corrections only → with "
              "fine-tuning) was seen to help where the corrections leave much error, Hopper and RTX PRO 6000 (H100 "
              "20.2 → 15.5 %, H200 13.7 → 12.8 %, H800 17.5 → 15.0 %, RTX PRO 6000 20.2 → 13.5 %), and to hurt "
@@ -459,19 +462,25 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
     return results
 
 
-def profiler_grid_size(op: str, quick: bool) -> int:
-    """How many kernels of ``op`` the profiler's grid (``profile_operators.py``, ``--quick``) measures."""
+def measured_kernels_sentence(op: str) -> str:
+    """How many kernels of ``op`` a user measures: the profiler's full and quick grid, or, for an operator the
+    profiler does not measure, the size of the replay grid of its fine-tuning."""
+    from pipeweave.finetune import replay_shapes
     from pipeweave.paths import DEFAULT_CONFIG_DIR
-    from pipeweave.profiler.grids import DEFAULT_CONFIGS, build_grid, load_models
+    from pipeweave.profiler.grids import DEFAULT_CONFIGS, OPS, build_grid, load_models
 
-    return len(build_grid(load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), ops=[op], quick=quick).rows[op])
+    full = len(next(iter(replay_shapes(op).values())))
+    if op not in OPS:
+        return (f"The profiler does not measure {op} kernels; a user measures them with another benchmark (the "
+                f"replay grid of its fine-tuning has {full:,} shapes).")
+    quick = len(build_grid(load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), ops=[op], quick=True).rows[op])
+    return f"A user who runs the profiler's full grid measures {full:,} {op} kernels (its quick grid {quick:,})."
 
 
 def render_many(results: dict, op: str, k: int) -> str:
     from pipeweave.finetune import CORRECTIONS_ONLY, RECIPES, STANDARD, THOROUGH, VALIDATION_SHARE
 
     names = [CORRECTIONS_ONLY.name] + [recipe.name for recipe in RECIPES]
-    full, quick = profiler_grid_size(op, quick=False), profiler_grid_size(op, quick=True)
     before = ("Before, this class was never fine-tuned (*before*: the corrections alone)." if op in SELECTION_ONLY
               else "Before, the extrapolation flag alone decided, as in the table above (*before*: the standard "
                    f"fine-tuning where at least {MIN_EXTRAPOLATED_SHARE:.0%} of the kernels are flagged, else the "
@@ -483,7 +492,7 @@ def render_many(results: dict, op: str, k: int) -> str:
     lines = [f"## Calibration on many kernels: {op}, k = {k}", "",
              f"Generated by `python3 -m pipeweave.calibration_eval --many_kernels {op} --many_kernels_k {k}` — do "
              "not edit by hand.", "",
-             f"A user who runs the profiler's full grid measures {full:,} {op} kernels (its quick grid {quick:,}). "
+             measured_kernels_sentence(op) + " "
              f"From {MIN_SELECTION_KERNELS} measured kernels of a class on, "
              "`calibrate.py --kernels` holds out a "
              f"seeded {VALIDATION_SHARE:.0%} of them and keeps whichever predicts that fifth best: the corrections "

@@ -173,11 +173,20 @@ def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, prio
 # measured kernels
 
 
-def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
-    """(operator, rows) of a profiler CSV of ``spec``'s GPU; unknown columns or another GPU's rows are errors."""
-    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS
+def kernel_shape_columns() -> dict[str, tuple[str, ...]]:
+    """{operator: shape columns} of the kernels a calibration reads: the profiler's, and whole fused-MoE layers
+    (the registry's ``moe`` columns), which the profiler does not measure but other benchmarks do."""
     from pipeweave.profiler.grids import SHAPE_COLUMNS
 
+    return {**SHAPE_COLUMNS, "moe": get_operator("moe").shape_columns}
+
+
+def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
+    """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
+    rows or MoE rows that are not whole layers are errors."""
+    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS
+
+    shape_columns = kernel_shape_columns()
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--kernels file not found: {path}")
@@ -187,12 +196,12 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         raise UserError(f"--kernels {path}: empty file") from None
     ops = set(frame["op"].str.strip()) if "op" in frame.columns else {path.stem}
     op = next(iter(ops)) if len(ops) == 1 else None
-    if op not in SHAPE_COLUMNS:
+    if op not in shape_columns:
         raise UserError(f"--kernels {path}: one operator per file expected (op column or file name), got "
-                        f"{', '.join(sorted(ops)) or 'none'}; known: {', '.join(SHAPE_COLUMNS)}")
-    allowed = ("op", *SHAPE_COLUMNS[op], *MEASUREMENT_COLUMNS)
+                        f"{', '.join(sorted(ops)) or 'none'}; known: {', '.join(shape_columns)}")
+    allowed = ("op", *shape_columns[op], *MEASUREMENT_COLUMNS)
     unknown = [c for c in frame.columns if c not in allowed]
-    missing = [c for c in (*SHAPE_COLUMNS[op], "avg_duration") if c not in frame.columns]
+    missing = [c for c in (*shape_columns[op], "avg_duration") if c not in frame.columns]
     if unknown or missing:
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
@@ -208,7 +217,11 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         for name in pd.unique(frame["hardware"].str.strip()):
             if registry.get(name).stem != spec.stem:
                 raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
-    frame = frame[[c for c in SHAPE_COLUMNS[op]]].copy()
+    if op == "moe" and not frame["weight_type"].str.strip().eq("layer").all():
+        row = int(np.flatnonzero(~frame["weight_type"].str.strip().eq("layer").to_numpy())[0])
+        raise UserError(f"--kernels {path}: line {row + 2}: weight_type must be 'layer' (a whole fused-MoE layer, "
+                        f"what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
+    frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
     return op, frame
 

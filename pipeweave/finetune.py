@@ -60,11 +60,11 @@ from pipeweave.mlp import ensemble_arrays, read_metadata
 from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE
 
 #: operator classes a calibration may fine-tune
-FINE_TUNABLE = ("gemm", "gemm_fp8", "attn")
+FINE_TUNABLE = ("gemm", "gemm_fp8", "attn", "moe")
 #: classes fine-tuned only where many kernels choose it (:data:`MIN_SELECTION_KERNELS`), never on the flag alone:
 #: on 32 kernels the standard recipe made attention worse on every GPU (the replay set does not hold its kernels in
 #: place; README, "Calibrating for your GPU"), on 1,024 the thorough recipe won on all five (docs/ACCURACY.md)
-SELECTION_ONLY = ("attn",)
+SELECTION_ONLY = ("attn", "moe")
 #: share of a class's measured kernels that must be flagged as extrapolated for it to be fine-tuned
 MIN_EXTRAPOLATED_SHARE = 0.5
 #: the flags the rule was set and measured on. The ``shares`` bit came later and is not one of them: with it, 96.8 %
@@ -118,12 +118,12 @@ VALIDATION_SEED = 0
 
 
 def replay_shapes(op: str, config_dir: str | Path | None = None) -> dict[str, list]:
-    """The shape columns of the profiler's full grid for ``op`` (LLM shapes of the default model configs and a
-    log-spaced sweep)."""
+    """The shape columns of the full shape grid for ``op`` (:func:`pipeweave.profiler.grids.replay_rows`: LLM shapes
+    of the default model configs and, for the profiled operators, a log-spaced sweep)."""
     from pipeweave.paths import DEFAULT_CONFIG_DIR
-    from pipeweave.profiler.grids import DEFAULT_CONFIGS, build_grid, load_models
+    from pipeweave.profiler.grids import replay_rows
 
-    rows = build_grid(load_models(DEFAULT_CONFIGS, config_dir or DEFAULT_CONFIG_DIR), ops=[op]).rows[op]
+    rows = replay_rows(op, config_dir or DEFAULT_CONFIG_DIR)
     return {column: [row[column] for row in rows] for column in get_operator(op).shape_columns}
 
 

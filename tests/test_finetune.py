@@ -342,14 +342,15 @@ def test_fine_tuning_is_considered_where_the_model_extrapolates_or_with_many_ker
         assert considers_fine_tuning(op, MIN_SELECTION_KERNELS, 0.0)
 
 
-def test_attention_is_fine_tuned_only_where_many_kernels_choose_it():
-    """Attention is fine-tunable, but the flag never triggers it: only from MIN_SELECTION_KERNELS kernels on, where a
-    held-out fifth of them chooses between the corrections alone and the recipes."""
+def test_attention_and_moe_are_fine_tuned_only_where_many_kernels_choose_it():
+    """Attention and MoE are fine-tunable, but the flag never triggers it: only from MIN_SELECTION_KERNELS kernels
+    on, where a held-out fifth of them chooses between the corrections alone and the recipes."""
     from pipeweave.finetune import FINE_TUNABLE, MIN_SELECTION_KERNELS, SELECTION_ONLY, considers_fine_tuning
 
-    assert "attn" in FINE_TUNABLE and "attn" in SELECTION_ONLY
-    assert not considers_fine_tuning("attn", MIN_SELECTION_KERNELS - 1, 1.0)
-    assert considers_fine_tuning("attn", MIN_SELECTION_KERNELS, 0.0)
+    for op in ("attn", "moe"):
+        assert op in FINE_TUNABLE and op in SELECTION_ONLY
+        assert not considers_fine_tuning(op, MIN_SELECTION_KERNELS - 1, 1.0)
+        assert considers_fine_tuning(op, MIN_SELECTION_KERNELS, 0.0)
 
 
 def test_the_thorough_recipe_weighs_the_kernels_as_the_whole_replay_set():
@@ -470,3 +471,54 @@ def test_many_attention_kernels_fine_tune_where_a_held_out_fifth_prefers_it(tmp_
     assert after < 0.5 * before
     h100 = np.arange(len(unseen), len(both))
     assert runs["calibrated"][h100].tolist() == runs["base"][h100].tolist()
+
+
+def moe_measurements(path: Path, n: int, weight_type: str = "layer") -> Path:
+    """``n`` fused-MoE layers of the MoE grid "measured" on L40: the shipped prediction, 1.5x slower with 64 or
+    more experts per rank."""
+    from pipeweave.finetune import replay_shapes
+    from pipeweave.predictor import KernelPredictor
+
+    shapes = pd.DataFrame(replay_shapes("moe"))
+    shapes = shapes.iloc[np.random.default_rng(0).choice(len(shapes), n, replace=False)].reset_index(drop=True)
+    base = KernelPredictor().predict_frame("moe", shapes.assign(hardware="L40"))["predicted_us"].to_numpy()
+    frame = shapes.assign(op="moe", weight_type=weight_type, hardware="L40",
+                          avg_duration=base * np.where(shapes["E"] >= 64, 1.5, 1.0))
+    frame[["op", "weight_type", "M", "E", "topk", "H", "N", "hardware", "avg_duration"]].to_csv(path, index=False)
+    return path
+
+
+def test_measured_moe_layers_calibrate_the_moe_class(tmp_path, capsys):
+    """calibrate.py --kernels reads whole fused-MoE layers (the profiler does not measure them; other benchmarks
+    do): they fit the moe corrections, and with fewer than MIN_SELECTION_KERNELS of them nothing is fine-tuned."""
+    out, measured = tmp_path / "l40.json", moe_measurements(tmp_path / "moe.csv", 60)
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(measured), "--output", str(out)]) == 0
+    calibration = load_calibration(out)
+    assert calibration.fine_tuned == {} and calibration.fitted_from["kernels"][0]["op"] == "moe"
+    factors = calibration.summary()["factors"]
+    assert factors["moe.compute"] != 1.0 or factors["moe.memory"] != 1.0
+    assert "corrections only (fine-tuning needs at least 200 kernels)" in capsys.readouterr().out
+
+
+def test_moe_passes_are_refused_as_calibration_kernels(tmp_path, capsys):
+    path = moe_measurements(tmp_path / "moe.csv", 10, weight_type="w13")
+    code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(path),
+                                          "--output", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "line 2: weight_type must be 'layer'" in err[0]
+
+
+def test_the_moe_replay_grid_is_what_the_generator_lays_out():
+    """Every MoE model x TP x EP (1, TP) x token count of the grid, one layer row each, with a top-k the fused
+    kernel can run; the dense default configs give none."""
+    from pipeweave.moe import expert_operators
+    from pipeweave.profiler.grids import DEFAULT_CONFIGS, DEFAULT_MOE_CONFIGS, grid_tokens, load_models, moe_grid
+
+    config_dir = REPO / "config"
+    assert moe_grid(load_models(DEFAULT_CONFIGS, config_dir), (1, 2), (16,)) == []
+    rows = moe_grid(load_models(DEFAULT_MOE_CONFIGS, config_dir), (1, 2, 4, 8), grid_tokens(quick=False))
+    assert len(rows) > 500 and all(r["weight_type"] == "layer" and r["topk"] <= r["E"] for r in rows)
+    mixtral = load_models(["Mixtral-8x7B"], config_dir)[0]
+    layer = expert_operators(mixtral.moe, mixtral.hidden_size, 4096, 8, 8, 1)[0]
+    assert {"weight_type": "layer", "M": layer.M, "E": layer.E, "topk": layer.topk, "H": layer.H,
+            "N": layer.N} in rows

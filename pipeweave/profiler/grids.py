@@ -30,6 +30,8 @@ SHAPE_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_CONFIGS = ("Qwen2.5-14B", "Qwen3-32B", "Llama-3.1-70B")
+#: the MoE configs whose fused-MoE layers make the MoE grid (:func:`moe_grid`)
+DEFAULT_MOE_CONFIGS = ("Qwen3-30B-A3B", "Qwen3-235B-A22B", "Mixtral-8x7B", "Qwen2-57B-A14B")
 DEFAULT_TP = (1, 2, 4, 8)
 
 # Token counts T of one iteration (GEMM M, norm/activation rows, all-reduce T·H·2).
@@ -259,6 +261,33 @@ def siluandmul_grid(models, tps, tokens, *, sweep: bool) -> list[dict]:
     dims = list(dict.fromkeys(siluandmul_dim(m, tp) for m, tp in _tp_pairs(models, tps)))
     sweep_dims = tuple(2 ** k for k in range(8, 17))  # 256 … 65536 (input width 2·d)
     return _elementwise_grid(dims, sweep_dims, tokens, sweep=sweep)
+
+
+def moe_grid(models, tps, tokens) -> list[dict]:
+    """Whole fused-MoE layers (the registry's ``moe`` shape columns, ``weight_type`` "layer") of every MoE model
+    among ``models`` x TP size x expert-parallel size (1 and the TP size) x token count, as the workload generator
+    lays them out on a rank (:func:`pipeweave.moe.expert_operators`). The profiler does not measure the fused-MoE
+    kernel; this grid is the replay set of an MoE fine-tuning (:mod:`pipeweave.finetune`)."""
+    from pipeweave.moe import expert_operators, expert_parallel_problem
+
+    rows = []
+    for model in (m for m in models if m.moe is not None):
+        for tp in tps:
+            for ep in sorted({1, tp}):
+                if expert_parallel_problem(model.moe, tp, ep) is not None:
+                    continue
+                for t in tokens:
+                    layer = expert_operators(model.moe, model.hidden_size, t, tp, ep, 1)[0]
+                    rows.append({"weight_type": "layer", "M": layer.M, "E": layer.E, "topk": layer.topk,
+                                 "H": layer.H, "N": layer.N})
+    return _unique(rows, get_operator("moe").shape_columns)
+
+
+def replay_rows(op: str, config_dir: str | Path) -> list[dict]:
+    """The full grid of ``op`` (the profiler's; for ``moe``, :func:`moe_grid` of the default MoE configs)."""
+    if op == "moe":
+        return moe_grid(load_models(DEFAULT_MOE_CONFIGS, config_dir), DEFAULT_TP, grid_tokens(quick=False))
+    return build_grid(load_models(DEFAULT_CONFIGS, config_dir), ops=[op]).rows[op]
 
 
 def allreduce_worker_counts(num_gpus: int) -> list[int]:
