@@ -507,3 +507,16 @@ def test_single_communication_factor_of_older_files_reads_as_both(a100_calibrati
     path.write_text(json.dumps({**data, "format": 3, "parameters": parameters}))
     cal = load_calibration(path)
     np.testing.assert_allclose(np.exp(cal.theta[[LATENCY, BANDWIDTH]]), 1.5)
+
+
+def test_corrections_fitted_on_all_kernels_bound_what_any_k_reaches():
+    """The in-sample column of the k-shot table: a GPU whose error is exactly a bias and a size slope (the
+    parametrisation's own terms) is left with its noise; one with structure the terms cannot see keeps it."""
+    from pipeweave.calibration_eval import in_sample_errors
+
+    prior = estimate_prior([synthetic_gpu(f"gpu{i}", b, 0.0, seed=i) for i, b in enumerate((-0.2, 0.1, 0.2))], "s")
+    smooth = synthetic_gpu("smooth", 0.3, 0.2, noise=0.01, seed=5)
+    assert in_sample_errors(smooth, prior)["mean"] < 1.5
+    rough = synthetic_gpu("rough", 0.3, 0.0, noise=0.01, seed=6)
+    rough.y = rough.y + np.where(np.arange(len(rough.y)) % 2 == 0, 0.2, -0.2)  # alternating: no term sees it
+    assert 17.0 < in_sample_errors(rough, prior)["mean"] < 23.0
