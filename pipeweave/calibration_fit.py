@@ -273,7 +273,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--no_fine_tune", action="store_true",
                         help="fit the corrections only (by default a GEMM or FP8 GEMM model is also fine-tuned on "
                              "the measured kernels where it extrapolates on them, and from 200 kernels of a GEMM, FP8 "
-                             "GEMM or attention class on, where a held-out fifth of them prefers it; needs torch)")
+                             "GEMM, attention or MoE class on, where a held-out fifth of them prefers it; needs torch)")
     return parser
 
 

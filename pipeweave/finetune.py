@@ -10,8 +10,8 @@ flagged. There the measured kernels teach the MLP more than a correction of its 
 
 How. Each ensemble member is trained further, ``EPOCHS`` passes at ``LEARNING_RATE`` (the training recipe's
 optimiser, loss and gradient clipping), on the measured kernels of the GPU (log efficiency) together with a
-*replay set* that anchors the rest of the model: the profiler's full shape grid (:mod:`pipeweave.profiler.grids`)
-on every GPU the model was trained on, labelled with that member's own output. No training data is needed, so a
+*replay set* that anchors the rest of the model: the operator's full shape grid (the profiler's; for MoE the layers
+of the MoE model configs: :func:`pipeweave.profiler.grids.replay_rows`) on every GPU the model was trained on, labelled with that member's own output. No training data is needed, so a
 user without the measurement sources can fine-tune. The measured kernels are repeated to weigh as much as one
 training GPU's replay rows. The result is a model for that GPU only, stored in the calibration file; other
 GPUs' predictions never use it.
@@ -39,10 +39,12 @@ When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUN
 when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
 :data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them; from :data:`MIN_SELECTION_KERNELS` on,
 as the held-out fifth chooses. With fewer kernels where the model does not extrapolate, the corrections alone are the
-better calibration (docs/ACCURACY.md, "Few-shot calibration"). Attention (:data:`SELECTION_ONLY`) is fine-tuned only
-from :data:`MIN_SELECTION_KERNELS` kernels on: a few kernels cannot hold its model in place against a replay grid
-that does not cover them (every GPU got worse on 32), while on the profiler's full attention grid the kernels
-themselves do, and the thorough recipe won on every held-out GPU. Needs torch (``pip install '.[train]'``).
+better calibration (docs/ACCURACY.md, "Few-shot calibration"). Attention and MoE (:data:`SELECTION_ONLY`) are
+fine-tuned only from :data:`MIN_SELECTION_KERNELS` kernels on: a few kernels cannot hold the attention model in
+place against a replay grid that does not cover them (every GPU got worse on 32), while on the profiler's full
+attention grid the kernels themselves do, and the thorough recipe won on every held-out GPU. MoE, whose replay grid
+(the MoE layers of the MoE model configs, :func:`pipeweave.profiler.grids.moe_grid`) was never tried on a few
+kernels, takes the same rule. Needs torch (``pip install '.[train]'``).
 """
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITEC
 FINE_TUNABLE = ("gemm", "gemm_fp8", "attn", "moe")
 #: classes fine-tuned only where many kernels choose it (:data:`MIN_SELECTION_KERNELS`), never on the flag alone:
 #: on 32 kernels the standard recipe made attention worse on every GPU (the replay set does not hold its kernels in
-#: place; README, "Calibrating for your GPU"), on 1,024 the thorough recipe won on all five (docs/ACCURACY.md)
+#: place; README, "Calibrating for your GPU"), on 1,024 the thorough recipe won on all five (docs/ACCURACY.md); MoE
+#: was only evaluated with many kernels
 SELECTION_ONLY = ("attn", "moe")
 #: share of a class's measured kernels that must be flagged as extrapolated for it to be fine-tuned
 MIN_EXTRAPOLATED_SHARE = 0.5

@@ -141,7 +141,7 @@ def moe_gate_gemms(moe: MoeConfig, hidden: int, tokens: int, layers: int) -> lis
 def expert_operators(moe: MoeConfig, hidden: int, tokens: int, tp: int, ep: int, layers: int) -> list[MoeOp]:
     """The fused-MoE w13 and w2 passes one rank launches per layer (layout in the module docstring). A rank that
     holds fewer experts than a token picks (Mixtral's 8 experts, top-2, over 8 ranks: one each) gets its routed
-    slots as ceil(tokens x top_k / ep) / (E / ep) tokens, each routed to all E / ep local experts: the same slots
+    slots as ceil(tokens x top_k / ep / (E / ep)) tokens, each routed to all E / ep local experts: the same slots
     per expert, and a top-k the fused kernel can run (it picks k distinct experts per token)."""
     local_experts = moe.num_experts // ep
     top_k = min(moe.top_k, local_experts)
