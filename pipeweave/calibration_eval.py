@@ -207,6 +207,14 @@ def fallback_variances(cls: str, corrections: list) -> np.ndarray:
     return np.array(out)
 
 
+def fitted_corrections(held: HeldOut, x: np.ndarray, prior: Prior, rows: np.ndarray) -> np.ndarray:
+    """θ of the calibration ``calibrate.py --kernels`` fits on the kernels ``rows`` of ``held`` (design rows ``x``),
+    without fine-tuning: one equation per kernel, log(measured) = log(predicted) + x θ."""
+    sigma = np.array([prior.sigma_kernel[c] for c in held.classes[rows]])
+    return fit_map(Equations(np.arange(len(rows)), np.ones(len(rows)), x[rows], np.exp(held.y[rows]), sigma),
+                   prior)[0]
+
+
 def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[np.ndarray, bool]:
     """(log(calibrated / measured duration) of every kernel not drawn, after calibrating on k drawn ones as
     ``calibrate.py --kernels`` does; whether that fine-tuned the model, :mod:`pipeweave.finetune`)."""
@@ -215,8 +223,7 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
         return -y, False
     drawn = np.random.default_rng(seed).choice(len(y), size=k, replace=False)
     rest = np.setdiff1d(np.arange(len(y)), drawn)
-    sigma = np.array([prior.sigma_kernel[c] for c in held.classes[drawn]])
-    theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(y[drawn]), sigma), prior)[0]
+    theta = fitted_corrections(held, x, prior, drawn)
     log_error = x @ theta - y
     tune = held.fine_tunable
     if tune is None or not considers_fine_tuning(held.op, k, tune.extrapolated[drawn].mean()):
@@ -257,9 +264,8 @@ def in_sample_errors(held: HeldOut, prior: Prior) -> dict:
     """Duration error (mean, median in %) of ``held``'s kernels calibrated on all of them, as ``calibrate.py
     --kernels`` fits it (:func:`kshot_log_errors` without a draw or fine-tuning), and scored on the same kernels:
     about the least error the corrections leave on the GPU at any k."""
-    x, n = held.design(prior.standardisation), len(held.y)
-    sigma = np.array([prior.sigma_kernel[c] for c in held.classes])
-    theta = fit_map(Equations(np.arange(n), np.ones(n), x, np.exp(held.y), sigma), prior)[0]
+    x = held.design(prior.standardisation)
+    theta = fitted_corrections(held, x, prior, np.arange(len(held.y)))
     errors = np.abs(np.exp(x @ theta - held.y) - 1) * 100
     return {"mean": float(errors.mean()), "median": float(np.median(errors))}
 
@@ -448,8 +454,7 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
         rest = np.setdiff1d(np.arange(len(held.y)), drawn)
         prior = estimate_prior([h for h in rows if h.gpu != held.gpu], f"{op} without {held.gpu}")
         x = held.design(prior.standardisation)
-        sigma = np.array([prior.sigma_kernel[c] for c in held.classes[drawn]])
-        theta = fit_map(Equations(np.arange(k), np.ones(k), x[drawn], np.exp(held.y[drawn]), sigma), prior)[0]
+        theta = fitted_corrections(held, x, prior, drawn)
         correction = np.exp(x @ theta)
 
         def summary(efficiency: np.ndarray | None) -> dict:

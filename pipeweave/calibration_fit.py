@@ -217,8 +217,9 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         for name in pd.unique(frame["hardware"].str.strip()):
             if registry.get(name).stem != spec.stem:
                 raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
-    if op == "moe" and not frame["weight_type"].str.strip().eq("layer").all():
-        row = int(np.flatnonzero(~frame["weight_type"].str.strip().eq("layer").to_numpy())[0])
+    not_layer = (~frame["weight_type"].str.strip().eq("layer")).to_numpy() if op == "moe" else np.zeros(0, bool)
+    if not_layer.any():
+        row = int(np.flatnonzero(not_layer)[0])
         raise UserError(f"--kernels {path}: line {row + 2}: weight_type must be 'layer' (a whole fused-MoE layer, "
                         f"what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
     frame = frame[[c for c in shape_columns[op]]].copy()

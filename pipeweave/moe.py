@@ -30,7 +30,6 @@ docs/ACCURACY.md). The split itself cannot be validated: no public source times 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,7 +144,7 @@ def expert_operators(moe: MoeConfig, hidden: int, tokens: int, tp: int, ep: int,
     per expert, and a top-k the fused kernel can run (it picks k distinct experts per token)."""
     local_experts = moe.num_experts // ep
     top_k = min(moe.top_k, local_experts)
-    m = math.ceil(tokens / ep) if top_k == moe.top_k else math.ceil(tokens * moe.top_k / ep / top_k)
+    m = -(-tokens * moe.top_k // (ep * top_k))  # ceil(tokens / ep) unless the rank holds fewer than top_k experts
     shape = (m, local_experts, top_k, hidden, moe.expert_intermediate_size // (tp // ep))
     return [MoeOp(f"experts_{kind}", kind, *shape, layers) for kind in ("w13", "w2")]
 
