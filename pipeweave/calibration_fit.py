@@ -194,6 +194,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         raise UserError(f"--kernels {path}: empty file") from None
+    if frame.empty:
+        raise UserError(f"--kernels {path}: no measured kernels (only a header)")
     ops = set(frame["op"].str.strip()) if "op" in frame.columns else {path.stem}
     op = next(iter(ops)) if len(ops) == 1 else None
     if op not in shape_columns:
@@ -205,8 +207,6 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     if unknown or missing:
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
-    if frame.empty:
-        raise UserError(f"--kernels {path}: no measured kernels (only a header)")
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
     bad = not_a_positive_number(duration)
     if bad.any():
@@ -384,7 +384,10 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                               "runs": [w.stem for w, _ in runs]}
     kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
     for path, (op, frame) in zip(kernels, kernel_frames):
-        parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name))
+        try:
+            parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name))
+        except ValueError as exc:  # a shape the operator cannot take (the predictor's own checks)
+            raise UserError(f"--kernels {path}: {exc}") from None
         fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
                                                       "digest": file_digest(path)})
     for workload, measured in runs:

@@ -522,3 +522,18 @@ def test_the_moe_replay_grid_is_what_the_generator_lays_out():
     layer = expert_operators(mixtral.moe, mixtral.hidden_size, 4096, 8, 8, 1)[0]
     assert {"weight_type": "layer", "M": layer.M, "E": layer.E, "topk": layer.topk, "H": layer.H,
             "N": layer.N} in rows
+
+
+@pytest.mark.parametrize("body, message", [
+    ("", "no measured kernels (only a header)"),
+    ("moe,layer,16,1,2,4096,14336,30\n", "topk must not exceed the number of experts E"),
+    ("moe,layer,abc,8,2,4096,14336,30\n", "column 'M' must hold integers; row 1 has 'abc'"),
+])
+def test_bad_kernel_files_name_the_file(tmp_path, capsys, body, message):
+    """A header-only file, or a shape the operator cannot take, is one line that names the file; no output."""
+    path = tmp_path / "kernels.csv"
+    path.write_text("op,weight_type,M,E,topk,H,N,avg_duration\n" + body)
+    out = tmp_path / "cal.json"
+    code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(path), "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"--kernels {path}: {message}" in err[0] and not out.exists()
