@@ -84,12 +84,40 @@ def test_a7_fa3_paged_h200():
     )
 
 
-def test_a8_fa3_ragged_h800():
+def test_a8_fa3_ragged_h800_without_gqa_packing(monkeypatch):
+    """A.8 is the artifact's rule, which schedules every query head; pipeweave's ragged launches pack GQA."""
+    monkeypatch.setattr(fa3, "packs_gqa", lambda problem: False)
     check_printed(
         attention_features("fa3_ragged", 2, [1000, 300], [1000, 300], 8, 1, 128, hw("H800")),
         "2,818,572,288; 5,213.091; 67,108,864; 16,384; 5,722,112; 2,709.333; 135,680; 8,480;"
         "13,568; 7,063.526; 2,684.716; 288; 19,791.20; 2,304; 7,522.27",
     )
+
+
+def test_a8_fa3_ragged_packs_the_gqa_group():
+    """A.8's problem as the packed kernel runs it: one pass over the one KV head, rows = q x 8 heads; 63 + 19
+    tiles of 128 rows instead of 8 x (8 + 3), and a causal reach set by each tile's last token."""
+    p = problem([1000, 300], [1000, 300], 8, 1, 128)
+    assert fa3.head_passes(p, 128) == 1
+    its, _ = fa3.tile_sequence(p, 128, 128)
+    assert its.size == 63 + 19
+    assert its[0] == 8 and its[62] == 1  # request 0: last tile reaches token 999, first tile token 15
+    assert its[63] == 3 and its[-1] == 1
+    f = attention_features("fa3_ragged", 2, [1000, 300], [1000, 300], 8, 1, 128, hw("H800"))
+    np.testing.assert_allclose(f, _ref_fa3(p, hw("H800")), rtol=1e-12, atol=0)
+
+
+def test_fa3_ragged_one_token_prefills_take_a_tile_per_request_and_kv_head():
+    """32 one-token prefills of 64 query heads: 32 x nkv packed tiles (measured on H100: 10.8 us up to nkv = 4,
+    14.0 us at 8, 52.4 us at 64), whereas the unpacked rule counts 2,048 tiles whatever nkv."""
+    gpu = hw("H100")
+    tensor = {}
+    for nkv in (1, 2, 4, 64):
+        p = problem([1] * 32, [1] * 32, 64, nkv, 64)
+        its, _ = fa3.tile_sequence(p, *fa3.tile_sizes(p))
+        assert its.size * fa3.head_passes(p, fa3.tile_sizes(p)[0]) == 32 * nkv
+        tensor[nkv] = attention_features("fa3_ragged", 32, [1] * 32, [1] * 32, 64, nkv, 64, gpu)[TENSOR_ALL]
+    assert tensor[2] == 2 * tensor[1] and tensor[64] == 64 * tensor[1]
 
 
 def test_a9_fa2_ragged_a100():
@@ -218,16 +246,19 @@ def test_fa_ck_and_cutlass_tile_tables():
 
 def test_fa3_head_replication_switch_at_8192_works():
     gpu = hw("H100")
-    # ragged hd 128 causal: cta_q = 128; works = ceil(Σq / 128) + B − 1
+    # paged hd 128: cta_q = 128; works = ceil(Σq / 128) + B − 1
     below = [8190 * 128, 128]  # works = 8191 + (B − 1) = 8192 -> nh head passes
     at_limit = [8191 * 128, 128]  # works = 8192 + 1 = 8193 -> a single head pass
-    assert fa3.works(problem(below, below, 4, 1, 128), 128) == 8192
-    assert fa3.works(problem(at_limit, at_limit, 4, 1, 128), 128) == 8193
+    assert fa3.works(problem(below, below, 4, 1, 128, layout="paged"), 128) == 8192
+    assert fa3.works(problem(at_limit, at_limit, 4, 1, 128, layout="paged"), 128) == 8193
     kw = dict(causal=False)
-    f_below = {nh: attention_features("fa3_ragged", 2, below, below, nh, 1, 128, gpu, **kw) for nh in (1, 2)}
+    f_below = {nh: attention_features("fa3_paged", 2, below, below, nh, 1, 128, gpu, **kw) for nh in (1, 2)}
     assert f_below[2][TENSOR_ALL] == 2 * f_below[1][TENSOR_ALL]
-    f_above = {nh: attention_features("fa3_ragged", 2, at_limit, at_limit, nh, 1, 128, gpu, **kw) for nh in (1, 2)}
+    f_above = {nh: attention_features("fa3_paged", 2, at_limit, at_limit, nh, 1, 128, gpu, **kw) for nh in (1, 2)}
     np.testing.assert_array_equal(f_above[1], f_above[2])  # one head pass whatever nh
+    # a packed (ragged) launch has no switch: a second query head doubles the rows
+    ragged = {nh: attention_features("fa3_ragged", 2, at_limit, at_limit, nh, 1, 128, gpu, **kw) for nh in (1, 2)}
+    assert ragged[2][TENSOR_ALL] == 2 * ragged[1][TENSOR_ALL]
 
 
 def test_fa3_stable_descending_sort_and_tie_break():
@@ -399,17 +430,22 @@ def _flash_costs(tasks, cta_q, cta_kv, hd, gpu):
 
 def _ref_fa3(p, gpu):
     cta_q, cta_kv = fa3.tile_sizes(p)
-    works = -(-sum(p.q_lengths) // cta_q) + p.batch_size - 1
-    passes = 1 if works > 8192 else p.num_qo_heads
+    if p.layout == "ragged":  # GQA packed: a pass per KV head, q x g rows (token-major, head fastest)
+        g, passes = p.num_qo_heads // p.num_kv_heads, p.num_kv_heads
+    else:
+        works = -(-sum(p.q_lengths) // cta_q) + p.batch_size - 1
+        g, passes = 1, 1 if works > 8192 else p.num_qo_heads
     order = sorted(range(p.batch_size), key=lambda i: p.kv_lengths[i], reverse=True)  # stable
     tiles = []
     for i in order:
         q, kv = p.q_lengths[i], p.kv_lengths[i]
-        for t in range(-(-q // cta_q) - 1, -1, -1):
+        for t in range(-(-q * g // cta_q) - 1, -1, -1):
+            last_token = min((t + 1) * cta_q, q * g) - 1
+            reach = (t + 1) * cta_q + kv - q if g == 1 else last_token // g + 1 + kv - q
             it = -(-kv // cta_kv)
             if p.causal:
-                it = min(it, -(-((t + 1) * cta_q + kv - q) // cta_kv))
-                delta = cta_q * max(min((t + 1) * cta_q + kv - q, kv), 0)
+                it = min(it, -(-reach // cta_kv))
+                delta = cta_q * max(min(reach, kv), 0)
             else:
                 delta = cta_q * kv
             tiles.append((it, delta))
@@ -600,8 +636,10 @@ def test_totals_grow_with_q_for_ck_and_cutlass(p, kind, gpu, which, extra):
 @given(p=attention_problems(), kind=st.sampled_from(["fa3", "ck", "cutlass"]), gpu=st.sampled_from(GPUS),
        extra_groups=st.integers(1, 4))
 def test_totals_scale_with_heads_and_ignore_nkv(p, kind, gpu, extra_groups):
-    """FA3/FA-CK/FA-CUTLASS schedule every q head separately: totals are exactly proportional to nh
+    """FA3 paged, FA-CK and FA-CUTLASS schedule every q head separately: totals are exactly proportional to nh
     (small problems keep FA3 below the 8192-works switch) and nkv is ignored."""
+    if kind == "fa3":
+        p = dataclasses.replace(p, layout="paged")
     nh = p.num_qo_heads + extra_groups * p.num_kv_heads
     base = _features(kind, p, hw(gpu))
     more = _features(kind, dataclasses.replace(p, num_qo_heads=nh), hw(gpu))
@@ -609,6 +647,20 @@ def test_totals_scale_with_heads_and_ignore_nkv(p, kind, gpu, extra_groups):
         assert more[ix] * p.num_qo_heads == pytest.approx(base[ix] * nh, rel=1e-12)
     one_kv = _features(kind, dataclasses.replace(p, num_kv_heads=1), hw(gpu))
     np.testing.assert_array_equal(base, one_kv)
+
+
+@SETTINGS
+@given(p=attention_problems(), gpu=st.sampled_from(GPUS), more_kv=st.integers(2, 4))
+def test_fa3_ragged_totals_scale_with_kv_heads_at_a_fixed_group(p, gpu, more_kv):
+    """FA3 ragged packs each GQA group into its tiles: at a fixed group size, a pass per KV head of the same
+    tiles, so totals are exactly proportional to nkv."""
+    p = dataclasses.replace(p, layout="ragged")
+    group = p.num_qo_heads // p.num_kv_heads
+    more = dataclasses.replace(p, num_qo_heads=group * p.num_kv_heads * more_kv,
+                               num_kv_heads=p.num_kv_heads * more_kv)
+    base, scaled = fa3.features(p, hw(gpu)), fa3.features(more, hw(gpu))
+    for ix in TOTALS:
+        assert scaled[ix] == pytest.approx(base[ix] * more_kv, rel=1e-12)
 
 
 @SETTINGS
