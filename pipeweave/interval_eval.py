@@ -15,7 +15,9 @@ the percentiles of the *other* GPUs of its state (the other unseen state where i
 falls back), so a GPU never sets its own interval. ``--write`` writes the table and the docs/ACCURACY.md section
 ``intervals``; without it the coverage is printed only. Needs the datasets and the leave-one-GPU-out cache
 (``python3 -m pipeweave.logo_cache --workers 2``, ~40 min on two cores); a missing or stale member is trained
-first, with a log line, as ``pipeweave.accuracy`` does.
+first, with a log line, as ``pipeweave.accuracy`` does. ``--write_trained`` rewrites only the ``trained`` entries
+and their coverage, which depend on the shipped models alone (after retraining one, without the cache), keeps
+the rest of the table and renders the section from it.
 """
 from __future__ import annotations
 
@@ -232,6 +234,27 @@ def render(entries: dict, covered: dict) -> str:
     return "\n".join(lines)
 
 
+def write_trained(args, predictor: KernelPredictor) -> None:
+    """Rewrite the ``trained`` entries of ``args.table`` (and their coverage) for ``args.ops`` from the shipped
+    models, keep every other entry, and write the report's section from the table."""
+    table = json.loads(args.table.read_text())
+    for op in args.ops:
+        if op not in table["operators"]:
+            raise ValueError(f"{args.table} has no entry for {op}: write the whole table (--write)")
+        ratios = {TRAINED: trained_ratios(op, predictor, args.dataset_dir)}
+        table["operators"][op][STATES[TRAINED]] = interval_entry(ratios[TRAINED])
+        cells = coverage({**ratios, UNSEEN_GPU: {}, UNSEEN_ARCHITECTURE: {}})[STATES[TRAINED]]
+        table["coverage"][op][STATES[TRAINED]] = {gpu: round(c["coverage"], 4) for gpu, c in cells.items()}
+        print(f"{op} trained: coverage {np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "
+              f"over {len(cells)} GPUs")
+    covered = {op: {name: {gpu: {"coverage": value} for gpu, value in cells.items()}
+                    for name, cells in states.items()} for op, states in table["coverage"].items()}
+    write_atomically(args.table, lambda tmp: tmp.write_text(json.dumps(table, indent=2) + "\n"))
+    write_marked_section(args.report, "intervals", render(table["operators"], covered))
+    print(f"rewrote the trained entries of {args.table} ({', '.join(args.ops)}) and the section 'intervals' of "
+          f"{args.report}")
+
+
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python3 -m pipeweave.interval_eval",
                             description="Estimate the prediction intervals from held-out kernel errors and "
@@ -250,13 +273,22 @@ def main(argv=None) -> int:
                         help="table to write (default: pipeweave/error_intervals.json)")
     parser.add_argument("--report", type=Path, default=DOCS_DIR / "ACCURACY.md",
                         help="markdown report whose section 'intervals' is written (default: docs/ACCURACY.md)")
+    parser.add_argument("--write_trained", action="store_true",
+                        help="rewrite only the trained entries of the table and their coverage (they need the "
+                             "shipped models alone, no leave-one-GPU-out cache), keep the others, and write the "
+                             "section from the table")
     parser.add_argument("--without_calibrated", action="store_true",
                         help="skip the calibrated states (the k-shot calibrations, ~20 min of CPU with their "
                              "fine-tuning); only without --write (default: evaluate them)")
     args = parser.parse_args(argv)
+    if args.write and args.write_trained:
+        parser.error("--write rewrites the whole table, --write_trained its trained entries: choose one")
     if args.write and (set(args.ops) != set(OPS) or args.without_calibrated):
         parser.error("--write needs every operator class and the calibrated states (the table is written whole)")
     predictor = KernelPredictor(args.model_dir)
+    if args.write_trained:
+        write_trained(args, predictor)
+        return 0
     entries, covered = {}, {}
     # every operator's held-out rows, once: the unseen states' errors, and the priors pool every operator, as a
     # calibration's does

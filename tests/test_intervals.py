@@ -212,6 +212,33 @@ def test_shipped_table_matches_the_shipped_models_on_held_out_shapes(shared_data
         assert get_operator(op).model_op == op
 
 
+@pytest.mark.data
+def test_write_trained_rewrites_only_the_trained_entries(shared_data, tmp_path):
+    """``--write_trained`` (after retraining a shipped model, without the leave-one-GPU-out cache) restores the
+    trained entry of the operators asked for from the shipped model, and keeps every other entry as it was."""
+    from pipeweave.interval_eval import main
+
+    shipped = json.loads(DEFAULT_PATH.read_text())
+    stale = json.loads(DEFAULT_PATH.read_text())
+    for op in ("rmsnorm", "gemm"):
+        stale["operators"][op]["trained"]["log_high"] += 0.5
+        stale["coverage"][op]["trained"] = {}
+    table, report = tmp_path / "intervals.json", tmp_path / "ACCURACY.md"
+    table.write_text(json.dumps(stale))
+    report.write_text("# report\n")
+    assert main(["--write_trained", "--ops", "rmsnorm", "--table", str(table), "--report", str(report)]) == 0
+    written = json.loads(table.read_text())
+    trained, expected = written["operators"]["rmsnorm"].pop("trained"), shipped["operators"]["rmsnorm"].pop("trained")
+    assert trained["gpus"] == expected["gpus"] and trained["rows"] == expected["rows"]
+    assert (trained["log_low"], trained["log_high"]) == pytest.approx((expected["log_low"], expected["log_high"]),
+                                                                      abs=1e-9)
+    assert written["operators"]["rmsnorm"] == shipped["operators"]["rmsnorm"]  # its other states untouched
+    assert written["coverage"]["rmsnorm"] == shipped["coverage"]["rmsnorm"]
+    assert written["operators"]["gemm"] == stale["operators"]["gemm"]  # not asked for: left as it was
+    assert written["coverage"]["gemm"]["trained"] == {}
+    assert "| rmsnorm | trained | 3 |" in report.read_text()
+
+
 def test_api_interval_is_the_predict_kernels_columns(tmp_path):
     import pipeweave
     from pipeweave.kernels import main
