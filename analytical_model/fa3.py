@@ -7,7 +7,7 @@ GQA packing (a deliberate change, README "Differences"): the artifact schedules 
 and ignores nkv (docs/METHOD.md §11.1.5). The ragged (prefill) kernel that the Hopper measurements ran, vLLM's
 FA3 varlen kernel, packs the query heads of a GQA group into the rows of a tile (``PackGQA``, always on for a
 varlen launch): a head pass per KV head, q·g rows per request (g = nh / nkv). Measured (aiconfigurator-core,
-vLLM 0.24, H100 and H200), 32 one-token prefills of 64 query heads take 10.8 µs with 1, 2 or 4 KV heads, 14.0 µs
+vLLM 0.24, H100 and H200), 32 one-token prefills of 64 query heads take 10.8–11.1 µs with 1, 2 or 4 KV heads, 14.0 µs
 with 8 and 52.4 µs with 64: 32·nkv packed tiles, one wave up to 132, 16 waves at 2,048. Unpacked, every
 launch is 2,048 tiles and the features do not move. For long prompts both count the same tiles and
 iterations; they differ where q·g is not a multiple of cta_q. The paged layout keeps the artifact's rule, which
