@@ -17,7 +17,9 @@ falls back), so a GPU never sets its own interval. ``--write`` writes the table 
 (``python3 -m pipeweave.logo_cache --workers 2``, ~40 min on two cores); a missing or stale member is trained
 first, with a log line, as ``pipeweave.accuracy`` does. ``--write_trained`` rewrites only the ``trained`` entries
 and their coverage, which depend on the shipped models alone (after retraining one, without the cache), keeps
-the rest of the table and renders the section from it.
+the rest of the table and renders the section from it; with ``--with_unseen`` also the two unseen states of the
+operators asked for, which need only those operators' leave-one-GPU-out models (the calibrated states pool every
+operator's, so they need ``--write``).
 """
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.calibration_eval import DRAWS, SEED, SHOTS, HeldOut, held_out_and_priors, kshot_log_errors
+from pipeweave.calibration_eval import (DRAWS, SEED, SHOTS, HeldOut, held_out_and_priors, held_out_rows,
+                                        kshot_log_errors)
 from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
 from pipeweave.intervals import DEFAULT_PATH, FORMAT, LEVELS, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
-from pipeweave.logo_cache import DEFAULT_CACHE
+from pipeweave.finetune import FINE_TUNABLE
+from pipeweave.logo_cache import DEFAULT_CACHE, gpus_with_data
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR, DOCS_DIR
 from pipeweave.predictor import KernelPredictor
@@ -236,22 +240,32 @@ def render(entries: dict, covered: dict) -> str:
 
 def write_trained(args, predictor: KernelPredictor) -> None:
     """Rewrite the ``trained`` entries of ``args.table`` (and their coverage) for ``args.ops`` from the shipped
-    models, keep every other entry, and write the report's section from the table."""
+    models, with ``args.with_unseen`` also their unseen states from the leave-one-GPU-out cache, keep every other
+    entry, and write the report's section from the table."""
     table = json.loads(args.table.read_text())
     for op in args.ops:
         if op not in table["operators"]:
             raise ValueError(f"{args.table} has no entry for {op}: write the whole table (--write)")
-        ratios = {TRAINED: trained_ratios(op, predictor, args.dataset_dir)}
-        table["operators"][op][STATES[TRAINED]] = interval_entry(ratios[TRAINED])
-        cells = coverage({**ratios, UNSEEN_GPU: {}, UNSEEN_ARCHITECTURE: {}})[STATES[TRAINED]]
-        table["coverage"][op][STATES[TRAINED]] = {gpu: round(c["coverage"], 4) for gpu, c in cells.items()}
-        print(f"{op} trained: coverage {np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "
-              f"over {len(cells)} GPUs")
-    covered = {op: {name: {gpu: {"coverage": value} for gpu, value in cells.items()}
-                    for name, cells in states.items()} for op, states in table["coverage"].items()}
+        held = []
+        if args.with_unseen:
+            test_split = read_dataset(dataset_paths(op, args.dataset_dir)[1]) if op in FINE_TUNABLE else None
+            held = [held_out_rows(op, gpu, args.dataset_dir, args.cache, test_split)
+                    for gpu in gpus_with_data(op, args.dataset_dir)]
+        ratios = operator_ratios(op, predictor, args.dataset_dir, held)
+        entry = table_entry(ratios) if args.with_unseen else {STATES[TRAINED]: interval_entry(ratios[TRAINED])}
+        covered = coverage(ratios)
+        for name in entry:
+            table["operators"][op][name] = entry[name]
+            table["coverage"][op][name] = {gpu: round(c["coverage"], 4) for gpu, c in covered[name].items()}
+            if covered[name]:
+                print(f"{op} {name}: coverage {np.mean([c['coverage'] for c in covered[name].values()]) * 100:.0f} "
+                      f"% over {len(covered[name])} GPUs")
+    stored = {op: {name: {gpu: {"coverage": value} for gpu, value in cells.items()}
+                   for name, cells in states.items()} for op, states in table["coverage"].items()}
     write_atomically(args.table, lambda tmp: tmp.write_text(json.dumps(table, indent=2) + "\n"))
-    write_marked_section(args.report, "intervals", render(table["operators"], covered))
-    print(f"rewrote the trained entries of {args.table} ({', '.join(args.ops)}) and the section 'intervals' of "
+    write_marked_section(args.report, "intervals", render(table["operators"], stored))
+    rewritten = "trained and unseen" if args.with_unseen else "trained"
+    print(f"rewrote the {rewritten} entries of {args.table} ({', '.join(args.ops)}) and the section 'intervals' of "
           f"{args.report}")
 
 
@@ -277,10 +291,15 @@ def main(argv=None) -> int:
                         help="rewrite only the trained entries of the table and their coverage (they need the "
                              "shipped models alone, no leave-one-GPU-out cache), keep the others, and write the "
                              "section from the table")
+    parser.add_argument("--with_unseen", action="store_true",
+                        help="with --write_trained: also rewrite the unseen states of --ops, from their leave-one-GPU-"
+                             "out models (--cache; trained when missing)")
     parser.add_argument("--without_calibrated", action="store_true",
                         help="skip the calibrated states (the k-shot calibrations, ~20 min of CPU with their "
                              "fine-tuning); only without --write (default: evaluate them)")
     args = parser.parse_args(argv)
+    if args.with_unseen and not args.write_trained:
+        parser.error("--with_unseen goes with --write_trained")
     if args.write and args.write_trained:
         parser.error("--write rewrites the whole table, --write_trained its trained entries: choose one")
     if args.write and (set(args.ops) != set(OPS) or args.without_calibrated):

@@ -239,6 +239,36 @@ def test_write_trained_rewrites_only_the_trained_entries(shared_data, tmp_path):
     assert "| rmsnorm | trained | 3 |" in report.read_text()
 
 
+@pytest.mark.data
+def test_write_trained_with_unseen_rewrites_the_unseen_states_from_the_held_out_rows(shared_data, tmp_path,
+                                                                                   monkeypatch):
+    """``--with_unseen`` takes the unseen states of the operators asked for from their leave-one-GPU-out rows
+    (here stand-ins, so no model is trained) and leaves the calibrated states, which pool every operator."""
+    from types import SimpleNamespace
+
+    import pipeweave.interval_eval as interval_eval
+
+    rng = np.random.default_rng(0)
+    held = {gpu: rng.normal(bias, 0.1, 200) for gpu, bias in
+            (("NVIDIA A100-SXM4-80GB", 0.2), ("NVIDIA A40", -0.1), ("NVIDIA H100", 0.05))}
+    monkeypatch.setattr(interval_eval, "held_out_rows",
+                        lambda op, gpu, *args: SimpleNamespace(op=op, gpu=gpu, y=held[gpu]))
+    shipped = json.loads(DEFAULT_PATH.read_text())
+    table, report = tmp_path / "intervals.json", tmp_path / "ACCURACY.md"
+    table.write_text(json.dumps(shipped))
+    report.write_text("# report\n")
+    assert interval_eval.main(["--write_trained", "--with_unseen", "--ops", "rmsnorm", "--table", str(table),
+                               "--report", str(report)]) == 0
+    written = json.loads(table.read_text())["operators"]["rmsnorm"]
+    ratios = {TRAINED: {}, **interval_eval.unseen_ratios("rmsnorm", [SimpleNamespace(op="rmsnorm", gpu=gpu, y=y)
+                                                                      for gpu, y in held.items()])}
+    expected = table_entry({**ratios, TRAINED: {"x": np.zeros(1)}})  # the unseen states do not read the trained one
+    for state in (UNSEEN_GPU, UNSEEN_ARCHITECTURE):
+        assert written[STATES[state]] == expected[STATES[state]]
+    assert written["calibrated"] == shipped["operators"]["rmsnorm"]["calibrated"]
+    assert written["trained"]["gpus"] == shipped["operators"]["rmsnorm"]["trained"]["gpus"]
+
+
 def test_api_interval_is_the_predict_kernels_columns(tmp_path):
     import pipeweave
     from pipeweave.kernels import main
