@@ -260,9 +260,9 @@ def test_write_trained_with_unseen_rewrites_the_unseen_states_from_the_held_out_
     assert interval_eval.main(["--write_trained", "--with_unseen", "--ops", "rmsnorm", "--table", str(table),
                                "--report", str(report)]) == 0
     written = json.loads(table.read_text())["operators"]["rmsnorm"]
-    ratios = {TRAINED: {}, **interval_eval.unseen_ratios("rmsnorm", [SimpleNamespace(op="rmsnorm", gpu=gpu, y=y)
-                                                                      for gpu, y in held.items()])}
-    expected = table_entry({**ratios, TRAINED: {"x": np.zeros(1)}})  # the unseen states do not read the trained one
+    unseen = interval_eval.unseen_ratios("rmsnorm", [SimpleNamespace(op="rmsnorm", gpu=gpu, y=y)
+                                                     for gpu, y in held.items()])
+    expected = table_entry({**unseen, TRAINED: {"x": np.zeros(1)}})  # the unseen states do not read the trained one
     for state in (UNSEEN_GPU, UNSEEN_ARCHITECTURE):
         assert written[STATES[state]] == expected[STATES[state]]
     assert written["calibrated"] == shipped["operators"]["rmsnorm"]["calibrated"]
