@@ -7,8 +7,8 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   ``t ≥ E / f`` with ``E`` the shape descriptor ``exact_tensor_cycle`` (the problem's FLOPs at the spec peak,
   without tiles or padding; GEMM, attention, MoE), i.e. ``eff ≤ C_ideal / E``. ``C_ideal`` itself counts padded
   tiles and is beaten by measured rows (GEMM with M = 257 or 769; FA3 ragged attention up to 5.7x before it
-  packed GQA), so ``eff ≤ 1`` is no bound: clipping there made the shipped attention model's correct predictions on those rows
-  97 % off; the exact-work bound holds on every measured row but 43 (RTX PRO 6000, by at most 1.9 %). For
+  packed GQA), so ``eff ≤ 1`` is no bound: clipping there made the shipped attention model's correct predictions
+  on those rows 97 % off; the exact-work bound holds on every measured row but 43 (RTX PRO 6000, by at most 1.9 %). For
   operators whose DRAM-cycle feature counts every byte exactly once (:attr:`OperatorClass.dram_bound`: RMSNorm,
   SiLU*Mul; no measured row in any dataset beats it) the DRAM time at the spec bandwidth binds too:
   ``t ≥ max(C_ideal, C_dram) / f``. For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2

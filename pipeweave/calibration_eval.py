@@ -260,11 +260,10 @@ def held_out_and_priors(dataset_dir: Path, cache: Path, ops=OPS) -> tuple[list[H
     return rows, prior, priors
 
 
-def in_sample_errors(held: HeldOut, prior: Prior) -> dict:
-    """Duration error (mean, median in %) of ``held``'s kernels calibrated on all of them, as ``calibrate.py
-    --kernels`` fits it (:func:`kshot_log_errors` without a draw or fine-tuning), and scored on the same kernels:
-    about the least error the corrections leave on the GPU at any k."""
-    x = held.design(prior.standardisation)
+def in_sample_errors(held: HeldOut, x: np.ndarray, prior: Prior) -> dict:
+    """Duration error (mean, median in %) of ``held``'s kernels (design rows ``x``) calibrated on all of them, as
+    ``calibrate.py --kernels`` fits it (:func:`kshot_log_errors` without a draw or fine-tuning), and scored on the
+    same kernels: about the least error the corrections leave on the GPU at any k."""
     theta = fitted_corrections(held, x, prior, np.arange(len(held.y)))
     errors = np.abs(np.exp(x @ theta - held.y) - 1) * 100
     return {"mean": float(errors.mean()), "median": float(np.median(errors))}
@@ -284,7 +283,7 @@ def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=pr
             cell[str(k)] = {"mean": float(np.mean(means)), "median": float(np.mean(medians)),
                             "fine_tuned": int(sum(tuned)), "draws": len(runs)}
         results.setdefault(held.op, {})[held.gpu] = {"n": int(len(held.y)), "shots": cell,
-                                                     "all": in_sample_errors(held, priors[held.gpu])}
+                                                     "all": in_sample_errors(held, x, priors[held.gpu])}
         log(f"  {held.op} / {held.gpu}: " + ", ".join(f"k={k} {v['mean']:.1f} %" for k, v in cell.items()))
     return results, prior
 

@@ -217,11 +217,12 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         for name in pd.unique(frame["hardware"].str.strip()):
             if registry.get(name).stem != spec.stem:
                 raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
-    not_layer = (~frame["weight_type"].str.strip().eq("layer")).to_numpy() if op == "moe" else np.zeros(0, bool)
-    if not_layer.any():
-        row = int(np.flatnonzero(not_layer)[0])
-        raise UserError(f"--kernels {path}: line {row + 2}: weight_type must be 'layer' (a whole fused-MoE layer, "
-                        f"what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
+    if op == "moe":
+        not_layer = (~frame["weight_type"].str.strip().eq("layer")).to_numpy()
+        if not_layer.any():
+            row = int(np.flatnonzero(not_layer)[0])
+            raise UserError(f"--kernels {path}: line {row + 2}: weight_type must be 'layer' (a whole fused-MoE "
+                            f"layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
     frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
     return op, frame

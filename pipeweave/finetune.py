@@ -11,8 +11,9 @@ flagged. There the measured kernels teach the MLP more than a correction of its 
 How. Each ensemble member is trained further, ``EPOCHS`` passes at ``LEARNING_RATE`` (the training recipe's
 optimiser, loss and gradient clipping), on the measured kernels of the GPU (log efficiency) together with a
 *replay set* that anchors the rest of the model: the operator's full shape grid (the profiler's; for MoE the layers
-of the MoE model configs: :func:`pipeweave.profiler.grids.replay_rows`) on every GPU the model was trained on, labelled with that member's own output. No training data is needed, so a
-user without the measurement sources can fine-tune. The measured kernels are repeated to weigh as much as one
+of the MoE model configs: :func:`pipeweave.profiler.grids.replay_rows`) on every GPU the model was trained on,
+labelled with that member's own output. No training data is needed, so a user without the measurement sources can
+fine-tune. The measured kernels are repeated to weigh as much as one
 training GPU's replay rows. The result is a model for that GPU only, stored in the calibration file; other
 GPUs' predictions never use it.
 

@@ -516,7 +516,7 @@ def test_corrections_fitted_on_all_kernels_bound_what_any_k_reaches():
 
     prior = estimate_prior([synthetic_gpu(f"gpu{i}", b, 0.0, seed=i) for i, b in enumerate((-0.2, 0.1, 0.2))], "s")
     smooth = synthetic_gpu("smooth", 0.3, 0.2, noise=0.01, seed=5)
-    assert in_sample_errors(smooth, prior)["mean"] < 1.5
+    assert in_sample_errors(smooth, smooth.design(prior.standardisation), prior)["mean"] < 1.5
     rough = synthetic_gpu("rough", 0.3, 0.0, noise=0.01, seed=6)
     rough.y = rough.y + np.where(np.arange(len(rough.y)) % 2 == 0, 0.2, -0.2)  # alternating: no term sees it
-    assert 17.0 < in_sample_errors(rough, prior)["mean"] < 23.0
+    assert 17.0 < in_sample_errors(rough, rough.design(prior.standardisation), prior)["mean"] < 23.0
