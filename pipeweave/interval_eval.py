@@ -242,7 +242,10 @@ def write_trained(args, predictor: KernelPredictor) -> None:
     """Rewrite the ``trained`` entries of ``args.table`` (and their coverage) for ``args.ops`` from the shipped
     models, with ``args.with_unseen`` also their unseen states from the leave-one-GPU-out cache, keep every other
     entry, and write the report's section from the table."""
-    table = json.loads(args.table.read_text())
+    try:
+        table = json.loads(args.table.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{args.table}: not a JSON interval table ({exc})") from None
     for op in args.ops:
         if op not in table["operators"]:
             raise ValueError(f"{args.table} has no entry for {op}: write the whole table (--write)")

@@ -269,6 +269,18 @@ def test_write_trained_with_unseen_rewrites_the_unseen_states_from_the_held_out_
     assert written["trained"]["gpus"] == shipped["operators"]["rmsnorm"]["trained"]["gpus"]
 
 
+def test_write_trained_on_a_corrupt_table_is_one_line_naming_it(tmp_path, capsys):
+    from pipeweave.cli import run_cli
+    from pipeweave.interval_eval import main
+
+    table, report = tmp_path / "intervals.json", tmp_path / "ACCURACY.md"
+    table.write_text("{")
+    code = run_cli(main, ["--write_trained", "--ops", "attn", "--table", str(table), "--report", str(report)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{table}: not a JSON interval table" in err[0]
+    assert not report.exists() and table.read_text() == "{"
+
+
 def test_api_interval_is_the_predict_kernels_columns(tmp_path):
     import pipeweave
     from pipeweave.kernels import main
