@@ -31,7 +31,8 @@ from pipeweave.mlp import (CHECKPOINT_SUFFIX, WEIGHTS_FORMAT, checkpoint_path, m
 #: MKL chooses its matrix-multiply kernels by CPU (SSE, AVX2, AVX-512), and each sums in its own order: trained with
 #: the same seed on MKL's AVX2 and AVX-512 paths, a GEMM model's weights were 0.46 apart after 6 epochs, and
 #: leave-one-GPU-out cells moved by up to 2.5 points between machines (README, "Deterministic across machines").
-#: MKL's compatible path is the same on every x86 CPU; a GEMM epoch took 2.3x as long on it here. MKL reads the variable
+#: MKL documents its compatible path as the same on every x86 CPU (an Intel and an AMD machine still trained different
+#: models on it: README); a GEMM epoch took 2.3x as long on it here. MKL reads the variable
 #: at the process's first matrix product, so it is set when this module is imported, before any training; a value
 #: already in the environment is kept (MKL_CBWR=AUTO: the fastest path, which another CPU does not repeat).
 FLOAT_PATH_VARIABLE = "MKL_CBWR"
