@@ -91,6 +91,7 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
         raise ValueError(f"{out_dir}: member directories do not match the seeds {seeds}")
     summaries = [{"seed": seed, **{key: m["training"][key] for key in
                                    ("best_epoch", "epochs_run", "best_val_loss", "train_seconds")},
+                  **({"machine": m["training"]["machine"]} if "machine" in m["training"] else {}),
                   **({"test_duration_mean_abs_pct_error":
                       m["evaluation_results"]["overall"]["duration_mean_abs_pct_error"]}
                      if "evaluation_results" in m else {})} for m, seed in zip(members, seeds)]

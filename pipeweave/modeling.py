@@ -22,7 +22,7 @@ from pipeweave.cli import nonnegative_int, positive_float, positive_int
 from pipeweave.mlp import (LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, total_efficiency, transformed_names,
                            weights_path, work_efficiency)
 from pipeweave.paths import DATASET_DIR
-from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency
+from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency, training_machine
 from pipeweave.splits import shape_keys
 from pipeweave.training import TrainConfig, fit
 
@@ -229,7 +229,8 @@ def write_model_dir(
             "batch_norm_position": "post_activation",
             **({"fixed_time_us": fixed} if fixed else {}),
         },
-        "training": {**config.as_dict(), **{k: v for k, v in history.items() if k not in ("train_loss", "val_loss")}},
+        "training": {**config.as_dict(), **{k: v for k, v in history.items() if k not in ("train_loss", "val_loss")},
+                     "machine": training_machine()},
         "data_info": {
             "train_samples": int(len(train)),
             **({"test_samples": int(len(test))} if test is not None else {}),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,19 @@ os.environ.setdefault(FLOAT_PATH_VARIABLE, REPRODUCIBLE_FLOAT_PATH)
 def float_path() -> str:
     """The MKL code path CPU training runs on (recorded in every model's metadata)."""
     return os.environ.get(FLOAT_PATH_VARIABLE, "AUTO")
+
+
+def training_machine() -> dict:
+    """The processor and torch build a model was trained with (recorded in its metadata): the same data, flags and
+    float path trained different models on an Intel and an AMD machine (README, "Deterministic across machines"),
+    so a table says which machine's models it scores."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {"cpu": cpu, "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 HIDDEN_DIMS = (256, 128, 64)

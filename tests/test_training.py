@@ -197,6 +197,8 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
     meta = json.loads((directory / "metadata.json").read_text())
     assert meta["model_info"]["features"] == list(get_operator("gemm").input_names())
     assert meta["model_info"]["architecture"] == "MLP_v2" and meta["evaluation_results"]["by_hardware"]
+    machine = meta["training"]["machine"]  # which processor trained it: tables say whose models they score
+    assert machine["cpu"] and machine["torch"] == torch.__version__ and machine["cpu_capability"]
     ranges = meta["network_input_ranges"]  # the pipe-share model's edges (pipeweave.edges), from its training rows
     assert ranges["log(busiest_cycles)"][0] < ranges["log(busiest_cycles)"][1]
     assert all(high < 1e-5 for name, (_, high) in ranges.items() if name.startswith("share("))  # log(1 + 1e-6)
@@ -225,6 +227,7 @@ def test_ensemble_cli_writes_members_and_the_predictor_averages_them(gemm_datase
     meta = json.loads((directory / "metadata.json").read_text())
     assert meta["ensemble"]["seeds"] == [7, 3] and meta["training"]["ensemble_seeds"] == [7, 3]
     assert [m["seed"] for m in meta["ensemble"]["members"]] == [7, 3] and meta["evaluation_results"]["by_hardware"]
+    assert all(m["machine"]["torch"] == torch.__version__ for m in meta["ensemble"]["members"])
     frame = test[["M", "N", "K", "hardware"]].head(20)
     members = [load_model_dir(member, "gemm")[0] for member in member_dirs(directory)]
     ensemble = NumpyMLP.load(weights_path(directory, "gemm"))
