@@ -49,7 +49,7 @@ def float_path() -> str:
 def training_machine() -> dict:
     """The processor and torch build a model was trained with (recorded in its metadata): the same data, flags and
     float path trained different models on an Intel and an AMD machine (README, "Deterministic across machines"),
-    so a table says which machine's models it scores."""
+    so a table can say which machine's models it scores."""
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
