@@ -50,12 +50,10 @@ def training_machine() -> dict:
     """The processor and torch build a model was trained with (recorded in its metadata): the same data, flags and
     float path trained different models on an Intel and an AMD machine (README, "Deterministic across machines"),
     so a table can say which machine's models it scores."""
-    cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.is_file() else []
+    cpu = names[0] if names else platform.processor() or platform.machine()
     return {"cpu": cpu, "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
