@@ -230,10 +230,21 @@ def main(argv: list[str] | None = None) -> int:
         quantile_dir=args.quantile_dir if args.quantiles else None,
         calibration=calibration,
     )
-    memory = {id(job): memory_check(job, args.ignore_memory) for job in jobs}
+    memory, failures = {}, []
+    for job in jobs:  # in a sweep a pair that does not fit is one failure, not the end of the sweep
+        try:
+            memory[id(job)] = memory_check(job, args.ignore_memory)
+        except UserError as exc:
+            if not several:
+                raise
+            failures.append((job, failure_reason(job, exc)))
+    runnable = [job for job in jobs if id(job) in memory]
     started = time.perf_counter()
-    predictions, failures = predict_all(engine, jobs)
+    made, not_made = predict_all(engine, runnable)
     elapsed = time.perf_counter() - started
+    by_job = {id(job): prediction for job, prediction in zip(runnable, made)}
+    predictions = [by_job.get(id(job)) for job in jobs]
+    failures += not_made
     if calibration is not None:
         ops = {op for job in jobs if job.hardware.stem == calibration.hardware for op in job.workload.ops()}
         for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
@@ -274,9 +285,12 @@ def write_predictions(predictions: list[Prediction | None], targets: list[Path],
 def predict_all(engine: Engine, jobs: list[Job]) -> tuple[list[Prediction | None], list[tuple[Job, str]]]:
     """Every prediction that can be made, in job order (None where it cannot), and (job, reason) of the others.
     One batch when all succeed; after a failure each job is predicted alone (models stay loaded)."""
+    if not jobs:
+        return [], []
+    # ValueError: what a calculator refuses for one GPU (an FP8 workload on a GPU without FP8 tensor cores)
     try:
         return engine.predict(jobs), []
-    except UserError:
+    except (UserError, ValueError):
         if len(jobs) == 1:
             raise
     predictions: list[Prediction | None] = []
@@ -284,13 +298,18 @@ def predict_all(engine: Engine, jobs: list[Job]) -> tuple[list[Prediction | None
     for job in jobs:
         try:
             predictions.append(engine.predict([job])[0])
-        except UserError as exc:
+        except (UserError, ValueError) as exc:
             predictions.append(None)
-            message = exc.args[0] if exc.args else str(exc)
-            for prefix in (f"{job.workload.stem} on {job.hardware.stem}: ", f"{job.workload.stem}: "):
-                message = message.removeprefix(prefix)
-            failures.append((job, message))
+            failures.append((job, failure_reason(job, exc)))
     return predictions, failures
+
+
+def failure_reason(job: Job, exc: Exception) -> str:
+    """The error of one pair of a sweep, without the pair's name (the listing puts it in front)."""
+    message = exc.args[0] if exc.args else str(exc)
+    for prefix in (f"{job.workload.stem} on {job.hardware.stem}: ", f"{job.workload.stem}: "):
+        message = message.removeprefix(prefix)
+    return message
 
 
 def print_summary(prediction: Prediction, target: Path, several: bool) -> None:

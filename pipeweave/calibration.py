@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeweave.calibration_design import (BANDWIDTH, CLASSES, COLLECTIVE_KINDS, COMMUNICATION_PARAMS, INTERCEPTS,
-                                          LATENCY, PARAMS, class_slice, class_terms, communication_design, design)
+                                          LATENCY, PARAMS, class_covariates, class_slice, class_terms,
+                                          communication_design, design)
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
 FORMAT_VERSION = 4  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
@@ -308,6 +309,29 @@ class Calibration:
         write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
+def parameter_value(path: Path, name: str, entry, key: str) -> float:
+    """parameters.<name>.<key> of a calibration file as a finite float; anything else names the field."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ValueError(f"{path}: parameters.{name}.{key} must be a finite number, got {value!r}; "
+                         f"refit the file with calibrate.py")
+    return float(value)
+
+
+def check_standardisation(path: Path, standardisation: dict) -> None:
+    """Each class's covariate centres are finite and its scales finite and positive, one per covariate."""
+    for cls, entry in standardisation.items():
+        size = len(class_covariates(cls))
+        for key, least in (("center", -np.inf), ("scale", 0.0)):
+            values = entry.get(key) if isinstance(entry, dict) else None
+            if (not isinstance(values, list) or len(values) != size
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+                               and v > least for v in values)):
+                raise ValueError(f"{path}: standardisation.{cls}.{key} must be {size} finite"
+                                 f"{' positive' if key == 'scale' else ''} numbers, got {values!r}; refit the file "
+                                 f"with calibrate.py")
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration file; errors name the file and the problem."""
     path = Path(path)
@@ -325,7 +349,10 @@ def load_calibration(path: str | Path) -> Calibration:
                          f"refit it with calibrate.py")
     # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions
     expected = [p for p in PARAMS if p in FACTORS] if version == 1 else PARAMS
-    parameters = dict(data.get("parameters", {}))
+    parameters = data.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise ValueError(f"{path}: parameters must be an object of named parameters; refit the file with calibrate.py")
+    parameters = dict(parameters)
     if version < 4 and "communication" in parameters:  # one factor on every collective: equal latency and bandwidth
         shared = parameters.pop("communication")
         parameters.update({p: shared for p in COMMUNICATION_PARAMS})
@@ -339,10 +366,12 @@ def load_calibration(path: str | Path) -> Calibration:
         missing.append("the weights of its fine_tuned models")
     if missing:
         raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
-    theta = np.array([float(parameters[p]["log_factor"]) if p in expected else 0.0 for p in PARAMS])
-    std = np.array([float(parameters[p]["posterior_std"]) if p in expected else 0.0 for p in PARAMS])
-    if not np.all(np.isfinite(theta)):
-        raise ValueError(f"{path}: calibration has non-finite parameters")
+    theta, std = (np.array([parameter_value(path, p, parameters[p], key) if p in expected else 0.0 for p in PARAMS])
+                  for key in ("log_factor", "posterior_std"))
+    if standardisation is not None:
+        check_standardisation(path, standardisation)
+    if not isinstance(data.get("fitted_from", {}), dict):
+        raise ValueError(f"{path}: fitted_from must be an object (as calibrate.py writes it)")
     calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
                               data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
                               standardisation, path, fine_tuned)

@@ -41,7 +41,10 @@ ATTENTION_COVARIATES = ("log_kv_length", "log_group_size")
 SIZE_KNOTS = (-1.0, 0.0, 1.0)
 HINGES = tuple(f"log_size_above_{knot:+g}" for knot in SIZE_KNOTS)
 CLIP = 3.0  # standard deviations
-OP_CLASS = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "rmsnorm": "elementwise", "siluandmul": "elementwise", "moe": "moe"}
+#: calibration class of each predicting model (an operator predicted by another's model, as quantisation by
+#: RMSNorm's, takes that model's class: the correction is of the model's efficiency)
+MODEL_CLASS = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "rmsnorm": "elementwise", "siluandmul": "elementwise",
+               "moe": "moe"}
 
 
 def class_covariates(cls: str) -> tuple[str, ...]:
@@ -72,9 +75,11 @@ def kernel_classes(op: str, n: int, attention_types=None) -> np.ndarray:
         layouts = {kind: resolve_attention_type(str(kind))[1] for kind in set(attention_types)}
         return np.array(["attn_decode" if layouts[kind] == "paged" else "attn_prefill" for kind in attention_types],
                         dtype=object)
-    if op not in OP_CLASS:
-        raise ValueError(f"operator {op!r} has no calibration class (known: {', '.join(OP_CLASS)}, attn)")
-    return np.full(n, OP_CLASS[op], dtype=object)
+    model = get_operator(op).model_op
+    if model not in MODEL_CLASS:
+        raise ValueError(f"operator {op!r} (predicted by the {model!r} model) has no calibration class "
+                         f"(models with one: {', '.join(MODEL_CLASS)}, attn)")
+    return np.full(n, MODEL_CLASS[model], dtype=object)
 
 
 def pipe_cycles(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,11 +32,27 @@ from pipeweave.finetune import TRIGGER_BITS
 
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
 METRICS = ("prefill_ms", "decode_step_ms", "total_ms")
-BF16_BYTES = 2
 
 
 # ------------------------------------------------------------------------------------------------
 # end-to-end runs
+
+
+def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
+    """Every cell of a CSV as text, header cells stripped; a row with more or fewer fields than the header, a
+    repeated column or an empty file is a one-line error naming ``flag``, the file and the row."""
+    from pipeweave.kernels import read_shapes
+
+    try:
+        header, rows = read_shapes(path)
+    except UserError as exc:
+        raise UserError(f"{flag} {path}: empty file ({expected})" if "empty file" in str(exc)
+                        else f"{flag} {exc}") from None
+    header = [cell.strip() for cell in header]
+    repeated = sorted({cell for cell in header if header.count(cell) > 1})
+    if repeated:
+        raise UserError(f"{flag} {path}: repeated column(s) {', '.join(repeated)}")
+    return pd.DataFrame(rows, columns=header, dtype=str)
 
 
 def not_a_positive_number(values: pd.Series) -> pd.Series:
@@ -49,11 +65,8 @@ def read_e2e_csv(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--e2e file not found: {path}")
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"--e2e {path}: empty file (expected the header {','.join(E2E_COLUMNS)})") from None
-    columns = [c.strip() for c in frame.columns]
+    frame = csv_text_frame(path, "--e2e", f"expected the header {','.join(E2E_COLUMNS)}")
+    columns = list(frame.columns)
     unknown = [c for c in columns if c not in E2E_COLUMNS]
     missing = [c for c in E2E_COLUMNS if c not in columns]
     if unknown or missing:
@@ -89,27 +102,28 @@ def resolve_run_workload(name: str, csv_path: Path) -> Path:
     return resolve_workload_path(name)
 
 
-def memory_footprint_bytes(workload) -> float:
-    """Per-GPU bytes a workload needs at least: its GEMM weights (BF16) plus the largest KV cache it holds."""
-    from pipeweave.flatten import CATEGORY_CODE
-
-    first = workload.inst_iter == 0
-    weights = 0.0
-    for i in np.flatnonzero(first & (workload.inst_code == CATEGORY_CODE["gemm"])):
-        _, n, k = workload.shapes["gemm"][workload.inst_local[i]]
-        weights += n * k * BF16_BYTES * workload.inst_count[i]
-    kv = 0.0
-    for i in np.flatnonzero(workload.inst_code == CATEGORY_CODE["attention"]):
-        _, _, _, kv_lengths, _, nkv, hd = workload.shapes["attn"][workload.inst_local[i]]
-        kv = max(kv, 2 * sum(kv_lengths) * nkv * hd * BF16_BYTES * workload.inst_count[i])
-    return weights + kv
-
-
 def check_fits(workload, spec: HardwareSpec, where: str) -> None:
-    if spec.total_global_mem and memory_footprint_bytes(workload) > spec.total_global_mem:
-        raise UserError(f"{where}: {workload.stem} ({workload.model}, TP{workload.tp_size}) needs "
-                        f"{memory_footprint_bytes(workload) / 2**30:.0f} GiB of weights and KV cache per GPU, more "
-                        f"than {spec.stem}'s {spec.total_global_mem / 2**30:.0f} GiB: it cannot have run on this GPU")
+    """Refuse a measured run whose weights and KV cache alone (pipeweave.memory: per pipeline stage, MoE experts
+    and the workload's dtype included) exceed the GPU's memory: it cannot have run there. Activations and vLLM's
+    memory share are left out, unlike the aggregator's check: the run was measured, so it did fit with the
+    settings it ran under."""
+    from pipeweave.memory import check_memory, config_from_model_params
+    from pipeweave.workload import WorkloadError
+
+    if workload.model_params is None:
+        print(f"Note: {where}: {workload.stem} has no model_params, so GPU memory was not checked")
+        return
+    try:
+        check = check_memory(config_from_model_params(workload.model_params, workload.model), spec,
+                             workload.prompt_lengths, len(workload.phases), tp=workload.tp_size,
+                             pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype)
+    except WorkloadError as exc:
+        raise UserError(f"{where}: {workload.stem}: memory check: {exc}") from None
+    needed = check.weights + check.kv_cache
+    if spec.total_global_mem and needed > spec.total_global_mem:
+        raise UserError(f"{where}: {workload.stem} ({workload.model}, TP{workload.tp_size} PP{workload.pp_size}) "
+                        f"needs {needed / 1e9:.1f} GB of weights and KV cache per GPU, more than {spec.stem}'s "
+                        f"{spec.total_global_mem / 1e9:.1f} GB: it cannot have run on this GPU")
 
 
 def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -156,8 +170,12 @@ def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, prio
         value = measured.get(metric)
         mask, scale = masks[metric]
         keep = np.flatnonzero(mask & (weighted > 0))
-        if value is None or not np.isfinite(value) or not keep.size:
+        if value is None or not np.isfinite(value):
             continue
+        if not keep.size:
+            raise UserError(f"--e2e: {label}: {metric} was given, but the workload has no "
+                            f"{'decode' if metric == 'decode_step_ms' else 'prefill'} iteration to predict it "
+                            f"from; leave that cell empty")
         eq.append(np.full(keep.size, len(values)))
         base.append(weighted[keep] * scale)
         rows.append(x[keep])
@@ -181,6 +199,29 @@ def kernel_shape_columns() -> dict[str, tuple[str, ...]]:
     return {**SHAPE_COLUMNS, "moe": get_operator("moe").shape_columns}
 
 
+def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
+    """The shape limits ``predict_kernels.py`` applies (pipeweave.validation), and for all-reduce rows a positive
+    message size over at least two workers: a row no prediction can be made for is an error naming it."""
+    from pipeweave.validation import check_shape_table, limit_problem, row_label
+
+    if op != "all_reduce":
+        try:
+            check_shape_table({c: frame[c].tolist() for c in frame.columns}, get_operator(op))
+        except ValueError as exc:
+            raise UserError(f"--kernels {path}: {exc}") from None
+        return
+    for column, least in (("size_bytes", 1), ("num_workers", 2)):
+        values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
+        bad = ~(np.isfinite(values) & (values >= least) & (values == values.round()))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise UserError(f"--kernels {path}: {row_label(row)}: {column} must be an integer of at least {least}, "
+                            f"got {frame[column].iloc[row]!r}")
+        problem = next((p for p in (limit_problem(column, int(v)) for v in values) if p), None)
+        if problem:
+            raise UserError(f"--kernels {path}: {problem}")
+
+
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
     """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
     rows or MoE rows that are not whole layers are errors."""
@@ -190,10 +231,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--kernels file not found: {path}")
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"--kernels {path}: empty file") from None
+    frame = csv_text_frame(path, "--kernels", "expected the profiler's header")
     if frame.empty:
         raise UserError(f"--kernels {path}: no measured kernels (only a header)")
     ops = set(frame["op"].str.strip()) if "op" in frame.columns else {path.stem}
@@ -207,6 +245,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     if unknown or missing:
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
+    check_kernel_shapes(op, frame, path)
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
     bad = not_a_positive_number(duration)
     if bad.any():
@@ -250,9 +289,14 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         x = design(op, features, shape_rows, prior.standardisation)
         classes = kernel_classes(op, len(frame), attention_types(op, shape_rows))
         sigma = np.array([prior.sigma_kernel[c] for c in classes])
-    keep = base > 0
-    return Equations(np.arange(int(keep.sum())), base[keep], x[keep], measured[keep], sigma[keep],
-                     [f"{label} row {i + 2}" for i in np.flatnonzero(keep)])
+    unpredicted = np.flatnonzero(~(np.isfinite(base) & (base > 0)))
+    if unpredicted.size:
+        from pipeweave.validation import row_label
+
+        raise UserError(f"--kernels {label}: {row_label(int(unpredicted[0]))}: pipeweave predicts "
+                        f"{base[unpredicted[0]]!r} µs for this {op} row, so it cannot calibrate anything")
+    return Equations(np.arange(len(base)), base, x, measured, sigma,
+                     [f"{label} row {i + 2}" for i in range(len(base))])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -394,6 +438,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     for workload, measured in runs:
         parts.append(run_equations(aggregator, workload, spec, measured, prior, workload.stem))
     equations = Equations.concat(parts)
+    if not len(equations.measured):
+        raise UserError("no measured quantity to calibrate from (give --e2e runs and/or --kernels CSVs)")
     theta, std = fit_map(equations, prior)
     before = np.log(equations.predict(np.zeros(len(PARAMS)))[0] / equations.measured)
     after = np.log(equations.predict(theta)[0] / equations.measured)
@@ -412,6 +458,10 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    output = Path(args.output)
+    if output.is_dir() or not output.parent.is_dir():  # before minutes of fitting and fine-tuning, not after
+        raise UserError(f"--output {output}: " + ("is a directory; give a file name such as cal.json"
+                                                 if output.is_dir() else f"folder {output.parent} does not exist"))
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune)

@@ -35,7 +35,7 @@ def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
     if not path.is_file():
         raise FileNotFoundError(f"input CSV not found: {path}")
     try:
-        with open(path, newline="", encoding="utf-8") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:  # a byte-order mark is not a column name
             lines = list(csv.reader(handle))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: not a readable CSV ({exc})") from None

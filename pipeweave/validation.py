@@ -147,6 +147,16 @@ def check_shape_table(columns: dict, operator) -> None:
     for row, cell in enumerate(columns.get("hardware", ())):
         if cell is None or cell != cell or not str(cell).strip():
             raise ValueError(f"{row_label(row)}: the hardware cell is empty (give a GPU name such as H100)")
+    if "q_lengths" in operator.shape_columns and "kv_lengths" in operator.shape_columns:
+        from analytical_model.columns import parse_length_list
+
+        for row, (q, kv) in enumerate(zip(columns.get("q_lengths", ()), columns.get("kv_lengths", ()))):
+            try:
+                problem = lengths_problem(parse_length_list(q, "q_lengths"), parse_length_list(kv, "kv_lengths"))
+            except ValueError as exc:
+                problem = str(exc)
+            if problem:
+                raise ValueError(f"{row_label(row)}: {problem}")
 
 
 def _as_int(cell) -> int | None:

@@ -402,6 +402,38 @@ def test_cli_sweep_needs_output_directory(models, tmp_path):
     assert_cli_error(proc, "must be a directory", output=tmp_path / "x.json")
 
 
+def test_sweep_lists_pairs_that_do_not_fit_or_cannot_run_and_writes_the_others(models, tmp_path):
+    """One pair too large for its GPU's memory, or an FP8 workload on a GPU without FP8 tensor cores, is one
+    failure of the sweep: the other pairs are written, the failures listed, the exit status 2."""
+    def fp8(data):
+        data["dtype"] = "fp8"
+        for iteration in data["iterations"]:
+            iteration["operators"]["gemm_fp8"] = iteration["operators"].pop("gemm")
+
+    big = small(TP2, tmp_path, 3, edit=lambda d: d["model_params"].update(num_hidden_layers=640), name="big.json")
+    quantised = small(TP1_FA3, tmp_path, 3, edit=fp8, name="fp8.json")
+    out_dir = tmp_path / "sweep"
+    proc = run_aggregator("--workload", big, quantised, "--hardware", "A100,H100", "--model_dir", models,
+                          "--output", out_dir)
+    assert proc.returncode == 2
+    assert "not predicted: big on A100: does not fit in GPU memory" in proc.stderr
+    assert "not predicted: fp8 on A100: A100 has no FP8 tensor-core rate" in proc.stderr
+    assert "3 of 4 pairs could not be predicted" in proc.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["fp8_H100.json"]
+
+
+def test_predict_kernels_checks_attention_lengths(models, tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text('attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware\n'
+                   'fa2_paged,1,[1],[1000],32,8,128,H100\nfa2_paged,1,[1],[100000000000],32,8,128,H100\n')
+    out = tmp_path / "out.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "predict_kernels.py"), "--op", "attn", "--input", str(src),
+                           "--output", str(out), "--model_dir", str(models)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "row 2 (CSV line 3): a kv_length of 100000000000 exceeds" in proc.stderr
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------------------------------
 # predict_kernels.py
 # ---------------------------------------------------------------------------------------------------

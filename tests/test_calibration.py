@@ -520,3 +520,109 @@ def test_corrections_fitted_on_all_kernels_bound_what_any_k_reaches():
     rough = synthetic_gpu("rough", 0.3, 0.0, noise=0.01, seed=6)
     rough.y = rough.y + np.where(np.arange(len(rough.y)) % 2 == 0, 0.2, -0.2)  # alternating: no term sees it
     assert 17.0 < in_sample_errors(rough, rough.design(prior.standardisation), prior)["mean"] < 23.0
+
+
+# ------------------------------------------------------------------------------------------------
+# found by an audit as a user (2026-12-04)
+
+
+def generated(tmp_path: Path, model: str, tp: int, pp: int = 1, dtype: str = "bf16", output_tokens: int = 3) -> Path:
+    """A small generated workload (two requests of 64 tokens) of a model config."""
+    from pipeweave.workload import build_workload, serialize_workload
+    from pipeweave.workload_inputs import load_model_config
+
+    workload = build_workload(load_model_config(model), [64, 64], output_tokens, tp=tp, pp=pp, dtype=dtype,
+                              prefill_attn="fa3_ragged", decode_attn="fa3_paged")
+    path = tmp_path / f"{model}_tp{tp}_pp{pp}_{dtype}_{output_tokens}.json"
+    path.write_bytes(serialize_workload(workload))
+    return path
+
+
+def test_fp8_workload_calibrates_and_applies_quantisation_with_rmsnorms_class(tmp_path):
+    """FP8 workloads hold activation-quantisation kernels, predicted by RMSNorm's model: they take its class
+    (a calibration used to refuse every FP8 workload: 'quantize has no calibration class')."""
+    from pipeweave.calibration_design import kernel_classes
+
+    assert kernel_classes("quantize", 2).tolist() == ["elementwise", "elementwise"]
+    fp8 = generated(tmp_path, "Llama-3.1-8B", tp=1, dtype="fp8")
+    summary = zero_shot(fp8, "H100")
+    code, path = calibrate(tmp_path, f"{fp8},{summary['prefill_duration_ms'] * 1.3},,\n", gpu="H100")
+    assert code == 0
+    out = tmp_path / "pred.json"
+    assert run_cli(aggregate.main, ["--workload", str(fp8), "--hardware", "H100", "--calibration", str(path),
+                                    "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["summary"]["prefill_duration_ms"] > summary["prefill_duration_ms"] * 1.1
+
+
+def test_memory_check_counts_pipeline_stages_and_experts(tmp_path, capsys):
+    """A 70B model over four pipeline stages fits one H100 per stage; Mixtral's experts do not fit one L40."""
+    staged = generated(tmp_path, "Llama-3.1-70B", tp=1, pp=4)
+    assert calibrate(tmp_path, f"{staged},4000,30,4100\n", gpu="H100")[0] == 0
+    experts = generated(tmp_path, "Mixtral-8x7B", tp=1)
+    code, out = calibrate(tmp_path, f"{experts},4000,30,4100\n", gpu="L40", name="l40.json")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot have run on this GPU" in err[0] and not out.exists()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{tp1},13878.9\n", "row 1 (CSV line 2) has 2 fields, the header 4"),
+    ("{tp1},100,20,200,\n", "row 1 (CSV line 2) has 5 fields, the header 4"),
+    ("{prefill_only},,20,\n", "decode_step_ms was given, but the workload has no decode iteration"),
+])
+def test_e2e_rows_that_cannot_be_read_as_given_are_errors(tmp_path, capsys, content, needle):
+    tp1 = small(TP1, tmp_path)
+    prefill_only = small(TP1, tmp_path, iterations=1, name="prefill_only.json")
+    code, out = calibrate(tmp_path, content.format(tp1=tp1, prefill_only=prefill_only))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("measured_all_reduce.csv", "op,size_bytes,num_workers,hardware,avg_duration\nall_reduce,1024,1,A100,9.0\n",
+     "row 1 (CSV line 2): num_workers must be an integer of at least 2, got '1'"),
+    ("measured_gemm.csv", "op,M,N,K,hardware,avg_duration\ngemm,100000000000,16,16,A100,5.0\n",
+     "row 1 (CSV line 2): M = 100000000000 exceeds the limit"),
+    ("measured_gemm.csv", "op,M,N,K,hardware,avg_duration\ngemm,16,16,16,A100,5.0,7\n",
+     "row 1 (CSV line 2) has 7 fields, the header 6"),
+    ("measured_attn.csv", 'op,attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware,avg_duration\n'
+                          'attn,fa2_paged,1,[1],[100000000],32,8,128,A100,50.0\n', "exceeds the limit"),
+    ("measured_attn.csv", 'op,attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware,avg_duration\n'
+                          'attn,fa2_paged,1,[1],[1000],32,8,100,A100,50.0\n', "hd = 100 is not a head size"),
+])
+def test_kernel_rows_no_prediction_can_be_made_for_are_errors(tmp_path, capsys, name, content, needle):
+    path = tmp_path / name
+    path.write_text(content)
+    out = tmp_path / "c.json"
+    code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(path), "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+    assert not out.exists()
+
+
+def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsys):
+    measured = tmp_path / "measured_gemm.csv"
+    measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,A100,40.0\n")
+    for output, needle in ((tmp_path, "is a directory"), (tmp_path / "absent" / "c.json", "does not exist")):
+        code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(measured), "--output",
+                                              str(output)])
+        err = capsys.readouterr()
+        assert code == 2 and needle in err.err and "Calibration of" not in err.out
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d.update(parameters=[1, 2]), "parameters must be an object"),
+    (lambda d: d["parameters"].update({"gemm.compute": 3}), "parameters.gemm.compute.log_factor must be a finite"),
+    (lambda d: d["parameters"]["gemm.memory"].update(log_factor="abc"), "got 'abc'"),
+    (lambda d: d["standardisation"]["gemm"].update(scale=[0, 0]), "standardisation.gemm.scale must be 2 finite "
+                                                                  "positive numbers"),
+    (lambda d: d.update(fitted_from=[1]), "fitted_from must be an object"),
+])
+def test_a_damaged_calibration_file_names_the_field(a100_calibration, tmp_path, edit, needle):
+    data = json.loads(a100_calibration.read_text())
+    edit(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad.json: ") as info:
+        load_calibration(bad)
+    assert needle in str(info.value)
