@@ -86,22 +86,30 @@ def build_parser():
     return parser
 
 
-def memory_check(job: Job, ignore: bool) -> dict | None:
-    """Whether the job's workload fits in GPU memory (pipeweave.memory): an error if it does not, unless
-    ``ignore`` (then a WARNING and the returned record for the output). None when it fits."""
+def workload_memory(workload: FlatWorkload, spec: HardwareSpec):
+    """The memory check (pipeweave.memory.MemoryCheck) of a workload's static batch on ``spec``; None for a
+    workload without ``model_params``."""
     from pipeweave.memory import check_memory, config_from_model_params
     from pipeweave.workload import WorkloadError
 
-    workload, where = job.workload, f"{job.workload.stem} on {job.hardware.stem}"
     if workload.model_params is None:
-        print(f"Note: {where}: the workload has no model_params, so GPU memory was not checked")
         return None
     try:
         cfg = config_from_model_params(workload.model_params, workload.model)
-        check = check_memory(cfg, job.hardware, workload.prompt_lengths, len(workload.phases), tp=workload.tp_size,
-                             pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype)
+        return check_memory(cfg, spec, workload.prompt_lengths, len(workload.phases), tp=workload.tp_size,
+                            pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype)
     except WorkloadError as exc:
         raise WorkloadFormatError(f"{workload.stem}: memory check: {exc}") from None
+
+
+def memory_check(job: Job, ignore: bool) -> dict | None:
+    """Whether the job's workload fits in GPU memory (pipeweave.memory): an error if it does not, unless
+    ``ignore`` (then a WARNING and the returned record for the output). None when it fits."""
+    workload, where = job.workload, f"{job.workload.stem} on {job.hardware.stem}"
+    check = workload_memory(workload, job.hardware)
+    if check is None:
+        print(f"Note: {where}: the workload has no model_params, so GPU memory was not checked")
+        return None
     if check.fits:
         return None
     if not ignore:

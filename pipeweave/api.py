@@ -51,6 +51,7 @@ def predict_workload(
     collective_hardware: str | None = None,
     collective_estimate: str = "model",
     quantiles: bool = False,
+    ignore_memory: bool = False,
     model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
     quantile_dir: str | Path = paths.DEFAULT_QUANTILE_DIR,
     hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
@@ -68,16 +69,34 @@ def predict_workload(
     ``decode_total_duration_ms`` and ``total_duration_ms``. For many calls on in-memory iterations (a serving
     simulator), :class:`pipeweave.engine.Engine` offers ``iteration_ms`` and calibration.
 
+    A workload that does not fit in the GPU's memory (the aggregator's check, :mod:`pipeweave.memory`) is an error
+    unless ``ignore_memory``.
+
     Raises ``FileNotFoundError`` / ``ValueError`` (an unknown GPU lists the known ones; a malformed workload names
-    the iteration and field; a missing model names the file).
+    the iteration and field; a missing model names the file; a workload that does not fit says how much it needs).
     """
-    from pipeweave.flatten import parse_workload
+    from pipeweave.aggregate import workload_memory
+    from pipeweave.cli import UserError
+    from pipeweave.flatten import FlatWorkload, load_workload, parse_workload
+    from pipeweave.schema import Workload
 
     engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
                      str(quantile_dir) if quantiles else None)
-    if isinstance(workload, Mapping):
-        workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
-    return engine.predict_workload(workload, hardware, collective_hardware)
+    try:
+        if isinstance(workload, Mapping):
+            workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
+        elif isinstance(workload, Workload):
+            workload = FlatWorkload.of(workload)
+        elif not isinstance(workload, FlatWorkload):
+            workload = load_workload(workload)
+        spec = engine.gpu(hardware)
+        check = None if ignore_memory else workload_memory(workload, spec)
+        if check is not None and not check.fits:
+            raise ValueError(f"{workload.stem} on {spec.stem}: {check.message(workload.tp_size)} "
+                             f"(ignore_memory=True predicts anyway)")
+        return engine.predict_workload(workload, spec, collective_hardware)
+    except UserError as exc:  # the command line's error class; a library caller catches ValueError
+        raise ValueError(str(exc)) from None
 
 
 def predict_kernels(
@@ -100,9 +119,18 @@ def predict_kernels(
     """
     from analytical_model.registry import get_operator
     from pipeweave.intervals import row_factors
+    from pipeweave.validation import check_shape_table
 
-    rows = len(next(iter(shapes.values()))) if shapes else 0
+    lengths = {name: len(values) for name, values in shapes.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"the shape columns must have one value per kernel each, got lengths "
+                         f"{', '.join(f'{name} {n}' for name, n in lengths.items())}")
+    rows = next(iter(lengths.values()), 0)
     names = [hardware] * rows if isinstance(hardware, str) else list(hardware)
+    if len(names) != rows:
+        raise ValueError(f"hardware: {len(names)} GPU names for {rows} kernels (give one name, or one per kernel)")
+    # the limits predict_kernels.py applies, naming the kernel by its index
+    check_shape_table(dict(shapes), get_operator(op), label=lambda position: f"kernel {position}")
     predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
     if not interval:
         return predictor.predict_columns(op, shapes, names)

@@ -107,18 +107,16 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
     and the workload's dtype included) exceed the GPU's memory: it cannot have run there. Activations and vLLM's
     memory share are left out, unlike the aggregator's check: the run was measured, so it did fit with the
     settings it ran under."""
-    from pipeweave.memory import check_memory, config_from_model_params
-    from pipeweave.workload import WorkloadError
+    from pipeweave.aggregate import workload_memory
+    from pipeweave.schema import WorkloadFormatError
 
-    if workload.model_params is None:
+    try:
+        check = workload_memory(workload, spec)
+    except WorkloadFormatError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    if check is None:
         print(f"Note: {where}: {workload.stem} has no model_params, so GPU memory was not checked")
         return
-    try:
-        check = check_memory(config_from_model_params(workload.model_params, workload.model), spec,
-                             workload.prompt_lengths, len(workload.phases), tp=workload.tp_size,
-                             pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype)
-    except WorkloadError as exc:
-        raise UserError(f"{where}: {workload.stem}: memory check: {exc}") from None
     needed = check.weights + check.kv_cache
     if spec.total_global_mem and needed > spec.total_global_mem:
         raise UserError(f"{where}: {workload.stem} ({workload.model}, TP{workload.tp_size} PP{workload.pp_size}) "

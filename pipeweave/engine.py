@@ -29,8 +29,8 @@ between steps; split across modules those arrays would become a public interface
   durations_ms`` (``kind`` is a registry operator key or a collective kind; for kernels ``features`` are the rows'
   analytical features and ``shapes`` their shape keys, for collectives ``shapes`` are (message bytes, workers)
   and ``features`` None), called on every kernel and collective duration before they
-  are summed, and ``record(hardware) -> dict | None``, what a prediction on that GPU records under
-  ``"calibration"`` (:class:`pipeweave.calibration.Calibration`), and optionally ``fine_tuned_models() ->
+  are summed, and optionally ``record(hardware) -> dict | None``, what a prediction on that GPU records under
+  ``"calibration"`` (:class:`pipeweave.calibration.Calibration`), ``fine_tuned_models() ->
   {op: NumpyMLP}`` and ``hardware`` (a file stem): kernel models fine-tuned on that GPU, which replace the shipped
   ones for its rows (:mod:`pipeweave.finetune`), and ``kernel_count(op) -> int``: the measured kernels of an
   operator it was fitted on, which select the calibrated prediction interval (:mod:`pipeweave.intervals`).
@@ -89,12 +89,11 @@ Log = Callable[[str], None]
 
 
 class Calibration(Protocol):
-    """A correction of predicted durations, applied per operator class (or collective kind) and GPU."""
+    """A correction of predicted durations, applied per operator class (or collective kind) and GPU; the optional
+    hooks (``record``, ``fine_tuned_models``, ``hardware``, ``kernel_count``) are in the module docstring."""
 
     def apply(self, kind: str, hardware: HardwareSpec, durations_ms: np.ndarray, features: np.ndarray | None = None,
               shapes: Sequence[tuple] | None = None) -> np.ndarray: ...
-
-    def record(self, hardware: HardwareSpec) -> dict | None: ...
 
 
 # ==================================================================================================
@@ -346,7 +345,8 @@ class Engine:
             result = build_result(job, single, best, extrapolated, (low, high))
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
-            record = self.calibration.record(job.hardware) if self.calibration is not None else None
+            recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
+            record = recorder(job.hardware) if recorder is not None else None
             if record:
                 result["calibration"] = record
             out.append(Prediction(job, result, source))

@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name,
             requests=args.requests)]
+    if args.hardware is not None and args.dtype == "fp8" and not load_hardware(args.hardware).tc_fp8:
+        raise UserError(f"--dtype fp8: {load_hardware(args.hardware).stem} has no FP8 tensor-core rate (tcFp8) in its "
+                        f"hardware JSON, so no FP8 workload can be predicted on it; use --dtype bf16")
     workloads = generate_many(specs, args.config_dir, args.trace_dir)
     for path in write_workloads(workloads, args.output_dir):
         print(path)

@@ -130,23 +130,24 @@ def row_label(position: int) -> str:
     return f"row {position + 1} (CSV line {position + 2})"
 
 
-def check_shape_table(columns: dict, operator) -> None:
+def check_shape_table(columns: dict, operator, label=row_label) -> None:
     """Shapes read from a CSV, before any feature is computed (``columns``: column name → cell values, text or
     numbers): every integer shape column holds positive integers within its limit (a head size the model
-    supports), every ``hardware`` cell names something. Raises ValueError naming the row and column."""
+    supports), every ``hardware`` cell names something. Raises ValueError naming the row (``label(position)``)
+    and column."""
     for column in operator.int_columns:
         for row, cell in enumerate(columns.get(column, ())):
             value = _as_int(cell)
             if value is None or value <= 0:
-                raise ValueError(f"{row_label(row)}: column {column} must be a positive integer, got "
+                raise ValueError(f"{label(row)}: column {column} must be a positive integer, got "
                                  f"{str(_shown(cell))!r}")
             problem = limit_problem(column, value) or (
                 head_dim_problem(operator.key, value) if column == "hd" else None)
             if problem:
-                raise ValueError(f"{row_label(row)}: {problem}")
+                raise ValueError(f"{label(row)}: {problem}")
     for row, cell in enumerate(columns.get("hardware", ())):
         if cell is None or cell != cell or not str(cell).strip():
-            raise ValueError(f"{row_label(row)}: the hardware cell is empty (give a GPU name such as H100)")
+            raise ValueError(f"{label(row)}: the hardware cell is empty (give a GPU name such as H100)")
     if "q_lengths" in operator.shape_columns and "kv_lengths" in operator.shape_columns:
         from analytical_model.columns import parse_length_list
 
@@ -156,7 +157,7 @@ def check_shape_table(columns: dict, operator) -> None:
             except ValueError as exc:
                 problem = str(exc)
             if problem:
-                raise ValueError(f"{row_label(row)}: {problem}")
+                raise ValueError(f"{label(row)}: {problem}")
 
 
 def _as_int(cell) -> int | None:

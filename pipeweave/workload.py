@@ -152,6 +152,9 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     for p in prompts:
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise WorkloadError(f"prompt lengths must be integers >= 1, got {p!r}")
+    if pp > cfg.num_hidden_layers:
+        raise WorkloadError(f"pp = {pp} exceeds the model's {cfg.num_hidden_layers} layers (a pipeline stage holds "
+                            f"at least one layer)")
     problem = validation.batch_problem(prompts, output_tokens)  # before building: a huge batch exhausts memory
     if problem:
         raise WorkloadError(problem)

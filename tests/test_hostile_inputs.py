@@ -231,6 +231,8 @@ def test_generator_never_writes_what_the_aggregator_rejects(tmp_path, capsys):
     (("--requests", "4", "--prompt_tokens", "1000000000", "--output_tokens", "3"), "above the limit 1,048,576"),
     (("--requests", "4", "--prompt_tokens", "100"), "missing --output_tokens"),
     (("--trace", "arxiv_8", "--prefill_attn", "fa3_ragged", "--hardware", "A100"), "FlashAttention-3 runs only"),
+    (("--trace", "arxiv_8", "--pp", "49"), "pp = 49 exceeds the model's 48 layers"),
+    (("--trace", "arxiv_8", "--dtype", "fp8", "--hardware", "A100"), "A100 has no FP8 tensor-core rate"),
 ])
 def test_generator_rejects_implausible_or_mismatched_requests(flags, fragment, tmp_path, capsys):
     code, _, err = cli(workload_generator.main, "--model_config", "Qwen2.5-14B", *flags,

@@ -197,6 +197,38 @@ def test_api_matches_the_aggregator_and_predict_kernels(tmp_path):
                                   pipeweave.predict_kernels("gemm", columns, ["H100"] * 6))  # one name for all rows
 
 
+def test_api_errors_are_value_errors_and_memory_is_checked():
+    """A library caller catches ValueError for every input problem (the command line's UserError included), and
+    the API refuses a workload that does not fit the GPU as the command line does."""
+    import pipeweave
+
+    with pytest.raises(ValueError, match="no collective models"):
+        pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40")
+    with pytest.raises(ValueError, match="does not fit in GPU memory at TP 4"):
+        pipeweave.predict_workload("Llama-3.1-70B_splitwise_64_fa2_tp4_pp1", "A40")
+    with pytest.raises(ValueError, match="kernel 1: M = 5000000 exceeds the limit"):
+        pipeweave.predict_kernels("gemm", {"M": [16, 5000000], "N": [16, 16], "K": [16, 16]}, "H100")
+    with pytest.raises(ValueError, match="one value per kernel each, got lengths M 2, N 1, K 1"):
+        pipeweave.predict_kernels("gemm", {"M": [1, 2], "N": [16], "K": [16]}, "H100")
+    with pytest.raises(ValueError, match="2 GPU names for 1 kernels"):
+        pipeweave.predict_kernels("gemm", {"M": [1], "N": [16], "K": [16]}, ["H100", "A100"])
+
+
+def test_engine_takes_a_correction_with_apply_only():
+    from pipeweave.engine import Engine
+
+    class Slower:
+        def apply(self, kind, hardware, durations_ms, features=None, shapes=None):
+            return durations_ms * 2
+
+    workload = "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1"
+    plain = Engine(log=None).predict_workload(workload, "A100")
+    slower = Engine(calibration=Slower(), log=None).predict_workload(workload, "A100")
+    assert slower["summary"]["prefill_duration_ms"] == pytest.approx(2 * plain["summary"]["prefill_duration_ms"],
+                                                                     rel=1e-3)
+    assert "calibration" not in slower
+
+
 def test_api_docstring_examples():
     import doctest
 
