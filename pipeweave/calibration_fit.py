@@ -197,6 +197,24 @@ def kernel_shape_columns() -> dict[str, tuple[str, ...]]:
     return {**SHAPE_COLUMNS, "moe": get_operator("moe").shape_columns}
 
 
+def modelled_rows(op: str, frame: pd.DataFrame, kernel_cells: pd.Series, path: Path) -> pd.DataFrame:
+    """The rows that timed the kernel pipeweave models; the others are left out with a WARNING (an error if none
+    is left): an eager or contiguous-cache stand-in would calibrate the GPU with another kernel's time."""
+    from pipeweave.profiler.csvio import unmodelled_kernel
+
+    types = frame["attention_type"] if "attention_type" in frame.columns else [None] * len(frame)
+    reasons = [unmodelled_kernel(op, kind, cell) for kind, cell in zip(types, kernel_cells)]
+    left_out = [reason for reason in reasons if reason]
+    if not left_out:
+        return frame
+    counts = ", ".join(f"{left_out.count(r)} {r}" for r in dict.fromkeys(left_out))
+    if len(left_out) == len(frame):
+        raise UserError(f"--kernels {path}: every row timed another kernel than the one pipeweave models: {counts}; "
+                        f"re-measure with that library installed")
+    print(f"WARNING: --kernels {path}: {len(left_out)} of {len(frame)} rows left out: {counts}")
+    return frame[[reason is None for reason in reasons]]  # the index keeps each row's position in the file
+
+
 def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
     """The shape limits ``predict_kernels.py`` applies (pipeweave.validation), and for all-reduce rows a positive
     message size over at least two workers: a row no prediction can be made for is an error naming it."""
@@ -244,6 +262,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
+    raw_kernel_cells = frame["kernel"] if "kernel" in frame.columns else pd.Series([""] * len(frame))
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
     bad = not_a_positive_number(duration)
     if bad.any():
@@ -262,7 +281,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
                             f"layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
     frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
-    return op, frame
+    return op, modelled_rows(op, frame, raw_kernel_cells, path)
 
 
 def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,
@@ -287,14 +306,15 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         x = design(op, features, shape_rows, prior.standardisation)
         classes = kernel_classes(op, len(frame), attention_types(op, shape_rows))
         sigma = np.array([prior.sigma_kernel[c] for c in classes])
+    positions = frame.index.to_numpy()  # each row's position in its file (rows left out leave gaps)
     unpredicted = np.flatnonzero(~(np.isfinite(base) & (base > 0)))
     if unpredicted.size:
         from pipeweave.validation import row_label
 
-        raise UserError(f"--kernels {label}: {row_label(int(unpredicted[0]))}: pipeweave predicts "
+        raise UserError(f"--kernels {label}: {row_label(int(positions[unpredicted[0]]))}: pipeweave predicts "
                         f"{base[unpredicted[0]]!r} µs for this {op} row, so it cannot calibrate anything")
     return Equations(np.arange(len(base)), base, x, measured, sigma,
-                     [f"{label} row {i + 2}" for i in range(len(base))])
+                     [f"{label} row {i + 2}" for i in positions])
 
 
 # ------------------------------------------------------------------------------------------------

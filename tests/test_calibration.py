@@ -626,3 +626,23 @@ def test_a_damaged_calibration_file_names_the_field(a100_calibration, tmp_path, 
     with pytest.raises(ValueError, match="bad.json: ") as info:
         load_calibration(bad)
     assert needle in str(info.value)
+
+
+def test_kernel_rows_of_another_kernel_are_left_out_of_a_calibration(tmp_path, capsys):
+    """A profiler CSV measured without FlashInfer holds eager SiLU*Mul rows: they are left out with a WARNING,
+    and a file of nothing else is an error (their time is another kernel's, not the GPU's)."""
+    header = "op,seq,dim,hardware,avg_duration,kernel\n"
+    fused, eager = "flashinfer silu_and_mul [fused]", '"torch silu(gate)*up [eager, 2 kernels]"'  # as csv quotes it
+    mixed = tmp_path / "siluandmul.csv"
+    mixed.write_text(header + f"siluandmul,16,28672,A100,9.0,{fused}\nsiluandmul,32,28672,A100,30.0,{eager}\n")
+    out = tmp_path / "c.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(mixed), "--output", str(out)]) == 0
+    assert "1 of 2 rows left out: 1 ran as several eager torch kernels" in capsys.readouterr().out
+    assert load_calibration(out).fitted_from["kernels"][0]["rows"] == 1
+    only_eager = tmp_path / "eager" / "siluandmul.csv"
+    only_eager.parent.mkdir()
+    only_eager.write_text(header + f"siluandmul,32,28672,A100,30.0,{eager}\n")
+    code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(only_eager), "--output",
+                                          str(tmp_path / "d.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "every row timed another kernel" in err[0]

@@ -143,6 +143,29 @@ def _resolve(name: str) -> str:
 
 
 @pytest.mark.data
+def test_measured_rows_of_another_kernel_are_left_out(tmp_path):
+    """Eager SiLU*Mul (two kernels) and SDPA decode on a contiguous cache time other kernels than vLLM's: the
+    builder leaves them out, with a line saying why (pipeweave.profiler.csvio.unmodelled_kernel)."""
+    base = tmp_path / "measured"
+    _write(base / "H200" / "siluandmul.csv", pd.DataFrame({
+        "op": ["siluandmul"] * 3, "seq": [16, 32, 64], "dim": [28672] * 3, "hardware": ["NVIDIA H200"] * 3,
+        "avg_duration": [9.0, 11.0, 15.0],
+        "kernel": ["flashinfer silu_and_mul [fused]: act_and_mul_kernel", "torch silu(gate)*up [eager, 2 kernels]",
+                   "torch silu(gate)*up [eager, 2 kernels]"]}))
+    _write(base / "H200" / "attn.csv", pd.DataFrame({
+        "op": ["attn"] * 2, "attention_type": ["fa2_ragged", "fa2_paged"], "bs": [1, 1], "q_lengths": ["[64]", "[1]"],
+        "kv_lengths": ["[64]", "[4096]"], "nh": [32, 32], "nkv": [8, 8], "hd": [128, 128],
+        "hardware": ["NVIDIA H200"] * 2, "avg_duration": [12.0, 20.0],
+        "kernel": ["torch.sdpa(flash backend)", "torch.sdpa(flash backend)"]}))
+    messages: list[str] = []
+    out = load_measured(base, log=messages.append)
+    assert out["siluandmul"]["seq"].tolist() == [16]
+    assert out["attn"]["attention_type"].tolist() == ["fa2_ragged"]  # SDPA prefill is FA2's kernel: kept
+    text = "\n".join(messages)
+    assert "2 siluandmul rows ran as several eager torch kernels" in text
+    assert "1 attn rows decode ran torch SDPA on a contiguous KV cache" in text
+
+
 def test_all_ops_schema_and_hardware(measured):
     frames = measured
     assert set(frames) == set(OPS)

@@ -34,6 +34,19 @@ MEASUREMENT_COLUMNS = (
 )
 
 
+def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
+    """Why a measured row timed another kernel than the one pipeweave models (vLLM's), from its ``kernel`` cell
+    (:func:`pipeweave.profiler.launch.kernel_label`); None for a row of the modelled kernel. Such rows neither train
+    nor calibrate anything: their time is that of another kernel, not of the GPU."""
+    text = str(kernel or "")
+    if "[eager" in text:
+        return "ran as several eager torch kernels, where vLLM runs one fused kernel (install flashinfer)"
+    if op == "attn" and str(attention_type).strip().endswith("_paged") and text.startswith("torch.sdpa"):
+        return ("decode ran torch SDPA on a contiguous KV cache, not vLLM's paged decode kernel "
+                "(install flash-attn)")
+    return None
+
+
 def columns_for(op: str) -> tuple[str, ...]:
     """Column order of ``<op>.csv``: op, shape columns, then :data:`MEASUREMENT_COLUMNS`."""
     if op not in SHAPE_COLUMNS:
