@@ -26,7 +26,7 @@ from analytical_model.registry import get_operator
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Calibration, Equations, Prior, file_digest, fit_map, load_prior
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
-from pipeweave.cli import ArgumentParser, UserError
+from pipeweave.cli import ArgumentParser, UserError, check_output_path
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import TRIGGER_BITS
 
@@ -217,8 +217,8 @@ def modelled_rows(op: str, frame: pd.DataFrame, kernel_cells: pd.Series, path: P
 
 def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
     """The shape limits ``predict_kernels.py`` applies (pipeweave.validation), and for all-reduce rows a positive
-    message size over at least two workers: a row no prediction can be made for is an error naming it."""
-    from pipeweave.validation import check_shape_table, limit_problem, row_label
+    integer message size over at least two workers: a row no prediction can be made for is an error naming it."""
+    from pipeweave.validation import check_shape_table, row_label
 
     if op != "all_reduce":
         try:
@@ -233,9 +233,6 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
             row = int(np.flatnonzero(bad.to_numpy())[0])
             raise UserError(f"--kernels {path}: {row_label(row)}: {column} must be an integer of at least {least}, "
                             f"got {frame[column].iloc[row]!r}")
-        problem = next((p for p in (limit_problem(column, int(v)) for v in values) if p), None)
-        if problem:
-            raise UserError(f"--kernels {path}: {problem}")
 
 
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
@@ -476,10 +473,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    output = Path(args.output)
-    if output.is_dir() or not output.parent.is_dir():  # before minutes of fitting and fine-tuning, not after
-        raise UserError(f"--output {output}: " + ("is a directory; give a file name such as cal.json"
-                                                 if output.is_dir() else f"folder {output.parent} does not exist"))
+    check_output_path(args.output)  # before minutes of fitting and fine-tuning, not after
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune)

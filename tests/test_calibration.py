@@ -603,11 +603,9 @@ def test_kernel_rows_no_prediction_can_be_made_for_are_errors(tmp_path, capsys, 
 def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsys):
     measured = tmp_path / "measured_gemm.csv"
     measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,A100,40.0\n")
-    for output, needle in ((tmp_path, "is a directory"), (tmp_path / "absent" / "c.json", "does not exist")):
-        code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(measured), "--output",
-                                              str(output)])
-        err = capsys.readouterr()
-        assert code == 2 and needle in err.err and "Calibration of" not in err.out
+    code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(measured), "--output", str(tmp_path)])
+    err = capsys.readouterr()
+    assert code == 2 and "is a directory" in err.err and "Calibration of" not in err.out
 
 
 @pytest.mark.parametrize("edit,needle", [
