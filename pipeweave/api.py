@@ -77,18 +77,15 @@ def predict_workload(
     """
     from pipeweave.aggregate import workload_memory
     from pipeweave.cli import UserError
-    from pipeweave.flatten import FlatWorkload, load_workload, parse_workload
-    from pipeweave.schema import Workload
+    from pipeweave.engine import as_flat_workload
+    from pipeweave.flatten import parse_workload
 
     engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
                      str(quantile_dir) if quantiles else None)
     try:
         if isinstance(workload, Mapping):
             workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
-        elif isinstance(workload, Workload):
-            workload = FlatWorkload.of(workload)
-        elif not isinstance(workload, FlatWorkload):
-            workload = load_workload(workload)
+        workload = as_flat_workload(workload)
         spec = engine.gpu(hardware)
         check = None if ignore_memory else workload_memory(workload, spec)
         if check is not None and not check.fits:

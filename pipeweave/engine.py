@@ -100,6 +100,15 @@ class Calibration(Protocol):
 # prediction
 # ==================================================================================================
 
+def as_flat_workload(workload: Workload | FlatWorkload | str | Path) -> FlatWorkload:
+    """The flattened form of an in-memory :class:`pipeweave.schema.Workload`, a flattened one or a workload file."""
+    if isinstance(workload, Workload):
+        return FlatWorkload.of(workload)
+    if isinstance(workload, FlatWorkload):
+        return workload
+    return load_workload(workload)
+
+
 @dataclass
 class Job:
     """One (workload, GPU) pair; ``collective_hardware`` None = the prediction GPU's own models."""
@@ -247,10 +256,7 @@ class Engine:
                          collective_hardware: str | None = None) -> dict:
         """The output object (docs/METHOD.md §7.5) of one workload on one GPU; ``workload`` may be an in-memory
         :class:`pipeweave.schema.Workload`, a flattened one or a workload file."""
-        if isinstance(workload, Workload):
-            workload = FlatWorkload.of(workload)
-        elif not isinstance(workload, FlatWorkload):
-            workload = load_workload(workload)
+        workload = as_flat_workload(workload)
         spec = hardware if isinstance(hardware, HardwareSpec) else self.gpu(hardware)
         return self.predict([Job(workload, spec, collective_hardware)])[0].result
 
