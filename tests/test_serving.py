@@ -13,16 +13,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeweave.cli import UserError
 from pipeweave.engine import Engine
-from pipeweave.memory import weight_bytes_per_gpu
+from pipeweave.memory import check_memory, weight_bytes_per_gpu
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
 from pipeweave.serving.requests import load_serving_trace, make_requests
-from pipeweave.serving.run import ServingConfig, simulate_config
+from pipeweave.serving.run import ServingConfig, check, simulate_config, vllm_settings
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
+from pipeweave.serving.search import plot_pareto
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
 from pipeweave.serving.step_cost import KernelStepCost
 from pipeweave.schema import AttentionOp, Iteration
@@ -83,6 +86,36 @@ def test_recorded_arrivals_are_replayed(tmp_path):
     assert [r.output_tokens for r in requests] == [5, 1, 5]  # decode_tokens, at least 1
 
 
+def test_arrivals_must_be_finite(tmp_path):
+    """An infinite arrival is never reached: the event loop would wait for it forever."""
+    t = trace([100, 200])
+    for qps in (float("inf"), float("nan")):
+        with pytest.raises(WorkloadError, match="qps must be a finite number"):
+            make_requests(t, qps=qps)
+    with pytest.raises(WorkloadError, match="overflow.*qps 1e-310"):
+        make_requests(t, qps=1e-310)  # finite, but 1000 / qps is not
+    path = tmp_path / "timed.csv"
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n1,10,5,4,0\n2,20,0,4,inf\n")
+    with pytest.raises(WorkloadError, match="line 3: arrival_time_s must be a finite number"):
+        load_serving_trace(path)
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n1,10,5,4,0\n2,20,0,4,1e306\n")
+    with pytest.raises(WorkloadError, match="overflow.*arrival_time_s"):
+        make_requests(load_serving_trace(path), num_requests=5)  # cycling adds the span: 1e309 s
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"scheduler": "static", "gpu_memory_utilization": 0.5}, "--gpu_memory_utilization applies to --scheduler vllm"),
+    ({"scheduler": "static", "usage": "offline"}, "--usage applies to --scheduler vllm"),
+    ({"scheduler": "static", "pp": 2, "max_concurrent_batches": 2}, "--max_concurrent_batches applies to --scheduler"),
+    ({"pp": 2, "max_concurrent_batches": 3}, r"--max_concurrent_batches must be between 1 and --pp \(2\), got 3"),
+    ({"seed": -1}, "--seed must be an integer >= 0, got -1"),
+    ({"qps": float("inf")}, "--qps must be a finite number > 0"),
+])
+def test_config_check_refuses_ignored_and_impossible_settings(overrides, message):
+    with pytest.raises(UserError, match=message):
+        check(ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", **overrides))
+
+
 # ---------------------------------------------------------------------------------------------------
 # schedulers
 # ---------------------------------------------------------------------------------------------------
@@ -135,9 +168,24 @@ def test_pipeline_keeps_micro_batches_in_flight():
 
 
 def test_vllm_defaults_follow_gpu_memory():
-    assert vllm_defaults(80 * 2**30) == {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
-    assert vllm_defaults(48 * 2**30) == {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
-    assert vllm_defaults(80 * 2**30, "offline")["max_num_batched_tokens"] == 16384
+    assert vllm_defaults(80 * 2**30, "NVIDIA H100") == {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    assert vllm_defaults(48 * 2**30, "NVIDIA L40S") == {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+    assert vllm_defaults(80 * 2**30, "NVIDIA H100", "offline")["max_num_batched_tokens"] == 16384
+
+
+def test_vllm_defaults_exclude_a100_and_cap_max_num_seqs_by_the_token_budget(engine):
+    # vLLM 0.10.1 keeps an 80 GB A100 on the small defaults, for `vllm serve` and the LLM class alike
+    assert vllm_defaults(80 * 2**30, "NVIDIA A100-SXM4-80GB") == {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+    assert vllm_defaults(80 * 2**30, "NVIDIA A100-SXM4-80GB", "offline") == {"max_num_batched_tokens": 8192,
+                                                                            "max_num_seqs": 256}
+    base = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100")
+    assert vllm_settings(base, engine.gpu("A100"))["max_num_seqs"] == 256
+    capped = vllm_settings(replace(base, max_num_batched_tokens=512), engine.gpu("H100"))
+    assert capped["max_num_batched_tokens"] == capped["max_num_seqs"] == 512  # min(1024, 512), as vLLM
+    with pytest.raises(UserError, match=r"default max_num_batched_tokens on L40S .*\(2048\) must be >= --max_num_seqs"):
+        vllm_settings(replace(base, max_num_seqs=4096), engine.gpu("L40S"))
+    with pytest.raises(UserError, match=r"--max_num_batched_tokens \(32\) must be >= --max_num_seqs \(64\)"):
+        vllm_settings(replace(base, max_num_seqs=64, max_num_batched_tokens=32), engine.gpu("H100"))
 
 
 def test_kv_capacity_from_memory():
@@ -150,6 +198,17 @@ def test_kv_capacity_from_memory():
     assert kv_cache_blocks(cfg, 80 * 2**30, 2, 1, 8192, 1024) > 2 * blocks
     with pytest.raises(WorkloadError, match="does not fit"):
         kv_cache_blocks(load_model_config("Llama-3.1-70B"), 80 * 2**30, 1, 1, 8192, 1024)
+
+
+def test_no_kv_cache_message_names_every_term_in_gb():
+    cfg = load_model_config("Llama-3.1-8B")
+    # the weights fit: a huge token budget's activations leave no room, and the message says so
+    with pytest.raises(WorkloadError) as error:
+        kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 2**20, 1024)
+    message = str(error.value)
+    assert f"weights {weight_bytes_per_gpu(cfg, 1, 1) / 1e9:.1f}, activations " in message
+    assert "runtime 1.1 GB per GPU" in message and "in the 77.3 GB available (0.9 x totalGlobalMem)" in message
+    assert "GiB" not in message
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -322,6 +381,22 @@ def test_decode_bucket_approximates_only_decode_attention(engine):
     assert attention[0][3] == (500,) and attention[1][3] == (208, 208)  # mean 200.5 -> 208
 
 
+def test_static_scheduler_checks_memory_like_the_aggregator(engine):
+    config = ServingConfig("Llama-3.1-70B", "splitwise_48", "L40S", scheduler="static", num_requests=6)
+    t = load_trace("splitwise_48")
+    expected = check_memory(load_model_config("Llama-3.1-70B"), engine.gpu("L40S"), list(t.prompt_tokens[:6]),
+                            t.output_tokens).message(1)
+    with pytest.raises(UserError) as error:
+        simulate_config(config, engine)
+    assert str(error.value).endswith(expected) and "the smallest TP that fits is 4" in expected
+    assert simulate_config(replace(config, tp=4), engine).simulation.steps == t.output_tokens
+
+
+def test_pp_beyond_the_layer_count_is_refused(engine):
+    with pytest.raises(UserError, match="--pp 64 exceeds the 32 layers of Llama-3.1-8B"):
+        simulate_config(ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", pp=64, num_requests=2), engine)
+
+
 def test_kv_limited_run_on_the_kernel_cost(engine):
     config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=50.0, num_requests=40, seed=1,
                            max_num_seqs=8, max_num_batched_tokens=512)
@@ -357,7 +432,9 @@ def test_serve_sim_writes_summary_csv_and_plot(tmp_path, engine):
 
 @pytest.mark.parametrize("args, message", [
     (["--hardware", "H999"], "known"),
-    (["--qps", "-1"], "--qps must be > 0"),
+    (["--qps", "-1"], "--qps must be a finite number > 0"),
+    (["--seed", "-1"], "--seed must be an integer >= 0"),
+    (["--scheduler", "static", "--max_concurrent_batches", "1"], "--max_concurrent_batches applies to --scheduler vllm"),
     (["--tp", "3"], "not divisible by tp 3"),
     (["--trace", "nope"], "unknown trace"),
 ])
@@ -369,6 +446,17 @@ def test_serve_sim_errors_are_one_line(tmp_path, args, message):
     assert result.returncode == 2
     assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_serve_sim_refuses_an_output_over_its_trace(tmp_path):
+    trace_path = tmp_path / "mine.csv"
+    trace_path.write_text((REPO / "workload" / "traces" / "splitwise_48.csv").read_text())
+    before = trace_path.read_text()
+    result = run_script("serve_sim.py", "--model_config", "Llama-3.1-8B", "--trace", trace_path, "--hardware", "H100",
+                        "--output", tmp_path / "mine.json")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "per-request CSV of --output" in result.stderr and "would overwrite the --trace file" in result.stderr
+    assert trace_path.read_text() == before and not (tmp_path / "mine.json").exists()
 
 
 def test_search_on_a_dask_local_cluster_matches_in_process(engine):
@@ -400,7 +488,43 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
     rows = out.read_text().splitlines()
     assert rows[0].startswith("rank,hardware,tp,pp,gpus,max_num_seqs,feasible,meets_targets") and len(rows) == 3
     assert rows[1].startswith("1,H100,1,1,1,8,True,True")  # one GPU beats two per GPU at the same rate
-    assert out.with_suffix(".png").stat().st_size > 1000
+    assert list(tmp_path.iterdir()) == [out]  # no plot without --plot
+    plot_pareto(pd.read_csv(out), tmp_path / "pareto.png", {"tpot_ms": 1e9, "tpot_percentile": 90})
+    assert (tmp_path / "pareto.png").stat().st_size > 1000
     bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H999", "--gpu_budget", "2",
                      "--trace", "splitwise_48", "--output", tmp_path / "bad.csv")
     assert bad.returncode == 2 and "known" in bad.stderr and not (tmp_path / "bad.csv").exists()
+
+
+def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
+    """Nothing fits: every metric column is there (empty), no plot, exit 0; repeated GPUs and values count once."""
+    out, plot = tmp_path / "search.csv", tmp_path / "pareto.png"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-70B", "--hardware", "L40S,NVIDIA L40S",
+                        "--gpu_budget", "2", "--pp", "1,1", "--max_num_seqs", "8,8", "--trace", "splitwise_48",
+                        "--num_requests", "4", "--model_dir", engine.model_dir, "--output", out, "--plot", plot)
+    assert result.returncode == 0, result.stderr
+    assert "2 candidates, 0 feasible, 0 meet the targets" in result.stdout and "not written" in result.stdout
+    table = pd.read_csv(out)
+    assert list(table[["hardware", "tp"]].itertuples(index=False)) == [("L40S", 1), ("L40S", 2)]
+    assert not table["feasible"].any() and table["tpot_ms"].isna().all()
+    assert table["reason"].str.contains("leave no KV cache").all() and not plot.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", ","], "--hardware lists no GPU"),
+    (["--ttft_ms", "-5"], "argument --ttft_ms: must be a finite number above 0"),
+    (["--tpot_ms", "nan"], "argument --tpot_ms: must be a finite number above 0"),
+    (["--output", "OUT.png"], "expected a .csv file"),
+    (["--plot", "OUT.csv"], "--plot OUT.csv would overwrite the --output file"),
+    (["--max_concurrent_batches", "2"], r"--max_concurrent_batches must be between 1 and --pp (1)"),
+])
+def test_search_config_errors_are_one_line(tmp_path, args, message):
+    flags = {"--model_config": "Llama-3.1-8B", "--hardware": "H100", "--gpu_budget": "2", "--trace": "splitwise_48",
+             "--output": "OUT.csv"}
+    flags.update(zip(args[::2], args[1::2]))
+    result = subprocess.run([sys.executable, str(REPO / "search_config.py"),
+                             *[x for pair in flags.items() for x in pair]], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())

@@ -5,12 +5,14 @@ import json
 import sys
 from pathlib import Path
 
-from pipeweave.cli import ArgumentParser, UserError, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
 from pipeweave.serving.simulator import request_metrics, summarize
 from pipeweave.serving.step_cost import MIXED_ATTENTION
 from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT
+from pipeweave.workload_inputs import resolve_named_file
 
 CSV_COLUMNS = ("request", "prompt_tokens", "output_tokens", "arrival_ms", "first_token_ms", "finish_ms", "ttft_ms",
                "tpot_ms", "e2e_ms", "preemptions")
@@ -43,13 +45,13 @@ def add_scheduler_arguments(parser) -> None:
                         help="each request generates its own decode_tokens (at least 1) instead of the trace's "
                              "output_tokens (the measured run's length, the same for every request)")
     parser.add_argument("--max_num_batched_tokens", type=int, default=None,
-                        help="token budget per step (vllm; default vLLM's: 8192 on GPUs with >= 70 GiB, else 2048; "
-                             "with --usage offline 16384 / 8192)")
-    parser.add_argument("--usage", choices=USAGES, default="serve",
+                        help="token budget per step (vllm; default vLLM's: 8192 on GPUs with >= 70 GiB other than "
+                             "the A100, else 2048; with --usage offline 16384 / 8192)")
+    parser.add_argument("--usage", choices=USAGES, default=None,
                         help="whose vLLM defaults: 'serve' (vllm serve, default) or 'offline' (LLM class, the "
-                             "latency benchmark)")
-    parser.add_argument("--gpu_memory_utilization", type=float, default=GPU_MEMORY_UTILIZATION,
-                        help=f"share of GPU memory vLLM may use (default {GPU_MEMORY_UTILIZATION})")
+                             "latency benchmark); vllm only")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=None,
+                        help=f"share of GPU memory vLLM may use (vllm only; default {GPU_MEMORY_UTILIZATION})")
     parser.add_argument("--mixed_attention", choices=MIXED_ATTENTION, default="split",
                         help="attention of a step mixing prefill chunks and decodes: 'split' (default) = one "
                              "prefill launch + one decode launch; 'single' = one prefill-backend launch over all")
@@ -61,7 +63,8 @@ def add_scheduler_arguments(parser) -> None:
     parser.add_argument("--decode_attn", choices=ATTENTION_BACKENDS, default=DECODE_ATTN_DEFAULT,
                         help=f"decode attention backend (default {DECODE_ATTN_DEFAULT})")
     parser.add_argument("--max_concurrent_batches", type=int, default=None,
-                        help="micro-batches in flight (default: --pp, as vLLM V1's batch queue; 1 = no pipelining)")
+                        help="micro-batches in flight, 1 to --pp (vllm only; default: --pp, as vLLM V1's batch "
+                             "queue; 1 = no pipelining)")
     parser.add_argument("--qk_norm_rmsnorm", action="store_true",
                         help="Qwen3 QK-norm approximation of the workload generator (RMSNorm count 4L + 1)")
 
@@ -78,8 +81,8 @@ def build_parser():
                         help="'vllm' (vLLM V1 continuous batching, default) or 'static' (the static batch of "
                              "aggregator.py: one prefill of every request, then lock-step decode)")
     parser.add_argument("--max_num_seqs", type=int, default=None,
-                        help="most requests running at once (vllm default: 1024 on GPUs with >= 70 GiB, else 256; "
-                             "static: unlimited)")
+                        help="most requests running at once (vllm default: 1024 on GPUs with >= 70 GiB other than "
+                             "the A100, else 256, at most --max_num_batched_tokens; static: unlimited)")
     add_scheduler_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument("--output", required=True,
@@ -101,6 +104,21 @@ def config_from_args(args, **overrides) -> ServingConfig:
         max_concurrent_batches=args.max_concurrent_batches)
     check(config)
     return config
+
+
+def check_paths(args, outputs: dict) -> None:
+    """Before any work: each output (what names it -> path) writable, and none the same file as an input or as
+    another output (serve_sim's per-request CSV takes --output's stem, so --output trace.json would replace trace.csv).
+    Unknown --model_config or --trace names are reported here too."""
+    model = resolve_named_file(args.model_config, DEFAULT_CONFIG_DIR, ".json", "model config")
+    trace = resolve_named_file(args.trace, DEFAULT_TRACE_DIR, ".csv", "trace")
+    seen = {model.resolve(): "--model_config", trace.resolve(): "--trace"}
+    for name, path in outputs.items():
+        check_output_path(path, name)
+        where = Path(path).resolve()
+        if where in seen:
+            raise UserError(f"{name} {path} would overwrite the {seen[where]} file; choose another path")
+        seen[where] = name
 
 
 def make_engine(args, log=None):
@@ -159,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     if output.suffix != ".json":
         raise UserError(f"--output {output}: expected a .json file")
+    csv_path = output.with_suffix(".csv")
+    outputs = {"--output": output, "the per-request CSV of --output": csv_path}
+    if args.plot:
+        outputs["--plot"] = Path(args.plot)
+    check_paths(args, outputs)
     from tqdm import tqdm
 
     engine = make_engine(args)
@@ -168,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     metrics = request_metrics(run.simulation.requests)
     summary = summarize(run.simulation)
     result = {"config": config.as_dict(), "settings": run.settings, "summary": summary}
-    csv_path = output.with_suffix(".csv")
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))

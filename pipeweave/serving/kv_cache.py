@@ -25,15 +25,18 @@ def profile_batch(max_num_batched_tokens: int, max_num_seqs: int) -> list[int]:
 def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, max_num_batched_tokens: int,
                     max_num_seqs: int, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                     block_size: int = BLOCK_SIZE) -> int:
-    """Number of KV-cache blocks one replica can hold; an error if the weights leave no room."""
+    """Number of KV-cache blocks one replica can hold; an error if weights, activations and runtime leave no room."""
     weights = memory.weight_bytes_per_gpu(cfg, tp, pp)
     activations = memory.activation_bytes_per_gpu(cfg, profile_batch(max_num_batched_tokens, max_num_seqs), tp)
-    free = gpu_memory_utilization * gpu_memory_bytes - weights - activations - memory.RUNTIME_OVERHEAD_BYTES
-    blocks = int(free // memory.kv_cache_bytes_per_gpu(cfg, [block_size], tp, pp))
+    runtime, available = memory.RUNTIME_OVERHEAD_BYTES, gpu_memory_utilization * gpu_memory_bytes
+    block_bytes = memory.kv_cache_bytes_per_gpu(cfg, [block_size], tp, pp)
+    blocks = int((available - weights - activations - runtime) // block_bytes)
     if blocks < 1:
         raise WorkloadError(
-            f"{cfg.stem} with TP{tp} x PP{pp} does not fit: {weights / 2**30:.1f} GiB of weights per GPU leave no "
-            f"KV cache in {gpu_memory_utilization:.0%} of {gpu_memory_bytes / 2**30:.1f} GiB")
+            f"{cfg.stem} with TP{tp} x PP{pp} does not fit: weights {weights / 1e9:.1f}, activations "
+            f"{activations / 1e9:.1f} (the profiling pass: {max_num_batched_tokens} tokens over up to {max_num_seqs} "
+            f"sequences) and runtime {runtime / 1e9:.1f} GB per GPU leave no KV cache in the {available / 1e9:.1f} GB "
+            f"available ({gpu_memory_utilization:g} x totalGlobalMem)")
     return blocks
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +72,9 @@ def load_serving_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_D
         except (TypeError, ValueError):
             raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} is not a number: "
                                 f"{row[ARRIVAL_COLUMN]!r}") from None
-        if not value >= 0:
-            raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} must be >= 0, got {value}")
+        if not (math.isfinite(value) and value >= 0):
+            raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} must be a finite number >= 0, "
+                                f"got {value}")
         arrivals.append(value)
     if any(b < a for a, b in zip(arrivals, arrivals[1:])):
         raise WorkloadError(f"trace {path.stem}: {ARRIVAL_COLUMN} must not decrease from row to row")
@@ -87,20 +89,24 @@ def make_requests(source: ServingTrace | Trace, num_requests: int | None = None,
     n = trace.num_requests if num_requests is None else num_requests
     if n < 1:
         raise WorkloadError(f"num_requests must be >= 1, got {n}")
-    if qps is not None and not qps > 0:
-        raise WorkloadError(f"qps must be > 0, got {qps}")
+    if qps is not None and not (math.isfinite(qps) and qps > 0):
+        raise WorkloadError(f"qps must be a finite number > 0, got {qps}")
     rows = np.arange(n) % trace.num_requests
-    if qps is not None:
-        gaps = np.random.default_rng(seed).exponential(1000.0 / qps, size=n)
-        arrivals = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
-    elif serving.arrivals_s is not None:
-        recorded = np.asarray(serving.arrivals_s) * 1000.0
-        span = recorded[-1] - recorded[0]
-        # cycling through a recorded trace repeats it after its own span (plus its mean gap)
-        period = span + (span / (len(recorded) - 1) if len(recorded) > 1 else 0.0)
-        arrivals = recorded[rows] - recorded[0] + (np.arange(n) // trace.num_requests) * period
-    else:
-        arrivals = np.zeros(n)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, as one error
+        if qps is not None:
+            gaps = np.random.default_rng(seed).exponential(1000.0 / qps, size=n)
+            arrivals = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
+        elif serving.arrivals_s is not None:
+            recorded = np.asarray(serving.arrivals_s) * 1000.0
+            span = recorded[-1] - recorded[0]
+            # cycling through a recorded trace repeats it after its own span (plus its mean gap)
+            period = span + (span / (len(recorded) - 1) if len(recorded) > 1 else 0.0)
+            arrivals = recorded[rows] - recorded[0] + (np.arange(n) // trace.num_requests) * period
+        else:
+            arrivals = np.zeros(n)
+    if not np.isfinite(arrivals).all():  # the event loop would never reach an infinite arrival
+        source = f"qps {qps}" if qps is not None else f"the trace's {ARRIVAL_COLUMN}"
+        raise WorkloadError(f"the arrival times of {n} requests overflow (beyond 1.8e308 ms): {source} is too extreme")
     outputs = (np.maximum(np.asarray(trace.decode_tokens)[rows], 1) if per_request_outputs
                else np.full(n, trace.output_tokens))
     prompts = np.asarray(trace.prompt_tokens)[rows]

@@ -1,16 +1,19 @@
 """One serving simulation from its settings: the glue shared by serve_sim.py, search_config.py and the report."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
-from pipeweave.engine import Engine
+from analytical_model.pipes import HardwareSpec
 from pipeweave.cli import UserError
+from pipeweave.engine import Engine
+from pipeweave.memory import check_memory
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, BlockManager, kv_cache_blocks
 from pipeweave.serving.requests import load_serving_trace, make_requests
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
 from pipeweave.serving.step_cost import KernelStepCost
-from pipeweave.workload import DECODE_ATTN_DEFAULT, load_model_config
+from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, load_model_config
 
 SCHEDULERS = ("static", "vllm")
 USAGES = ("serve", "offline")
@@ -31,8 +34,8 @@ class ServingConfig:
     seed: int = 0
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    usage: str = "serve"
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    usage: str | None = None  # vllm: "serve"
+    gpu_memory_utilization: float | None = None  # vllm: GPU_MEMORY_UTILIZATION
     per_request_outputs: bool = False
     mixed_attention: str = "split"
     decode_bucket: int = 0  # 0: exact decode attention; > 0: the approximation of step_cost.KernelStepCost
@@ -40,7 +43,7 @@ class ServingConfig:
     decode_attn: str = DECODE_ATTN_DEFAULT
     qk_norm_rmsnorm: bool = False
     collective_hardware: str | None = None
-    max_concurrent_batches: int | None = None  # micro-batches in flight (vLLM V1: pp)
+    max_concurrent_batches: int | None = None  # vllm: micro-batches in flight (vLLM V1: pp)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,31 +62,80 @@ def _positive(value, flag: str) -> None:
         raise UserError(f"{flag} must be >= 1, got {value}")
 
 
+#: flags only the vLLM scheduler reads, and why the static batch (the aggregator's workload) has no use for them
+VLLM_ONLY = {
+    "max_num_batched_tokens": "the static batch has no token budget",
+    "usage": "it selects vLLM's defaults",
+    "gpu_memory_utilization": "the static batch is held to the aggregator's memory check, "
+                              f"{GPU_MEMORY_UTILIZATION:g} x totalGlobalMem",
+    "max_concurrent_batches": "the static batch runs one micro-batch at a time",
+}
+
+
 def check(config: ServingConfig) -> None:
     if config.scheduler not in SCHEDULERS:
         raise UserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {config.scheduler!r}")
-    if config.usage not in USAGES:
+    if config.usage is not None and config.usage not in USAGES:
         raise UserError(f"--usage must be one of {', '.join(USAGES)}, got {config.usage!r}")
     for value, flag in ((config.tp, "--tp"), (config.pp, "--pp"), (config.num_requests, "--num_requests"),
                         (config.max_num_seqs, "--max_num_seqs"),
                         (config.max_num_batched_tokens, "--max_num_batched_tokens"),
                         (config.max_concurrent_batches, "--max_concurrent_batches")):
         _positive(value, flag)
-    if config.scheduler == "static" and config.max_num_batched_tokens is not None:
-        raise UserError("--max_num_batched_tokens applies to --scheduler vllm (the static batch has no token budget)")
-    if config.qps is not None and not config.qps > 0:
-        raise UserError(f"--qps must be > 0, got {config.qps}")
+    if config.scheduler == "static":
+        for key, why in VLLM_ONLY.items():
+            if getattr(config, key) is not None:
+                raise UserError(f"--{key} applies to --scheduler vllm ({why})")
+    if config.max_concurrent_batches is not None and config.max_concurrent_batches > config.pp:
+        raise UserError(f"--max_concurrent_batches must be between 1 and --pp ({config.pp}), got "
+                        f"{config.max_concurrent_batches}: vLLM's batch queue holds one micro-batch per pipeline stage")
+    if config.qps is not None and not (math.isfinite(config.qps) and config.qps > 0):
+        raise UserError(f"--qps must be a finite number > 0, got {config.qps}")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
+        raise UserError(f"--seed must be an integer >= 0, got {config.seed}")
     if isinstance(config.decode_bucket, bool) or config.decode_bucket < 0:
         raise UserError(f"--decode_bucket must be >= 0, got {config.decode_bucket}")
-    if not 0 < config.gpu_memory_utilization <= 1:
+    if config.gpu_memory_utilization is not None and not 0 < config.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
+
+
+def vllm_settings(config: ServingConfig, hardware: HardwareSpec) -> dict:
+    """The vLLM scheduler limits in force: the flags given, else vLLM's defaults for the GPU and usage, the default
+    max_num_seqs capped by the token budget (v0.10.1 ``EngineArgs._set_default_args_v1``)."""
+    usage = config.usage or "serve"
+    defaults = vllm_defaults(hardware.total_global_mem, hardware.name, usage)
+    tokens = config.max_num_batched_tokens or defaults["max_num_batched_tokens"]
+    seqs = config.max_num_seqs or min(defaults["max_num_seqs"], tokens)
+    if tokens < seqs:  # vLLM's SchedulerConfig refuses it at start-up: a step must fit a token per sequence
+        budget = ("--max_num_batched_tokens" if config.max_num_batched_tokens else
+                  f"vLLM's default max_num_batched_tokens on {hardware.stem} with --usage {usage}")
+        raise UserError(f"{budget} ({tokens}) must be >= --max_num_seqs ({seqs}), as vLLM requires")
+    return {"max_num_batched_tokens": tokens, "max_num_seqs": seqs, "usage": usage}
+
+
+def static_memory_check(cfg: ModelConfig, hardware: HardwareSpec, config: ServingConfig):
+    """The aggregator's memory check (:func:`pipeweave.memory.check_memory`) of each batch the static scheduler admits;
+    per-request outputs are held to the batch's longest, as the workload generator's single output length."""
+    def admit(batch: list) -> None:
+        memory = check_memory(cfg, hardware, [r.prompt_tokens for r in batch], max(r.output_tokens for r in batch),
+                              tp=config.tp, pp=config.pp)
+        if not memory.fits:
+            raise UserError(f"{cfg.stem} on {hardware.stem} (static batch of {len(batch)} requests, PP {config.pp}) "
+                            f"{memory.message(config.tp)}")
+    return admit
 
 
 def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> ServingRun:
     """Build requests, scheduler and step cost from ``config`` and run the simulation."""
     check(config)
     cfg = load_model_config(config.model_config)
+    if config.pp > cfg.num_hidden_layers:
+        raise UserError(f"--pp {config.pp} exceeds the {cfg.num_hidden_layers} layers of {cfg.stem} (a pipeline stage "
+                        f"holds at least one layer)")
     hardware = engine.gpu(config.hardware)
+    if not hardware.total_global_mem:
+        raise UserError(f"{hardware.stem}: the hardware JSON has no totalGlobalMem; the serving simulation needs it "
+                        f"for the memory check and the KV cache")
     cost = KernelStepCost(engine, cfg, config.hardware, config.tp, config.pp,
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
@@ -91,16 +143,14 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
     if config.scheduler == "static":
-        scheduler = StaticScheduler(config.max_num_seqs)
+        scheduler = StaticScheduler(config.max_num_seqs, admit=static_memory_check(cfg, hardware, config))
         settings = {"max_num_seqs": config.max_num_seqs}
     else:
-        settings = vllm_defaults(hardware.total_global_mem, config.usage)
-        for key in settings:
-            if getattr(config, key) is not None:
-                settings[key] = getattr(config, key)
+        settings = vllm_settings(config, hardware)
+        utilization = (GPU_MEMORY_UTILIZATION if config.gpu_memory_utilization is None
+                       else config.gpu_memory_utilization)
         blocks = kv_cache_blocks(cfg, hardware.total_global_mem, config.tp, config.pp,
-                                 settings["max_num_batched_tokens"], settings["max_num_seqs"],
-                                 config.gpu_memory_utilization)
+                                 settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization)
         manager = BlockManager(blocks)
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         if manager.blocks_for(largest.prompt_tokens + largest.output_tokens) > blocks:
@@ -108,7 +158,8 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
                             f"KV cache but {config.hardware} TP{config.tp} x PP{config.pp} holds "
                             f"{blocks * manager.block_size}")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
-        settings.update(kv_cache_blocks=blocks, kv_cache_tokens=blocks * manager.block_size)
+        settings.update(gpu_memory_utilization=utilization, kv_cache_blocks=blocks,
+                        kv_cache_tokens=blocks * manager.block_size)
     try:
         simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress,
                               max_in_flight=config.max_concurrent_batches)

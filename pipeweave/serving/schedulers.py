@@ -7,7 +7,8 @@ yields a generated token. ``complete()`` applies a finished micro-batch and retu
 
 * ``StaticScheduler``: the static batch of ``pipeweave.workload`` (docs/METHOD.md §6): when nothing runs, every waiting
   request (up to ``max_num_seqs``) is admitted; one prefill iteration of all full prompts, then one decode
-  iteration per further token, the batch shrinking as requests finish; no token budget, no KV limit.
+  iteration per further token, the batch shrinking as requests finish; no token budget and no KV paging (``admit``
+  checks that each batch fits in memory as a whole).
 * ``VllmScheduler``: vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``, v0.10.1) with FCFS policy. Running
   requests first, in order, each taking ``num_tokens - num_computed_tokens`` tokens (a decode: 1; a partial
   prefill: its remainder) within the step's ``max_num_batched_tokens`` budget; when KV blocks run out the last
@@ -26,7 +27,9 @@ from collections import deque
 
 from pipeweave.serving.kv_cache import BlockManager, UnlimitedBlocks
 
-#: vLLM V1 defaults (v0.10.1 ``EngineArgs._set_default_args_v1``), by usage context and GPU memory (>= 70 GiB).
+#: vLLM V1 defaults (v0.10.1 ``EngineArgs._set_default_args_v1``), by usage context and whether the GPU is large:
+#: >= 70 GiB and not an A100 (vLLM excludes A100s by device name, for both usages: the larger token budget lowered
+#: their throughput, vLLM PR #17885).
 VLLM_DEFAULTS = {
     ("serve", True): {"max_num_batched_tokens": 8192, "max_num_seqs": 1024},
     ("serve", False): {"max_num_batched_tokens": 2048, "max_num_seqs": 256},
@@ -37,9 +40,11 @@ LARGE_GPU_BYTES = 70 * 2**30
 SPECULATIVE_WAITING = 512
 
 
-def vllm_defaults(gpu_memory_bytes: int, usage: str = "serve") -> dict:
-    """vLLM's defaults for ``vllm serve`` (usage "serve") or the ``LLM`` class / latency benchmark ("offline")."""
-    return dict(VLLM_DEFAULTS[(usage, gpu_memory_bytes >= LARGE_GPU_BYTES)])
+def vllm_defaults(gpu_memory_bytes: int, device_name: str, usage: str = "serve") -> dict:
+    """vLLM's defaults for ``vllm serve`` (usage "serve") or the ``LLM`` class / latency benchmark ("offline") on a GPU
+    of ``gpu_memory_bytes`` whose driver name is ``device_name`` (before max_num_seqs is capped by the token budget)."""
+    large = gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in device_name.lower()
+    return dict(VLLM_DEFAULTS[(usage, large)])
 
 
 class Scheduler:
@@ -92,13 +97,21 @@ class Scheduler:
 
 
 class StaticScheduler(Scheduler):
-    def __init__(self, max_num_seqs: int | None = None):
+    def __init__(self, max_num_seqs: int | None = None, admit=None):
         super().__init__(UnlimitedBlocks(), max_num_seqs or 2**62)
+        self.admit = admit  # called with each batch admitted (run.py: the memory check, which raises)
+
+    def speculative_copy(self, copy_of) -> "StaticScheduler":
+        other = super().speculative_copy(copy_of)
+        other.admit = None  # the look-ahead runs on estimated durations: its batches may never be admitted
+        return other
 
     def schedule(self) -> list:
         if not self.running:
             while self.waiting and len(self.running) < self.max_num_seqs:
                 self.running.append(self.waiting.popleft())
+            if self.running and self.admit is not None:
+                self.admit(self.running)
         return [self._entry(r, r.num_tokens - r.num_computed) for r in self.running
                 if r.num_tokens > r.num_computed]
 

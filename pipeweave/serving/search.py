@@ -21,11 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeweave.cli import ArgumentParser, UserError, write_atomically
-from pipeweave.serving.cli import add_engine_arguments, add_scheduler_arguments, config_from_args
+from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
+from pipeweave.serving.cli import add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args
 from pipeweave.serving.run import ServingConfig
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
+#: columns of a feasible candidate's simulation (NaN on infeasible rows)
+METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "makespan_ms", "kv_cache_tokens",
+           "preemptions")
 _ENGINES: dict[tuple, object] = {}  # per worker process: the prediction engine by its settings
 
 
@@ -36,7 +39,7 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise UserError(f"{flag} must be a comma-separated list of integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise UserError(f"{flag} must list integers >= 1, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))  # a repeated value would simulate the same candidate twice
 
 
 def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[int], pps: list[int],
@@ -115,8 +118,9 @@ def run_sweep(configs: list[ServingConfig], engine: tuple, targets: dict, worker
 
 def rank(table: pd.DataFrame) -> pd.DataFrame:
     """Candidates meeting the targets first, then feasible ones, each by output tokens/s per GPU (descending)."""
-    if "output_tokens_per_s_per_gpu" not in table:
-        table["output_tokens_per_s_per_gpu"] = np.nan
+    for column in METRICS:  # absent when no candidate is feasible
+        if column not in table:
+            table[column] = np.nan
     table = table.sort_values(["meets_targets", "feasible", "output_tokens_per_s_per_gpu"],
                               ascending=[False, False, False], kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
@@ -168,9 +172,9 @@ def build_parser():
     parser.add_argument("--pp", default="1,2", help="PP sizes to try (default 1,2)")
     parser.add_argument("--max_num_seqs", default=",".join(map(str, DEFAULT_MAX_NUM_SEQS)),
                         help="max_num_seqs values to try (default %(default)s)")
-    parser.add_argument("--ttft_ms", type=float, default=None, help="TTFT target (ms) at --ttft_percentile")
+    parser.add_argument("--ttft_ms", type=positive_float, default=None, help="TTFT target (ms) at --ttft_percentile")
     parser.add_argument("--ttft_percentile", type=float, default=90, help="default 90")
-    parser.add_argument("--tpot_ms", type=float, default=None, help="TPOT target (ms) at --tpot_percentile")
+    parser.add_argument("--tpot_ms", type=positive_float, default=None, help="TPOT target (ms) at --tpot_percentile")
     parser.add_argument("--tpot_percentile", type=float, default=90, help="default 90")
     add_scheduler_arguments(parser)
     add_engine_arguments(parser)
@@ -178,9 +182,9 @@ def build_parser():
                         help="local Dask worker processes (default 1: run in this process)")
     parser.add_argument("--scheduler", dest="scheduler_address", default=None, metavar="ADDRESS",
                         help="address of an existing Dask scheduler (tcp://host:8786) to run the sweep on")
-    parser.add_argument("--output", required=True, help="output CSV, one row per candidate, ranked")
+    parser.add_argument("--output", required=True, help="output CSV (.csv), one row per candidate, ranked")
     parser.add_argument("--plot", default=None, metavar="PNG",
-                        help="Pareto plot: output tokens/s per GPU vs TPOT (default: beside --output)")
+                        help="write the Pareto plot (output tokens/s per GPU vs TPOT) as a PNG (default: none)")
     return parser
 
 
@@ -191,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     gpus = [g.strip() for g in args.hardware.split(",") if g.strip()]
+    if not gpus:
+        raise UserError("--hardware lists no GPU")
     if args.gpu_budget < 1:
         raise UserError(f"--gpu_budget must be >= 1, got {args.gpu_budget}")
     tps = _int_list(args.tp, "--tp") if args.tp else [2 ** k for k in range(int(math.log2(args.gpu_budget)) + 1)]
@@ -201,12 +207,23 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{flag} must be in (0, 100], got {q}")
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
+    output = Path(args.output)
+    if output.suffix != ".csv":
+        raise UserError(f"--output {output}: expected a .csv file")
+    plot = Path(args.plot) if args.plot else None
+    check_paths(args, {"--output": output} | ({"--plot": plot} if plot else {}))
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
     from pipeweave.serving.cli import make_engine
+    from pipeweave.serving.requests import load_serving_trace, make_requests
+    from pipeweave.workload import load_model_config
 
     registry = make_engine(args).registry
-    gpus = [registry.get(g).stem for g in gpus]  # unknown GPU: error listing the known ones
-    base = config_from_args(args, hardware=gpus[0], tp=1, pp=1, max_num_seqs=None, scheduler="vllm")
+    gpus = list(dict.fromkeys(registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
+    # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
+    # and requests are built once: their errors would otherwise only mark every candidate infeasible
+    base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm")
+    load_model_config(base.model_config)
+    make_requests(load_serving_trace(base.trace), base.num_requests, base.qps, base.seed, base.per_request_outputs)
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget}")
@@ -215,15 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     engine = (args.model_dir, str(args.hardware_dir or DEFAULT_HARDWARE_DIR), args.collective_estimate)
     with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update)
-    output = Path(args.output)
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
-    plot = Path(args.plot) if args.plot else output.with_suffix(".png")
-    plot_pareto(table, plot, targets)
+    written = [output]
+    if plot and not table["feasible"].any():
+        print(f"No candidate is feasible: {plot} not written")
+    elif plot:
+        plot_pareto(table, plot, targets)
+        written.append(plot)
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
     for _, row in best.head(5).iterrows():
         print(f"  {int(row['rank'])}. {row['hardware']} TP{row['tp']} PP{row['pp']} max_num_seqs "
               f"{row['max_num_seqs']}: {row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
               f"TTFT {row['ttft_ms']:.1f} ms, TPOT {row['tpot_ms']:.2f} ms")
-    print(f"Results saved to {output} and {plot}")
+    print(f"Results saved to {' and '.join(map(str, written))}")
     return 0
