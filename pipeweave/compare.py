@@ -243,8 +243,8 @@ def _common_parser(prog: str, description: str) -> ArgumentParser:
 def check_outputs(args) -> None:
     """Every output path is checked before anything is read or written, so a bad --plot or --markdown never
     follows a written CSV."""
-    for flag in ("output", "plot", "markdown"):
-        if getattr(args, flag):
+    for flag in ("output", "vllm_output", "plot", "markdown"):
+        if getattr(args, flag, None):
             check_output_path(getattr(args, flag), f"--{flag}")
 
 
@@ -274,6 +274,9 @@ def main_static(argv: list[str] | None = None) -> int:
                         help="output CSV (default: e2e/pipeweave_comparison.csv)")
     parser.add_argument("--plot", default=str(E2E_DIR / "pipeweave_comparison.png"),
                         help="output PNG (default: e2e/pipeweave_comparison.png)")
+    parser.add_argument("--vllm_output", default=str(E2E_DIR / "vllm_comparison.csv"),
+                        help="output CSV of the vLLM runs, the table the report shows (default: "
+                             "e2e/vllm_comparison.csv, as compare_vllm_pred_real.py writes it)")
     parser.add_argument("--markdown", default=None,
                         help="also write the full report (static and vLLM tables, summary, plot, notes), e.g. "
                              "docs/E2E.md")
@@ -290,6 +293,10 @@ def main_static(argv: list[str] | None = None) -> int:
     if not len(static):
         raise UserError(f"no static-batch measured runs in {args.real_dir}")
     write_atomically(args.output, lambda tmp: tmp.write_text(table_csv(static)))
+    # the report shows this table: its CSV (docs/PAPER.md reads it) must be of the same predictions
+    vllm_predicted = bool(len(vllm)) and bool(np.isfinite(vllm["pred_total_ms"].to_numpy(np.float64)).any())
+    if vllm_predicted:
+        write_atomically(args.vllm_output, lambda tmp: tmp.write_text(table_csv(vllm)))
     plot_path = plot(static, vllm, args.plot)
     print(markdown_summary(error_summary(static)))
     print()
@@ -299,7 +306,7 @@ def main_static(argv: list[str] | None = None) -> int:
         notes.append(f"no prediction for measured run {r['gpu']} TP{r['tp']} {r['model']} {r['trace']}")
     for note in notes:
         print(f"note: {note}")
-    print(f"\nWrote {args.output} and {plot_path}")
+    print(f"\nWrote {args.output}{f', {args.vllm_output}' if vllm_predicted else ''} and {plot_path}")
     if args.markdown:
         md_path = Path(args.markdown)
         text = document(static, vllm, plot_path, md_path.resolve(), notes, _real_source(args.real_dir),

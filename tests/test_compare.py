@@ -165,7 +165,8 @@ def test_compare_scripts_write_csv_markdown_and_plot(synthetic, tmp_path):
     common = ["--pred_dir", str(pred_dir), "--real_dir", str(real_dir), "--baselines_dir", str(base),
               "--no_roofline"]
     proc = subprocess.run([sys.executable, str(REPO / "compare_pred_real.py"), *common, "--output",
-                           str(out / "cmp.csv"), "--plot", str(out / "cmp.png"), "--markdown", str(out / "E2E.md")],
+                           str(out / "cmp.csv"), "--vllm_output", str(out / "vllm_in_report.csv"), "--plot",
+                           str(out / "cmp.png"), "--markdown", str(out / "E2E.md")],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(out / "cmp.csv")
@@ -182,6 +183,8 @@ def test_compare_scripts_write_csv_markdown_and_plot(synthetic, tmp_path):
                           cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     vllm = pd.read_csv(out / "v.csv")
+    # the report's command writes the vLLM table it shows, as compare_vllm_pred_real.py does
+    assert (out / "vllm_in_report.csv").read_text() == (out / "v.csv").read_text()
     assert vllm.iloc[0]["real_total_median_ms"] == pytest.approx(11000.0)
     assert vllm.iloc[0]["artifact_pipeweave_err_total_pct"] == pytest.approx(100 / 11000 * 100, abs=0.01)
 
@@ -196,6 +199,17 @@ def test_committed_summary_matches_shared_data(shared_data, tmp_path):
     out = tmp_path / measured_runs.REAL_SUMMARY_NAME
     compare.main_summarize(["--source", str(shared_data / "pipeweave" / "e2e" / "real"), "--output", str(out)])
     assert out.read_text() == (REPO / "e2e" / "real" / measured_runs.REAL_SUMMARY_NAME).read_text()
+
+
+@pytest.mark.data
+def test_committed_comparisons_are_of_the_committed_predictions(shared_data, tmp_path):
+    """e2e/pipeweave_comparison.csv and e2e/vllm_comparison.csv (docs/E2E.md and docs/PAPER.md read them) are what
+    the comparison of the committed predictions gives: neither may be left from older predictions."""
+    static, vllm = tmp_path / "static.csv", tmp_path / "vllm.csv"
+    assert compare.main_static(["--output", str(static), "--vllm_output", str(vllm), "--plot",
+                                str(tmp_path / "p.png")]) == 0
+    assert static.read_text() == (REPO / "e2e" / "pipeweave_comparison.csv").read_text()
+    assert vllm.read_text() == (REPO / "e2e" / "vllm_comparison.csv").read_text()
 
 
 @pytest.mark.data
