@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeweave.paths import DEFAULT_HARDWARE_DIR
 
-from .pipes import ARCHITECTURES, LINK_TYPES, MEMORY_TYPES, HardwareSpec
+from .pipes import ARCHITECTURES, LINK_TYPES, MEMORY_TYPES, HardwareSpec, architecture_for
 
 
 _REQUIRED_NUMBERS = {
@@ -39,14 +39,20 @@ _OPTIONAL_NUMBERS = {"tcFp8": "tc_fp8", "sharedMemorySize": "shared_memory_size"
                      "boostClock": "boost_clock", "tdpW": "tdp_w"}
 _CHOICES = {"linkType": LINK_TYPES, "memoryType": MEMORY_TYPES}
 # fields that describe the file rather than the GPU: no provenance entry needed
-_UNSOURCED = ("provenance", "note", "TODO", "CHECK")
+_UNSOURCED = ("provenance", "note")
+# the other fields a file may have; anything else (a typo such as "tcFP8", whose value would be silently dropped)
+# is an error
+_DESCRIPTIVE = ("name", "aliases", "architecture", "computeMajor", "computeMinor", "aiconfiguratorSystem", "linkName")
+#: what `profile_operators.py --hardware_json` leaves for the user to fill in and review; the file is done when both
+#: lists are deleted
+_SKELETON_LISTS = ("TODO", "CHECK")
 #: physically plausible ranges (units as in the files), about 10x around every GPU shipped: a value outside is a
 #: typo or a unit mistake that would give NaN, Infinity or 0 ms predictions downstream
 PLAUSIBLE_RANGES = {
     "numSms": (1, 2048), "memBandwidth": (10, 100_000), "l2CacheBandwidth": (10, 1_000_000),
     "sharedMemoryBandwidth": (8, 4096), "tcBf16": (16, 65_536), "xuFp32": (1, 1024), "FmaFp32": (1, 4096),
-    "smFreq": (100, 10_000), "tcFp8": (0, 131_072), "sharedMemorySize": (0, 8192), "totalGlobalMem": (0, 2 ** 50),
-    "l2CacheSize": (0, 2 ** 22), "l1CacheSize": (0, 65_536), "registerFileSize": (0, 65_536),
+    "smFreq": (100, 10_000), "tcFp8": (0, 131_072), "sharedMemorySize": (0, 8192),
+    "totalGlobalMem": (2 ** 30, 2 ** 50), "l2CacheSize": (512, 2 ** 22), "l1CacheSize": (0, 65_536), "registerFileSize": (0, 65_536),
     "linkGbps": (1, 20_000), "linkLatencyUs": (0.1, 1000), "boostClock": (100, 10_000), "tdpW": (10, 10_000),
 }
 
@@ -63,6 +69,15 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     """Validate one hardware JSON object; errors name the file and the field."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected a JSON object")
+    left = [key for key in _SKELETON_LISTS if key in data]
+    if left:
+        raise ValueError(f"{source}: still has the skeleton's {' and '.join(left)} list(s): fill in each TODO field "
+                         f"from the vendor data sheet, review each CHECK field, then delete the lists")
+    known = (*_REQUIRED_NUMBERS, *_OPTIONAL_NUMBERS, *_CHOICES, *_UNSOURCED, *_DESCRIPTIVE)
+    unknown = sorted(key for key in data if key not in known)
+    if unknown:
+        raise ValueError(f"{source}: unknown field(s) {', '.join(map(repr, unknown))} (a typo? known fields: "
+                         f"{', '.join(sorted(known))})")
     for key in _REQUIRED_NUMBERS:
         if key not in data:
             raise ValueError(f"{source}: missing field {key!r}")
@@ -90,9 +105,17 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     name = data.get("name", stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: field 'name' must be a non-empty string")
-    architecture = data.get("architecture", "ampere")
+    capability = f"{data['computeMajor']}.{data['computeMinor']}"
+    derived = architecture_for(data["computeMajor"], data["computeMinor"])
+    if derived is None:
+        raise ValueError(f"{source}: compute capability {capability} is not one the analytical model has an "
+                         f"architecture class for ({', '.join(ARCHITECTURES)}: 8.x, 9.x, 10.x to 12.x)")
+    architecture = data.get("architecture", derived)
     if not isinstance(architecture, str) or architecture.lower() not in ARCHITECTURES:
         raise ValueError(f"{source}: field 'architecture' must be one of {ARCHITECTURES}, got {architecture!r}")
+    if architecture.lower() != derived:
+        raise ValueError(f"{source}: field 'architecture' is {architecture!r}, but compute capability {capability} "
+                         f"is {derived!r}")
     aliases = data.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ValueError(f"{source}: field 'aliases' must be a list of strings")
@@ -102,7 +125,7 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     spec_kwargs = {internal: data[key] for key, internal in _REQUIRED_NUMBERS.items()}
     spec_kwargs.update({internal: data.get(key) for key, internal in _OPTIONAL_NUMBERS.items() if internal})
     spec_kwargs["tc_fp8"] = spec_kwargs["tc_fp8"] or 0
-    return HardwareSpec(
+    spec = HardwareSpec(
         stem=stem,
         name=name,
         architecture=architecture.lower(),
@@ -113,6 +136,11 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
         link_type=data["linkType"],
         **spec_kwargs,
     )
+    try:  # every calculator needs the SM's occupancy limit: a compute capability without one fails here, not later
+        spec.max_threads_per_sm
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    return spec
 
 
 def _check_provenance(data: dict, source: str) -> None:

@@ -48,6 +48,19 @@ XU_FEATURES = compute_pipe_names("xu")
 FMA_FEATURES = compute_pipe_names("fma")
 
 ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell")
+
+
+def architecture_for(major: int, minor: int) -> str | None:
+    """The architecture class of compute capability ``major.minor`` (None: not a class the analytical model knows,
+    such as Volta or Turing)."""
+    if major == 8:
+        return "ada" if minor == 9 else "ampere"
+    if major == 9:
+        return "hopper"
+    if major in (10, 11, 12):
+        return "blackwell"
+    return None
+
 # GPU-to-GPU interconnect of a hardware JSON's ``linkType``: NVLink generation (through NVSwitch on SXM boards) or
 # PCIe generation; the collective fallback (pipeweave.collectives) reads the family and the generation.
 LINK_TYPES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie3", "pcie4", "pcie5", "pcie6")

@@ -71,6 +71,17 @@ def test_sanity_peaks():
         (lambda d: d["provenance"].pop("tcBf16"), "'provenance' has no source for field\\(s\\) tcBf16"),
         (lambda d: d["provenance"].update(foo="x"), "'provenance' names field\\(s\\) the file does not have: foo"),
         (lambda d: d.update(provenance="datasheet"), "field 'provenance' must be an object"),
+        # found by a user audit (2026-12-04): each of these used to load and mislead every prediction
+        (lambda d: d.update(architecture="ada"), "field 'architecture' is 'ada', but compute capability 9.0 is "
+                                                 "'hopper'"),
+        (lambda d: d.update(tcFP8=8192), "unknown field\(s\) 'tcFP8' \(a typo\?"),
+        (lambda d: d.update(totalGlobalMem=80), "field 'totalGlobalMem' = 80 is outside the plausible range"),
+        (lambda d: d.update(l2CacheSize=50), "field 'l2CacheSize' = 50 is outside the plausible range"),
+        (lambda d: d.update(computeMajor=7, computeMinor=5), "compute capability 7.5 is not one the analytical "
+                                                             "model has an architecture class for"),
+        (lambda d: d.update(computeMajor=8, computeMinor=7, architecture="ampere"),
+         "NVIDIA H100: no resident-thread limit known for compute capability 8.7"),
+        (lambda d: d.update(TODO=[]), "still has the skeleton's TODO list"),
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
@@ -80,6 +91,13 @@ def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
     (tmp_path / "Broken.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=rf"Broken\.json: {message}"):
         HardwareRegistry(tmp_path)
+
+
+def test_architecture_follows_the_compute_capability_when_absent(tmp_path, repo_root):
+    data = json.loads((repo_root / "hardware" / "H100.json").read_text())
+    del data["architecture"], data["provenance"]["architecture"]
+    (tmp_path / "H100.json").write_text(json.dumps(data))
+    assert HardwareRegistry(tmp_path).get("H100").architecture == "hopper"  # not the old silent "ampere"
 
 
 def test_invalid_json(tmp_path):

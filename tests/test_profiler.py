@@ -415,10 +415,14 @@ def test_hardware_skeleton_rejected_until_filled():
     assert all(str(data[f]).startswith("TODO") for f in data["TODO"])
     assert "memBandwidth" in data["CHECK"] and "smFreq" in data["CHECK"]
     assert set(data["provenance"]) == set(data) - {"provenance", "TODO", "CHECK"}
-    with pytest.raises(ValueError, match="must be a positive number"):
+    with pytest.raises(ValueError, match="still has the skeleton's TODO and CHECK list"):
         parse_hardware(data, "Test", "Test.json")
+    with pytest.raises(ValueError, match="must be a positive number"):
+        parse_hardware({k: v for k, v in data.items() if k not in ("TODO", "CHECK")}, "Test", "Test.json")
     filled = dict(data, l2CacheBandwidth=8820, tcBf16=4096, tcFp8=8192, memoryType="HBM3", linkType="nvlink4",
                   linkGbps=450, linkLatencyUs=6)
+    with pytest.raises(ValueError, match="still has the skeleton's TODO and CHECK list"):  # values done, lists not
+        parse_hardware(filled, "Test", "Test.json")
     del filled["TODO"], filled["CHECK"]
     with pytest.raises(ValueError, match="'provenance' has no source for field"):  # TODO sources left
         parse_hardware(filled, "Test", "Test.json")
@@ -470,6 +474,22 @@ def test_cli_measurement_without_gpu_exits_2(config_dir, capsys, monkeypatch):
     assert err.strip().splitlines() == [f"{program_name()}: error: {NO_CUDA_MESSAGE}"]
     code = run_cli(profile_operators.main, ["--hardware_json", "x.json"])
     assert code == 2 and "no CUDA GPU visible" in capsys.readouterr().err
+
+
+def test_hardware_skeleton_is_written_outside_the_hardware_folder(tmp_path, monkeypatch, capsys):
+    """An unfinished skeleton in hardware/ would stop every command (each loads every file there): refused; written
+    elsewhere, a GPU the folder already describes is named before the write."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from pipeweave.profiler import device, measure
+
+    with pytest.raises(UserError, match="write the skeleton outside"):
+        measure.write_hardware_json(Path(DEFAULT_HARDWARE_DIR) / "My GPU.json", 0)
+    monkeypatch.setattr(device, "local_hardware_skeleton",
+                        lambda index: hardware_skeleton(_h100_like_props(name="NVIDIA H100"), today="2026-01-01"))
+    assert measure.write_hardware_json(tmp_path / "mine.json", 0) == 0
+    out = capsys.readouterr().out
+    assert "'NVIDIA H100' is already described by" in out and "then move it into" in out
+    assert json.loads((tmp_path / "mine.json").read_text())["TODO"]
 
 
 def test_cli_bad_flags(config_dir, capsys):

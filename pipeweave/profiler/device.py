@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from analytical_model.pipes import architecture_for
+
 NO_CUDA_MESSAGE = ("no CUDA GPU visible: profile_operators.py measures on the local GPU; "
                    "use --dry_run to see the grid")
 
@@ -153,16 +155,6 @@ _FMA_LANES = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 
 _XU_PER_SM = 16
 
 
-def architecture_for(major: int, minor: int) -> str | None:
-    if major == 8:
-        return "ada" if minor == 9 else "ampere"
-    if major == 9:
-        return "hopper"
-    if major in (10, 11, 12):
-        return "blackwell"
-    return None  # Volta/Turing and anything newer: not a class the analytical model knows
-
-
 def _kb(value) -> float | int | None:
     if not value:
         return None
@@ -242,9 +234,10 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
         out.ask("FmaFp32", "FP32 FMA lanes per SM")
     if sm_clock:
         out.set("smFreq", sm_clock, "maximum SM clock reported by the driver, in MHz; the shipped files use the "
-                                    "vendor's boost clock, which may differ")
+                                    "clock the vendor's dense tensor peak is quoted at (tcBf16 x numSms x smFreq = "
+                                    "that peak; H100: 1830, not its 1980 boost), which may be lower")
     else:
-        out.ask("smFreq", "SM clock in MHz (vendor boost clock)")
+        out.ask("smFreq", "SM clock in MHz at which the vendor quotes the dense tensor peak")
     arch = architecture_for(major, minor)
     if arch:
         out.set("architecture", arch)

@@ -160,18 +160,23 @@ def write_hardware_json(path: Path, device: int) -> int:
 
     if path.exists():
         raise UserError(f"--hardware_json: {path} already exists; move it away or choose another path")
+    if path.resolve().parent == Path(DEFAULT_HARDWARE_DIR).resolve():
+        raise UserError(f"--hardware_json: write the skeleton outside {DEFAULT_HARDWARE_DIR} (e.g. my_gpu.json) and "
+                        f"move it there once filled in: every command loads every file of that folder, and an "
+                        f"unfinished one stops them all")
     data = local_hardware_skeleton(device)
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
-    try:
+    try:  # before writing: the shipped folder alone, which loads
         registry = HardwareRegistry(DEFAULT_HARDWARE_DIR)
         if data["name"] in registry:
             print(f"note: {data['name']!r} is already described by "
                   f"{DEFAULT_HARDWARE_DIR / (registry.get(data['name']).stem + '.json')}")
-    except Exception:  # noqa: BLE001 - the note is a courtesy; a broken hardware/ folder must not fail the write
-        pass
+    except (OSError, ValueError) as exc:  # the note is a courtesy: a broken hardware/ folder must not stop the write
+        print(f"note: {DEFAULT_HARDWARE_DIR} does not load ({exc}), so the skeleton was not compared with it")
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
     print(f"wrote {path}: hardware JSON skeleton for {data['name']!r}.")
     print(f"  fill these fields from the vendor datasheet: {', '.join(data['TODO'])}")
     print(f"  check these derived values: {', '.join(data['CHECK'])}")
-    print("  until the TODO fields are numbers, analytical_model.hardware.parse_hardware rejects the file; "
-          "then delete the TODO and CHECK lists.")
+    print("  until the TODO fields are numbers and the TODO and CHECK lists are deleted, "
+          "analytical_model.hardware.parse_hardware rejects the file; then move it into "
+          f"{DEFAULT_HARDWARE_DIR}.")
     return 0
