@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from analytical_model.hardware import load_hardware
-from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.cli import ArgumentParser, UserError, nonnegative_int, run_cli
 from pipeweave.paths import REPO_ROOT
 from pipeweave.collective_training import MAX_MODEL_BYTES, format_table, train_collectives
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reference_forest", action="store_true",
                         help="train the artifact's exact RF ([size, num_workers] -> ms, 100 trees, depth 20, "
                              "min split 5, min leaf 2) for comparison; its files exceed 2 MB, do not commit them")
-    parser.add_argument("--seed", type=int, default=42, help="random_state of the forests (default 42)")
+    parser.add_argument("--seed", type=nonnegative_int, default=42, help="random_state of the forests (default 42)")
     parser.add_argument("--no_compare", action="store_true", help="skip the held-out errors of the other regressors")
     parser.add_argument("--n_jobs", type=int, default=1, help="cores for the forests (default 1)")
     args = parser.parse_args(argv)

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import sys
 
-from analytical_model.registry import OPERATORS
+from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, check_device, positive_int, run_cli, seed_list
 from pipeweave.ensemble import train_ensemble
-from pipeweave.modeling import add_training_arguments, dataset_paths, load_splits, timestamp_dir, train_and_evaluate, worst_cases, write_model_dir
+from pipeweave.modeling import (add_training_arguments, dataset_paths, load_splits, saved_note, timestamp_dir,
+                                train_and_evaluate, worst_cases, write_model_dir)
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_RUNS_DIR
 from pipeweave.training import RECIPES, TrainConfig
 
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="train_mlp.py", description="Train a per-operator efficiency MLP.")
-    parser.add_argument("--op", required=True, choices=sorted(OPERATORS),
+    parser.add_argument("--op", required=True, choices=operator_keys(trainable=True),
                         help="operator class to train (python3 -m analytical_model list describes each)")
     parser.add_argument("--recipe", choices=[r for r in RECIPES if r != "quantile"], default="pipeweave",
                         help="pipeweave (default): log-efficiency MLP_v2 with shape descriptors; reference: the "
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     for hw, metrics in evaluation["by_hardware"].items():
         print(f"  {hw}: mean {metrics['duration_mean_abs_pct_error']:.2f} %, median "
               f"{metrics['duration_median_abs_pct_error']:.2f} % (n={metrics['test_samples']})")
-    print(f"saved {out_dir}")
+    print(saved_note(out_dir, args.op))
     return 0
 
 

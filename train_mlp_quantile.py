@@ -16,9 +16,9 @@ import sys
 import numpy as np
 
 from analytical_model.registry import operator_keys
-from pipeweave.cli import ArgumentParser, UserError, check_device, positive_int, run_cli
+from pipeweave.cli import ArgumentParser, UserError, check_device, finite_float, positive_int, run_cli
 from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, kernel_reports,
-                                network_inputs, read_dataset, timestamp_dir, write_model_dir)
+                                network_inputs, read_dataset, saved_note, timestamp_dir, write_model_dir)
 from pipeweave.paths import DEFAULT_QUANTILE_DIR
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     parser.add_argument("--op", required=True, choices=QUANTILE_OPS, help="operator class to train")
     parser.add_argument("--quantile", type=float, default=0.8,
                         help="quantile of the efficiency the model predicts, between 0 and 1 (default 0.8)")
-    parser.add_argument("--threshold", type=float, default=0.0,
+    parser.add_argument("--threshold", type=finite_float, default=0.0,
                         help="perf_diff (measured minus bound) below this flags a kernel in the reports (default 0)")
     parser.add_argument("--topk", type=positive_int, help="rows per GPU in the reports (default: all)")
     add_training_arguments(parser, output_dir=DEFAULT_QUANTILE_DIR,
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     train = read_dataset(train_path)
     config = TrainConfig(recipe="quantile", quantile=args.quantile, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, seed=args.seed, device=args.device, threads=args.threads,
-                         progress=not args.no_progress)
+                         max_rows_per_gpu=args.max_rows_per_gpu or None, progress=not args.no_progress)
     fitted = cap_rows_per_gpu(train, args.max_rows_per_gpu or None, args.seed)
     model, history = fit(network_inputs(fitted, args.op, config), fitted["overall_perf"].to_numpy(), config)
     predicted = predict_efficiency(model, network_inputs(train, args.op, config))
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                         "files": files}})
     print(f"{args.op}: best training loss {history['best_train_loss']:.5f} at epoch {history['best_epoch']}; "
           f"{below:.1f} % of kernels below the predicted upper bound (target {args.quantile * 100:.0f} %)")
-    print(f"saved {out_dir}")
+    print(saved_note(out_dir, args.op))
     return 0
 
 

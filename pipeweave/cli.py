@@ -28,6 +28,11 @@ def positive_int(text: str) -> int:
     return _bounded_int(text, 1)
 
 
+def batch_size(text: str) -> int:
+    """argparse type: rows per optimiser step, at least 2 (BatchNorm needs two rows; one-row batches are skipped)."""
+    return _bounded_int(text, 2)
+
+
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     return _bounded_int(text, 0)
@@ -64,12 +69,24 @@ def _bounded_int(text: str, low: int) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (nan and inf are refused: they would compare false everywhere)."""
+    value = _number(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = _number(text)
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value

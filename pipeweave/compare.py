@@ -228,7 +228,7 @@ def _common_parser(prog: str, description: str) -> ArgumentParser:
     parser.add_argument("--pred_dir", default=str(DEFAULT_PRED_DIR),
                         help="folder of aggregator outputs <workload>_<GPU>.json (default: e2e/pipeweave_pred)")
     parser.add_argument("--real_dir", default=str(DEFAULT_REAL_DIR),
-                        help="measured runs: our summary CSV (e2e/real/measured_runs.csv) or a directory with the "
+                        help="folder of the measured runs: our summary measured_runs.csv (e2e/real) or the "
                              "artifact's e2e_*.jsonl / vllm_*.json files (default e2e/real)")
     parser.add_argument("--baselines_dir", default=None,
                         help="the artifact's *_comparison.csv (default: $PIPEWEAVE_SHARED_DATA/pipeweave/e2e/"
@@ -250,6 +250,9 @@ def check_outputs(args) -> None:
 
 def _inputs(args, kind: str):
     hardware_dir = Path(args.hardware_dir)
+    if not args.no_roofline and not Path(args.workload_dir).is_dir():  # the roofline columns would all be empty
+        raise UserError(f"--workload_dir {args.workload_dir}: not a directory (the roofline needs the workload JSONs; "
+                        f"--no_roofline skips it)")
     real = load_real(args.real_dir, hardware_dir)
     preds = load_predictions(args.pred_dir, hardware_dir)
     baselines_dir = Path(args.baselines_dir) if args.baselines_dir else artifact_baselines_dir()
@@ -269,7 +272,10 @@ def _real_source(real_dir: str) -> str:
 
 def main_static(argv: list[str] | None = None) -> int:
     parser = _common_parser("compare_pred_real.py", "Compare static-batch predictions with measured runs "
-                                                    "(median of the repetitions), roofline and artifact baselines.")
+                                                    "(median of the repetitions), roofline and artifact baselines. "
+                                                    "With --summarize_real instead: rebuild the measured-run summary "
+                                                    "e2e/real/measured_runs.csv (compare_pred_real.py "
+                                                    "--summarize_real --help).")
     parser.add_argument("--output", default=str(E2E_DIR / "pipeweave_comparison.csv"),
                         help="output CSV (default: e2e/pipeweave_comparison.csv)")
     parser.add_argument("--plot", default=str(E2E_DIR / "pipeweave_comparison.png"),
@@ -381,8 +387,12 @@ def main_pred_real(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"summarize-real": main_summarize, "static": main_static, "vllm": main_vllm}
+    usage = f"usage: python3 -m pipeweave.compare {{{','.join(commands)}}} [options] (each command has --help)"
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0
     if not argv or argv[0] not in commands:
-        raise UserError(f"usage: python3 -m pipeweave.compare {{{','.join(commands)}}} [options]")
+        raise UserError(usage)
     return commands[argv[0]](argv[1:])
 
 

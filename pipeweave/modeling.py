@@ -18,7 +18,7 @@ import torch
 from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave import edges, memory_model
-from pipeweave.cli import nonnegative_int, positive_float, positive_int
+from pipeweave.cli import batch_size, nonnegative_int, positive_float, positive_int
 from pipeweave.mlp import (LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, total_efficiency, transformed_names,
                            weights_path, work_efficiency)
 from pipeweave.paths import DATASET_DIR
@@ -57,6 +57,9 @@ def load_splits(
     missing = held - present
     if missing:
         raise ValueError(f"--holdout_hardware {sorted(missing)[0]!r} has no {op} rows; GPUs with data: {', '.join(sorted(present))}")
+    if held >= set(train["hardware"]):
+        raise ValueError(f"--holdout_hardware holds out every GPU with {op} training rows ({', '.join(sorted(held))}); "
+                         f"leave at least one to train on")
     both = pd.concat([train, test], ignore_index=True)
     return train[~train["hardware"].isin(held)].reset_index(drop=True), both[both["hardware"].isin(held)].reset_index(drop=True)
 
@@ -273,7 +276,34 @@ def worst_cases(test: pd.DataFrame, predicted: np.ndarray, top: int = 100) -> pd
 
 
 def timestamp_dir(root: Path, op: str) -> Path:
-    return Path(root) / op / datetime.now().strftime("%Y%m%d_%H%M%S")
+    """A new folder ``<root>/<op>/<timestamp>``, created here: a second run started in the same second gets a
+    ``_2`` (``_3``, ...) suffix instead of writing into the first one's folder."""
+    stem = Path(root) / op / datetime.now().strftime("%Y%m%d_%H%M%S")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = stem if attempt == 1 else stem.with_name(f"{stem.name}_{attempt}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{stem}: 999 model folders of this second already exist")
+
+
+def saved_note(out_dir: Path, op: str) -> str:
+    """The line a training script ends with: where the model went and, when it is now the newest exported model of
+    its folder, that every prediction from that folder uses it (the shipped one is replaced without another step)."""
+    from pipeweave.mlp import latest_model_dir
+
+    root = out_dir.parent.parent
+    try:
+        newest = latest_model_dir(root, op) == out_dir
+    except FileNotFoundError:
+        newest = False
+    if not newest:
+        return f"saved {out_dir}"
+    return (f"saved {out_dir}: the newest {op} model under {root}, so every prediction reading that folder now uses "
+            f"it (delete the folder to go back, or train into another --output_dir)")
 
 
 def add_training_arguments(parser, *, output_dir: Path | None, output_help: str, epochs_default: int | None,
@@ -281,7 +311,8 @@ def add_training_arguments(parser, *, output_dir: Path | None, output_help: str,
     """The flags train_mlp.py and train_mlp_quantile.py share (defined once, so they stay the same); counts must be
     at least 1 (0 epochs, threads or rows per batch is an error, not a crash)."""
     parser.add_argument("--epochs", type=positive_int, default=epochs_default, help=epochs_help)
-    parser.add_argument("--batch_size", type=positive_int, default=1024, help="rows per optimiser step (default 1024)")
+    parser.add_argument("--batch_size", type=batch_size, default=1024,
+                        help="rows per optimiser step, at least 2 (BatchNorm needs two; default 1024)")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 0.001)")
     parser.add_argument("--seed", type=nonnegative_int, default=42,
                         help="seed of the row sample, split and initialisation (default 42)")

@@ -170,7 +170,26 @@ def test_holdout_models_go_to_runs_unless_promoted(flags, root, monkeypatch):
                                          (train_mlp_quantile, "--threads"), (train_mlp_quantile, "--batch_size")])
 def test_training_counts_of_zero_are_errors(script, flag, capsys):
     code, _, err = cli(script.main, "--op", "gemm", flag, "0", capsys=capsys)
-    assert_one_error_line(code, err, f"argument {flag}: must be at least 1, got 0")
+    least = 2 if flag == "--batch_size" else 1  # a one-row batch is skipped (BatchNorm): nothing would be trained
+    assert_one_error_line(code, err, f"argument {flag}: must be at least {least}, got 0")
+    if least == 2:
+        code, _, err = cli(script.main, "--op", "gemm", flag, "1", capsys=capsys)
+        assert_one_error_line(code, err, f"argument {flag}: must be at least 2, got 1")
+
+
+def test_training_flags_without_meaning_are_errors(capsys):
+    code, _, err = cli(train_mlp_quantile.main, "--op", "gemm", "--threshold", "nan", capsys=capsys)
+    assert_one_error_line(code, err, "argument --threshold: must be a finite number, got nan")
+    code, _, err = cli(train_mlp.main, "--op", "quantize", capsys=capsys)  # predicted by RMSNorm's model
+    assert_one_error_line(code, err, "argument --op: invalid choice: 'quantize'")
+
+
+@pytest.mark.data
+def test_holding_out_every_gpu_is_an_error(shared_data, tmp_path, capsys):
+    flags = [arg for gpu in ("A100", "A40", "H100") for arg in ("--holdout_hardware", gpu)]
+    code, _, err = cli(train_mlp.main, "--op", "rmsnorm", *flags, "--output_dir", tmp_path, capsys=capsys)
+    assert_one_error_line(code, err, "holds out every GPU with rmsnorm training rows")
+    assert not list(tmp_path.iterdir())
 
 
 def prediction_dir(tmp_path: Path, total) -> Path:

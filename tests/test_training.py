@@ -393,3 +393,22 @@ def test_mkl_left_to_choose_trains_different_models_on_avx2_and_avx512(repo_root
 def test_training_records_its_float_path_and_keeps_the_users(repo_root):
     assert train_on_float_path(repo_root)[0] == "COMPATIBLE"
     assert train_on_float_path(repo_root, MKL_CBWR="AUTO")[0] == "AUTO"
+
+
+def test_two_runs_in_one_second_get_their_own_folders(tmp_path, monkeypatch):
+    """Model folders are named to the second: a second run started in the same second used to write into the
+    first one's folder."""
+    import datetime as real
+
+    from pipeweave import modeling
+
+    class Frozen(real.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 12, 4, 11, 37, 41)
+
+    monkeypatch.setattr(modeling, "datetime", Frozen)
+    first, second = modeling.timestamp_dir(tmp_path, "gemm"), modeling.timestamp_dir(tmp_path, "gemm")
+    assert (first.name, second.name) == ("20261204_113741", "20261204_113741_2")
+    assert first.is_dir() and second.is_dir()
+    assert modeling.saved_note(second, "gemm") == f"saved {second}"  # nothing exported there: not the newest model
