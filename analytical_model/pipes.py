@@ -63,8 +63,9 @@ def architecture_for(major: int, minor: int) -> str | None:
 
 # GPU-to-GPU interconnect of a hardware JSON's ``linkType``: NVLink generation (through NVSwitch on SXM boards) or
 # PCIe generation; the collective fallback (pipeweave.collectives) reads the family and the generation.
-LINK_TYPES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie3", "pcie4", "pcie5", "pcie6")
-MEMORY_TYPES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7")
+LINK_TYPES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "nvlink6", "pcie3", "pcie4", "pcie5", "pcie6")
+#: recorded only (the zero-shot experiments of pipeweave.transfer_ideas); the list catches typos, not new parts
+MEMORY_TYPES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "HBM4", "GDDR6", "GDDR6X", "GDDR7", "LPDDR5X")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analytical_model.pipes import architecture_for
+from analytical_model.pipes import MEMORY_TYPES, architecture_for
 
 NO_CUDA_MESSAGE = ("no CUDA GPU visible: profile_operators.py measures on the local GPU; "
                    "use --dry_run to see the grid")
@@ -244,7 +244,7 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
     else:
         out.ask("architecture", f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
                                 "is none of them; pick the closest)")
-    out.ask("memoryType", "DRAM type, one of HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, GDDR7 (datasheet)")
+    out.ask("memoryType", f"DRAM type, one of {', '.join(MEMORY_TYPES)} (datasheet)")
     out.ask("linkType", "GPU-to-GPU interconnect: nvlink3/4/5 on SXM boards with NVSwitch, else pcie4/5")
     out.ask("linkGbps", "per-GPU, per-direction interconnect bandwidth in GB/s (half the bidirectional "
                         "datasheet figure: H100 SXM 450, PCIe Gen4 x16 32)")
