@@ -351,6 +351,9 @@ class Engine:
             result = build_result(job, single, best, extrapolated, (low, high))
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
+            if j in coll_ms and coll_ms[j][1]:  # recorded in the output, not only in the console's WARNING
+                result["extrapolation"]["analytical_collectives"] = {
+                    "kinds": list(coll_ms[j][1]), "link_of": collective_of[id(job)].hardware}
             recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
             record = recorder(job.hardware) if recorder is not None else None
             if record:

@@ -303,6 +303,12 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
     assert "ANALYTICAL" in prediction.collective_source
     assert prediction.result["iterations"][0]["operator_durations"]["communication"]["all_reduce"][
         "single_duration_ms"] > 0
+    # the output says so too, and only where it happened (a TP1 job beside it has no collectives)
+    assert prediction.result["extrapolation"]["analytical_collectives"] == {"kinds": ["all_reduce"], "link_of": "L20"}
+    both = agg.predict([Job(load_workload(small(TP1, tmp_path, 2)), agg.gpu("L20")),
+                        Job(load_workload(path), agg.gpu("L20"))])
+    assert "analytical_collectives" not in both[0].result["extrapolation"]
+    assert "analytical_collectives" in both[1].result["extrapolation"]
 
 
 def test_quantile_models_give_optimistic_summary(models, tmp_path):
