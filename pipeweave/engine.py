@@ -185,12 +185,17 @@ class Engine:
 
     def load_models(self, ops: Iterable[str]) -> None:
         """Load every needed model now, so that a missing one fails before any work (names file + command)."""
+        from pipeweave.intervals import other_model_warning
+
         for op in ops:
             if op in self._loaded:
                 continue
             _, metadata, directory = load_model_checked(self.predictor, op)
             self._loaded.add(op)
             self.log(f"Loaded {op} model: {directory} ({metadata['model_info'].get('architecture', 'MLP')})")
+            warning = other_model_warning(op, directory)
+            if warning:
+                self.log(warning)
             if self.quantile_predictor is not None and op not in self.quantile_ops:
                 try:
                     _, _, qdir = load_model_checked(self.quantile_predictor, op, "train_mlp_quantile.py")

@@ -238,6 +238,12 @@ def render(entries: dict, covered: dict) -> str:
     return "\n".join(lines)
 
 
+def measured_models(predictor: KernelPredictor, ops) -> dict[str, str]:
+    """{op: folder name of the shipped model whose errors the table measures} (pipeweave.intervals warns when another
+    model predicts)."""
+    return {op: Path(predictor.model(op)[2]).name for op in ops}
+
+
 def write_trained(args, predictor: KernelPredictor) -> None:
     """Rewrite the ``trained`` entries of ``args.table`` (and their coverage) for ``args.ops`` from the shipped
     models, with ``args.with_unseen`` also their unseen states from the leave-one-GPU-out cache, keep every other
@@ -263,6 +269,7 @@ def write_trained(args, predictor: KernelPredictor) -> None:
             if covered[name]:
                 print(f"{op} {name}: coverage {np.mean([c['coverage'] for c in covered[name].values()]) * 100:.0f} "
                       f"% over {len(covered[name])} GPUs")
+    table["models"] = {**table.get("models", {}), **measured_models(predictor, args.ops)}
     stored = {op: {name: {gpu: {"coverage": value} for gpu, value in cells.items()}
                    for name, cells in states.items()} for op, states in table["coverage"].items()}
     write_atomically(args.table, lambda tmp: tmp.write_text(json.dumps(table, indent=2) + "\n"))
@@ -330,7 +337,7 @@ def main(argv=None) -> int:
     if not args.write:
         print(text)
         return 0
-    table = {"format": FORMAT, "levels": list(LEVELS), "operators": entries,
+    table = {"format": FORMAT, "levels": list(LEVELS), "models": measured_models(predictor, OPS), "operators": entries,
              "coverage": {op: {name: {gpu: round(c["coverage"], 4) for gpu, c in cells.items()}
                                for name, cells in states.items()} for op, states in covered.items()}}
     write_atomically(args.table, lambda tmp: tmp.write_text(json.dumps(table, indent=2) + "\n"))

@@ -69,6 +69,7 @@ class IntervalTable:
                              f"expected {FORMAT!r}); rewrite it with: python3 -m pipeweave.interval_eval --write")
         self.path = Path(path)
         self.levels = tuple(table["levels"])
+        self.models = dict(table.get("models", {}))  # model op -> folder name of the model the table measured
         self._quantiles, self._calibrated = {}, {}
         for op, states in table["operators"].items():
             missing = [state for state in (*STATES, "calibrated") if state not in states]
@@ -116,6 +117,18 @@ class IntervalTable:
         if shots is not None:
             chosen = np.where((states != TRAINED)[:, None], np.array(self._calibrated[model_op][shots]), chosen)
         return np.exp(chosen[:, 0]), np.exp(chosen[:, 1])
+
+
+def other_model_warning(op: str, model_dir) -> str | None:
+    """A WARNING line when ``op`` is predicted by another model than the one the shipped interval table was measured
+    for (a model trained by the user): its intervals describe that model's errors, not this one's. None otherwise."""
+    model_op = get_operator(op).model_op
+    measured = shipped_table().models.get(model_op)
+    if measured is None or Path(model_dir).name == measured:
+        return None
+    return (f"WARNING: the 80 % intervals of the {model_op} model were measured for {measured} "
+            f"({shipped_table().path.name}); this prediction uses {Path(model_dir).name}, so low/high describe the "
+            f"errors of the other model, not of this one (python3 -m pipeweave.interval_eval measures them anew)")
 
 
 def calibrated_kernels(calibration, op: str, stem: str) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
-from pipeweave.intervals import row_factors
+from pipeweave.intervals import other_model_warning, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     check_output_path(args.output)
     header, rows = read_shapes(args.input)
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
-    load_model_checked(predictor, args.op)
+    directory = load_model_checked(predictor, args.op)[2]
+    warning = other_model_warning(args.op, directory)
+    if warning:
+        print(warning)
     calibration, calibrated = None, None
     if args.calibration:
         from pipeweave.calibration import load_calibration

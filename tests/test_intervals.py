@@ -294,3 +294,20 @@ def test_api_interval_is_the_predict_kernels_columns(tmp_path):
     assert us == pytest.approx(frame["predicted_us"].to_numpy(), rel=1e-12)
     assert low == pytest.approx(frame["low_us"].to_numpy(), rel=1e-12)
     assert high == pytest.approx(frame["high_us"].to_numpy(), rel=1e-12)
+
+
+def test_the_interval_table_is_of_the_shipped_models_and_warns_for_another():
+    """The intervals are held-out errors of particular models: the table names them, they are the shipped ones,
+    and a prediction by another model (one the user trained) says that the intervals are not its own."""
+    from pathlib import Path
+
+    from pipeweave.intervals import other_model_warning, shipped_table
+    from pipeweave.predictor import KernelPredictor
+
+    predictor = KernelPredictor()
+    for op in ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe"):
+        directory = predictor.model(op)[2]
+        assert shipped_table().models[op] == Path(directory).name, op
+        assert other_model_warning(op, directory) is None
+    warning = other_model_warning("quantize", "mlp_models/rmsnorm/20991231_000000")  # predicted by RMSNorm's model
+    assert warning.startswith("WARNING: the 80 % intervals of the rmsnorm model were measured for 20261129_202402")
