@@ -145,8 +145,15 @@ def write_ranges(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dic
     train_path = dataset_paths(op, dataset_dir)[0]
     train = read_dataset(train_path)
     train = train[train["hardware"].isin(metadata["data_info"]["train_hardware_distribution"])]
-    if len(train) != metadata["data_info"]["train_samples"] or feature_ranges(train, names) != metadata[
-            "feature_ranges"]:
+    recorded = metadata["data_info"].get("digest", {}).get("train_path")  # models trained since 2026-12-04
+    if recorded is not None:
+        from pipeweave.calibration import file_digest
+
+        same = file_digest(train_path) == recorded
+    else:
+        same = len(train) == metadata["data_info"]["train_samples"] and feature_ranges(train, names) == metadata[
+            "feature_ranges"]
+    if not same:
         raise ValueError(f"{train_path} is not the training split {model_dir} was trained on (its row count or "
                          f"input ranges differ); rebuild the dataset (python3 -m dataset.build) or retrain")
     metadata[METADATA_KEY] = ranges_entry(names, train[names].to_numpy(np.float64))

@@ -18,6 +18,7 @@ import torch
 from analytical_model.registry import get_operator
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave import edges, memory_model
+from pipeweave.calibration import file_digest
 from pipeweave.cli import batch_size, nonnegative_int, positive_float, positive_int
 from pipeweave.mlp import (LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, total_efficiency, transformed_names,
                            weights_path, work_efficiency)
@@ -238,6 +239,9 @@ def write_model_dir(
             "train_samples": int(len(train)),
             **({"test_samples": int(len(test))} if test is not None else {}),
             **paths,
+            # which data, exactly: a path says where it was, not what it held (blake2b, as calibrations record)
+            "digest": {key: file_digest(value) for key, value in paths.items()
+                       if key.endswith("_path") and value and Path(value).is_file()},
             "train_hardware_distribution": hardware_distribution(train),
             **({"test_hardware_distribution": hardware_distribution(test)} if test is not None and len(test) else {}),
             "train_sources": sorted(pd.unique(train["source"]).tolist()) if "source" in train else [],

@@ -199,6 +199,10 @@ def test_train_mlp_cli_writes_model_dir_and_predictor_loads_it(gemm_dataset, tmp
     assert meta["model_info"]["architecture"] == "MLP_v2" and meta["evaluation_results"]["by_hardware"]
     machine = meta["training"]["machine"]  # which processor trained it: tables say whose models they score
     assert machine["cpu"] and machine["torch"] == torch.__version__ and machine["cpu_capability"]
+    from pipeweave.calibration import file_digest
+
+    assert meta["data_info"]["digest"] == {"train_path": file_digest(root / "gemm_train.csv"),  # which data, exactly
+                                           "test_path": file_digest(root / "gemm_test.csv")}
     ranges = meta["network_input_ranges"]  # the pipe-share model's edges (pipeweave.edges), from its training rows
     assert ranges["log(busiest_cycles)"][0] < ranges["log(busiest_cycles)"][1]
     assert all(high < 1e-5 for name, (_, high) in ranges.items() if name.startswith("share("))  # log(1 + 1e-6)
