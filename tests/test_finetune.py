@@ -40,7 +40,7 @@ def hardware_dir(tmp_path_factory) -> Path:
     for path in (REPO / "hardware").glob("*.json"):
         shutil.copy(path, directory / path.name)
     spec = json.loads((REPO / "hardware" / "L40.json").read_text())
-    spec.update(name="Test L40 at SM 12.1", aliases=[], computeMajor=12, computeMinor=1)
+    spec.update(name="Test L40 at SM 12.1", aliases=[], computeMajor=12, computeMinor=1, architecture="blackwell")
     (directory / f"{GPU}.json").write_text(json.dumps(spec))
     return directory
 
