@@ -155,6 +155,15 @@ class Equations:
             offset += len(part.measured)
         return out
 
+    def subset(self, keep: np.ndarray) -> "Equations":
+        """The equations where the boolean mask ``keep`` (one entry per equation) is true, renumbered."""
+        keep = np.asarray(keep, dtype=bool)
+        terms = keep[self.eq]
+        renumber = np.cumsum(keep) - 1
+        return Equations(renumber[self.eq[terms]], self.base[terms], self.x[terms], self.measured[keep],
+                         self.sigma[keep], [label for label, kept in zip(self.labels, keep) if kept]
+                         if self.labels else [])
+
     def predict(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(predicted quantities, their Jacobian d log(prediction) / dθ)."""
         n = len(self.measured)
@@ -203,6 +212,37 @@ def fit_map(equations: Equations, prior: Prior, max_iter: int = 50) -> tuple[np.
     return theta, np.sqrt(np.diag(np.linalg.inv(hessian)))
 
 
+#: folds of the cross-validation that measures how far a calibration's own kernels scatter around it
+SPREAD_FOLDS = 4
+#: fewest measured kernels of an operator for their spread to widen its interval (the smallest evaluated k)
+MIN_SPREAD_KERNELS = 8
+
+
+def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.ndarray,
+                                  folds: int = SPREAD_FOLDS) -> np.ndarray:
+    """log(measured / calibrated) of the equations ``rows`` (indices), each from the fit on every other equation but
+    its fold's (folds by position in ``rows``): how far a kernel the calibration did not see lies from it."""
+    rows = np.asarray(rows)
+    out = np.empty(len(rows))
+    fold = np.arange(len(rows)) % folds
+    for f in range(min(folds, len(rows))):
+        held = np.zeros(len(equations.measured), dtype=bool)
+        held[rows[fold == f]] = True
+        theta = fit_map(equations.subset(~held), prior)[0]
+        predicted = equations.subset(held).predict(theta)[0]
+        out[fold == f] = np.log(equations.measured[held] / predicted)
+    return out
+
+
+def spread_entry(residuals: np.ndarray) -> dict:
+    """The calibration file's record of one operator's cross-validated residuals: their count and the quantiles of
+    the interval levels (pipeweave.intervals.LEVELS: 10th and 90th percentiles)."""
+    from pipeweave.intervals import LEVELS
+
+    low, high = np.quantile(residuals, LEVELS)
+    return {"kernels": int(len(residuals)), "folds": SPREAD_FOLDS, "log_low": float(low), "log_high": float(high)}
+
+
 # ------------------------------------------------------------------------------------------------
 # the calibration file
 
@@ -222,6 +262,9 @@ class Calibration:
     path: Path | None = None
     #: {op: {"weights": base64 weight file, ...how it was fitted}}: models fine-tuned on this GPU's kernels
     fine_tuned: dict = field(default_factory=dict)
+    #: {model op: spread_entry}: the cross-validated scatter of its measured kernels around the calibration, which
+    #: widens their measured interval where it exceeds it (pipeweave.intervals)
+    spread: dict = field(default_factory=dict)
     _models: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -300,7 +343,8 @@ class Calibration:
                 "parameters": {p: {"log_factor": float(t), "factor": float(np.exp(t)), "posterior_std": float(s)}
                                for p, t, s in zip(PARAMS, self.theta, self.std)},
                 "standardisation": self.standardisation, "fitted_from": self.fitted_from,
-                "base_models": self.base_models, "prior": self.prior, "fine_tuned": self.fine_tuned}
+                "base_models": self.base_models, "prior": self.prior, "fine_tuned": self.fine_tuned,
+                "spread": self.spread}
 
     def save(self, path: str | Path) -> None:
         from pipeweave.cli import write_atomically
@@ -309,11 +353,11 @@ class Calibration:
         write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
-def parameter_value(path: Path, name: str, entry, key: str) -> float:
-    """parameters.<name>.<key> of a calibration file as a finite float; anything else names the field."""
+def parameter_value(path: Path, where: str, entry, key: str) -> float:
+    """<where>.<key> of a calibration file as a finite float; anything else names the field."""
     value = entry.get(key) if isinstance(entry, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-        raise ValueError(f"{path}: parameters.{name}.{key} must be a finite number, got {value!r}; "
+        raise ValueError(f"{path}: {where}.{key} must be a finite number, got {value!r}; "
                          f"refit the file with calibrate.py")
     return float(value)
 
@@ -330,6 +374,16 @@ def check_standardisation(path: Path, standardisation: dict) -> None:
                 raise ValueError(f"{path}: standardisation.{cls}.{key} must be {size} finite"
                                  f"{' positive' if key == 'scale' else ''} numbers, got {values!r}; refit the file "
                                  f"with calibrate.py")
+
+
+def checked_spread(path: Path, spread) -> dict:
+    """The ``spread`` record of a calibration file (absent in files written before 2026-12-04: no widening)."""
+    if not isinstance(spread, dict):
+        raise ValueError(f"{path}: spread must be an object; refit the file with calibrate.py")
+    for op, entry in spread.items():
+        for key in ("log_low", "log_high"):
+            parameter_value(path, f"spread.{op}", entry, key)  # finite numbers, or the error names the field
+    return spread
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -366,7 +420,8 @@ def load_calibration(path: str | Path) -> Calibration:
         missing.append("the weights of its fine_tuned models")
     if missing:
         raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
-    theta, std = (np.array([parameter_value(path, p, parameters[p], key) if p in expected else 0.0 for p in PARAMS])
+    theta, std = (np.array([parameter_value(path, f"parameters.{p}", parameters[p], key) if p in expected else 0.0
+                            for p in PARAMS])
                   for key in ("log_factor", "posterior_std"))
     if standardisation is not None:
         check_standardisation(path, standardisation)
@@ -374,7 +429,7 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ValueError(f"{path}: fitted_from must be an object (as calibrate.py writes it)")
     calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
                               data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
-                              standardisation, path, fine_tuned)
+                              standardisation, path, fine_tuned, checked_spread(path, data.get("spread", {})))
     try:
         calibration.fine_tuned_models()
     except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:

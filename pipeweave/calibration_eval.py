@@ -30,7 +30,8 @@ from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
 from pipeweave.accuracy import logo_as_predicted, logo_flag_codes, other_gpus_band
 from pipeweave.bounds import clip_efficiency, frame_l2_cycles
-from pipeweave.calibration import DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, fit_map
+from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, cross_validated_log_residuals,
+                                   fit_map, spread_entry)
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import ArgumentParser, UserError, positive_int, run_cli, write_atomically, write_marked_section
@@ -207,12 +208,26 @@ def fallback_variances(cls: str, corrections: list) -> np.ndarray:
     return np.array(out)
 
 
-def fitted_corrections(held: HeldOut, x: np.ndarray, prior: Prior, rows: np.ndarray) -> np.ndarray:
-    """θ of the calibration ``calibrate.py --kernels`` fits on the kernels ``rows`` of ``held`` (design rows ``x``),
-    without fine-tuning: one equation per kernel, log(measured) = log(predicted) + x θ."""
+def drawn_equations(held: HeldOut, x: np.ndarray, prior: Prior, rows: np.ndarray) -> Equations:
+    """The equations ``calibrate.py --kernels`` fits on the kernels ``rows`` of ``held`` (design rows ``x``): one per
+    kernel, log(measured) = log(predicted) + x θ."""
     sigma = np.array([prior.sigma_kernel[c] for c in held.classes[rows]])
-    return fit_map(Equations(np.arange(len(rows)), np.ones(len(rows)), x[rows], np.exp(held.y[rows]), sigma),
-                   prior)[0]
+    return Equations(np.arange(len(rows)), np.ones(len(rows)), x[rows], np.exp(held.y[rows]), sigma)
+
+
+def fitted_corrections(held: HeldOut, x: np.ndarray, prior: Prior, rows: np.ndarray) -> np.ndarray:
+    """θ of the calibration ``calibrate.py --kernels`` fits on the kernels ``rows`` of ``held``, without
+    fine-tuning."""
+    return fit_map(drawn_equations(held, x, prior, rows), prior)[0]
+
+
+def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float]:
+    """(log low, log high) of the spread ``calibrate.py`` records for the k kernels :func:`kshot_log_errors` draws
+    with ``seed`` (pipeweave.calibration.cross_validated_log_residuals)."""
+    drawn = np.random.default_rng(seed).choice(len(held.y), size=k, replace=False)
+    entry = spread_entry(cross_validated_log_residuals(drawn_equations(held, x, prior, drawn), prior,
+                                                       np.arange(k)))
+    return entry["log_low"], entry["log_high"]
 
 
 def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[np.ndarray, bool]:

@@ -23,7 +23,8 @@ import pandas as pd
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
-from pipeweave.calibration import DEFAULT_PRIOR_PATH, Calibration, Equations, Prior, file_digest, fit_map, load_prior
+from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
+                                   cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
 from pipeweave.cli import ArgumentParser, UserError, check_output_path
@@ -443,9 +444,11 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [w.stem for w, _ in runs]}
     kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
+    part_models = []  # the model of each part's kernels (None: end-to-end runs, collectives)
     for path, (op, frame) in zip(kernels, kernel_frames):
         try:
             parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name))
+            part_models.append(None if op == "all_reduce" else get_operator(op).model_op)
         except ValueError as exc:  # a shape the operator cannot take (the predictor's own checks)
             raise UserError(f"--kernels {path}: {exc}") from None
         fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
@@ -463,12 +466,26 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     base_models = {}
     for op in sorted(aggregator.predictor._models):
         base_models[op] = str(aggregator.predictor._models[op][2])
+    models = np.concatenate([np.full(len(part.measured), model, dtype=object)
+                             for part, model in zip(parts, part_models + [None] * len(runs))])
     calibration = Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.summary(),
-                              prior.standardisation)
+                              prior.standardisation, spread=kernel_spread(equations, prior, models))
     if fine_tune:  # what the corrections leave unexplained, where the shipped model extrapolates
         calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry, calibration,
                                                   log)
     return calibration
+
+
+def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray) -> dict:
+    """{model op: spread entry} of every model with at least MIN_SPREAD_KERNELS measured kernels: how far its
+    kernels lie from the calibration fitted without them (cross-validated; corrections only, so a fine-tuned
+    model's spread is overstated, not understated)."""
+    out = {}
+    for model in sorted({m for m in models if m is not None}):
+        rows = np.flatnonzero(models == model)
+        if len(rows) >= MIN_SPREAD_KERNELS:
+            out[model] = spread_entry(cross_validated_log_residuals(equations, prior, rows))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,8 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.calibration_eval import (DRAWS, SEED, SHOTS, HeldOut, held_out_and_priors, held_out_rows,
-                                        kshot_log_errors)
+from pipeweave.calibration_eval import (DRAWS, SEED, SHOTS, HeldOut, drawn_spread, held_out_and_priors,
+                                        held_out_rows, kshot_log_errors)
 from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
 from pipeweave.intervals import DEFAULT_PATH, FORMAT, LEVELS, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
 from pipeweave.finetune import FINE_TUNABLE
@@ -48,6 +48,8 @@ PREDICTIVE_SEED = 0
 PREDICTIVE_DRAWS = 400_000
 #: calibrations evaluated (kernels of the GPU drawn): the k-shot evaluation's
 CALIBRATED_SHOTS = tuple(k for k in SHOTS if k > 0)
+#: suffix of a calibrated state's coverage by the table's interval alone, without the calibration's own spread
+WITHOUT_SPREAD = "_without_spread"
 
 
 def trained_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict[str, np.ndarray]:
@@ -139,18 +141,19 @@ def coverage(ratios: dict[int, dict[str, np.ndarray]]) -> dict[str, dict[str, di
     return out
 
 
-def calibrated_ratios(rows: list[HeldOut], priors: dict, ops) -> dict[str, dict[int, dict[str, np.ndarray]]]:
-    """{op: {k: {held-out GPU: log ratios of its kernels not drawn}}} after calibrating its leave-one-GPU-out
-    prediction on k drawn kernels, exactly the k-shot evaluation of :mod:`pipeweave.calibration_eval` (its
-    ``rows`` and per-GPU ``priors`` estimated without the GPU, draws, seeds and fine-tuning rule), all draws
-    together."""
-    out: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+def calibrated_ratios(rows: list[HeldOut], priors: dict, ops) -> dict[str, dict[int, dict[str, list]]]:
+    """{op: {k: {held-out GPU: [(log ratios of its kernels not drawn, the spread the calibration records) per
+    draw]}}} after calibrating its leave-one-GPU-out prediction on k drawn kernels, exactly the k-shot evaluation
+    of :mod:`pipeweave.calibration_eval` (its ``rows`` and per-GPU ``priors`` estimated without the GPU, draws,
+    seeds and fine-tuning rule)."""
+    out: dict[str, dict[int, dict[str, list]]] = {}
     for held in (held for held in rows if held.op in ops):
         x = held.design(priors[held.gpu].standardisation)
         for k in CALIBRATED_SHOTS:
             if k < len(held.y):
-                parts = [-kshot_log_errors(held, x, priors[held.gpu], k, SEED + d)[0] for d in range(DRAWS)]
-                out.setdefault(held.op, {}).setdefault(k, {})[held.gpu] = np.concatenate(parts)
+                draws = [(-kshot_log_errors(held, x, priors[held.gpu], k, SEED + d)[0],
+                          drawn_spread(held, x, priors[held.gpu], k, SEED + d)) for d in range(DRAWS)]
+                out.setdefault(held.op, {}).setdefault(k, {})[held.gpu] = draws
         print(f"  calibrated {held.op} / {held.gpu}", flush=True)
     return out
 
@@ -162,15 +165,26 @@ def interval_entry(by_gpu: dict[str, np.ndarray]) -> dict:
             "rows": int(sum(len(v) for v in by_gpu.values()))}
 
 
-def calibrated_entry(by_shots: dict[int, dict[str, np.ndarray]]) -> tuple[dict, dict]:
-    """(the JSON entry ``calibrated`` of one operator: per k its percentiles over all GPUs, {k: {GPU: coverage
-    cell}} with each GPU scored against the others' interval)."""
+def calibrated_entry(by_shots: dict[int, dict[str, list]]) -> tuple[dict, dict]:
+    """(the JSON entry ``calibrated`` of one operator: per k its percentiles over all GPUs' draws, {k: {GPU:
+    coverage cell}} with each GPU's draws scored against the others' interval, each widened to that draw's own
+    spread as the predictor widens it: ``pooled_coverage`` is the share inside the others' interval alone)."""
     entry, covered = {}, {}
     for k, by_gpu in sorted(by_shots.items()):
-        entry[str(k)] = interval_entry(by_gpu)
-        covered[str(k)] = {gpu: coverage_cell(values, {g: v for g, v in by_gpu.items() if g != gpu})
-                           for gpu, values in by_gpu.items() if len(by_gpu) > 1}
+        ratios = {gpu: np.concatenate([values for values, _ in draws]) for gpu, draws in by_gpu.items()}
+        entry[str(k)] = interval_entry(ratios)
+        covered[str(k)] = {gpu: spread_coverage_cell(draws, {g: v for g, v in ratios.items() if g != gpu})
+                           for gpu, draws in by_gpu.items() if len(by_gpu) > 1}
     return entry, covered
+
+
+def spread_coverage_cell(draws: list, others: dict[str, np.ndarray]) -> dict:
+    """One GPU's calibrated draws against the interval estimated from ``others``, each draw's widened to its own
+    spread (pipeweave.intervals.IntervalTable.factors), kernels weighing equally."""
+    cell = coverage_cell(np.concatenate([values for values, _ in draws]), others)
+    inside = [((values >= min(cell["low"], low)) & (values <= max(cell["high"], high)))
+              for values, (low, high) in draws]
+    return {**cell, "pooled_coverage": cell["coverage"], "coverage": float(np.mean(np.concatenate(inside)))}
 
 
 def operator_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path, rows: list[HeldOut]
@@ -215,7 +229,10 @@ def render(entries: dict, covered: dict) -> str:
         "`calibrated, k = …`: a GPU outside training calibrated on k of its kernels (`calibrate.py --kernels`),",
         "from the errors on its other kernels in the k-shot evaluation above (same priors without the GPU, draws",
         "and fine-tuning rule), every GPU with data of the operator pooled; a calibration with at least k kernels",
-        "of an operator takes the interval of the largest such k.",
+        "of an operator takes the interval of the largest such k, widened where its own kernels scatter more: the",
+        "10th and 90th percentiles of their errors, each predicted by the calibration fitted without its fold (four",
+        "folds, corrections only), bound it from outside (the `spread` of the calibration file). Its coverage counts",
+        "that widening, each draw with its own spread; in brackets, the same by the table's interval alone.",
         "",
         "| operator | state | GPUs | rows | interval (× prediction) | coverage, mean over GPUs | lowest (GPU) |",
         "|---|---|---|---|---|---|---|",
@@ -226,11 +243,16 @@ def render(entries: dict, covered: dict) -> str:
                  for k, cell in entry.get("calibrated", {}).items()]
         for name, cell, cells in rows:
             taken = f" (with {' and '.join(cell['from'][1:])})" if "from" in cell else ""
+            alone = covered[op].get(f"{name.replace(', k = ', '_')}{WITHOUT_SPREAD}", {})
             if cells:
                 worst = min(cells, key=lambda gpu: cells[gpu]["coverage"])
                 mean = (f"{np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "
                         f"({len(cells)} GPU{'s' if len(cells) != 1 else ''})")
                 lowest = f"{cells[worst]['coverage'] * 100:.0f} % ({worst.replace('NVIDIA ', '')})"
+                if alone:
+                    worst_alone = min(alone, key=lambda gpu: alone[gpu]["coverage"])
+                    mean += f" [{np.mean([c['coverage'] for c in alone.values()]) * 100:.0f} %]"
+                    lowest += f" [{alone[worst_alone]['coverage'] * 100:.0f} % ({worst_alone.replace('NVIDIA ', '')})]"
             else:
                 mean, lowest = "—", "—"
             lines.append(f"| {op} | {name}{taken} | {len(cell['gpus'])} | {cell['rows']:,} | "
@@ -329,6 +351,9 @@ def main(argv=None) -> int:
         if op in calibrated:
             entries[op]["calibrated"], by_shots = calibrated_entry(calibrated[op])
             covered[op].update({f"calibrated_{k}": cells for k, cells in by_shots.items()})
+            covered[op].update({f"calibrated_{k}{WITHOUT_SPREAD}": {gpu: {"coverage": c["pooled_coverage"]}
+                                                                     for gpu, c in cells.items()}
+                                for k, cells in by_shots.items()})
         for name, cells in covered[op].items():
             if cells:
                 print(f"{op} {name}: coverage {np.mean([c['coverage'] for c in cells.values()]) * 100:.0f} % "

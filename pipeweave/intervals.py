@@ -25,7 +25,10 @@ Collectives enter at their point value: no held-out evaluation of their errors e
 A fourth state, ``calibrated``: a GPU outside training whose calibration (``calibrate.py --kernels``) was fitted
 on at least k measured kernels of the operator, k = 8, 32 or 128, takes the interval of the k-shot evaluation
 (errors on the GPU's other kernels after calibrating on k drawn ones; the largest evaluated k not above the
-user's count). A calibration from end-to-end runs only, which has no such evaluation per kernel, leaves the
+user's count), widened where the calibration's own kernels scatter more: each is predicted by the calibration fitted
+without its fold (four folds), and the 10th / 90th percentiles of those errors, recorded in the calibration file
+(``spread``), bound the interval from outside. The pooled interval is every GPU's; a GPU whose bias varies from shape
+to shape more than the others' (L40S) would otherwise be given theirs. A calibration from end-to-end runs only, which has no such evaluation per kernel, leaves the
 interval of the uncalibrated state, scaled with the corrected prediction; so does any calibration of a GPU in
 the training data.
 """
@@ -101,10 +104,12 @@ class IntervalTable:
         shots = [k for k in self._calibrated.get(get_operator(op).model_op, {}) if k <= kernels]
         return max(shots) if shots else None
 
-    def factors(self, op: str, states: np.ndarray, calibrated_kernels: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def factors(self, op: str, states: np.ndarray, calibrated_kernels: int = 0, spread: tuple | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) multipliers of the point duration per row of operator ``op`` in ``states``, on a GPU whose
         calibration was fitted on ``calibrated_kernels`` measured kernels of that operator: outside training, at
-        least the smallest evaluated k of them take the interval of the calibrated state (:meth:`calibrated_shots`)."""
+        least the smallest evaluated k of them take the interval of the calibrated state (:meth:`calibrated_shots`),
+        widened to the calibration's own cross-validated ``spread`` (log low, log high) where that is wider."""
         model_op = get_operator(op).model_op
         quantiles = self._quantiles.get(model_op)
         if quantiles is None:
@@ -115,7 +120,10 @@ class IntervalTable:
         chosen = quantiles[states]
         shots = self.calibrated_shots(op, calibrated_kernels)
         if shots is not None:
-            chosen = np.where((states != TRAINED)[:, None], np.array(self._calibrated[model_op][shots]), chosen)
+            low, high = self._calibrated[model_op][shots]
+            if spread is not None:
+                low, high = min(low, spread[0]), max(high, spread[1])
+            chosen = np.where((states != TRAINED)[:, None], np.array([low, high]), chosen)
         return np.exp(chosen[:, 0]), np.exp(chosen[:, 1])
 
 
@@ -129,6 +137,15 @@ def other_model_warning(op: str, model_dir) -> str | None:
     return (f"WARNING: the 80 % intervals of the {model_op} model were measured for {measured} "
             f"({shipped_table().path.name}); this prediction uses {Path(model_dir).name}, so low/high describe the "
             f"errors of the other model, not of this one (python3 -m pipeweave.interval_eval measures them anew)")
+
+
+def calibrated_spread(calibration, op: str, stem: str) -> tuple[float, float] | None:
+    """(log low, log high) of the cross-validated scatter of the measured kernels of ``op``'s model around
+    ``calibration`` if it is for the GPU ``stem`` and recorded one (pipeweave.calibration.spread_entry), else None."""
+    if calibration is None or getattr(calibration, "hardware", None) != stem:
+        return None
+    entry = getattr(calibration, "spread", {}).get(get_operator(op).model_op)
+    return None if entry is None else (entry["log_low"], entry["log_high"])
 
 
 def calibrated_kernels(calibration, op: str, stem: str) -> int:
@@ -156,5 +173,6 @@ def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibrati
     for stem in dict.fromkeys(stems.tolist()):
         rows = np.flatnonzero(stems == stem)
         states = prediction_states(trained, [specs[rows[0]].name] * len(rows), codes[rows])
-        low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem))
+        low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem),
+                                                        calibrated_spread(calibration, op, stem))
     return low, high

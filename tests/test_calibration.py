@@ -644,3 +644,36 @@ def test_kernel_rows_of_another_kernel_are_left_out_of_a_calibration(tmp_path, c
                                           str(tmp_path / "d.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "every row timed another kernel" in err[0]
+
+
+def test_cross_validated_spread_measures_scatter_the_calibration_cannot_explain():
+    """Kernels whose error is one shared factor leave no spread; kernels that scatter around it leave one of their
+    scatter's size, each predicted by a fit that did not see it."""
+    from pipeweave.calibration import cross_validated_log_residuals, spread_entry
+
+    prior = load_prior()
+    x = gemm_rows(40)
+    shared = kernel_equations(x, np.full(40, 0.3))
+    assert np.abs(cross_validated_log_residuals(shared, prior, np.arange(40))).max() < 0.05  # the prior's pull
+    noise = np.random.default_rng(1).normal(0, 0.2, 40)
+    scattered = kernel_equations(x, 0.3 + noise)
+    entry = spread_entry(cross_validated_log_residuals(scattered, prior, np.arange(40)))
+    assert entry["kernels"] == 40 and entry["folds"] == 4
+    assert -0.45 < entry["log_low"] < -0.1 and 0.1 < entry["log_high"] < 0.45  # ±1.28 σ of the scatter, σ = 0.2
+    subset = scattered.subset(np.arange(40) % 2 == 0)
+    assert len(subset.measured) == 20 and subset.eq.tolist() == list(range(20))
+
+
+def test_calibrate_records_the_spread_of_its_kernels_and_reads_it_back(tmp_path):
+    measured = tmp_path / "measured_gemm.csv"
+    rng = np.random.default_rng(0)
+    rows = [f"gemm,{m},4096,4096,NVIDIA A40,{t * np.exp(rng.normal(0, 0.3))}"
+            for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0), (64, 45.0), (256, 80.0), (2048, 480.0),
+                         (128, 55.0), (512, 140.0), (32, 42.0), (8192, 1800.0))]
+    measured.write_text("op,M,N,K,hardware,avg_duration\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "a40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), "--output", str(out),
+                                          "--no_fine_tune"]) == 0
+    spread = load_calibration(out).spread
+    assert set(spread) == {"gemm"} and spread["gemm"]["kernels"] == 10
+    assert spread["gemm"]["log_low"] < 0 < spread["gemm"]["log_high"]

@@ -283,7 +283,7 @@ def test_fa3_workload_on_pre_hopper_gpu_warns(models, tmp_path, capsys):
     assert "WARNING" in out and "FlashAttention-3, Hopper only" in out and "A100 is ampere" in out
     code, out, _ = cli(aggregate.main, "--workload", small(TP1_FA3, tmp_path), "--hardware", "H100",
                        "--model_dir", models, "--output", tmp_path / "p.json", capsys=capsys)
-    assert code == 0 and "WARNING" not in out
+    assert code == 0 and "FlashAttention-3" not in out  # (the untrained test models' intervals warn, rightly)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -63,6 +63,19 @@ def test_calibrated_state_takes_the_largest_evaluated_k_and_spares_trained_gpus(
     assert np.log(table.factors("gemm", states, 10_000)[0]) == pytest.approx([-0.01, -0.05, -0.05])
 
 
+def test_a_calibration_whose_kernels_scatter_more_widens_its_interval_never_narrows_it():
+    entry = {"log_low": -0.2, "log_high": 0.2}
+    table = IntervalTable({"format": FORMAT, "levels": [0.1, 0.9], "operators": {"gemm": {
+        "trained": {"log_low": -0.01, "log_high": 0.01}, "unseen_gpu": entry, "unseen_architecture": entry,
+        "calibrated": {"8": {"log_low": -0.1, "log_high": 0.1}}}}})
+    states = np.array([TRAINED, UNSEEN_ARCHITECTURE])
+    low, high = np.log(table.factors("gemm", states, 8, spread=(-0.3, 0.05)))
+    assert low == pytest.approx([-0.01, -0.3]) and high == pytest.approx([0.01, 0.1])  # wider end only, trained spared
+    low, high = np.log(table.factors("gemm", states, 8, spread=(-0.02, 0.02)))
+    assert low[1] == pytest.approx(-0.1) and high[1] == pytest.approx(0.1)
+    assert np.log(table.factors("gemm", states, 7, spread=(-0.3, 0.3))[0])[1] == pytest.approx(-0.2)  # < 8 kernels
+
+
 class KernelCalibration:
     """A stand-in for a calibrate.py file of one GPU, fitted on ``kernels`` GEMMs; it changes no duration."""
 
