@@ -501,5 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in summary["slopes_per_sd"].items():
         if round(value, 3):  # slopes of classes without data move only through the prior's correlations
             print(f"  {name}: {value:+.3f} log per standard deviation")
+    for op, entry in calibration.spread.items():
+        print(f"  {op}: its {entry['kernels']} measured kernels lie x{np.exp(entry['log_low']):.3f}-"
+              f"x{np.exp(entry['log_high']):.3f} around the calibration fitted without them (10th-90th percentile, "
+              f"{entry['folds']}-fold); its prediction interval is at least that wide")
     print(f"Calibration for {calibration.hardware} written to {args.output}")
     return 0
