@@ -74,7 +74,7 @@ def test_sanity_peaks():
         # found by a user audit (2026-12-04): each of these used to load and mislead every prediction
         (lambda d: d.update(architecture="ada"), "field 'architecture' is 'ada', but compute capability 9.0 is "
                                                  "'hopper'"),
-        (lambda d: d.update(tcFP8=8192), "unknown field\(s\) 'tcFP8' \(a typo\?"),
+        (lambda d: d.update(tcFP8=8192), "unknown field\\(s\\) 'tcFP8' \\(a typo\\?"),
         (lambda d: d.update(totalGlobalMem=80), "field 'totalGlobalMem' = 80 is outside the plausible range"),
         (lambda d: d.update(l2CacheSize=50), "field 'l2CacheSize' = 50 is outside the plausible range"),
         (lambda d: d.update(computeMajor=7, computeMinor=5), "compute capability 7.5 is not one the analytical "
