@@ -52,7 +52,8 @@ PLAUSIBLE_RANGES = {
     "numSms": (1, 2048), "memBandwidth": (10, 100_000), "l2CacheBandwidth": (10, 1_000_000),
     "sharedMemoryBandwidth": (8, 4096), "tcBf16": (16, 65_536), "xuFp32": (1, 1024), "FmaFp32": (1, 4096),
     "smFreq": (100, 10_000), "tcFp8": (0, 131_072), "sharedMemorySize": (0, 8192),
-    "totalGlobalMem": (2 ** 30, 2 ** 50), "l2CacheSize": (512, 2 ** 22), "l1CacheSize": (0, 65_536), "registerFileSize": (0, 65_536),
+    "totalGlobalMem": (2 ** 30, 2 ** 50), "l2CacheSize": (512, 2 ** 22), "l1CacheSize": (0, 65_536),
+    "registerFileSize": (0, 65_536),
     "linkGbps": (1, 20_000), "linkLatencyUs": (0.1, 1000), "boostClock": (100, 10_000), "tdpW": (10, 10_000),
 }
 
