@@ -27,7 +27,7 @@ from dataset.common import (COLLECTIVE_COLUMNS, COLUMNS, DEFAULT_DTYPE, INT_COLU
                             SHAPE_COLUMNS, Log, concat_frames, finalize, normalise_dtype, wanted_ops)
 from dataset.vidur import load_vidur
 from pipeweave.paths import DEFAULT_MEASURED_DIR, REPO_ROOT, existing_shared_data_dir
-from pipeweave.profiler.csvio import unmodelled_kernel
+from pipeweave.profiler.csvio import unmodelled_reasons
 
 #: the public entry points of the measurement loaders (the per-source modules hold the details)
 __all__ = [
@@ -88,14 +88,12 @@ def load_measured(measured_dir: Path | str | None = None, ops=None, log: Log = p
             if lacking:
                 log(f"[{label}] {len(rows)} {op} rows lack shape columns {lacking}; skipped")
                 continue
-            if "kernel" in rows.columns:  # another kernel's time is not this GPU's (pipeweave.profiler.csvio)
-                types = rows["attention_type"] if op == "attn" else [None] * len(rows)
-                reasons = [unmodelled_kernel(op, kind, cell) for kind, cell in zip(types, rows["kernel"])]
-                for reason in dict.fromkeys(r for r in reasons if r):
-                    log(f"[{label}] {reasons.count(reason)} {op} rows {reason}; skipped")
-                rows = rows[[reason is None for reason in reasons]]
-                if rows.empty:
-                    continue
+            reasons = unmodelled_reasons(op, rows)  # another kernel's time is not this GPU's
+            for reason in dict.fromkeys(r for r in reasons if r):
+                log(f"[{label}] {reasons.count(reason)} {op} rows {reason}; skipped")
+            rows = rows[[reason is None for reason in reasons]]
+            if rows.empty:
+                continue
             frame = rows[SHAPE_COLUMNS[op] + ["hardware", "avg_duration"]].copy()
             dtypes = rows["dtype"] if "dtype" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
             frame["dtype"] = [normalise_dtype(v, DEFAULT_DTYPE[op]) for v in dtypes]

@@ -45,10 +45,9 @@ def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
     from pipeweave.kernels import read_shapes
 
     try:
-        header, rows = read_shapes(path)
+        header, rows = read_shapes(path, expected)
     except UserError as exc:
-        raise UserError(f"{flag} {path}: empty file ({expected})" if "empty file" in str(exc)
-                        else f"{flag} {exc}") from None
+        raise UserError(f"{flag} {exc}") from None
     header = [cell.strip() for cell in header]
     repeated = sorted({cell for cell in header if header.count(cell) > 1})
     if repeated:
@@ -198,13 +197,10 @@ def kernel_shape_columns() -> dict[str, tuple[str, ...]]:
     return {**SHAPE_COLUMNS, "moe": get_operator("moe").shape_columns}
 
 
-def modelled_rows(op: str, frame: pd.DataFrame, kernel_cells: pd.Series, path: Path) -> pd.DataFrame:
-    """The rows that timed the kernel pipeweave models; the others are left out with a WARNING (an error if none
-    is left): an eager or contiguous-cache stand-in would calibrate the GPU with another kernel's time."""
-    from pipeweave.profiler.csvio import unmodelled_kernel
-
-    types = frame["attention_type"] if "attention_type" in frame.columns else [None] * len(frame)
-    reasons = [unmodelled_kernel(op, kind, cell) for kind, cell in zip(types, kernel_cells)]
+def modelled_rows(frame: pd.DataFrame, reasons: list, path: Path) -> pd.DataFrame:
+    """The rows that timed the kernel pipeweave models (``reasons``: pipeweave.profiler.csvio.unmodelled_reasons);
+    the others are left out with a WARNING (an error if none is left): an eager or contiguous-cache stand-in would
+    calibrate the GPU with another kernel's time."""
     left_out = [reason for reason in reasons if reason]
     if not left_out:
         return frame
@@ -239,7 +235,7 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
     """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
     rows or MoE rows that are not whole layers are errors."""
-    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS
+    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, unmodelled_reasons
 
     shape_columns = kernel_shape_columns()
     path = Path(path)
@@ -260,7 +256,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
-    raw_kernel_cells = frame["kernel"] if "kernel" in frame.columns else pd.Series([""] * len(frame))
+    reasons = unmodelled_reasons(op, frame)
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
     bad = not_a_positive_number(duration)
     if bad.any():
@@ -279,7 +275,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
                             f"layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
     frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
-    return op, modelled_rows(op, frame, raw_kernel_cells, path)
+    return op, modelled_rows(frame, reasons, path)
 
 
 def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,

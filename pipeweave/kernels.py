@@ -29,8 +29,9 @@ from pipeweave.siblings import sibling_note
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
 
 
-def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of a CSV, as text (so that pass-through columns are written back exactly as read)."""
+def read_shapes(path: str | Path, expected: str = "expected a header row") -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a CSV, as text (so that pass-through columns are written back exactly as read); an empty
+    file's error says what was ``expected``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input CSV not found: {path}")
@@ -40,7 +41,7 @@ def read_shapes(path: str | Path) -> tuple[list[str], list[list[str]]]:
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
-        raise UserError(f"{path}: empty file (expected a header row)")
+        raise UserError(f"{path}: empty file ({expected})")
     header, rows = lines[0], [row for row in lines[1:] if row]  # blank lines are skipped
     for position, row in enumerate(rows):
         if len(row) != len(header):

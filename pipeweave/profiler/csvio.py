@@ -47,6 +47,14 @@ def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
     return None
 
 
+def unmodelled_reasons(op: str, frame) -> list[str | None]:
+    """:func:`unmodelled_kernel` of every row of a measured frame (all None without a ``kernel`` column)."""
+    if "kernel" not in frame.columns:
+        return [None] * len(frame)
+    types = frame["attention_type"] if "attention_type" in frame.columns else [None] * len(frame)
+    return [unmodelled_kernel(op, kind, cell) for kind, cell in zip(types, frame["kernel"])]
+
+
 def columns_for(op: str) -> tuple[str, ...]:
     """Column order of ``<op>.csv``: op, shape columns, then :data:`MEASUREMENT_COLUMNS`."""
     if op not in SHAPE_COLUMNS:
