@@ -181,7 +181,7 @@ def _ape(params: dict, rows: pd.DataFrame) -> float:
     return round(float(np.mean(np.abs(pred / rows["time_ms"].to_numpy() - 1)) * 100), 2)
 
 
-def fit_custom_allreduce(frame: pd.DataFrame, links: dict[str, tuple[str, float]]) -> dict:
+def fit_custom_allreduce(frame: pd.DataFrame, links: dict[str, tuple[str, float, float]]) -> dict:
     """{linkType: params + provenance} from the custom all-reduce rows (< 8 MiB) of NVLink GPUs."""
     rows = frame[frame["source"].map(is_custom_allreduce) & (frame["size_bytes"] < CUSTOM_AR_MAX_BYTES)].copy()
     rows = rows[rows["stem"].map(lambda s: links[s][0].startswith("nvlink")).astype(bool)]
@@ -210,16 +210,114 @@ def custom_allreduce_params(fits: dict, link_type: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# 3. measured ring efficiency of the analytical estimate
+# ------------------------------------------------------------------------------------------------------------
+
+RING_FIT_MIN_BYTES = 32 * 2**20  # bandwidth-bound: the latency term is < 1 % of the time from here on
+RING_MIN_GPUS = 2  # a factor stands for a link only if more than one GPU measured it
+
+
+def link_family(link_type: str) -> str:
+    """"nvlink" or "pcie": the generation's digits dropped."""
+    return link_type.rstrip("0123456789")
+
+
+def measured_ring_factors(data: pd.DataFrame, links: dict[str, tuple[str, float, float]]) -> list[dict]:
+    """Per (GPU, kind, worker count) of the training rows: how much longer than the textbook ring estimate's
+    bandwidth term the measured transfers take, exp(median log((t - latency term) / bandwidth term)) over the
+    sizes from :data:`RING_FIT_MIN_BYTES` (``links``: stem -> (linkType, linkGbps, linkLatencyUs))."""
+    from .collectives import analytical_collective_terms
+
+    out = []
+    for (stem, kind, workers), g in data.groupby(["stem", "collective", "num_workers"], sort=True):
+        big = g[g["size_bytes"] >= RING_FIT_MIN_BYTES]
+        if big.empty:
+            continue
+        link_type, gbps, latency_us = links[stem]
+        latency, transfer = analytical_collective_terms(kind, big["size_bytes"].to_numpy(np.float64), int(workers),
+                                                        gbps, latency_us)
+        spent = np.maximum(big["time_ms"].to_numpy(np.float64) - latency, 1e-12)
+        out.append({"gpu": stem, "link_type": link_type, "kind": kind, "workers": int(workers),
+                    "factor": round(float(np.exp(np.median(np.log(spent / transfer)))), 4), "sizes": int(len(big))})
+    return out
+
+
+def ring_factor(measured: list[dict], link_type: str, kind: str, workers: int, exclude: str | None = None
+                ) -> tuple[float, str]:
+    """(factor on the ring estimate's bandwidth term, what it rests on) for a GPU on ``link_type``.
+
+    The median over the GPUs of :func:`measured_ring_factors` (``exclude`` left out) that share the link and the
+    worker count, taking the first of: the same generation, the same family (NVLink or PCIe), then the same two
+    at the nearest measured worker count (log2 distance, ties to the larger); each only where at least
+    :data:`RING_MIN_GPUS` GPUs measured it. The worker count comes before the generation because the factor moves
+    far more with it (NVLink: ~1.7 at 2 GPUs, ~1.0-1.3 at 8) than between generations. Without such GPUs: 1
+    (the textbook estimate)."""
+    rows = [m for m in measured if m["kind"] == kind and m["gpu"] != exclude]
+    levels = ((lambda m: m["link_type"] == link_type, link_type),
+              (lambda m: link_family(m["link_type"]) == link_family(link_type), link_family(link_type)))
+    candidates = []  # (log2 distance of the worker count, level, count)
+    for level, (same, _) in enumerate(levels):
+        counts = {m["workers"] for m in rows if same(m)}
+        for count in counts:
+            if len({m["gpu"] for m in rows if same(m) and m["workers"] == count}) >= RING_MIN_GPUS:
+                candidates.append((abs(float(np.log2(count)) - float(np.log2(workers))), level, -count))
+    if candidates:
+        exact = [c for c in candidates if c[0] == 0]
+        _, level, count = min(exact) if exact else min(candidates)
+        same, label = levels[level]
+        chosen = [m for m in rows if same(m) and m["workers"] == -count]
+        factor = float(np.exp(np.median(np.log([m["factor"] for m in chosen]))))
+        return factor, f"median of {', '.join(sorted(m['gpu'] for m in chosen))} ({label}, {-count} workers)"
+    return 1.0, "none measured on this link: textbook ring"
+
+
+def _ring_logo(data: pd.DataFrame, measured: list[dict], links: dict[str, tuple[str, float, float]]) -> dict:
+    """Leave-one-GPU-out: every measured (GPU, kind, worker count) predicted with the factor of the other GPUs,
+    against the textbook estimate, at the sizes the ring estimate serves (NVLink all-reduce from vLLM's custom
+    all-reduce limit up, every size otherwise)."""
+    from .collectives import analytical_collective_terms
+
+    cases = []
+    for (stem, kind, workers), g in data.groupby(["stem", "collective", "num_workers"], sort=True):
+        link_type, gbps, latency_us = links[stem]
+        size, time = g["size_bytes"].to_numpy(np.float64), g["time_ms"].to_numpy(np.float64)
+        if kind == "all_reduce" and link_type.startswith("nvlink") and int(workers) in CUSTOM_AR_WORLD_SIZES:
+            size, time = size[size >= CUSTOM_AR_MAX_BYTES], time[size >= CUSTOM_AR_MAX_BYTES]
+        if not len(size):
+            continue
+        factor, basis = ring_factor(measured, link_type, kind, int(workers), exclude=stem)
+        latency, transfer = analytical_collective_terms(kind, size, int(workers), gbps, latency_us)
+        log_error = {"textbook": np.abs(np.log((latency + transfer) / time)),
+                     "measured_factor": np.abs(np.log((latency + factor * transfer) / time))}
+        cases.append({"gpu": stem, "kind": kind, "workers": int(workers), "factor": round(factor, 4),
+                      "basis": basis, "sizes": int(len(size)),
+                      **{f"mean_abs_log_error_{k}": round(float(v.mean()), 4) for k, v in log_error.items()}})
+    pooled = {k: round(float(np.mean([c[f"mean_abs_log_error_{k}"] for c in cases])), 4) if cases else None
+              for k in ("textbook", "measured_factor")}
+    return {"cases": cases, "mean_over_cases": pooled}
+
+
+def fit_ring_efficiency(data: pd.DataFrame, links: dict[str, tuple[str, float, float]]) -> dict:
+    measured = measured_ring_factors(data, links)
+    return {"rule": "analytical time = latency term + factor x bandwidth term; factor: "
+                    "pipeweave.collective_serving.ring_factor over 'measured'",
+            "fit_min_size_bytes": RING_FIT_MIN_BYTES, "min_gpus": RING_MIN_GPUS, "measured": measured,
+            "leave_one_gpu_out": _ring_logo(data, measured, links)}
+
+
+# ------------------------------------------------------------------------------------------------------------
 # applied to the selected training rows
 # ------------------------------------------------------------------------------------------------------------
 
 def serving_adjust(data: pd.DataFrame, choice: dict, frame: pd.DataFrame, log: Log) -> tuple[pd.DataFrame, dict]:
-    """Apply 1. and 2. to the rows select_training_data kept; returns (rows, serving.json content)."""
+    """Apply 1. and 2. to the rows select_training_data kept and measure 3. on them; returns (rows, serving.json
+    content)."""
     import pandas as pd
     from analytical_model.hardware import load_hardware
 
     frame = frame.assign(stem=frame["hardware"].map({h: load_hardware(h).stem for h in frame["hardware"].unique()}))
-    links = {stem: (load_hardware(stem).link_type, load_hardware(stem).link_gbps) for stem in frame["stem"].unique()}
+    specs = {stem: load_hardware(stem) for stem in frame["stem"].unique()}
+    links = {stem: (spec.link_type, spec.link_gbps, spec.link_latency_us) for stem, spec in specs.items()}
     curve = fit_host_to_device(frame)
     fits = fit_custom_allreduce(frame, links)
     serving = {"host_to_device": curve, "custom_allreduce": fits, "custom_allreduce_max_bytes": CUSTOM_AR_MAX_BYTES,
@@ -244,7 +342,9 @@ def serving_adjust(data: pd.DataFrame, choice: dict, frame: pd.DataFrame, log: L
                                         f"({'/'.join(params['fitted_on'])} fit, {links[stem][0]})")
             log(f"[collectives] {stem} all_reduce x{int(workers)}: {info['custom_allreduce']}")
         parts.append(g)
-    return pd.concat(parts).reset_index(drop=True), serving
+    adjusted = pd.concat(parts).reset_index(drop=True)
+    serving["ring_efficiency"] = fit_ring_efficiency(adjusted, links)
+    return adjusted, serving
 
 
 def write_serving(serving: dict, output_dir: Path) -> None:
@@ -257,10 +357,10 @@ def write_serving(serving: dict, output_dir: Path) -> None:
 
 def read_serving(model_dir: Path) -> dict:
     """The serving fits ``train_collective_rf.py`` writes beside the per-GPU folders; a folder without them is
-    refused rather than read as "no custom all-reduce", which would silently change the analytical estimate."""
+    refused rather than read as "nothing fitted", which would silently change the analytical estimate."""
     path = Path(model_dir) / SERVING_FILE
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} is missing: the analytical all-reduce estimate on NVLink needs the custom all-reduce fit that "
-            f"`python3 train_collective_rf.py --output_dir {model_dir}` writes there")
+            f"{path} is missing: the analytical collective estimate needs the custom all-reduce and ring efficiency "
+            f"fits that `python3 train_collective_rf.py --output_dir {model_dir}` writes there")
     return json.loads(path.read_text())

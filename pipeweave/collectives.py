@@ -90,7 +90,7 @@ from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
 
 from .collective_serving import (
     CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, SERVING_FILE, custom_allreduce_ms, custom_allreduce_params,
-    read_serving,
+    read_serving, ring_factor,
 )
 
 KINDS = ("all_reduce", "send_recv")
@@ -302,15 +302,21 @@ class CollectivePredictor:
         return sorted(self.models[kind]["range"]) if kind in self.models else []
 
     @cached_property
+    def _serving(self) -> dict | None:
+        """``serving.json`` of the model folder (read once); None for a folder without any trained model, which
+        has nothing fitted and gives the plain textbook estimate."""
+        if not collective_hardware_with_models(self.model_dir) and not (self.model_dir / SERVING_FILE).is_file():
+            return None
+        return read_serving(self.model_dir)
+
+    @cached_property
     def _custom_allreduce_params(self):
-        """This GPU's NVLink generation's custom all-reduce constants (``serving.json``, read once), or None."""
+        """This GPU's NVLink generation's custom all-reduce constants, or None."""
         from analytical_model.hardware import load_hardware
         link_type = load_hardware(self.hardware).link_type
-        if not link_type.startswith("nvlink"):
+        if not link_type.startswith("nvlink") or self._serving is None:
             return None
-        if not collective_hardware_with_models(self.model_dir) and not (self.model_dir / SERVING_FILE).is_file():
-            return None  # a folder without any trained model has nothing fitted: the plain ring estimate
-        return custom_allreduce_params(read_serving(self.model_dir).get("custom_allreduce", {}), link_type)
+        return custom_allreduce_params(self._serving.get("custom_allreduce", {}), link_type)
 
     @property
     def lacks_custom_allreduce_fit(self) -> bool:
@@ -319,14 +325,34 @@ class CollectivePredictor:
         from analytical_model.hardware import load_hardware
         return load_hardware(self.hardware).link_type.startswith("nvlink") and self._custom_allreduce_params is None
 
+    def ring_efficiency(self, kind: str, num_workers: int) -> tuple[float, str]:
+        """(factor on the analytical estimate's bandwidth term, the GPUs it was measured on) for this GPU's link:
+        :func:`pipeweave.collective_serving.ring_factor` over ``serving.json``'s measured factors; 1 for a folder
+        without trained models."""
+        from analytical_model.hardware import load_hardware
+        if self._serving is None:
+            return 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
+        ring = self._serving.get("ring_efficiency")
+        if ring is None:
+            raise FileNotFoundError(
+                f"{self.model_dir / SERVING_FILE} has no measured ring efficiency (written by an older "
+                f"pipeweave); retrain: `python3 train_collective_rf.py --output_dir {self.model_dir}`")
+        workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
+        return ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers)
+
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
-        """Estimate from the hardware JSON's link; small NVLink all-reduces use the custom all-reduce model."""
+        """Estimate from the hardware JSON's link, its bandwidth term scaled by the measured ring efficiency of
+        the link (:meth:`ring_efficiency`); small NVLink all-reduces use the custom all-reduce model."""
         from analytical_model.hardware import load_hardware
         spec = load_hardware(self.hardware)
         link = spec.link_gbps if self._link_gbps is None else self._link_gbps
         latency = spec.link_latency_us if self._latency_us is None else self._latency_us
         size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
-        out = analytical_collective_ms(kind, size, workers, link, latency)
+        latency_ms, transfer_ms = analytical_collective_terms(kind, size, workers, link, latency)
+        factor = np.ones(size.shape)
+        for count in np.unique(workers):
+            factor[workers == count] = self.ring_efficiency(kind, int(count))[0]
+        out = latency_ms + factor * transfer_ms
         params = self._custom_allreduce_params
         if kind == "all_reduce" and params is not None:
             custom = (size < CUSTOM_AR_MAX_BYTES) & np.isin(workers, CUSTOM_AR_WORLD_SIZES) & (size > 0)

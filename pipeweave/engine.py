@@ -357,8 +357,11 @@ class Engine:
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
             if j in coll_ms and coll_ms[j][1]:  # recorded in the output, not only in the console's WARNING
+                predictor = collective_of[id(job)]
                 result["extrapolation"]["analytical_collectives"] = {
-                    "kinds": list(coll_ms[j][1]), "link_of": collective_of[id(job)].hardware}
+                    "kinds": list(coll_ms[j][1]), "link_of": predictor.hardware,
+                    "ring_efficiency": {kind: dict(zip(("factor", "basis"), predictor.ring_efficiency(
+                        kind, collective_workers(kind, job.workload.tp_size)))) for kind in coll_ms[j][1]}}
             recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
             record = recorder(job.hardware) if recorder is not None else None
             if record:
@@ -496,10 +499,12 @@ class Engine:
                 analytical.append(kind)
                 if (predictor.hardware, kind, workers) not in self._warned:
                     self._warned.add((predictor.hardware, kind, workers))
+                    factor, basis = predictor.ring_efficiency(kind, workers)
                     self.log(
                         f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
                         f"estimate (pipeweave.collectives.analytical_collective_ms: hardware JSON link bandwidth and "
-                        f"latency, not measurements) because no measured model covers it"
+                        f"latency, the bandwidth term x {factor:.2f}, {basis}; not measurements of this GPU) because "
+                        f"no measured model covers it"
                         + ("" if kind != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
                            f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
                            f"the plain ring estimate, not the fitted custom all-reduce"))

@@ -304,7 +304,15 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
     assert prediction.result["iterations"][0]["operator_durations"]["communication"]["all_reduce"][
         "single_duration_ms"] > 0
     # the output says so too, and only where it happened (a TP1 job beside it has no collectives)
-    assert prediction.result["extrapolation"]["analytical_collectives"] == {"kinds": ["all_reduce"], "link_of": "L20"}
+    assert prediction.result["extrapolation"]["analytical_collectives"] == {
+        "kinds": ["all_reduce"], "link_of": "L20", "ring_efficiency": {"all_reduce": {
+            "factor": 1.0, "basis": f"textbook ring: {empty} has no trained collective models"}}}
+    # with the committed models, the bandwidth term carries the ring efficiency measured on other PCIe 4 GPUs
+    lines.clear()
+    trained = Aggregator(model_dir=models, log=lines.append).predict([Job(load_workload(path), agg.gpu("L20"))])[0]
+    ring = trained.result["extrapolation"]["analytical_collectives"]["ring_efficiency"]["all_reduce"]
+    assert ring["basis"].endswith("(pcie4, 2 workers)") and 1.2 < ring["factor"] < 4
+    assert f"x {ring['factor']:.2f}, {ring['basis']}" in next(line for line in lines if "ANALYTICAL" in line)
     both = agg.predict([Job(load_workload(small(TP1, tmp_path, 2)), agg.gpu("L20")),
                         Job(load_workload(path), agg.gpu("L20"))])
     assert "analytical_collectives" not in both[0].result["extrapolation"]

@@ -14,8 +14,8 @@ from pipeweave.collective_training import (
     MAX_MODEL_BYTES, fit_model, heldout_errors, heldout_mask, save_model, select_training_data, train_collectives,
 )
 from pipeweave.collectives import (
-    DEFAULT_COLLECTIVE_DIR, KINDS, CollectivePredictor, analytical_collective_ms, collective_hardware_with_models,
-    load_model, model_predict_ms,
+    DEFAULT_COLLECTIVE_DIR, KINDS, CollectivePredictor, analytical_collective_ms, analytical_collective_terms,
+    collective_hardware_with_models, load_model, model_predict_ms,
 )
 
 GiB, MiB = 2**30, 2**20
@@ -161,13 +161,12 @@ def test_missing_kind_needs_permission(tmp_path):
     assert allowed.predict_ms("send_recv", MiB, 2) > 0 and allowed.used_analytical == {"send_recv"}
 
 
-def test_analytical_nvlink_estimate_refuses_a_folder_without_serving_json(tmp_path):
+def test_analytical_estimate_refuses_a_folder_without_serving_json(tmp_path):
     train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
     (tmp_path / "serving.json").unlink()
-    with pytest.raises(FileNotFoundError, match="serving.json is missing.*train_collective_rf.py"):
-        CollectivePredictor("H100", model_dir=tmp_path, allow_analytical=True).predict_ms("all_reduce", MiB, 8)
-    pcie = CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True)  # no NVLink: no fit needed
-    assert pcie.predict_ms("all_reduce", MiB, 2) > 0 and not pcie.lacks_custom_allreduce_fit
+    for gpu in ("H100", "L20"):  # NVLink needs the custom all-reduce fit, every link the ring efficiency
+        with pytest.raises(FileNotFoundError, match="serving.json is missing.*train_collective_rf.py"):
+            CollectivePredictor(gpu, model_dir=tmp_path, allow_analytical=True).predict_ms("all_reduce", MiB, 8)
     empty = tmp_path / "empty"  # nothing trained at all: the plain ring estimate, which the engine's WARNING names
     empty.mkdir()
     ring = CollectivePredictor("H100", model_dir=empty, allow_analytical=True)
@@ -247,6 +246,63 @@ def test_serving_corrections(tmp_path):
     h800 = CollectivePredictor("H800", model_dir=tmp_path, allow_analytical=True)
     assert h800.predict_ms("all_reduce", MiB, 4) == pytest.approx(custom_allreduce_ms(fit, MiB, 4, 200.0))
     assert h800.used_analytical == {"all_reduce"}
+
+
+def _factor(gpu, link_type, workers, factor, kind="all_reduce"):
+    return {"gpu": gpu, "link_type": link_type, "kind": kind, "workers": workers, "factor": factor, "sizes": 5}
+
+
+def test_ring_factor_rule():
+    """Same generation before family, the worker count before either, at least two GPUs, the held-out GPU out."""
+    from pipeweave.collective_serving import ring_factor
+    measured = [_factor("A", "nvlink4", 2, 1.5), _factor("B", "nvlink4", 2, 1.6), _factor("C", "nvlink5", 2, 2.0),
+                _factor("A", "nvlink4", 8, 1.0), _factor("C", "nvlink5", 8, 1.3), _factor("D", "nvlink5", 8, 1.3),
+                _factor("P", "pcie4", 2, 2.0), _factor("A", "nvlink4", 2, 9.0, kind="send_recv")]
+    factor, basis = ring_factor(measured, "nvlink4", "all_reduce", 2)
+    assert factor == pytest.approx(np.sqrt(1.5 * 1.6)) and basis == "median of A, B (nvlink4, 2 workers)"
+    assert ring_factor(measured, "nvlink5", "all_reduce", 2)[0] == pytest.approx(1.6)  # one nvlink5: the family
+    assert ring_factor(measured, "nvlink3", "all_reduce", 8)[1] == "median of A, C, D (nvlink, 8 workers)"
+    assert ring_factor(measured, "nvlink4", "all_reduce", 8)[0] == pytest.approx(1.3)  # exact count in the family
+    assert ring_factor(measured, "nvlink5", "all_reduce", 6)[1] == "median of C, D (nvlink5, 8 workers)"  # nearest
+    assert ring_factor(measured, "nvlink4", "all_reduce", 2, exclude="B")[1] == "median of A, C (nvlink, 2 workers)"
+    assert ring_factor(measured, "pcie5", "all_reduce", 2) == (1.0, "none measured on this link: textbook ring")
+    assert ring_factor(measured, "nvlink4", "send_recv", 2)[0] == 1.0  # kinds never mix
+
+
+def test_measured_ring_efficiency_scales_the_analytical_estimate(tmp_path):
+    """Two NVLink 4 GPUs measured at 1.5x the textbook ring time: a third one without measurements is estimated
+    with that factor on the bandwidth term (above vLLM's custom all-reduce limit), and the fit is recorded."""
+    sizes = 2 ** np.arange(20, 31)
+    frames = []
+    for name, stem in (("NVIDIA H100", "H100"), ("NVIDIA H200", "H200")):
+        spec = load_hardware(stem)
+        latency, transfer = analytical_collective_terms("all_reduce", sizes, 4, spec.link_gbps,
+                                                        spec.link_latency_us)
+        frames.append(pd.DataFrame({"collective": "all_reduce", "hardware": name, "num_workers": 4,
+                                    "devices_per_node": 4, "size_bytes": sizes, "time_ms": latency + 1.5 * transfer,
+                                    "source": f"aiconfigurator-core 0.12.0 {stem}/comm/nccl/x"}))
+    train_collectives(output_dir=tmp_path, frame=pd.concat(frames), compare=False, log=_quiet)
+    ring = read_serving(tmp_path)["ring_efficiency"]
+    assert [(m["gpu"], m["workers"]) for m in ring["measured"]] == [("H100", 4), ("H200", 4)]
+    assert all(m["factor"] == pytest.approx(1.5, rel=1e-3) for m in ring["measured"])
+    h800 = CollectivePredictor("H800", model_dir=tmp_path, allow_analytical=True)
+    assert h800.ring_efficiency("all_reduce", 4) == (pytest.approx(1.5, rel=1e-3),
+                                                      "median of H100, H200 (nvlink4, 4 workers)")
+    spec = load_hardware("H800")
+    latency, transfer = analytical_collective_terms("all_reduce", 64 * MiB, 4, spec.link_gbps, spec.link_latency_us)
+    assert h800.predict_ms("all_reduce", 64 * MiB, 4) == pytest.approx(latency + 1.5 * transfer, rel=1e-3)
+    assert h800.ring_efficiency("send_recv", 2)[0] == 1.0  # no send/recv measured anywhere: the textbook ring
+    # leave-one-GPU-out, each GPU has only one other: below the two-GPU minimum, scored as the textbook ring
+    assert {c["basis"] for c in ring["leave_one_gpu_out"]["cases"]} == {"none measured on this link: textbook ring"}
+
+
+def test_serving_json_without_ring_efficiency_is_refused(tmp_path):
+    train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
+    serving = read_serving(tmp_path)
+    del serving["ring_efficiency"]
+    (tmp_path / "serving.json").write_text(json.dumps(serving))
+    with pytest.raises(FileNotFoundError, match="no measured ring efficiency.*train_collective_rf.py --output_dir"):
+        CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True).predict_ms("all_reduce", MiB, 2)
 
 
 def test_heldout_mask_keeps_extremes():
