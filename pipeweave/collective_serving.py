@@ -36,8 +36,15 @@ end-to-end runs:
    disables the custom kernel on more than two PCIe GPUs; the two-GPU gain in the data is < 1 us).
    Within NVLink 4, fitting on H100 and predicting H200 (and back) gives the errors in ``serving.json``.
 
+3. **Measured ring efficiency of the analytical estimate.** Where no measurement covers a GPU or worker count,
+   the textbook ring estimate at the spec link rate is optimistic (measured transfers of 32 MiB and up take
+   0.9-1.8x its bandwidth term on NVLink, 1.7-16x on PCIe). Its bandwidth term is scaled by the median of what
+   other GPUs of the same link measured at the same worker count (:func:`ring_factor`), scored leave-one-GPU-out
+   in ``serving.json`` (``ring_efficiency``).
+
 The fitted constants and the conversion curve are written to ``collective_models/serving.json``; the predictor's
-analytical fallback (a GPU or worker count without measurements) uses the same custom-all-reduce model.
+analytical fallback (a GPU or worker count without measurements) uses the same custom-all-reduce model and ring
+efficiency.
 """
 from __future__ import annotations
 

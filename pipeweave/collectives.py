@@ -68,8 +68,9 @@ may combine worker counts from different sources;
 Analytical estimate
 -------------------
 See :func:`analytical_collective_ms`: link type, bandwidth and latency come from the GPU's hardware JSON
-(``linkType``, ``linkGbps``, ``linkLatencyUs``); small NVLink all-reduces use the custom all-reduce model of
-:mod:`pipeweave.collective_serving`. Used only when allowed (the aggregator allows it by default and prints a
+(``linkType``, ``linkGbps``, ``linkLatencyUs``); the bandwidth term is scaled by the ring efficiency measured on
+other GPUs of the same link (:meth:`CollectivePredictor.ring_efficiency`); small NVLink all-reduces use the custom
+all-reduce model of :mod:`pipeweave.collective_serving`. Used only when allowed (the aggregator allows it by default and prints a
 WARNING naming it).
 
 Serving corrections
@@ -125,11 +126,13 @@ def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: floa
     the bidirectional figure vendors quote, and ``latency_us`` the smallest-message 2-GPU time: the hardware JSON's
     ``linkGbps`` and ``linkLatencyUs`` (sources in each file's ``provenance``). The latency grows with log2(n), as
     the measured nccl-tests floors do (H100: 5.9 / 9.3 / 15.6 us for 2 / 4 / 8 GPUs; this rule: 5.9 / 11.8 /
-    17.7). Below vLLM's custom all-reduce limit on NVLink, :class:`CollectivePredictor` uses the custom all-reduce
-    model of :mod:`pipeweave.collective_serving` instead. Peak link rates make the ring estimate optimistic at
-    large sizes (``metadata.json``, ``analytical_over_measured_at_max_size``: 0.99-1.06 for 8-GPU all-reduce on
-    H20/H800/H100/H200, 0.6-0.8 for the other NVLink cases, 0.36-0.63 on 2-GPU PCIe boards, 0.05 on 8x L40S
-    without P2P). A zero-byte message takes 0 ms.
+    17.7). Peak link rates make this textbook estimate optimistic at large sizes (``metadata.json``,
+    ``analytical_over_measured_at_max_size``: 0.99-1.06 for 8-GPU all-reduce on H20/H800/H100/H200, 0.6-0.8 for
+    the other NVLink cases, 0.36-0.63 on 2-GPU PCIe boards, 0.05 on 8x L40S without P2P), so
+    :class:`CollectivePredictor` scales its bandwidth term by the ring efficiency measured on other GPUs of the
+    same link (:func:`pipeweave.collective_serving.ring_factor`), and below vLLM's custom all-reduce limit on
+    NVLink uses the custom all-reduce model of :mod:`pipeweave.collective_serving` instead. A zero-byte message
+    takes 0 ms.
     """
     latency, transfer = analytical_collective_terms(kind, size_bytes, num_workers, link_gbps, latency_us)
     return latency + transfer
