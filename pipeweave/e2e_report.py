@@ -317,11 +317,11 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
                   "the documented analytical estimate (vLLM custom all-reduce model on H800's NVLink below 8 MiB, "
                   "ring estimate above; a WARNING is printed); its send/recv is measured. **Disclosed:** the ring "
                   f"estimate's bandwidth term carries the efficiency measured on other GPUs of its link ({ring}; "
-                  "`collective_models/serving.json`, `ring_efficiency`), added after these "
-                  "runs had been seen 10.1 and 12.3 % too fast with the textbook ring. It was chosen on collective "
-                  "measurements only, for every GPU and worker count without a sweep, and scored leave-one-GPU-out on "
-                  "them (README, \"Collectives\"); no number was fitted on these runs. With the textbook ring they "
-                  "were 10.1 / 12.3 % too fast (mean 11.2 %).", "",
+                  "`collective_models/serving.json`, `ring_efficiency`), added after these runs had been seen "
+                  "10.1 and 12.3 % too fast (mean 11.2 %) with the textbook ring. It was chosen on collective "
+                  "measurements only, for every GPU and worker count without a sweep, and scored "
+                  "leave-one-GPU-out on them (README, \"Collective communication models\"); no number was fitted "
+                  "on these runs.", "",
                   markdown_summary(error_summary(vllm), ("total",)), "", markdown_vllm(vllm), ""]
     if plot_path is not None:
         parts += ["## Plot", "", f"![predicted vs measured]({rel(plot_path)})", "",
