@@ -347,7 +347,7 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(f"{round((interval['levels'][1] - interval['levels'][0]) * 100)} % interval (held-out kernel errors): "
               f"prefill {low['prefill_duration_ms']:.3f}–{high['prefill_duration_ms']:.3f}{decode}, total "
               f"{low['total_duration_ms']:.3f}–{high['total_duration_ms']:.3f} ms"
-              + (" (collectives at their point value)" if "note" in interval else ""))
+              + (" (measured collectives at their point value)" if "note" in interval else ""))
     extrapolation = prediction.result.get("extrapolation", {})
     if extrapolation.get("share", 0.0) > EXTRAPOLATED_NOTE_SHARE:
         operators = ", ".join(op for op, share in extrapolation["by_operator"].items() if share > 0)

@@ -190,6 +190,8 @@ def _ape(params: dict, rows: pd.DataFrame) -> float:
 
 def fit_custom_allreduce(frame: pd.DataFrame, links: dict[str, tuple[str, float, float]]) -> dict:
     """{linkType: params + provenance} from the custom all-reduce rows (< 8 MiB) of NVLink GPUs."""
+    if frame.empty:  # (an empty string column maps to strings, not booleans)
+        return {}
     rows = frame[frame["source"].map(is_custom_allreduce) & (frame["size_bytes"] < CUSTOM_AR_MAX_BYTES)].copy()
     rows = rows[rows["stem"].map(lambda s: links[s][0].startswith("nvlink")).astype(bool)]
     if rows.empty:
@@ -304,12 +306,72 @@ def _ring_logo(data: pd.DataFrame, measured: list[dict], links: dict[str, tuple[
     return {"cases": cases, "mean_over_cases": pooled}
 
 
-def fit_ring_efficiency(data: pd.DataFrame, links: dict[str, tuple[str, float, float]]) -> dict:
+def _estimate_logo_residuals(data: pd.DataFrame, links: dict[str, tuple[str, float, float]], frame: pd.DataFrame,
+                             modelled_small: set, measured: list[dict]) -> dict[tuple, np.ndarray]:
+    """{(GPU, kind, workers): log(measured / analytical estimate)} at every measured size, the estimate as
+    :meth:`pipeweave.collectives.CollectivePredictor.analytical_ms` gives it with the GPU left out of everything
+    fitted (its ring factor and its NVLink generation's custom all-reduce fit). ``modelled_small``: (GPU, workers)
+    whose sizes below vLLM's custom all-reduce limit are that model's, not measurements, and are not scored."""
+    from .collectives import analytical_collective_terms
+
+    custom_fits: dict[str, dict] = {}
+    out = {}
+    for (stem, kind, workers), g in data.groupby(["stem", "collective", "num_workers"], sort=True):
+        link_type, gbps, latency_us = links[stem]
+        size, time = g["size_bytes"].to_numpy(np.float64), g["time_ms"].to_numpy(np.float64)
+        if kind == "all_reduce" and (stem, int(workers)) in modelled_small:
+            size, time = size[size >= CUSTOM_AR_MAX_BYTES], time[size >= CUSTOM_AR_MAX_BYTES]
+        if not len(size):
+            continue
+        factor = ring_factor(measured, link_type, kind, int(workers), exclude=stem)[0]
+        latency, transfer = analytical_collective_terms(kind, size, int(workers), gbps, latency_us)
+        estimate = latency + factor * transfer
+        if kind == "all_reduce" and link_type.startswith("nvlink") and int(workers) in CUSTOM_AR_WORLD_SIZES:
+            if stem not in custom_fits:
+                custom_fits[stem] = fit_custom_allreduce(frame[frame["stem"] != stem], links)
+            params = custom_allreduce_params(custom_fits[stem], link_type)
+            small = size < CUSTOM_AR_MAX_BYTES
+            if params is not None and small.any():
+                estimate[small] = custom_allreduce_ms(params, size[small], int(workers), gbps)
+        out[(stem, kind, int(workers))] = np.log(time / estimate)
+    return out
+
+
+def _estimate_interval(residuals: dict[tuple, np.ndarray], links: dict[str, tuple[str, float, float]]) -> dict:
+    """Per link family, the 80 % interval of log(measured / analytical estimate) on a GPU without measurements,
+    computed as the kernels' intervals are (:func:`pipeweave.interval_eval.predictive_quantiles`; a unit is one
+    GPU, kind and worker count), and its coverage leave-one-GPU-out (each GPU's sizes against the interval of the
+    others' units)."""
+    from .interval_eval import coverage_cell, predictive_quantiles
+
+    out = {}
+    for family in sorted({link_family(links[stem][0]) for stem, _, _ in residuals}):
+        units = {key: r for key, r in residuals.items() if link_family(links[key[0]][0]) == family}
+        named = {f"{stem} {kind} x{workers}": r for (stem, kind, workers), r in units.items()}
+        low, high = predictive_quantiles(named)
+        coverage = {}
+        for gpu in sorted({stem for stem, _, _ in units}):
+            others = {name: r for (stem, *_), (name, r) in zip(units, named.items()) if stem != gpu}
+            if len(others) >= 2:
+                own = np.concatenate([r for (stem, *_), r in units.items() if stem == gpu])
+                coverage[gpu] = round(coverage_cell(own, others)["coverage"], 3)
+        out[family] = {"low": round(low, 4), "high": round(high, 4), "units": sorted(named),
+                       "coverage_leave_one_gpu_out": coverage,
+                       "mean_coverage": round(float(np.mean(list(coverage.values()))), 3) if coverage else None}
+    return out
+
+
+def fit_ring_efficiency(data: pd.DataFrame, links: dict[str, tuple[str, float, float]], frame: pd.DataFrame,
+                        modelled_small: set) -> dict:
+    """``serving.json``'s ``ring_efficiency``: the measured factors, their leave-one-GPU-out score and the interval
+    of the whole analytical estimate (``frame``: every collective row, for the custom all-reduce fits)."""
     measured = measured_ring_factors(data, links)
+    residuals = _estimate_logo_residuals(data, links, frame, modelled_small, measured)
     return {"rule": "analytical time = latency term + factor x bandwidth term; factor: "
                     "pipeweave.collective_serving.ring_factor over 'measured'",
             "fit_min_size_bytes": RING_FIT_MIN_BYTES, "min_gpus": RING_MIN_GPUS, "measured": measured,
-            "leave_one_gpu_out": _ring_logo(data, measured, links)}
+            "leave_one_gpu_out": _ring_logo(data, measured, links),
+            "interval": _estimate_interval(residuals, links)}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -350,7 +412,9 @@ def serving_adjust(data: pd.DataFrame, choice: dict, frame: pd.DataFrame, log: L
             log(f"[collectives] {stem} all_reduce x{int(workers)}: {info['custom_allreduce']}")
         parts.append(g)
     adjusted = pd.concat(parts).reset_index(drop=True)
-    serving["ring_efficiency"] = fit_ring_efficiency(adjusted, links)
+    modelled_small = {(stem, workers) for (stem, kind), counts in choice.items() if kind == "all_reduce"
+                      for workers, info in counts.items() if "custom_allreduce" in info}
+    serving["ring_efficiency"] = fit_ring_efficiency(adjusted, links, frame, modelled_small)
     return adjusted, serving
 
 

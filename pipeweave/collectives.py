@@ -91,7 +91,7 @@ from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
 
 from .collective_serving import (
     CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, SERVING_FILE, custom_allreduce_ms, custom_allreduce_params,
-    read_serving, ring_factor,
+    link_family, read_serving, ring_factor,
 )
 
 KINDS = ("all_reduce", "send_recv")
@@ -342,6 +342,18 @@ class CollectivePredictor:
                 f"pipeweave); retrain: `python3 train_collective_rf.py --output_dir {self.model_dir}`")
         workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
         return ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers)
+
+    def analytical_interval(self) -> tuple[float, float] | None:
+        """(low, high) factors of the 80 % interval of this GPU's analytical estimate: the leave-one-GPU-out errors
+        of the estimate on the measured GPUs of its link family (``serving.json``, ``ring_efficiency.interval``);
+        None for a folder without trained models (nothing was evaluated)."""
+        from analytical_model.hardware import load_hardware
+        if self._serving is None:
+            return None
+        self.ring_efficiency("all_reduce", 2)  # refuses a serving.json written before the ring efficiency
+        interval = self._serving["ring_efficiency"]["interval"].get(
+            link_family(load_hardware(self.hardware).link_type))
+        return None if interval is None else (float(np.exp(interval["low"])), float(np.exp(interval["high"])))
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Estimate from the hardware JSON's link, its bandwidth term scaled by the measured ring efficiency of

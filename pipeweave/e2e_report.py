@@ -83,7 +83,8 @@ def markdown_intervals(table: pd.DataFrame) -> str:
     lines = [
         "Each prediction carries an interval that held-out kernel errors of its state put around it "
         "(docs/METHOD.md §4.4: 10th-90th percentiles per kernel, summed as perfectly correlated errors; "
-        "collectives at their point value). Share of the measured medians inside it "
+        "collectives with measured models at their point value, analytical ones with their leave-one-GPU-out "
+        "interval). Share of the measured medians inside it "
         f"(runs × metrics): **{np.nansum(inside) / scored.sum() * 100:.0f} %** of {int(scored.sum())}; "
         + ", ".join(f"{metric} {np.nanmean(inside[:, i]) * 100:.0f} %" for i, metric in enumerate(METRICS)) + ".",
         "",

@@ -337,9 +337,18 @@ class Engine:
                     if best is not None:
                         best[rows] = optimistic_ms[op][ids]
             rows = np.flatnonzero(codes == COMMUNICATION_CODE)
+            point_collectives, estimate_interval = bool(rows.size), None
             if rows.size:
-                single[rows] = coll_ms[j][0][job.workload.inst_local[rows]]
-                low[rows] = high[rows] = single[rows]  # intervals.COMMUNICATION_NOTE
+                local = job.workload.inst_local[rows]
+                single[rows] = coll_ms[j][0][local]
+                low[rows] = high[rows] = single[rows]  # measured: intervals.COMMUNICATION_NOTE
+                if coll_ms[j][1]:
+                    estimate_interval = collective_of[id(job)].analytical_interval()
+                if estimate_interval is not None:
+                    estimated = rows[np.isin([job.workload.collectives[i][0] for i in local], coll_ms[j][1])]
+                    low[estimated] *= estimate_interval[0]
+                    high[estimated] *= estimate_interval[1]
+                    point_collectives = len(estimated) < len(rows)
                 if best is not None:
                     best[rows] = single[rows]
             source = None
@@ -353,7 +362,7 @@ class Engine:
                 if coll_ms[j][1]:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
-            result = build_result(job, single, best, extrapolated, (low, high))
+            result = build_result(job, single, best, extrapolated, (low, high, point_collectives))
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
             if j in coll_ms and coll_ms[j][1]:  # recorded in the output, not only in the console's WARNING
@@ -361,7 +370,8 @@ class Engine:
                 result["extrapolation"]["analytical_collectives"] = {
                     "kinds": list(coll_ms[j][1]), "link_of": predictor.hardware,
                     "ring_efficiency": {kind: dict(zip(("factor", "basis"), predictor.ring_efficiency(
-                        kind, collective_workers(kind, job.workload.tp_size)))) for kind in coll_ms[j][1]}}
+                        kind, collective_workers(kind, job.workload.tp_size)))) for kind in coll_ms[j][1]},
+                    "interval": None if estimate_interval is None else [round(f, 4) for f in estimate_interval]}
             recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
             record = recorder(job.hardware) if recorder is not None else None
             if record:

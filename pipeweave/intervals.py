@@ -20,7 +20,9 @@ three GPUs in the evaluation adds the other unseen state's (recorded as ``from``
 Kernel intervals are summed as if their errors were perfectly correlated (comonotone: the quantile of a sum of
 comonotone variables is the sum of their quantiles). On a GPU outside training the error is mostly a bias that
 all kernels of an operator share (docs/ACCURACY.md), so independent errors would give a far too narrow interval.
-Collectives enter at their point value: no held-out evaluation of their errors exists (the output says so).
+Collectives with measured models enter at their point value (the output says so); a collective that takes the
+analytical estimate enters with that estimate's leave-one-GPU-out interval on its link family
+(:meth:`pipeweave.collectives.CollectivePredictor.analytical_interval`).
 
 A fourth state, ``calibrated``: a GPU outside training whose calibration (``calibrate.py --kernels``) was fitted
 on at least k measured kernels of the operator, k = 8, 32 or 128, takes the interval of the k-shot evaluation
@@ -47,7 +49,7 @@ TRAINED, UNSEEN_GPU, UNSEEN_ARCHITECTURE = range(len(STATES))
 LEVELS = (0.1, 0.9)
 DEFAULT_PATH = Path(__file__).resolve().parent / "error_intervals.json"
 FORMAT = "pipeweave-error-intervals-v1"
-COMMUNICATION_NOTE = "collectives at their point value (no held-out evaluation of collective errors)"
+COMMUNICATION_NOTE = "collectives with measured models at their point value (not in the interval)"
 
 
 def prediction_states(trained: frozenset, gpu_names, codes: np.ndarray) -> np.ndarray:

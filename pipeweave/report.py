@@ -73,9 +73,10 @@ def build_result(job, single: np.ndarray, optimistic: np.ndarray | None = None,
     return result
 
 
-def interval_block(workload, low: np.ndarray, high: np.ndarray) -> dict:
+def interval_block(workload, low: np.ndarray, high: np.ndarray, point_collectives: bool | None = None) -> dict:
     """The summary of the per-instance interval ends (kernel intervals summed as perfectly correlated errors;
-    :mod:`pipeweave.intervals`)."""
+    :mod:`pipeweave.intervals`). ``point_collectives``: whether some collective entered at its point value
+    (default: any collective)."""
     from pipeweave.intervals import COMMUNICATION_NOTE, LEVELS
 
     n_iter = len(workload.numbers)
@@ -83,7 +84,7 @@ def interval_block(workload, low: np.ndarray, high: np.ndarray) -> dict:
     for name, ends in (("low", low), ("high", high)):
         totals = np.bincount(workload.inst_iter, weights=ends * workload.inst_count, minlength=n_iter)
         block[name] = summarize(workload.phases, totals.tolist())
-    if workload.has_communication:
+    if workload.has_communication if point_collectives is None else point_collectives:
         block["note"] = COMMUNICATION_NOTE
     return block
 

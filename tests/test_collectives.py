@@ -294,6 +294,16 @@ def test_measured_ring_efficiency_scales_the_analytical_estimate(tmp_path):
     assert h800.ring_efficiency("send_recv", 2)[0] == 1.0  # no send/recv measured anywhere: the textbook ring
     # leave-one-GPU-out, each GPU has only one other: below the two-GPU minimum, scored as the textbook ring
     assert {c["basis"] for c in ring["leave_one_gpu_out"]["cases"]} == {"none measured on this link: textbook ring"}
+    # so the estimate's interval, from those leave-one-GPU-out errors, sits above 1 (measured 1.5x the textbook)
+    interval = ring["interval"]
+    assert list(interval) == ["nvlink"] and interval["nvlink"]["units"] == ["H100 all_reduce x4", "H200 all_reduce x4"]
+    low, high = h800.analytical_interval()
+    assert (low, high) == (pytest.approx(np.exp(interval["nvlink"]["low"])), pytest.approx(np.exp(interval["nvlink"]["high"])))
+    assert 1.0 < low <= high < 1.6
+    assert CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True).analytical_interval() is None  # no PCIe
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert CollectivePredictor("H800", model_dir=empty, allow_analytical=True).analytical_interval() is None
 
 
 def test_serving_json_without_ring_efficiency_is_refused(tmp_path):

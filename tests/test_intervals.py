@@ -194,7 +194,28 @@ def test_aggregator_interval_brackets_the_prediction_and_widens_off_training():
         spans[gpu] = interval["high"]["total_duration_ms"] / interval["low"]["total_duration_ms"]
     assert spans["H100"] < spans["L40"]  # GEMM and attention trained on H100; L40 only through L40S
     with_collectives = engine.predict([Job(load_workload(TP4_PP2), engine.gpu("H100"))])[0].result["interval"]
-    assert "collectives at their point value" in with_collectives["note"]
+    assert "collectives with measured models at their point value" in with_collectives["note"]
+
+
+def test_analytical_collectives_widen_the_interval_by_the_estimates_own(monkeypatch):
+    """H800 at TP4: the 4-GPU all-reduce takes the analytical estimate, which enters the interval with the
+    leave-one-GPU-out interval of its link family; the measured send/recv stays at its point value."""
+    from pipeweave.collectives import CollectivePredictor
+    job = Job(load_workload(TP4_PP2), Engine(log=None).gpu("H800"))
+    result = Engine(collective_estimate="analytical", log=None).predict([job])[0].result
+    low_factor, high_factor = CollectivePredictor("H800", allow_analytical=True).analytical_interval()
+    assert low_factor < 1 < high_factor
+    analytical = result["extrapolation"]["analytical_collectives"]
+    assert analytical["kinds"] == ["all_reduce"]
+    assert analytical["interval"] == [round(low_factor, 4), round(high_factor, 4)]
+    assert "point value" in result["interval"]["note"]  # send/recv is measured on H800
+    all_reduce_ms = sum(it["operator_durations"]["communication"]["all_reduce"]["total_duration_ms"]
+                        for it in result["iterations"])
+    monkeypatch.setattr(CollectivePredictor, "analytical_interval", lambda self: (1.0, 1.0))
+    point = Engine(collective_estimate="analytical", log=None).predict([job])[0].result["interval"]
+    for end, factor in (("low", low_factor), ("high", high_factor)):
+        assert result["interval"][end]["total_duration_ms"] == pytest.approx(
+            point[end]["total_duration_ms"] + all_reduce_ms * (factor - 1), abs=0.01)
 
 
 def test_predict_kernels_writes_the_interval_columns(tmp_path):
