@@ -346,16 +346,19 @@ def _estimate_interval(residuals: dict[tuple, np.ndarray], links: dict[str, tupl
 
     out = {}
     for family in sorted({link_family(links[stem][0]) for stem, _, _ in residuals}):
-        units = {key: r for key, r in residuals.items() if link_family(links[key[0]][0]) == family}
-        named = {f"{stem} {kind} x{workers}": r for (stem, kind, workers), r in units.items()}
-        low, high = predictive_quantiles(named)
+        def named(keep) -> dict[str, np.ndarray]:
+            return {f"{stem} {kind} x{workers}": r for (stem, kind, workers), r in residuals.items()
+                    if link_family(links[stem][0]) == family and keep(stem)}
+
+        every = named(lambda stem: True)
+        low, high = predictive_quantiles(every)
         coverage = {}
-        for gpu in sorted({stem for stem, _, _ in units}):
-            others = {name: r for (stem, *_), (name, r) in zip(units, named.items()) if stem != gpu}
+        for gpu in sorted({stem for stem, _, _ in residuals if link_family(links[stem][0]) == family}):
+            others = named(lambda stem: stem != gpu)
             if len(others) >= 2:
-                own = np.concatenate([r for (stem, *_), r in units.items() if stem == gpu])
+                own = np.concatenate(list(named(lambda stem: stem == gpu).values()))
                 coverage[gpu] = round(coverage_cell(own, others)["coverage"], 3)
-        out[family] = {"low": round(low, 4), "high": round(high, 4), "units": sorted(named),
+        out[family] = {"low": round(low, 4), "high": round(high, 4), "units": sorted(every),
                        "coverage_leave_one_gpu_out": coverage,
                        "mean_coverage": round(float(np.mean(list(coverage.values()))), 3) if coverage else None}
     return out

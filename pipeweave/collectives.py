@@ -70,8 +70,8 @@ Analytical estimate
 See :func:`analytical_collective_ms`: link type, bandwidth and latency come from the GPU's hardware JSON
 (``linkType``, ``linkGbps``, ``linkLatencyUs``); the bandwidth term is scaled by the ring efficiency measured on
 other GPUs of the same link (:meth:`CollectivePredictor.ring_efficiency`); small NVLink all-reduces use the custom
-all-reduce model of :mod:`pipeweave.collective_serving`. Used only when allowed (the aggregator allows it by default and prints a
-WARNING naming it).
+all-reduce model of :mod:`pipeweave.collective_serving`. Used only when allowed (the aggregator allows it by
+default and prints a WARNING naming it).
 
 Serving corrections
 -------------------
