@@ -15,7 +15,8 @@ FP8_TILE = 128
 def features(problem: GemmProblem, hw: HardwareSpec) -> np.ndarray:
     p = problem
     if not hw.tc_fp8:
-        raise ValueError(f"{hw.stem} has no FP8 tensor-core rate (tcFp8) in its hardware JSON")
+        raise ValueError(f"{hw.stem} has no FP8 tensor-core rate (tcFp8) in its hardware JSON (add the dense FP8 "
+                         f"rate with FP32 accumulation and its source if the GPU has FP8 tensor cores)")
     waves = ceil_div(p.output_tiles, hw.num_sms)
     k_p = p.k_padded
     tile_flops = 2.0 * p.tile_m * p.tile_n * k_p

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,8 @@ def build_parser():
                              "dataset at inference (GEMM tiles come from the tile rule, collective models from "
                              "--collective_dir)")
     parser.add_argument("--output", default=None,
-                        help="output JSON for one pair (default predictions.json); a directory when several pairs")
+                        help="output JSON for one pair (default predictions.json); a directory when several pairs "
+                             "(for one pair too: an existing folder, or a path ending in /)")
     parser.add_argument("--collective_hardware", default=None, metavar="GPU",
                         help="GPU whose collective models predict the communication (default: the prediction GPU, "
                              "if it has collective models; otherwise the warned analytical estimate, see --collective_estimate)")
@@ -173,7 +175,7 @@ def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
     the directory ``output``; errors before any work when that is impossible."""
     if len(jobs) == 1:
         target = Path(output or "predictions.json")
-        if target.is_dir():
+        if target.is_dir() or (output or "").endswith(("/", os.sep)):  # a trailing slash names a folder
             target = target / output_name(jobs[0].workload.stem, jobs[0].hardware)
         return [target]
     if not output:
@@ -295,7 +297,7 @@ def predict_all(engine: Engine, jobs: list[Job]) -> tuple[list[Prediction | None
     One batch when all succeed; after a failure each job is predicted alone (models stay loaded)."""
     if not jobs:
         return [], []
-    # ValueError: what a calculator refuses for one GPU (an FP8 workload on a GPU without FP8 tensor cores)
+    # ValueError: what a calculator refuses for one GPU (an FP8 workload on a GPU without an FP8 rate)
     try:
         return engine.predict(jobs), []
     except (UserError, ValueError):

@@ -9,7 +9,7 @@ from pipeweave.cli import ArgumentParser, UserError, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
 from pipeweave.validation import fa3_mismatch
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
-                                DEFAULT_TRACE_DIR, DTYPES, PREFILL_ATTN_DEFAULT)
+                                DEFAULT_TRACE_DIR, DTYPES, PREFILL_ATTN_DEFAULT, load_model_config)
 
 # Flags that describe a single workload (not allowed together with --paper_set).
 _SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "ep", "dtype", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
@@ -87,10 +87,17 @@ def main(argv: list[str] | None = None) -> int:
             requests=args.requests)]
     if args.hardware is not None and args.dtype == "fp8" and not load_hardware(args.hardware).tc_fp8:
         raise UserError(f"--dtype fp8: {load_hardware(args.hardware).stem} has no FP8 tensor-core rate (tcFp8) in its "
-                        f"hardware JSON, so no FP8 workload can be predicted on it; use --dtype bf16")
+                        f"hardware JSON, so no FP8 workload can be predicted on it; use --dtype bf16, or, if the GPU "
+                        f"has FP8 tensor cores, add its dense FP8 rate with FP32 accumulation (tcFp8) and its source "
+                        f"to the JSON")
     workloads = generate_many(specs, args.config_dir, args.trace_dir)
     for path in write_workloads(workloads, args.output_dir):
         print(path)
+    if not args.paper_set and not args.qk_norm_rmsnorm and \
+            "Qwen3" in load_model_config(args.model_config, args.config_dir).model:
+        print("Note: Qwen3 normalises q and k in every layer, two more RMSNorm kernels per layer; "
+              "--qk_norm_rmsnorm counts them (the default leaves them out, as the artifact's Qwen3-32B arxiv_12 "
+              "and splitwise_48 files do)")
     return 0
 
 

@@ -63,7 +63,7 @@ class LayerParameters:
 
 def layer_parameters(cfg: ModelConfig) -> LayerParameters:
     h, hd = cfg.hidden_size, cfg.head_dim
-    qk_norm = 2 * hd if cfg.model.startswith("Qwen3") else 0
+    qk_norm = 2 * hd if "Qwen3" in cfg.model else 0  # the architecture, or a _name_or_path such as Qwen/Qwen3-8B
     attention = h * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
     moe = cfg.moe
     if moe is None:
@@ -224,6 +224,9 @@ def config_from_model_params(params: dict, model: str = "model") -> ModelConfig:
             raise WorkloadError(f"model_params.{key} must be a non-negative integer, got {value!r}")
         return value
 
+    tied = params.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise WorkloadError(f"model_params.tie_word_embeddings must be true or false, got {tied!r}")
     moe = None
     if "num_experts" in params:
         shared = need("shared_expert_intermediate_size", 0)
@@ -232,4 +235,5 @@ def config_from_model_params(params: dict, model: str = "model") -> ModelConfig:
     return ModelConfig(stem=model, model=model, hidden_size=need("hidden_size"),
                        num_attention_heads=need("num_attention_heads"), num_key_value_heads=need("num_key_value_heads"),
                        head_dim=need("head_dim"), intermediate_size=need("intermediate_size"),
-                       vocab_size=need("vocab_size"), num_hidden_layers=need("num_hidden_layers"), moe=moe)
+                       vocab_size=need("vocab_size"), num_hidden_layers=need("num_hidden_layers"),
+                       tie_word_embeddings=tied, moe=moe)

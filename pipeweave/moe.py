@@ -64,7 +64,7 @@ class MoeConfig:
 #: Architectures whose every operator pipeweave models (dense: docs/METHOD.md §2; MoE: fused-MoE layers).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
 def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
@@ -81,7 +81,7 @@ def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
         raise ValueError(f"sliding-window attention (sliding_window {cfg['sliding_window']}) is not modelled; the "
                          "attention calculators attend to the whole context")
-    moe_keys = ", ".join(key for key in _MOE_KEYS if key in cfg)
+    moe_keys = ", ".join(key for key in MOE_KEYS if key in cfg)
     if arch is None:
         if moe_keys:
             raise ValueError(f"has mixture-of-experts keys ({moe_keys}) but no 'architectures'; name one of "

@@ -34,7 +34,9 @@ ATTENTION_BACKENDS = ("fa2_ragged", "fa3_ragged", "fa2_paged", "fa3_paged")
 
 def _div(value: int, tp: int, what: str) -> int:
     if value % tp:
-        raise WorkloadError(f"{what} is not divisible by tp {tp}")
+        fitting = [str(size) for size in range(1, min(value, 64) + 1) if value % size == 0]
+        raise WorkloadError(f"{what} is not divisible by tp {tp} (TP sizes up to 64 that divide it: "
+                            f"{', '.join(fitting)})")
     return value // tp
 
 
@@ -63,13 +65,17 @@ class RankShapes:
     @classmethod
     def of(cls, cfg: ModelConfig, tp: int) -> "RankShapes":
         nh, nkv, hd, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+        inter_key = "intermediate_size"
         if cfg.moe is not None:
-            inter = cfg.moe.shared_expert_intermediate_size
+            inter, inter_key = cfg.moe.shared_expert_intermediate_size, "shared_expert_intermediate_size"
         heads = _div(nh, tp, f"num_attention_heads ({nh})")
         # KV heads are split when there are at least TP of them, else replicated: each rank holds one (as vLLM
         # does; the artifact wrote all of them, which makes nh per rank smaller than nkv, an invalid attention)
+        if nkv < tp and tp % nkv:
+            raise WorkloadError(f"num_key_value_heads ({nkv}) is fewer than tp {tp} and does not divide it: vLLM "
+                                f"replicates each KV head over tp / num_key_value_heads ranks")
         kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else 1
-        inter_shard = _div(inter, tp, f"intermediate_size ({inter})")
+        inter_shard = _div(inter, tp, f"{inter_key} ({inter})")
         return cls(
             # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (docs/METHOD.md 11.3 #23).
             qkv_n=_div((nh + 2 * nkv) * hd, tp,
@@ -162,6 +168,14 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     _check_backend(decode_attn, "decode_attn")
     if dtype not in DTYPES:
         raise WorkloadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if cfg.checkpoint_dtype is not None and dtype != cfg.checkpoint_dtype:
+        raise WorkloadError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint (quantization_config): "
+                            f"generate it with --dtype {cfg.checkpoint_dtype}, or remove quantization_config to "
+                            f"predict its {dtype.upper()} version")
+    if cfg.max_sequence is not None and max(prompts) + output_tokens > cfg.max_sequence:
+        raise WorkloadError(f"the longest request ({max(prompts)} prompt + {output_tokens} output tokens) exceeds "
+                            f"max_position_embeddings {cfg.max_sequence} of config {cfg.stem}, which vLLM refuses "
+                            f"(a config with rope_scaling is not checked)")
     if cfg.moe is None and ep != 1:
         raise WorkloadError(f"ep {ep} needs a mixture-of-experts model; {cfg.stem} is dense")
     if cfg.moe is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeweave.cli import UserError
-from pipeweave.moe import MoeConfig, moe_config_from_dict
+from pipeweave.moe import MOE_KEYS, MoeConfig, moe_config_from_dict
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 
 #: Column layouts of a trace CSV: name -> (prompt column, decode column, output column).
@@ -59,6 +59,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     #: the routed/shared experts of a mixture-of-experts model (every layer is MoE); None for a dense model
     moe: MoeConfig | None = None
+    #: "fp8" for a checkpoint whose ``quantization_config`` is FP8 (its workloads must be generated as FP8)
+    checkpoint_dtype: str | None = None
+    #: the longest sequence the model serves (``max_position_embeddings`` of a config without ``rope_scaling``)
+    max_sequence: int | None = None
 
     def model_params(self) -> dict:
         return {
@@ -69,6 +73,8 @@ class ModelConfig:
             "intermediate_size": self.intermediate_size,
             "vocab_size": self.vocab_size,
             "num_hidden_layers": self.num_hidden_layers,
+            # only when tied, so that the workloads of untied models keep their bytes
+            **({"tie_word_embeddings": True} if self.tie_word_embeddings else {}),
             **({} if self.moe is None else {
                 "num_experts": self.moe.num_experts,
                 "num_experts_per_tok": self.moe.top_k,
@@ -84,14 +90,51 @@ def positive_int(value, what: str) -> int:
     return value
 
 
+#: every key the reader acts on; an unknown key one edit away from one of them is taken for a misspelling
+READ_KEYS = (*_MODEL_KEYS, "head_dim", "tie_word_embeddings", "architectures", "_name_or_path", *MOE_KEYS,
+             "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank", "sliding_window", "use_sliding_window",
+             "mlp_only_layers", "decoder_sparse_step", "quantization_config", "max_position_embeddings",
+             "rope_scaling")
+
+
+def one_edit_apart(a: str, b: str) -> bool:
+    """One character inserted, deleted, replaced, or two neighbours swapped. Real HF keys that extend a read key
+    (v_head_dim, swa_num_key_value_heads, moe_shared_expert_intermediate_size) are further away."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diffs = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diffs) == 1 or (len(diffs) == 2 and diffs[1] == diffs[0] + 1
+                                   and a[diffs[0]] == b[diffs[1]] and a[diffs[1]] == b[diffs[0]])
+    shorter, longer = sorted((a, b), key=len)
+    return any(longer[:i] + longer[i + 1:] == shorter for i in range(len(longer)))
+
+
+def _checkpoint_dtype(cfg: dict, stem: str) -> str | None:
+    quantization = cfg.get("quantization_config")
+    if quantization is None:
+        return None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method != "fp8":
+        raise WorkloadError(f"config {stem}: quantization_config quant_method {method!r} is not modelled; pipeweave "
+                            f"predicts BF16 and FP8 (W8A8) linear layers (--dtype fp8)")
+    return "fp8"
+
+
 def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     """Validate a parsed config dict and resolve ``head_dim`` and the ``model`` string."""
     if not isinstance(cfg, dict):
         raise WorkloadError(f"config {stem}: expected a JSON object")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        raise WorkloadError(f"config {stem}: 'architectures' must be a list such as [\"LlamaForCausalLM\"], "
+                            f"got {archs!r}")
     values = {}
     for key in _MODEL_KEYS:
         if key not in cfg:
-            raise WorkloadError(f"config {stem}: missing key '{key}'")
+            typo = [found for found in cfg if one_edit_apart(found, key)]
+            raise WorkloadError(f"config {stem}: missing key '{key}'"
+                                + (f" (found '{typo[0]}': a misspelling?)" if typo else ""))
         values[key] = positive_int(cfg[key], f"config {stem}: {key}")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if cfg.get("head_dim") is not None:
@@ -114,7 +157,15 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         moe = moe_config_from_dict(cfg)
     except ValueError as exc:
         raise WorkloadError(f"config {stem}: {exc}") from None
-    return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe, **values)
+    for key in cfg:  # after the refusals of unmodelled architectures, whose own keys may be one edit apart
+        close = [known for known in READ_KEYS if key not in READ_KEYS and one_edit_apart(key, known)]
+        if close:
+            raise WorkloadError(f"config {stem}: unknown key '{key}'; did you mean '{close[0]}'?")
+    max_sequence = None
+    if cfg.get("max_position_embeddings") is not None and not cfg.get("rope_scaling"):
+        max_sequence = positive_int(cfg["max_position_embeddings"], f"config {stem}: max_position_embeddings")
+    return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe,
+                       checkpoint_dtype=_checkpoint_dtype(cfg, stem), max_sequence=max_sequence, **values)
 
 
 def _known_stems(directory: Path, suffix: str) -> list[str]:

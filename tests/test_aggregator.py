@@ -419,6 +419,15 @@ def test_cli_sweep_needs_output_directory(models, tmp_path):
     assert_cli_error(proc, "must be a directory", output=tmp_path / "x.json")
 
 
+def test_one_pair_into_a_folder_named_with_a_trailing_slash(tmp_path):
+    from pipeweave.aggregate import output_targets
+
+    job = Job(load_workload(TP1), load_hardware("A100"))
+    folder = tmp_path / "new_folder"
+    assert output_targets([job], f"{folder}/") == [folder / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json"]
+    assert output_targets([job], str(folder)) == [folder]  # without the slash: the file's own name
+
+
 def test_sweep_lists_pairs_that_do_not_fit_or_cannot_run_and_writes_the_others(models, tmp_path):
     """One pair too large for its GPU's memory, or an FP8 workload on a GPU without FP8 tensor cores, is one
     failure of the sweep: the other pairs are written, the failures listed, the exit status 2."""

@@ -171,3 +171,86 @@ def test_aggregator_refuses_a_workload_that_does_not_fit(tmp_path, repo_root):
     assert "WARNING" in forced.stdout and "--ignore_memory" in forced.stdout
     record = json.loads(out.read_text())["memory_check"]
     assert record["fits"] is False and record["ignored"] is True and record["smallest_tp"] == 4
+
+
+# ------------------------------------------------------------------------------------------------
+# configs a user writes: what the reader must not get silently wrong
+# ------------------------------------------------------------------------------------------------
+
+QWEN3_4B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 2560, "intermediate_size": 9728,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 36,
+            "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+def test_tied_embeddings_survive_the_workload():
+    """Qwen3-4B ties its embeddings: 4.02 B parameters (model card), not the 4.41 B of two tables. The memory check
+    of a generated workload (which reads model_params) must count one table, as the config's own check does."""
+    from pipeweave.memory import config_from_model_params
+    from pipeweave.workload import build_workload
+
+    cfg = model_config_from_dict(QWEN3_4B, "Qwen3-4B")
+    assert parameter_count(cfg) == pytest.approx(4.02e9, rel=0.005)
+    workload = build_workload(cfg, [4096] * 4, 8)
+    assert workload.model_params["tie_word_embeddings"] is True
+    rebuilt = config_from_model_params(workload.model_params, cfg.model)
+    assert weight_bytes_per_gpu(rebuilt, 1, 1, 1, "bf16") == weight_bytes_per_gpu(cfg, 1, 1, 1, "bf16")
+    untied = build_workload(model_config_from_dict({**QWEN3_4B, "tie_word_embeddings": False}), [4096] * 4, 8)
+    assert "tie_word_embeddings" not in untied.model_params  # untied workloads keep their bytes
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"architectures": "LlamaForCausalLM"}, r"'architectures' must be a list such as \[\"LlamaForCausalLM\"\]"),
+    ({"architectures": []}, "'architectures' must be a list"),
+    ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
+    ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quant_method 'awq' is not modelled"),
+])
+def test_config_mistakes_are_named(edit, message):
+    cfg = {key: value for key, value in {**QWEN3_4B, **edit}.items() if value is not None}
+    with pytest.raises(WorkloadError, match=message):
+        model_config_from_dict(cfg)
+
+
+def test_real_hf_keys_next_to_read_ones_are_not_misspellings():
+    """Keys of real configs that extend a key the reader uses are not taken for typos."""
+    cfg = model_config_from_dict({**QWEN3_4B, "v_head_dim": 128, "swa_num_key_value_heads": 4,
+                                  "moe_shared_expert_intermediate_size": 0, "rope_theta": 1e6, "hidden_act": "silu"})
+    assert cfg.head_dim == 128
+
+
+def test_fp8_checkpoint_and_context_limit_reach_the_workload():
+    from pipeweave.workload import build_workload
+
+    fp8 = model_config_from_dict({**QWEN3_4B, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
+    with pytest.raises(WorkloadError, match="is an FP8 checkpoint.*--dtype fp8"):
+        build_workload(fp8, [512], 4)
+    assert build_workload(fp8, [512], 4, dtype="fp8").dtype == "fp8"
+    short = model_config_from_dict({**QWEN3_4B, "max_position_embeddings": 4096})
+    with pytest.raises(WorkloadError, match=r"\(4090 prompt \+ 8 output tokens\) exceeds max_position_embeddings 4096"):
+        build_workload(short, [100, 4090], 8)
+    build_workload(short, [4088], 8)  # exactly the limit
+    scaled = model_config_from_dict({**QWEN3_4B, "max_position_embeddings": 4096,
+                                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    build_workload(scaled, [8192], 8)  # rope scaling extends the context: not checked
+
+
+def test_tensor_parallel_layouts_vllm_refuses():
+    from pipeweave.workload import RankShapes
+
+    three_kv = model_config_from_dict({**QWEN3_4B, "num_attention_heads": 24, "num_key_value_heads": 3,
+                                       "intermediate_size": 9216})
+    with pytest.raises(WorkloadError, match=r"num_key_value_heads \(3\) is fewer than tp 8 and does not divide it"):
+        RankShapes.of(three_kv, 8)
+    assert RankShapes.of(three_kv, 3).nkv == 1  # each rank one of the three KV heads
+    assert RankShapes.of(model_config_from_dict(QWEN3_4B), 16).nkv == 1  # 8 KV heads, each on two ranks
+    seven = model_config_from_dict({**QWEN3_4B, "num_attention_heads": 28, "num_key_value_heads": 4})
+    with pytest.raises(WorkloadError, match=r"num_attention_heads \(28\) is not divisible by tp 8 \(TP sizes up to "
+                                            r"64 that divide it: 1, 2, 4, 7, 14, 28\)"):
+        RankShapes.of(seven, 8)
+    qwen2_moe = model_config_from_dict({  # Qwen1.5-MoE-A2.7B's layout with a 5640-wide shared expert
+        "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
+        "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5640})
+    with pytest.raises(WorkloadError, match=r"^shared_expert_intermediate_size \(5640\) is not divisible by tp 16"):
+        RankShapes.of(qwen2_moe, 16)

@@ -1,6 +1,7 @@
 """Workload generator (docs/METHOD.md section 6): byte identity with the artifact, committed files, facts, errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -124,7 +125,9 @@ def test_configs_agree_with_artifact():
     shared = sorted(SHARED_CONFIGS.glob("*.json"))
     assert len(shared) == 9
     for path in shared:  # the artifact's nine; the MoE configs are this project's own
-        assert load_model_config(DEFAULT_CONFIG_DIR / path.name) == load_model_config(path)
+        # ours omit max_position_embeddings, which only bounds request lengths and shapes no operator
+        artifact = dataclasses.replace(load_model_config(path), max_sequence=None)
+        assert load_model_config(DEFAULT_CONFIG_DIR / path.name) == artifact
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,3 +384,17 @@ def test_cli_single_workload(tmp_path):
     data = json.loads(path.read_text())
     assert data["model"] == "X" and data["model_params"]["head_dim"] == 16 and len(data["iterations"]) == 2
     assert [c["name"] for c in data["iterations"][1]["operators"]["communication"]] == ["all_reduce", "send_recv"]
+
+
+def test_generator_notes_qwen3_qk_norm(tmp_path, capsys):
+    """A Qwen3 workload without --qk_norm_rmsnorm leaves the q/k RMSNorm kernels out; the generator says so."""
+    from pipeweave.generate_cli import main
+
+    main(["--model_config", "Qwen3-14B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
+          "--output_dir", str(tmp_path)])
+    assert "Note: Qwen3 normalises q and k" in capsys.readouterr().out
+    main(["--model_config", "Qwen3-14B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
+          "--qk_norm_rmsnorm", "--output_dir", str(tmp_path)])
+    main(["--model_config", "Llama-3.1-8B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
+          "--output_dir", str(tmp_path)])
+    assert "Note" not in capsys.readouterr().out
