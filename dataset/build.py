@@ -25,7 +25,7 @@ from analytical_model.registry import TILE_COLUMNS, compute_features, get_operat
 from analytical_model.tiles import choose_gemm_tiles
 from dataset.sources import load_collectives, load_measurements
 from pipeweave.cli import ArgumentParser, UserError, run_cli, trainable_operator_list, write_atomically
-from pipeweave.paths import DATASET_DIR
+from pipeweave.paths import DATASET_DIR, require_shared_data
 from pipeweave.splits import shape_holdout_mask, shape_keys
 
 TRAINABLE_OPS = operator_keys(trainable=True)
@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ops = args.ops
     if not 0 < args.test_fraction < 1:
         raise UserError("--test_fraction must be between 0 and 1")
+    require_shared_data("python3 -m dataset.build")
     started = time.perf_counter()
     raw = load_measurements(sorted(set(ops) | ({"gemm_fp8"} if "gemm" in ops else set())))
     built, operator_frames = {}, {}

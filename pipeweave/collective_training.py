@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
+from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, require_shared_data
 
 from .collective_serving import is_custom_allreduce, serving_adjust, write_serving
 from .collectives import (KINDS, METADATA_FILE, MODEL_FORMAT, REGRESSORS, _features, analytical_collective_ms,
@@ -217,6 +217,8 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
     from dataset.sources import load_collectives
     from .cli import UserError, write_atomically
 
+    if frame is None:
+        require_shared_data("train_collective_rf.py")
     df = load_collectives(log=log) if frame is None else frame
     data, choice = select_training_data(df, log)
     serving_record = None

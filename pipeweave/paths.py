@@ -60,3 +60,16 @@ def existing_shared_data_dir() -> Path | None:
     """The shared data folder, or None when it is absent."""
     path = shared_data_dir()
     return path if path.is_dir() else None
+
+
+def require_shared_data(command: str) -> Path:
+    """The shared data folder, or a UserError: a dataset or model built from aiconfigurator-core's tables alone
+    would silently replace the committed ones with fewer GPUs."""
+    from pipeweave.cli import UserError
+
+    path = existing_shared_data_dir()
+    if path is None:
+        raise UserError(f"{command} needs the shared measurement data, not found at {shared_data_dir()}; set "
+                        f"{SHARED_DATA_ENV} to its folder (without it the output would hold aiconfigurator-core's "
+                        f"GPUs only and replace the committed one)")
+    return path

@@ -453,3 +453,16 @@ def test_engine_hint_does_not_suggest_the_estimate_already_given(tmp_path, model
         engine.predict_workload(workload, "H100")
     assert "--collective_estimate analytical" not in str(refused.value)
     assert "--collective_hardware" in str(refused.value)
+
+
+def test_training_without_the_shared_data_is_refused(tmp_path, monkeypatch):
+    """Without ../shared/data the sources would give aiconfigurator-core's GPUs only, and the retrained folder
+    would silently lose the others' models: refused before anything is written."""
+    from dataset.build import main as build_main
+
+    monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path / "absent"))
+    with pytest.raises(UserError, match="needs the shared measurement data.*PIPEWEAVE_SHARED_DATA"):
+        train_collectives(output_dir=tmp_path / "models", log=_quiet)
+    with pytest.raises(UserError, match="python3 -m dataset.build needs the shared measurement data"):
+        build_main(["--output_dir", str(tmp_path / "dataset")])
+    assert not (tmp_path / "models").exists() and not (tmp_path / "dataset").exists()

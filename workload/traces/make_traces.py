@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dest", type=Path, default=HERE, help="output folder (default: workload/traces/)")
     args = p.parse_args(argv)
     source = args.source or shared_traces_dir()
+    if not source.is_dir():
+        print(f"make_traces.py: error: no trace folder {source}: the artifact's traces come with the shared data "
+              f"(set PIPEWEAVE_SHARED_DATA to its folder, or pass --source)", file=sys.stderr)
+        return 2
     try:
         converted = {name: convert((source / f"{name}.csv").read_text(encoding="utf-8"), name) for name in TRACE_NAMES}
     except (OSError, ValueError) as exc:
