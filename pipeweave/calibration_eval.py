@@ -503,14 +503,15 @@ def measured_kernels_sentence(op: str) -> str:
     """How many kernels of ``op`` a user measures: the profiler's full and quick grid, or, for an operator the
     profiler does not measure, the size of the replay grid of its fine-tuning."""
     from pipeweave.finetune import replay_shapes
-    from pipeweave.paths import DEFAULT_CONFIG_DIR
-    from pipeweave.profiler.grids import DEFAULT_CONFIGS, OPS, build_grid, load_models
+    from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+    from pipeweave.profiler.grids import DEFAULT_CONFIGS, OPS, build_grid, load_models, load_trace_prompts
 
-    full = len(next(iter(replay_shapes(op).values())))
     if op not in OPS:
+        replay = len(next(iter(replay_shapes(op).values())))
         return (f"The profiler does not measure {op} kernels; a user measures them with another benchmark (the "
-                f"replay grid of its fine-tuning has {full:,} shapes).")
-    quick = len(build_grid(load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), ops=[op], quick=True).rows[op])
+                f"replay grid of its fine-tuning has {replay:,} shapes).")
+    models, traces = load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), load_trace_prompts(DEFAULT_TRACE_DIR)
+    full, quick = (len(build_grid(models, ops=[op], quick=q, traces=traces).rows[op]) for q in (False, True))
     return f"A user who runs the profiler's full grid measures {full:,} {op} kernels (its quick grid {quick:,})."
 
 
@@ -575,7 +576,7 @@ def main(argv=None) -> int:
                              "kernels of each held-out GPU, and rewrite that section of --accuracy_md")
     parser.add_argument("--many_kernels_k", type=positive_int, default=MANY_KERNELS, metavar="K",
                         help=f"kernels drawn per held-out GPU for --many_kernels (default: {MANY_KERNELS}; the "
-                             "profiler's full grid measures 3,790 of each GEMM class and 1,288 attention kernels, its "
+                             "profiler's full grid measures 3,790 of each GEMM class and 1,608 attention kernels, its "
                              "quick grid 239 and 32)")
     args = parser.parse_args(argv)
     if args.many_kernels:

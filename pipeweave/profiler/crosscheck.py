@@ -118,7 +118,7 @@ def render(entries: list[dict], reference: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python3 -m pipeweave.profiler.crosscheck", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python3 -m pipeweave.profiler.crosscheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("--measured_dir", type=Path, default=DEFAULT_MEASURED_DIR,
                         help="root of the profiler's <gpu>/<op>.csv (default: dataset/measured)")
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,

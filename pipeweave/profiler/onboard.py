@@ -89,7 +89,7 @@ def render(hardware: str, rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python3 -m pipeweave.profiler.onboard", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python3 -m pipeweave.profiler.onboard", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hardware", required=True, help="the GPU the kernels were measured on")
     parser.add_argument("--kernels", nargs="+", required=True, metavar="CSV",
                         help="measured kernels in the profiler's format (dataset/measured/<gpu>/<op>.csv)")
