@@ -23,6 +23,7 @@ from pathlib import Path
 from pipeweave.cli import UserError
 from pipeweave.moe import MOE_KEYS, MoeConfig, moe_config_from_dict
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+from pipeweave.validation import HEAD_DIM_STEP, MAX_HEAD_DIM
 
 #: Column layouts of a trace CSV: name -> (prompt column, decode column, output column).
 TRACE_FORMATS = {
@@ -144,6 +145,10 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
             raise WorkloadError(f"config {stem}: no head_dim and hidden_size {hidden} is not divisible by "
                                 f"num_attention_heads {heads}")
         head_dim = hidden // heads
+    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
+        raise WorkloadError(f"config {stem}: head_dim {head_dim} is not a head size the attention kernels and their "
+                            f"model support (a multiple of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
+                            + ("" if "head_dim" in cfg else " (hidden_size / num_attention_heads)"))
     if "_name_or_path" in cfg:
         model = str(cfg["_name_or_path"])
     elif isinstance(cfg.get("architectures"), list) and cfg["architectures"]:

@@ -204,6 +204,9 @@ def test_tied_embeddings_survive_the_workload():
     ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
     ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quant_method 'awq' is not modelled"),
+    ({"head_dim": 72}, "head_dim 72 is not a head size the attention kernels and their model support"),
+    ({"head_dim": None, "hidden_size": 2400, "num_attention_heads": 32},
+     r"head_dim 75 .* \(hidden_size / num_attention_heads\)"),
 ])
 def test_config_mistakes_are_named(edit, message):
     cfg = {key: value for key, value in {**QWEN3_4B, **edit}.items() if value is not None}
