@@ -145,10 +145,6 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
             raise WorkloadError(f"config {stem}: no head_dim and hidden_size {hidden} is not divisible by "
                                 f"num_attention_heads {heads}")
         head_dim = hidden // heads
-    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
-        raise WorkloadError(f"config {stem}: head_dim {head_dim} is not a head size the attention kernels and their "
-                            f"model support (a multiple of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
-                            + ("" if "head_dim" in cfg else " (hidden_size / num_attention_heads)"))
     if "_name_or_path" in cfg:
         model = str(cfg["_name_or_path"])
     elif isinstance(cfg.get("architectures"), list) and cfg["architectures"]:
@@ -162,6 +158,10 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         moe = moe_config_from_dict(cfg)
     except ValueError as exc:
         raise WorkloadError(f"config {stem}: {exc}") from None
+    if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
+        raise WorkloadError(f"config {stem}: head_dim {head_dim} is not a head size the attention kernels and their "
+                            f"model support (a multiple of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
+                            + ("" if "head_dim" in cfg else " (hidden_size / num_attention_heads)"))
     for key in cfg:  # after the refusals of unmodelled architectures, whose own keys may be one edit apart
         close = [known for known in READ_KEYS if key not in READ_KEYS and one_edit_apart(key, known)]
         if close:
