@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pipeweave.cli import UserError
 from pipeweave.engine import Engine
 from pipeweave.memory import check_memory, weight_bytes_per_gpu
+from pipeweave.paths import DEFAULT_CONFIG_DIR
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
 from pipeweave.serving.requests import load_serving_trace, make_requests
 from pipeweave.serving.run import ServingConfig, check, simulate_config, vllm_settings
@@ -395,6 +396,28 @@ def test_static_scheduler_checks_memory_like_the_aggregator(engine):
 def test_pp_beyond_the_layer_count_is_refused(engine):
     with pytest.raises(UserError, match="--pp 64 exceeds the 32 layers of Llama-3.1-8B"):
         simulate_config(ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", pp=64, num_requests=2), engine)
+
+
+def test_fp8_checkpoints_and_overlong_requests_are_refused(engine, tmp_path):
+    """The simulator models BF16 linear layers: an FP8 checkpoint is not silently simulated as BF16; a request
+    beyond the config's max_position_embeddings is one vLLM would refuse."""
+    import json
+
+    base = json.loads((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text())
+    fp8 = tmp_path / "fp8.json"
+    fp8.write_text(json.dumps({**base, "quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(UserError, match="FP8 checkpoint .* BF16 linear layers only"):
+        simulate_config(ServingConfig(str(fp8), "splitwise_48", "H100", num_requests=2), engine)
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({key: value for key, value in {**base, "max_position_embeddings": 128}.items()
+                                 if key != "rope_scaling"}))
+    with pytest.raises(UserError, match="exceeds max_position_embeddings 128"):
+        simulate_config(ServingConfig(str(short), "splitwise_48", "H100", num_requests=2), engine)
+    from pipeweave.serving.search import main as search_main  # refused once, not as every candidate infeasible
+    with pytest.raises(UserError, match="FP8 checkpoint"):
+        search_main(["--model_config", str(fp8), "--hardware", "H100", "--gpu_budget", "2", "--trace",
+                     "splitwise_48", "--num_requests", "2", "--output", str(tmp_path / "search.csv")])
+    assert not (tmp_path / "search.csv").exists()
 
 
 def test_kv_limited_run_on_the_kernel_cost(engine):

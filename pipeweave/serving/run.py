@@ -125,6 +125,20 @@ def static_memory_check(cfg: ModelConfig, hardware: HardwareSpec, config: Servin
     return admit
 
 
+def check_model_and_requests(cfg: ModelConfig, requests) -> None:
+    """What the simulator cannot run for any GPU or parallelism: an FP8 checkpoint (it models BF16 linear layers),
+    a request longer than the model serves."""
+    if cfg.checkpoint_dtype is not None:
+        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint (quantization_config), but "
+                        f"the serving simulator models BF16 linear layers only; remove quantization_config to "
+                        f"simulate its BF16 version")
+    longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+    if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
+        raise UserError(f"request {longest.rid} ({longest.prompt_tokens} prompt + {longest.output_tokens} output "
+                        f"tokens) exceeds max_position_embeddings {cfg.max_sequence} of config {cfg.stem}, which vLLM "
+                        f"refuses (a config with rope_scaling is not checked)")
+
+
 def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> ServingRun:
     """Build requests, scheduler and step cost from ``config`` and run the simulation."""
     check(config)
@@ -142,6 +156,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
                           mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket)
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
+    check_model_and_requests(cfg, requests)
     if config.scheduler == "static":
         scheduler = StaticScheduler(config.max_num_seqs, admit=static_memory_check(cfg, hardware, config))
         settings = {"max_num_seqs": config.max_num_seqs}

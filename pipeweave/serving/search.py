@@ -23,7 +23,7 @@ import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.serving.cli import add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args
-from pipeweave.serving.run import ServingConfig
+from pipeweave.serving.run import ServingConfig, check_model_and_requests
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
 #: columns of a feasible candidate's simulation (NaN on infeasible rows)
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
     # and requests are built once: their errors would otherwise only mark every candidate infeasible
     base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm")
-    load_model_config(base.model_config)
-    make_requests(load_serving_trace(base.trace), base.num_requests, base.qps, base.seed, base.per_request_outputs)
+    check_model_and_requests(load_model_config(base.model_config), make_requests(
+        load_serving_trace(base.trace), base.num_requests, base.qps, base.seed, base.per_request_outputs))
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget}")
