@@ -71,9 +71,10 @@ def build_parser():
     parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="analytical",
                         help="'analytical' (default): where no measured model covers a collective (GPU, kind or "
                              "worker count), use the documented analytical estimate from the GPU's hardware JSON "
-                             "link (pipeweave.collectives.analytical_collective_ms; vLLM custom all-reduce model for "
-                             "small NVLink messages) and print a WARNING line naming it; 'model': measured collective "
-                             "models only, a missing one is an error")
+                             "link (pipeweave.collectives.CollectivePredictor.analytical_ms: the ring estimate scaled "
+                             "by the ring efficiency other GPUs of the link measured, vLLM custom all-reduce model "
+                             "for small NVLink messages) and print a WARNING line naming it; 'model': measured "
+                             "collective models only, a missing one is an error")
     parser.add_argument("--ignore_memory", action="store_true",
                         help="predict even when the workload does not fit in GPU memory (weights + KV cache + "
                              "activations, pipeweave.memory); the output then carries memory_check.fits = false")
@@ -349,7 +350,7 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(f"{round((interval['levels'][1] - interval['levels'][0]) * 100)} % interval (held-out kernel errors): "
               f"prefill {low['prefill_duration_ms']:.3f}–{high['prefill_duration_ms']:.3f}{decode}, total "
               f"{low['total_duration_ms']:.3f}–{high['total_duration_ms']:.3f} ms"
-              + (" (measured collectives at their point value)" if "note" in interval else ""))
+              + (" (some collectives at their point value: interval.note)" if "note" in interval else ""))
     extrapolation = prediction.result.get("extrapolation", {})
     if extrapolation.get("share", 0.0) > EXTRAPOLATED_NOTE_SHARE:
         operators = ", ".join(op for op, share in extrapolation["by_operator"].items() if share > 0)

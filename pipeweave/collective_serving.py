@@ -38,9 +38,9 @@ end-to-end runs:
 
 3. **Measured ring efficiency of the analytical estimate.** Where no measurement covers a GPU or worker count,
    the textbook ring estimate at the spec link rate is optimistic (measured transfers of 32 MiB and up take
-   0.9-1.8x its bandwidth term on NVLink, 1.7-16x on PCIe). Its bandwidth term is scaled by the median of what
-   other GPUs of the same link measured at the same worker count (:func:`ring_factor`), scored leave-one-GPU-out
-   in ``serving.json`` (``ring_efficiency``).
+   0.9-1.8x its bandwidth term on NVLink, GB200 with 2 GPUs 4.7x, and 1.7-16x on PCIe). Its bandwidth term is
+   scaled by the median of what other GPUs of the same link measured at the same worker count
+   (:func:`ring_factor`), scored leave-one-GPU-out in ``serving.json`` (``ring_efficiency``).
 
 The fitted constants and the conversion curve are written to ``collective_models/serving.json``; the predictor's
 analytical fallback (a GPU or worker count without measurements) uses the same custom-all-reduce model and ring
@@ -259,7 +259,7 @@ def ring_factor(measured: list[dict], link_type: str, kind: str, workers: int, e
     worker count, taking the first of: the same generation, the same family (NVLink or PCIe), then the same two
     at the nearest measured worker count (log2 distance, ties to the larger); each only where at least
     :data:`RING_MIN_GPUS` GPUs measured it. The worker count comes before the generation because the factor moves
-    far more with it (NVLink: ~1.7 at 2 GPUs, ~1.0-1.3 at 8) than between generations. Without such GPUs: 1
+    far more with it (NVLink: ~1.7 at 2 GPUs, 0.9-1.4 at 8) than between generations. Without such GPUs: 1
     (the textbook estimate)."""
     rows = [m for m in measured if m["kind"] == kind and m["gpu"] != exclude]
     levels = ((lambda m: m["link_type"] == link_type, link_type),
@@ -280,61 +280,57 @@ def ring_factor(measured: list[dict], link_type: str, kind: str, workers: int, e
     return 1.0, "none measured on this link: textbook ring"
 
 
-def _ring_logo(data: pd.DataFrame, measured: list[dict], links: dict[str, tuple[str, float, float]]) -> dict:
-    """Leave-one-GPU-out: every measured (GPU, kind, worker count) predicted with the factor of the other GPUs,
-    against the textbook estimate, at the sizes the ring estimate serves (NVLink all-reduce from vLLM's custom
-    all-reduce limit up, every size otherwise)."""
-    from .collectives import analytical_collective_terms
-
-    cases = []
-    for (stem, kind, workers), g in data.groupby(["stem", "collective", "num_workers"], sort=True):
-        link_type, gbps, latency_us = links[stem]
-        size, time = g["size_bytes"].to_numpy(np.float64), g["time_ms"].to_numpy(np.float64)
-        if kind == "all_reduce" and link_type.startswith("nvlink") and int(workers) in CUSTOM_AR_WORLD_SIZES:
-            size, time = size[size >= CUSTOM_AR_MAX_BYTES], time[size >= CUSTOM_AR_MAX_BYTES]
-        if not len(size):
-            continue
-        factor, basis = ring_factor(measured, link_type, kind, int(workers), exclude=stem)
-        latency, transfer = analytical_collective_terms(kind, size, int(workers), gbps, latency_us)
-        log_error = {"textbook": np.abs(np.log((latency + transfer) / time)),
-                     "measured_factor": np.abs(np.log((latency + factor * transfer) / time))}
-        cases.append({"gpu": stem, "kind": kind, "workers": int(workers), "factor": round(factor, 4),
-                      "basis": basis, "sizes": int(len(size)),
-                      **{f"mean_abs_log_error_{k}": round(float(v.mean()), 4) for k, v in log_error.items()}})
-    pooled = {k: round(float(np.mean([c[f"mean_abs_log_error_{k}"] for c in cases])), 4) if cases else None
-              for k in ("textbook", "measured_factor")}
-    return {"cases": cases, "mean_over_cases": pooled}
-
-
-def _estimate_logo_residuals(data: pd.DataFrame, links: dict[str, tuple[str, float, float]], frame: pd.DataFrame,
-                             modelled_small: set, measured: list[dict]) -> dict[tuple, np.ndarray]:
-    """{(GPU, kind, workers): log(measured / analytical estimate)} at every measured size, the estimate as
-    :meth:`pipeweave.collectives.CollectivePredictor.analytical_ms` gives it with the GPU left out of everything
-    fitted (its ring factor and its NVLink generation's custom all-reduce fit). ``modelled_small``: (GPU, workers)
-    whose sizes below vLLM's custom all-reduce limit are that model's, not measurements, and are not scored."""
+def _logo_estimates(data: pd.DataFrame, links: dict[str, tuple[str, float, float]], frame: pd.DataFrame,
+                    modelled_small: set, measured: list[dict]) -> list[dict]:
+    """Every measured (GPU, kind, worker count) estimated analytically with the GPU left out of everything fitted
+    (its ring factor and its NVLink generation's custom all-reduce fit), as
+    :meth:`pipeweave.collectives.CollectivePredictor.analytical_ms` gives it. Per case: the measured sizes and
+    times, the textbook terms, the factor and the whole estimate; ``ring`` marks the sizes the ring estimate serves
+    (NVLink all-reduce from vLLM's custom all-reduce limit up, every size otherwise), ``scored`` the sizes that
+    are measurements (``modelled_small``: (GPU, workers) whose sizes below that limit are the custom all-reduce
+    model's)."""
     from .collectives import analytical_collective_terms
 
     custom_fits: dict[str, dict] = {}
-    out = {}
+    cases = []
     for (stem, kind, workers), g in data.groupby(["stem", "collective", "num_workers"], sort=True):
         link_type, gbps, latency_us = links[stem]
+        workers = int(workers)
         size, time = g["size_bytes"].to_numpy(np.float64), g["time_ms"].to_numpy(np.float64)
-        if kind == "all_reduce" and (stem, int(workers)) in modelled_small:
-            size, time = size[size >= CUSTOM_AR_MAX_BYTES], time[size >= CUSTOM_AR_MAX_BYTES]
-        if not len(size):
-            continue
-        factor = ring_factor(measured, link_type, kind, int(workers), exclude=stem)[0]
-        latency, transfer = analytical_collective_terms(kind, size, int(workers), gbps, latency_us)
+        factor, basis = ring_factor(measured, link_type, kind, workers, exclude=stem)
+        latency, transfer = analytical_collective_terms(kind, size, workers, gbps, latency_us)
         estimate = latency + factor * transfer
-        if kind == "all_reduce" and link_type.startswith("nvlink") and int(workers) in CUSTOM_AR_WORLD_SIZES:
+        custom = kind == "all_reduce" and link_type.startswith("nvlink") and workers in CUSTOM_AR_WORLD_SIZES
+        if custom:
             if stem not in custom_fits:
                 custom_fits[stem] = fit_custom_allreduce(frame[frame["stem"] != stem], links)
             params = custom_allreduce_params(custom_fits[stem], link_type)
             small = size < CUSTOM_AR_MAX_BYTES
             if params is not None and small.any():
-                estimate[small] = custom_allreduce_ms(params, size[small], int(workers), gbps)
-        out[(stem, kind, int(workers))] = np.log(time / estimate)
-    return out
+                estimate[small] = custom_allreduce_ms(params, size[small], workers, gbps)
+        modelled = kind == "all_reduce" and (stem, workers) in modelled_small
+        cases.append({"gpu": stem, "kind": kind, "workers": workers, "factor": factor, "basis": basis,
+                      "time": time, "textbook": latency + transfer, "with_factor": latency + factor * transfer,
+                      "estimate": estimate, "ring": size >= CUSTOM_AR_MAX_BYTES if custom else np.ones(len(size), bool),
+                      "scored": size >= CUSTOM_AR_MAX_BYTES if modelled else np.ones(len(size), bool)})
+    return cases
+
+
+def _ring_logo(cases: list[dict]) -> dict:
+    """Leave-one-GPU-out score of the ring factor: textbook against measured factor, at the ring's sizes."""
+    out = []
+    for case in cases:
+        ring, time = case["ring"], case["time"]
+        if not ring.any():
+            continue
+        log_error = {k: np.abs(np.log(case[column][ring] / time[ring]))
+                     for k, column in (("textbook", "textbook"), ("measured_factor", "with_factor"))}
+        out.append({"gpu": case["gpu"], "kind": case["kind"], "workers": case["workers"],
+                    "factor": round(case["factor"], 4), "basis": case["basis"], "sizes": int(ring.sum()),
+                    **{f"mean_abs_log_error_{k}": round(float(v.mean()), 4) for k, v in log_error.items()}})
+    pooled = {k: round(float(np.mean([c[f"mean_abs_log_error_{k}"] for c in out])), 4) if out else None
+              for k in ("textbook", "measured_factor")}
+    return {"cases": out, "mean_over_cases": pooled}
 
 
 def _estimate_interval(residuals: dict[tuple, np.ndarray], links: dict[str, tuple[str, float, float]]) -> dict:
@@ -369,11 +365,13 @@ def fit_ring_efficiency(data: pd.DataFrame, links: dict[str, tuple[str, float, f
     """``serving.json``'s ``ring_efficiency``: the measured factors, their leave-one-GPU-out score and the interval
     of the whole analytical estimate (``frame``: every collective row, for the custom all-reduce fits)."""
     measured = measured_ring_factors(data, links)
-    residuals = _estimate_logo_residuals(data, links, frame, modelled_small, measured)
+    cases = _logo_estimates(data, links, frame, modelled_small, measured)
+    residuals = {(c["gpu"], c["kind"], c["workers"]): np.log(c["time"][c["scored"]] / c["estimate"][c["scored"]])
+                 for c in cases if c["scored"].any()}
     return {"rule": "analytical time = latency term + factor x bandwidth term; factor: "
                     "pipeweave.collective_serving.ring_factor over 'measured'",
             "fit_min_size_bytes": RING_FIT_MIN_BYTES, "min_gpus": RING_MIN_GPUS, "measured": measured,
-            "leave_one_gpu_out": _ring_logo(data, measured, links),
+            "leave_one_gpu_out": _ring_logo(cases),
             "interval": _estimate_interval(residuals, links)}
 
 

@@ -328,31 +328,38 @@ class CollectivePredictor:
         from analytical_model.hardware import load_hardware
         return load_hardware(self.hardware).link_type.startswith("nvlink") and self._custom_allreduce_params is None
 
-    def ring_efficiency(self, kind: str, num_workers: int) -> tuple[float, str]:
-        """(factor on the analytical estimate's bandwidth term, the GPUs it was measured on) for this GPU's link:
-        :func:`pipeweave.collective_serving.ring_factor` over ``serving.json``'s measured factors; 1 for a folder
-        without trained models."""
-        from analytical_model.hardware import load_hardware
+    def _ring_record(self) -> dict | None:
+        """``serving.json``'s ``ring_efficiency`` (None for a folder without trained models); one written by an
+        older pipeweave, without the factors or their interval, is refused with the command that rewrites it."""
         if self._serving is None:
-            return 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
+            return None
         ring = self._serving.get("ring_efficiency")
-        if ring is None:
+        if not isinstance(ring, dict) or "measured" not in ring or "interval" not in ring:
             raise FileNotFoundError(
-                f"{self.model_dir / SERVING_FILE} has no measured ring efficiency (written by an older "
-                f"pipeweave); retrain: `python3 train_collective_rf.py --output_dir {self.model_dir}`")
+                f"{self.model_dir / SERVING_FILE} has no measured ring efficiency and interval (written by an older "
+                f"pipeweave): retrain with `python3 train_collective_rf.py --output_dir {self.model_dir}`")
+        return ring
+
+    def ring_efficiency(self, kind: str, num_workers: int) -> tuple[float, str]:
+        """(factor on the analytical estimate's bandwidth term, the other GPUs it was measured on) for this GPU's
+        link: :func:`pipeweave.collective_serving.ring_factor` over ``serving.json``'s measured factors, this GPU's
+        own left out (its estimate and interval stand for a GPU without measurements); 1 for a folder without
+        trained models."""
+        from analytical_model.hardware import load_hardware
+        ring = self._ring_record()
+        if ring is None:
+            return 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
         workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
-        return ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers)
+        return ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
+                           exclude=self.hardware)
 
     def analytical_interval(self) -> tuple[float, float] | None:
         """(low, high) factors of the 80 % interval of this GPU's analytical estimate: the leave-one-GPU-out errors
         of the estimate on the measured GPUs of its link family (``serving.json``, ``ring_efficiency.interval``);
-        None for a folder without trained models (nothing was evaluated)."""
+        None for a folder without trained models or a link family without measurements (nothing was evaluated)."""
         from analytical_model.hardware import load_hardware
-        if self._serving is None:
-            return None
-        self.ring_efficiency("all_reduce", 2)  # refuses a serving.json written before the ring efficiency
-        interval = self._serving["ring_efficiency"]["interval"].get(
-            link_family(load_hardware(self.hardware).link_type))
+        ring = self._ring_record()
+        interval = None if ring is None else ring["interval"].get(link_family(load_hardware(self.hardware).link_type))
         return None if interval is None else (float(np.exp(interval["low"])), float(np.exp(interval["high"])))
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:

@@ -369,8 +369,8 @@ class Engine:
                 predictor = collective_of[id(job)]
                 result["extrapolation"]["analytical_collectives"] = {
                     "kinds": list(coll_ms[j][1]), "link_of": predictor.hardware,
-                    "ring_efficiency": {kind: dict(zip(("factor", "basis"), predictor.ring_efficiency(
-                        kind, collective_workers(kind, job.workload.tp_size)))) for kind in coll_ms[j][1]},
+                    "ring_efficiency": {kind: ring_record(*predictor.ring_efficiency(
+                        kind, collective_workers(kind, job.workload.tp_size))) for kind in coll_ms[j][1]},
                     "interval": None if estimate_interval is None else [round(f, 4) for f in estimate_interval]}
             recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
             record = recorder(job.hardware) if recorder is not None else None
@@ -512,13 +512,18 @@ class Engine:
                     factor, basis = predictor.ring_efficiency(kind, workers)
                     self.log(
                         f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
-                        f"estimate (pipeweave.collectives.analytical_collective_ms: hardware JSON link bandwidth and "
-                        f"latency, the bandwidth term x {factor:.2f}, {basis}; not measurements of this GPU) because "
-                        f"no measured model covers it"
+                        f"estimate (pipeweave.collectives.CollectivePredictor.analytical_ms: hardware JSON link "
+                        f"bandwidth and latency, the bandwidth term x {factor:.2f}, the ring efficiency {basis}; not "
+                        f"measurements of this GPU) because no measured model covers it"
                         + ("" if kind != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
                            f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
                            f"the plain ring estimate, not the fitted custom all-reduce"))
         return out, analytical
+
+
+def ring_record(factor: float, basis: str) -> dict:
+    """The output's record of a ring efficiency (``extrapolation.analytical_collectives.ring_efficiency``)."""
+    return {"factor": round(factor, 4), "basis": basis}
 
 
 @contextmanager

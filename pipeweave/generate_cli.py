@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     workloads = generate_many(specs, args.config_dir, args.trace_dir)
     for path in write_workloads(workloads, args.output_dir):
         print(path)
-    if not args.paper_set and not args.qk_norm_rmsnorm and \
-            "Qwen3" in load_model_config(args.model_config, args.config_dir).model:
+    if not args.paper_set and not args.qk_norm_rmsnorm and load_model_config(args.model_config,
+                                                                              args.config_dir).has_qk_norm:
         print("Note: Qwen3 normalises q and k in every layer, two more RMSNorm kernels per layer; "
               "--qk_norm_rmsnorm counts them (the default leaves them out, as the artifact's Qwen3-32B arxiv_12 "
               "and splitwise_48 files do)")

@@ -49,7 +49,8 @@ TRAINED, UNSEEN_GPU, UNSEEN_ARCHITECTURE = range(len(STATES))
 LEVELS = (0.1, 0.9)
 DEFAULT_PATH = Path(__file__).resolve().parent / "error_intervals.json"
 FORMAT = "pipeweave-error-intervals-v1"
-COMMUNICATION_NOTE = "collectives with measured models at their point value (not in the interval)"
+COMMUNICATION_NOTE = ("collectives at their point value (not in the interval): those with measured models, and "
+                      "analytical estimates on a link without an evaluated interval")
 
 
 def prediction_states(trained: frozenset, gpu_names, codes: np.ndarray) -> np.ndarray:

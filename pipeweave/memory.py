@@ -63,7 +63,7 @@ class LayerParameters:
 
 def layer_parameters(cfg: ModelConfig) -> LayerParameters:
     h, hd = cfg.hidden_size, cfg.head_dim
-    qk_norm = 2 * hd if "Qwen3" in cfg.model else 0  # the architecture, or a _name_or_path such as Qwen/Qwen3-8B
+    qk_norm = 2 * hd if cfg.has_qk_norm else 0
     attention = h * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
     moe = cfg.moe
     if moe is None:

@@ -64,6 +64,14 @@ class ModelConfig:
     checkpoint_dtype: str | None = None
     #: the longest sequence the model serves (``max_position_embeddings`` of a config without ``rope_scaling``)
     max_sequence: int | None = None
+    #: ``architectures[0]`` of the config (None for one rebuilt from a workload's ``model_params``)
+    architecture: str | None = None
+
+    @property
+    def has_qk_norm(self) -> bool:
+        """Qwen3 normalises q and k per head in every layer. Read from the architecture, since ``model`` may be a
+        local checkpoint path; a config rebuilt from a workload has only its model name."""
+        return self.architecture.startswith("Qwen3") if self.architecture else "Qwen3" in self.model
 
     def model_params(self) -> dict:
         return {
@@ -95,7 +103,7 @@ def positive_int(value, what: str) -> int:
 READ_KEYS = (*_MODEL_KEYS, "head_dim", "tie_word_embeddings", "architectures", "_name_or_path", *MOE_KEYS,
              "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank", "sliding_window", "use_sliding_window",
              "mlp_only_layers", "decoder_sparse_step", "quantization_config", "max_position_embeddings",
-             "rope_scaling")
+             "rope_scaling", "rope_parameters")
 
 
 def one_edit_apart(a: str, b: str) -> bool:
@@ -111,14 +119,32 @@ def one_edit_apart(a: str, b: str) -> bool:
     return any(longer[:i] + longer[i + 1:] == shorter for i in range(len(longer)))
 
 
+def _is_fp8(quantization: dict) -> bool:
+    """Whether an HF ``quantization_config`` stores FP8 weights, in the formats checkpoints ship: ``fp8``
+    (vLLM / transformers), ``fbgemm_fp8`` (Meta's Llama-3.1-405B-FP8), ``modelopt`` with ``quant_algo`` FP8 (NVIDIA),
+    ``compressed-tensors`` whose weight groups are 8-bit floats (Neural Magic / Red Hat)."""
+    method = quantization.get("quant_method")
+    if method in ("fp8", "fbgemm_fp8"):
+        return True
+    if method == "modelopt":
+        return str(quantization.get("quant_algo", "")).upper() == "FP8"
+    if method == "compressed-tensors":
+        groups = quantization.get("config_groups")
+        weights = [g.get("weights") or {} for g in groups.values()] if isinstance(groups, dict) else []
+        return bool(weights) and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in weights)
+    return False
+
+
 def _checkpoint_dtype(cfg: dict, stem: str) -> str | None:
     quantization = cfg.get("quantization_config")
     if quantization is None:
         return None
-    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
-    if method != "fp8":
-        raise WorkloadError(f"config {stem}: quantization_config quant_method {method!r} is not modelled; pipeweave "
-                            f"predicts BF16 and FP8 (W8A8) linear layers (--dtype fp8)")
+    if not isinstance(quantization, dict) or not _is_fp8(quantization):
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        raise WorkloadError(f"config {stem}: quantization_config (quant_method {method!r}) is not an FP8 format "
+                            f"pipeweave recognises (fp8, fbgemm_fp8, modelopt FP8, compressed-tensors float8), and "
+                            f"other quantisations are not modelled; pipeweave predicts BF16 and FP8 (W8A8) linear "
+                            f"layers (--dtype fp8)")
     return "fp8"
 
 
@@ -167,10 +193,13 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         if close:
             raise WorkloadError(f"config {stem}: unknown key '{key}'; did you mean '{close[0]}'?")
     max_sequence = None
-    if cfg.get("max_position_embeddings") is not None and not cfg.get("rope_scaling"):
+    rope = cfg.get("rope_parameters")  # transformers 5 writes it in every config; rope_type "default": no scaling
+    scaled = bool(cfg.get("rope_scaling")) or (isinstance(rope, dict) and rope.get("rope_type", "default") != "default")
+    if cfg.get("max_position_embeddings") is not None and not scaled:
         max_sequence = positive_int(cfg["max_position_embeddings"], f"config {stem}: max_position_embeddings")
     return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe,
-                       checkpoint_dtype=_checkpoint_dtype(cfg, stem), max_sequence=max_sequence, **values)
+                       checkpoint_dtype=_checkpoint_dtype(cfg, stem), max_sequence=max_sequence,
+                       architecture=archs[0] if archs else None, **values)
 
 
 def _known_stems(directory: Path, suffix: str) -> list[str]:

@@ -299,7 +299,7 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
     agg = Aggregator(model_dir=models, collective_dir=empty, log=lines.append)  # analytical is the default
     prediction = agg.predict([Job(load_workload(path), agg.gpu("L20"))])[0]
     warnings = [line for line in lines if line.startswith("WARNING") and "collective" in line]
-    assert len(warnings) == 1 and "ANALYTICAL" in warnings[0] and "analytical_collective_ms" in warnings[0]
+    assert len(warnings) == 1 and "ANALYTICAL" in warnings[0] and "CollectivePredictor.analytical_ms" in warnings[0]
     assert "ANALYTICAL" in prediction.collective_source
     assert prediction.result["iterations"][0]["operator_durations"]["communication"]["all_reduce"][
         "single_duration_ms"] > 0
@@ -315,7 +315,8 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
     assert ring["basis"].endswith("(pcie4, 2 workers)") and 1.2 < ring["factor"] < 4
     low, high = trained.result["extrapolation"]["analytical_collectives"]["interval"]
     assert low < 1 < high and "note" not in trained.result["interval"]  # every collective carries the interval
-    assert f"x {ring['factor']:.2f}, {ring['basis']}" in next(line for line in lines if "ANALYTICAL" in line)
+    warning = next(line for line in lines if "ANALYTICAL" in line)
+    assert f"x {ring['factor']:.2f}, the ring efficiency {ring['basis']}" in warning
     both = agg.predict([Job(load_workload(small(TP1, tmp_path, 2)), agg.gpu("L20")),
                         Job(load_workload(path), agg.gpu("L20"))])
     assert "analytical_collectives" not in both[0].result["extrapolation"]

@@ -308,13 +308,45 @@ def test_measured_ring_efficiency_scales_the_analytical_estimate(tmp_path):
     assert CollectivePredictor("H800", model_dir=empty, allow_analytical=True).analytical_interval() is None
 
 
-def test_serving_json_without_ring_efficiency_is_refused(tmp_path):
+@pytest.mark.parametrize("older", ["ring_efficiency", "interval"])
+def test_serving_json_of_an_older_version_is_refused(tmp_path, models, older):
+    """A serving.json written before the ring efficiency (or before its interval) is refused with the command that
+    rewrites it, by the predictor and through the aggregator's one-line error."""
+    from pipeweave.engine import Engine
+    from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+
     train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
     serving = read_serving(tmp_path)
-    del serving["ring_efficiency"]
+    del (serving if older == "ring_efficiency" else serving["ring_efficiency"])[older]
     (tmp_path / "serving.json").write_text(json.dumps(serving))
-    with pytest.raises(FileNotFoundError, match="no measured ring efficiency.*train_collective_rf.py --output_dir"):
+    retrain = f"retrain with `python3 train_collective_rf.py --output_dir {tmp_path}`"
+    with pytest.raises(FileNotFoundError, match="no measured ring efficiency and interval") as refused:
         CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True).predict_ms("all_reduce", MiB, 2)
+    assert retrain in str(refused.value)
+    engine = Engine(model_dir=models, collective_dir=tmp_path, collective_estimate="analytical", log=None)
+    workload = DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json"  # 8 workers: not measured
+    with pytest.raises(UserError) as message:
+        engine.predict_workload(workload, "H100")
+    assert retrain in str(message.value)
+
+
+def test_a_gpu_is_never_its_own_ring_efficiency(tmp_path):
+    """A folder trained for some GPUs still lists every GPU's factors; a GPU without a model for a worker count
+    takes the other GPUs' factor, never its own measurement."""
+    frames = []
+    for name, stem, factor in (("NVIDIA H100", "H100", 1.5), ("NVIDIA H200", "H200", 1.5),
+                               ("NVIDIA H800", "H800", 3.0)):
+        spec = load_hardware(stem)
+        sizes = 2 ** np.arange(20, 31)
+        latency, transfer = analytical_collective_terms("all_reduce", sizes, 4, spec.link_gbps, spec.link_latency_us)
+        frames.append(pd.DataFrame({"collective": "all_reduce", "hardware": name, "num_workers": 4,
+                                    "devices_per_node": 4, "size_bytes": sizes, "time_ms": latency + factor * transfer,
+                                    "source": f"aiconfigurator-core 0.12.0 {stem}/comm/nccl/x"}))
+    train_collectives(hardware=["H100"], output_dir=tmp_path, frame=pd.concat(frames), compare=False, log=_quiet)
+    assert not (tmp_path / "H800").exists()
+    h800 = CollectivePredictor("H800", model_dir=tmp_path, allow_analytical=True)
+    assert h800.ring_efficiency("all_reduce", 4) == (pytest.approx(1.5, rel=1e-3),
+                                                      "median of H100, H200 (nvlink4, 4 workers)")
 
 
 def test_heldout_mask_keeps_extremes():

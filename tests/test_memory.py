@@ -203,7 +203,9 @@ def test_tied_embeddings_survive_the_workload():
     ({"architectures": []}, "'architectures' must be a list"),
     ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
     ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
-    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quant_method 'awq' is not modelled"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}},
+     r"quantization_config \(quant_method 'awq'\) is not an FP8 format pipeweave recognises"),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "is not an FP8 format"),
     ({"head_dim": 72}, "head_dim 72 is not a head size the attention kernels and their model support"),
     ({"head_dim": None, "hidden_size": 2400, "num_attention_heads": 32},
      r"head_dim 75 .* \(hidden_size / num_attention_heads\)"),
@@ -221,6 +223,40 @@ def test_real_hf_keys_next_to_read_ones_are_not_misspellings():
     assert cfg.head_dim == 128
 
 
+@pytest.mark.parametrize("quantization", [
+    {"quant_method": "fp8", "fmt": "e4m3"},
+    {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0},  # meta-llama/Llama-3.1-405B-Instruct-FP8
+    {"quant_method": "modelopt", "quant_algo": "FP8"},  # nvidia/*-FP8
+    {"quant_method": "compressed-tensors", "config_groups": {"group_0": {  # RedHatAI/*-FP8-dynamic
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}},
+])
+def test_fp8_checkpoint_formats_are_recognised(quantization):
+    assert model_config_from_dict({**QWEN3_4B, "quantization_config": quantization}).checkpoint_dtype == "fp8"
+
+
+def test_fp8_moe_checkpoint_is_told_the_one_fix_that_works():
+    from pipeweave.workload import build_workload
+
+    moe = model_config_from_dict({**json_config("Qwen3-30B-A3B"), "quantization_config": {"quant_method": "fp8"}})
+    with pytest.raises(WorkloadError, match="FP8 mixture-of-experts layers are not modelled: remove quantization"):
+        build_workload(moe, [512], 4)
+
+
+def test_architecture_not_the_checkpoint_path_decides_qk_norm():
+    local = model_config_from_dict({**QWEN3_4B, "_name_or_path": "/ckpt/sft-run-7"})
+    assert local.model == "/ckpt/sft-run-7" and local.has_qk_norm
+    assert not model_config_from_dict({**QWEN3_4B, "architectures": ["LlamaForCausalLM"],
+                                       "_name_or_path": "me/Qwen3-distilled-llama"}).has_qk_norm
+
+
+def json_config(stem: str) -> dict:
+    import json
+
+    from pipeweave.paths import DEFAULT_CONFIG_DIR
+    return json.loads((DEFAULT_CONFIG_DIR / f"{stem}.json").read_text())
+
+
 def test_fp8_checkpoint_and_context_limit_reach_the_workload():
     from pipeweave.workload import build_workload
 
@@ -235,6 +271,11 @@ def test_fp8_checkpoint_and_context_limit_reach_the_workload():
     scaled = model_config_from_dict({**QWEN3_4B, "max_position_embeddings": 4096,
                                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     build_workload(scaled, [8192], 8)  # rope scaling extends the context: not checked
+    v5 = {**QWEN3_4B, "max_position_embeddings": 4096}  # transformers 5 writes rope_parameters in every config
+    build_workload(model_config_from_dict({**v5, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}), [8192], 8)
+    with pytest.raises(WorkloadError, match="exceeds max_position_embeddings 4096"):
+        build_workload(model_config_from_dict({**v5, "rope_parameters": {"rope_type": "default",
+                                                                         "rope_theta": 1e6}}), [8192], 8)
 
 
 def test_tensor_parallel_layouts_vllm_refuses():
