@@ -333,30 +333,44 @@ def _ring_logo(cases: list[dict]) -> dict:
     return {"cases": out, "mean_over_cases": pooled}
 
 
-def _estimate_interval(residuals: dict[tuple, np.ndarray], links: dict[str, tuple[str, float, float]]) -> dict:
-    """Per link family, the 80 % interval of log(measured / analytical estimate) on a GPU without measurements,
-    computed as the kernels' intervals are (:func:`pipeweave.interval_eval.predictive_quantiles`; a unit is one
-    GPU, kind and worker count), and its coverage leave-one-GPU-out (each GPU's sizes against the interval of the
-    others' units)."""
+def _interval_entry(units: dict[tuple, np.ndarray]) -> dict:
+    """The 80 % interval of log(measured / analytical estimate) on a GPU among none of ``units`` (a unit is one GPU,
+    kind and worker count), computed as the kernels' intervals are
+    (:func:`pipeweave.interval_eval.predictive_quantiles`), and its coverage leave-one-GPU-out: each GPU's sizes
+    against the interval of the other GPUs' units, where at least two remain."""
     from .interval_eval import coverage_cell, predictive_quantiles
+
+    def named(keep) -> dict[str, np.ndarray]:
+        return {f"{stem} {kind} x{workers}": r for (stem, kind, workers), r in units.items() if keep(stem)}
+
+    every = named(lambda stem: True)
+    low, high = predictive_quantiles(every)
+    coverage = {}
+    for gpu in sorted({stem for stem, _, _ in units}):
+        others = named(lambda stem: stem != gpu)
+        if len(others) >= 2:
+            coverage[gpu] = round(coverage_cell(np.concatenate(list(named(lambda s: s == gpu).values())),
+                                                others)["coverage"], 3)
+    return {"low": round(low, 4), "high": round(high, 4), "units": sorted(every), "coverage_leave_one_gpu_out": coverage,
+            "mean_coverage": round(float(np.mean(list(coverage.values()))), 3) if coverage else None}
+
+
+def _estimate_interval(residuals: dict[tuple, np.ndarray], links: dict[str, tuple[str, float, float]]) -> dict:
+    """Per link family, the estimate's interval for each kind and worker count that enough GPUs measured (its error
+    depends on the worker count as its factor does: two PCIe GPUs share one switch, eight may cross sockets
+    without P2P), and pooled over the family for the others. Enough is the kernels' intervals' minimum,
+    :data:`pipeweave.interval_eval.MIN_GPUS` (3): with two, the spread of their biases rests on one difference."""
+    from .interval_eval import MIN_GPUS
 
     out = {}
     for family in sorted({link_family(links[stem][0]) for stem, _, _ in residuals}):
-        def named(keep) -> dict[str, np.ndarray]:
-            return {f"{stem} {kind} x{workers}": r for (stem, kind, workers), r in residuals.items()
-                    if link_family(links[stem][0]) == family and keep(stem)}
-
-        every = named(lambda stem: True)
-        low, high = predictive_quantiles(every)
-        coverage = {}
-        for gpu in sorted({stem for stem, _, _ in residuals if link_family(links[stem][0]) == family}):
-            others = named(lambda stem: stem != gpu)
-            if len(others) >= 2:
-                own = np.concatenate(list(named(lambda stem: stem == gpu).values()))
-                coverage[gpu] = round(coverage_cell(own, others)["coverage"], 3)
-        out[family] = {"low": round(low, 4), "high": round(high, 4), "units": sorted(every),
-                       "coverage_leave_one_gpu_out": coverage,
-                       "mean_coverage": round(float(np.mean(list(coverage.values()))), 3) if coverage else None}
+        units = {key: r for key, r in residuals.items() if link_family(links[key[0]][0]) == family}
+        by_count = {}
+        for kind, workers in sorted({(kind, workers) for _, kind, workers in units}):
+            same = {key: r for key, r in units.items() if key[1:] == (kind, workers)}
+            if len(same) >= MIN_GPUS:
+                by_count[f"{kind} x{workers}"] = _interval_entry(same)
+        out[family] = {"pooled": _interval_entry(units), "by_count": by_count}
     return out
 
 

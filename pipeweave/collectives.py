@@ -334,7 +334,8 @@ class CollectivePredictor:
         if self._serving is None:
             return None
         ring = self._serving.get("ring_efficiency")
-        if not isinstance(ring, dict) or "measured" not in ring or "interval" not in ring:
+        if not (isinstance(ring, dict) and "measured" in ring and isinstance(ring.get("interval"), dict)
+                and all("pooled" in family for family in ring["interval"].values())):
             raise FileNotFoundError(
                 f"{self.model_dir / SERVING_FILE} has no measured ring efficiency and interval (written by an older "
                 f"pipeweave): retrain with `python3 train_collective_rf.py --output_dir {self.model_dir}`")
@@ -353,14 +354,20 @@ class CollectivePredictor:
         return ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
                            exclude=self.hardware)
 
-    def analytical_interval(self) -> tuple[float, float] | None:
-        """(low, high) factors of the 80 % interval of this GPU's analytical estimate: the leave-one-GPU-out errors
-        of the estimate on the measured GPUs of its link family (``serving.json``, ``ring_efficiency.interval``);
-        None for a folder without trained models or a link family without measurements (nothing was evaluated)."""
+    def analytical_interval(self, kind: str, num_workers: int) -> tuple[float, float] | None:
+        """(low, high) factors of the 80 % interval of this GPU's analytical estimate of ``kind`` at ``num_workers``:
+        the leave-one-GPU-out errors of the estimate on the measured GPUs of its link family at that worker count,
+        or pooled over the family's worker counts where fewer than two GPUs measured it (``serving.json``,
+        ``ring_efficiency.interval``); None for a folder without trained models or a link family without
+        measurements (nothing was evaluated)."""
         from analytical_model.hardware import load_hardware
         ring = self._ring_record()
-        interval = None if ring is None else ring["interval"].get(link_family(load_hardware(self.hardware).link_type))
-        return None if interval is None else (float(np.exp(interval["low"])), float(np.exp(interval["high"])))
+        family = None if ring is None else ring["interval"].get(link_family(load_hardware(self.hardware).link_type))
+        if family is None:
+            return None
+        workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
+        entry = family["by_count"].get(f"{kind} x{workers}", family["pooled"])
+        return float(np.exp(entry["low"])), float(np.exp(entry["high"]))
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Estimate from the hardware JSON's link, its bandwidth term scaled by the measured ring efficiency of

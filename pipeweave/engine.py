@@ -337,18 +337,20 @@ class Engine:
                     if best is not None:
                         best[rows] = optimistic_ms[op][ids]
             rows = np.flatnonzero(codes == COMMUNICATION_CODE)
-            point_collectives, estimate_interval = bool(rows.size), None
+            point_collectives, estimate_intervals = bool(rows.size), {}
             if rows.size:
                 local = job.workload.inst_local[rows]
                 single[rows] = coll_ms[j][0][local]
                 low[rows] = high[rows] = single[rows]  # measured: intervals.COMMUNICATION_NOTE
-                if coll_ms[j][1]:
-                    estimate_interval = collective_of[id(job)].analytical_interval()
-                if estimate_interval is not None:
-                    estimated = rows[np.isin([job.workload.collectives[i][0] for i in local], coll_ms[j][1])]
-                    low[estimated] *= estimate_interval[0]
-                    high[estimated] *= estimate_interval[1]
-                    point_collectives = len(estimated) < len(rows)
+                kinds = np.array([job.workload.collectives[i][0] for i in local])
+                for kind in coll_ms[j][1]:
+                    factors = collective_of[id(job)].analytical_interval(
+                        kind, collective_workers(kind, job.workload.tp_size))
+                    if factors is not None:
+                        estimate_intervals[kind] = factors
+                        low[rows[kinds == kind]] *= factors[0]
+                        high[rows[kinds == kind]] *= factors[1]
+                point_collectives = not np.isin(kinds, list(estimate_intervals)).all()
                 if best is not None:
                     best[rows] = single[rows]
             source = None
@@ -371,7 +373,8 @@ class Engine:
                     "kinds": list(coll_ms[j][1]), "link_of": predictor.hardware,
                     "ring_efficiency": {kind: ring_record(*predictor.ring_efficiency(
                         kind, collective_workers(kind, job.workload.tp_size))) for kind in coll_ms[j][1]},
-                    "interval": None if estimate_interval is None else [round(f, 4) for f in estimate_interval]}
+                    "interval": {kind: [round(f, 4) for f in estimate_intervals[kind]] if kind in estimate_intervals
+                                 else None for kind in coll_ms[j][1]}}
             recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
             record = recorder(job.hardware) if recorder is not None else None
             if record:

@@ -306,14 +306,15 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
     # the output says so too, and only where it happened (a TP1 job beside it has no collectives)
     assert prediction.result["extrapolation"]["analytical_collectives"] == {
         "kinds": ["all_reduce"], "link_of": "L20", "ring_efficiency": {"all_reduce": {
-            "factor": 1.0, "basis": f"textbook ring: {empty} has no trained collective models"}}, "interval": None}
+            "factor": 1.0, "basis": f"textbook ring: {empty} has no trained collective models"}},
+        "interval": {"all_reduce": None}}
     assert "point value" in prediction.result["interval"]["note"]  # nothing evaluated the estimate here
     # with the committed models, the bandwidth term carries the ring efficiency measured on other PCIe 4 GPUs
     lines.clear()
     trained = Aggregator(model_dir=models, log=lines.append).predict([Job(load_workload(path), agg.gpu("L20"))])[0]
     ring = trained.result["extrapolation"]["analytical_collectives"]["ring_efficiency"]["all_reduce"]
     assert ring["basis"].endswith("(pcie4, 2 workers)") and 1.2 < ring["factor"] < 4
-    low, high = trained.result["extrapolation"]["analytical_collectives"]["interval"]
+    low, high = trained.result["extrapolation"]["analytical_collectives"]["interval"]["all_reduce"]
     assert low < 1 < high and "note" not in trained.result["interval"]  # every collective carries the interval
     warning = next(line for line in lines if "ANALYTICAL" in line)
     assert f"x {ring['factor']:.2f}, the ring efficiency {ring['basis']}" in warning

@@ -294,18 +294,46 @@ def test_measured_ring_efficiency_scales_the_analytical_estimate(tmp_path):
     assert h800.ring_efficiency("send_recv", 2)[0] == 1.0  # no send/recv measured anywhere: the textbook ring
     # leave-one-GPU-out, each GPU has only one other: below the two-GPU minimum, scored as the textbook ring
     assert {c["basis"] for c in ring["leave_one_gpu_out"]["cases"]} == {"none measured on this link: textbook ring"}
-    # so the estimate's interval, from those leave-one-GPU-out errors, sits above 1 (measured 1.5x the textbook)
+    # so the estimate's interval, from those leave-one-GPU-out errors, sits above 1 (measured 1.5x the textbook);
+    # two GPUs are too few for an interval of their own worker count: the family's pooled one
     interval = ring["interval"]
-    assert list(interval) == ["nvlink"] and interval["nvlink"]["units"] == ["H100 all_reduce x4", "H200 all_reduce x4"]
-    low, high = h800.analytical_interval()
-    assert (np.log(low), np.log(high)) == (pytest.approx(interval["nvlink"]["low"]),
-                                           pytest.approx(interval["nvlink"]["high"]))
+    assert list(interval) == ["nvlink"] and interval["nvlink"]["by_count"] == {}
+    assert interval["nvlink"]["pooled"]["units"] == ["H100 all_reduce x4", "H200 all_reduce x4"]
+    low, high = h800.analytical_interval("all_reduce", 4)
+    assert (np.log(low), np.log(high)) == (pytest.approx(interval["nvlink"]["pooled"]["low"]),
+                                           pytest.approx(interval["nvlink"]["pooled"]["high"]))
     assert 1.0 < low <= high < 1.6
     pcie = CollectivePredictor("L20", model_dir=tmp_path, allow_analytical=True)
-    assert pcie.analytical_interval() is None  # no PCIe GPU measured
+    assert pcie.analytical_interval("all_reduce", 2) is None  # no PCIe GPU measured
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert CollectivePredictor("H800", model_dir=empty, allow_analytical=True).analytical_interval() is None
+    assert CollectivePredictor("H800", model_dir=empty, allow_analytical=True).analytical_interval("all_reduce",
+                                                                                                  4) is None
+
+
+def test_the_estimates_interval_follows_the_worker_count_where_three_gpus_measured_it(tmp_path):
+    """Three GPUs at 4 workers give that worker count its own interval (here exact: every GPU 1.5x, so each left
+    out is predicted right); 8 workers, measured by two, take the family's pooled interval."""
+    sizes = 2 ** np.arange(20, 31)
+    frames = []
+    for name, stem, workers in (("NVIDIA H100", "H100", 4), ("NVIDIA H200", "H200", 4), ("NVIDIA H20", "H20", 4),
+                                ("NVIDIA H100", "H100", 8), ("NVIDIA H200", "H200", 8)):
+        spec = load_hardware(stem)
+        factor = 1.5 if workers == 4 else (1.2 if stem == "H100" else 1.0)
+        latency, transfer = analytical_collective_terms("all_reduce", sizes, workers, spec.link_gbps,
+                                                        spec.link_latency_us)
+        frames.append(pd.DataFrame({"collective": "all_reduce", "hardware": name, "num_workers": workers,
+                                    "devices_per_node": workers, "size_bytes": sizes,
+                                    "time_ms": latency + factor * transfer,
+                                    "source": f"aiconfigurator-core 0.12.0 {stem}/comm/nccl/x"}))
+    train_collectives(output_dir=tmp_path, frame=pd.concat(frames), compare=False, log=_quiet)
+    interval = read_serving(tmp_path)["ring_efficiency"]["interval"]["nvlink"]
+    assert list(interval["by_count"]) == ["all_reduce x4"]
+    h800 = CollectivePredictor("H800", model_dir=tmp_path, allow_analytical=True)
+    assert h800.analytical_interval("all_reduce", 4) == (pytest.approx(1.0, abs=1e-3), pytest.approx(1.0, abs=1e-3))
+    pooled = interval["pooled"]
+    assert h800.analytical_interval("all_reduce", 8) == (pytest.approx(np.exp(pooled["low"])),
+                                                          pytest.approx(np.exp(pooled["high"])))
 
 
 @pytest.mark.parametrize("older", ["ring_efficiency", "interval"])

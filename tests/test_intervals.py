@@ -203,15 +203,15 @@ def test_analytical_collectives_widen_the_interval_by_the_estimates_own(monkeypa
     from pipeweave.collectives import CollectivePredictor
     job = Job(load_workload(TP4_PP2), Engine(log=None).gpu("H800"))
     result = Engine(collective_estimate="analytical", log=None).predict([job])[0].result
-    low_factor, high_factor = CollectivePredictor("H800", allow_analytical=True).analytical_interval()
+    low_factor, high_factor = CollectivePredictor("H800", allow_analytical=True).analytical_interval("all_reduce", 4)
     assert low_factor < 1 < high_factor
     analytical = result["extrapolation"]["analytical_collectives"]
     assert analytical["kinds"] == ["all_reduce"]
-    assert analytical["interval"] == [round(low_factor, 4), round(high_factor, 4)]
+    assert analytical["interval"] == {"all_reduce": [round(low_factor, 4), round(high_factor, 4)]}
     assert "point value" in result["interval"]["note"]  # send/recv is measured on H800
     all_reduce_ms = sum(it["operator_durations"]["communication"]["all_reduce"]["total_duration_ms"]
                         for it in result["iterations"])
-    monkeypatch.setattr(CollectivePredictor, "analytical_interval", lambda self: (1.0, 1.0))
+    monkeypatch.setattr(CollectivePredictor, "analytical_interval", lambda self, kind, workers: (1.0, 1.0))
     point = Engine(collective_estimate="analytical", log=None).predict([job])[0].result["interval"]
     for end, factor in (("low", low_factor), ("high", high_factor)):
         assert result["interval"][end]["total_duration_ms"] == pytest.approx(
