@@ -257,8 +257,8 @@ def ring_factor(measured: list[dict], link_type: str, kind: str, workers: int, e
 
     The median over the GPUs of :func:`measured_ring_factors` (``exclude`` left out) that share the link and the
     worker count, taking the first of: the same generation, the same family (NVLink or PCIe), then the same two
-    at the nearest measured worker count (log2 distance, ties to the larger); each only where at least
-    :data:`RING_MIN_GPUS` GPUs measured it. The worker count comes before the generation because the factor moves
+    at the nearest measured worker count (log2 distance; at equal distance the same generation first, then the
+    larger count); each only where at least :data:`RING_MIN_GPUS` GPUs measured it. The worker count comes before the generation because the factor moves
     far more with it (NVLink: ~1.7 at 2 GPUs, 0.9-1.4 at 8) than between generations. Without such GPUs: 1
     (the textbook estimate)."""
     rows = [m for m in measured if m["kind"] == kind and m["gpu"] != exclude]

@@ -357,7 +357,7 @@ class CollectivePredictor:
     def analytical_interval(self, kind: str, num_workers: int) -> tuple[float, float] | None:
         """(low, high) factors of the 80 % interval of this GPU's analytical estimate of ``kind`` at ``num_workers``:
         the leave-one-GPU-out errors of the estimate on the measured GPUs of its link family at that worker count,
-        or pooled over the family's worker counts where fewer than two GPUs measured it (``serving.json``,
+        or pooled over the family's kinds and worker counts where fewer than three GPUs measured it (``serving.json``,
         ``ring_efficiency.interval``); None for a folder without trained models or a link family without
         measurements (nothing was evaluated)."""
         from analytical_model.hardware import load_hardware

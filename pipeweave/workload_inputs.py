@@ -148,6 +148,16 @@ def _checkpoint_dtype(cfg: dict, stem: str) -> str | None:
     return "fp8"
 
 
+def _rope_scaled(rope) -> bool:
+    """Whether a ``rope_scaling`` (``type`` or ``rope_type``) or transformers 5's ``rope_parameters`` (written in
+    every config) extends the context: any rope type but "default"."""
+    if not rope:
+        return False
+    if not isinstance(rope, dict):
+        return True
+    return rope.get("rope_type", rope.get("type", "default")) != "default"
+
+
 def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     """Validate a parsed config dict and resolve ``head_dim`` and the ``model`` string."""
     if not isinstance(cfg, dict):
@@ -193,8 +203,7 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         if close:
             raise WorkloadError(f"config {stem}: unknown key '{key}'; did you mean '{close[0]}'?")
     max_sequence = None
-    rope = cfg.get("rope_parameters")  # transformers 5 writes it in every config; rope_type "default": no scaling
-    scaled = bool(cfg.get("rope_scaling")) or (isinstance(rope, dict) and rope.get("rope_type", "default") != "default")
+    scaled = any(_rope_scaled(cfg.get(key)) for key in ("rope_scaling", "rope_parameters"))
     if cfg.get("max_position_embeddings") is not None and not scaled:
         max_sequence = positive_int(cfg["max_position_embeddings"], f"config {stem}: max_position_embeddings")
     return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe,

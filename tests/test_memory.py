@@ -273,9 +273,11 @@ def test_fp8_checkpoint_and_context_limit_reach_the_workload():
     build_workload(scaled, [8192], 8)  # rope scaling extends the context: not checked
     v5 = {**QWEN3_4B, "max_position_embeddings": 4096}  # transformers 5 writes rope_parameters in every config
     build_workload(model_config_from_dict({**v5, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}), [8192], 8)
-    with pytest.raises(WorkloadError, match="exceeds max_position_embeddings 4096"):
-        build_workload(model_config_from_dict({**v5, "rope_parameters": {"rope_type": "default",
-                                                                         "rope_theta": 1e6}}), [8192], 8)
+    for unscaled in ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+                     {"rope_scaling": {"rope_type": "default"}}, {"rope_scaling": None}):
+        with pytest.raises(WorkloadError, match="exceeds max_position_embeddings 4096"):
+            build_workload(model_config_from_dict({**v5, **unscaled}), [8192], 8)
+    build_workload(model_config_from_dict({**v5, "rope_scaling": {"type": "linear", "factor": 2.0}}), [8000], 8)
 
 
 def test_tensor_parallel_layouts_vllm_refuses():
