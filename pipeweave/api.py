@@ -80,9 +80,9 @@ def predict_workload(
     from pipeweave.engine import as_flat_workload
     from pipeweave.flatten import parse_workload
 
-    engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
-                     str(quantile_dir) if quantiles else None)
     try:
+        engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
+                         str(quantile_dir) if quantiles else None)
         if isinstance(workload, Mapping):
             workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
         workload = as_flat_workload(workload)

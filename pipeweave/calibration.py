@@ -353,11 +353,20 @@ class Calibration:
         write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
+#: the largest |log factor| a calibration file may hold: e^20 is 5·10^8, beyond any correction (calibrate.py refuses
+#: a measurement 30x from its zero-shot prediction), and the exponentials of larger values overflow
+MAX_LOG_FACTOR = 20.0
+
+
 def parameter_value(path: Path, where: str, entry, key: str) -> float:
-    """<where>.<key> of a calibration file as a finite float; anything else names the field."""
+    """<where>.<key> of a calibration file as a finite float (a log factor within :data:`MAX_LOG_FACTOR`);
+    anything else names the field."""
     value = entry.get(key) if isinstance(entry, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
         raise ValueError(f"{path}: {where}.{key} must be a finite number, got {value!r}; "
+                         f"refit the file with calibrate.py")
+    if key == "log_factor" and abs(value) > MAX_LOG_FACTOR:
+        raise ValueError(f"{path}: {where}.{key} = {value!r} is beyond ±{MAX_LOG_FACTOR:g} (a factor e^{value:g}); "
                          f"refit the file with calibrate.py")
     return float(value)
 

@@ -215,7 +215,7 @@ def modelled_rows(frame: pd.DataFrame, reasons: list, path: Path) -> pd.DataFram
 def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
     """The shape limits ``predict_kernels.py`` applies (pipeweave.validation), and for all-reduce rows a positive
     integer message size over at least two workers: a row no prediction can be made for is an error naming it."""
-    from pipeweave.validation import check_shape_table, row_label
+    from pipeweave.validation import MAX_PARALLEL, MAX_VOLUME_BYTES, check_shape_table, row_label
 
     if op != "all_reduce":
         try:
@@ -223,13 +223,13 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
         except ValueError as exc:
             raise UserError(f"--kernels {path}: {exc}") from None
         return
-    for column, least in (("size_bytes", 1), ("num_workers", 2)):
+    for column, least, most in (("size_bytes", 1, MAX_VOLUME_BYTES), ("num_workers", 2, MAX_PARALLEL)):
         values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
-        bad = ~(np.isfinite(values) & (values >= least) & (values == values.round()))
+        bad = ~(np.isfinite(values) & (values >= least) & (values <= most) & (values == values.round()))
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise UserError(f"--kernels {path}: {row_label(row)}: {column} must be an integer of at least {least}, "
-                            f"got {frame[column].iloc[row]!r}")
+            raise UserError(f"--kernels {path}: {row_label(row)}: {column} must be an integer from {least} to "
+                            f"{most:,} (pipeweave.validation), got {frame[column].iloc[row]!r}")
 
 
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
@@ -409,6 +409,25 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
     return entries
 
 
+#: the farthest a measurement may be from the zero-shot prediction: beyond the worst held-out kernel ever seen
+#: (19.9x, GEMM on L40S left out: docs/ACCURACY.md), so that what is refused is a unit mix-up (µs typed as ms is
+#: 1000x), not a GPU the models miss
+MAX_ZERO_SHOT_FACTOR = 30.0
+
+
+def check_plausible(equations: Equations) -> None:
+    """Refuse, naming it, a measured quantity more than :data:`MAX_ZERO_SHOT_FACTOR` times from its zero-shot
+    prediction: fitting it would turn the corrections into a unit conversion (a calibration of factors 10^5)."""
+    zero_shot = equations.predict(np.zeros(len(PARAMS)))[0]
+    ratio = equations.measured / zero_shot
+    worst = int(np.argmax(np.abs(np.log(ratio))))
+    if abs(np.log(ratio[worst])) > np.log(MAX_ZERO_SHOT_FACTOR):
+        raise UserError(f"{equations.labels[worst]}: measured {equations.measured[worst]:.6g} is {ratio[worst]:.3g} "
+                        f"times the zero-shot prediction {zero_shot[worst]:.6g} (same unit: ms for runs, µs for "
+                        f"kernels); more than {MAX_ZERO_SHOT_FACTOR:.0f}x is beyond any held-out error pipeweave has "
+                        f"shown, so check the unit and the row")
+
+
 def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=None,
               hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, fine_tune: bool = True,
               log=print) -> Calibration:
@@ -454,6 +473,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     equations = Equations.concat(parts)
     if not len(equations.measured):
         raise UserError("no measured quantity to calibrate from (give --e2e runs and/or --kernels CSVs)")
+    check_plausible(equations)
     theta, std = fit_map(equations, prior)
     before = np.log(equations.predict(np.zeros(len(PARAMS)))[0] / equations.measured)
     after = np.log(equations.predict(theta)[0] / equations.measured)

@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
                                                                 extrapolation, calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
-    gpus = [predictor.hardware.get(name) for name in dict.fromkeys(row[index].strip() for row in rows)]
+    gpus = list({spec.stem: spec for spec in (predictor.hardware.get(name) for name in
+                                              dict.fromkeys(row[index].strip() for row in rows))}.values())
     with predictor.fine_tuned_by(calibration):
         siblings = [(hw, predictor.sibling(args.op, hw)) for hw in gpus]
     for hw, sibling in siblings:

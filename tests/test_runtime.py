@@ -204,6 +204,8 @@ def test_api_errors_are_value_errors_and_memory_is_checked():
 
     with pytest.raises(ValueError, match="no collective models"):
         pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40")
+    with pytest.raises(ValueError, match="collective_estimate must be one of model, analytical"):
+        pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40", collective_estimate="Analytical")
     with pytest.raises(ValueError, match="does not fit in GPU memory at TP 4"):
         pipeweave.predict_workload("Llama-3.1-70B_splitwise_64_fa2_tp4_pp1", "A40")
     with pytest.raises(ValueError, match="kernel 1: M = 5000000 exceeds the limit"):

@@ -155,7 +155,7 @@ def test_predict_kernels_says_where_a_sibling_bounds_the_rows(tmp_path, capsys):
     from pipeweave.kernels import main
 
     shapes = tmp_path / "shapes.csv"
-    shapes.write_text("M,N,K,hardware\n4096,4096,4096,L40\n16,4096,4096,H100\n")
+    shapes.write_text("M,N,K,hardware\n4096,4096,4096,L40\n16,4096,4096,H100\n64,64,64,NVIDIA L40\n")  # once
     assert main(["--op", "gemm", "--input", str(shapes), "--output", str(tmp_path / "out.csv")]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Note:")]
     assert notes == ["Note: gemm on NVIDIA L40 is kept between the same kernels at the tensor rate of NVIDIA L40S "
