@@ -325,6 +325,9 @@ def build_parser() -> ArgumentParser:
                         help="measured kernels in the profiler's format (dataset/measured/<gpu>/<op>.csv)")
     parser.add_argument("--output", required=True, help="calibration JSON to write")
     parser.add_argument("--model_dir", default=None, help="root of the trained MLPs (default: mlp_models)")
+    parser.add_argument("--collective_dir", default=None,
+                        help="root of the collective models the runs' collectives are predicted with (default: "
+                             "collective_models; give the one the calibrated predictions will use)")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
     parser.add_argument("--prior", default=str(DEFAULT_PRIOR_PATH),
                         help="prior scales (default: pipeweave/calibration_prior.json)")
@@ -430,7 +433,7 @@ def check_plausible(equations: Equations) -> None:
 
 def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=None,
               hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, fine_tune: bool = True,
-              log=print) -> Calibration:
+              collective_dir=None, log=print) -> Calibration:
     """Validate every input, build the equations and fit; nothing is written here."""
     from pipeweave.engine import Engine
     from pipeweave.flatten import load_workload
@@ -443,7 +446,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         raise UserError("give measurements: --e2e CSV and/or --kernels CSV ...")
     model_dir = Path(model_dir or DEFAULT_MODEL_DIR)
     # the analytical collective estimate where no measured model covers a run's collectives, with its WARNING
-    aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate="analytical",
+    aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
+                        collective_estimate="analytical",
                         log=lambda message: print(message) if message.startswith("WARNING") else None)
     runs, parts, fitted_from = [], [], {}
     if e2e:
@@ -462,7 +466,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     part_models = []  # the model of each part's kernels (None: end-to-end runs, collectives)
     for path, (op, frame) in zip(kernels, kernel_frames):
         try:
-            parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name))
+            parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name,
+                                          collective_dir))
             part_models.append(None if op == "all_reduce" else get_operator(op).model_op)
         except ValueError as exc:  # a shape the operator cannot take (the predictor's own checks)
             raise UserError(f"--kernels {path}: {exc}") from None
@@ -509,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     check_output_path(args.output)  # before minutes of fitting and fine-tuning, not after
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
-                            hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune)
+                            hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune,
+                            collective_dir=args.collective_dir)
     calibration.save(args.output)
     summary = calibration.summary()
     for name, value in summary["factors"].items():

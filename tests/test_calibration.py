@@ -684,3 +684,22 @@ def test_calibrate_records_the_spread_of_its_kernels_and_reads_it_back(tmp_path)
     spread = load_calibration(out).spread
     assert set(spread) == {"gemm"} and spread["gemm"]["kernels"] == 10
     assert spread["gemm"]["log_low"] < 0 < spread["gemm"]["log_high"]
+
+
+def test_collective_dir_is_the_one_the_runs_collectives_are_predicted_with(tmp_path):
+    """calibrate.py --collective_dir: the runs' collectives are predicted with the folder the calibrated predictions
+    will use. An empty folder gives the textbook ring on L20's PCIe (no measured ring efficiency), the shipped one
+    2.1x its bandwidth term, so the same measured run needs different communication factors."""
+    from pipeweave.engine import Engine
+
+    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2)
+    measured = Engine(log=None).predict_workload(tp2, "L20")["summary"]
+    csv = tmp_path / "run.csv"
+    csv.write_text("workload,prefill_ms,decode_step_ms,total_ms\n"
+                   f"{tp2},{measured['prefill_duration_ms'] * 1.1},{measured['decode_avg_duration_ms'] * 1.1},\n")
+    empty = tmp_path / "no_collectives"
+    empty.mkdir()
+    shipped, textbook = (calibration_fit.calibrate("L20", str(csv), [], collective_dir=folder, fine_tune=False,
+                                                   log=lambda *_: None).summary()["factors"]
+                         for folder in (None, empty))
+    assert shipped["communication.bandwidth"] != pytest.approx(textbook["communication.bandwidth"], rel=1e-3)
