@@ -330,6 +330,21 @@ class Calibration:
                 for op, fitted in sorted(self.base_models.items())
                 if op in loaded and Path(fitted).name != Path(loaded[op]).name]
 
+    def stale_collectives(self, collective_dir: str | Path) -> str | None:
+        """A WARNING line when the collective models predicting now (their ``serving.json``: ring efficiency, custom
+        all-reduce) are not those the communication factors were fitted against; None when they are, or when the
+        calibration fitted no communication factor."""
+        fitted = self.fitted_from.get("collective_models")
+        if not isinstance(fitted, dict):
+            return None
+        now = collective_models_record(collective_dir)
+        if now["serving_digest"] == fitted.get("serving_digest"):
+            return None
+        return (f"WARNING: --calibration {self.path} fitted its communication factors against the collective models "
+                f"of {fitted.get('dir')} (serving.json {fitted.get('serving_digest')}), this prediction uses "
+                f"{now['dir']} (serving.json {now['serving_digest']}); recalibrate with calibrate.py "
+                f"--collective_dir {now['dir']}")
+
     def check_hardware(self, stems) -> None:
         """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing)."""
         stems = list(dict.fromkeys(stems))
@@ -448,3 +463,10 @@ def load_calibration(path: str | Path) -> Calibration:
 
 def file_digest(path: str | Path) -> str:
     return hashlib.blake2b(Path(path).read_bytes(), digest_size=8).hexdigest()
+
+
+def collective_models_record(collective_dir: str | Path) -> dict:
+    """Which collective models predict a calibration's collectives: the folder and the digest of its
+    ``serving.json`` (None for a folder without one: the plain textbook estimate)."""
+    serving = Path(collective_dir) / "serving.json"
+    return {"dir": str(collective_dir), "serving_digest": file_digest(serving) if serving.is_file() else None}

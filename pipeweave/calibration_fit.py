@@ -24,6 +24,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
+                                   collective_models_record,
                                    cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
@@ -475,6 +476,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                                                       "digest": file_digest(path)})
     for workload, measured in runs:
         parts.append(run_equations(aggregator, workload, spec, measured, prior, workload.stem))
+    if runs or any(op == "all_reduce" for op, _ in kernel_frames):  # the communication factors were fitted
+        fitted_from["collective_models"] = collective_models_record(aggregator.collective_dir)
     equations = Equations.concat(parts)
     if not len(equations.measured):
         raise UserError("no measured quantity to calibrate from (give --e2e runs and/or --kernels CSVs)")

@@ -703,3 +703,28 @@ def test_collective_dir_is_the_one_the_runs_collectives_are_predicted_with(tmp_p
                                                    log=lambda *_: None).summary()["factors"]
                          for folder in (None, empty))
     assert shipped["communication.bandwidth"] != pytest.approx(textbook["communication.bandwidth"], rel=1e-3)
+
+
+def test_a_calibration_warns_when_the_collective_models_changed(tmp_path, capsys):
+    """Communication factors fitted against one collective-model folder (its serving.json) and applied with another
+    are stale, as factors fitted against a retrained MLP are: a WARNING names both."""
+    from pipeweave import aggregate
+    from pipeweave.engine import Engine
+
+    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2)
+    measured = Engine(log=None).predict_workload(tp2, "L20")["summary"]
+    csv = tmp_path / "run.csv"
+    csv.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{tp2},{measured['prefill_duration_ms'] * 1.1},,\n")
+    out = tmp_path / "cal.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L20", "--e2e", str(csv), "--output", str(out),
+                                          "--no_fine_tune"]) == 0
+    empty = tmp_path / "no_collectives"
+    empty.mkdir()
+    capsys.readouterr()
+    for folder, stale in ((None, False), (empty, True)):
+        args = ["--workload", str(tp2), "--hardware", "L20", "--calibration", str(out),
+                "--output", str(tmp_path / "p.json")] + ([] if folder is None else ["--collective_dir", str(folder)])
+        assert run_cli(aggregate.main, args) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if "fitted its communication factors" in line]
+        assert bool(lines) == stale, lines
+    assert f"recalibrate with calibrate.py --collective_dir {empty}" in lines[0]
