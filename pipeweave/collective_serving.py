@@ -258,9 +258,9 @@ def ring_factor(measured: list[dict], link_type: str, kind: str, workers: int, e
     The median over the GPUs of :func:`measured_ring_factors` (``exclude`` left out) that share the link and the
     worker count, taking the first of: the same generation, the same family (NVLink or PCIe), then the same two
     at the nearest measured worker count (log2 distance; at equal distance the same generation first, then the
-    larger count); each only where at least :data:`RING_MIN_GPUS` GPUs measured it. The worker count comes before the generation because the factor moves
-    far more with it (NVLink: ~1.7 at 2 GPUs, 0.9-1.4 at 8) than between generations. Without such GPUs: 1
-    (the textbook estimate)."""
+    larger count); each only where at least :data:`RING_MIN_GPUS` GPUs measured it. The worker count comes before
+    the generation because the factor moves far more with it (NVLink: ~1.7 at 2 GPUs, 0.9-1.4 at 8) than between
+    generations. Without such GPUs: 1 (the textbook estimate)."""
     rows = [m for m in measured if m["kind"] == kind and m["gpu"] != exclude]
     levels = ((lambda m: m["link_type"] == link_type, link_type),
               (lambda m: link_family(m["link_type"]) == link_family(link_type), link_family(link_type)))
@@ -351,7 +351,8 @@ def _interval_entry(units: dict[tuple, np.ndarray]) -> dict:
         if len(others) >= 2:
             coverage[gpu] = round(coverage_cell(np.concatenate(list(named(lambda s: s == gpu).values())),
                                                 others)["coverage"], 3)
-    return {"low": round(low, 4), "high": round(high, 4), "units": sorted(every), "coverage_leave_one_gpu_out": coverage,
+    return {"low": round(low, 4), "high": round(high, 4), "units": sorted(every),
+            "coverage_leave_one_gpu_out": coverage,
             "mean_coverage": round(float(np.mean(list(coverage.values()))), 3) if coverage else None}
 
 

@@ -194,7 +194,8 @@ def test_aggregator_interval_brackets_the_prediction_and_widens_off_training():
         spans[gpu] = interval["high"]["total_duration_ms"] / interval["low"]["total_duration_ms"]
     assert spans["H100"] < spans["L40"]  # GEMM and attention trained on H100; L40 only through L40S
     with_collectives = engine.predict([Job(load_workload(TP4_PP2), engine.gpu("H100"))])[0].result["interval"]
-    assert "collectives at their point value (not in the interval): those with measured models" in with_collectives["note"]
+    note = with_collectives["note"]
+    assert "collectives at their point value (not in the interval): those with measured models" in note
 
 
 def test_analytical_collectives_widen_the_interval_by_the_estimates_own(monkeypatch):
