@@ -18,7 +18,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.calibration import Calibration, Equations, fit_map, load_prior
-from pipeweave.calibration_fit import run_equations
+from pipeweave.calibration_fit import run_equations, runs_prior
 from pipeweave.cli import ArgumentParser, run_cli, write_atomically, write_marked_section
 from pipeweave.measured_runs import DEFAULT_REAL_DIR, load_real
 from pipeweave.paths import DEFAULT_WORKLOAD_DIR, DOCS_DIR, E2E_DIR
@@ -66,8 +66,9 @@ def evaluate(real_dir: Path, workload_dir: Path, hardware_dir: Path, log=print) 
         for a, (calibrating, source) in enumerate(zip(runs, workloads)):
             truth = {EQUATION_KEYS[m]: v for m, v in measured(calibrating).items()}
             aggregator.calibration = None
-            equations = Equations.concat([run_equations(aggregator, source, spec, truth, prior, source.stem)])
-            theta, std = fit_map(equations, prior)
+            fit_prior = runs_prior(aggregator, spec, [source], prior)  # as calibrate.py --e2e fits one run
+            equations = Equations.concat([run_equations(aggregator, source, spec, truth, fit_prior, source.stem)])
+            theta, std = fit_map(equations, fit_prior)
             aggregator.calibration = Calibration(spec.stem, spec.name, theta, std, {"e2e": source.stem}, {}, {},
                                                  prior.standardisation)
             for b, (scored, target) in enumerate(zip(runs, workloads)):

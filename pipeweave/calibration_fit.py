@@ -14,6 +14,7 @@ same quantity, written as a sum over kernel and collective instances, with each 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -419,6 +420,44 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
 MAX_ZERO_SHOT_FACTOR = 30.0
 
 
+#: the standard normal quantile of the interval's upper level (0.9): its half-width in log over this is a sigma
+INTERVAL_Z = 1.2816
+
+
+def analytical_communication_scale(aggregator, spec: HardwareSpec, workloads) -> float | None:
+    """The prior scale (log) of the communication factors when every collective of the runs takes the analytical
+    estimate: the widest of the estimate's 80 % intervals for the runs' kinds and worker counts, as a standard
+    deviation. Measured collectives keep the prior's scales, set by how far measured sources disagree; an estimate
+    whose interval says ×0.8–1.3 cannot soak up a run's error as a factor of 2.5 (which a uniformly slower H800 TP4
+    run gave). None where a run has a measured collective, or an estimate without an evaluated interval."""
+    from pipeweave.engine import Job
+
+    spreads = []
+    for workload in workloads:
+        if not workload.has_communication:
+            continue
+        block = aggregator.predict([Job(workload, spec)])[0].result["extrapolation"].get("analytical_collectives")
+        kinds = {kind for kind, _ in workload.collectives}
+        if block is None or set(block["kinds"]) != kinds or any(block["interval"][k] is None for k in kinds):
+            return None
+        spreads += [np.log(high / low) / (2 * INTERVAL_Z) for low, high in (block["interval"][k] for k in kinds)]
+    return max(spreads) if spreads else None
+
+
+def runs_prior(aggregator, spec: HardwareSpec, workloads, prior: Prior, log=None) -> Prior:
+    """The prior a calibration from measured runs (no measured all-reduce kernels) fits with: where every
+    collective of the runs takes the analytical estimate, the communication factors' scales are that estimate's
+    own spread (:func:`analytical_communication_scale`)."""
+    scale = analytical_communication_scale(aggregator, spec, workloads)
+    if scale is None:
+        return prior
+    if log is not None:
+        log(f"Note: every collective of the runs takes the analytical estimate, so the communication factors' "
+            f"prior scale is that estimate's own leave-one-GPU-out spread ({scale:.3f} in log), not the measured "
+            f"sources' disagreement")
+    return dataclasses.replace(prior, tau_comm_latency=scale, tau_comm_bandwidth=scale)
+
+
 def check_plausible(equations: Equations) -> None:
     """Refuse, naming it, a measured quantity more than :data:`MAX_ZERO_SHOT_FACTOR` times from its zero-shot
     prediction: fitting it would turn the corrections into a unit conversion (a calibration of factors 10^5)."""
@@ -464,6 +503,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [w.stem for w, _ in runs]}
     kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
+    if not any(op == "all_reduce" for op, _ in kernel_frames):
+        prior = runs_prior(aggregator, spec, [workload for workload, _ in runs], prior, log)
     part_models = []  # the model of each part's kernels (None: end-to-end runs, collectives)
     for path, (op, frame) in zip(kernels, kernel_frames):
         try:
