@@ -414,12 +414,6 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
     return entries
 
 
-#: the farthest a measurement may be from the zero-shot prediction: beyond the worst held-out kernel ever seen
-#: (19.9x, GEMM on L40S left out: docs/ACCURACY.md), so that what is refused is a unit mix-up (µs typed as ms is
-#: 1000x), not a GPU the models miss
-MAX_ZERO_SHOT_FACTOR = 30.0
-
-
 #: the standard normal quantile of the interval's upper level (0.9): its half-width in log over this is a sigma
 INTERVAL_Z = 1.2816
 
@@ -456,6 +450,12 @@ def runs_prior(aggregator, spec: HardwareSpec, workloads, prior: Prior, log=None
             f"prior scale is that estimate's own leave-one-GPU-out spread ({scale:.3f} in log), not the measured "
             f"sources' disagreement")
     return dataclasses.replace(prior, tau_comm_latency=scale, tau_comm_bandwidth=scale)
+
+
+#: the farthest a measurement may be from the zero-shot prediction: beyond the worst held-out kernel ever seen
+#: (19.9x, GEMM on L40S left out: docs/ACCURACY.md), so that what is refused is a unit mix-up (µs typed as ms is
+#: 1000x), not a GPU the models miss
+MAX_ZERO_SHOT_FACTOR = 30.0
 
 
 def check_plausible(equations: Equations) -> None:
