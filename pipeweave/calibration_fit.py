@@ -458,15 +458,16 @@ def runs_prior(aggregator, spec: HardwareSpec, workloads, prior: Prior, log=None
 MAX_ZERO_SHOT_FACTOR = 30.0
 
 
-def check_plausible(equations: Equations) -> None:
+def check_plausible(equations: Equations, zero_shot_log_error: np.ndarray) -> None:
     """Refuse, naming it, a measured quantity more than :data:`MAX_ZERO_SHOT_FACTOR` times from its zero-shot
-    prediction: fitting it would turn the corrections into a unit conversion (a calibration of factors 10^5)."""
-    zero_shot = equations.predict(np.zeros(len(PARAMS)))[0]
-    ratio = equations.measured / zero_shot
-    worst = int(np.argmax(np.abs(np.log(ratio))))
-    if abs(np.log(ratio[worst])) > np.log(MAX_ZERO_SHOT_FACTOR):
-        raise UserError(f"{equations.labels[worst]}: measured {equations.measured[worst]:.6g} is {ratio[worst]:.3g} "
-                        f"times the zero-shot prediction {zero_shot[worst]:.6g} (same unit: ms for runs, µs for "
+    prediction (``zero_shot_log_error``: log(zero-shot / measured) per equation): fitting it would turn the
+    corrections into a unit conversion (a calibration of factors 10^5)."""
+    worst = int(np.argmax(np.abs(zero_shot_log_error)))
+    if abs(zero_shot_log_error[worst]) > np.log(MAX_ZERO_SHOT_FACTOR):
+        measured = equations.measured[worst]
+        raise UserError(f"{equations.labels[worst]}: measured {measured:.6g} is "
+                        f"{np.exp(-zero_shot_log_error[worst]):.3g} times the zero-shot prediction "
+                        f"{measured * np.exp(zero_shot_log_error[worst]):.6g} (same unit: ms for runs, µs for "
                         f"kernels); more than {MAX_ZERO_SHOT_FACTOR:.0f}x is beyond any held-out error pipeweave has "
                         f"shown, so check the unit and the row")
 
@@ -503,7 +504,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [w.stem for w, _ in runs]}
     kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
-    if not any(op == "all_reduce" for op, _ in kernel_frames):
+    measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
+    if not measured_all_reduce:
         prior = runs_prior(aggregator, spec, [workload for workload, _ in runs], prior, log)
     part_models = []  # the model of each part's kernels (None: end-to-end runs, collectives)
     for path, (op, frame) in zip(kernels, kernel_frames):
@@ -517,14 +519,14 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                                                       "digest": file_digest(path)})
     for workload, measured in runs:
         parts.append(run_equations(aggregator, workload, spec, measured, prior, workload.stem))
-    if runs or any(op == "all_reduce" for op, _ in kernel_frames):  # the communication factors were fitted
+    if runs or measured_all_reduce:  # the communication factors were fitted
         fitted_from["collective_models"] = collective_models_record(aggregator.collective_dir)
     equations = Equations.concat(parts)
     if not len(equations.measured):
         raise UserError("no measured quantity to calibrate from (give --e2e runs and/or --kernels CSVs)")
-    check_plausible(equations)
-    theta, std = fit_map(equations, prior)
     before = np.log(equations.predict(np.zeros(len(PARAMS)))[0] / equations.measured)
+    check_plausible(equations, before)
+    theta, std = fit_map(equations, prior)
     after = np.log(equations.predict(theta)[0] / equations.measured)
     log(f"Calibration of {spec.stem} from {len(equations.measured)} measured quantities: "
         f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data")

@@ -27,12 +27,12 @@ analytical estimate enters with that estimate's leave-one-GPU-out interval on it
 A fourth state, ``calibrated``: a GPU outside training whose calibration (``calibrate.py --kernels``) was fitted
 on at least k measured kernels of the operator, k = 8, 32 or 128, takes the interval of the k-shot evaluation
 (errors on the GPU's other kernels after calibrating on k drawn ones; the largest evaluated k not above the
-user's count), widened where the calibration's own kernels scatter more: each is predicted by the calibration fitted
-without its fold (four folds), and the 10th / 90th percentiles of those errors, recorded in the calibration file
-(``spread``), bound the interval from outside. The pooled interval is every GPU's; a GPU whose bias varies from shape
-to shape more than the others' (L40S) would otherwise be given theirs. A calibration from end-to-end runs only, which has no such evaluation per kernel, leaves the
-interval of the uncalibrated state, scaled with the corrected prediction; so does any calibration of a GPU in
-the training data.
+user's count), widened where the calibration's own kernels scatter more: each is predicted by the calibration
+fitted without its fold (four folds), and the 10th / 90th percentiles of those errors, recorded in the calibration
+file (``spread``), bound the interval from outside. The pooled interval is every GPU's; a GPU whose bias varies from
+shape to shape more than the others' (L40S) would otherwise be given theirs. A calibration from end-to-end runs only,
+which has no such evaluation per kernel, leaves the interval of the uncalibrated state, scaled with the corrected
+prediction; so does any calibration of a GPU in the training data.
 """
 from __future__ import annotations
 
