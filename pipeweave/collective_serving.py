@@ -450,4 +450,8 @@ def read_serving(model_dir: Path) -> dict:
         raise FileNotFoundError(
             f"{path} is missing: the analytical collective estimate needs the custom all-reduce and ring efficiency "
             f"fits that `python3 train_collective_rf.py --output_dir {model_dir}` writes there")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}): rewrite it with `python3 train_collective_rf.py "
+                         f"--output_dir {model_dir}`") from None

@@ -334,11 +334,19 @@ class CollectivePredictor:
         if self._serving is None:
             return None
         ring = self._serving.get("ring_efficiency")
+        retrain = f"retrain with `python3 train_collective_rf.py --output_dir {self.model_dir}`"
         if not (isinstance(ring, dict) and "measured" in ring and isinstance(ring.get("interval"), dict)
                 and all("pooled" in family for family in ring["interval"].values())):
             raise FileNotFoundError(
                 f"{self.model_dir / SERVING_FILE} has no measured ring efficiency and interval (written by an older "
-                f"pipeweave): retrain with `python3 train_collective_rf.py --output_dir {self.model_dir}`")
+                f"pipeweave): {retrain}")
+        entries = [*(m.get("factor") for m in ring["measured"]),
+                   *(entry.get(end) for family in ring["interval"].values()
+                     for entry in (family["pooled"], *family.get("by_count", {}).values()) for end in ("low", "high"))]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in entries) or \
+                not all(m["factor"] > 0 for m in ring["measured"]):
+            raise ValueError(f"{self.model_dir / SERVING_FILE}: ring_efficiency holds a factor or interval end that is "
+                             f"not a finite number (factors above 0): {retrain}")
         return ring
 
     def ring_efficiency(self, kind: str, num_workers: int) -> tuple[float, str]:

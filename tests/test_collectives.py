@@ -526,3 +526,26 @@ def test_training_without_the_shared_data_is_refused(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="python3 -m dataset.build needs the shared measurement data"):
         build_main(["--output_dir", str(tmp_path / "dataset")])
     assert not (tmp_path / "models").exists() and not (tmp_path / "dataset").exists()
+
+
+@pytest.mark.parametrize("damage", ["not json", "nan factor"])
+def test_a_damaged_serving_json_is_one_clear_error(tmp_path, models, damage):
+    """A serving.json that does not parse, or whose ring efficiency holds a non-finite number, names the file and
+    the command that rewrites it, through the aggregator's one-line error too (a NaN factor had reached the output
+    writer as 'Out of range float values are not JSON compliant')."""
+    from pipeweave.engine import Engine
+    from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+
+    train_collectives(output_dir=tmp_path, frame=_synthetic(), compare=False, log=_quiet)
+    serving = read_serving(tmp_path)
+    if damage == "not json":
+        (tmp_path / "serving.json").write_text("{broken")
+    else:
+        serving["ring_efficiency"]["measured"] = [{"gpu": "H100", "link_type": "nvlink4", "kind": "all_reduce",
+                                                   "workers": 8, "factor": float("nan"), "sizes": 5}]
+        (tmp_path / "serving.json").write_text(json.dumps(serving))
+    engine = Engine(model_dir=models, collective_dir=tmp_path, collective_estimate="analytical", log=None)
+    with pytest.raises(UserError) as refused:
+        engine.predict_workload(DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json", "H100")
+    assert "serving.json" in str(refused.value)
+    assert f"train_collective_rf.py --output_dir {tmp_path}" in str(refused.value)
