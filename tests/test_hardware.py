@@ -14,9 +14,19 @@ EXPECTED = {
     "H20": (78, 1830, "hopper"), "RTX PRO 6000 S": (188, 2340, "blackwell"),
     "L40S": (142, 2520, "ada"), "B200": (148, 1860, "blackwell"),
     "GB200": (148, 2062, "blackwell"), "B300": (160, 1717, "blackwell"), "GB300": (160, 1907, "blackwell"),
+    "A100 40GB": (108, 1410, "ampere"), "A100 PCIe": (108, 1410, "ampere"), "A30": (56, 1440, "ampere"),
+    "A10": (72, 1695, "ampere"), "L4": (58, 2040, "ada"), "RTX 4090": (128, 2520, "ada"),
+    "H100 PCIe": (114, 1620, "hopper"),
+}
+#: GPUs added for users without any measurement (README "Hardware audit"): the cited dense BF16 / FP8 peaks with FP32
+#: accumulate (None: no FP8 tensor cores) and DRAM bandwidth (GB/s), which their files must reproduce
+UNMEASURED_PEAKS = {
+    "A100 40GB": (312e12, None, 1555), "A100 PCIe": (312e12, None, 1935), "A30": (165e12, None, 933),
+    "A10": (125e12, None, 600), "L4": (121e12, 242e12, 300), "RTX 4090": (165.2e12, 330.3e12, 1008),
+    "H100 PCIe": (756.5e12, 1513e12, 2000),
 }
 NO_BOOST_CLOCK = ("GB200", "B300", "GB300")  # no vendor boost-clock figure found (their provenance says so)
-NVLINK_BOARDS = ("A100", "H100", "H800", "H200", "H20", "B200", "GB200", "B300", "GB300")
+NVLINK_BOARDS = ("A100", "A100 40GB", "H100", "H800", "H200", "H20", "B200", "GB200", "B300", "GB300")
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
@@ -32,7 +42,10 @@ def test_every_gpu_loads(stem):
      ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000 S"), ("rtx_pro_6000_server", "RTX PRO 6000 S"),
      ("l40s", "L40S"), ("NVIDIA L40", "L40"), ("b200_sxm", "B200"),
      ("NVIDIA GB200", "GB200"), ("gb200", "GB200"), ("NVIDIA B300 SXM6 AC", "B300"), ("b300_sxm", "B300"),
-     ("NVIDIA GB300", "GB300"), ("gb300", "GB300")],
+     ("NVIDIA GB300", "GB300"), ("gb300", "GB300"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+     ("NVIDIA A100 80GB PCIe", "A100 PCIe"), ("a100_pcie", "A100 PCIe"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+     ("h100_pcie", "H100 PCIe"), ("NVIDIA L4", "L4"), ("l4", "L4"), ("a30", "A30"), ("NVIDIA A10", "A10"),
+     ("NVIDIA GeForce RTX 4090", "RTX 4090")],
 )
 def test_aliases(name, stem):
     assert load_hardware(name).stem == stem
@@ -123,3 +136,16 @@ def test_every_value_has_a_source_and_links_are_consistent():
     assert load_hardware("RTX 6000 Ada").tc_bf16 == l40.tc_bf16  # same AD102 board; corrected from the artifact
     assert l20.tc_bf16 * l20.num_sms * l20.sm_freq * 1e6 == pytest.approx(119.5e12, rel=0.01)
     assert load_hardware("H800").link_gbps < load_hardware("H100").link_gbps  # export-reduced NVLink
+
+
+@pytest.mark.parametrize("stem", sorted(UNMEASURED_PEAKS))
+def test_gpus_without_measurements_match_their_cited_peaks(stem):
+    bf16, fp8, bandwidth = UNMEASURED_PEAKS[stem]
+    hw = load_hardware(stem)
+    assert hw.tc_bf16 * hw.num_sms * hw.sm_freq * 1e6 == pytest.approx(bf16, rel=0.005)
+    assert (hw.tc_fp8 * hw.num_sms * hw.sm_freq * 1e6 if hw.tc_fp8 else None) == (
+        None if fp8 is None else pytest.approx(fp8, rel=0.005))
+    assert hw.mem_bandwidth == bandwidth
+    # the GeForce part runs BF16 with FP32 accumulate at half the rate of the professional die of its class
+    if stem == "RTX 4090":
+        assert hw.tc_bf16 == load_hardware("L40").tc_bf16 == load_hardware("L40S").tc_bf16 // 2
