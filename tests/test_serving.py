@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,8 +24,10 @@ from pipeweave.engine import Engine
 from pipeweave.memory import check_memory, weight_bytes_per_gpu
 from pipeweave.paths import DEFAULT_CONFIG_DIR
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
-from pipeweave.serving.requests import load_serving_trace, make_requests
-from pipeweave.serving.run import ServingConfig, check, simulate_config, vllm_settings
+from pipeweave.serving import run as serving_run
+from pipeweave.serving.cli import check_paths
+from pipeweave.serving.requests import MAX_NUM_REQUESTS, Request, load_serving_trace, make_requests
+from pipeweave.serving.run import ServingConfig, check, check_model_and_requests, simulate_config, vllm_settings
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.search import plot_pareto
 from pipeweave.serving.simulator import request_metrics, simulate, summarize
@@ -102,6 +105,45 @@ def test_arrivals_must_be_finite(tmp_path):
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n1,10,5,4,0\n2,20,0,4,1e306\n")
     with pytest.raises(WorkloadError, match="overflow.*arrival_time_s"):
         make_requests(load_serving_trace(path), num_requests=5)  # cycling adds the span: 1e309 s
+
+
+def test_arrival_column_is_read_as_parse_trace_reads_the_trace(tmp_path):
+    """Spaces after the header's commas and whitespace-only rows: parse_trace strips the one and skips the other, and
+    the arrival column is read the same way (it was silently dropped, every request arriving at t = 0)."""
+    path = tmp_path / "spaced.csv"
+    path.write_text("request, prompt_tokens, decode_tokens, output_tokens, arrival_time_s\n"
+                    "1, 10, 5, 4, 0.5\n   \n , , , , \n2, 20, 0, 4, 1.5\n")
+    serving = load_serving_trace(path)
+    assert serving.trace.prompt_tokens == (10, 20) and serving.arrivals_s == (0.5, 1.5)
+    assert [r.arrival_ms for r in make_requests(serving)] == [0.0, 1000.0]
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n1,10,5,4,0.5\n2,20,0,4,x\n")
+    with pytest.raises(WorkloadError, match="line 3: arrival_time_s is not a number: 'x'"):
+        load_serving_trace(path)
+
+
+def test_arrivals_coarser_than_the_engine_rounding_are_refused(tmp_path):
+    """Beyond 2³³ ms doubles are spaced wider than the engine's 10⁻⁶ ms step times: `--qps 1e-300` gave TTFT, TPOT
+    and E2E of 0.000 ms."""
+    t = trace([100, 200])
+    with pytest.raises(WorkloadError, match=r"request 1 would arrive at 1\.0\d+e\+303 ms, .* coarser than the "
+                                            r"engine's 1e-06 ms rounding .*: use a larger --qps"):
+        make_requests(t, qps=1e-300, num_requests=5)
+    path = tmp_path / "timed.csv"
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n"
+                    f"1,10,5,4,0\n2,20,0,4,{(2**33 - 1) / 1000}\n")
+    assert make_requests(load_serving_trace(path))[1].arrival_ms == 2**33 - 1  # spacing 2⁻²⁰ ms: kept
+    with pytest.raises(WorkloadError, match="request 2 would arrive .*: keep --num_requests <= 2 or rescale"):
+        make_requests(load_serving_trace(path), num_requests=3)  # the second cycle starts beyond 2³³ ms
+
+
+def test_num_requests_is_bounded():
+    """A bound stated in one line instead of a process killed for memory (3·10⁹ requests: rc 137, no message)."""
+    check(ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", num_requests=MAX_NUM_REQUESTS))
+    with pytest.raises(UserError, match="--num_requests must be at most 1,000,000, got 3,000,000,000: every request "
+                                        "stays in memory"):
+        check(ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", num_requests=3_000_000_000))
+    with pytest.raises(WorkloadError, match="num_requests must be between 1 and 1,000,000 .*, got 1,000,001"):
+        make_requests(trace([100]), num_requests=MAX_NUM_REQUESTS + 1)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -420,6 +462,41 @@ def test_fp8_checkpoints_and_overlong_requests_are_refused(engine, tmp_path):
     assert not (tmp_path / "search.csv").exists()
 
 
+@pytest.mark.parametrize("model, limit", [("Llama-3-8B", 8192), ("Llama-3-70B", 8192), ("Mixtral-8x7B", 32768),
+                                          ("Qwen3-14B", 40960), ("Qwen3-32B", 40960), ("Qwen3-30B-A3B", 40960),
+                                          ("Qwen3-235B-A22B", 40960), ("Qwen2-72B", 32768), ("Qwen2.5-14B", 32768),
+                                          ("Qwen2.5-32B", 32768)])
+def test_shipped_configs_refuse_requests_beyond_max_position_embeddings(model, limit):
+    """The shipped configs carry their Hugging Face max_position_embeddings: the documented refusal fires for them."""
+    cfg = load_model_config(model)
+    check_model_and_requests(cfg, [Request(0, 0.0, limit - 10, 10)])
+    with pytest.raises(UserError, match=rf"request 1 \({limit - 10} prompt \+ 11 output tokens\) exceeds "
+                                        rf"max_position_embeddings {limit} of config {model}"):
+        check_model_and_requests(cfg, [Request(0, 0.0, 8, 2), Request(1, 0.0, limit - 10, 11)])
+
+
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen2-57B-A14B"])
+def test_scaled_or_unbounded_shipped_configs_take_any_length(model):
+    """Llama-3.1's llama3 rope_scaling counts as scaling (not checked); Qwen2-57B-A14B's config omits the key (its
+    limit is not known to this project)."""
+    raw = json.loads((DEFAULT_CONFIG_DIR / f"{model}.json").read_text())
+    assert ("rope_scaling" in raw) == model.startswith("Llama-3.1")
+    check_model_and_requests(load_model_config(model), [Request(0, 0.0, 500_000, 10)])
+
+
+def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monkeypatch):
+    """A request never holds KV for its last output token: 60 prompt + 5 output tokens fit 4 blocks of 16."""
+    monkeypatch.setattr(serving_run, "kv_cache_blocks", lambda *args: 4)
+    path = tmp_path / "one.csv"
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,60,5,5\n")
+    run = simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
+    assert run.settings["kv_cache_tokens"] == 64 and run.simulation.requests[0].num_output == 5
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,61,5,5\n")
+    with pytest.raises(UserError, match=r"request 0 needs 65 tokens of KV cache \(61 prompt \+ 5 output tokens, less "
+                                        r"the last, whose KV is never stored\) but H100 TP1 x PP1 holds 64"):
+        simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
+
+
 def test_kv_limited_run_on_the_kernel_cost(engine):
     config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=50.0, num_requests=40, seed=1,
                            max_num_seqs=8, max_num_batched_tokens=512)
@@ -442,9 +519,13 @@ def test_serve_sim_writes_summary_csv_and_plot(tmp_path, engine):
     out = tmp_path / "out.json"
     result = run_script("serve_sim.py", "--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--hardware",
                         "H100", "--qps", "30", "--num_requests", "30", "--output", out, "--plot",
-                        tmp_path / "cdf.png", "--model_dir", engine.model_dir)
+                        tmp_path / "cdf.png", "--model_dir", engine.model_dir, "--collective_estimate", "analytical")
     assert result.returncode == 0, result.stderr
-    summary = json.loads(out.read_text())["summary"]
+    written = json.loads(out.read_text())
+    summary = written["summary"]
+    # the predictor's flags change the prediction: recorded as given, null when not given
+    assert (written["config"]["model_dir"], written["config"]["hardware_dir"],
+            written["config"]["collective_estimate"]) == (str(engine.model_dir), None, "analytical")
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         assert set(summary[key]) >= {"p50", "p90", "p99"}
     assert summary["makespan_ms"] > 0 and summary["throughput_tokens_per_s"] > 0
@@ -460,6 +541,7 @@ def test_serve_sim_writes_summary_csv_and_plot(tmp_path, engine):
     (["--scheduler", "static", "--max_concurrent_batches", "1"], "--max_concurrent_batches applies to --scheduler vllm"),
     (["--tp", "3"], "not divisible by tp 3"),
     (["--trace", "nope"], "unknown trace"),
+    (["--qps", "1e-300", "--num_requests", "5"], "use a larger --qps"),
 ])
 def test_serve_sim_errors_are_one_line(tmp_path, args, message):
     out = tmp_path / "out.json"
@@ -480,6 +562,18 @@ def test_serve_sim_refuses_an_output_over_its_trace(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "per-request CSV of --output" in result.stderr and "would overwrite the --trace file" in result.stderr
     assert trace_path.read_text() == before and not (tmp_path / "mine.json").exists()
+
+
+def test_output_over_another_output_names_it_once(tmp_path):
+    args = Namespace(model_config="Llama-3.1-8B", trace="splitwise_48")
+    outputs = {"--output": tmp_path / "out.json", "the per-request CSV of --output": tmp_path / "out.csv",
+               "--plot": tmp_path / "out.csv"}
+    with pytest.raises(UserError) as error:
+        check_paths(args, outputs)
+    assert str(error.value) == (f"--plot {tmp_path / 'out.csv'} would overwrite the per-request CSV of --output; "
+                                f"choose another path")
+    with pytest.raises(UserError, match=r"--plot \S+ would overwrite the --output file;"):
+        check_paths(args, {"--output": tmp_path / "out.json", "--plot": tmp_path / "out.json"})
 
 
 def test_search_on_a_dask_local_cluster_matches_in_process(engine):

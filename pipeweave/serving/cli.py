@@ -20,9 +20,9 @@ CSV_COLUMNS = ("request", "prompt_tokens", "output_tokens", "arrival_ms", "first
 
 def add_engine_arguments(parser) -> None:
     """Flags of the kernel predictor (shared with search_config.py)."""
-    from pipeweave.aggregate import COLLECTIVE_ESTIMATES, DEFAULT_MODEL_DIR
+    from pipeweave.aggregate import COLLECTIVE_ESTIMATES
 
-    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="trained MLPs (default: mlp_models)")
+    parser.add_argument("--model_dir", default=None, help="trained MLPs (default: mlp_models)")
     parser.add_argument("--hardware_dir", default=None, help="directory of GPU spec JSONs (default: hardware)")
     parser.add_argument("--collective_hardware", default=None, metavar="GPU",
                         help="GPU whose collective models predict TP/PP communication (default: the GPU's own)")
@@ -112,22 +112,35 @@ def check_paths(args, outputs: dict) -> None:
     Unknown --model_config or --trace names are reported here too."""
     model = resolve_named_file(args.model_config, DEFAULT_CONFIG_DIR, ".json", "model config")
     trace = resolve_named_file(args.trace, DEFAULT_TRACE_DIR, ".csv", "trace")
-    seen = {model.resolve(): "--model_config", trace.resolve(): "--trace"}
+    seen = {model.resolve(): "the --model_config file", trace.resolve(): "the --trace file"}
     for name, path in outputs.items():
         check_output_path(path, name)
         where = Path(path).resolve()
         if where in seen:
-            raise UserError(f"{name} {path} would overwrite the {seen[where]} file; choose another path")
-        seen[where] = name
+            raise UserError(f"{name} {path} would overwrite {seen[where]}; choose another path")
+        # a flag names a file; a name that is not a flag ("the per-request CSV of --output") already says what it is
+        seen[where] = f"the {name} file" if name.startswith("--") else name
+
+
+#: flags of the kernel predictor; they change the prediction, so the output records them beside the ServingConfig
+ENGINE_FLAGS = ("model_dir", "hardware_dir", "collective_estimate")
+
+
+def engine_settings(args) -> tuple[str, str, str]:
+    """(model_dir, hardware_dir, collective_estimate) in force: the flags given, else the defaults."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from pipeweave.paths import DEFAULT_MODEL_DIR
+
+    return (str(args.model_dir or DEFAULT_MODEL_DIR), str(args.hardware_dir or DEFAULT_HARDWARE_DIR),
+            args.collective_estimate)
 
 
 def make_engine(args, log=None):
-    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
     from pipeweave.engine import Engine
 
-    return Engine(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
-                      collective_estimate=args.collective_estimate,
-                      log=log or (lambda message: print(message, file=sys.stderr)))
+    model_dir, hardware_dir, collective_estimate = engine_settings(args)
+    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate,
+                  log=log or (lambda message: print(message, file=sys.stderr)))
 
 
 def requests_csv(metrics: dict) -> str:
@@ -190,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         run = simulate_config(config, engine, progress=bar.update)
     metrics = request_metrics(run.simulation.requests)
     summary = summarize(run.simulation)
-    result = {"config": config.as_dict(), "settings": run.settings, "summary": summary}
+    result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS},
+              "settings": run.settings, "summary": summary}
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))

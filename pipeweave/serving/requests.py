@@ -15,10 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, parse_trace
+from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, load_trace
 from pipeweave.workload_inputs import resolve_named_file
 
 ARRIVAL_COLUMN = "arrival_time_s"
+#: the engine rounds step durations to 10⁻⁶ ms (pipeweave.report.round6): at an arrival time where doubles are
+#: spaced wider than that (from 2³³ ms, about 99 days), a step's duration added to the clock is partly or wholly lost
+TIME_RESOLUTION_MS = 1e-6
+#: every request's state and metrics stay in memory to the end (about 1 KiB each) and the exact simulation takes
+#: about 0.8 ms of CPU per request (README "Serving simulation"): a million requests is ~1 GiB and ~13 min
+MAX_NUM_REQUESTS = 1_000_000
 
 
 @dataclass(eq=False, slots=True)
@@ -60,18 +66,23 @@ class ServingTrace:
 def load_serving_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_DIR) -> ServingTrace:
     """A trace by path or stem (``workload/traces/<stem>.csv``), with its ``arrival_time_s`` column if present."""
     path = resolve_named_file(name, Path(trace_dir), ".csv", "trace")
-    text = path.read_text(encoding="utf-8")
-    trace = parse_trace(text, stem=path.stem)
-    reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
-    if ARRIVAL_COLUMN not in (reader.fieldnames or []):
+    trace = load_trace(path)
+    # rows and header read as parse_trace reads them (blank rows skipped, cells stripped), so that arrival i is
+    # request i's and a header written with spaces after the commas still names the column
+    rows = [row for row in csv.reader(io.StringIO(path.read_text(encoding="utf-8").lstrip("\ufeff")))
+            if any(cell.strip() for cell in row)]
+    header = [cell.strip() for cell in rows[0]]
+    if ARRIVAL_COLUMN not in header:
         return ServingTrace(trace)
+    column = header.index(ARRIVAL_COLUMN)
     arrivals = []
-    for line_no, row in enumerate(reader, start=2):
+    for line_no, row in enumerate(rows[1:], start=2):
+        cell = row[column].strip()
         try:
-            value = float(row[ARRIVAL_COLUMN])
-        except (TypeError, ValueError):
+            value = float(cell)
+        except ValueError:
             raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} is not a number: "
-                                f"{row[ARRIVAL_COLUMN]!r}") from None
+                                f"{cell!r}") from None
         if not (math.isfinite(value) and value >= 0):
             raise WorkloadError(f"trace {path.stem}: line {line_no}: {ARRIVAL_COLUMN} must be a finite number >= 0, "
                                 f"got {value}")
@@ -87,8 +98,10 @@ def make_requests(source: ServingTrace | Trace, num_requests: int | None = None,
     serving = source if isinstance(source, ServingTrace) else ServingTrace(source)
     trace = serving.trace
     n = trace.num_requests if num_requests is None else num_requests
-    if n < 1:
-        raise WorkloadError(f"num_requests must be >= 1, got {n}")
+    if not 1 <= n <= MAX_NUM_REQUESTS:
+        given = f"{n:,}" if num_requests is not None else f"the trace's {n:,} rows"
+        raise WorkloadError(f"num_requests must be between 1 and {MAX_NUM_REQUESTS:,} (the simulator holds every "
+                            f"request in memory), got {given}")
     if qps is not None and not (math.isfinite(qps) and qps > 0):
         raise WorkloadError(f"qps must be a finite number > 0, got {qps}")
     rows = np.arange(n) % trace.num_requests
@@ -107,6 +120,14 @@ def make_requests(source: ServingTrace | Trace, num_requests: int | None = None,
     if not np.isfinite(arrivals).all():  # the event loop would never reach an infinite arrival
         source = f"qps {qps}" if qps is not None else f"the trace's {ARRIVAL_COLUMN}"
         raise WorkloadError(f"the arrival times of {n} requests overflow (beyond 1.8e308 ms): {source} is too extreme")
+    coarse = np.flatnonzero(np.spacing(arrivals) > TIME_RESOLUTION_MS)
+    if coarse.size:
+        i = int(coarse[0])
+        fix = ("use a larger --qps" if qps is not None
+               else f"keep --num_requests <= {i} or rescale the trace's {ARRIVAL_COLUMN}")
+        raise WorkloadError(f"request {i} would arrive at {arrivals[i]:.6g} ms, where float times are "
+                            f"{np.spacing(arrivals[i]):.3g} ms apart, coarser than the engine's {TIME_RESOLUTION_MS:g} "
+                            f"ms rounding of step times (they would be lost): {fix}")
     outputs = (np.maximum(np.asarray(trace.decode_tokens)[rows], 1) if per_request_outputs
                else np.full(n, trace.output_tokens))
     prompts = np.asarray(trace.prompt_tokens)[rows]

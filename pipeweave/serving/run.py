@@ -9,7 +9,7 @@ from pipeweave.cli import UserError
 from pipeweave.engine import Engine
 from pipeweave.memory import check_memory
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, BlockManager, kv_cache_blocks
-from pipeweave.serving.requests import load_serving_trace, make_requests
+from pipeweave.serving.requests import MAX_NUM_REQUESTS, load_serving_trace, make_requests
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
 from pipeweave.serving.step_cost import KernelStepCost
@@ -82,6 +82,10 @@ def check(config: ServingConfig) -> None:
                         (config.max_num_batched_tokens, "--max_num_batched_tokens"),
                         (config.max_concurrent_batches, "--max_concurrent_batches")):
         _positive(value, flag)
+    if config.num_requests is not None and config.num_requests > MAX_NUM_REQUESTS:
+        raise UserError(f"--num_requests must be at most {MAX_NUM_REQUESTS:,}, got {config.num_requests:,}: every "
+                        f"request stays in memory (about 1 KiB each) and the exact simulation takes about 0.8 ms of "
+                        f"CPU per request")
     if config.scheduler == "static":
         for key, why in VLLM_ONLY.items():
             if getattr(config, key) is not None:
@@ -168,10 +172,12 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
                                  settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization)
         manager = BlockManager(blocks)
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
-        if manager.blocks_for(largest.prompt_tokens + largest.output_tokens) > blocks:
-            raise UserError(f"request {largest.rid} needs {largest.prompt_tokens + largest.output_tokens} tokens of "
-                            f"KV cache but {config.hardware} TP{config.tp} x PP{config.pp} holds "
-                            f"{blocks * manager.block_size}")
+        # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)
+        needed = largest.prompt_tokens + largest.output_tokens - 1
+        if manager.blocks_for(needed) > blocks:
+            raise UserError(f"request {largest.rid} needs {needed} tokens of KV cache ({largest.prompt_tokens} prompt "
+                            f"+ {largest.output_tokens} output tokens, less the last, whose KV is never stored) but "
+                            f"{config.hardware} TP{config.tp} x PP{config.pp} holds {blocks * manager.block_size}")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(gpu_memory_utilization=utilization, kv_cache_blocks=blocks,
                         kv_cache_tokens=blocks * manager.block_size)

@@ -212,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--output {output}: expected a .csv file")
     plot = Path(args.plot) if args.plot else None
     check_paths(args, {"--output": output} | ({"--plot": plot} if plot else {}))
-    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
-    from pipeweave.serving.cli import make_engine
+    from pipeweave.serving.cli import engine_settings, make_engine
     from pipeweave.serving.requests import load_serving_trace, make_requests
     from pipeweave.workload import load_model_config
 
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget}")
     targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
                "tpot_percentile": args.tpot_percentile}
-    engine = (args.model_dir, str(args.hardware_dir or DEFAULT_HARDWARE_DIR), args.collective_estimate)
+    engine = engine_settings(args)
     with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update)
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
