@@ -7,6 +7,7 @@ registers (``operator.calculator(name)``); ``describe(columns, hw)`` gives the s
 from __future__ import annotations
 
 from itertools import chain
+from typing import Callable
 
 import numpy as np
 
@@ -25,8 +26,21 @@ def gemm_problem(columns: Columns, hw: HardwareSpec, dtype: str = "bfloat16") ->
     """GEMM problems for the rows: tile columns where given, the tile rule elsewhere."""
     m, n, k = (int_column(columns, c) for c in ("M", "N", "K"))
     given = np.zeros(len(m), dtype=bool)
-    if all(c in columns for c in TILE_COLUMNS):
-        given = np.logical_and.reduce([present(columns, c) for c in TILE_COLUMNS])
+    named = [c for c in TILE_COLUMNS if c in columns]
+    if named:  # a tile is all five together: part of one would otherwise be dropped for the tile rule's
+        missing = [c for c in TILE_COLUMNS if c not in columns]
+        if missing:
+            raise ValueError(f"tile column(s) {', '.join(named)} without {', '.join(missing)}: the tile columns "
+                             f"override the tile rule together (give all of {', '.join(TILE_COLUMNS)}, or none)")
+        cells = np.array([present(columns, c) for c in TILE_COLUMNS])
+        given = cells.all(axis=0)
+        partial = np.flatnonzero(cells.any(axis=0) & ~given)
+        if partial.size:
+            row = cells[:, partial[0]]
+            raise ValueError(f"the GEMM M={m[partial[0]]}, N={n[partial[0]]}, K={k[partial[0]]} has "
+                             f"{', '.join(c for c, p in zip(TILE_COLUMNS, row) if p)} but not "
+                             f"{', '.join(c for c, p in zip(TILE_COLUMNS, row) if not p)}: a row overrides the tile "
+                             f"rule with all five tile columns, or leaves them all empty")
     tiles = {}
     if given.any():
         given_rows = take(columns, TILE_COLUMNS, given)
@@ -56,8 +70,9 @@ def gemm_fp8_features(operator, columns: Columns, hw: HardwareSpec) -> np.ndarra
     return operator.calculator("fp8")(gemm_problem(columns, hw, dtype=operator.dtype), hw)
 
 
-def _attention_arrays(columns: Columns):
-    """(kinds, bs, q lists, kv lists, nh, nkv, hd) of attention rows, validated as AttentionProblem would."""
+def _attention_arrays(columns: Columns, label: Callable[[int], str] | None = None):
+    """(kinds, bs, q lists, kv lists, nh, nkv, hd) of attention rows, validated as AttentionProblem would; an error
+    names its row by ``label(position)`` where given."""
     bs, nh, nkv, hd = (int_column(columns, c) for c in ("bs", "nh", "nkv", "hd"))
     kinds = [str(v) for v in column_values(columns, "attention_type")]
     q, kv = length_lists(columns, "q_lengths"), length_lists(columns, "kv_lengths")
@@ -72,8 +87,30 @@ def _attention_arrays(columns: Columns):
         bad_request = (q_flat <= 0) | (q_flat > kv_flat)
         ok &= np.bincount(row[bad_request], minlength=len(bs)) == 0
     for i in np.flatnonzero(~ok):  # the per-row constructor raises the precise error
-        attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
+        try:
+            attention_problem(kinds[i], int(bs[i]), q[i], kv[i], int(nh[i]), int(nkv[i]), int(hd[i]))
+        except ValueError as exc:
+            if label is None:
+                raise
+            raise ValueError(f"{label(int(i))}: {exc}") from None
     return kinds, bs, q, kv, nh, nkv, hd
+
+
+def check_rows(key: str, columns: Columns, label: Callable[[int], str]) -> None:
+    """The checks of a row's whole shape that the operator's calculator makes (attention: one q and kv length per
+    request, q <= kv, nh divisible by nkv; fused MoE: the weight type, topk <= E), before any feature is computed,
+    each error naming its row by ``label(position)``: the predictor computes features per GPU, where a row's
+    position in its group is not its position in the input."""
+    if key == "attn":
+        _attention_arrays(columns, label)
+    elif key == "moe":
+        _moe_kinds(columns, label)
+        experts, topk = int_column(columns, "E"), int_column(columns, "topk")
+        over = np.flatnonzero(topk > experts)
+        if over.size:
+            row = int(over[0])
+            raise ValueError(f"{label(row)}: topk = {topk[row]} exceeds E = {experts[row]} (each token goes to topk "
+                             f"of the E experts)")
 
 
 def attention(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
@@ -117,11 +154,12 @@ def describe_elementwise(output_fraction: float):
     return describe
 
 
-def _moe_kinds(columns: Columns) -> np.ndarray:
+def _moe_kinds(columns: Columns, label: Callable[[int], str] | None = None) -> np.ndarray:
     kinds = column_values(columns, "weight_type").astype(str)
-    unknown = sorted(set(kinds.tolist()) - set(MOE_WEIGHT_TYPES))
-    if unknown:
-        raise ValueError(f"weight_type must be one of {MOE_WEIGHT_TYPES}, got {unknown[0]!r}")
+    unknown = np.flatnonzero(~np.isin(kinds, MOE_WEIGHT_TYPES))
+    if unknown.size:
+        where = "" if label is None else f"{label(int(unknown[0]))}: "
+        raise ValueError(f"{where}weight_type must be one of {MOE_WEIGHT_TYPES}, got {str(kinds[unknown[0]])!r}")
     return kinds
 
 

@@ -8,14 +8,13 @@ earlier single-module layout.
 from __future__ import annotations
 
 import csv
-import io
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
 from pipeweave.cli import UserError, check_output_path, write_atomically
@@ -138,26 +137,29 @@ def expand_hardware(values: Sequence[str], registry) -> list[HardwareSpec]:
     return unique
 
 
-def read_pairs(path: str) -> list[tuple[str, str, str | None]]:
+def read_pairs(path: str) -> list[tuple[int, str, str, str | None]]:
+    """(line number in the file, workload, GPU, collective GPU or None) per pair; blank and # lines are skipped."""
     text = sys.stdin.read() if path == "-" else _read_text(path)
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    if not lines:
+    numbered = [(number, line) for number, line in enumerate(text.splitlines(), start=1)
+                if line.strip() and not line.lstrip().startswith("#")]
+    if not numbered:
         raise UserError(f"--pairs {path}: no pairs")
-    reader = csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)
-    header = [h.strip() for h in next(reader)]
-    if len(lines) == 1:
+    rows = [(number, row) for (number, _), row in zip(numbered, csv.reader((line for _, line in numbered),
+                                                                           skipinitialspace=True))]
+    header = [h.strip() for h in rows[0][1]]
+    if len(rows) == 1:
         raise UserError(f"--pairs {path}: no pairs after the header line")
     if header[:2] != ["workload", "hardware"] or any(h not in ("workload", "hardware", "collective_hardware")
                                                      for h in header):
         raise UserError(f"--pairs {path}: header must be 'workload,hardware[,collective_hardware]', "
                         f"got {','.join(header)!r}")
     pairs = []
-    for line_no, row in enumerate(reader, start=2):
+    for line_no, row in rows[1:]:
         row = [cell.strip() for cell in row]
         if len(row) < 2 or len(row) > len(header):
             raise UserError(f"--pairs {path}: line {line_no} needs {len(header)} fields, got {len(row)}")
         values = dict(zip(header, row))
-        pairs.append((values["workload"], values["hardware"], values.get("collective_hardware") or None))
+        pairs.append((line_no, values["workload"], values["hardware"], values.get("collective_hardware") or None))
     return pairs
 
 
@@ -205,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairs:
         if args.workload or args.hardware:
             raise UserError("--pairs replaces --workload and --hardware; give one or the other")
-        for wname, hname, cname in read_pairs(args.pairs):
-            jobs.append(Job(workload(wname), registry.get(hname), cname or args.collective_hardware))
+        for line_no, wname, hname, cname in read_pairs(args.pairs):
+            try:
+                jobs.append(Job(workload(wname), registry.get(hname), cname or args.collective_hardware))
+            except UnknownHardwareError as exc:
+                raise UserError(f"--pairs {args.pairs}: line {line_no}: {exc.args[0]}") from None
     else:
         if not args.workload:
             raise UserError("the following arguments are required: --workload (or --pairs)")

@@ -19,7 +19,10 @@ True
 """
 from __future__ import annotations
 
+import io
 import json
+import warnings
+from contextlib import redirect_stdout
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -70,14 +73,17 @@ def predict_workload(
     simulator), :class:`pipeweave.engine.Engine` offers ``iteration_ms`` and calibration.
 
     A workload that does not fit in the GPU's memory (the aggregator's check, :mod:`pipeweave.memory`) is an error
-    unless ``ignore_memory``.
+    unless ``ignore_memory``; then the result holds the aggregator's ``memory_check`` record (``fits: false,
+    ignored: true``, the GB figures and the smallest TP that fits). What the aggregator prints about the check (its
+    WARNING for an ignored misfit, its note that a workload without ``model_params`` was not checked) is issued as a
+    Python warning (:mod:`warnings`, ``UserWarning``).
 
     Raises ``FileNotFoundError`` / ``ValueError`` (an unknown GPU lists the known ones; a malformed workload names
     the iteration and field; a missing model names the file; a workload that does not fit says how much it needs).
     """
-    from pipeweave.aggregate import workload_memory
+    from pipeweave.aggregate import memory_check
     from pipeweave.cli import UserError
-    from pipeweave.engine import as_flat_workload
+    from pipeweave.engine import Job, as_flat_workload
     from pipeweave.flatten import parse_workload
 
     try:
@@ -85,15 +91,19 @@ def predict_workload(
                          str(quantile_dir) if quantiles else None)
         if isinstance(workload, Mapping):
             workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
-        workload = as_flat_workload(workload)
-        spec = engine.gpu(hardware)
-        check = None if ignore_memory else workload_memory(workload, spec)
-        if check is not None and not check.fits:
-            raise ValueError(f"{workload.stem} on {spec.stem}: {check.message(workload.tp_size)} "
-                             f"(ignore_memory=True predicts anyway)")
-        return engine.predict_workload(workload, spec, collective_hardware)
+        job = Job(as_flat_workload(workload), engine.gpu(hardware), collective_hardware)
+        console = io.StringIO()
+        with redirect_stdout(console):  # the aggregator's check prints; a library call has no console
+            record = memory_check(job, ignore_memory)
+        for line in console.getvalue().splitlines():
+            warnings.warn(line, stacklevel=2)
+        result = engine.predict([job])[0].result
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
-        raise ValueError(str(exc)) from None
+        # a misfit's hint names this function's keyword, not the command line's flag
+        raise ValueError(str(exc).replace("(--ignore_memory predicts", "(ignore_memory=True predicts")) from None
+    if record is not None:
+        result["memory_check"] = record
+    return result
 
 
 def predict_kernels(
@@ -115,7 +125,6 @@ def predict_kernels(
     (:mod:`pipeweave.intervals`).
     """
     from analytical_model.registry import get_operator
-    from pipeweave.intervals import row_factors
     from pipeweave.validation import check_shape_table
 
     lengths = {name: len(values) for name, values in shapes.items()}
@@ -126,12 +135,12 @@ def predict_kernels(
     names = [hardware] * rows if isinstance(hardware, str) else list(hardware)
     if len(names) != rows:
         raise ValueError(f"hardware: {len(names)} GPU names for {rows} kernels (give one name, or one per kernel)")
-    # the limits predict_kernels.py applies, naming the kernel by its index
+    # the limits predict_kernels.py applies, and each kernel's whole shape, naming the kernel by its index
     check_shape_table(dict(shapes), get_operator(op), label=lambda position: f"kernel {position}")
     predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
     if not interval:
         return predictor.predict_columns(op, shapes, names)
-    us, codes = predictor.predict_columns(op, shapes, names, with_extrapolation=True)
-    low, high = row_factors(op, predictor.trained_on(get_operator(op).model_op),
-                            [predictor.hardware.get(name) for name in names], codes)
-    return us, us * low, us * high
+    from pipeweave.kernels import interval_us
+
+    us, codes, fastest = predictor.predict_columns_bounded(op, shapes, names)
+    return (us, *interval_us(op, predictor, names, us, codes, fastest))

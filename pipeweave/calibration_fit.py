@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
@@ -33,6 +34,9 @@ from pipeweave.cli import ArgumentParser, UserError, check_output_path
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import TRIGGER_BITS
 
+if TYPE_CHECKING:  # the kernel CSVs are read with pandas (training extras); the end-to-end runs without it
+    import pandas as pd
+
 E2E_COLUMNS = ("workload", "prefill_ms", "decode_step_ms", "total_ms")
 METRICS = ("prefill_ms", "decode_step_ms", "total_ms")
 
@@ -41,9 +45,9 @@ METRICS = ("prefill_ms", "decode_step_ms", "total_ms")
 # end-to-end runs
 
 
-def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
-    """Every cell of a CSV as text, header cells stripped; a row with more or fewer fields than the header, a
-    repeated column or an empty file is a one-line error naming ``flag``, the file and the row."""
+def csv_text_rows(path: Path, flag: str, expected: str) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a CSV, every cell as text, header cells stripped; a row with more or fewer fields than the
+    header, a repeated column or an empty file is a one-line error naming ``flag``, the file and the row."""
     from pipeweave.kernels import read_shapes
 
     try:
@@ -54,6 +58,15 @@ def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
     repeated = sorted({cell for cell in header if header.count(cell) > 1})
     if repeated:
         raise UserError(f"{flag} {path}: repeated column(s) {', '.join(repeated)}")
+    return header, rows
+
+
+def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
+    """:func:`csv_text_rows` as a DataFrame of text (for the kernel CSVs; the end-to-end runs, which the base install
+    calibrates from, are read without pandas)."""
+    import pandas as pd
+
+    header, rows = csv_text_rows(path, flag, expected)
     return pd.DataFrame(rows, columns=header, dtype=str)
 
 
@@ -62,37 +75,47 @@ def not_a_positive_number(values: pd.Series) -> pd.Series:
     return ~(np.isfinite(values) & (values > 0))
 
 
-def read_e2e_csv(path: str | Path) -> pd.DataFrame:
-    """The measured runs; every problem is a one-line error naming the file (and row)."""
+def positive_ms(text: str) -> float | None:
+    """A cell's finite positive number, None for anything else (text, 0, inf, nan)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def read_e2e_csv(path: str | Path) -> list[tuple[str, dict[str, float]]]:
+    """The measured runs: (workload, {metric: ms} of the metrics measured) per row; every problem is a one-line
+    error naming the file (and line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--e2e file not found: {path}")
-    frame = csv_text_frame(path, "--e2e", f"expected the header {','.join(E2E_COLUMNS)}")
-    columns = list(frame.columns)
-    unknown = [c for c in columns if c not in E2E_COLUMNS]
-    missing = [c for c in E2E_COLUMNS if c not in columns]
+    header, rows = csv_text_rows(path, "--e2e", f"expected the header {','.join(E2E_COLUMNS)}")
+    unknown = [c for c in header if c not in E2E_COLUMNS]
+    missing = [c for c in E2E_COLUMNS if c not in header]
     if unknown or missing:
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--e2e {path}: {problem}; expected {','.join(E2E_COLUMNS)}")
-    frame.columns = columns
-    if frame.empty:
+    if not rows:
         raise UserError(f"--e2e {path}: no runs (only a header)")
-    out = {"workload": frame["workload"].str.strip()}
-    for metric in METRICS:
-        text = frame[metric].str.strip()
-        values = pd.to_numeric(text.replace("", np.nan), errors="coerce")
-        bad = text.ne("") & not_a_positive_number(values)
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise UserError(f"--e2e {path}: line {row + 2}: {metric} must be a positive number of ms, "
-                            f"got {frame[metric].iloc[row]!r}")
-        out[metric] = values.to_numpy(np.float64)
-    out = pd.DataFrame(out)
-    empty = out[list(METRICS)].isna().all(axis=1) | out["workload"].eq("")
-    if empty.any():
-        row = int(np.flatnonzero(empty.to_numpy())[0])
-        raise UserError(f"--e2e {path}: line {row + 2}: needs a workload and at least one measured metric")
-    return out
+    runs = []
+    for position, row in enumerate(rows):
+        cells = dict(zip(header, row))
+        measured = {}
+        for metric in METRICS:
+            text = cells[metric].strip()
+            if not text:
+                continue
+            value = positive_ms(text)
+            if value is None:
+                raise UserError(f"--e2e {path}: line {position + 2}: {metric} must be a positive number of ms, "
+                                f"got {cells[metric]!r}")
+            measured[metric] = value
+        workload = cells["workload"].strip()
+        if not workload or not measured:
+            raise UserError(f"--e2e {path}: line {position + 2}: needs a workload and at least one measured metric")
+        runs.append((workload, measured))
+    return runs
 
 
 def resolve_run_workload(name: str, csv_path: Path) -> Path:
@@ -217,6 +240,8 @@ def modelled_rows(frame: pd.DataFrame, reasons: list, path: Path) -> pd.DataFram
 def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
     """The shape limits ``predict_kernels.py`` applies (pipeweave.validation), and for all-reduce rows a positive
     integer message size over at least two workers: a row no prediction can be made for is an error naming it."""
+    import pandas as pd
+
     from pipeweave.validation import MAX_PARALLEL, MAX_VOLUME_BYTES, check_shape_table, row_label
 
     if op != "all_reduce":
@@ -237,6 +262,8 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
     """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
     rows or MoE rows that are not whole layers are errors."""
+    import pandas as pd
+
     from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, unmodelled_reasons
 
     shape_columns = kernel_shape_columns()
@@ -283,6 +310,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
 def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,
                      collective_dir=None) -> Equations:
     """One equation per measured kernel: log(measured) = log(zero-shot) + x θ."""
+    import pandas as pd
+
     measured = frame["avg_duration"].to_numpy(np.float64)
     if op == "all_reduce":
         from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR, CollectivePredictor
@@ -364,6 +393,8 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
     :func:`pipeweave.finetune.considers_fine_tuning` and whose held-out measured kernels (with enough of them) do
     not prefer the corrections alone: its members fine-tuned on what ``corrections`` (the fitted calibration)
     leaves unexplained (:mod:`pipeweave.finetune`)."""
+    import pandas as pd
+
     from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
                                     SELECTION_ONLY, considers_fine_tuning, encode_arrays)
 
@@ -492,15 +523,14 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                         log=lambda message: print(message) if message.startswith("WARNING") else None)
     runs, parts, fitted_from = [], [], {}
     if e2e:
-        frame = read_e2e_csv(e2e)
-        for row, run in enumerate(frame.itertuples(index=False)):
+        for row, (name, measured) in enumerate(read_e2e_csv(e2e)):
             where = f"--e2e {e2e}: line {row + 2}"
             try:
-                workload = load_workload(resolve_run_workload(run.workload, Path(e2e)))
+                workload = load_workload(resolve_run_workload(name, Path(e2e)))
             except FileNotFoundError as exc:
                 raise UserError(f"{where}: {exc.args[0]}") from None
             check_fits(workload, spec, where)
-            runs.append((workload, {m: getattr(run, m) for m in METRICS}))
+            runs.append((workload, measured))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [w.stem for w, _ in runs]}
     kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
@@ -537,7 +567,9 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                              for part, model in zip(parts, part_models + [None] * len(runs))])
     calibration = Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.summary(),
                               prior.standardisation, spread=kernel_spread(equations, prior, models))
-    if fine_tune:  # what the corrections leave unexplained, where the shipped model extrapolates
+    # on the measured kernels (end-to-end runs alone fine-tune nothing): what the corrections leave unexplained,
+    # where the shipped model extrapolates
+    if fine_tune and kernel_frames:
         calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry, calibration,
                                                   log)
     return calibration

@@ -13,7 +13,7 @@ import numpy as np
 
 from analytical_model.registry import workload_operators
 from pipeweave.paths import DEFAULT_WORKLOAD_DIR
-from pipeweave.schema import Category, Workload, read_workload
+from pipeweave.schema import NO_OPERATORS, Category, Workload, WorkloadFormatError, read_workload
 
 #: workload operator key → registry operator class, in output order
 KERNEL_CATEGORIES = {key: operator.key for key, operator in workload_operators().items()}
@@ -61,6 +61,8 @@ class FlatWorkload:
         collectives: list[tuple[str, int]] = []
         coll_index: dict[tuple[str, int], int] = {}
         communication = Category.COMMUNICATION.value
+        if not workload.iterations:  # an in-memory workload (a file's are checked by its reader)
+            raise WorkloadFormatError(f"{stem}: 'iterations' must be a non-empty list")
         first = workload.iterations[0]
         for position, iteration in enumerate(workload.iterations):
             entries: list = []
@@ -78,6 +80,8 @@ class FlatWorkload:
                 inst_count.append(count)
                 inst_code.append(CATEGORY_CODE[category])
                 inst_local.append(local)
+            if not entries:  # an in-memory iteration (a file's are checked by its reader)
+                raise WorkloadFormatError(f"{stem}: iteration {position + 1}: {NO_OPERATORS}")
             layout.append(entries)
         return cls(
             path=path, stem=stem, model=workload.model, tp_size=workload.tp_size, pp_size=workload.pp_size,

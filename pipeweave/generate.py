@@ -22,8 +22,9 @@ class WorkloadSpec:
 
     ``single_sequence`` merges the trace's prompts into one request (prompt = their sum);
     ``prompt_tokens`` then replaces every request's prompt length (after merging);
-    ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name.
-    Without a trace, ``requests`` identical requests of ``prompt_tokens`` and ``output_tokens`` are generated.
+    ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name (default:
+    :func:`workload_label`). Without a trace, ``requests`` identical requests of ``prompt_tokens`` and
+    ``output_tokens`` are generated.
     """
 
     model_config: str
@@ -50,6 +51,19 @@ def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: in
     return f"{config_stem}_{label}_{prefill_attn.split('_', 1)[0]}_tp{tp}_pp{pp}{extra}.json"
 
 
+def workload_label(spec: WorkloadSpec, trace_stem: str) -> str:
+    """The label of the file name: ``name`` if given, else the trace stem plus ``_single``, ``_p<prompt tokens>`` and
+    ``_o<output tokens>`` for the overrides given, so that a workload that is not the trace's never takes the name
+    (and overwrites the file) of the trace's own workload, such as a paper workload."""
+    if spec.name is not None:
+        return spec.name
+    parts = [trace_stem, "single"] if spec.single_sequence else [trace_stem]
+    if spec.trace is not None:  # without a trace the stem, r<requests>_p<prompt>_o<output>, holds these already
+        parts += [f"{prefix}{value}" for prefix, value in (("p", spec.prompt_tokens), ("o", spec.output_tokens))
+                  if value is not None]
+    return "_".join(parts)
+
+
 @dataclass
 class GeneratedWorkload:
     file_name: str
@@ -68,7 +82,7 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
         positive_int(spec.prompt_tokens, "prompt_tokens")
         prompts = [spec.prompt_tokens] * len(prompts)
     output_tokens = trace.output_tokens if spec.output_tokens is None else spec.output_tokens
-    label = trace.stem if spec.name is None else spec.name
+    label = workload_label(spec, trace.stem)
     if not _LABEL.match(label):
         raise WorkloadError(f"name {label!r} must start with a letter or digit and contain only letters, digits, "
                             "'.', '_' and '-'")
@@ -128,7 +142,7 @@ PAPER_SET: tuple[WorkloadSpec, ...] = _paper_set()
 
 def paper_set_names() -> list[str]:
     """Output file names of the 25 paper workloads (the specs name configs by stem)."""
-    return [output_name(s.model_config, s.name or s.trace, s.prefill_attn, s.tp, s.pp) for s in PAPER_SET]
+    return [output_name(s.model_config, workload_label(s, s.trace), s.prefill_attn, s.tp, s.pp) for s in PAPER_SET]
 
 
 def generate_many(specs: Iterable[WorkloadSpec], config_dir: str | Path = DEFAULT_CONFIG_DIR,

@@ -53,7 +53,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--output_tokens", type=positive_int,
                    help="number of iterations: one prefill plus output_tokens - 1 decode steps (default: the trace's)")
     p.add_argument("--name", help="label used in place of the trace stem in the output file name (default: the "
-                                  "trace stem, or r<requests>_p<prompt>_o<output> without a trace)")
+                                  "trace stem plus _single, _p<prompt>, _o<output> for the overrides given, or "
+                                  "r<requests>_p<prompt>_o<output> without a trace)")
     p.add_argument("--paper_set", action="store_true",
                    help=f"regenerate the {len(PAPER_SET)} workloads of the PipeWeave paper")
     p.add_argument("--output_dir", default=str(DEFAULT_OUTPUT_DIR), help="output directory (default: workload/)")

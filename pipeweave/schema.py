@@ -5,7 +5,10 @@ A :class:`Workload` is a list of :class:`Iteration` objects; each iteration hold
 :class:`ElementwiseOp` for RMSNorm and SiLU*Mul, lists of named :class:`MoeOp` (fused-MoE passes) and
 :class:`QuantizeOp` (FP8 activation quantisation), and a list of named :class:`CollectiveOp`. Only the paper's
 categories are written when the others are empty, and ``ep_size`` / ``dtype`` only when not 1 / bf16.
-``Workload.from_dict`` validates a parsed JSON object (every error names the iteration and the field);
+``Workload.from_dict`` validates a parsed JSON object (every error names the iteration and the field); every
+entity checks its own fields when made, with the same checks and messages (naming the entity by its class and
+name), so that an in-memory workload is refused where a file would be (an iteration without operators when it is
+flattened for prediction, :class:`pipeweave.flatten.FlatWorkload`: an empty one may serve as a template);
 ``Workload.to_dict`` writes the JSON object with the keys in the artifact's order, so the generator's files
 stay byte-identical to the artifact's.
 
@@ -19,8 +22,10 @@ Why one module above ~400 lines: the entities, their validators and the JSON rea
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
+from functools import lru_cache
+from operator import le
 from pathlib import Path
 
 from analytical_model.attention import resolve_attention_type
@@ -55,6 +60,15 @@ _LIST_KERNEL_KEYS = (Category.GEMM.value, Category.GEMM_FP8.value, Category.MOE.
 DTYPES = ("bf16", "fp8")
 PHASES = ("prefill", "decode")
 COLLECTIVE_KINDS = ("all_reduce", "send_recv")
+#: why an iteration without any operator entry is refused (by the file reader and for in-memory workloads)
+NO_OPERATORS = "has no operators (an empty iteration would be predicted as 0 ms)"
+
+# the limits of the entities' own checks (the reader's checks name the field and the limit; pipeweave.validation)
+_TOKENS, _WIDTH, _COUNT = validation.MAX_TOKENS, validation.MAX_WIDTH, validation.MAX_COUNT
+_BATCH, _HEADS, _CONTEXT = validation.MAX_BATCH, validation.MAX_HEADS, validation.MAX_CONTEXT
+_HEAD_STEP, _HEAD_DIM, _VOLUME = validation.HEAD_DIM_STEP, validation.MAX_HEAD_DIM, validation.MAX_VOLUME_BYTES
+_INT = frozenset((int,))  # _INT.issuperset(map(type, lengths)): every entry an int, at C speed
+_SEQUENCES = (list, tuple)
 
 
 def collective_kind(name: str, kind_type: str = "") -> str | None:
@@ -67,8 +81,39 @@ def collective_kind(name: str, kind_type: str = "") -> str | None:
     return None
 
 
+def phase_problem(phase) -> str | None:
+    """None for a known phase, else the reason."""
+    return None if phase in PHASES else f"phase must be \"prefill\" or \"decode\", got {phase!r}"
+
+
+@lru_cache(maxsize=64)
+def _attention_type_problem(kind: str) -> str | None:
+    try:
+        resolve_attention_type(kind)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _refuse(op, check: str) -> None:
+    """Raise the file reader's error for an in-memory entry whose own fast check failed: the same checks and
+    messages, the entry named by its class (and name) where a file's error names its JSON path."""
+    values = {f.name: getattr(op, f.name) for f in fields(op)}
+    for key in ("q_lengths", "kv_lengths"):
+        if type(values.get(key)) is tuple:  # the file's lists are the entity's tuples
+            values[key] = list(values[key])
+    reader_check = getattr(_Reader(None), check)
+    if "name" not in values:
+        reader_check(values, type(op).__name__)
+        return
+    name = values["name"]
+    reader_check(values, f"{type(op).__name__}({name!r})" if isinstance(name, str) and name else type(op).__name__,
+                 set())
+
+
 # --------------------------------------------------------------------------------------------------
-# entities
+# entities (each checks its fields when made, so that an in-memory workload is refused as a file would be; the
+# fast checks here are the reader's checks, which run, naming the field, only when these fail)
 # --------------------------------------------------------------------------------------------------
 
 @dataclass(slots=True)
@@ -79,6 +124,12 @@ class GemmOp:
     K: int
     count: int
     type: str | None = None  # the framework's layer class, informational
+
+    def __post_init__(self):
+        if not (type(self.name) is str and self.name and type(self.M) is int and 0 < self.M <= _TOKENS
+                and type(self.N) is int and 0 < self.N <= _WIDTH and type(self.K) is int and 0 < self.K <= _WIDTH
+                and type(self.count) is int and 0 < self.count <= _COUNT):
+            _refuse(self, "check_gemm")
 
     @property
     def shape(self) -> tuple:
@@ -100,6 +151,20 @@ class AttentionOp:
     hd: int
     count: int
 
+    def __post_init__(self):
+        q, kv, bs, nh, nkv, hd = self.q_lengths, self.kv_lengths, self.bs, self.nh, self.nkv, self.hd
+        if not (type(self.attention_type) is str and _attention_type_problem(self.attention_type) is None
+                and type(bs) is int and 0 < bs <= _BATCH and type(nh) is int and 0 < nh <= _HEADS
+                and type(nkv) is int and 0 < nkv <= _HEADS and nh % nkv == 0
+                and type(hd) is int and 0 < hd <= _HEAD_DIM and hd % _HEAD_STEP == 0
+                and type(self.count) is int and 0 < self.count <= _COUNT
+                and type(q) in _SEQUENCES and type(kv) in _SEQUENCES and len(q) == bs == len(kv)
+                and _INT.issuperset(map(type, q)) and _INT.issuperset(map(type, kv))
+                and min(q) > 0 and all(map(le, q, kv)) and sum(q) <= _TOKENS and max(kv) <= _CONTEXT):
+            _refuse(self, "check_attention")
+        if type(q) is not tuple or type(kv) is not tuple:  # hashable: signature() keys the engine's memo
+            self.q_lengths, self.kv_lengths = tuple(q), tuple(kv)
+
     @property
     def shape(self) -> tuple:
         return (self.attention_type, self.bs, self.q_lengths, self.kv_lengths, self.nh, self.nkv, self.hd)
@@ -117,6 +182,11 @@ class ElementwiseOp:
     seq: int
     dim: int
     count: int
+
+    def __post_init__(self):
+        if not (type(self.seq) is int and 0 < self.seq <= _TOKENS and type(self.dim) is int
+                and 0 < self.dim <= _WIDTH and type(self.count) is int and 0 < self.count <= _COUNT):
+            _refuse(self, "check_elementwise")
 
     @property
     def shape(self) -> tuple:
@@ -140,6 +210,14 @@ class MoeOp:
     N: int
     count: int
 
+    def __post_init__(self):
+        if not (type(self.name) is str and self.name and self.weight_type in MOE_WEIGHT_TYPES
+                and type(self.M) is int and 0 < self.M <= _TOKENS and type(self.E) is int and 0 < self.E <= _HEADS
+                and type(self.topk) is int and 0 < self.topk <= self.E and type(self.H) is int
+                and 0 < self.H <= _WIDTH and type(self.N) is int and 0 < self.N <= _WIDTH
+                and type(self.count) is int and 0 < self.count <= _COUNT):
+            _refuse(self, "check_moe")
+
     @property
     def shape(self) -> tuple:
         return (self.weight_type, self.M, self.E, self.topk, self.H, self.N)
@@ -155,6 +233,12 @@ class QuantizeOp(ElementwiseOp):
 
     name: str = ""
 
+    def __post_init__(self):
+        if not (type(self.name) is str and self.name and type(self.seq) is int and 0 < self.seq <= _TOKENS
+                and type(self.dim) is int and 0 < self.dim <= _WIDTH
+                and type(self.count) is int and 0 < self.count <= _COUNT):
+            _refuse(self, "check_quantize")
+
     def to_dict(self) -> dict:
         return {"name": self.name, **ElementwiseOp.to_dict(self)}
 
@@ -165,6 +249,12 @@ class CollectiveOp:
     volume_bytes: int
     count: int
     type: str = ""
+
+    def __post_init__(self):
+        if not (type(self.name) is str and self.name and collective_kind(self.name, self.type) is not None
+                and type(self.volume_bytes) is int and 0 < self.volume_bytes <= _VOLUME
+                and type(self.count) is int and 0 < self.count <= _COUNT):
+            _refuse(self, "check_collective")
 
     @property
     def kind(self) -> str:
@@ -193,6 +283,11 @@ class Iteration:
     gemm_fp8: list[GemmOp] = field(default_factory=list)
     moe: list[MoeOp] = field(default_factory=list)
     quantize: list[QuantizeOp] = field(default_factory=list)
+
+    def __post_init__(self):
+        problem = phase_problem(self.phase)
+        if problem:
+            raise WorkloadFormatError(f"Iteration: {problem}")
 
     def kernels(self):
         """(category key, name or None, op) of every kernel entry, in output order."""
@@ -273,12 +368,8 @@ def read_workload(path: str | Path) -> Workload:
 
 
 # --------------------------------------------------------------------------------------------------
-# validation (one reader per workload: it caches attention-type checks)
+# validation: the checks that name the field
 # --------------------------------------------------------------------------------------------------
-
-# the limits of the fast paths (the slow path names the field and the limit; pipeweave.validation)
-_TOKENS, _WIDTH, _COUNT = validation.MAX_TOKENS, validation.MAX_WIDTH, validation.MAX_COUNT
-
 
 def _is_pos_int(value) -> bool:
     return type(value) is int and value > 0
@@ -301,12 +392,15 @@ def _int_list_problem(value, bs: int) -> str | None:
 
 
 class _Reader:
-    def __init__(self, source: str):
+    """The checks that name the field: of a file's entries (``source`` its path) and, with ``source`` None, of an
+    in-memory entry whose own check failed. The ``check_*`` methods only raise; the entry methods build the entities,
+    through the entities' own checks first (the fast path of a valid file)."""
+
+    def __init__(self, source: str | None):
         self.source = source
-        self.attention_types: dict[str, str | None] = {}
 
     def fail(self, message: str):
-        raise WorkloadFormatError(f"{self.source}: {message}")
+        raise WorkloadFormatError(message if self.source is None else f"{self.source}: {message}")
 
     def object(self, value, at: str) -> dict:
         if not isinstance(value, dict):
@@ -381,8 +475,9 @@ class _Reader:
         if not _is_pos_int(number):
             self.fail(f"{where}: iteration must be a positive integer, got {number!r}")
         phase = iteration.get("phase")
-        if phase not in PHASES:
-            self.fail(f"{where}: phase must be \"prefill\" or \"decode\", got {phase!r}")
+        problem = phase_problem(phase)
+        if problem:
+            self.fail(f"{where}: {problem}")
         operators = iteration.get("operators")
         if not isinstance(operators, dict):
             self.fail(f"{where}: operators must be an object")
@@ -405,49 +500,72 @@ class _Reader:
         out.communication = [self.collective(op, f"{where}: operators.communication[{i}]", names)
                              for i, op in enumerate(self.named_list(operators, "communication", where))]
         if not out.communication and next(out.kernels(), None) is None:
-            self.fail(f"{where}: has no operators (an empty iteration would be predicted as 0 ms)")
+            self.fail(f"{where}: {NO_OPERATORS}")
         return out
 
     def gemm(self, op, at: str, names: set) -> GemmOp:
-        if type(op) is dict:  # fast path for a valid entry; any doubt goes through the checks that name the field
-            name, m, n, k, count = op.get("name"), op.get("M"), op.get("N"), op.get("K"), op.get("count")
-            if (type(name) is str and name and name not in names and type(m) is int and 0 < m <= _TOKENS
-                    and type(n) is int and 0 < n <= _WIDTH and type(k) is int and 0 < k <= _WIDTH
-                    and type(count) is int and 0 < count <= _COUNT):
-                names.add(name)
-                return GemmOp(name, m, n, k, count, op.get("type"))
+        if type(op) is dict:
+            name = op.get("name")
+            if type(name) is str and name not in names:
+                try:
+                    made = GemmOp(name, op.get("M"), op.get("N"), op.get("K"), op.get("count"), op.get("type"))
+                except WorkloadFormatError:  # the checks below name the iteration and field
+                    pass
+                else:
+                    names.add(name)
+                    return made
         op = self.object(op, at)
-        name = self.name(op, at, names)
+        self.check_gemm(op, at, names)
+        return GemmOp(op["name"], op["M"], op["N"], op["K"], op["count"], op.get("type"))
+
+    def check_gemm(self, op: dict, at: str, names: set) -> None:
+        self.name(op, at, names)
         self.positive(op, ("M", "N", "K"), at)
-        return GemmOp(name, op["M"], op["N"], op["K"], self.count(op, at), op.get("type"))
+        self.count(op, at)
 
     def moe(self, op, at: str, names: set) -> MoeOp:
         op = self.object(op, at)
-        name = self.name(op, at, names)
+        self.check_moe(op, at, names)
+        return MoeOp(op["name"], op["weight_type"], op["M"], op["E"], op["topk"], op["H"], op["N"], op["count"])
+
+    def check_moe(self, op: dict, at: str, names: set) -> None:
+        self.name(op, at, names)
         if op.get("weight_type") not in MOE_WEIGHT_TYPES:
             self.fail(f"{at}.weight_type must be one of {', '.join(MOE_WEIGHT_TYPES)}, got {op.get('weight_type')!r}")
         self.positive(op, ("M", "E", "topk", "H", "N"), at)
-        return MoeOp(name, op["weight_type"], op["M"], op["E"], op["topk"], op["H"], op["N"], self.count(op, at))
+        if op["topk"] > op["E"]:
+            self.fail(f"{at}.topk = {op['topk']} exceeds E = {op['E']} (each token goes to topk of the E experts)")
+        self.count(op, at)
 
     def quantize(self, op, at: str, names: set) -> QuantizeOp:
         op = self.object(op, at)
-        name = self.name(op, at, names)
+        self.check_quantize(op, at, names)
+        return QuantizeOp(op["seq"], op["dim"], op["count"], name=op["name"])
+
+    def check_quantize(self, op: dict, at: str, names: set) -> None:
+        self.name(op, at, names)
         self.positive(op, ("seq", "dim"), at)
-        return QuantizeOp(op["seq"], op["dim"], self.count(op, at), name=name)
+        self.count(op, at)
 
     def attention(self, op, at: str) -> AttentionOp:
+        if type(op) is dict:
+            try:
+                return AttentionOp(op.get("attention_type"), op.get("bs"), op.get("q_lengths"), op.get("kv_lengths"),
+                                   op.get("nh"), op.get("nkv"), op.get("hd"), op.get("count"))
+            except WorkloadFormatError:  # the checks below name the iteration and field
+                pass
         op = self.object(op, at)
+        self.check_attention(op, at)
+        return AttentionOp(op["attention_type"], op["bs"], op["q_lengths"], op["kv_lengths"], op["nh"], op["nkv"],
+                           op["hd"], op["count"])
+
+    def check_attention(self, op: dict, at: str) -> None:
         kind = op.get("attention_type")
         if not isinstance(kind, str):
             self.fail(f"{at}.attention_type must be a string, got {kind!r}")
-        if kind not in self.attention_types:
-            try:
-                resolve_attention_type(kind)
-                self.attention_types[kind] = None
-            except ValueError as exc:
-                self.attention_types[kind] = str(exc)
-        if self.attention_types[kind]:
-            self.fail(f"{at}.attention_type: {self.attention_types[kind]}")
+        problem = _attention_type_problem(kind)
+        if problem:
+            self.fail(f"{at}.attention_type: {problem}")
         self.positive(op, ("bs", "nh", "nkv", "hd"), at)
         problem = validation.head_dim_problem(resolve_attention_type(kind)[0], op["hd"])
         if problem:
@@ -465,20 +583,38 @@ class _Reader:
         problem = validation.lengths_problem(q, kv)
         if problem:
             self.fail(f"{at}: {problem}")
-        return AttentionOp(kind, op["bs"], tuple(q), tuple(kv), op["nh"], op["nkv"], op["hd"], self.count(op, at))
+        self.count(op, at)
 
     def elementwise(self, op, at: str) -> ElementwiseOp:
-        if type(op) is dict:  # fast path, as for GEMM
-            seq, dim, count = op.get("seq"), op.get("dim"), op.get("count")
-            if (type(seq) is int and 0 < seq <= _TOKENS and type(dim) is int and 0 < dim <= _WIDTH
-                    and type(count) is int and 0 < count <= _COUNT):
-                return ElementwiseOp(seq, dim, count)
+        if type(op) is dict:
+            try:
+                return ElementwiseOp(op.get("seq"), op.get("dim"), op.get("count"))
+            except WorkloadFormatError:  # the checks below name the iteration and field
+                pass
         op = self.object(op, at)
+        self.check_elementwise(op, at)
+        return ElementwiseOp(op["seq"], op["dim"], op["count"])
+
+    def check_elementwise(self, op: dict, at: str) -> None:
         self.positive(op, ("seq", "dim"), at)
-        return ElementwiseOp(op["seq"], op["dim"], self.count(op, at))
+        self.count(op, at)
 
     def collective(self, op, at: str, names: set) -> CollectiveOp:
+        if type(op) is dict:
+            name = op.get("name")
+            if type(name) is str and name not in names:
+                try:
+                    made = CollectiveOp(name, op.get("volume_bytes"), op.get("count"), op.get("type", ""))
+                except WorkloadFormatError:  # the checks below name the iteration and field
+                    pass
+                else:
+                    names.add(name)
+                    return made
         op = self.object(op, at)
+        self.check_collective(op, at, names)
+        return CollectiveOp(op["name"], op["volume_bytes"], op["count"], op.get("type", ""))
+
+    def check_collective(self, op: dict, at: str, names: set) -> None:
         name = self.name(op, at, names)
         kind_type = op.get("type", "")
         if collective_kind(name, kind_type) is None:
@@ -488,4 +624,4 @@ class _Reader:
         if type(volume) is not int or volume <= 0:
             self.fail(f"{at}.volume_bytes must be a positive integer, got {volume!r}")
         self.within_limit(volume, "volume_bytes", at)
-        return CollectiveOp(name, volume, self.count(op, at), kind_type)
+        self.count(op, at)

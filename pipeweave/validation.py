@@ -158,6 +158,9 @@ def check_shape_table(columns: dict, operator, label=row_label) -> None:
                 problem = str(exc)
             if problem:
                 raise ValueError(f"{label(row)}: {problem}")
+    from analytical_model.operator_features import check_rows
+
+    check_rows(operator.key, columns, label)  # each row's whole shape, while its position is still known
 
 
 def _as_int(cell) -> int | None:

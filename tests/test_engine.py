@@ -114,3 +114,49 @@ def test_calibration_scales_every_kernel_and_collective(engine):
                                                                                                       "H100")
     assert other["summary"] == engine.predict_workload(workload, "H100")["summary"]
     assert np.isfinite(calibrated["summary"]["total_duration_ms"])
+
+
+GEMM = {"name": "qkv_proj", "M": 8, "N": 7168, "K": 5120, "count": 48}
+DECODE = {"attention_type": "fa2_paged", "bs": 2, "q_lengths": [1, 1], "kv_lengths": [900, 900], "nh": 40, "nkv": 8,
+          "hd": 128, "count": 48}
+
+
+@pytest.mark.parametrize("make, category, entry, field", [
+    (lambda: GemmOp("qkv_proj", 8, 7168, 5120, 0), "gemm", {**GEMM, "count": 0}, "count"),
+    (lambda: GemmOp("qkv_proj", 8, 7168, 5120.0, 48), "gemm", {**GEMM, "K": 5120.0}, "K"),
+    (lambda: ElementwiseOp(8, 5120, 0), "rmsnorm", {"seq": 8, "dim": 5120, "count": 0}, "count"),
+    (lambda: AttentionOp("fa2_paged", 3, (1, 1), (900, 900), 40, 8, 128, 48), "attention", {**DECODE, "bs": 3},
+     "q_lengths"),
+    (lambda: AttentionOp("fa2_paged", 2, (1, 1), (900, 900), 40, 8, 100, 48), "attention", {**DECODE, "hd": 100},
+     "hd"),
+    (lambda: CollectiveOp("all_reduce", 0, 1, "collective"), "communication",
+     {"name": "all_reduce", "type": "collective", "volume_bytes": 0, "count": 1}, "volume_bytes"),
+])
+def test_in_memory_entries_are_refused_as_a_file_refuses_them(make, category, entry, field):
+    """An entry with count 0 was predicted as 0.0 ms (and other fields a file refuses went unchecked): an in-memory
+    entry is checked when made, with the file reader's message, named by its class instead of its JSON path."""
+    with pytest.raises(WorkloadFormatError) as in_memory:
+        make()
+    listed = category in ("gemm", "communication")
+    data = {"iterations": [{"phase": "decode", "operators": {category: [entry] if listed else entry}}]}
+    with pytest.raises(WorkloadFormatError) as from_file:
+        Workload.from_dict(data, "w.json")
+    path = f"w.json: iteration 1: operators.{category}{'[0]' if listed else ''}.{field}"
+    assert str(from_file.value).startswith(path)
+    assert str(in_memory.value).split(f".{field}", 1)[1] == str(from_file.value).removeprefix(path)
+
+
+def test_empty_iterations_and_unknown_phases_are_refused_in_memory(engine):
+    """Engine.iteration_ms(Iteration("decode"), ...) returned 0 ms and Iteration("foo", ...) was accepted; a workload
+    file refuses both ("has no operators", "phase must be ...")."""
+    with pytest.raises(WorkloadFormatError, match=r"^Engine.iteration_ms: iteration 1: has no operators \(an empty "
+                                                  r"iteration would be predicted as 0 ms\)$"):
+        engine.iteration_ms(Iteration("decode"), "A100")
+    with pytest.raises(WorkloadFormatError, match=r"^Iteration: phase must be \"prefill\" or \"decode\", got 'foo'$"):
+        Iteration("foo", rmsnorm=ElementwiseOp(8, 5120, 1))
+    step = Iteration("decode", rmsnorm=ElementwiseOp(8, 5120, 1))
+    with pytest.raises(WorkloadFormatError, match=r"^workload: iteration 2: has no operators"):
+        engine.predict_workload(Workload([step, Iteration("decode")]), "A100")
+    with pytest.raises(WorkloadFormatError, match=r"^workload: 'iterations' must be a non-empty list$"):
+        engine.predict_workload(Workload([]), "A100")
+    assert engine.iteration_ms(step, "A100") > 0

@@ -106,3 +106,18 @@ def test_fp8_dataset_features_exact(shared_data, split):
     assert len(data) == {"train": 16818, "test": 8410}[split]
     perf = out["ideal_cycles"] / (data["avg_duration"] * data["sm_freq"])
     np.testing.assert_allclose(perf, data["overall_perf"], rtol=1e-6)
+
+
+def test_partial_tile_columns_are_an_error_naming_the_missing_ones():
+    """Only some of the tile override columns (tile_M alone) were silently ignored: every row got the tile rule's
+    tiles. A tile overrides the rule with all five columns, per row; the error names the ones missing."""
+    shapes = {"M": [3, 4096], "N": [2560, 4096], "K": [8192, 4096], "hardware": ["NVIDIA A40"] * 2}
+    with pytest.raises(ValueError, match=r"^tile column\(s\) tile_M without tile_N, tile_K, is_split_k, cta_count"):
+        compute_features("gemm", pd.DataFrame({**shapes, "tile_M": [64, 64]}))
+    rows = {**shapes, "tile_M": [64, 128], "tile_N": [128, None], "tile_K": [64, None], "is_split_k": [1, None],
+            "cta_count": [60, None]}
+    with pytest.raises(ValueError, match="^the GEMM M=4096, N=4096, K=4096 has tile_M but not tile_N, tile_K, "
+                                         "is_split_k, cta_count"):
+        compute_features("gemm", pd.DataFrame(rows))
+    rows.update(tile_M=[64, None])  # an empty row takes the tile rule
+    assert compute_features("gemm", pd.DataFrame(rows))["ideal_cycles"].iloc[0] == pytest.approx(31207.619, rel=1e-6)

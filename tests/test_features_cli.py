@@ -80,3 +80,18 @@ def test_bad_input_one_line_exit_2(tmp_path, repo_root, args, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
     assert not dst.exists()
+
+
+def test_partial_tile_columns_are_one_error_line(tmp_path, repo_root):
+    """python3 -m analytical_model features --op gemm with only tile_M wrote the tile rule's features and rewrote the
+    column as 7.0, without a word."""
+    src = tmp_path / "in.csv"
+    pd.DataFrame({"M": [4096], "N": [8192], "K": [8192], "hardware": ["H100"], "tile_M": [128]}).to_csv(src,
+                                                                                                       index=False)
+    dst = tmp_path / "out.csv"
+    result = run(repo_root, "features", "--op", "gemm", "--input", src, "--output", dst)
+    assert result.returncode == 2 and not dst.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"python3 -m analytical_model: error: {src}: tile column(s) tile_M without tile_N, tile_K, is_split_k, "
+        f"cta_count: the tile columns override the tile rule together (give all of tile_M, tile_N, tile_K, "
+        f"is_split_k, cta_count, or none)"]

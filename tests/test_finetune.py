@@ -526,7 +526,7 @@ def test_the_moe_replay_grid_is_what_the_generator_lays_out():
 
 @pytest.mark.parametrize("body, message", [
     ("", "no measured kernels (only a header)"),
-    ("moe,layer,16,1,2,4096,14336,30\n", "topk must not exceed the number of experts E"),
+    ("moe,layer,16,1,2,4096,14336,30\n", "row 1 (CSV line 2): topk = 2 exceeds E = 1"),
     ("moe,layer,abc,8,2,4096,14336,30\n", "row 1 (CSV line 2): column M must be a positive integer, got 'abc'"),
 ])
 def test_bad_kernel_files_name_the_file(tmp_path, capsys, body, message):

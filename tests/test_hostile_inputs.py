@@ -234,6 +234,19 @@ def test_pairs_with_header_only_is_an_error(models, tmp_path, capsys):
     assert_one_error_line(code, err, "no pairs after the header")
 
 
+def test_pairs_errors_name_the_line_of_the_file(models, tmp_path, capsys):
+    """Comments and blank lines count: the unknown GPU is on line 5 of the file, the short row on line 4."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text(f"workload,hardware\n# A100 first\n{TP1},A100\n\n{TP1},Z9\n")
+    code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
+                       capsys=capsys)
+    assert_one_error_line(code, err, f"--pairs {pairs}: line 5: unknown GPU 'Z9'; known GPUs")
+    pairs.write_text(f"workload,hardware\n# A100 first\n\n{TP1}\n")
+    code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
+                       capsys=capsys)
+    assert_one_error_line(code, err, f"--pairs {pairs}: line 4 needs 2 fields, got 1")
+
+
 def test_generator_never_writes_what_the_aggregator_rejects(tmp_path, capsys):
     config = json.loads((REPO / "config" / "Qwen2.5-14B.json").read_text())
     config.update(num_attention_heads=40, num_key_value_heads=7)
@@ -384,6 +397,7 @@ def test_sigterm_removes_temporary_files(tmp_path):
     deadline = time.time() + 20
     while time.time() < deadline and not list(tmp_path.glob(".out.txt.*")):
         time.sleep(0.05)
+    assert list(tmp_path.glob(".out.txt.*")), "the temporary file never appeared: nothing to clean up"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 128 + signal.SIGTERM and "interrupted (SIGTERM)" in err

@@ -35,6 +35,7 @@ def test_split_sums_to_the_layer_and_follows_first_principles():
 
 
 @pytest.mark.slow
+@pytest.mark.data
 def test_predicting_the_layer_row_beats_summing_pass_predictions():
     """The choice documented in pipeweave/moe.py, scored on held-out measured layers: at least 1.5x as accurate on
     every GPU (1.8–3.0x with the pipe-shares ensemble, 2.3–4.0x with the log1p one before it, 3.2–4.6x with a
@@ -200,3 +201,17 @@ def test_a_rank_with_fewer_experts_than_top_k_keeps_the_slots_per_expert(aggrega
     assert (layer.M, layer.E, layer.topk, layer.N) == (64, 1, 1, 14336)
     result = _predict(aggregator, "Mixtral-8x7B", [128, 128], 2, "H100", tp=8, ep=8)
     assert result["iterations"][0]["operator_durations"]["moe"]["experts_w13"]["single_duration_ms"] > 0
+
+
+def test_a_workload_moe_entry_with_topk_above_e_names_iteration_and_field():
+    """topk 99 of 8 experts failed at feature time as 'topk must not exceed the number of experts E', naming
+    neither the iteration nor the field; the reader now refuses it as it refuses every other field."""
+    from pipeweave.schema import MoeOp, Workload, WorkloadFormatError
+
+    data = build_workload(load_model_config("Mixtral-8x7B"), [10], 2).to_dict()
+    data["iterations"][1]["operators"]["moe"][0]["topk"] = 99
+    with pytest.raises(WorkloadFormatError, match=r"^w.json: iteration 2: operators.moe\[0\].topk = 99 exceeds "
+                                                  r"E = 8 \(each token goes to topk of the E experts\)$"):
+        Workload.from_dict(data, "w.json")
+    with pytest.raises(WorkloadFormatError, match=r"^MoeOp\('experts_w13'\).topk = 99 exceeds E = 8"):
+        MoeOp("experts_w13", "w13", 10, 8, 99, 4096, 14336, 32)

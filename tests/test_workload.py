@@ -124,10 +124,8 @@ def test_configs_agree_with_artifact():
     _need(SHARED_CONFIGS)
     shared = sorted(SHARED_CONFIGS.glob("*.json"))
     assert len(shared) == 9
-    for path in shared:  # the artifact's nine; the MoE configs are this project's own
-        # ours omit max_position_embeddings, which only bounds request lengths and shapes no operator
-        artifact = dataclasses.replace(load_model_config(path), max_sequence=None)
-        assert load_model_config(DEFAULT_CONFIG_DIR / path.name) == artifact
+    for path in shared:  # the artifact's nine (request length limits included); the MoE configs are our own
+        assert load_model_config(DEFAULT_CONFIG_DIR / path.name) == load_model_config(path)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,7 +253,7 @@ def test_single_sequence_and_overrides():
     assert data["iterations"][-1]["kv_lengths"] == [32720 + 47]
     w = generate(WorkloadSpec("Qwen2.5-14B", "arxiv_8", single_sequence=True, output_tokens=3))
     data = json.loads(w.content)
-    assert w.file_name == "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json"
+    assert w.file_name == "Qwen2.5-14B_arxiv_8_single_o3_fa3_tp1_pp1.json"  # not the trace's own workload's name
     assert len(data["iterations"]) == 3 and data["iterations"][0]["kv_lengths"] == [27966]
 
 
@@ -379,7 +377,7 @@ def test_cli_single_workload(tmp_path):
     result = _cli("--model_config", str(cfg), "--trace", "arxiv_8", "--tp", "2", "--pp", "2", "--prefill_attn",
                   "fa2_ragged", "--output_tokens", "2", "--output_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    path = tmp_path / "cfg_arxiv_8_fa2_tp2_pp2.json"
+    path = tmp_path / "cfg_arxiv_8_o2_fa2_tp2_pp2.json"
     assert result.stdout.strip() == str(path)
     data = json.loads(path.read_text())
     assert data["model"] == "X" and data["model_params"]["head_dim"] == 16 and len(data["iterations"]) == 2
@@ -398,3 +396,23 @@ def test_generator_notes_qwen3_qk_norm(tmp_path, capsys):
     main(["--model_config", "Llama-3.1-8B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
           "--output_dir", str(tmp_path)])
     assert "Note" not in capsys.readouterr().out
+
+
+def test_overrides_of_a_trace_never_take_the_traces_file_name(tmp_path):
+    """--prompt_tokens / --output_tokens / --single_sequence without --name wrote the file name of the trace's own
+    workload (Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json, a paper workload) with other content: with the default
+    --output_dir workload/ it overwrote the shipped file."""
+    from pipeweave.generate_cli import main
+
+    assert main(["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--prefill_attn", "fa2_ragged",
+                 "--output_tokens", "2", "--prompt_tokens", "100", "--output_dir", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["Qwen2.5-14B_arxiv_8_p100_o2_fa2_tp1_pp1.json"]
+    names = {generate(WorkloadSpec("Qwen2.5-14B", "arxiv_8", prefill_attn="fa2_ragged", output_tokens=2,
+                                   **overrides)).file_name
+             for overrides in ({}, {"single_sequence": True}, {"prompt_tokens": 100}, {"name": "mine"})}
+    assert names == {"Qwen2.5-14B_arxiv_8_o2_fa2_tp1_pp1.json", "Qwen2.5-14B_arxiv_8_single_o2_fa2_tp1_pp1.json",
+                     "Qwen2.5-14B_arxiv_8_p100_o2_fa2_tp1_pp1.json", "Qwen2.5-14B_mine_fa2_tp1_pp1.json"}
+    assert "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json" in paper_set_names()
+    merged = generate(WorkloadSpec("Qwen2.5-14B", None, requests=2, prompt_tokens=64, output_tokens=2,
+                                   single_sequence=True))
+    assert merged.file_name == "Qwen2.5-14B_r2_p64_o2_single_fa3_tp1_pp1.json"  # not the two-request batch's name
