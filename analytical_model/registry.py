@@ -283,6 +283,7 @@ def _elementwise_operator(key: str, description: str, calculator, output_fractio
         workload_key=key,
         profiled=True,
         dram_bound=True,
+        exact_dram_once=True,
     )
 
 

@@ -9,10 +9,12 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   tiles and is beaten by measured rows (GEMM with M = 257 or 769; FA3 ragged attention up to 5.7x before it
   packed GQA), so ``eff ≤ 1`` is no bound: clipping there made the shipped attention model's correct predictions
   on those rows 97 % off; the exact-work bound holds on every measured row but 43 (RTX PRO 6000, by at most 1.9 %). For
-  operators whose DRAM-cycle feature counts every byte exactly once (:attr:`OperatorClass.dram_bound`: RMSNorm,
-  SiLU*Mul; no measured row in any dataset beats it) the DRAM time at the spec bandwidth binds too:
+  operators whose DRAM-cycle feature counts every byte it reads exactly once (:attr:`OperatorClass.dram_bound`:
+  RMSNorm, SiLU*Mul; no measured row in any dataset beats it) the DRAM time of those reads binds too:
   ``t ≥ max(C_ideal, C_dram) / f``. For GEMM, attention and MoE the DRAM feature assumes tile re-reads that the L2
-  cache absorbs (1–46 % of their measured rows beat it), so it is no bound.
+  cache absorbs (1–46 % of their measured rows beat it), so it is no bound. Every DRAM time of a bound is at the
+  datasheet's decimal GB/s (:data:`SPEC_GB_CYCLES`): the features count 2^30 B/s per GB/s, a bound in their unit let
+  a prediction beat the physical transfer by 7.4 %.
 * **Ceiling where the problem does not fit in the L2.** GEMM and attention have a descriptor that counts each byte
   of their operands and result once, ``D = exact_dram_cycle`` (:attr:`OperatorClass.exact_dram_once`). A
   benchmark that re-runs a kernel keeps operands in the L2 that fit there, so measured rows beat ``D / f`` (up to
@@ -22,8 +24,11 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   0.87–0.88 of it. Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX PRO 6000) do, up to
   2.7x, and the factor leaves a margin above that. With no L2 size in a GPU's JSON the bound does not apply.
   Leave-one-GPU-out it moves L40S only: GEMM 16.8 -> 16.6 %, attention 16.7 -> 16.2 %, FP8 GEMM by 0.02 points
-  (README, "Differences"). MoE's ``D`` counts the experts that receive tokens at a uniform routing, and measured
-  layers beat it at any size, so MoE takes no such bound.
+  (README, "Differences"). At the decimal GB/s the fastest measured rows reach 0.93–0.95 of it. MoE's ``D`` counts
+  the experts that receive tokens at a uniform routing, and measured layers beat it at any size, so MoE takes no
+  such bound. RMSNorm's and SiLU*Mul's ``D`` is their rows read and their output written (twice, 1.5x their reads):
+  beyond :data:`ELEMENTWISE_L2_SPILL_FACTOR` times the L2 it binds too (a prediction of RMSNorm on 131,072 tokens
+  had been 2.1x faster than its bytes allow).
 * **No kernel beats the launch:** ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU
   (``fastest_us`` of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny
   kernel whose exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper
@@ -76,6 +81,13 @@ EXACT_DRAM_DESCRIPTOR = "exact_dram_cycle"
 #: the problem's bytes must exceed the L2 size by this factor for their DRAM time to bound the kernel: measured
 #: rows beat it up to 1.05x the L2 size, none beyond on any GPU
 L2_SPILL_FACTOR = 1.1
+#: the same for RMSNorm and SiLU*Mul, whose exact bytes are their rows read and their output written: A40's SiLU*Mul,
+#: 5–8 µs kernels timed to the whole µs, beats that DRAM time by up to 1.11x at 1.1–1.5x its 6 MB L2, no row beyond
+#: 1.5x reaches 0.85 of it (every GPU)
+ELEMENTWISE_L2_SPILL_FACTOR = 2.0
+#: DRAM cycles at the datasheet's decimal GB/s per cycle feature: the features divide bytes by memBandwidth × 2^30
+#: (the artifact's unit, kept for them: docs/METHOD.md §11.1.11), 7.4 % fewer cycles than the physical transfer takes
+SPEC_GB_CYCLES = 2 ** 30 / 1e9
 #: stands for an infinite R / (t − L) (a kernel faster than the launch latency) inside a percentile
 BIGGEST = np.finfo(np.float64).max
 
@@ -102,19 +114,29 @@ def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None, 
     (:func:`l2_cycles`; scalar or per row)."""
     operator = get_operator(op)
     ideal = operator.ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
+    needed = EXACT_DRAM_DESCRIPTOR if operator.dram_bound else EXACT_WORK_DESCRIPTOR
     if operator.dram_bound:
-        return ideal, np.maximum(ideal, dram_cycles(op, features))
-    if EXACT_WORK_DESCRIPTOR not in operator.descriptor_names:
+        ceiling = np.maximum(ideal, dram_cycles(op, features) * SPEC_GB_CYCLES)
+    elif EXACT_WORK_DESCRIPTOR in operator.descriptor_names:
+        ceiling = None
+    else:
         return ideal, ideal
     if described is None:
-        raise ValueError(f"{op}: the physical band needs the shape descriptors ({EXACT_WORK_DESCRIPTOR})")
+        raise ValueError(f"{op}: the physical band needs the shape descriptors ({needed})")
     described = np.asarray(described, dtype=np.float64)
-    ceiling = described[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
+    if ceiling is None:
+        ceiling = described[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
     if operator.exact_dram_once:
         exact_dram = described[:, operator.descriptor_names.index(EXACT_DRAM_DESCRIPTOR)]
-        spills = exact_dram > L2_SPILL_FACTOR * np.asarray(l2, dtype=np.float64)
-        ceiling = np.where(spills, np.maximum(ceiling, exact_dram), ceiling)
+        spills = exact_dram > l2_spill_factor(op) * np.asarray(l2, dtype=np.float64)
+        ceiling = np.where(spills, np.maximum(ceiling, exact_dram * SPEC_GB_CYCLES), ceiling)
     return ideal, ceiling
+
+
+def l2_spill_factor(op: str) -> float:
+    """How far the problem's bytes must exceed the L2 for their DRAM time to bound the kernel
+    (:data:`L2_SPILL_FACTOR`, :data:`ELEMENTWISE_L2_SPILL_FACTOR` for the memory-bound operators)."""
+    return ELEMENTWISE_L2_SPILL_FACTOR if get_operator(op).dram_bound else L2_SPILL_FACTOR
 
 
 def dram_cycles(op: str, features: np.ndarray) -> np.ndarray:
@@ -202,12 +224,21 @@ def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None,
     (:func:`band_table`) replaces the shipped floors, e.g. one derived without a held-out GPU."""
     table = table_for(op, table)
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
-    ideal, ceiling = ceiling_cycles(op, features, described, l2)
-    high = ideal / np.maximum(ceiling, table["fastest_us"] * sm_freq_mhz)
+    ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
+    high = ideal / (fastest_us(op, features, described, sm_freq_mhz, table, l2=l2) * sm_freq_mhz)
     _, roof, bins = regime_bins(op, features, sm_freq_mhz)
     slowest_cycles = roof / np.ravel(table["floor"])[bins] + LAUNCH_LATENCY_US * sm_freq_mhz
     low = ideal / slowest_cycles
     return np.minimum(low, high), high
+
+
+def fastest_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz, table: dict | None = None,
+               *, l2) -> np.ndarray:
+    """The shortest duration (µs) the ceiling allows each row (arguments as :func:`efficiency_band`'s): no
+    prediction, nor the low end of its interval, may be faster."""
+    sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
+    ceiling = ceiling_cycles(op, features, described, l2)[1]
+    return np.maximum(ceiling, table_for(op, table)["fastest_us"] * sm_freq_mhz) / sm_freq_mhz
 
 
 def regime_efficiency(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None) -> np.ndarray:

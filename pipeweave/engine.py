@@ -72,6 +72,7 @@ from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
 from pipeweave.collectives import collective_workers
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
+from pipeweave.intervals import physical_interval
 from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
@@ -272,7 +273,8 @@ class Engine:
         key = (spec.stem, collective_hardware, tp_size, iteration.signature())
         found = self._iteration_ms.get(key)
         if found is None:
-            workload = FlatWorkload.of(Workload([iteration], tp_size=tp_size), stem="iteration")
+            # the stem names the call in errors: "Engine.iteration_ms: iteration 1: has no operators ..."
+            workload = FlatWorkload.of(Workload([iteration], tp_size=tp_size), stem="Engine.iteration_ms")
             result = self.predict([Job(workload, spec, collective_hardware)])[0].result
             found = self._iteration_ms[key] = result["summary"]["total_duration_ms"]
         return found
@@ -309,9 +311,11 @@ class Engine:
         unique_ms: dict[str, np.ndarray] = {}
         optimistic_ms: dict[str, np.ndarray] = {}
         unique_codes: dict[str, np.ndarray] = {}
+        fastest_ms: dict[str, np.ndarray] = {}
         interval_factors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for op, table in tables.items():
-            unique_ms[op], optimistic_ms[op], unique_codes[op] = self.unique_durations(op, list(table))
+            unique_ms[op], optimistic_ms[op], unique_codes[op], fastest_ms[op] = self.bounded_durations(op,
+                                                                                                        list(table))
             interval_factors[op] = self.interval_factors(op, list(table), unique_codes[op])
 
         # 3. scatter back and assemble the outputs
@@ -332,8 +336,8 @@ class Engine:
                     ids = maps[(j, op)][job.workload.inst_local[rows]]
                     single[rows] = unique_ms[op][ids]
                     extrapolated[rows] = unique_codes[op][ids] > 0
-                    low[rows] = single[rows] * interval_factors[op][0][ids]
-                    high[rows] = single[rows] * interval_factors[op][1][ids]
+                    low[rows], high[rows] = physical_interval(single[rows], interval_factors[op][0][ids],
+                                                              interval_factors[op][1][ids], fastest_ms[op][ids])
                     if best is not None:
                         best[rows] = optimistic_ms[op][ids]
             rows = np.flatnonzero(codes == COMMUNICATION_CODE)
@@ -393,10 +397,24 @@ class Engine:
 
     def unique_durations(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(point ms, optimistic ms, extrapolation bits) of unique (GPU stem, shape) rows, checked finite and > 0."""
+        return self.bounded_durations(op, keys, with_fastest=False)[:3]
+
+    def bounded_durations(self, op: str, keys: list[tuple[str, tuple]], with_fastest: bool = True
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`unique_durations` and, ``with_fastest``, the fastest ms the physical band allows each row
+        (:func:`pipeweave.bounds.fastest_us`; an MoE pass's share of its layer's), the floor of its interval."""
+        from pipeweave.bounds import fastest_us, l2_cycles
+
         features, described = self.kernel_features(op, keys)
         point, optimistic, codes = self.kernel_durations(op, keys, features, described)
         check_durations(op, keys, point, optimistic)
-        return point, optimistic, codes
+        if not with_fastest:
+            return point, optimistic, codes, None
+        specs = [self.registry.get(stem) for stem, _ in keys]
+        freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
+        l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
+        share = pass_shares(keys, self.registry) if op == "moe" else 1.0
+        return point, optimistic, codes, fastest_us(op, features, described, freq, l2=l2) / 1000.0 * share
 
     def interval_factors(self, op: str, keys: list[tuple[str, tuple]], codes: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:

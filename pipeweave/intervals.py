@@ -18,7 +18,9 @@ residuals around their biases (:func:`pipeweave.interval_eval.predictive_quantil
 three GPUs in the evaluation adds the other unseen state's (recorded as ``from`` in the table).
 
 Kernel intervals are summed as if their errors were perfectly correlated (comonotone: the quantile of a sum of
-comonotone variables is the sum of their quantiles). On a GPU outside training the error is mostly a bias that
+comonotone variables is the sum of their quantiles). A kernel's low end is never below the fastest time its physical
+band allows (:func:`pipeweave.bounds.fastest_us`; e.g. the DRAM time of a GEMM whose bytes spill the L2), nor above
+its point. On a GPU outside training the error is mostly a bias that
 all kernels of an operator share (docs/ACCURACY.md), so independent errors would give a far too narrow interval.
 Collectives with measured models enter at their point value (the output says so); a collective that takes the
 analytical estimate enters with that estimate's leave-one-GPU-out interval on its link family
@@ -179,3 +181,12 @@ def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibrati
         low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem),
                                                         calibrated_spread(calibration, op, stem))
     return low, high
+
+
+def physical_interval(point: np.ndarray, low: np.ndarray, high: np.ndarray, fastest: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) ends around ``point`` from the multipliers of :func:`row_factors`, the low end kept between the
+    fastest time physics allows (``fastest``, same unit as ``point``) and the point itself (a calibration may
+    have moved the point below that time)."""
+    point = np.asarray(point, dtype=np.float64)
+    return np.minimum(point, np.maximum(point * low, fastest)), point * high

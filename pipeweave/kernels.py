@@ -23,7 +23,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
-from pipeweave.intervals import other_model_warning, row_factors
+from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
 from pipeweave.validation import check_shape_table, load_model_checked, row_label
@@ -50,10 +50,10 @@ def read_shapes(path: str | Path, expected: str = "expected a header row") -> tu
 
 
 def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
-                   calibration=None, source: str = "input") -> tuple[np.ndarray, np.ndarray]:
-    """(``predicted_us``, extrapolation bits) per row; unknown GPUs and missing columns are errors naming the
-    row/column. A ``calibration`` (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is
-    on it."""
+                   calibration=None, source: str = "input") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(``predicted_us``, extrapolation bits, the fastest µs physics allows) per row; unknown GPUs and missing
+    columns are errors naming the row/column. A ``calibration`` (pipeweave.calibration) corrects the rows on its
+    GPU and is refused if no row is on it."""
     operator = get_operator(op)
     missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
     if missing:
@@ -74,19 +74,20 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
     if calibration is not None:
         calibration.check_hardware([predictor.hardware.get(name).stem for name in hardware])
     if not rows:
-        return np.zeros(0), np.zeros(0, dtype=np.int8)
+        return np.zeros(0), np.zeros(0, dtype=np.int8), np.zeros(0)
     try:
-        return predictor.predict_columns(op, columns, hardware, calibration, with_extrapolation=True)
+        return predictor.predict_columns_bounded(op, columns, hardware, calibration)
     except ValueError as exc:
         raise UserError(f"--op {op}: {exc.args[0] if exc.args else exc}") from None
 
 
 def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predicted_us: np.ndarray,
-                extrapolation: np.ndarray, calibration=None) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) ends of each row's measured interval (:mod:`pipeweave.intervals`) around ``predicted_us``."""
+                extrapolation: np.ndarray, fastest_us: np.ndarray, calibration=None) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) ends of each row's measured interval (:mod:`pipeweave.intervals`) around ``predicted_us``, the
+    low end no faster than ``fastest_us`` (:meth:`KernelPredictor.predict_columns_bounded`)."""
     low, high = row_factors(op, predictor.trained_on(get_operator(op).model_op),
                             [predictor.hardware.get(name) for name in gpu_names], extrapolation, calibration)
-    return predicted_us * low, predicted_us * high
+    return physical_interval(predicted_us, low, high, fastest_us)
 
 
 def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray,
@@ -140,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    predicted, extrapolation = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
+    predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
     index = header.index("hardware")
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
     interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation,
-                           calibration)
+                           fastest, calibration)
     write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
                                                                 extrapolation, calibrated))
     print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")

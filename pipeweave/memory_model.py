@@ -19,8 +19,9 @@ features (docs/METHOD.md §3), with three parameters shared by every GPU::
 
 The parameters are fitted (least squares of log duration, fixed start: deterministic) on the training rows of
 the model's GPUs and stored in the model's ``metadata.json`` under ``memory_model``. The predictor uses this model
-instead of the MLP for a memory-bound operator on a GPU absent from the MLP's training data
-(:meth:`pipeweave.predictor.KernelPredictor.kernel_efficiency`); on a trained GPU the MLP is more accurate.
+instead of the MLP for a memory-bound operator on a GPU absent from the MLP's training data, and for a row with an
+input outside the MLP's training range (:meth:`pipeweave.predictor.KernelPredictor.unbounded_efficiency`); inside
+it, on a trained GPU, the MLP is more accurate.
 """
 from __future__ import annotations
 

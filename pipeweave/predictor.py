@@ -16,9 +16,10 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model
-from pipeweave.bounds import clip_efficiency, has_regime_medians, l2_cycles, regime_efficiency
+from pipeweave.bounds import clip_efficiency, fastest_us, has_regime_medians, l2_cycles, regime_efficiency
 from pipeweave.edges import model_edges
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
+from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
 
@@ -79,6 +80,14 @@ def coverage_codes(coverage: tuple, features: np.ndarray, described: np.ndarray 
     if tuple(compute_capability) not in sm_designs:
         codes |= UNSEEN_ARCHITECTURE
     return codes
+
+
+def bandwidth_efficiency(parameters: dict, op: str, features: np.ndarray, hw) -> np.ndarray:
+    """The efficiency of a memory-bound operator's feature rows on ``hw`` by the bandwidth model
+    (:mod:`pipeweave.memory_model`, fitted ``parameters``)."""
+    ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
+    duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
+    return ideal / (duration * hw.sm_freq)
 
 
 def duration_us(ideal_cycles: np.ndarray, efficiency: np.ndarray, sm_freq_mhz: np.ndarray) -> np.ndarray:
@@ -183,7 +192,10 @@ class KernelPredictor:
 
     def unbounded_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
         """The MLP's efficiency, except where it carries no information. A memory-bound operator on a GPU outside
-        its MLP's training data takes the bandwidth model of :mod:`pipeweave.memory_model` (stored with the model).
+        its MLP's training data takes the bandwidth model of :mod:`pipeweave.memory_model` (stored with the model),
+        and so does each of its rows with an input outside the MLP's training range on a trained GPU (the MLP's
+        log-efficiency drifts there: H100's RMSNorm of 131,072 tokens came out 2.1x faster than its bytes allow,
+        while a streaming kernel's time only grows with its bytes).
         An MLP trained on a single GPU saw constant hardware inputs, so it knows nothing of how efficiency depends
         on the GPU: on another GPU the kernel takes the median efficiency of its regime
         (:func:`pipeweave.bounds.regime_efficiency`; only a GPU of the hardware directory counts, and only an
@@ -202,12 +214,16 @@ class KernelPredictor:
         trained = self.trained_on(op)
         none = np.zeros(len(features))
         if parameters and hw.name not in trained:
-            ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
-            duration = memory_model.duration_us(parameters, op, features, hw.sm_freq, hw.max_threads_per_sm)
-            return ideal / (duration * hw.sm_freq), none
+            return bandwidth_efficiency(parameters, op, features, hw), none
         if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
             return regime_efficiency(op, features, hw.sm_freq), none
         efficiency, spread = self.efficiency_and_spread(op, features, described, hw.sm_freq)
+        if parameters and len(efficiency):
+            outside = (coverage_codes(self.coverage(op), features, described, hw.compute_capability)
+                       & OUTSIDE_RANGE).astype(bool)
+            if outside.any():
+                efficiency[outside] = bandwidth_efficiency(parameters, op, features[outside], hw)
+                spread[outside] = 0.0
         scale = self.sibling_scale(op, hw)
         if scale is not None and len(efficiency):
             efficiency = np.clip(efficiency, *sibling_band(op, features, described, scale, lambda rows, shapes:
@@ -283,25 +299,36 @@ class KernelPredictor:
         """Predicted µs per row of a column mapping (the operator's shape columns) on ``hardware[row]``; a
         ``calibration`` (:class:`pipeweave.calibration.Calibration`) corrects the rows of its own GPU only (after
         the physical band); with ``with_extrapolation``, (µs, extrapolation bits) per row."""
-        with self.fine_tuned_by(calibration):
-            out, codes = self._predict_columns(op, columns, hardware, calibration)
+        out, codes, _ = self.predict_columns_bounded(op, columns, hardware, calibration)
         return (out, codes) if with_extrapolation else out
 
+    def predict_columns_bounded(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str],
+                                calibration=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(:meth:`predict_columns` µs, extrapolation bits, the fastest µs the physical band allows each row:
+        :func:`pipeweave.bounds.fastest_us`, a pass's share of it for an MoE pass)."""
+        with self.fine_tuned_by(calibration):
+            return self._predict_columns(op, columns, hardware, calibration)
+
     def _predict_columns(self, op: str, columns: Mapping[str, Sequence], hardware: Sequence[str], calibration
-                         ) -> tuple[np.ndarray, np.ndarray]:
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         operator = get_operator(op)
         names = np.asarray(list(hardware), dtype=object)
-        out = np.zeros(len(names))
+        out, fastest = np.zeros(len(names)), np.zeros(len(names))
         codes = np.zeros(len(names), dtype=np.int8)
         for name in dict.fromkeys(names.tolist()):
             rows = np.flatnonzero(names == name)
             hw = self.hardware.get(name)
             part = {column: [values[i] for i in rows] for column, values in columns.items()}
-            features, described = operator.features(part, hw), operator.descriptors(part, hw)
+            shapes = list(zip(*(part[column] for column in operator.shape_columns)))
+            modelled, share = part, 1.0
+            if op == "moe":  # a pass is its share of the whole layer's prediction, as the engine predicts it
+                modelled = dict(part, weight_type=["layer"] * len(rows))
+                share = pass_shares([(hw.stem, shape) for shape in shapes], self.hardware)
+            features, described = operator.features(modelled, hw), operator.descriptors(modelled, hw)
             ideal = operator.ideal_cycles(features.astype(np.float32))
             efficiency, codes[rows] = self.kernel_efficiency_and_codes(op, features, described, hw)
-            out[rows] = duration_us(ideal, efficiency, hw.sm_freq)
+            out[rows] = duration_us(ideal, efficiency, hw.sm_freq) * share
+            fastest[rows] = fastest_us(op, features, described, hw.sm_freq, l2=l2_cycles(hw)) * share
             if calibration is not None:
-                shapes = list(zip(*(part[column] for column in operator.shape_columns)))
                 out[rows] = calibration.apply(op, hw, out[rows], features, shapes)
-        return out, codes
+        return out, codes, fastest

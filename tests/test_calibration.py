@@ -291,6 +291,16 @@ def test_kernel_csv_calibration(tmp_path):
     assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), "--output", str(out)]) == 0
     cal = load_calibration(out)
     assert cal.fitted_from["kernels"][0]["rows"] == 3 and np.any(cal.theta != 0)
+    # each measured kernel is predicted closer to its measurement than zero-shot
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n16,4096,4096,A40\n4096,4096,4096,A40\n1024,4096,4096,A40\n")
+    before, after = tmp_path / "before.csv", tmp_path / "after.csv"
+    assert run_cli(kernels.main, ["--op", "gemm", "--input", str(shapes), "--output", str(before)]) == 0
+    assert run_cli(kernels.main, ["--op", "gemm", "--input", str(shapes), "--output", str(after),
+                                  "--calibration", str(out)]) == 0
+    truth = np.array([40.0, 900.0, 260.0])
+    zero_shot, calibrated = (pd.read_csv(path)["predicted_us"].to_numpy() for path in (before, after))
+    assert (np.abs(np.log(calibrated / truth)) < np.abs(np.log(zero_shot / truth))).all()
 
 
 def test_attention_kernel_csv_calibration_learns_a_kv_length_trend(tmp_path):
@@ -686,6 +696,42 @@ def test_calibrate_records_the_spread_of_its_kernels_and_reads_it_back(tmp_path)
     assert spread["gemm"]["log_low"] < 0 < spread["gemm"]["log_high"]
 
 
+def test_a_kernel_calibration_sets_the_interval_of_its_gpu_from_its_count_and_spread(tmp_path):
+    """A calibration from 10 GEMMs of L40 (outside the GEMM training data): predict_kernels.py takes the k = 8
+    calibrated interval of the shipped table, widened to the calibration's own cross-validated spread; L40S's rows
+    (trained, another GPU) keep their table factors."""
+    from pipeweave.intervals import TRAINED, UNSEEN_GPU, shipped_table
+
+    measured = tmp_path / "measured_gemm.csv"
+    rng = np.random.default_rng(1)
+    rows = [f"gemm,{m},4096,4096,NVIDIA L40,{t * np.exp(rng.normal(0, 0.3))}"
+            for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0), (64, 45.0), (256, 80.0), (2048, 480.0),
+                         (128, 55.0), (512, 140.0), (32, 42.0), (8192, 1800.0))]
+    measured.write_text("op,M,N,K,hardware,avg_duration\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "l40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(measured), "--output", str(out),
+                                          "--no_fine_tune"]) == 0
+    calibration = load_calibration(out)
+    assert calibration.kernel_count("gemm") == 10
+    spread = calibration.spread["gemm"]
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n2048,4096,4096,L40\n2048,4096,4096,L40S\n")
+    predicted = tmp_path / "predicted.csv"
+    assert run_cli(kernels.main, ["--op", "gemm", "--input", str(shapes), "--output", str(predicted),
+                                  "--calibration", str(out)]) == 0
+    frame = pd.read_csv(predicted)
+    table = shipped_table()
+    calibrated = table.factors("gemm", np.array([UNSEEN_GPU]), 8)
+    assert calibrated[0][0] != pytest.approx(table.factors("gemm", np.array([UNSEEN_GPU]))[0][0])
+    low, high = (np.exp(min(np.log(calibrated[0][0]), spread["log_low"])),
+                 np.exp(max(np.log(calibrated[1][0]), spread["log_high"])))
+    l40, l40s = frame.iloc[0], frame.iloc[1]
+    assert l40["low_us"] / l40["predicted_us"] == pytest.approx(low, rel=1e-6)
+    assert l40["high_us"] / l40["predicted_us"] == pytest.approx(high, rel=1e-6)
+    trained = table.factors("gemm", np.array([TRAINED]))
+    assert l40s["low_us"] / l40s["predicted_us"] == pytest.approx(trained[0][0], rel=1e-6)
+
+
 def test_collective_dir_is_the_one_the_runs_collectives_are_predicted_with(tmp_path):
     """calibrate.py --collective_dir: the runs' collectives are predicted with the folder the calibrated predictions
     will use. An empty folder gives the textbook ring on L20's PCIe (no measured ring efficiency), the shipped one
@@ -754,3 +800,33 @@ def test_runs_whose_collectives_are_all_estimated_keep_the_estimates_uncertainty
     assert factors["communication.latency"] < 1.25 and factors["gemm.compute"] > 1.03
     _, staged_prior, _ = fitted(generated(tmp_path, "Qwen3-32B", tp=4, pp=2, output_tokens=8))
     assert staged_prior["tau_comm_latency"] == pytest.approx(math.log(3))
+
+
+NO_PANDAS_CALIBRATE = """
+import sys
+sys.modules["pandas"] = None  # a base install (numpy only): importing pandas fails
+from pipeweave.commands import calibrate
+sys.argv = ["pipeweave-calibrate", "--hardware", "L40", "--e2e", sys.argv[1], "--output", sys.argv[2], *sys.argv[3:]]
+sys.exit(calibrate())
+"""
+
+
+@pytest.mark.parametrize("flags", [["--no_fine_tune"], []])
+def test_e2e_calibration_runs_without_pandas(tmp_path, flags):
+    """pipeweave-calibrate --e2e in a base install stopped with 'this command needs the training extras ... module
+    'pandas' is missing' (the runs CSV was read with pandas), although the README promised it needs no extras."""
+    import subprocess
+    import sys
+
+    from pipeweave.engine import Engine
+
+    tp1 = small(TP1, tmp_path)
+    summary = Engine(log=None).predict_workload(tp1, "L40")["summary"]
+    csv = tmp_path / "runs.csv"
+    csv.write_text(E2E_HEADER + f"{tp1},{summary['prefill_duration_ms'] * 1.1},"
+                                f"{summary['decode_avg_duration_ms'] * 1.05},\n")
+    out = tmp_path / "l40.json"
+    run = subprocess.run([sys.executable, "-c", NO_PANDAS_CALIBRATE, str(csv), str(out), *flags], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert load_calibration(out).hardware == "L40"

@@ -2,6 +2,7 @@
 ends with exit 0 and finite, valid output, or exit 2 and one ``error:`` line (issue 9)."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 import shutil
@@ -32,9 +33,12 @@ def outcome(main, argv, capsys, output: Path) -> None:
     if code == 0:
         assert output.exists()
         if output.suffix == ".json":
-            json.loads(output.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in output"))
+            result = json.loads(output.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in output"))
+            assert result["summary"]["total_duration_ms"] > 0  # never a silent 0 ms
         else:
             assert "nan" not in output.read_text().lower().split(",")
+            rows = list(csv.DictReader(output.read_text().splitlines()))
+            assert rows and all(float(row["ideal_cycles"]) > 0 for row in rows)  # the features CLI
     else:
         assert code == 2, err
         assert len([line for line in err.splitlines() if line.strip()]) == 1 and ": error: " in err, err

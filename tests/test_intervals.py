@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analytical_model.hardware import load_hardware
 from analytical_model.registry import OPERATORS, get_operator
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
@@ -110,8 +111,32 @@ def test_engine_and_predict_kernels_take_the_calibrated_interval_of_the_calibrat
     table = shipped_table()
     assert after[1][0] == pytest.approx(table.factors("gemm", np.array([UNSEEN_GPU]), 32)[1][0])
     predictor = KernelPredictor()
-    low, high = interval_us("gemm", predictor, ["L40"], np.array([10.0]), codes[:1], KernelCalibration("L40", 40))
+    low, high = interval_us("gemm", predictor, ["L40"], np.array([10.0]), codes[:1], np.array([1.0]),
+                            KernelCalibration("L40", 40))
     assert (low[0] / 10.0, high[0] / 10.0) == pytest.approx((after[0][0], after[1][0]))
+
+
+def test_no_interval_reaches_below_the_fastest_time_physics_allows():
+    """M = 8192, N = 1, K = 8192 streams a 134 MB operand through L40S's 96 MiB L2: the point sits on the
+    DRAM time at the datasheet bandwidth (bytes / 864 GB/s), and the low end may not go below it; a 16384³ GEMM
+    on H20 sits on its tensor roofline. Far from any bound the low end is the table's factor."""
+    import pipeweave
+
+    shapes = {"M": [8192, 16384, 4096], "N": [1, 16384, 4096], "K": [8192, 16384, 4096]}
+    gpus = ["L40S", "H20", "H100"]
+    point, low, high = pipeweave.predict_kernels("gemm", shapes, gpus, interval=True)
+    dram_us = (2 * (8192 * 8192 + 8192) + 2 * 8192) / 864e9 * 1e6
+    assert point[0] == pytest.approx(dram_us, rel=1e-9) and low[0] == pytest.approx(dram_us, rel=1e-9)
+    tensor_us = 2 * 16384 ** 3 / (1024 * 78 * 1830e6) * 1e6
+    assert point[1] == pytest.approx(tensor_us, rel=1e-9) and low[1] == pytest.approx(tensor_us, rel=1e-9)
+    assert low[2] < point[2] < high[2]
+    factors = shipped_table().factors("gemm", np.array([TRAINED]))
+    assert low[2] / point[2] == pytest.approx(factors[0][0]) and high[2] / point[2] == pytest.approx(factors[1][0])
+    engine = Engine(log=None)
+    engine.load_models(["gemm"])
+    keys = [(load_hardware(gpu).stem, tuple(shapes[c][i] for c in "MNK")) for i, gpu in enumerate(gpus)]
+    fastest = engine.bounded_durations("gemm", keys)[3]
+    assert fastest[:2] * 1000 == pytest.approx([dram_us, tensor_us], rel=1e-9)
 
 
 def test_table_errors_name_the_file_and_the_remedy(tmp_path):
@@ -190,8 +215,15 @@ def test_aggregator_interval_brackets_the_prediction_and_widens_off_training():
         interval, summary = result["interval"], result["summary"]
         assert interval["levels"] == [0.1, 0.9] and "note" not in interval  # TP1: no collectives
         for key, point in summary.items():
-            assert interval["low"][key] <= point <= interval["high"][key], (gpu, key)
+            assert interval["low"][key] < point < interval["high"][key], (gpu, key)
         spans[gpu] = interval["high"]["total_duration_ms"] / interval["low"]["total_duration_ms"]
+        if gpu == "H100":  # every kernel trained: each end is a mean of the operators' trained factors
+            factors = [shipped_table().factors(op, np.array([TRAINED])) for op in ("gemm", "attn", "rmsnorm",
+                                                                                    "siluandmul")]
+            low = interval["low"]["total_duration_ms"] / summary["total_duration_ms"]
+            high = interval["high"]["total_duration_ms"] / summary["total_duration_ms"]
+            assert min(f[0][0] for f in factors) <= low <= max(f[0][0] for f in factors)
+            assert min(f[1][0] for f in factors) <= high <= max(f[1][0] for f in factors)
     assert spans["H100"] < spans["L40"]  # GEMM and attention trained on H100; L40 only through L40S
     with_collectives = engine.predict([Job(load_workload(TP4_PP2), engine.gpu("H100"))])[0].result["interval"]
     note = with_collectives["note"]

@@ -128,6 +128,21 @@ def test_moe_decode_reads_only_the_routed_experts():
         load_model_config("Llama-3.1-70B"))
 
 
+def test_moe_prefill_activations_hold_the_routed_token_copies():
+    """Mixtral-8x7B (hidden 4096, 32 query / 8 KV heads of 128, 8 experts of width 14336, top 2; vocabulary 32000),
+    one prompt of 8192 tokens at TP1: the fused-MoE layer holds every token twice (top 2), each copy with its gate,
+    up and activated intermediate (3 x 14336) and its hidden output, more than attention's Q, O, K and V; beside
+    them the layer's input and residual (2 x hidden per token), all BF16, plus the last token's FP32 logits."""
+    from pipeweave.memory import activation_bytes_per_gpu
+
+    tokens = 8192
+    moe_layer = tokens * 2 * (3 * 14336 + 4096)
+    attention = tokens * (2 * 32 + 2 * 8) * 128
+    assert moe_layer > attention
+    expected = (2 * tokens * 4096 + moe_layer) * 2 + 32000 * 4
+    assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [tokens], tp=1) == expected
+
+
 def test_every_measured_run_fits_its_gpu(repo_root):
     """The 28 measured end-to-end runs did run, so the check must not refuse any of them (L40 / A40 / RTX A6000
     with Qwen2.5-14B TP1 are within 5 % of the limit: the allowance is not loose)."""

@@ -451,7 +451,8 @@ def test_hardware_skeleton_without_clock_fields_and_old_gpus():
 
 def test_gpu_dir_name():
     assert gpu_dir_name("NVIDIA H100 80GB HBM3") == "H100"  # alias in hardware/H100.json
-    assert gpu_dir_name("NVIDIA GeForce RTX 4090") == "NVIDIA_GeForce_RTX_4090"
+    assert gpu_dir_name("NVIDIA GeForce RTX 4090") == "RTX 4090"  # hardware/RTX 4090.json
+    assert gpu_dir_name("NVIDIA GeForce RTX 5090") == "NVIDIA_GeForce_RTX_5090"  # no hardware JSON yet
     assert sanitize("a/b c") == "a_b_c"
 
 

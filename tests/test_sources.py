@@ -142,7 +142,6 @@ def _resolve(name: str) -> str:
     return load_hardware(name).stem
 
 
-@pytest.mark.data
 def test_measured_rows_of_another_kernel_are_left_out(tmp_path):
     """Eager SiLU*Mul (two kernels) and SDPA decode on a contiguous cache time other kernels than vLLM's: the
     builder leaves them out, with a line saying why (pipeweave.profiler.csvio.unmodelled_kernel)."""
