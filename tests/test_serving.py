@@ -497,13 +497,76 @@ def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monk
         simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
 
 
-def test_kv_limited_run_on_the_kernel_cost(engine):
+@pytest.fixture
+def scheduled(monkeypatch):
+    """The steps that the vLLM scheduler built by simulate_config hands the simulator, as (new tokens per sequence,
+    KV blocks in use): the settings echo what was asked, only these show what the scheduler was given. The
+    look-ahead's copies are not recorded: their steps run on estimated durations and may never happen."""
+    steps = []
+
+    class Recording(VllmScheduler):
+        record = True
+
+        def schedule(self):
+            entries = super().schedule()
+            if self.record and entries:
+                steps.append(([e[1] for e in entries], self.blocks.num_blocks - self.blocks.free))
+            return entries
+
+        def speculative_copy(self, copy_of):
+            other = super().speculative_copy(copy_of)
+            other.record = False
+            return other
+
+    monkeypatch.setattr(serving_run, "VllmScheduler", Recording)
+    return steps
+
+
+def test_kv_limited_run_on_the_kernel_cost(engine, scheduled):
     config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=50.0, num_requests=40, seed=1,
-                           max_num_seqs=8, max_num_batched_tokens=512)
+                           max_num_seqs=8, max_num_batched_tokens=256)
     run = simulate_config(config, engine)
     assert run.settings["max_num_seqs"] == 8 and run.settings["kv_cache_blocks"] > 1000
     summary = summarize(run.simulation)
     assert summary["num_requests"] == 40 and summary["ttft_ms"]["p50"] > 0
+    assert len(scheduled) == run.simulation.steps
+    # half the prompts exceed the budget (up to 410 tokens) and 50 req/s of 143-token outputs keep more than 8
+    # requests wanting to run: both limits are reached, so a scheduler not given them exceeds them
+    assert max(len(new) for new, _ in scheduled) == 8
+    assert max(sum(new) for new, _ in scheduled) == 256
+
+
+def test_gpu_memory_utilization_sizes_the_kv_cache_that_binds(engine, scheduled):
+    """16 requests at once end up holding 315 blocks of 16 tokens: the default 0.9 x memory (~27,600 blocks) holds
+    them all; a utilization that leaves 170 blocks beside the weights (each block one more block's bytes of memory
+    below the default) makes the last running requests be preempted and recomputed, and the blocks in use never
+    exceed the cache the settings report."""
+    from pipeweave.memory import kv_cache_bytes_per_gpu
+
+    config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", num_requests=16)
+    default = simulate_config(config, engine)
+    assert summarize(default.simulation)["preemptions"] == 0
+    block_bytes = kv_cache_bytes_per_gpu(load_model_config("Llama-3.1-8B"), [16], 1, 1)
+    utilization = (default.settings["gpu_memory_utilization"] - (default.settings["kv_cache_blocks"] - 170.5)
+                   * block_bytes / engine.gpu("H100").total_global_mem)
+    scheduled.clear()
+    small = simulate_config(replace(config, gpu_memory_utilization=utilization), engine)
+    assert small.settings["gpu_memory_utilization"] == utilization
+    assert abs(small.settings["kv_cache_blocks"] - 170) <= 1
+    assert summarize(small.simulation)["preemptions"] > 0
+    assert all(r.num_output == r.output_tokens for r in small.simulation.requests)
+    assert max(used for _, used in scheduled) <= small.settings["kv_cache_blocks"]
+
+
+def test_max_concurrent_batches_caps_the_micro_batches_in_flight(engine):
+    """With PP 2, two micro-batches in flight (the default, vLLM V1's batch queue) overlap the chunked prefills of a
+    512-token budget across the stages; one at a time leaves a stage idle while the other works."""
+    config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", pp=2, num_requests=16, max_num_seqs=64,
+                           max_num_batched_tokens=512)
+    runs = {batches: simulate_config(replace(config, max_concurrent_batches=batches), engine).simulation
+            for batches in (None, 1, 2)}
+    assert runs[None].makespan_ms == runs[2].makespan_ms
+    assert runs[1].makespan_ms > 1.1 * runs[2].makespan_ms
 
 
 # ---------------------------------------------------------------------------------------------------
