@@ -306,7 +306,9 @@ register(OperatorClass(
     pipe_share_inputs=True,
 ))
 # The BF16 -> FP8 activation pass before an FP8 GEMM reads a row, reduces it to a scale and writes it scaled:
-# the structure of RMSNorm, whose features and model predict it (no quantisation kernel measurements exist).
+# the structure of RMSNorm, whose features and model predict it (no quantisation kernel measurements exist). Its
+# descriptors are RMSNorm's (the model's inputs), whose exact bytes count a BF16 write where it writes FP8: only
+# its reads bound it.
 register(replace(
     OPERATORS["rmsnorm"],
     key="quantize",
@@ -316,6 +318,7 @@ register(replace(
     trainable=False,
     profiled=False,
     model_key="rmsnorm",
+    exact_dram_once=False,
 ))
 
 

@@ -8,6 +8,7 @@ earlier single-module layout.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import sys
 import time
@@ -104,19 +105,20 @@ def workload_memory(workload: FlatWorkload, spec: HardwareSpec):
         raise WorkloadFormatError(f"{workload.stem}: memory check: {exc}") from None
 
 
-def memory_check(job: Job, ignore: bool) -> dict | None:
+def memory_check(job: Job, ignore: bool, log=print, option: str = "--ignore_memory") -> dict | None:
     """Whether the job's workload fits in GPU memory (pipeweave.memory): an error if it does not, unless
-    ``ignore`` (then a WARNING and the returned record for the output). None when it fits."""
+    ``ignore`` (then a WARNING and the returned record for the output). None when it fits. ``log`` takes the
+    notes and warnings; ``option`` names the caller's way to ignore a misfit."""
     workload, where = job.workload, f"{job.workload.stem} on {job.hardware.stem}"
     check = workload_memory(workload, job.hardware)
     if check is None:
-        print(f"Note: {where}: the workload has no model_params, so GPU memory was not checked")
+        log(f"Note: {where}: the workload has no model_params, so GPU memory was not checked")
         return None
     if check.fits:
         return None
     if not ignore:
-        raise UserError(f"{where}: {check.message(workload.tp_size)} (--ignore_memory predicts anyway)")
-    print(f"WARNING: {where}: {check.message(workload.tp_size)}; predicted anyway (--ignore_memory)")
+        raise UserError(f"{where}: {check.message(workload.tp_size)} ({option} predicts anyway)")
+    log(f"WARNING: {where}: {check.message(workload.tp_size)}; predicted anyway ({option})")
     return {"fits": False, "ignored": True, "required_gb": round(check.required_gb, 3),
             "available_gb": round(check.available_gb, 3), "smallest_tp": check.smallest_tp}
 
@@ -140,13 +142,16 @@ def expand_hardware(values: Sequence[str], registry) -> list[HardwareSpec]:
 def read_pairs(path: str) -> list[tuple[int, str, str, str | None]]:
     """(line number in the file, workload, GPU, collective GPU or None) per pair; blank and # lines are skipped."""
     text = sys.stdin.read() if path == "-" else _read_text(path)
-    numbered = [(number, line) for number, line in enumerate(text.splitlines(), start=1)
-                if line.strip() and not line.lstrip().startswith("#")]
-    if not numbered:
+    # comment lines become empty ones, so a quote in a comment opens no field and the line numbers stay the file's
+    kept = "\n".join("" if line.lstrip().startswith("#") else line for line in text.splitlines())
+    reader = csv.reader(io.StringIO(kept), skipinitialspace=True)
+    rows = []
+    for row in reader:  # reader.line_num: the file's line where the row ends (a quoted cell may span lines)
+        if any(cell.strip() for cell in row):
+            rows.append((reader.line_num, [cell.strip() for cell in row]))
+    if not rows:
         raise UserError(f"--pairs {path}: no pairs")
-    rows = [(number, row) for (number, _), row in zip(numbered, csv.reader((line for _, line in numbered),
-                                                                           skipinitialspace=True))]
-    header = [h.strip() for h in rows[0][1]]
+    header = rows[0][1]
     if len(rows) == 1:
         raise UserError(f"--pairs {path}: no pairs after the header line")
     if header[:2] != ["workload", "hardware"] or any(h not in ("workload", "hardware", "collective_hardware")
@@ -155,9 +160,10 @@ def read_pairs(path: str) -> list[tuple[int, str, str, str | None]]:
                         f"got {','.join(header)!r}")
     pairs = []
     for line_no, row in rows[1:]:
-        row = [cell.strip() for cell in row]
         if len(row) < 2 or len(row) > len(header):
             raise UserError(f"--pairs {path}: line {line_no} needs {len(header)} fields, got {len(row)}")
+        if any("\n" in cell or "\r" in cell for cell in row):
+            raise UserError(f"--pairs {path}: line {line_no}: a field spans lines (a stray quote?)")
         values = dict(zip(header, row))
         pairs.append((line_no, values["workload"], values["hardware"], values.get("collective_hardware") or None))
     return pairs
@@ -210,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         for line_no, wname, hname, cname in read_pairs(args.pairs):
             try:
                 jobs.append(Job(workload(wname), registry.get(hname), cname or args.collective_hardware))
-            except UnknownHardwareError as exc:
-                raise UserError(f"--pairs {args.pairs}: line {line_no}: {exc.args[0]}") from None
+            except (UnknownHardwareError, ValueError, FileNotFoundError) as exc:
+                raise UserError(f"--pairs {args.pairs}: line {line_no}: {exc.args[0] if exc.args else exc}") from None
     else:
         if not args.workload:
             raise UserError("the following arguments are required: --workload (or --pairs)")

@@ -19,10 +19,8 @@ True
 """
 from __future__ import annotations
 
-import io
 import json
 import warnings
-from contextlib import redirect_stdout
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -92,15 +90,11 @@ def predict_workload(
         if isinstance(workload, Mapping):
             workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
         job = Job(as_flat_workload(workload), engine.gpu(hardware), collective_hardware)
-        console = io.StringIO()
-        with redirect_stdout(console):  # the aggregator's check prints; a library call has no console
-            record = memory_check(job, ignore_memory)
-        for line in console.getvalue().splitlines():
-            warnings.warn(line, stacklevel=2)
+        record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),
+                              option="ignore_memory=True")
         result = engine.predict([job])[0].result
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
-        # a misfit's hint names this function's keyword, not the command line's flag
-        raise ValueError(str(exc).replace("(--ignore_memory predicts", "(ignore_memory=True predicts")) from None
+        raise ValueError(str(exc)) from None
     if record is not None:
         result["memory_check"] = record
     return result

@@ -403,18 +403,21 @@ class Engine:
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """:meth:`unique_durations` and, ``with_fastest``, the fastest ms the physical band allows each row
         (:func:`pipeweave.bounds.fastest_us`; an MoE pass's share of its layer's), the floor of its interval."""
-        from pipeweave.bounds import fastest_us, l2_cycles
-
         features, described = self.kernel_features(op, keys)
         point, optimistic, codes = self.kernel_durations(op, keys, features, described)
         check_durations(op, keys, point, optimistic)
-        if not with_fastest:
-            return point, optimistic, codes, None
+        return point, optimistic, codes, self.fastest_ms(op, keys, features, described) if with_fastest else None
+
+    def fastest_ms(self, op: str, keys: list[tuple[str, tuple]], features: np.ndarray, described: np.ndarray
+                   ) -> np.ndarray:
+        """The fastest ms the physical band allows each unique (GPU stem, shape) row (an MoE pass: its share)."""
+        from pipeweave.bounds import fastest_us, l2_cycles
+
         specs = [self.registry.get(stem) for stem, _ in keys]
         freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
         l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
         share = pass_shares(keys, self.registry) if op == "moe" else 1.0
-        return point, optimistic, codes, fastest_us(op, features, described, freq, l2=l2) / 1000.0 * share
+        return fastest_us(op, features, described, freq, l2=l2) / 1000.0 * share
 
     def interval_factors(self, op: str, keys: list[tuple[str, tuple]], codes: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
@@ -475,6 +478,8 @@ class Engine:
         freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
         efficiency, codes = self.predictor.kernel_rows(op, features, described, stems)
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
+        if self.calibration is not None:  # a correction cannot make the kernel beat its physical bound either
+            point = np.maximum(point, self.fastest_ms(op, keys, features, described))
         if self.quantile_predictor is None:
             return point, point, codes
         upper = efficiency
@@ -488,6 +493,8 @@ class Engine:
         upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, described,
                                 freq, l2=l2)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
+        if self.calibration is not None:
+            optimistic = np.maximum(optimistic, self.fastest_ms(op, keys, features, described))
         return point, np.minimum(optimistic, point), codes
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,

@@ -171,13 +171,20 @@ def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibrati
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) multipliers of the point durations of rows on the GPUs ``specs[row]`` (hardware specs with
     ``stem`` and ``name``), with the rows' extrapolation bits ``codes``: the shipped table, each GPU's rows in
-    their state, calibrated where ``calibration`` was fitted on that GPU's measured kernels of ``op``."""
+    their state, calibrated where ``calibration`` was fitted on that GPU's measured kernels of ``op``. A row of
+    a memory-bound operator outside its MLP's range on a trained GPU is in the unseen-GPU state: the bandwidth
+    model's trend predicts it (:meth:`pipeweave.predictor.KernelPredictor.unbounded_efficiency`), and the
+    unseen-GPU errors are that model's."""
+    from pipeweave.predictor import OUTSIDE_RANGE
+
     stems = np.array([spec.stem for spec in specs], dtype=object)
     codes = np.asarray(codes)
     low, high = np.ones(len(specs)), np.ones(len(specs))
     for stem in dict.fromkeys(stems.tolist()):
         rows = np.flatnonzero(stems == stem)
         states = prediction_states(trained, [specs[rows[0]].name] * len(rows), codes[rows])
+        if get_operator(op).dram_bound:  # beyond its MLP's range the bandwidth model's trend predicts the row
+            states = np.where((states == TRAINED) & ((codes[rows] & OUTSIDE_RANGE) > 0), UNSEEN_GPU, states)
         low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem),
                                                         calibrated_spread(calibration, op, stem))
     return low, high
@@ -186,7 +193,7 @@ def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibrati
 def physical_interval(point: np.ndarray, low: np.ndarray, high: np.ndarray, fastest: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) ends around ``point`` from the multipliers of :func:`row_factors`, the low end kept between the
-    fastest time physics allows (``fastest``, same unit as ``point``) and the point itself (a calibration may
-    have moved the point below that time)."""
+    fastest time physics allows (``fastest``, same unit as ``point``) and the point itself (a table row whose
+    errors all lie on one side has a low multiplier above 1)."""
     point = np.asarray(point, dtype=np.float64)
     return np.minimum(point, np.maximum(point * low, fastest)), point * high

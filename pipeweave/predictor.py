@@ -7,6 +7,7 @@ needed only by the frame methods (dataset CSVs, the accuracy report), not by :me
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -193,9 +194,10 @@ class KernelPredictor:
     def unbounded_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw) -> np.ndarray:
         """The MLP's efficiency, except where it carries no information. A memory-bound operator on a GPU outside
         its MLP's training data takes the bandwidth model of :mod:`pipeweave.memory_model` (stored with the model),
-        and so does each of its rows with an input outside the MLP's training range on a trained GPU (the MLP's
-        log-efficiency drifts there: H100's RMSNorm of 131,072 tokens came out 2.1x faster than its bytes allow,
-        while a streaming kernel's time only grows with its bytes).
+        and so does each of its rows with an input outside the MLP's training range on a trained GPU, anchored to the
+        MLP at the edge of that range (:meth:`_beyond_range`; the MLP's log-efficiency drifts there: H100's RMSNorm
+        of 131,072 tokens came out 2.1x faster than its bytes allow, while a streaming kernel's time only grows
+        with its bytes).
         An MLP trained on a single GPU saw constant hardware inputs, so it knows nothing of how efficiency depends
         on the GPU: on another GPU the kernel takes the median efficiency of its regime
         (:func:`pipeweave.bounds.regime_efficiency`; only a GPU of the hardware directory counts, and only an
@@ -222,13 +224,33 @@ class KernelPredictor:
             outside = (coverage_codes(self.coverage(op), features, described, hw.compute_capability)
                        & OUTSIDE_RANGE).astype(bool)
             if outside.any():
-                efficiency[outside] = bandwidth_efficiency(parameters, op, features[outside], hw)
+                efficiency[outside] = self._beyond_range(op, parameters, features[outside], described[outside], hw)
                 spread[outside] = 0.0
         scale = self.sibling_scale(op, hw)
         if scale is not None and len(efficiency):
             efficiency = np.clip(efficiency, *sibling_band(op, features, described, scale, lambda rows, shapes:
                                                            self.efficiency_from_features(op, rows, shapes, hw.sm_freq)))
         return efficiency, spread
+
+    def _beyond_range(self, op: str, parameters: dict, features: np.ndarray, described: np.ndarray, hw) -> np.ndarray:
+        """Efficiency of memory-bound rows outside the MLP's training range on a trained GPU: the bandwidth model's
+        trend, anchored to the MLP at the same shape clipped into the trained shapes (so the time is continuous at
+        the edge and grows with the bytes beyond it); the bandwidth model alone where even the clipped shape lies
+        outside the range."""
+        operator = get_operator(op)
+        ranges = self.model(op)[1]["feature_ranges"]
+        edge = {}
+        for column in operator.shape_columns:
+            name = f"shape_{column}"
+            low, high = math.ceil(ranges[name]["min"]), math.floor(ranges[name]["max"])
+            edge[column] = np.clip(described[:, operator.descriptor_names.index(name)], low, high).astype(np.int64)
+        edge_features, edge_described = operator.features(edge, hw), operator.descriptors(edge, hw)
+        beyond = bandwidth_efficiency(parameters, op, features, hw)
+        anchor = self.efficiency_and_spread(op, edge_features, edge_described, hw.sm_freq)[0] / bandwidth_efficiency(
+            parameters, op, edge_features, hw)
+        covered = (coverage_codes(self.coverage(op), edge_features, edge_described, hw.compute_capability)
+                   & OUTSIDE_RANGE) == 0
+        return np.where(covered, beyond * anchor, beyond)
 
     def sibling(self, op: str, hw):
         """The trained GPU whose tensor rate bounds ``hw``'s predictions of ``op``
@@ -329,6 +351,6 @@ class KernelPredictor:
             efficiency, codes[rows] = self.kernel_efficiency_and_codes(op, features, described, hw)
             out[rows] = duration_us(ideal, efficiency, hw.sm_freq) * share
             fastest[rows] = fastest_us(op, features, described, hw.sm_freq, l2=l2_cycles(hw)) * share
-            if calibration is not None:
-                out[rows] = calibration.apply(op, hw, out[rows], features, shapes)
+            if calibration is not None:  # a correction cannot make the kernel beat its physical bound either
+                out[rows] = np.maximum(calibration.apply(op, hw, out[rows], features, shapes), fastest[rows])
         return out, codes, fastest

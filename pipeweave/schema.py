@@ -288,6 +288,8 @@ class Iteration:
         problem = phase_problem(self.phase)
         if problem:
             raise WorkloadFormatError(f"Iteration: {problem}")
+        if not _is_pos_int(self.iteration):
+            raise WorkloadFormatError(f"Iteration: iteration must be a positive integer, got {self.iteration!r}")
 
     def kernels(self):
         """(category key, name or None, op) of every kernel entry, in output order."""
@@ -334,6 +336,17 @@ class Workload:
     model_params: dict | None = None
     ep_size: int = 1  # expert-parallel size of an MoE model (pipeweave.moe)
     dtype: str = "bf16"  # weight dtype of the linear layers
+
+    def __post_init__(self):
+        """The reader's checks of the workload's own fields (its iterations check themselves)."""
+        reader = _Reader(None)
+        for key in ("tp_size", "pp_size", "ep_size"):
+            value = getattr(self, key)
+            if not _is_pos_int(value):
+                reader.fail(f"Workload: {key} must be a positive integer, got {value!r}")
+            reader.within_limit(value, key, "Workload")
+        if self.dtype not in DTYPES:
+            reader.fail(f"Workload: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
     def to_dict(self) -> dict:
         head: dict = {"model": self.model}

@@ -262,12 +262,21 @@ class Trace:
         return len(self.prompt_tokens)
 
 
+def trace_table(text: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """(header cells, [(line number in the file, cells)] of the other rows) of trace CSV text: blank rows skipped,
+    header cells stripped, a byte-order mark dropped; empty lists for an empty file."""
+    reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
+    rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
+    if not rows:
+        return [], []
+    return [cell.strip() for cell in rows[0][1]], rows[1:]
+
+
 def parse_trace(text: str, stem: str = "trace") -> Trace:
     """Parse trace CSV text in this project's format or the PipeWeave artifact's format."""
-    rows = [row for row in csv.reader(io.StringIO(text.lstrip("\ufeff"))) if any(cell.strip() for cell in row)]
-    if not rows:
+    header, rows = trace_table(text)
+    if not header:
         raise WorkloadError(f"trace {stem}: empty file")
-    header = [cell.strip() for cell in rows[0]]
     columns = None
     for names in TRACE_FORMATS.values():
         if set(names) <= set(header):
@@ -278,10 +287,10 @@ def parse_trace(text: str, stem: str = "trace") -> Trace:
             f"trace {stem}: unrecognised header {','.join(header)!r}; expected "
             f"'{','.join(TRACE_HEADER)}' or '{','.join(TRACE_FORMATS['artifact'])}'")
     index = [header.index(name) for name in columns]
-    if len(rows) == 1:
+    if not rows:
         raise WorkloadError(f"trace {stem}: no requests (header only)")
     prompts, decodes, outputs = [], [], []
-    for line_no, row in enumerate(rows[1:], start=2):
+    for line_no, row in rows:
         if len(row) != len(header):
             raise WorkloadError(f"trace {stem}: line {line_no} has {len(row)} fields, expected {len(header)}")
         parsed = []

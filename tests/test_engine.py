@@ -160,3 +160,17 @@ def test_empty_iterations_and_unknown_phases_are_refused_in_memory(engine):
     with pytest.raises(WorkloadFormatError, match=r"^workload: 'iterations' must be a non-empty list$"):
         engine.predict_workload(Workload([]), "A100")
     assert engine.iteration_ms(step, "A100") > 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"pp_size": 0}, r"^Workload: pp_size must be a positive integer, got 0$"),
+    ({"tp_size": 2.5}, r"^Workload: tp_size must be a positive integer, got 2.5$"),
+    ({"dtype": "int4"}, r"^Workload: dtype must be one of bf16, fp8, got 'int4'$"),
+])
+def test_in_memory_workload_fields_are_refused_as_a_file_refuses_them(fields, message):
+    """Workload(..., pp_size=0) or dtype 'int4' used to be predicted without a word (a file refuses both)."""
+    step = Iteration("decode", rmsnorm=ElementwiseOp(8, 5120, 1))
+    with pytest.raises(WorkloadFormatError, match=message):
+        Workload([step], **fields)
+    with pytest.raises(WorkloadFormatError, match=r"^Iteration: iteration must be a positive integer, got 0$"):
+        Iteration("decode", iteration=0, rmsnorm=ElementwiseOp(8, 5120, 1))

@@ -245,6 +245,14 @@ def test_pairs_errors_name_the_line_of_the_file(models, tmp_path, capsys):
     code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
                        capsys=capsys)
     assert_one_error_line(code, err, f"--pairs {pairs}: line 4 needs 2 fields, got 1")
+    pairs.write_text(f'workload,hardware\n# a "quote" in a comment\n"{TP1}","H\n100"\n{TP1},Z9\n')
+    code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
+                       capsys=capsys)
+    assert_one_error_line(code, err, f"--pairs {pairs}: line 4: a field spans lines")
+    pairs.write_text("workload,hardware\n\nno_such_workload,H100\n")
+    code, _, err = cli(aggregate.main, "--pairs", pairs, "--model_dir", models, "--output", tmp_path / "o",
+                       capsys=capsys)
+    assert_one_error_line(code, err, f"--pairs {pairs}: line 3: workload file not found: no_such_workload")
 
 
 def test_generator_never_writes_what_the_aggregator_rejects(tmp_path, capsys):

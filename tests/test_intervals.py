@@ -139,6 +139,54 @@ def test_no_interval_reaches_below_the_fastest_time_physics_allows():
     assert fastest[:2] * 1000 == pytest.approx([dram_us, tensor_us], rel=1e-9)
 
 
+class HalvingCalibration(KernelCalibration):
+    """A correction that makes every kernel of its GPU twice as fast (no fine-tuned model)."""
+
+    def fine_tuned_models(self):
+        return {}
+
+    def apply(self, kind, hardware, durations_ms, features=None, shapes=None):
+        return durations_ms / 2 if hardware.stem == self.hardware else durations_ms
+
+
+def test_a_calibration_cannot_move_a_kernel_past_its_physical_bound():
+    """L40S's 134 MB GEMM already runs at its bytes' DRAM time: halved by a correction it stays there, while a
+    decode-sized GEMM whose 34 MB stay in the L2, far from its bounds, is halved; the engine and predict_kernels
+    agree."""
+    from pipeweave.kernels import interval_us
+
+    dram_us = (2 * (8192 * 8192 + 8192) + 2 * 8192) / 864e9 * 1e6
+    calibration = HalvingCalibration("L40S", 0)
+    keys = [("L40S", (8192, 1, 8192)), ("L40S", (16, 4096, 4096))]
+    plain, calibrated = Engine(log=None), Engine(log=None, calibration=calibration)
+    for engine in (plain, calibrated):
+        engine.load_models(["gemm"])
+    before = plain.bounded_durations("gemm", keys)[0] * 1000
+    after, _, _, fastest = calibrated.bounded_durations("gemm", keys)
+    assert after[0] * 1000 == pytest.approx(dram_us, rel=1e-9) and after[1] * 1000 == pytest.approx(before[1] / 2)
+    predictor = KernelPredictor()
+    columns = {"M": [8192, 16], "N": [1, 4096], "K": [8192, 4096]}
+    us, codes, fastest_us = predictor.predict_columns_bounded("gemm", columns, ["L40S"] * 2, calibration)
+    np.testing.assert_allclose(us, after * 1000, rtol=1e-9)
+    low, high = interval_us("gemm", predictor, ["L40S"] * 2, us, codes, fastest_us)
+    assert low[0] == pytest.approx(dram_us, rel=1e-9) and low[1] < us[1] < high[1]
+
+
+def test_memory_bound_rows_beyond_the_trained_range_are_continuous_and_take_the_unseen_gpu_interval():
+    """A40's RMSNorm was measured up to width 8192: one element wider takes the bandwidth model's trend, anchored to
+    the MLP at width 8192 (no jump at the edge), twice as wide about twice the time, and the interval of a GPU
+    outside training (the bandwidth model's leave-one-GPU-out errors), not the trained one."""
+    import pipeweave
+
+    point, low, high = pipeweave.predict_kernels("rmsnorm", {"seq": [8192] * 3, "dim": [8192, 8208, 16384]}, "A40",
+                                                 interval=True)
+    assert point[0] < point[1] < point[0] * 1.01 and point[2] == pytest.approx(2 * point[0], rel=0.02)
+    trained = shipped_table().factors("rmsnorm", np.array([TRAINED]))
+    unseen = shipped_table().factors("rmsnorm", np.array([UNSEEN_GPU]))
+    assert low[0] / point[0] == pytest.approx(trained[0][0]) and high[0] / point[0] == pytest.approx(trained[1][0])
+    assert high[1] / point[1] == pytest.approx(unseen[1][0]) and high[2] / point[2] == pytest.approx(unseen[1][0])
+
+
 def test_table_errors_name_the_file_and_the_remedy(tmp_path):
     with pytest.raises(FileNotFoundError, match="interval_eval --write"):
         IntervalTable.load(tmp_path / "missing.json")

@@ -119,6 +119,14 @@ def test_arrival_column_is_read_as_parse_trace_reads_the_trace(tmp_path):
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n1,10,5,4,0.5\n2,20,0,4,x\n")
     with pytest.raises(WorkloadError, match="line 3: arrival_time_s is not a number: 'x'"):
         load_serving_trace(path)
+    # blank lines count: the errors name the file's line, in the arrival column and in the token columns
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n\n1,10,5,4,0.5\n\n"
+                    "2,20,0,4,x\n")
+    with pytest.raises(WorkloadError, match="line 5: arrival_time_s is not a number: 'x'"):
+        load_serving_trace(path)
+    path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n\n1,10,5,4\n\n2,y,0,4\n")
+    with pytest.raises(WorkloadError, match="line 5: prompt_tokens is not an integer: 'y'"):
+        load_serving_trace(path)
 
 
 def test_arrivals_coarser_than_the_engine_rounding_are_refused(tmp_path):

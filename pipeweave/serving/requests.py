@@ -7,8 +7,6 @@ same on every row, as in the static workloads) or, with ``per_request_outputs``,
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, load_trace
-from pipeweave.workload_inputs import resolve_named_file
+from pipeweave.workload_inputs import resolve_named_file, trace_table
 
 ARRIVAL_COLUMN = "arrival_time_s"
 #: the engine rounds step durations to 10⁻⁶ ms (pipeweave.report.round6): at an arrival time where doubles are
@@ -67,16 +65,13 @@ def load_serving_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_D
     """A trace by path or stem (``workload/traces/<stem>.csv``), with its ``arrival_time_s`` column if present."""
     path = resolve_named_file(name, Path(trace_dir), ".csv", "trace")
     trace = load_trace(path)
-    # rows and header read as parse_trace reads them (blank rows skipped, cells stripped), so that arrival i is
-    # request i's and a header written with spaces after the commas still names the column
-    rows = [row for row in csv.reader(io.StringIO(path.read_text(encoding="utf-8").lstrip("\ufeff")))
-            if any(cell.strip() for cell in row)]
-    header = [cell.strip() for cell in rows[0]]
+    # the rows parse_trace read (so that arrival i is request i's), with the file's line numbers
+    header, rows = trace_table(path.read_text(encoding="utf-8"))
     if ARRIVAL_COLUMN not in header:
         return ServingTrace(trace)
     column = header.index(ARRIVAL_COLUMN)
     arrivals = []
-    for line_no, row in enumerate(rows[1:], start=2):
+    for line_no, row in rows:
         cell = row[column].strip()
         try:
             value = float(cell)
