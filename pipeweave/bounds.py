@@ -21,14 +21,13 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   2.8x, mostly GPUs with a large L2). But where those bytes exceed the L2 by more than :data:`L2_SPILL_FACTOR`,
   ``t ≥ D / f``: the L2 keeps too little of a streamed working set to matter. No such measured row beats
   ``D / f``: 153,725 GEMMs of 11 GPUs, 66,347 FP8 GEMMs of 10 and 41,396 attention kernels of 5; the fastest reach
-  0.87–0.88 of it. Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX PRO 6000) do, up to
-  2.7x, and the factor leaves a margin above that. With no L2 size in a GPU's JSON the bound does not apply.
-  Leave-one-GPU-out it moves L40S only: GEMM 16.8 -> 16.6 %, attention 16.7 -> 16.2 %, FP8 GEMM by 0.02 points
-  (README, "Differences"). At the decimal GB/s the fastest measured rows reach 0.93–0.95 of it. MoE's ``D`` counts
-  the experts that receive tokens at a uniform routing, and measured layers beat it at any size, so MoE takes no
-  such bound. RMSNorm's and SiLU*Mul's ``D`` is their rows read and their output written (twice, 1.5x their reads):
-  beyond :data:`ELEMENTWISE_L2_SPILL_FACTOR` times the L2 it binds too (a prediction of RMSNorm on 131,072 tokens
-  had been 2.1x faster than its bytes allow).
+  0.93–0.95 of it (at the decimal GB/s). Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX
+  PRO 6000) do, up to 2.7x, and the factor leaves a margin above that. With no L2 size in a GPU's JSON the bound
+  does not apply. Leave-one-GPU-out it moves L40S only: GEMM 16.8 -> 16.6 %, attention 16.7 -> 16.2 %, FP8 GEMM by
+  0.02 points (README, "Differences"). MoE's ``D`` counts the experts that receive tokens at a uniform routing, and
+  measured layers beat it at any size, so MoE takes no such bound. RMSNorm's and SiLU*Mul's ``D`` is their rows read
+  and their output written (twice, 1.5x their reads): beyond :data:`ELEMENTWISE_L2_SPILL_FACTOR` times the L2 it
+  binds too (a prediction of RMSNorm on 131,072 tokens had been 2.1x faster than its bytes allow).
 * **No kernel beats the launch:** ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU
   (``fastest_us`` of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny
   kernel whose exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper
@@ -81,9 +80,9 @@ EXACT_DRAM_DESCRIPTOR = "exact_dram_cycle"
 #: the problem's bytes must exceed the L2 size by this factor for their DRAM time to bound the kernel: measured
 #: rows beat it up to 1.05x the L2 size, none beyond on any GPU
 L2_SPILL_FACTOR = 1.1
-#: the same for RMSNorm and SiLU*Mul, whose exact bytes are their rows read and their output written: A40's SiLU*Mul,
-#: 5–8 µs kernels timed to the whole µs, beats that DRAM time by up to 1.11x at 1.1–1.5x its 6 MB L2, no row beyond
-#: 1.5x reaches 0.85 of it (every GPU)
+#: the same for RMSNorm and SiLU*Mul, whose exact bytes are their rows read and their output written: A40's
+#: SiLU*Mul, 5–8 µs kernels timed to the whole µs, beats that DRAM time by up to 1.11x at 1.1–1.5x its 6 MB L2, no
+#: row beyond 1.5x reaches 0.85 of it (every GPU)
 ELEMENTWISE_L2_SPILL_FACTOR = 2.0
 #: DRAM cycles at the datasheet's decimal GB/s per cycle feature: the features divide bytes by memBandwidth × 2^30
 #: (the artifact's unit, kept for them: docs/METHOD.md §11.1.11), 7.4 % fewer cycles than the physical transfer takes
