@@ -681,17 +681,23 @@ def test_cross_validated_spread_measures_scatter_the_calibration_cannot_explain(
     assert len(subset.measured) == 20 and subset.eq.tolist() == list(range(20))
 
 
-def test_calibrate_records_the_spread_of_its_kernels_and_reads_it_back(tmp_path):
+def calibrated_on_ten_gemms(tmp_path, gpu: str, device: str, seed: int) -> Path:
+    """A calibration file fitted (without fine-tuning) on ten M x 4096 x 4096 GEMMs of ``gpu`` (driver name
+    ``device``) whose durations scatter by a factor e^N(0, 0.3) around a plausible curve."""
     measured = tmp_path / "measured_gemm.csv"
-    rng = np.random.default_rng(0)
-    rows = [f"gemm,{m},4096,4096,NVIDIA A40,{t * np.exp(rng.normal(0, 0.3))}"
+    rng = np.random.default_rng(seed)
+    rows = [f"gemm,{m},4096,4096,{device},{t * np.exp(rng.normal(0, 0.3))}"
             for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0), (64, 45.0), (256, 80.0), (2048, 480.0),
                          (128, 55.0), (512, 140.0), (32, 42.0), (8192, 1800.0))]
     measured.write_text("op,M,N,K,hardware,avg_duration\n" + "\n".join(rows) + "\n")
-    out = tmp_path / "a40.json"
-    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), "--output", str(out),
+    out = tmp_path / f"{gpu.lower()}.json"
+    assert run_cli(calibration_fit.main, ["--hardware", gpu, "--kernels", str(measured), "--output", str(out),
                                           "--no_fine_tune"]) == 0
-    spread = load_calibration(out).spread
+    return out
+
+
+def test_calibrate_records_the_spread_of_its_kernels_and_reads_it_back(tmp_path):
+    spread = load_calibration(calibrated_on_ten_gemms(tmp_path, "A40", "NVIDIA A40", 0)).spread
     assert set(spread) == {"gemm"} and spread["gemm"]["kernels"] == 10
     assert spread["gemm"]["log_low"] < 0 < spread["gemm"]["log_high"]
 
@@ -702,15 +708,7 @@ def test_a_kernel_calibration_sets_the_interval_of_its_gpu_from_its_count_and_sp
     (trained, another GPU) keep their table factors."""
     from pipeweave.intervals import TRAINED, UNSEEN_GPU, shipped_table
 
-    measured = tmp_path / "measured_gemm.csv"
-    rng = np.random.default_rng(1)
-    rows = [f"gemm,{m},4096,4096,NVIDIA L40,{t * np.exp(rng.normal(0, 0.3))}"
-            for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0), (64, 45.0), (256, 80.0), (2048, 480.0),
-                         (128, 55.0), (512, 140.0), (32, 42.0), (8192, 1800.0))]
-    measured.write_text("op,M,N,K,hardware,avg_duration\n" + "\n".join(rows) + "\n")
-    out = tmp_path / "l40.json"
-    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(measured), "--output", str(out),
-                                          "--no_fine_tune"]) == 0
+    out = calibrated_on_ten_gemms(tmp_path, "L40", "NVIDIA L40", 1)
     calibration = load_calibration(out)
     assert calibration.kernel_count("gemm") == 10
     spread = calibration.spread["gemm"]
