@@ -404,9 +404,10 @@ class Engine:
         """:meth:`unique_durations` and, ``with_fastest``, the fastest ms the physical band allows each row
         (:func:`pipeweave.bounds.fastest_us`; an MoE pass's share of its layer's), the floor of its interval."""
         features, described = self.kernel_features(op, keys)
-        point, optimistic, codes = self.kernel_durations(op, keys, features, described)
+        fastest = self.fastest_ms(op, keys, features, described) if with_fastest else None
+        point, optimistic, codes = self.kernel_durations(op, keys, features, described, fastest)
         check_durations(op, keys, point, optimistic)
-        return point, optimistic, codes, self.fastest_ms(op, keys, features, described) if with_fastest else None
+        return point, optimistic, codes, fastest
 
     def fastest_ms(self, op: str, keys: list[tuple[str, tuple]], features: np.ndarray, described: np.ndarray
                    ) -> np.ndarray:
@@ -459,10 +460,11 @@ class Engine:
             described[rows] = operator.descriptors(columns, hw)
         return features, described
 
-    def kernel_durations(self, op: str, keys, features: np.ndarray, described: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def kernel_durations(self, op: str, keys, features: np.ndarray, described: np.ndarray,
+                         fastest: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(point, optimistic) durations in ms of the unique (GPU stem, shape) rows, each efficiency kept inside
-        its physical band (:mod:`pipeweave.bounds`) and then calibrated if asked, and the rows' extrapolation
+        its physical band (:mod:`pipeweave.bounds`) and then calibrated if asked, never past the band's fastest
+        time (``fastest``: :meth:`fastest_ms` of the rows when the caller has it), and the rows' extrapolation
         bits (:meth:`KernelPredictor.kernel_efficiency_and_codes`). The optimistic efficiency is the quantile
         model's, never below the point one (optimistic ≤ point), times EXTRAPOLATION_WIDENING where the row is
         extrapolated (still inside the band)."""
@@ -479,7 +481,8 @@ class Engine:
         efficiency, codes = self.predictor.kernel_rows(op, features, described, stems)
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.calibration is not None:  # a correction cannot make the kernel beat its physical bound either
-            point = np.maximum(point, self.fastest_ms(op, keys, features, described))
+            fastest = self.fastest_ms(op, keys, features, described) if fastest is None else fastest
+            point = np.maximum(point, fastest)
         if self.quantile_predictor is None:
             return point, point, codes
         upper = efficiency
@@ -494,7 +497,7 @@ class Engine:
                                 freq, l2=l2)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
         if self.calibration is not None:
-            optimistic = np.maximum(optimistic, self.fastest_ms(op, keys, features, described))
+            optimistic = np.maximum(optimistic, fastest)
         return point, np.minimum(optimistic, point), codes
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,
