@@ -52,15 +52,20 @@ def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: in
 
 
 def workload_label(spec: WorkloadSpec, trace_stem: str) -> str:
-    """The label of the file name: ``name`` if given, else the trace stem plus ``_single``, ``_p<prompt tokens>`` and
-    ``_o<output tokens>`` for the overrides given, so that a workload that is not the trace's never takes the name
-    (and overwrites the file) of the trace's own workload, such as a paper workload."""
+    """The label of the file name: ``name`` if given, else the trace stem plus ``_single``, ``_p<prompt tokens>``,
+    ``_o<output tokens>``, ``_qknorm`` and ``_decode-<type>`` for the overrides and variants given, so that a workload
+    that is not the trace's never takes the name (and overwrites the file) of the trace's own workload, such as a
+    paper workload."""
     if spec.name is not None:
         return spec.name
     parts = [trace_stem, "single"] if spec.single_sequence else [trace_stem]
     if spec.trace is not None:  # without a trace the stem, r<requests>_p<prompt>_o<output>, holds these already
         parts += [f"{prefix}{value}" for prefix, value in (("p", spec.prompt_tokens), ("o", spec.output_tokens))
                   if value is not None]
+    if spec.qk_norm_rmsnorm:
+        parts.append("qknorm")
+    if spec.decode_attn != DECODE_ATTN_DEFAULT:
+        parts.append(f"decode-{spec.decode_attn}")
     return "_".join(parts)
 
 
@@ -89,8 +94,24 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
     workload = build_workload(cfg, prompts, output_tokens, tp=spec.tp, pp=spec.pp, prefill_attn=spec.prefill_attn,
                               decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm, ep=spec.ep,
                               dtype=spec.dtype)
-    return GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep, spec.dtype),
-                             serialize_workload(workload))
+    generated = GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep,
+                                              spec.dtype), serialize_workload(workload))
+    _refuse_paper_name_clash(spec, generated)
+    return generated
+
+
+def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload) -> None:
+    """Two paper workloads were generated with ``--qk_norm_rmsnorm`` under the plain name the artifact gave them, so
+    the same command without the flag (or with another config or trace of that name) would silently write a
+    different workload under a paper file's name."""
+    paper = dict(zip(paper_set_names(), PAPER_SET)).get(generated.file_name)
+    if paper is None or spec == paper:
+        return
+    if generate(paper).content != generated.content:
+        variant = " --qk_norm_rmsnorm" if paper.qk_norm_rmsnorm and not spec.qk_norm_rmsnorm else ""
+        raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py "
+                            f"--paper_set) that this one differs from; give --name to write it under another name"
+                            + (f", or add{variant} to generate the paper's" if variant else ""))
 
 
 def uniform_trace(spec: WorkloadSpec) -> Trace:
@@ -116,9 +137,11 @@ def _paper_set() -> tuple[WorkloadSpec, ...]:
     # tp1.sh: Qwen2.5-14B, TP1, fa2 (Ampere/Ada/Blackwell) and fa3 (Hopper) files.
     for trace in ("arxiv_8", "splitwise_32"):
         specs += [WorkloadSpec("Qwen2.5-14B", trace, tp=1, prefill_attn=a) for a in both]
-    # tp2.sh: Qwen3-32B, TP2; arxiv_16 / splitwise_64 were generated with the QK-norm variant (RMSNorm 4L+1 = 257).
+    # tp2.sh: Qwen3-32B, TP2; arxiv_16 / splitwise_64 were generated with the QK-norm variant (RMSNorm 4L+1 = 257),
+    # under the plain names the artifact gave them (name=trace: no _qknorm).
     for trace, qk_norm in (("arxiv_12", False), ("arxiv_16", True), ("splitwise_48", False), ("splitwise_64", True)):
-        specs += [WorkloadSpec("Qwen3-32B", trace, tp=2, prefill_attn=a, qk_norm_rmsnorm=qk_norm) for a in both]
+        specs += [WorkloadSpec("Qwen3-32B", trace, tp=2, prefill_attn=a, qk_norm_rmsnorm=qk_norm,
+                               name=trace if qk_norm else None) for a in both]
     # tp4.sh: Llama-3.1-70B, TP4, fa2 (A100) and fa3 (H100).
     for trace in ("arxiv_16", "splitwise_64"):
         specs += [WorkloadSpec("Llama-3.1-70B", trace, tp=4, prefill_attn=a) for a in both]

@@ -416,3 +416,29 @@ def test_overrides_of_a_trace_never_take_the_traces_file_name(tmp_path):
     merged = generate(WorkloadSpec("Qwen2.5-14B", None, requests=2, prompt_tokens=64, output_tokens=2,
                                    single_sequence=True))
     assert merged.file_name == "Qwen2.5-14B_r2_p64_o2_single_fa3_tp1_pp1.json"  # not the two-request batch's name
+
+
+def test_variants_enter_the_file_name_and_paper_names_are_not_overwritten(tmp_path):
+    """--qk_norm_rmsnorm and --decode_attn did not enter the file name: Qwen3-32B arxiv_16 TP2 without the flag wrote
+    the paper's QK-norm file name (Qwen3-32B_arxiv_16_fa2_tp2_pp1.json) with 64 fewer RMSNorm kernels per layer set."""
+    from pipeweave.generate_cli import main
+
+    plain = WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_ragged")
+    names = {generate(WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_ragged", **variant)).file_name
+             for variant in ({}, {"qk_norm_rmsnorm": True}, {"decode_attn": "fa3_paged"})}
+    assert names == {"Qwen3-32B_arxiv_12_fa2_tp2_pp1.json", "Qwen3-32B_arxiv_12_qknorm_fa2_tp2_pp1.json",
+                     "Qwen3-32B_arxiv_12_decode-fa3_paged_fa2_tp2_pp1.json"}
+    assert generate(plain).content == (DEFAULT_OUTPUT_DIR / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json").read_bytes()
+
+    qk_paper = "Qwen3-32B_arxiv_16_fa2_tp2_pp1.json"
+    assert qk_paper in paper_set_names()
+    argv = ["--model_config", "Qwen3-32B", "--trace", "arxiv_16", "--tp", "2", "--prefill_attn", "fa2_ragged",
+            "--output_dir", str(tmp_path)]
+    with pytest.raises(WorkloadError, match=f"{qk_paper}.*--name.*--qk_norm_rmsnorm"):
+        main(argv)
+    assert not (tmp_path / qk_paper).exists()
+    assert main(argv + ["--qk_norm_rmsnorm"]) == 0
+    written = tmp_path / "Qwen3-32B_arxiv_16_qknorm_fa2_tp2_pp1.json"
+    assert written.read_bytes() == generate(PAPER_SET[PAPER_SET.index(
+        WorkloadSpec("Qwen3-32B", "arxiv_16", tp=2, prefill_attn="fa2_ragged", qk_norm_rmsnorm=True,
+                     name="arxiv_16"))]).content
