@@ -139,6 +139,11 @@ def test_moe_prefill_activations_hold_the_routed_token_copies():
     moe_layer = tokens * 2 * (3 * 14336 + 4096)  # 94,208 per token, attention's Q, O, K, V: (2·32 + 2·8)·128 = 10,240
     expected = (2 * tokens * 4096 + moe_layer) * 2 + 32000 * 4
     assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [tokens], tp=1) == expected
+    # Two prompts of 40,000 tokens in all at TP2 x EP2: the fused MoE holds one chunk of 32,768 tokens' copies with
+    # whole experts (TP2 / EP2 leaves them unsplit); each prompt's last token has the half vocabulary's FP32 logits.
+    chunk_layer = 32768 * 2 * (3 * 14336 + 4096)
+    expected = (2 * 40000 * 4096 + chunk_layer) * 2 + 2 * 16000 * 4
+    assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [30000, 10000], tp=2, ep=2) == expected
 
 
 def test_every_measured_run_fits_its_gpu(repo_root):
