@@ -12,7 +12,8 @@ slots. Expert parallelism ``ep`` divides ``tp``: the TP group's GPUs form ``ep``
 experts, each expert split over ``tp / ep`` ranks (aiconfigurator's ``moe_tp x moe_ep = tp``; vLLM's
 ``--enable-expert-parallel`` is ep = tp). A rank's fused-MoE launch is then described as ceil(tokens / ep)
 tokens routed top-k over E / ep experts of width N / (tp / ep): the same slots per expert as the whole layer
-(where a rank holds fewer than k experts, as its routed slots spread over all of them, ``expert_operators``).
+(where a rank holds fewer than k experts or gets fewer than k slots, as its routed slots spread over its experts,
+``expert_operators``).
 The tokens are already on every rank of the TP group (attention is TP-sharded), so EP needs no all-to-all:
 each rank's partial output is summed by one all-reduce over the TP group, as the TP MLP's is.
 
@@ -138,13 +139,17 @@ def moe_gate_gemms(moe: MoeConfig, hidden: int, tokens: int, layers: int) -> lis
 
 
 def expert_operators(moe: MoeConfig, hidden: int, tokens: int, tp: int, ep: int, layers: int) -> list[MoeOp]:
-    """The fused-MoE w13 and w2 passes one rank launches per layer (layout in the module docstring). A rank that
-    holds fewer experts than a token picks (Mixtral's 8 experts, top-2, over 8 ranks: one each) gets its routed
-    slots as ceil(tokens x top_k / ep / (E / ep)) tokens, each routed to all E / ep local experts: the same slots
-    per expert, and a top-k the fused kernel can run (it picks k distinct experts per token)."""
+    """The fused-MoE w13 and w2 passes one rank launches per layer (layout in the module docstring). The rank's
+    routed slots are its balanced share, ceil(tokens x top_k / ep). They are described as tokens routed top-k' over
+    the E / ep local experts, with k' = min(top_k, E / ep, slots): a rank that holds fewer experts than a token
+    picks (Mixtral's 8 experts, top-2, over 8 ranks: one each) routes each of its tokens to all its experts, a top-k
+    the fused kernel can run (it picks k distinct experts per token); a decode batch of fewer tokens than ep
+    (Qwen3-235B at EP8, one token: 8 slots over 8 ranks) gives a rank fewer slots than top_k, one token each, so it
+    is not charged top_k slots and their experts' weights."""
     local_experts = moe.num_experts // ep
-    top_k = min(moe.top_k, local_experts)
-    m = -(-tokens * moe.top_k // (ep * top_k))  # ceil(tokens / ep) unless the rank holds fewer than top_k experts
+    slots = -(-tokens * moe.top_k // ep)
+    top_k = min(moe.top_k, local_experts, slots)
+    m = -(-slots // top_k)  # ceil(tokens / ep) unless the rank holds fewer than top_k experts or slots
     shape = (m, local_experts, top_k, hidden, moe.expert_intermediate_size // (tp // ep))
     return [MoeOp(f"experts_{kind}", kind, *shape, layers) for kind in ("w13", "w2")]
 

@@ -203,6 +203,23 @@ def test_a_rank_with_fewer_experts_than_top_k_keeps_the_slots_per_expert(aggrega
     assert result["iterations"][0]["operator_durations"]["moe"]["experts_w13"]["single_duration_ms"] > 0
 
 
+def test_a_decode_batch_smaller_than_ep_gets_its_balanced_share_of_slots():
+    """Qwen3-235B-A22B (128 experts, top-8) at EP8 decoding one token: its 8 slots spread over 8 ranks, one each.
+    Each rank was described as one token routed to 8 of its 16 experts (8 slots, 8 experts' weights: 302 MB per
+    rank where one expert's are 38 MB), so the decode step was up to ep times too slow in its MoE layers."""
+    from pipeweave.moe import expert_operators, moe_config_from_dict
+
+    moe = moe_config_from_dict({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128,
+                                "num_experts_per_tok": 8, "moe_intermediate_size": 1536})
+    for tokens, ep in ((1, 8), (2, 8), (4, 8), (8, 8), (3, 4), (1, 2), (256, 8), (5, 1)):
+        layer = expert_operators(moe, 4096, tokens, 8, ep, 1)[0]
+        slots = -(-tokens * 8 // ep)
+        assert (layer.E, layer.topk) == (128 // ep, min(8, slots)), (tokens, ep)
+        assert layer.M * layer.topk == slots if slots <= 8 else layer.M == -(-tokens // ep), (tokens, ep)
+    one_token = expert_operators(moe, 4096, 1, 8, 8, 1)[0]
+    assert (one_token.M, one_token.E, one_token.topk, one_token.N) == (1, 16, 1, 1536)
+
+
 def test_a_workload_moe_entry_with_topk_above_e_names_iteration_and_field():
     """topk 99 of 8 experts failed at feature time as 'topk must not exceed the number of experts E', naming
     neither the iteration nor the field; the reader now refuses it as it refuses every other field."""
