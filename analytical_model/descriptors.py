@@ -37,11 +37,14 @@ def tensor_cycles(flops, rate: float, hw: HardwareSpec) -> np.ndarray:
 
 
 def gemm(m, n, k, hw: HardwareSpec, operand_bytes: int = 2, rate: float | None = None) -> np.ndarray:
-    """A and B read and C (BF16) written once."""
+    """A and B read and C (BF16) written once; ``rate`` is the tensor rate of the operands (default BF16's)."""
+    if rate is not None and not rate > 0:
+        raise ValueError(f"tensor rate must be positive, got {rate!r}")
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
     flops = 2.0 * m * n * k
     nbytes = operand_bytes * (m * k + n * k) + 2 * m * n
-    return np.stack([m, n, k, tensor_cycles(flops, rate or hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)
+    return np.stack([m, n, k, tensor_cycles(flops, hw.tc_bf16 if rate is None else rate, hw),
+                     dram_cycles(nbytes, hw)], axis=-1)
 
 
 def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.ndarray:

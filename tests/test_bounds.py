@@ -449,3 +449,12 @@ def test_memory_bound_operators_transfer(op, by):
         assert cell["model"]["mean"] < cell["roofline"]["mean"], label
         assert cell["worst_ratio"] < 3, label
         assert cell["model"]["mean"] <= 20, label
+
+
+def test_fp8_descriptor_refuses_a_gpu_without_an_fp8_rate():
+    """The FP8 GEMM descriptor took ``rate or tc_bf16``: a GPU whose JSON has no FP8 rate (0) got BF16 tensor cycles
+    silently. The calculator refuses such a GPU first, but the descriptor must not fall back on its own."""
+    hw = load_hardware("A100")
+    assert not hw.tc_fp8
+    with pytest.raises(ValueError, match="tensor rate must be positive"):
+        get_operator("gemm_fp8").descriptors({"M": np.array([64]), "N": np.array([64]), "K": np.array([64])}, hw)
