@@ -86,3 +86,26 @@ def moe(m, experts, top_k, hidden, inter, hw: HardwareSpec, passes: np.ndarray) 
     flops = 2.0 * routed * h * n * (2 * w13 + w2)
     nbytes = 2.0 * (active * h * n * (2 * w13 + w2) + routed * (h * w13 + n * w2))
     return np.stack([m, e, k, h, n, tensor_cycles(flops, hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)
+
+
+# Operand bytes a workload last touched a whole forward pass earlier (weights, the cached KV): between two reads of
+# a layer's weights or KV every other layer's stream through the L2, so in a workload these come from DRAM however
+# large the L2, where a benchmark that re-runs one kernel finds them L2-resident (pipeweave.bounds).
+
+def gemm_weight_bytes(n, k, operand_bytes: int) -> np.ndarray:
+    """The weight matrix, N × K."""
+    return operand_bytes * np.asarray(n, dtype=np.float64) * np.asarray(k, dtype=np.float64)
+
+
+def attention_cached_kv_bytes(q_lengths, kv_lengths, nkv, hd) -> np.ndarray:
+    """K and V (BF16) of the tokens cached before this iteration, kv − q per request; the q new ones were just
+    written."""
+    cached = np.array([sum(kv - q for q, kv in zip(qs, kvs)) for qs, kvs in zip(q_lengths, kv_lengths)],
+                      dtype=np.float64)
+    return 2.0 * 2 * cached * np.asarray(nkv, dtype=np.float64) * np.asarray(hd, dtype=np.float64)
+
+
+def moe_expert_weight_bytes(m, experts, top_k, hidden, inter, passes: np.ndarray) -> np.ndarray:
+    """The weights (BF16) of the experts that receive tokens (balanced routing), per pass as in :func:`moe`."""
+    m, e, k, h, n = (np.asarray(x, dtype=np.float64) for x in (m, experts, top_k, hidden, inter))
+    return 2.0 * np.minimum(e, m * k) * h * n * (2 * passes[:, 0] + passes[:, 1])

@@ -163,10 +163,32 @@ def _moe_kinds(columns: Columns, label: Callable[[int], str] | None = None) -> n
     return kinds
 
 
-def describe_moe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+def _moe_passes(columns: Columns) -> np.ndarray:
+    """Per row, how many times each of (w13, w2) runs: a pass once, a layer both."""
     kinds = _moe_kinds(columns)
-    passes = np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")], axis=-1)
-    return descriptors.moe(*(int_column(columns, c) for c in ("M", "E", "topk", "H", "N")), hw, passes.astype(float))
+    return np.stack([(kinds == "w13") | (kinds == "layer"), (kinds == "w2") | (kinds == "layer")],
+                    axis=-1).astype(float)
+
+
+def describe_moe(columns: Columns, hw: HardwareSpec) -> np.ndarray:
+    return descriptors.moe(*(int_column(columns, c) for c in ("M", "E", "topk", "H", "N")), hw, _moe_passes(columns))
+
+
+def gemm_cold_bytes(operand_bytes: int):
+    def cold_bytes(columns: Columns) -> np.ndarray:
+        return descriptors.gemm_weight_bytes(int_column(columns, "N"), int_column(columns, "K"), operand_bytes)
+
+    return cold_bytes
+
+
+def attention_cold_bytes(columns: Columns) -> np.ndarray:
+    return descriptors.attention_cached_kv_bytes(length_lists(columns, "q_lengths"), length_lists(columns, "kv_lengths"),
+                                                 int_column(columns, "nkv"), int_column(columns, "hd"))
+
+
+def moe_cold_bytes(columns: Columns) -> np.ndarray:
+    return descriptors.moe_expert_weight_bytes(*(int_column(columns, c) for c in ("M", "E", "topk", "H", "N")),
+                                               _moe_passes(columns))
 
 
 def elementwise(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:

@@ -26,8 +26,9 @@ from . import descriptors, gemm_fp8, gemm_sm80, gemm_sm90, rmsnorm, siluandmul, 
 from .attention import ATTENTION_CALCULATORS
 from .columns import Columns, column_values
 from .hardware import DEFAULT_HARDWARE_DIR, hardware_registry
-from .operator_features import (TILE_COLUMNS, attention, describe_attention, describe_elementwise, describe_gemm,
-                                describe_moe, elementwise, gemm, gemm_fp8_features, moe)
+from .operator_features import (TILE_COLUMNS, attention, attention_cold_bytes, describe_attention, describe_elementwise,
+                                describe_gemm, describe_moe, elementwise, gemm, gemm_cold_bytes, gemm_fp8_features, moe,
+                                moe_cold_bytes)
 from .pipes import FMA_FEATURES, MEMORY_FEATURES, TENSOR_FEATURES, XU_FEATURES, HardwareSpec, float32_sum
 
 GEMM_FEATURES = TENSOR_FEATURES + MEMORY_FEATURES
@@ -90,6 +91,10 @@ class OperatorClass:
     #: a time (us) every kernel takes besides its work (launch, prologue, tail): the pipeweave recipe's MLP
     #: predicts the efficiency of the rest, t = t0 + C_ideal / (p f) (pipeweave.mlp.total_efficiency); 0: none
     fixed_time_us: float = 0.0
+    #: ``cold_bytes(columns)``: the bytes of a row's operands that a workload last touched a forward pass earlier
+    #: (weights, cached KV), which no kernel of a workload reads faster than the DRAM allows, however large the L2
+    #: (pipeweave.bounds.cold_fastest_us); None: every operand may be in the L2 (the previous kernel's output)
+    cold_bytes: Callable[[Columns], np.ndarray] | None = None
 
     @property
     def model_op(self) -> str:
@@ -231,6 +236,7 @@ def _gemm_operator(key: str, description: str, calculators: dict, compute, opera
         quantile=True,
         profiled=True,
         exact_dram_once=True,
+        cold_bytes=gemm_cold_bytes(operand_bytes),
         tensor_rate="tc_fp8" if operand_bytes == 1 else "tc_bf16",
         **extra,
     )
@@ -265,6 +271,7 @@ register(OperatorClass(
     quantile=True,
     profiled=True,
     exact_dram_once=True,
+    cold_bytes=attention_cold_bytes,
     tensor_rate="tc_bf16",
     pipe_share_inputs=True,
 ))
@@ -302,6 +309,7 @@ register(OperatorClass(
     describe=describe_moe,
     workload_key="moe",
     quantile=True,
+    cold_bytes=moe_cold_bytes,
     tensor_rate="tc_bf16",
     pipe_share_inputs=True,
 ))

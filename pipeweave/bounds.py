@@ -28,6 +28,16 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   measured layers beat it at any size, so MoE takes no such bound. RMSNorm's and SiLU*Mul's ``D`` is their rows read
   and their output written (twice, 1.5x their reads): beyond :data:`ELEMENTWISE_L2_SPILL_FACTOR` times the L2 it
   binds too (a prediction of RMSNorm on 131,072 tokens had been 2.1x faster than its bytes allow).
+* **Ceiling in a workload: cold operands come from DRAM.** The benchmarks behind the models re-run one kernel, so
+  weights or a KV cache that fit in the L2 are read from it, and the bound above exempts them. In a workload a
+  layer's weights and cached KV were last read a whole forward pass earlier, and every other layer's (gigabytes)
+  streamed through the L2 since: whatever its size they come from DRAM. So the engine (workloads, serving, search)
+  also keeps each kernel at or above the DRAM time of those bytes, :func:`cold_fastest_us`, from the registry's
+  ``cold_bytes`` (GEMM: the weights; attention: the KV cached before this iteration; MoE: the weights of the experts
+  that receive tokens). The element-wise operators read the previous kernel's output, which may be in the L2, and
+  take no such bound. ``predict_kernels.py`` predicts the benchmark (the measured rows it was trained on) and does
+  not apply it. On the 26 measured runs it binds no kernel (their per-layer KV spills the L2 or their L2 is small);
+  it slows decode steps of large-L2 GPUs (RTX PRO 6000 Blackwell, RTX 6000 Ada) by 0.4–3.7 % in the batch scripts.
 * **No kernel beats the launch:** ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU
   (``fastest_us`` of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny
   kernel whose exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper
@@ -58,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analytical_model.columns import column_values
 from analytical_model.descriptors import dram_cycles as bytes_as_dram_cycles
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import DRAM_CYCLE_FEATURE, get_operator, operator_keys
@@ -238,6 +249,16 @@ def fastest_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_f
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
     ceiling = ceiling_cycles(op, features, described, l2)[1]
     return np.maximum(ceiling, table_for(op, table)["fastest_us"] * sm_freq_mhz) / sm_freq_mhz
+
+
+def cold_fastest_us(op: str, columns, mem_bandwidth_gb_s) -> np.ndarray:
+    """The DRAM time (µs) of each row's cold operands (the registry's ``cold_bytes``) at the datasheet's decimal
+    ``mem_bandwidth_gb_s`` (scalar or per row): in a workload no kernel is faster (module docstring); zeros for an
+    operator without cold operands."""
+    operator = get_operator(op)
+    if operator.cold_bytes is None:
+        return np.zeros(len(column_values(columns, operator.shape_columns[0])))
+    return operator.cold_bytes(columns) / (np.asarray(mem_bandwidth_gb_s, dtype=np.float64) * 1e3)
 
 
 def regime_efficiency(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None) -> np.ndarray:

@@ -411,14 +411,28 @@ class Engine:
 
     def fastest_ms(self, op: str, keys: list[tuple[str, tuple]], features: np.ndarray, described: np.ndarray
                    ) -> np.ndarray:
-        """The fastest ms the physical band allows each unique (GPU stem, shape) row (an MoE pass: its share)."""
+        """The fastest ms the physical band allows each unique (GPU stem, shape) row (an MoE pass: its share), and
+        never faster than its cold operands' DRAM time (:meth:`cold_floor_ms`)."""
         from pipeweave.bounds import fastest_us, l2_cycles
 
         specs = [self.registry.get(stem) for stem, _ in keys]
         freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
         l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
         share = pass_shares(keys, self.registry) if op == "moe" else 1.0
-        return fastest_us(op, features, described, freq, l2=l2) / 1000.0 * share
+        return np.maximum(fastest_us(op, features, described, freq, l2=l2) / 1000.0 * share,
+                          self.cold_floor_ms(op, keys))
+
+    def cold_floor_ms(self, op: str, keys: list[tuple[str, tuple]]) -> np.ndarray:
+        """The DRAM time (ms) of the unique (GPU stem, shape) rows' cold operands, weights and cached KV, which a
+        workload reads from DRAM whatever the L2 size (:func:`pipeweave.bounds.cold_fastest_us`)."""
+        from pipeweave.bounds import cold_fastest_us
+
+        operator = get_operator(op)
+        if operator.cold_bytes is None or not keys:
+            return np.zeros(len(keys))
+        columns = {name: [shape[i] for _, shape in keys] for i, name in enumerate(operator.shape_columns)}
+        bandwidth = [self.registry.get(stem).mem_bandwidth for stem, _ in keys]
+        return cold_fastest_us(op, columns, bandwidth) / 1000.0
 
     def interval_factors(self, op: str, keys: list[tuple[str, tuple]], codes: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
@@ -482,7 +496,9 @@ class Engine:
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.calibration is not None:  # a correction cannot make the kernel beat its physical bound either
             fastest = self.fastest_ms(op, keys, features, described) if fastest is None else fastest
-            point = np.maximum(point, fastest)
+        elif fastest is None:  # without a correction the band holds the point; only the cold operands are left
+            fastest = self.cold_floor_ms(op, keys)
+        point = np.maximum(point, fastest)
         if self.quantile_predictor is None:
             return point, point, codes
         upper = efficiency
@@ -496,9 +512,7 @@ class Engine:
         upper = clip_efficiency(op, np.where(codes > 0, upper * EXTRAPOLATION_WIDENING, upper), features, described,
                                 freq, l2=l2)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
-        if self.calibration is not None:
-            optimistic = np.maximum(optimistic, fastest)
-        return point, np.minimum(optimistic, point), codes
+        return point, np.minimum(np.maximum(optimistic, fastest), point), codes
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,
                     shapes: Sequence[tuple] | None = None) -> np.ndarray:

@@ -102,7 +102,9 @@ class Scale:
         return None
 
 
-def test_calibration_scales_every_kernel_and_collective(engine):
+def test_calibration_scales_every_kernel_and_collective(engine, monkeypatch):
+    # the untrained models put some kernels below their cold operands' DRAM time, which then sets their time
+    monkeypatch.setattr(Engine, "cold_floor_ms", lambda self, op, keys: np.zeros(len(keys)))
     workload = small_workload(3)
     plain = engine.predict_workload(workload, "A100")
     calibration = Scale({"A100": 2.0})

@@ -151,13 +151,12 @@ class HalvingCalibration(KernelCalibration):
 
 def test_a_calibration_cannot_move_a_kernel_past_its_physical_bound():
     """L40S's 134 MB GEMM already runs at its bytes' DRAM time: halved by a correction it stays there, while a
-    decode-sized GEMM whose 34 MB stay in the L2, far from its bounds, is halved; the engine and predict_kernels
-    agree."""
+    GEMM far from its bounds (1024 x 1024 x 1024, 2.4x its fastest) is halved; the engine and predict_kernels agree."""
     from pipeweave.kernels import interval_us
 
     dram_us = (2 * (8192 * 8192 + 8192) + 2 * 8192) / 864e9 * 1e6
     calibration = HalvingCalibration("L40S", 0)
-    keys = [("L40S", (8192, 1, 8192)), ("L40S", (16, 4096, 4096))]
+    keys = [("L40S", (8192, 1, 8192)), ("L40S", (1024, 1024, 1024))]
     plain, calibrated = Engine(log=None), Engine(log=None, calibration=calibration)
     for engine in (plain, calibrated):
         engine.load_models(["gemm"])
@@ -165,7 +164,7 @@ def test_a_calibration_cannot_move_a_kernel_past_its_physical_bound():
     after, _, _, fastest = calibrated.bounded_durations("gemm", keys)
     assert after[0] * 1000 == pytest.approx(dram_us, rel=1e-9) and after[1] * 1000 == pytest.approx(before[1] / 2)
     predictor = KernelPredictor()
-    columns = {"M": [8192, 16], "N": [1, 4096], "K": [8192, 4096]}
+    columns = {"M": [8192, 1024], "N": [1, 1024], "K": [8192, 1024]}
     us, codes, fastest_us = predictor.predict_columns_bounded("gemm", columns, ["L40S"] * 2, calibration)
     np.testing.assert_allclose(us, after * 1000, rtol=1e-9)
     low, high = interval_us("gemm", predictor, ["L40S"] * 2, us, codes, fastest_us)
