@@ -487,6 +487,11 @@ def runs_prior(aggregator, spec: HardwareSpec, workloads, prior: Prior, log=None
 #: (19.9x, GEMM on L40S left out: docs/ACCURACY.md), so that what is refused is a unit mix-up (µs typed as ms is
 #: 1000x), not a GPU the models miss
 MAX_ZERO_SHOT_FACTOR = 30.0
+#: mean |log error| the fitted calibration may leave on its own data before a WARNING: fitted on all of a GPU's
+#: kernels the corrections leave at most 20.7 % mean (FP8 GEMM on L40S: docs/ACCURACY.md, the k-shot table's last
+#: column), so 30 % on the calibration's own data means measurements this GPU's model cannot explain, such as a run
+#: measured on another GPU
+MAX_CALIBRATED_LOG_ERROR = float(np.log(1.3))
 
 
 def check_plausible(equations: Equations, zero_shot_log_error: np.ndarray) -> None:
@@ -560,6 +565,11 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     after = np.log(equations.predict(theta)[0] / equations.measured)
     log(f"Calibration of {spec.stem} from {len(equations.measured)} measured quantities: "
         f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data")
+    if np.mean(np.abs(after)) > MAX_CALIBRATED_LOG_ERROR:
+        print(f"WARNING: after calibration the measurements are still {np.exp(np.mean(np.abs(after))):.2f}x from "
+              f"the predictions on average (geometric), more than the corrections leave on any GPU's own kernels; "
+              f"check that they were measured on {spec.name} ({spec.stem}), in the units asked (ms for runs, µs for "
+              f"kernels), and with the workloads given")
     base_models = {}
     for op in sorted(aggregator.predictor._models):
         base_models[op] = str(aggregator.predictor._models[op][2])
