@@ -6,8 +6,9 @@
 #   * H800 uses its OWN measured send/recv, but its only all-reduce sweep is 8 workers (PipeWeave) and no other
 #     source covers H800. Rather than borrow another GPU's all-reduce (H100's NVLink is 2.25x faster than H800's
 #     export-reduced one), --collective_estimate analytical is given: the 4-worker H800 all-reduce uses the
-#     documented analytical estimate (ring all-reduce at H800's 200 GB/s per-direction NVLink + 20 us latency,
-#     pipeweave.collectives.analytical_collective_ms), and aggregator.py prints a WARNING line naming it.
+#     documented analytical estimate (a ring all-reduce over H800's NVLink bandwidth and latency from its hardware
+#     JSON, times the ring efficiency measured on the NVLink GPUs; below 8 MiB vLLM's custom all-reduce model:
+#     pipeweave.collectives, pipeweave.collective_serving), and aggregator.py prints a WARNING line naming it.
 #     Nothing else falls back: the flag only applies where no measured model covers a collective.
 # Writes e2e/pipeweave_pred/<workload stem>_<GPU>.json; extra flags pass through to aggregator.py.
 set -euo pipefail

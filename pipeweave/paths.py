@@ -62,14 +62,22 @@ def existing_shared_data_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+#: the shared data's source folders the dataset build and the collective training read
+SHARED_SOURCES = ("pipeweave", "vidur")
+
+
 def require_shared_data(command: str) -> Path:
     """The shared data folder, or a UserError: a dataset or model built from aiconfigurator-core's tables alone
-    would silently replace the committed ones with fewer GPUs."""
+    would silently replace the committed ones with fewer GPUs. The folder must hold every source folder
+    (:data:`SHARED_SOURCES`): an unrelated existing folder named by the environment variable built a dataset without
+    A40 and H20 rows."""
     from pipeweave.cli import UserError
 
     path = existing_shared_data_dir()
-    if path is None:
-        raise UserError(f"{command} needs the shared measurement data, not found at {shared_data_dir()}; set "
+    missing = list(SHARED_SOURCES) if path is None else [name for name in SHARED_SOURCES if not (path / name).is_dir()]
+    if missing:
+        where = "not found" if path is None else f"without its source folders {', '.join(missing)}"
+        raise UserError(f"{command} needs the shared measurement data, {where} at {shared_data_dir()}; set "
                         f"{SHARED_DATA_ENV} to its folder (without it the output would hold aiconfigurator-core's "
                         f"GPUs only and replace the committed one)")
     return path

@@ -307,3 +307,22 @@ def test_collectives_multinode_kept_on_request():
     df = load_collectives(log=_quiet, intra_node_only=False, include_custom_allreduce=False)
     assert (df["devices_per_node"] < df["num_workers"]).any()
     assert "custom_all_reduce" not in set(df["collective"])
+
+
+def test_builds_refuse_a_shared_folder_without_its_sources(tmp_path, monkeypatch):
+    """PIPEWEAVE_SHARED_DATA naming an existing but unrelated folder let the dataset build finish without A40's and
+    H20's rows (and train_collective_rf.py save 9 of 17 models); both now stop before reading anything."""
+    from pipeweave.cli import UserError
+    from pipeweave.paths import require_shared_data
+
+    monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path))
+    with pytest.raises(UserError, match="without its source folders pipeweave, vidur"):
+        require_shared_data("python3 -m dataset.build")
+    (tmp_path / "pipeweave").mkdir()
+    with pytest.raises(UserError, match="without its source folders vidur at"):
+        require_shared_data("train_collective_rf.py")
+    (tmp_path / "vidur").mkdir()
+    assert require_shared_data("python3 -m dataset.build") == tmp_path
+    monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path / "absent"))
+    with pytest.raises(UserError, match="not found at"):
+        require_shared_data("python3 -m dataset.build")
