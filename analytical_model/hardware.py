@@ -6,12 +6,14 @@ name the driver reports ("NVIDIA H100", "NVIDIA H100 80GB HBM3") or by aiconfigu
 
 Besides the analytical model's spec fields (docs/METHOD.md §1.1), every file carries what the collective fallback
 needs (``linkType``: NVLink or PCIe generation, ``linkGbps``: per-GPU per-direction GPU-to-GPU bandwidth in GB/s,
-``linkLatencyUs``: smallest-message 2-GPU all-reduce time), ``memoryType``, optionally ``boostClock`` and ``tdpW``,
+``linkLatencyUs``: smallest-message 2-GPU all-reduce time; optionally ``p2p``: false for a board without GPU
+peer-to-peer, whose collectives go through host memory), ``memoryType``, optionally ``boostClock`` and ``tdpW``,
 and a ``provenance`` object naming the source of every field (datasheet, whitepaper, driver, measurement or a
 stated estimate). A field without a source is an error.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from functools import lru_cache
@@ -38,6 +40,8 @@ _OPTIONAL_NUMBERS = {"tcFp8": "tc_fp8", "sharedMemorySize": "shared_memory_size"
                      "l2CacheSize": "l2_cache_size", "l1CacheSize": None, "registerFileSize": None,
                      "boostClock": "boost_clock", "tdpW": "tdp_w"}
 _CHOICES = {"linkType": LINK_TYPES, "memoryType": MEMORY_TYPES}
+#: true/false fields and their default: ``p2p`` is false only where the vendor disables GPU peer-to-peer (GeForce)
+_FLAGS = {"p2p": True}
 # fields that describe the file rather than the GPU: no provenance entry needed
 _UNSOURCED = ("provenance", "note")
 # the other fields a file may have; anything else (a typo such as "tcFP8", whose value would be silently dropped)
@@ -58,6 +62,11 @@ PLAUSIBLE_RANGES = {
 }
 
 
+#: how alike (difflib ratio) an unknown GPU name and a known one must be for "did you mean": 0.8 takes "RTX4090" and
+#: "H100 PCI" but not "V100" for A100 (0.75), a different GPU the user would be misled to
+SUGGEST_CUTOFF = 0.8
+
+
 class UnknownHardwareError(ValueError):
     pass
 
@@ -74,7 +83,7 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     if left:
         raise ValueError(f"{source}: still has the skeleton's {' and '.join(left)} list(s): fill in each TODO field "
                          f"from the vendor data sheet, review each CHECK field, then delete the lists")
-    known = (*_REQUIRED_NUMBERS, *_OPTIONAL_NUMBERS, *_CHOICES, *_UNSOURCED, *_DESCRIPTIVE)
+    known = (*_REQUIRED_NUMBERS, *_OPTIONAL_NUMBERS, *_CHOICES, *_FLAGS, *_UNSOURCED, *_DESCRIPTIVE)
     unknown = sorted(key for key in data if key not in known)
     if unknown:
         raise ValueError(f"{source}: unknown field(s) {', '.join(map(repr, unknown))} (a typo? known fields: "
@@ -102,6 +111,9 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     for key, choices in _CHOICES.items():
         if data.get(key) not in choices:
             raise ValueError(f"{source}: field {key!r} must be one of {', '.join(choices)}, got {data.get(key)!r}")
+    for key in _FLAGS:
+        if key in data and not isinstance(data[key], bool):
+            raise ValueError(f"{source}: field {key!r} must be true or false, got {data[key]!r}")
     _check_provenance(data, source)
     name = data.get("name", stem)
     if not isinstance(name, str) or not name:
@@ -135,6 +147,7 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
         aiconfigurator_system=system,
         memory_type=data["memoryType"],
         link_type=data["linkType"],
+        p2p=data.get("p2p", _FLAGS["p2p"]),
         **spec_kwargs,
     )
     try:  # every calculator needs the SM's occupancy limit: a compute capability without one fails here, not later
@@ -196,9 +209,23 @@ class HardwareRegistry:
         stem = self._index.get(_normalise(str(name)))
         if stem is None:
             raise UnknownHardwareError(
-                f"unknown GPU {name!r}; known GPUs (file stems in {self.hardware_dir}): " + ", ".join(self.known())
+                f"unknown GPU {name!r}; {self._did_you_mean(str(name))}known GPUs (file stems in "
+                f"{self.hardware_dir}): " + ", ".join(self.known())
             )
         return self.specs[stem]
+
+    def _did_you_mean(self, name: str) -> str:
+        """The clause "did you mean 'RTX 4090'? " naming the GPUs (at most three) whose names are close to ``name``
+        once case, spaces and underscores are ignored ("RTX4090", "h100-pcie"), else "": the full list alone hides
+        the one meant."""
+        squashed = {key.replace(" ", ""): stem for key, stem in self._index.items()}
+        close = difflib.get_close_matches(_normalise(name).replace(" ", ""), squashed, n=10, cutoff=SUGGEST_CUTOFF)
+        stems = list(dict.fromkeys(squashed[key] for key in close))[:3]
+        if not stems:
+            return ""
+        quoted = [repr(stem) for stem in stems]
+        listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        return f"did you mean {listed}? "
 
     def __contains__(self, name: str) -> bool:
         return _normalise(str(name)) in self._index

@@ -94,6 +94,7 @@ class HardwareSpec:
     link_type: str | None = None  # one of LINK_TYPES
     link_gbps: float | None = None  # per-GPU, per-direction GPU-to-GPU bandwidth, GB/s (10^9 B/s)
     link_latency_us: float | None = None  # smallest-message 2-GPU all-reduce, device time
+    p2p: bool = True  # GPU peer-to-peer over the link; False (GeForce): collectives are staged through host memory
     boost_clock: float | None = None  # MHz, vendor maximum boost (smFreq is the clock of the tensor peak)
     tdp_w: float | None = None  # maximum board power, W
 

@@ -108,8 +108,14 @@ def workload_memory(workload: FlatWorkload, spec: HardwareSpec):
 def memory_check(job: Job, ignore: bool, log=print, option: str = "--ignore_memory") -> dict | None:
     """Whether the job's workload fits in GPU memory (pipeweave.memory): an error if it does not, unless
     ``ignore`` (then a WARNING and the returned record for the output). None when it fits. ``log`` takes the
-    notes and warnings; ``option`` names the caller's way to ignore a misfit."""
+    notes and warnings; ``option`` names the caller's way to ignore a misfit. An FP8 workload on a GPU without an
+    FP8 tensor rate is refused first, with that reason alone: no TP would make it run, so a TP hint would mislead."""
+    from analytical_model.gemm_fp8 import missing_rate
+
     workload, where = job.workload, f"{job.workload.stem} on {job.hardware.stem}"
+    missing = missing_rate(job.hardware) if "gemm_fp8" in workload.ops() else None
+    if missing:
+        raise UserError(f"{where}: {missing}")
     check = workload_memory(workload, job.hardware)
     if check is None:
         log(f"Note: {where}: the workload has no model_params, so GPU memory was not checked")

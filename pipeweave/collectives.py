@@ -353,14 +353,28 @@ class CollectivePredictor:
         """(factor on the analytical estimate's bandwidth term, the other GPUs it was measured on) for this GPU's
         link: :func:`pipeweave.collective_serving.ring_factor` over ``serving.json``'s measured factors, this GPU's
         own left out (its estimate and interval stand for a GPU without measurements); 1 for a folder without
-        trained models."""
+        trained models. The basis ends with :attr:`link_caveat` where the GPU has one, so that the estimate's
+        WARNING and the output's record say it."""
         from analytical_model.hardware import load_hardware
         ring = self._ring_record()
         if ring is None:
-            return 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
-        workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
-        return ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
-                           exclude=self.hardware)
+            factor, basis = 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
+        else:
+            workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
+            factor, basis = ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
+                                        exclude=self.hardware)
+        return factor, basis if self.link_caveat is None else f"{basis}; {self.link_caveat}"
+
+    @property
+    def link_caveat(self) -> str | None:
+        """Why the analytical estimate is optimistic for this GPU whatever the ring efficiency: a board without GPU
+        peer-to-peer (``"p2p": false`` in its hardware JSON, GeForce) stages collectives through host memory, which
+        the factors measured on P2P-capable GPUs of its link do not include. None for the others."""
+        from analytical_model.hardware import load_hardware
+        if load_hardware(self.hardware).p2p:
+            return None
+        return (f"{self.hardware} has no GPU peer-to-peer, so its collectives go through host memory and this "
+                f"estimate is optimistic")
 
     def analytical_interval(self, kind: str, num_workers: int) -> tuple[float, float] | None:
         """(low, high) factors of the 80 % interval of this GPU's analytical estimate of ``kind`` at ``num_workers``:

@@ -22,7 +22,8 @@ def build_parser() -> ArgumentParser:
         prog="workload_generator.py",
         description="Turn a model config and a request trace into a static-batch workload JSON "
                     "(one prefill iteration, then one decode iteration per further output token).")
-    p.add_argument("--model_config", help="config JSON path, or a stem of config/ (e.g. Llama-3.1-70B)")
+    p.add_argument("--model_config", help="config JSON path, a Hugging Face model directory (its config.json), or "
+                                          "a stem of config/ (e.g. Llama-3.1-70B)")
     p.add_argument("--trace", help="trace CSV path, or a stem of workload/traces/ (e.g. arxiv_16); default: none, "
                                    "then --requests, --prompt_tokens and --output_tokens describe the batch")
     p.add_argument("--requests", type=positive_int,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from analytical_model.pipes import HardwareSpec
 from pipeweave.moe import MoeConfig, expert_parallel_problem
@@ -210,10 +210,16 @@ def check_memory(cfg: ModelConfig, hw: HardwareSpec, prompt_tokens: Sequence[int
         return (weight_bytes_per_gpu(cfg, size, pp, ep, dtype), kv_cache_bytes_per_gpu(cfg, longest, size, pp),
                 activation_bytes_per_gpu(cfg, prompt_tokens, size, ep))
 
-    smallest = next((size for size in TP_CANDIDATES if shard_problem(cfg, size, ep) is None
-                     and sum(need(size)) + RUNTIME_OVERHEAD_BYTES <= available), None)
+    smallest = smallest_fitting_tp(cfg, lambda size: sum(need(size)) + RUNTIME_OVERHEAD_BYTES <= available, ep)
     weights, kv_cache, activations = need(tp)
     return MemoryCheck(weights, kv_cache, activations, RUNTIME_OVERHEAD_BYTES, available, smallest)
+
+
+def smallest_fitting_tp(cfg: ModelConfig, fits: Callable[[int], bool], ep: int = 1) -> int | None:
+    """The smallest TP in TP_CANDIDATES that can shard ``cfg`` (with EP ``ep``) and for which ``fits(tp)``; None if
+    none. One search for every "does not fit" message (the aggregator's batch, the serving simulator's KV cache), so
+    they never disagree on which TP sizes are candidates."""
+    return next((size for size in TP_CANDIDATES if shard_problem(cfg, size, ep) is None and fits(size)), None)
 
 
 def config_from_model_params(params: dict, model: str = "model") -> ModelConfig:

@@ -1,6 +1,7 @@
 """The workload generator's inputs: a model config and a request trace, parsed and validated.
 
-Model configs are HF ``config.json`` files (docs/METHOD.md §2); a name is a path or a stem under ``config/``.
+Model configs are HF ``config.json`` files (docs/METHOD.md §2); a name is a path, a Hugging Face model directory
+(its ``config.json``) or a stem under ``config/``.
 Traces are CSV files with one request per row, by path or by stem under ``workload/traces/``. Two header
 layouts are accepted:
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,14 +236,49 @@ def resolve_named_file(name: str | Path, directory: Path, suffix: str, what: str
     raise WorkloadError(f"unknown {what} '{text}' (known: {listing})")
 
 
+#: the file a Hugging Face model directory (a checkpoint, a ``huggingface-cli download``) keeps its config in
+HF_CONFIG_FILE = "config.json"
+
+
+def resolve_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_DIR) -> Path:
+    """The config file ``name`` means: a Hugging Face model directory's ``config.json`` (users point at the checkpoint
+    they serve, not at a file inside it), a file path, or a stem of ``config_dir``. A directory without a
+    ``config.json`` is an error only when the name is no stem either, so a cwd folder named like a shipped config
+    does not hide it."""
+    path = Path(str(name))
+    if path.is_dir() and (path / HF_CONFIG_FILE).is_file():
+        return path / HF_CONFIG_FILE
+    try:
+        return resolve_named_file(name, Path(config_dir), ".json", "model config")
+    except WorkloadError:
+        if path.is_dir():
+            raise WorkloadError(f"model config directory {name} has no {HF_CONFIG_FILE} (a Hugging Face model "
+                                f"directory holds one); give the directory that does, or the config JSON "
+                                f"file") from None
+        raise
+
+
+def config_stem(path: Path) -> str:
+    """The name a config file goes by in messages and output file names: its stem, but for a Hugging Face
+    ``config.json`` the model's name, i.e. its directory's (``Llama-3.1-8B/config.json``: Llama-3.1-8B), or in the
+    Hugging Face cache (``models--meta-llama--Llama-3.1-8B/snapshots/<revision>/``) the name before the revision.
+    The path is made absolute without following links: the cache's ``config.json`` links into ``blobs/``."""
+    if path.name != HF_CONFIG_FILE:
+        return path.stem
+    folder = Path(os.path.abspath(path)).parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.split("--")[-1]
+    return folder.name or path.stem
+
+
 def load_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_DIR) -> ModelConfig:
-    """Load a model config by path or by stem (``config/<stem>.json``)."""
-    path = resolve_named_file(name, Path(config_dir), ".json", "model config")
+    """Load a model config by path, Hugging Face model directory or stem (``config/<stem>.json``)."""
+    path = resolve_model_config(name, config_dir)
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WorkloadError(f"config {path}: not valid JSON ({exc})") from None
-    return model_config_from_dict(cfg, stem=path.stem)
+    return model_config_from_dict(cfg, stem=config_stem(path))
 
 
 # --------------------------------------------------------------------------------------------------

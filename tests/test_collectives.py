@@ -549,3 +549,43 @@ def test_a_damaged_serving_json_is_one_clear_error(tmp_path, models, damage):
         engine.predict_workload(DEFAULT_WORKLOAD_DIR / "Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json", "H100")
     assert "serving.json" in str(refused.value)
     assert f"train_collective_rf.py --output_dir {tmp_path}" in str(refused.value)
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_a_board_without_peer_to_peer_says_its_estimate_is_optimistic(tmp_path, trained):
+    """RTX 4090 (GeForce, "p2p": false in its hardware JSON) and L40 have the same PCIe 4 link figures, and the
+    analytical estimate's basis read the same for both, though the 4090 stages collectives through host memory. The
+    basis (the WARNING's and the output's) now says so; the numbers stay the link's."""
+    model_dir = DEFAULT_COLLECTIVE_DIR if trained else tmp_path
+    rtx, l40 = (CollectivePredictor(gpu, model_dir, allow_analytical=True) for gpu in ("RTX 4090", "L40"))
+    caveat = ("RTX 4090 has no GPU peer-to-peer, so its collectives go through host memory and this estimate is "
+              "optimistic")
+    assert rtx.link_caveat == caveat and l40.link_caveat is None
+    for kind, workers in (("all_reduce", 2), ("all_reduce", 8), ("send_recv", 2)):
+        factor, basis = rtx.ring_efficiency(kind, workers)
+        assert basis == f"{l40.ring_efficiency(kind, workers)[1]}; {caveat}"
+        assert factor == l40.ring_efficiency(kind, workers)[0]
+        sizes = np.geomspace(4096, GiB, 12)
+        assert np.array_equal(rtx.analytical_ms(kind, sizes, workers), l40.analytical_ms(kind, sizes, workers))
+
+
+def test_the_engine_warns_that_a_board_without_peer_to_peer_is_optimistic(models, tmp_path):
+    """The console WARNING of the analytical estimate and the output's record carry the caveat for RTX 4090, not for
+    L40, and the communication time is the same link's for both."""
+    from pipeweave.aggregate import Aggregator, Job, load_workload
+    from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+    from workload_copies import first_iterations
+
+    path = first_iterations(DEFAULT_WORKLOAD_DIR / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json", tmp_path, 2)
+    lines = []
+    agg = Aggregator(model_dir=models, log=lines.append)
+    rtx, l40 = agg.predict([Job(load_workload(path), agg.gpu(gpu)) for gpu in ("RTX 4090", "L40")])
+    caveat = CollectivePredictor("RTX 4090", allow_analytical=True).link_caveat
+    warnings = [line for line in lines if "ANALYTICAL" in line]
+    assert len(warnings) == 2 and warnings[0].startswith("WARNING: all_reduce on RTX 4090")
+    assert warnings[0].replace(f"; {caveat}", "").replace("RTX 4090", "L40") == warnings[1]
+    records = [p.result["extrapolation"]["analytical_collectives"]["ring_efficiency"]["all_reduce"] for p in (rtx, l40)]
+    assert records[0] == {**records[1], "basis": f"{records[1]['basis']}; {caveat}"}
+    durations = [p.result["iterations"][0]["operator_durations"]["communication"]["all_reduce"]["single_duration_ms"]
+                 for p in (rtx, l40)]
+    assert durations[0] == durations[1] > 0

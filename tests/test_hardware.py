@@ -56,6 +56,25 @@ def test_unknown_gpu_lists_known():
         load_hardware("V100")
 
 
+@pytest.mark.parametrize("name,suggested", [
+    ("RTX4090", "'RTX 4090'"), ("rtx_4090", None), ("GeForce RTX 4090", "'RTX 4090'"), ("l40-s", "'L40S'"),
+    ("H100 PCI", "'H100 PCIe' or 'A100 PCIe'"), ("RTX6000", "'RTX A6000' or 'RTX 6000 Ada'"), ("V100", ""),
+    ("B100", ""),
+])
+def test_unknown_gpu_suggests_the_close_name(name, suggested):
+    """"--hardware RTX4090" listed every GPU without pointing at the one meant: a name close to a known one once
+    case, spaces and underscores are ignored gets "did you mean", before the full list; a different GPU that only
+    looks alike (V100, B100) gets none."""
+    if suggested is None:  # matching ignores case and treats _ as a space: no error at all
+        assert load_hardware(name).stem == "RTX 4090"
+        return
+    with pytest.raises(UnknownHardwareError) as error:
+        load_hardware(name)
+    message = str(error.value)
+    assert message.startswith(f"unknown GPU {name!r}; " + (f"did you mean {suggested}? " if suggested else "known"))
+    assert message.endswith(", ".join(sorted(EXPECTED)))  # the full list is kept
+
+
 def test_sanity_peaks():
     a100, h100 = load_hardware("A100"), load_hardware("H100")
     assert a100.tc_bf16 * a100.num_sms * a100.sm_freq * 1e6 == pytest.approx(312e12, rel=0.01)
@@ -95,6 +114,7 @@ def test_sanity_peaks():
         (lambda d: d.update(computeMajor=8, computeMinor=7, architecture="ampere"),
          "NVIDIA H100: no resident-thread limit known for compute capability 8.7"),
         (lambda d: d.update(TODO=[]), "still has the skeleton's TODO list"),
+        (lambda d: d.update(p2p="no"), "field 'p2p' must be true or false, got 'no'"),
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
@@ -136,6 +156,17 @@ def test_every_value_has_a_source_and_links_are_consistent():
     assert load_hardware("RTX 6000 Ada").tc_bf16 == l40.tc_bf16  # same AD102 board; corrected from the artifact
     assert l20.tc_bf16 * l20.num_sms * l20.sm_freq * 1e6 == pytest.approx(119.5e12, rel=0.01)
     assert load_hardware("H800").link_gbps < load_hardware("H100").link_gbps  # export-reduced NVLink
+
+
+def test_only_geforce_boards_lack_peer_to_peer(tmp_path, repo_root):
+    """RTX 4090's provenance said GeForce has no GPU peer-to-peer, but no field said it, so its collective estimate
+    read as L40's: "p2p": false (sourced) marks it; a file without the field is a board with P2P."""
+    assert [stem for stem in EXPECTED if not load_hardware(stem).p2p] == ["RTX 4090"]
+    data = json.loads((repo_root / "hardware" / "RTX 4090.json").read_text())
+    assert data["p2p"] is False and "peer-to-peer" in data["provenance"]["p2p"]
+    del data["p2p"], data["provenance"]["p2p"]
+    (tmp_path / "RTX 4090.json").write_text(json.dumps(data))
+    assert HardwareRegistry(tmp_path).get("RTX 4090").p2p
 
 
 @pytest.mark.parametrize("stem", sorted(UNMEASURED_PEAKS))

@@ -191,6 +191,29 @@ def test_aggregator_refuses_a_workload_that_does_not_fit(tmp_path, repo_root):
     assert record["fits"] is False and record["ignored"] is True and record["smallest_tp"] == 4
 
 
+def test_fp8_on_a_gpu_without_an_fp8_rate_is_refused_for_that_alone(tmp_path):
+    """Llama-3.1-70B FP8 at TP 4 on A10 or A30 (no FP8 tensor rate; too large too) was refused with "the smallest TP
+    that fits is 8", a fix that would not make it run: the missing FP8 rate is the one reason given, also with
+    --ignore_memory (here and in an --hardware all sweep); a GPU with the rate still gets the memory check."""
+    from pipeweave.aggregate import Job, load_workload, memory_check
+    from pipeweave.cli import UserError
+    from pipeweave.workload import build_workload, serialize_workload
+
+    path = tmp_path / "llama70b_fp8_tp4.json"
+    path.write_bytes(serialize_workload(build_workload(load_model_config("Llama-3.1-70B"), ARXIV_16, 2, tp=4,
+                                                       dtype="fp8")))
+    workload = load_workload(path)
+    for gpu in ("A10", "A30"):
+        for ignore in (False, True):
+            with pytest.raises(UserError) as error:
+                memory_check(Job(workload, GPUS.get(gpu)), ignore, log=None)
+            assert str(error.value) == (f"llama70b_fp8_tp4 on {gpu}: {gpu} has no FP8 tensor-core rate (tcFp8) in its "
+                                        f"hardware JSON (add the dense FP8 rate with FP32 accumulation and its source "
+                                        f"if the GPU has FP8 tensor cores)")
+    with pytest.raises(UserError, match="L4: does not fit in GPU memory at TP 4: .*; the smallest TP that fits is 8"):
+        memory_check(Job(workload, GPUS.get("L4")), False, log=None)
+
+
 # ------------------------------------------------------------------------------------------------
 # configs a user writes: what the reader must not get silently wrong
 # ------------------------------------------------------------------------------------------------

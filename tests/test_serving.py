@@ -7,6 +7,7 @@ reproduces the aggregator's engine exactly, whatever the weights.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from argparse import Namespace
@@ -249,6 +250,28 @@ def test_kv_capacity_from_memory():
     assert kv_cache_blocks(cfg, 80 * 2**30, 2, 1, 8192, 1024) > 2 * blocks
     with pytest.raises(WorkloadError, match="does not fit"):
         kv_cache_blocks(load_model_config("Llama-3.1-70B"), 80 * 2**30, 1, 1, 8192, 1024)
+
+
+def test_no_kv_cache_names_the_smallest_tp_that_fits(tmp_path):
+    """serve_sim refused Llama-3.1-70B on an RTX 4090 ("leave no KV cache in the 23.2 GB available") without the
+    smallest TP that would fit, which the aggregator's memory check names: it now does, from the same search
+    (pipeweave.memory.smallest_fitting_tp), at the PP given."""
+    cfg, rtx_4090 = load_model_config("Llama-3.1-70B"), 25757220864  # totalGlobalMem of hardware/RTX 4090.json
+    with pytest.raises(WorkloadError, match=r"leave no KV cache in the 23\.2 GB available \(0\.9 x totalGlobalMem\); "
+                                            r"the smallest TP that fits at PP1 is 8$"):
+        kv_cache_blocks(cfg, rtx_4090, 1, 1, 2048, 256)
+    with pytest.raises(WorkloadError, match="does not fit"):
+        kv_cache_blocks(cfg, rtx_4090, 4, 1, 2048, 256)
+    assert kv_cache_blocks(cfg, rtx_4090, 8, 1, 2048, 256) >= 1
+    with pytest.raises(WorkloadError, match="the smallest TP that fits at PP2 is 4$"):
+        kv_cache_blocks(cfg, rtx_4090, 1, 2, 2048, 256)
+    with pytest.raises(WorkloadError, match="no TP up to 64 fits at PP1$"):
+        kv_cache_blocks(cfg, 2**30, 1, 1, 2048, 256)
+    result = run_script("serve_sim.py", "--model_config", "Llama-3.1-70B", "--trace", "vllm_arxiv16", "--hardware",
+                        "RTX 4090", "--output", tmp_path / "out.json")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.rstrip().endswith("the smallest TP that fits at PP1 is 8")
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_no_kv_cache_message_names_every_term_in_gb():
@@ -633,6 +656,17 @@ def test_serve_sim_refuses_an_output_over_its_trace(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "per-request CSV of --output" in result.stderr and "would overwrite the --trace file" in result.stderr
     assert trace_path.read_text() == before and not (tmp_path / "mine.json").exists()
+
+
+def test_serving_takes_a_hugging_face_model_directory(tmp_path):
+    """serve_sim.py and search_config.py check --model_config before any work: a downloaded model's directory
+    (its config.json) passes, one without config.json is refused with that reason."""
+    folder = tmp_path / "Llama-3.1-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text())
+    check_paths(Namespace(model_config=str(folder), trace="splitwise_48"), {"--output": tmp_path / "out.json"})
+    with pytest.raises(UserError, match=f"^model config directory {re.escape(str(tmp_path))} has no config.json"):
+        check_paths(Namespace(model_config=str(tmp_path), trace="splitwise_48"), {"--output": tmp_path / "o.json"})
 
 
 def test_output_over_another_output_names_it_once(tmp_path):

@@ -384,6 +384,53 @@ def test_cli_single_workload(tmp_path):
     assert [c["name"] for c in data["iterations"][1]["operators"]["communication"]] == ["all_reduce", "send_recv"]
 
 
+def _hf_directory(parent: Path, name: str = "Llama-3.1-8B") -> Path:
+    """A Hugging Face model directory as a download leaves it: the config as config.json beside the weights."""
+    folder = parent / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text())
+    (folder / "model.safetensors.index.json").write_text("{}")
+    return folder
+
+
+def test_a_hugging_face_model_directory_reads_its_config_json(tmp_path, monkeypatch):
+    """--model_config DIR of a downloaded model said "model config file not found: DIR" although DIR exists: a
+    directory now means its config.json, named after the model (the directory), not "config"."""
+    shipped = load_model_config("Llama-3.1-8B")
+    folder = _hf_directory(tmp_path)
+    for name in (folder, f"{folder}/", folder / "config.json"):
+        assert load_model_config(name) == shipped  # the stem too: Llama-3.1-8B
+    # the Hugging Face cache: config.json links into blobs/, the snapshot folder is a revision hash
+    repo = tmp_path / "hub" / "models--meta-llama--Llama-3.1-8B"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0b1c").write_text((folder / "config.json").read_text())
+    snapshot = repo / "snapshots" / "d04e592bb4f6aa9cfee91e2e20afa771667e1d4b"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to("../../blobs/0b1c")
+    assert load_model_config(snapshot).stem == "Llama-3.1-8B"
+    monkeypatch.chdir(folder)
+    assert load_model_config(".").stem == "Llama-3.1-8B"
+    # a directory without config.json says so; a bare name that is also a shipped stem still finds the stem
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "Qwen3-14B").mkdir()
+    with pytest.raises(WorkloadError, match=r"^model config directory \S+weights has no config\.json"):
+        load_model_config(tmp_path / "weights")
+    monkeypatch.chdir(tmp_path)
+    assert load_model_config("Qwen3-14B") == load_model_config(DEFAULT_CONFIG_DIR / "Qwen3-14B.json")
+    with pytest.raises(WorkloadError, match=r"^model config directory weights has no config\.json"):
+        load_model_config("weights")
+
+
+def test_cli_takes_a_hugging_face_model_directory(tmp_path):
+    folder = _hf_directory(tmp_path / "models")
+    result = _cli("--model_config", str(folder), "--trace", "arxiv_8", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["Llama-3.1-8B_arxiv_8_fa3_tp1_pp1.json"]
+    result = _cli("--model_config", str(tmp_path / "models"), "--trace", "arxiv_8", "--output_dir", str(tmp_path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"error: model config directory {tmp_path / 'models'} has no config.json" in result.stderr
+
+
 def test_generator_notes_qwen3_qk_norm(tmp_path, capsys):
     """A Qwen3 workload without --qk_norm_rmsnorm leaves the q/k RMSNorm kernels out; the generator says so."""
     from pipeweave.generate_cli import main

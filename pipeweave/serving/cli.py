@@ -12,7 +12,7 @@ from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simu
 from pipeweave.serving.simulator import request_metrics, summarize
 from pipeweave.serving.step_cost import MIXED_ATTENTION
 from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT
-from pipeweave.workload_inputs import resolve_named_file
+from pipeweave.workload_inputs import resolve_model_config, resolve_named_file
 
 CSV_COLUMNS = ("request", "prompt_tokens", "output_tokens", "arrival_ms", "first_token_ms", "finish_ms", "ttft_ms",
                "tpot_ms", "e2e_ms", "preemptions")
@@ -33,7 +33,8 @@ def add_engine_arguments(parser) -> None:
 
 def add_scheduler_arguments(parser) -> None:
     """Flags of the model, the request stream and the scheduler (shared with search_config.py)."""
-    parser.add_argument("--model_config", required=True, help="model config: path or stem of config/")
+    parser.add_argument("--model_config", required=True, help="model config: JSON path, Hugging Face model directory "
+                                                                   "(its config.json) or stem of config/")
     parser.add_argument("--trace", required=True, help="request trace: CSV path or stem of workload/traces/")
     parser.add_argument("--qps", type=float, default=None,
                         help="Poisson arrival rate (requests/s, seeded); without it every request arrives at t = 0, "
@@ -110,7 +111,7 @@ def check_paths(args, outputs: dict) -> None:
     """Before any work: each output (what names it -> path) writable, and none the same file as an input or as
     another output (serve_sim's per-request CSV takes --output's stem, so --output trace.json would replace trace.csv).
     Unknown --model_config or --trace names are reported here too."""
-    model = resolve_named_file(args.model_config, DEFAULT_CONFIG_DIR, ".json", "model config")
+    model = resolve_model_config(args.model_config, DEFAULT_CONFIG_DIR)
     trace = resolve_named_file(args.trace, DEFAULT_TRACE_DIR, ".csv", "trace")
     seen = {model.resolve(): "the --model_config file", trace.resolve(): "the --trace file"}
     for name, path in outputs.items():
