@@ -14,8 +14,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, run_cli, write_atomically
 from pipeweave.validation import check_shape_table
 
@@ -62,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         list_operators(args)
         return 0
 
+    try:  # `list` runs on the base install; only reading and writing the CSV needs pandas
+        import pandas as pd
+    except ImportError:
+        raise UserError("python3 -m analytical_model features needs pandas (pip install '.[train]')") from None
     if not args.input.is_file():
         raise UserError(f"input file not found: {args.input}")
     try:

@@ -95,3 +95,16 @@ def test_partial_tile_columns_are_one_error_line(tmp_path, repo_root):
         f"python3 -m analytical_model: error: {src}: tile column(s) tile_M without tile_N, tile_K, is_split_k, "
         f"cta_count: the tile columns override the tile rule together (give all of tile_M, tile_N, tile_K, "
         f"is_split_k, cta_count, or none)"]
+
+
+def test_list_runs_without_pandas_and_features_says_what_it_needs(monkeypatch, capsys):
+    """`python3 -m analytical_model list` failed with a pandas traceback on the base install (no pandas), though it
+    only prints the registry; `features` now says it needs pandas and how to install it, in one line."""
+    from analytical_model.__main__ import main
+    from pipeweave.cli import UserError
+
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas raises ImportError
+    assert main(["list", "--keys"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["gemm", "gemm_fp8"]
+    with pytest.raises(UserError, match=r"needs pandas \(pip install '\.\[train\]'\)"):
+        main(["features", "--op", "gemm", "--input", "in.csv", "--output", "out.csv"])
