@@ -135,11 +135,17 @@ def render(pairs: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python3 -m pipeweave.calibration_e2e", description=__doc__.split("\n")[0])
-    parser.add_argument("--real_dir", type=Path, default=DEFAULT_REAL_DIR)
-    parser.add_argument("--workload_dir", type=Path, default=DEFAULT_WORKLOAD_DIR)
-    parser.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR)
-    parser.add_argument("--csv", type=Path, default=E2E_DIR / "calibration_loro.csv")
-    parser.add_argument("--markdown", type=Path, default=DOCS_DIR / "E2E.md")
+    parser.add_argument("--real_dir", type=Path, default=DEFAULT_REAL_DIR,
+                        help="measured end-to-end runs (default: e2e/real, its measured_runs.csv)")
+    parser.add_argument("--workload_dir", type=Path, default=DEFAULT_WORKLOAD_DIR,
+                        help="the runs' workload JSONs (default: workload)")
+    parser.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR,
+                        help="GPU spec JSONs (default: hardware)")
+    parser.add_argument("--csv", type=Path, default=E2E_DIR / "calibration_loro.csv",
+                        help="output CSV, one row per (calibrating run, scored run) pair "
+                             "(default: e2e/calibration_loro.csv)")
+    parser.add_argument("--markdown", type=Path, default=DOCS_DIR / "E2E.md",
+                        help="report whose onboarding section is rewritten (default: docs/E2E.md)")
     args = parser.parse_args(argv)
     pairs = evaluate(args.real_dir, args.workload_dir, args.hardware_dir, log=lambda m: print(m, flush=True))
     write_atomically(args.csv, lambda tmp: pairs.to_csv(tmp, index=False, float_format="%.3f"))
