@@ -96,22 +96,26 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
                               dtype=spec.dtype)
     generated = GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep,
                                               spec.dtype), serialize_workload(workload))
-    _refuse_paper_name_clash(spec, generated)
+    _refuse_paper_name_clash(spec, generated, config_dir, trace_dir)
     return generated
 
 
-def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload) -> None:
+def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload, config_dir, trace_dir) -> None:
     """Two paper workloads were generated with ``--qk_norm_rmsnorm`` under the plain name the artifact gave them, so
     the same command without the flag (or with another config or trace of that name) would silently write a
-    different workload under a paper file's name."""
+    different workload under a paper file's name. A paper spec read from the default folders is the paper's own;
+    anything else is compared byte for byte (only when the name is a paper file's)."""
     paper = dict(zip(paper_set_names(), PAPER_SET)).get(generated.file_name)
-    if paper is None or spec == paper:
+    if paper is None:
         return
-    if generate(paper).content != generated.content:
-        variant = " --qk_norm_rmsnorm" if paper.qk_norm_rmsnorm and not spec.qk_norm_rmsnorm else ""
-        raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py "
-                            f"--paper_set) that this one differs from; give --name to write it under another name"
-                            + (f", or add{variant} to generate the paper's" if variant else ""))
+    default_folders = (Path(config_dir).resolve() == Path(DEFAULT_CONFIG_DIR).resolve()
+                       and Path(trace_dir).resolve() == Path(DEFAULT_TRACE_DIR).resolve())
+    if (spec == paper and default_folders) or generate(paper).content == generated.content:
+        return
+    flag = " (the paper's was generated with --qk_norm_rmsnorm)" if paper.qk_norm_rmsnorm else ""
+    raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py --paper_set "
+                        f"writes it) and this workload differs from it{flag}; give --name with another label to "
+                        f"write it under another name")
 
 
 def uniform_trace(spec: WorkloadSpec) -> Trace:

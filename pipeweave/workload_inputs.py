@@ -241,21 +241,21 @@ HF_CONFIG_FILE = "config.json"
 
 
 def resolve_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_DIR) -> Path:
-    """The config file ``name`` means: a Hugging Face model directory's ``config.json`` (users point at the checkpoint
-    they serve, not at a file inside it), a file path, or a stem of ``config_dir``. A directory without a
-    ``config.json`` is an error only when the name is no stem either, so a cwd folder named like a shipped config
-    does not hide it."""
-    path = Path(str(name))
-    if path.is_dir() and (path / HF_CONFIG_FILE).is_file():
-        return path / HF_CONFIG_FILE
-    try:
-        return resolve_named_file(name, Path(config_dir), ".json", "model config")
-    except WorkloadError:
-        if path.is_dir():
-            raise WorkloadError(f"model config directory {name} has no {HF_CONFIG_FILE} (a Hugging Face model "
-                                f"directory holds one); give the directory that does, or the config JSON "
-                                f"file") from None
-        raise
+    """The config file ``name`` means: a file path, a stem of ``config_dir``, or a Hugging Face model directory's
+    ``config.json`` (users point at the checkpoint they serve, not at a file inside it). A bare name that is a stem
+    of ``config_dir`` means that config even where the current folder has a model directory of the same name (a
+    download named Qwen2.5-14B would otherwise replace the shipped config, the paper set's included): such a
+    directory is given as a path, ``./Qwen2.5-14B``."""
+    text = str(name)
+    path = Path(text)
+    bare = "/" not in text and "\\" not in text
+    stem_file = Path(config_dir) / f"{text[:-5] if text.endswith('.json') else text}.json"
+    if path.is_dir() and not (bare and stem_file.is_file()):
+        if (path / HF_CONFIG_FILE).is_file():
+            return path / HF_CONFIG_FILE
+        raise WorkloadError(f"model config directory {name} has no {HF_CONFIG_FILE} (a Hugging Face model directory "
+                            f"holds one); give the directory that does, or the config JSON file")
+    return resolve_named_file(name, Path(config_dir), ".json", "model config")
 
 
 def config_stem(path: Path) -> str:

@@ -481,11 +481,33 @@ def test_variants_enter_the_file_name_and_paper_names_are_not_overwritten(tmp_pa
     assert qk_paper in paper_set_names()
     argv = ["--model_config", "Qwen3-32B", "--trace", "arxiv_16", "--tp", "2", "--prefill_attn", "fa2_ragged",
             "--output_dir", str(tmp_path)]
-    with pytest.raises(WorkloadError, match=f"{qk_paper}.*--name.*--qk_norm_rmsnorm"):
+    with pytest.raises(WorkloadError, match=f"{qk_paper}.*--qk_norm_rmsnorm.*--name"):
         main(argv)
+    other_traces = tmp_path / "traces"  # the same trace name in another folder, another workload
+    other_traces.mkdir()
+    (other_traces / "arxiv_12.csv").write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,100,10,10\n")
+    with pytest.raises(WorkloadError, match="Qwen3-32B_arxiv_12_fa2_tp2_pp1.json is the name of a paper workload"):
+        main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",
+              "--trace_dir", str(other_traces), "--output_dir", str(tmp_path)])
+    assert main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",
+                 "--trace_dir", str(DEFAULT_TRACE_DIR), "--output_dir", str(tmp_path)]) == 0  # the paper's own
     assert not (tmp_path / qk_paper).exists()
     assert main(argv + ["--qk_norm_rmsnorm"]) == 0
     written = tmp_path / "Qwen3-32B_arxiv_16_qknorm_fa2_tp2_pp1.json"
     assert written.read_bytes() == generate(PAPER_SET[PAPER_SET.index(
         WorkloadSpec("Qwen3-32B", "arxiv_16", tp=2, prefill_attn="fa2_ragged", qk_norm_rmsnorm=True,
                      name="arxiv_16"))]).content
+
+
+def test_a_folder_named_like_a_shipped_config_does_not_replace_it(tmp_path, monkeypatch):
+    """A Hugging Face download in the current folder named like a shipped config (Qwen2.5-14B/config.json) replaced
+    config/Qwen2.5-14B.json for every bare name, the paper set's included; a bare stem now means the shipped config
+    and the folder is reached as a path."""
+    from pipeweave.workload_inputs import resolve_model_config
+
+    (tmp_path / "Qwen2.5-14B").mkdir()
+    (tmp_path / "Qwen2.5-14B" / "config.json").write_text((DEFAULT_CONFIG_DIR / "Qwen2.5-14B.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_config("Qwen2.5-14B") == DEFAULT_CONFIG_DIR / "Qwen2.5-14B.json"
+    assert resolve_model_config("./Qwen2.5-14B") == Path("./Qwen2.5-14B") / "config.json"
+    assert resolve_model_config(tmp_path / "Qwen2.5-14B") == tmp_path / "Qwen2.5-14B" / "config.json"
