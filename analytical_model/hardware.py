@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,9 +63,9 @@ PLAUSIBLE_RANGES = {
 }
 
 
-#: how alike (difflib ratio) an unknown GPU name and a known one must be for "did you mean": 0.8 takes "RTX4090" and
-#: "H100 PCI" but not "V100" for A100 (0.75), a different GPU the user would be misled to
-SUGGEST_CUTOFF = 0.8
+#: how alike (difflib ratio) an unknown GPU name and a known one must be for "did you mean" (besides the same model
+#: numbers and the letter before them, which tell GPUs apart: RTX 5090 is not an RTX 4090, nor H800 PCIe an H100 PCIe)
+SUGGEST_CUTOFF = 0.7
 
 
 class UnknownHardwareError(ValueError):
@@ -216,10 +217,20 @@ class HardwareRegistry:
 
     def _did_you_mean(self, name: str) -> str:
         """The clause "did you mean 'RTX 4090'? " naming the GPUs (at most three) whose names are close to ``name``
-        once case, spaces and underscores are ignored ("RTX4090", "h100-pcie"), else "": the full list alone hides
-        the one meant."""
-        squashed = {key.replace(" ", ""): stem for key, stem in self._index.items()}
-        close = difflib.get_close_matches(_normalise(name).replace(" ", ""), squashed, n=10, cutoff=SUGGEST_CUTOFF)
+        once case, spaces, underscores and hyphens are ignored ("RTX4090", "h100-pcie") and that carry the same
+        numbers and letter before them, else "": the full list alone hides the one meant, and a suggestion of another GPU
+        (RTX 4090 for "RTX 5090") would mislead."""
+        def squash(text: str) -> str:
+            return re.sub(r"[\s_-]", "", text.lower())
+
+        def identity(text: str) -> tuple:  # the numbers, and the letter before the first (H100 is not A100)
+            return re.findall(r"\d+", text), re.findall(r"([a-z]?)\d", text)[:1]
+
+        squashed = {squash(key): stem for key, stem in self._index.items()}
+        query = squash(name)
+        close = [query] if query in squashed else [
+            key for key in difflib.get_close_matches(query, squashed, n=10, cutoff=SUGGEST_CUTOFF)
+            if identity(key) == identity(query)]
         stems = list(dict.fromkeys(squashed[key] for key in close))[:3]
         if not stems:
             return ""
