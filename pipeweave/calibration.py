@@ -132,7 +132,8 @@ def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
 
 @dataclass
 class Equations:
-    """Measured quantities as sums of terms: quantity e = Σ_{terms t of e} base_t · exp(x_t · θ)."""
+    """Measured quantities as sums of terms: quantity e = Σ_{terms t of e} max(base_t · exp(x_t · θ), floor_t), the
+    floor being the fastest time the engine allows the term after a calibration (0: none)."""
 
     eq: np.ndarray  # equation index of every term
     base: np.ndarray  # zero-shot duration of every term (count-weighted), > 0
@@ -140,6 +141,11 @@ class Equations:
     measured: np.ndarray  # per equation, > 0
     sigma: np.ndarray  # per equation, observation noise in log space
     labels: list[str] = field(default_factory=list)
+    floor: np.ndarray | None = None  # per term (count-weighted), >= 0; None: zeros
+
+    def __post_init__(self):
+        if self.floor is None:
+            self.floor = np.zeros(len(self.base))
 
     @classmethod
     def empty(cls) -> "Equations":
@@ -151,7 +157,8 @@ class Equations:
         for part in parts:
             out = cls(np.concatenate([out.eq, part.eq + offset]), np.concatenate([out.base, part.base]),
                       np.vstack([out.x, part.x]), np.concatenate([out.measured, part.measured]),
-                      np.concatenate([out.sigma, part.sigma]), out.labels + part.labels)
+                      np.concatenate([out.sigma, part.sigma]), out.labels + part.labels,
+                      np.concatenate([out.floor, part.floor]))
             offset += len(part.measured)
         return out
 
@@ -162,14 +169,16 @@ class Equations:
         renumber = np.cumsum(keep) - 1
         return Equations(renumber[self.eq[terms]], self.base[terms], self.x[terms], self.measured[keep],
                          self.sigma[keep], [label for label, kept in zip(self.labels, keep) if kept]
-                         if self.labels else [])
+                         if self.labels else [], self.floor[terms])
 
     def predict(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(predicted quantities, their Jacobian d log(prediction) / dθ)."""
+        """(predicted quantities, their Jacobian d log(prediction) / dθ; a term held at its floor moves nothing)."""
         n = len(self.measured)
-        weighted = self.base * np.exp(self.x @ theta)
-        total = np.bincount(self.eq, weights=weighted, minlength=n)
-        jac = np.stack([np.bincount(self.eq, weights=weighted * self.x[:, p], minlength=n)
+        scaled = self.base * np.exp(self.x @ theta)
+        free = scaled > self.floor
+        total = np.bincount(self.eq, weights=np.where(free, scaled, self.floor), minlength=n)
+        moving = np.where(free, scaled, 0.0)
+        jac = np.stack([np.bincount(self.eq, weights=moving * self.x[:, p], minlength=n)
                         for p in range(self.x.shape[1])], axis=1)
         return total, jac / total[:, None]
 

@@ -149,8 +149,12 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
                         f"{spec.total_global_mem / 1e9:.1f} GB: it cannot have run on this GPU")
 
 
-def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(zero-shot single duration in ms, design row) of every operator instance of ``workload`` on ``spec``."""
+def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: dict
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(single duration in ms, design row, fastest ms) of every operator instance of ``workload`` on ``spec``: a
+    kernel's duration as the model gives it before the clamp to its fastest time, which the engine applies after a
+    calibration and so the fit does too (:class:`pipeweave.calibration.Equations`); a collective's zero-shot
+    prediction, with no fastest time (0)."""
     from pipeweave.engine import Job
     from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES
 
@@ -161,7 +165,7 @@ def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: di
         for category, name, i in entries:
             entry = durations[category][name] if name is not None else durations[category]
             single[i] = entry["single_duration_ms"]
-    x = np.zeros((len(single), len(PARAMS)))
+    x, fastest = np.zeros((len(single), len(PARAMS))), np.zeros(len(single))
     for kind in COLLECTIVE_KINDS:
         rows = np.flatnonzero((workload.inst_code == COMMUNICATION_CODE)
                               & np.isin(workload.inst_local, [i for i, (k, _) in enumerate(workload.collectives)
@@ -174,21 +178,24 @@ def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: di
         if not rows.size:
             continue
         shapes = workload.shapes[op]
-        features, _ = aggregator.kernel_features(op, [(spec.stem, shape) for shape in shapes])
-        unique_x = design(op, features, shapes, standardisation)
-        x[rows] = unique_x[workload.inst_local[rows]]
-    return single, x
+        keys = [(spec.stem, shape) for shape in shapes]
+        features, described = aggregator.kernel_features(op, keys)
+        model, unique_fastest = aggregator.model_ms(op, keys, features, described)
+        local = workload.inst_local[rows]
+        single[rows], fastest[rows] = model[local], unique_fastest[local]
+        x[rows] = design(op, features, shapes, standardisation)[local]
+    return single, x, fastest
 
 
 def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, prior: Prior, label: str) -> Equations:
     """Equations of one measured run: prefill (Σ prefill iterations), decode step (mean decode iteration), total."""
-    single, x = instance_terms(aggregator, workload, spec, prior.standardisation)
+    single, x, fastest = instance_terms(aggregator, workload, spec, prior.standardisation)
     phases = np.array(workload.phases)[workload.inst_iter]
-    weighted = single * workload.inst_count
+    weighted, weighted_fastest = single * workload.inst_count, fastest * workload.inst_count
     n_decode = sum(phase != "prefill" for phase in workload.phases)
     masks = {"prefill_ms": (phases == "prefill", 1.0), "decode_step_ms": (phases != "prefill", 1.0 / max(n_decode, 1)),
              "total_ms": (np.ones(len(phases), bool), 1.0)}
-    eq, base, rows, values, labels = [], [], [], [], []
+    eq, base, floor, rows, values, labels = [], [], [], [], [], []
     for metric in METRICS:
         value = measured.get(metric)
         mask, scale = masks[metric]
@@ -201,13 +208,14 @@ def run_equations(aggregator, workload, spec: HardwareSpec, measured: dict, prio
                             f"from; leave that cell empty")
         eq.append(np.full(keep.size, len(values)))
         base.append(weighted[keep] * scale)
+        floor.append(weighted_fastest[keep] * scale)
         rows.append(x[keep])
         values.append(value)
         labels.append(f"{label} {metric}")
     if not values:
         return Equations.empty()
     return Equations(np.concatenate(eq), np.concatenate(base), np.vstack(rows), np.array(values),
-                     np.full(len(values), prior.sigma_e2e), labels)
+                     np.full(len(values), prior.sigma_e2e), labels, np.concatenate(floor))
 
 
 # ------------------------------------------------------------------------------------------------

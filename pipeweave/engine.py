@@ -485,14 +485,10 @@ class Engine:
         from pipeweave.bounds import clip_efficiency, l2_cycles
         from pipeweave.predictor import duration_us
 
-        operator = get_operator(op)
-        ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
         stems = [stem for stem, _ in keys]
         shapes = [shape for _, shape in keys]
-        share = pass_shares(keys, self.registry) if op == "moe" else 1.0  # a pass's part of its layer
         specs = [self.registry.get(stem) for stem in stems]
-        freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
-        efficiency, codes = self.predictor.kernel_rows(op, features, described, stems)
+        ideal, efficiency, codes, freq, share = self._model_rows(op, keys, features, described)
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.calibration is not None:  # a correction cannot make the kernel beat its physical bound either
             fastest = self.fastest_ms(op, keys, features, described) if fastest is None else fastest
@@ -513,6 +509,26 @@ class Engine:
                                 freq, l2=l2)[0]
         optimistic = self._calibrated(op, stems, duration_us(ideal, upper, freq) / 1000.0 * share, features, shapes)
         return point, np.minimum(np.maximum(optimistic, fastest), point), codes
+
+    def _model_rows(self, op: str, keys, features: np.ndarray, described: np.ndarray) -> tuple:
+        """(C_ideal, efficiency inside the band, extrapolation bits, SM clock, share of the predicted row: an MoE
+        pass's part of its layer, else 1) of the unique (GPU stem, shape) rows."""
+        ideal = get_operator(op).ideal_cycles(features.astype(np.float32)).astype(np.float64)
+        stems = [stem for stem, _ in keys]
+        freq = np.array([self.registry.get(stem).sm_freq for stem in stems], dtype=np.float64)
+        share = pass_shares(keys, self.registry) if op == "moe" else 1.0
+        efficiency, codes = self.predictor.kernel_rows(op, features, described, stems)
+        return ideal, efficiency, codes, freq, share
+
+    def model_ms(self, op: str, keys, features: np.ndarray, described: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ms the model gives the unique rows inside the efficiency band, before any calibration and before the
+        clamp to the fastest time; that fastest time, :meth:`fastest_ms`): a calibration scales the first and the
+        engine keeps the result at or above the second, which a calibration fit must do the same way
+        (:mod:`pipeweave.calibration_fit`)."""
+        from pipeweave.predictor import duration_us
+
+        ideal, efficiency, _, freq, share = self._model_rows(op, keys, features, described)
+        return duration_us(ideal, efficiency, freq) / 1000.0 * share, self.fastest_ms(op, keys, features, described)
 
     def _calibrated(self, kind: str, stems: Sequence[str], ms: np.ndarray, features: np.ndarray | None = None,
                     shapes: Sequence[tuple] | None = None) -> np.ndarray:

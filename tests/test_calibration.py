@@ -843,3 +843,33 @@ def test_measurements_the_calibration_cannot_explain_are_warned(tmp_path, capsys
     prefill, decode = summary["prefill_duration_ms"] * 1.2, summary["decode_avg_duration_ms"] * 0.9
     code, _ = calibrate(tmp_path, f"{tp1},{prefill},{decode},{prefill + 3 * decode}\n", name="fine.json")
     assert code == 0 and "WARNING" not in capsys.readouterr().out
+
+
+def test_the_fit_predicts_what_the_calibrated_engine_predicts_where_kernels_sit_at_their_floor():
+    """The fit scaled the engine's floored durations while the engine scales the model's and floors after: on L40S,
+    whose decode attention sits at its cached KV's DRAM time, a run measured 0.6x in decode was fitted to a 22.10 ms
+    step the calibrated aggregator put at 22.26 ms. The fit now floors each term as the engine does: the two agree."""
+    from pipeweave.calibration_e2e import runs_prior
+    from pipeweave.engine import as_flat_workload
+    from pipeweave.generate import WorkloadSpec, generate
+    from pipeweave.schema import Workload
+
+    generated = generate(WorkloadSpec("Llama-3.1-8B", None, requests=8, prompt_tokens=2048, output_tokens=4))
+    flat = as_flat_workload(Workload.from_dict(json.loads(generated.content), "w.json"))
+    engine = aggregate.Aggregator(collective_estimate="analytical", log=None)
+    spec = engine.gpu("L40S")
+    zero = engine.predict([aggregate.Job(flat, spec)])[0].result["summary"]
+    decode = 0.6 * zero["decode_avg_duration_ms"]
+    truth = {"prefill_ms": zero["prefill_duration_ms"], "decode_step_ms": decode,
+             "total_ms": zero["prefill_duration_ms"] + 3 * decode}
+    prior = runs_prior(engine, spec, [flat], load_prior())
+    equations = calibration_fit.run_equations(engine, flat, spec, truth, prior, "run")
+    np.testing.assert_allclose(equations.predict(np.zeros(len(PARAMS)))[0],
+                               [zero["prefill_duration_ms"], zero["decode_avg_duration_ms"], zero["total_duration_ms"]],
+                               rtol=1e-6)
+    assert (equations.floor >= equations.base).any()  # some terms sit at their floor
+    theta, std = fit_map(equations, prior)
+    engine.calibration = Calibration(spec.stem, spec.name, theta, std, {"e2e": "run"}, {}, {}, prior.standardisation)
+    calibrated = engine.predict([aggregate.Job(flat, spec)])[0].result["summary"]
+    np.testing.assert_allclose(equations.predict(theta)[0], [calibrated["prefill_duration_ms"],
+                               calibrated["decode_avg_duration_ms"], calibrated["total_duration_ms"]], rtol=1e-6)

@@ -37,7 +37,7 @@ def halves(n: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
 def subset(equations: Equations, rows: np.ndarray) -> Equations:
     """The kernel equations ``rows`` (one term per equation)."""
     return Equations(np.arange(len(rows)), equations.base[rows], equations.x[rows], equations.measured[rows],
-                     equations.sigma[rows], [equations.labels[i] for i in rows])
+                     equations.sigma[rows], [equations.labels[i] for i in rows], equations.floor[rows])
 
 
 def duration_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
