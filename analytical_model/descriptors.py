@@ -39,7 +39,7 @@ def tensor_cycles(flops, rate: float, hw: HardwareSpec) -> np.ndarray:
 def gemm(m, n, k, hw: HardwareSpec, operand_bytes: int = 2, rate: float | None = None) -> np.ndarray:
     """A and B read and C (BF16) written once; ``rate`` is the tensor rate of the operands (default BF16's)."""
     if rate is not None and not rate > 0:
-        raise ValueError(f"tensor rate must be positive, got {rate!r}")
+        raise ValueError(f"{hw.stem}: tensor rate must be positive, got {rate!r}")
     m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
     flops = 2.0 * m * n * k
     nbytes = operand_bytes * (m * k + n * k) + 2 * m * n

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from analytical_model.gemm_fp8 import missing_rate
 from analytical_model.hardware import load_hardware
 from pipeweave.cli import ArgumentParser, UserError, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
@@ -87,11 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name,
             requests=args.requests)]
-    if args.hardware is not None and args.dtype == "fp8" and not load_hardware(args.hardware).tc_fp8:
-        raise UserError(f"--dtype fp8: {load_hardware(args.hardware).stem} has no FP8 tensor-core rate (tcFp8) in its "
-                        f"hardware JSON, so no FP8 workload can be predicted on it; use --dtype bf16, or, if the GPU "
-                        f"has FP8 tensor cores, add its dense FP8 rate with FP32 accumulation (tcFp8) and its source "
-                        f"to the JSON")
+    missing = missing_rate(load_hardware(args.hardware)) if args.hardware is not None and args.dtype == "fp8" else None
+    if missing:
+        raise UserError(f"--dtype fp8: {missing}, so no FP8 workload can be predicted on it; use --dtype bf16")
     workloads = generate_many(specs, args.config_dir, args.trace_dir)
     for path in write_workloads(workloads, args.output_dir):
         print(path)

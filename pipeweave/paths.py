@@ -74,10 +74,14 @@ def require_shared_data(command: str) -> Path:
     from pipeweave.cli import UserError
 
     path = existing_shared_data_dir()
-    missing = list(SHARED_SOURCES) if path is None else [name for name in SHARED_SOURCES if not (path / name).is_dir()]
-    if missing:
-        where = "not found" if path is None else f"without its source folders {', '.join(missing)}"
-        raise UserError(f"{command} needs the shared measurement data, {where} at {shared_data_dir()}; set "
+    if path is None:
+        raise UserError(f"{command} needs the shared measurement data, not found at {shared_data_dir()}; set "
                         f"{SHARED_DATA_ENV} to its folder (without it the output would hold aiconfigurator-core's "
                         f"GPUs only and replace the committed one)")
+    missing = [f"{name}/" for name in SHARED_SOURCES if not (path / name).is_dir()]
+    if missing:
+        raise UserError(f"{command} needs the shared measurement data: {path} was found but lacks "
+                        f"{' and '.join(missing)}; set {SHARED_DATA_ENV} to the folder that holds "
+                        f"{' and '.join(f'{name}/' for name in SHARED_SOURCES)} (without them the output would lack "
+                        f"their GPUs and replace the committed one)")
     return path

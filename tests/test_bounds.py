@@ -463,6 +463,70 @@ def test_fp8_descriptor_refuses_a_gpu_without_an_fp8_rate():
 def test_a_workload_reads_weights_and_cached_kv_from_dram_whatever_the_l2(monkeypatch):
     """A decode attention of 8 requests x 2,048 cached tokens (67 MB of K/V) on a 96 MB-L2 L40S was predicted at the
     benchmark's L2-resident speed, 0.6x the time its KV takes from DRAM; in a workload every other layer streams
+    through the L2 between two reads of a layer's KV, so the engine keeps every kernel at or above the DRAM time of
+    its cold operands: the point, the optimistic value and the fastest time (which bounds a calibrated prediction
+    and the interval's low end). Rows the benchmark already puts slower are unchanged."""
+    from pipeweave.bounds import cold_fastest_us
+    from pipeweave.paths import DEFAULT_QUANTILE_DIR
+
+    engine = Engine(quantile_dir=DEFAULT_QUANTILE_DIR, log=None)
+    engine.load_models(["attn", "gemm"])
+    decode = ("fa2_paged", 8, "[" + ",".join(["1"] * 8) + "]", "[" + ",".join(["2049"] * 8) + "]", 32, 8, 128)
+    rows = {"attn": [(gpu, decode) for gpu in ("L40S", "RTX 4090", "H100")],
+            "gemm": [("L40S", (1, 4096, 4096)), ("L40S", (8192, 4096, 4096))]}
+    hand_us = {"attn": [8 * 2048 * 8 * 128 * 2 * 2 / (engine.gpu(gpu).mem_bandwidth * 1e3) for gpu, _ in rows["attn"]],
+               "gemm": [4096 * 4096 * 2 / (engine.gpu("L40S").mem_bandwidth * 1e3)] * 2}
+    floored = {}
+    for op, keys in rows.items():
+        columns = {name: [shape[i] for _, shape in keys] for i, name in enumerate(get_operator(op).shape_columns)}
+        bandwidth = [engine.gpu(gpu).mem_bandwidth for gpu, _ in keys]
+        np.testing.assert_allclose(cold_fastest_us(op, columns, bandwidth), hand_us[op], rtol=1e-12)
+        features, described = engine.kernel_features(op, keys)
+        floored[op] = engine.kernel_durations(op, keys, features, described)[:2]
+        floor_ms = np.array(hand_us[op]) / 1000 * (1 - 1e-12)
+        assert (floored[op][0] >= floor_ms).all() and (floored[op][1] >= floor_ms).all(), op
+        assert (engine.fastest_ms(op, keys, features, described) >= floor_ms).all(), op
+
+    monkeypatch.setattr(Engine, "cold_floor_ms", lambda self, op, keys: np.zeros(len(keys)))
+    for op, keys in rows.items():
+        benchmark = engine.kernel_durations(op, keys, *engine.kernel_features(op, keys))[0]
+        np.testing.assert_allclose(floored[op][0], np.maximum(benchmark, np.array(hand_us[op]) / 1000), rtol=1e-12)
+        if op == "attn":
+            assert benchmark[0] < 0.8 * hand_us[op][0] / 1000, "the L40S benchmark prediction no longer beats the DRAM time"
+
+
+def test_cold_operand_bytes_of_every_operator_by_hand():
+    """The bytes a workload reads from DRAM whatever the L2 (the registry's cold_bytes): GEMM weights (BF16 2 N K,
+    FP8 N K), attention's K and V of the tokens cached before the iteration (a ragged prefill with a prefix counts
+    the prefix only), MoE weights of the experts that receive tokens, per pass (w13 2 N x H, w2 N x H, layer both);
+    element-wise operators read the previous kernel's output and have none."""
+    gemm = {"M": [1, 512], "N": [4096, 1024], "K": [8192, 4096]}
+    np.testing.assert_array_equal(get_operator("gemm").cold_bytes(gemm), [2 * 4096 * 8192, 2 * 1024 * 4096])
+    np.testing.assert_array_equal(get_operator("gemm_fp8").cold_bytes(gemm), [4096 * 8192, 1024 * 4096])
+    attention = {"attention_type": ["fa2_ragged", "fa2_paged"], "bs": [2, 2], "q_lengths": ["[100,50]", (1, 1)],
+                 "kv_lengths": ["[300,50]", (2048, 11)], "nh": [32, 32], "nkv": [8, 4], "hd": [128, 64]}
+    np.testing.assert_array_equal(get_operator("attn").cold_bytes(attention),
+                                  [2 * 2 * 200 * 8 * 128, 2 * 2 * (2047 + 10) * 4 * 64])
+    moe = {"weight_type": ["w13", "w2", "layer", "layer"], "M": [1, 1, 1, 300], "E": [16, 16, 16, 8],
+           "topk": [1, 1, 1, 2], "H": [4096] * 4, "N": [1536, 1536, 1536, 3584]}
+    np.testing.assert_array_equal(get_operator("moe").cold_bytes(moe), [
+        2 * 1 * 4096 * 1536 * 2, 2 * 1 * 4096 * 1536, 2 * 1 * 4096 * 1536 * 3, 2 * 8 * 4096 * 3584 * 3])
+    for op in ("rmsnorm", "siluandmul", "quantize"):
+        assert get_operator(op).cold_bytes is None
+
+
+def test_fp8_descriptor_refuses_a_gpu_without_an_fp8_rate():
+    """The FP8 GEMM descriptor took ``rate or tc_bf16``: a GPU whose JSON has no FP8 rate (0) got BF16 tensor cycles
+    silently. The calculator refuses such a GPU first, but the descriptor must not fall back on its own."""
+    hw = load_hardware("A100")
+    assert not hw.tc_fp8
+    with pytest.raises(ValueError, match="tensor rate must be positive"):
+        get_operator("gemm_fp8").descriptors({"M": np.array([64]), "N": np.array([64]), "K": np.array([64])}, hw)
+
+
+def test_a_workload_reads_weights_and_cached_kv_from_dram_whatever_the_l2(monkeypatch):
+    """A decode attention of 8 requests x 2,048 cached tokens (67 MB of K/V) on a 96 MB-L2 L40S was predicted at the
+    benchmark's L2-resident speed, 0.6x the time its KV takes from DRAM; in a workload every other layer streams
     through the L2 between two reads of a layer's KV, so the engine keeps it at or above that DRAM time (and its
     interval's low end). Rows whose prediction is already slower are unchanged; the fastest time that bounds a
     calibrated prediction and an interval's low end includes it."""
