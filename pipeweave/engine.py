@@ -477,8 +477,9 @@ class Engine:
     def kernel_durations(self, op: str, keys, features: np.ndarray, described: np.ndarray,
                          fastest: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(point, optimistic) durations in ms of the unique (GPU stem, shape) rows, each efficiency kept inside
-        its physical band (:mod:`pipeweave.bounds`) and then calibrated if asked, never past the band's fastest
-        time (``fastest``: :meth:`fastest_ms` of the rows when the caller has it), and the rows' extrapolation
+        its physical band (:mod:`pipeweave.bounds`) and then calibrated if asked, never faster than the rows' cold
+        operands allow (:meth:`cold_floor_ms`) nor, calibrated, past the band's fastest time (``fastest``:
+        :meth:`fastest_ms` of the rows, cold floor included, when the caller has it), and the rows' extrapolation
         bits (:meth:`KernelPredictor.kernel_efficiency_and_codes`). The optimistic efficiency is the quantile
         model's, never below the point one (optimistic ≤ point), times EXTRAPOLATION_WIDENING where the row is
         extrapolated (still inside the band)."""
