@@ -219,6 +219,9 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
 
     if frame is None:
         require_shared_data("train_collective_rf.py")
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():  # before the work, not after it
+        raise UserError(f"--output_dir {output_dir} exists and is not a folder")
     df = load_collectives(log=log) if frame is None else frame
     data, choice = select_training_data(df, log)
     serving_record = None
@@ -238,7 +241,6 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
         stems = sorted(set(wanted))
     else:
         stems = have
-    output_dir = Path(output_dir)
     if serving_record is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
         write_serving(serving_record, output_dir)

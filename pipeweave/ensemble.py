@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from pipeweave.mlp import NumpyMLP, ensemble_arrays, read_weight_arrays, weights_path
-from pipeweave.modeling import evaluate, feature_matrix, train_and_evaluate, write_model_dir
+from pipeweave.modeling import evaluate, feature_matrix, train_and_evaluate, write_metadata, write_model_dir
 from pipeweave.training import TrainConfig
 
 MEMBERS_DIR = "members"
@@ -112,7 +112,7 @@ def assemble_ensemble(op: str, out_dir: Path, seeds: list[int], test: pd.DataFra
     in_distribution = held_out_shapes_of_training_gpus(test, metadata)
     if len(in_distribution):  # none when --holdout_hardware made the test split another GPU's rows
         metadata["member_spread"] = member_spread_entry(model, feature_matrix(in_distribution, op, config))
-    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    write_metadata(out_dir, metadata)
     return predicted, evaluation
 
 
@@ -145,7 +145,7 @@ def write_member_spread(model_dir: str | Path, op: str, dataset_dir: str | Path)
     model = NumpyMLP.load(weights_path(model_dir, op))
     metadata["member_spread"] = member_spread_entry(model, test[metadata["model_info"]["features"]].to_numpy(
         np.float64))
-    path.write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    write_metadata(model_dir, metadata)
     return metadata["member_spread"]
 
 

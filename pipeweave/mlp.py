@@ -348,9 +348,12 @@ def ensemble_arrays(members: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
 
 
 def latest_model_dir(root: str | Path, op: str) -> Path:
-    """The lexicographically last timestamp directory under ``root/op`` that holds exported weights."""
+    """The lexicographically last timestamp directory under ``root/op`` that holds exported weights and its
+    ``metadata.json``, which training writes last: a folder whose training was interrupted before it is not a
+    model (it had made every prediction fail on "metadata.json is missing")."""
     base = Path(root) / op
-    candidates = sorted(d for d in base.glob("*") if d.is_dir() and weights_path(d, op).is_file())
+    candidates = sorted(d for d in base.glob("*") if d.is_dir() and weights_path(d, op).is_file()
+                        and (d / "metadata.json").is_file())
     if candidates:
         return candidates[-1]
     unexported = sorted(d for d in base.glob("*") if d.is_dir() and checkpoint_path(d, op).is_file())

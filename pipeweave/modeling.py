@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analytical_model.registry import get_operator
+from analytical_model.registry import get_operator, operator_keys
 from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave import edges, memory_model
 from pipeweave.calibration import file_digest
@@ -34,9 +34,33 @@ def dataset_paths(op: str, dataset_dir: str | Path = DATASET_DIR) -> tuple[Path,
 
 
 def read_dataset(path: Path) -> pd.DataFrame:
+    """A dataset split, checked: rows present, and the operator's features and target numeric and finite (a
+    damaged file failed deep inside training with "No objects to concatenate" or "could not convert string to
+    float", naming neither the file nor the remedy)."""
+    from pipeweave.validation import row_label
+
+    op = path.stem.rsplit("_", 1)[0]
+    rebuild = f"rebuild it with: python3 -m dataset.build --ops {op}"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; build it with: python3 -m dataset.build --ops {path.stem.rsplit('_', 1)[0]}")
-    return pd.read_csv(path)
+        raise FileNotFoundError(f"{path} not found; build it with: python3 -m dataset.build --ops {op}")
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]}); {rebuild}") from None
+    if frame.empty:
+        raise ValueError(f"{path}: no rows; {rebuild}")
+    columns = [*get_operator(op).feature_names, "overall_perf"] if op in operator_keys() else []
+    missing = [column for column in columns if column not in frame]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r}; {rebuild}")
+    for column in columns:
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(f"{path}: {row_label(int(bad[0]))}, column {column!r}: {frame[column].iloc[bad[0]]!r} is "
+                             f"not a finite number; {rebuild}")
+        frame[column] = values
+    return frame
 
 
 def canonical_hardware(names) -> list[str]:
@@ -265,8 +289,17 @@ def write_model_dir(
         metadata["evaluation_results"] = evaluation
     if extra:
         metadata.update(extra)
-    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
+    write_metadata(out_dir, metadata)
     return metadata
+
+
+def write_metadata(model_dir: Path, metadata: dict) -> None:
+    """``metadata.json``, written last and atomically: a model folder is complete once it exists
+    (:func:`pipeweave.mlp.latest_model_dir` passes over a folder whose training was interrupted before it)."""
+    from pipeweave.cli import write_atomically
+
+    write_atomically(Path(model_dir) / "metadata.json",
+                     lambda tmp: tmp.write_text(json.dumps(metadata, indent=2, ensure_ascii=False)))
 
 
 def worst_cases(test: pd.DataFrame, predicted: np.ndarray, top: int = 100) -> pd.DataFrame:
@@ -283,7 +316,10 @@ def timestamp_dir(root: Path, op: str) -> Path:
     """A new folder ``<root>/<op>/<timestamp>``, created here: a second run started in the same second gets a
     ``_2`` (``_3``, ...) suffix instead of writing into the first one's folder."""
     stem = Path(root) / op / datetime.now().strftime("%Y%m%d_%H%M%S")
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission: say which flag, not only the errno
+        raise OSError(f"--output_dir {root}: cannot hold model folders ({exc.strerror or exc})") from None
     for attempt in range(1, 1000):
         path = stem if attempt == 1 else stem.with_name(f"{stem.name}_{attempt}")
         try:
@@ -301,11 +337,14 @@ def saved_note(out_dir: Path, op: str) -> str:
 
     root = out_dir.parent.parent
     try:
-        newest = latest_model_dir(root, op) == out_dir
+        newest = latest_model_dir(root, op)
     except FileNotFoundError:
-        newest = False
-    if not newest:
+        newest = None
+    if newest is None:
         return f"saved {out_dir}"
+    if newest != out_dir:
+        return (f"saved {out_dir}, but predictions reading {root} do NOT use it: {newest.name} sorts after it; "
+                f"remove that folder, or predict with --model_dir pointing at a folder holding only this model")
     return (f"saved {out_dir}: the newest {op} model under {root}, so every prediction reading that folder now uses "
             f"it (delete the folder to go back, or train into another --output_dir)")
 

@@ -416,3 +416,68 @@ def test_two_runs_in_one_second_get_their_own_folders(tmp_path, monkeypatch):
     assert (first.name, second.name) == ("20261204_113741", "20261204_113741_2")
     assert first.is_dir() and second.is_dir()
     assert modeling.saved_note(second, "gemm") == f"saved {second}"  # nothing exported there: not the newest model
+
+
+def test_an_interrupted_training_leaves_no_model_that_predictions_pick(tmp_path):
+    """Training interrupted after the weights but before metadata.json (written last) left a folder the predictor
+    took as the newest model, so every prediction failed on "metadata.json is missing"; such a folder is passed
+    over, and a note says when a newly saved model is not the one predictions use."""
+    import shutil
+
+    from pipeweave.modeling import saved_note
+    from pipeweave.paths import DEFAULT_MODEL_DIR
+
+    shipped = latest_model_dir(DEFAULT_MODEL_DIR, "rmsnorm")
+    complete = tmp_path / "rmsnorm" / "20260101_000000"
+    shutil.copytree(shipped, complete)
+    interrupted = tmp_path / "rmsnorm" / "20260102_000000"
+    interrupted.mkdir()
+    shutil.copy(weights_path(shipped, "rmsnorm"), weights_path(interrupted, "rmsnorm"))
+    assert latest_model_dir(tmp_path, "rmsnorm") == complete
+    assert (KernelPredictor(tmp_path).predict_frame("rmsnorm", pd.DataFrame(
+        {"seq": [8], "dim": [4096], "hardware": ["H100"]}))["predicted_us"] > 0).all()
+    later = tmp_path / "rmsnorm" / "20260103_000000"
+    shutil.copytree(shipped, later)
+    note = saved_note(complete, "rmsnorm")
+    assert "do NOT use it" in note and later.name in note
+    assert "now uses it" in saved_note(later, "rmsnorm")
+
+
+@pytest.mark.parametrize("content,message", [
+    ("", "not a readable CSV"),
+    ("seq,dim,overall_perf\n", "no rows"),
+    ("BAD\n1\n", "no column"),
+])
+def test_a_damaged_dataset_file_names_itself_and_the_remedy(tmp_path, content, message):
+    """An empty or header-only split failed deep in training ("No columns to parse", "No objects to concatenate"),
+    and a non-number in a feature column as "could not convert string to float", naming neither file nor fix."""
+    from pipeweave.modeling import read_dataset
+
+    path = tmp_path / "rmsnorm_train.csv"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=f"rmsnorm_train.csv: {message}.*python3 -m dataset.build --ops rmsnorm"):
+        read_dataset(path)
+
+
+def test_a_non_number_in_a_feature_column_names_row_and_column(tmp_path):
+    from pipeweave.modeling import read_dataset
+    from pipeweave.paths import DATASET_DIR
+
+    frame = pd.read_csv(DATASET_DIR / "rmsnorm_test.csv").head(3)
+    frame = frame.astype({"global_in_flight": object})
+    frame.loc[1, "global_in_flight"] = "abc"
+    path = tmp_path / "rmsnorm_test.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"row 2 \(CSV line 3\), column 'global_in_flight': 'abc' is not a finite"):
+        read_dataset(path)
+    assert read_dataset(DATASET_DIR / "rmsnorm_test.csv")["overall_perf"].dtype == np.float64
+
+
+def test_a_bad_output_dir_fails_before_training(tmp_path, repo_root):
+    """train_mlp_quantile.py trained for minutes before finding that --output_dir was a file."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    result = subprocess.run([sys.executable, "train_mlp_quantile.py", "--op", "moe", "--epochs", "1", "--output_dir",
+                             str(blocker), "--no_progress"], cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"--output_dir {blocker}: cannot hold model folders" in result.stderr
+    assert "best training loss" not in result.stdout
