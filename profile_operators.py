@@ -7,7 +7,7 @@ a hardware JSON skeleton for this GPU and exits.
 
     python3 profile_operators.py --quick                 # < 5 min on one GPU
     python3 profile_operators.py --max_minutes 120       # full grid, resumable
-    python3 profile_operators.py --hardware_json "hardware/My GPU.json"
+    python3 profile_operators.py --hardware_json "My GPU.json"    # fill it in, then move it into hardware/
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeweave.cli import ArgumentParser, UserError, run_cli
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MEASURED_DIR, DEFAULT_TRACE_DIR
 from pipeweave.profiler import grids
-from pipeweave.profiler.device import NO_CUDA_MESSAGE, cuda_device_count
+from pipeweave.profiler.device import cuda_device_count, no_cuda_message, no_cuda_reason
 from pipeweave.profiler.measure import print_grid, write_hardware_json
 
 
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
 
     if args.hardware_json:
         if num_gpus == 0:
-            raise UserError("no CUDA GPU visible: --hardware_json reads the properties of the local GPU")
+            raise UserError(f"--hardware_json reads the properties of the local GPU: {no_cuda_reason()}")
         return write_hardware_json(Path(args.hardware_json), args.device)
 
     models = grids.load_models(args.configs, args.config_dir)
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         return 0
 
     if num_gpus == 0:
-        raise UserError(NO_CUDA_MESSAGE)
+        raise UserError(no_cuda_message())
     if args.device >= num_gpus:
         raise UserError(f"--device {args.device}: only {num_gpus} CUDA GPU(s) visible")
     from pipeweave.profiler.measure import measure

@@ -230,19 +230,63 @@ def kernel_shape_columns() -> dict[str, tuple[str, ...]]:
     return {**SHAPE_COLUMNS, "moe": get_operator("moe").shape_columns}
 
 
+class NothingModelled(UserError):
+    """Every row of a kernel CSV timed another kernel than the one pipeweave models: :func:`read_kernel_csvs`
+    leaves such a file out while other measurements remain."""
+
+
 def modelled_rows(frame: pd.DataFrame, reasons: list, path: Path) -> pd.DataFrame:
-    """The rows that timed the kernel pipeweave models (``reasons``: pipeweave.profiler.csvio.unmodelled_reasons);
-    the others are left out with a WARNING (an error if none is left): an eager or contiguous-cache stand-in would
-    calibrate the GPU with another kernel's time."""
+    """The rows that timed the kernel pipeweave models (``reasons``: pipeweave.profiler.csvio.unmodelled_reasons and
+    :func:`custom_allreduce_reasons`); the others are left out with a WARNING (:class:`NothingModelled` if none is
+    left): an eager or contiguous-cache stand-in would calibrate the GPU with another kernel's time."""
     left_out = [reason for reason in reasons if reason]
     if not left_out:
         return frame
     counts = ", ".join(f"{left_out.count(r)} {r}" for r in dict.fromkeys(left_out))
     if len(left_out) == len(frame):
-        raise UserError(f"--kernels {path}: every row timed another kernel than the one pipeweave models: {counts}; "
-                        f"re-measure with that library installed")
+        raise NothingModelled(f"--kernels {path}: every row timed another kernel than the one pipeweave models: "
+                              f"{counts}")
     print(f"WARNING: --kernels {path}: {len(left_out)} of {len(frame)} rows left out: {counts}")
     return frame[[reason is None for reason in reasons]]  # the index keeps each row's position in the file
+
+
+def custom_allreduce_reasons(frame: pd.DataFrame, spec: HardwareSpec) -> list[str | None]:
+    """Per all-reduce row, why it times another collective than the one pipeweave predicts: the profiler times
+    NCCL, but below vLLM's custom all-reduce limit on an NVLink GPU, at the worker counts it runs at, vLLM (and so
+    pipeweave, pipeweave.collective_serving) runs its custom all-reduce: fitted, NCCL's time there would set the
+    communication factors by another collective."""
+    import pandas as pd
+
+    from pipeweave.collective_serving import CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES
+
+    if not str(spec.link_type or "").startswith("nvlink"):
+        return [None] * len(frame)
+    sizes, workers = (pd.to_numeric(frame[column].str.strip()).to_numpy() for column in ("size_bytes", "num_workers"))
+    counts = f"{', '.join(map(str, CUSTOM_AR_WORLD_SIZES[:-1]))} or {CUSTOM_AR_WORLD_SIZES[-1]}"
+    reason = (f"timed NCCL below {CUSTOM_AR_MAX_BYTES // 2**20} MiB, where vLLM on {spec.link_type} runs its custom "
+              f"all-reduce over {counts} GPUs (what pipeweave predicts there)")
+    return [reason if size < CUSTOM_AR_MAX_BYTES and count in CUSTOM_AR_WORLD_SIZES else None
+            for size, count in zip(sizes, workers)]
+
+
+def read_kernel_csvs(paths: list[str], spec: HardwareSpec, registry, runs: bool = False
+                     ) -> tuple[list[str], list[tuple[str, pd.DataFrame]]]:
+    """(paths, (operator, rows) of each) of the kernel CSVs that keep rows (:func:`read_kernel_csv`): a file whose
+    rows all timed another kernel is left out with a WARNING, as its rows would be one by one, so that the
+    documented ``dataset/measured/<gpu>/*.csv`` takes the files worth calibrating from; an error only if no
+    measured quantity is left (``runs``: measured end-to-end runs remain)."""
+    kept, frames, left_out = [], [], []
+    for path in paths:
+        try:
+            frames.append(read_kernel_csv(path, spec, registry))
+        except NothingModelled as exc:
+            left_out.append(str(exc))
+            print(f"WARNING: {exc}; file left out")
+            continue
+        kept.append(path)
+    if left_out and not frames and not runs:
+        raise UserError(f"nothing left to calibrate from: {'; '.join(left_out)}")
+    return kept, frames
 
 
 def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
@@ -269,7 +313,8 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
 
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
     """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
-    rows or MoE rows that are not whole layers are errors."""
+    rows or MoE rows that are not whole layers are errors. Rows that timed another kernel than the one pipeweave
+    predicts are left out (:func:`modelled_rows`)."""
     import pandas as pd
 
     from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, unmodelled_reasons
@@ -294,6 +339,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
     reasons = unmodelled_reasons(op, frame)
+    if op == "all_reduce":
+        reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
     bad = not_a_positive_number(duration)
     if bad.any():
@@ -547,7 +594,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
             runs.append((workload, measured))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [w.stem for w, _ in runs]}
-    kernel_frames = [read_kernel_csv(path, spec, registry) for path in kernels]
+    kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))
     measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
     if not measured_all_reduce:
         prior = runs_prior(aggregator, spec, [workload for workload, _ in runs], prior, log)

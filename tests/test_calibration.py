@@ -464,15 +464,17 @@ def test_marked_sections_survive_regeneration(tmp_path):
 
 
 def test_all_reduce_measurements_inform_only_the_communication_factor(tmp_path):
+    """On PCIe (L40S) vLLM all-reduces with NCCL at every size, as the profiler times it: every row calibrates."""
     from pipeweave.collectives import CollectivePredictor
 
     sizes = np.array([1 << 16, 1 << 20, 1 << 24], dtype=np.float64)
-    measured = CollectivePredictor("A100").predict_ms("all_reduce", sizes, 2) * 1000.0 * 2.0  # twice as slow
+    measured = CollectivePredictor("L40S").predict_ms("all_reduce", sizes, 2) * 1000.0 * 2.0  # twice as slow
     csv = tmp_path / "measured_all_reduce.csv"
     csv.write_text("op,size_bytes,num_workers,hardware,avg_duration\n" + "".join(
-        f"all_reduce,{int(s)},2,NVIDIA A100-SXM4-80GB,{t}\n" for s, t in zip(sizes, measured)))
+        f"all_reduce,{int(s)},2,NVIDIA L40S,{t}\n" for s, t in zip(sizes, measured)))
     out = tmp_path / "cal.json"
-    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(csv), "--output", str(out)]) == 0
+    assert run_cli(calibration_fit.main, ["--hardware", "L40S", "--kernels", str(csv), "--output", str(out)]) == 0
+    assert load_calibration(out).fitted_from["kernels"][0]["rows"] == 3
     cal = load_calibration(out)
     assert 1.6 < np.exp(cal.theta[LATENCY]) < 2.2 and 1.6 < np.exp(cal.theta[BANDWIDTH]) < 2.2
     np.testing.assert_array_equal(cal.theta[:LATENCY], 0.0)
@@ -595,8 +597,8 @@ def test_e2e_rows_that_cannot_be_read_as_given_are_errors(tmp_path, capsys, cont
      "row 1 (CSV line 2): num_workers must be an integer from 2 to 1,024 (pipeweave.validation), got '1'"),
     ("measured_all_reduce.csv", "op,size_bytes,num_workers,hardware,avg_duration\nall_reduce,1e30,2,A100,9.0\n",
      "size_bytes must be an integer from 1 to 1,099,511,627,776"),
-    ("measured_all_reduce.csv", "op,size_bytes,num_workers,hardware,avg_duration\n"
-                                "all_reduce,4096,2,A100,7000000\n", "times the zero-shot prediction"),
+    ("measured_all_reduce.csv", "op,size_bytes,num_workers,hardware,avg_duration\n"  # 3 GPUs: NCCL in vLLM too
+                                "all_reduce,4096,3,A100,7000000\n", "times the zero-shot prediction"),
     ("measured_gemm.csv", "op,M,N,K,hardware,avg_duration\ngemm,100000000000,16,16,A100,5.0\n",
      "row 1 (CSV line 2): M = 100000000000 exceeds the limit"),
     ("measured_gemm.csv", "op,M,N,K,hardware,avg_duration\ngemm,16,16,16,A100,5.0,7\n",
@@ -660,7 +662,52 @@ def test_kernel_rows_of_another_kernel_are_left_out_of_a_calibration(tmp_path, c
     code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(only_eager), "--output",
                                           str(tmp_path / "d.json")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "every row timed another kernel" in err[0]
+    assert code == 2 and len(err) == 1 and "nothing left to calibrate from" in err[0]
+    assert "every row timed another kernel" in err[0] and "install flashinfer" in err[0]
+    # beside another file (dataset/measured/<gpu>/*.csv), a file of nothing else is left out, not an error
+    gemm = tmp_path / "eager" / "gemm.csv"
+    gemm.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,A100,40.0\n")
+    out = tmp_path / "e.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(gemm), str(only_eager), "--output",
+                                          str(out)]) == 0
+    assert f"WARNING: --kernels {only_eager}: every row timed another kernel" in capsys.readouterr().out
+    assert [entry["file"] for entry in load_calibration(out).fitted_from["kernels"]] == [str(gemm)]
+
+
+def test_nccl_all_reduce_rows_where_vllm_runs_its_custom_all_reduce_are_left_out(tmp_path, capsys):
+    """The profiler times NCCL; below 8 MiB over 2, 4, 6 or 8 NVLink GPUs vLLM runs its custom all-reduce, which
+    pipeweave predicts there: NCCL's time would fit the latency factor to another collective. Those rows
+    are left out with a WARNING; a file of nothing else is left out beside other measurements."""
+    from pipeweave.collective_serving import CUSTOM_AR_MAX_BYTES
+    from pipeweave.collectives import CollectivePredictor
+
+    sizes = np.array([1 << 16, 1 << 20, CUSTOM_AR_MAX_BYTES, 1 << 26], dtype=np.float64)
+    header = "op,size_bytes,num_workers,hardware,avg_duration,kernel\n"
+
+    def rows(gpu: str, name: str, workers: int, keep) -> str:
+        times = CollectivePredictor(gpu, allow_analytical=True).predict_ms("all_reduce", sizes, workers) * 1500.0
+        return "".join(f"all_reduce,{int(s)},{workers},{name},{t},torch.distributed.all_reduce(nccl 2.21.5)\n"
+                       for s, t in zip(sizes, times) if keep(s))
+
+    nvlink = tmp_path / "H200" / "all_reduce.csv"
+    nvlink.parent.mkdir()
+    nvlink.write_text(header + rows("H200", "NVIDIA H200", 8, lambda s: True) + rows("H200", "NVIDIA H200", 3, bool))
+    out = tmp_path / "h200.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "H200", "--kernels", str(nvlink), "--output", str(out)]) == 0
+    warning = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
+    assert warning == [f"WARNING: --kernels {nvlink}: 2 of 8 rows left out: 2 timed NCCL below 8 MiB, where vLLM on "
+                       f"nvlink4 runs its custom all-reduce over 2, 4, 6 or 8 GPUs (what pipeweave predicts there)"]
+    assert load_calibration(out).fitted_from["kernels"][0]["rows"] == 6
+    nvlink.write_text(header + rows("H200", "NVIDIA H200", 8, lambda s: s < CUSTOM_AR_MAX_BYTES))
+    gemm = tmp_path / "H200" / "gemm.csv"
+    gemm.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,H200,30.0\n")
+    assert run_cli(calibration_fit.main, ["--hardware", "H200", "--kernels", str(gemm), str(nvlink), "--output",
+                                          str(out)]) == 0
+    assert f"WARNING: --kernels {nvlink}: every row timed another kernel" in capsys.readouterr().out
+    pcie = tmp_path / "all_reduce.csv"  # PCIe: NCCL at every size in vLLM too
+    pcie.write_text(header + rows("L40S", "NVIDIA L40S", 2, lambda s: True))
+    assert run_cli(calibration_fit.main, ["--hardware", "L40S", "--kernels", str(pcie), "--output", str(out)]) == 0
+    assert "WARNING" not in capsys.readouterr().out and load_calibration(out).fitted_from["kernels"][0]["rows"] == 4
 
 
 def test_cross_validated_spread_measures_scatter_the_calibration_cannot_explain():

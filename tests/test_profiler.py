@@ -21,7 +21,8 @@ import profile_operators
 from analytical_model.hardware import parse_hardware
 from pipeweave.cli import program_name, run_cli
 from pipeweave.profiler import csvio, grids
-from pipeweave.profiler.device import NO_CUDA_MESSAGE, DeviceInfo, gpu_dir_name, hardware_skeleton, sanitize
+from pipeweave.profiler.device import (NO_CUDA_MESSAGE, DeviceInfo, capability_refusal, gpu_dir_name,
+                                      hardware_skeleton, no_cuda_message, sanitize)
 from pipeweave.profiler.launch import Prepared, Unsupported, kernel_label, short_kernel_name
 from pipeweave.profiler.session import measure_grid
 from pipeweave.profiler.timing import FakeTimer, summarize
@@ -275,6 +276,56 @@ def test_unsupported_and_failed_rows_are_not_written(models, tmp_path):
     assert len((tmp_path / "gemm.csv").read_text().splitlines()) == 2
 
 
+def _stand_in_prepare(modelled: bool):
+    """SiLU*Mul and decode attention as a run without (``modelled`` False) or with FlashInfer and flash-attn runs
+    them: the labels the runners give."""
+    def prepare(op, row):
+        if op == "siluandmul":
+            backend = "flashinfer silu_and_mul" if modelled else "torch silu(gate)*up"
+            return Prepared(fn=lambda: None, backend=backend, dtype="bfloat16", elementwise=True, fused=modelled)
+        backend = "flash_attn.flash_attn_with_kvcache(FA2,paged,page=256)" if modelled else "torch.sdpa(flash backend)"
+        return Prepared(fn=lambda: None, backend=backend, dtype="bfloat16")
+    return prepare
+
+
+def test_rerun_measures_stand_in_rows_again_and_replaces_them(tmp_path):
+    """Rows that timed a stand-in kernel (eager SiLU*Mul, SDPA decode) are what calibrate.py and dataset.build leave
+    out, telling the user to install FlashInfer / flash-attn and re-measure: the rerun must not skip them as done,
+    and the file must end with the new row only (no reader meets both)."""
+    decode = {"attention_type": "fa2_paged", "bs": 2, "q_lengths": "[1,1]", "kv_lengths": "[300,300]", "nh": 8,
+              "nkv": 8, "hd": 128}
+    rows = {"siluandmul": [{"seq": s, "dim": 512} for s in (1, 16, 256)], "attn": [decode]}
+    _run(rows, tmp_path, FakeTimer(), prepare=_stand_in_prepare(False))
+    assert csvio.MeasurementCsv(tmp_path / "siluandmul.csv", "siluandmul").done_keys() == set()
+    timer = FakeTimer()
+    unchanged = _run(rows, tmp_path, timer, prepare=_stand_in_prepare(False))  # still no FlashInfer: kept, not timed
+    assert timer.calls == 0 and unchanged.ops["siluandmul"].still_unmodelled == 3
+    assert "3 kept as measured before" in unchanged.lines()[0]
+    timer = FakeTimer()
+    summary = _run(rows, tmp_path, timer, prepare=_stand_in_prepare(True))
+    assert timer.calls == 4 and summary.ops["siluandmul"].replaced == 3 and summary.ops["attn"].replaced == 1
+    for op, count in (("siluandmul", 3), ("attn", 1)):
+        with (tmp_path / f"{op}.csv").open() as handle:
+            written = list(csv.DictReader(handle))
+        assert len(written) == count  # replaced, not appended beside the old row
+        assert all(csvio.unmodelled_kernel(op, r.get("attention_type"), r["kernel"]) is None for r in written)
+    assert _run(rows, tmp_path, FakeTimer(), prepare=_stand_in_prepare(True)).measured == 0  # now done
+
+
+def test_compact_keeps_the_last_row_of_each_key(tmp_path):
+    """A run killed between appending a re-measured row and dropping the old one leaves both: the next close keeps
+    the last (as read_measured reads it); damaged rows are left to the resume logic."""
+    path = tmp_path / "gemm.csv"
+    rows = {"gemm": [{"M": 1, "N": 128, "K": 128}, {"M": 2, "N": 128, "K": 128}]}
+    _run(rows, tmp_path, FakeTimer(duration_us=5.0))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[1].replace(",5.0000,", ",9.0000,", 1), "gemm,7"]) + "\n")
+    assert csvio.MeasurementCsv(path, "gemm").compact() == 1
+    kept = path.read_text().splitlines()
+    assert kept[0] == lines[0] and kept[1] == lines[2] and ",9.0000," in kept[2] and kept[3] == "gemm,7"
+    assert csvio.MeasurementCsv(path, "gemm").compact() == 0
+
+
 def test_csv_schema(models, tmp_path):
     rows = _small_rows(models)
     gpu_dir = tmp_path / "NVIDIA_Fake_GPU"  # the measured-data layout: <root>/<gpu>/<op>.csv
@@ -386,7 +437,23 @@ def test_runners_measured_with_fake_timer(models, tmp_path):
     summary = _run(rows, tmp_path, timer, prepare=runners.prepare)
     assert summary.measured == 3 and summary.ops["attn"].unsupported == 1  # ragged needs flash-attn
     with (tmp_path / "siluandmul.csv").open() as handle:
-        assert next(csv.DictReader(handle))["kernel"].startswith("torch silu(gate)*up [fused or eager")
+        assert next(csv.DictReader(handle))["kernel"] == "torch silu(gate)*up [eager]"  # two kernels, always
+
+
+def test_torch_silu_and_mul_is_never_taken_for_the_fused_kernel():
+    """torch's silu(gate)*up is two kernels whatever the profiler sees: labelled eager without the profiler (or
+    when it sees no kernel), and an older row labelled 'unknown' is left out of training and calibration too."""
+    pytest.importorskip("torch")
+    from pipeweave.profiler.runners import TorchRunners
+
+    prepared = TorchRunners("cpu").prepare("siluandmul", {"seq": 3, "dim": 64})
+    for names in (None, [], ["void fused_like_kernel(int)"]):
+        label = kernel_label(prepared, names)
+        assert "[eager" in label and csvio.unmodelled_kernel("siluandmul", "", label)
+    old = "torch silu(gate)*up [fused or eager: unknown, no profiler]"
+    assert "install flashinfer" in csvio.unmodelled_kernel("siluandmul", "", old)
+    assert csvio.unmodelled_kernel("rmsnorm", "", "torch.nn.functional.rms_norm [fused or eager: unknown, "
+                                                  "no profiler]") is None  # F.rms_norm may well be one kernel
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,6 +516,34 @@ def test_hardware_skeleton_without_clock_fields_and_old_gpus():
     assert "architecture" in turing["TODO"] and turing["FmaFp32"] == 64
 
 
+@pytest.mark.parametrize("major,minor", [(7, 0), (7, 5), (8, 7)])
+def test_skeleton_of_a_gpu_pipeweave_cannot_model_is_refused(major, minor, tmp_path, monkeypatch):
+    """V100, T4 (no architecture class) and Orin's 8.7 (an Ampere class, but no occupancy limit): the loader refuses
+    any file of theirs, so the skeleton must not ask the user to "pick the closest" and fill it in."""
+    from pipeweave.profiler import device, measure
+
+    assert "cannot model this GPU's SM design" in capability_refusal(major, minor)
+    data = hardware_skeleton(_h100_like_props(major=major, minor=minor), today="2026-01-01")
+    assert "pick the closest" not in data["architecture"] and "refuses" in data["architecture"]
+    monkeypatch.setattr(device, "local_hardware_skeleton", lambda index: data)
+    with pytest.raises(UserError, match=r"cannot model this GPU's SM design.*none was written"):
+        measure.write_hardware_json(tmp_path / "mine.json", 0)
+    assert not (tmp_path / "mine.json").exists()
+    assert all(capability_refusal(*cc) is None for cc in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)))
+
+
+def test_skeleton_instructions_name_what_the_loader_cannot_check(tmp_path, monkeypatch, capsys):
+    from pipeweave.profiler import device, measure
+
+    monkeypatch.setattr(device, "local_hardware_skeleton",
+                        lambda index: hardware_skeleton(_h100_like_props(), today="2026-01-01"))
+    assert measure.write_hardware_json(tmp_path / "mine.json", 0) == 0
+    out = capsys.readouterr().out
+    assert 'replace every "TODO: ..." entry' in out and '"p2p": false' in out and "hardware/RTX 4090.json" in out
+    assert "FP32 accumulate" in out and 'README "Hardware audit"' in out
+    assert '"boostClock"' in out and "1980 MHz here" in out
+
+
 def test_gpu_dir_name():
     assert gpu_dir_name("NVIDIA H100 80GB HBM3") == "H100"  # alias in hardware/H100.json
     assert gpu_dir_name("NVIDIA GeForce RTX 4090") == "RTX 4090"  # hardware/RTX 4090.json
@@ -469,12 +564,36 @@ def test_cli_dry_run(config_dir, capsys):
 
 def test_cli_measurement_without_gpu_exits_2(config_dir, capsys, monkeypatch):
     monkeypatch.setattr(profile_operators, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(profile_operators, "no_cuda_reason", lambda: "no CUDA GPU visible: x")
+    monkeypatch.setattr(profile_operators, "no_cuda_message", lambda: NO_CUDA_MESSAGE)
     code = run_cli(profile_operators.main, ["--quick", "--config_dir", str(config_dir)])
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip().splitlines() == [f"{program_name()}: error: {NO_CUDA_MESSAGE}"]
     code = run_cli(profile_operators.main, ["--hardware_json", "x.json"])
     assert code == 2 and "no CUDA GPU visible" in capsys.readouterr().err
+
+
+def test_no_cuda_message_names_the_fix(monkeypatch):
+    """Three causes, three fixes: torch missing (pip), a CPU build of torch (another wheel), no GPU for the driver."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert no_cuda_message().startswith("torch is not installed (pip install '.[train]')")
+    cpu = SimpleNamespace(__version__="2.13.0+cpu", version=SimpleNamespace(cuda=None))
+    monkeypatch.setitem(sys.modules, "torch", cpu)
+    assert no_cuda_message().startswith("torch 2.13.0+cpu was built without CUDA (torch.version.cuda is None)")
+    cuda = SimpleNamespace(__version__="2.13.0", version=SimpleNamespace(cuda="12.8"))
+    monkeypatch.setitem(sys.modules, "torch", cuda)
+    assert no_cuda_message() == NO_CUDA_MESSAGE and "the driver reports none" in NO_CUDA_MESSAGE
+    assert all(message.endswith("use --dry_run to see the grid") for message in (no_cuda_message(), NO_CUDA_MESSAGE))
+
+
+def test_docstring_example_of_hardware_json_is_accepted(monkeypatch):
+    """The example of profile_operators.py's docstring must be a path --hardware_json writes (not in hardware/)."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+
+    example = re.search(r'--hardware_json "([^"]+)"', profile_operators.__doc__).group(1)
+    monkeypatch.chdir(REPO)
+    assert Path(example).resolve().parent != Path(DEFAULT_HARDWARE_DIR).resolve()
 
 
 def test_hardware_skeleton_is_written_outside_the_hardware_folder(tmp_path, monkeypatch, capsys):
@@ -522,7 +641,8 @@ class _FakeRunners:
         return ["void fake_kernel<1>(int)"]
 
 
-def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, capsys):
+def _fake_gpu(monkeypatch, runners=_FakeRunners) -> None:
+    """One fake GPU for profile_operators.py's measurement path: ``runners`` instead of TorchRunners, a fake timer."""
     torch = pytest.importorskip("torch")
     import pipeweave.profiler.device as device_module
     import pipeweave.profiler.measure as measure_module
@@ -539,8 +659,12 @@ def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, caps
     monkeypatch.setattr(measure_module, "warm_up_gpu", lambda torch, device: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
     monkeypatch.setattr(device_module, "local_device_info", lambda index: FAKE_DEVICE)
-    monkeypatch.setattr(runners_module, "TorchRunners", _FakeRunners)
+    monkeypatch.setattr(runners_module, "TorchRunners", runners)
     monkeypatch.setattr(timing_module, "CudaEventTimer", Timer)
+
+
+def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, capsys):
+    _fake_gpu(monkeypatch)
     argv = ["--quick", "--configs", "Llama-3.1-70B", "--tp", "8", "--config_dir", str(config_dir),
             "--output_dir", str(tmp_path), "--no_progress"]
     assert run_cli(profile_operators.main, argv) == 0
@@ -556,12 +680,46 @@ def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, caps
     assert len(csvio.read_measured(folder / "gemm.csv")) == 23
 
 
+class _NoKernelImage(_FakeRunners):
+    """A GPU this torch has no kernels for: every operator fails its smoke test."""
+
+    def check_op(self, op):
+        return "CUDA error: no kernel image is available for execution on the device"
+
+
+class _EveryRowUnsupported(_FakeRunners):
+    def prepare(self, op, row):
+        raise Unsupported("this backend runs none of these shapes")
+
+
+def test_a_run_that_measures_nothing_exits_2_saying_why(config_dir, tmp_path, monkeypatch, capsys):
+    """Every operator skipped, or every row unsupported, with nothing measured before: status 0 and "total 0 rows"
+    would pass for a measured GPU; it is an error naming the reasons. A rerun of a measured grid stays status 0."""
+    argv = ["--quick", "--configs", "Llama-3.1-70B", "--tp", "8", "--config_dir", str(config_dir),
+            "--output_dir", str(tmp_path), "--no_progress", "--ops", "gemm,attn,all_reduce"]
+    _fake_gpu(monkeypatch, _NoKernelImage)
+    assert run_cli(profile_operators.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{program_name()}: error: nothing could be measured on NVIDIA Fake GPU: gemm, attn: cannot run on "
+                   f"this GPU (CUDA error: no kernel image is available for execution on the device); all_reduce: "
+                   f"needs at least 2 visible GPUs"]
+    _fake_gpu(monkeypatch, _EveryRowUnsupported)
+    assert run_cli(profile_operators.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing could be measured on NVIDIA Fake GPU: all_reduce: needs at least 2 visible GPUs; gemm " \
+           "unsupported: this backend runs none of these shapes" in err
+    _fake_gpu(monkeypatch)
+    assert run_cli(profile_operators.main, argv) == 0
+    _fake_gpu(monkeypatch, _EveryRowUnsupported)
+    assert run_cli(profile_operators.main, argv) == 0  # the rows are there from the run before
+
+
 @pytest.mark.skipif(_cuda_available(), reason="checks the message printed where no GPU is visible")
 def test_script_without_gpu_prints_one_line(config_dir):
     proc = subprocess.run([sys.executable, str(REPO / "profile_operators.py"), "--quick", "--config_dir",
                            str(config_dir)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"profile_operators.py: error: {NO_CUDA_MESSAGE}"
+    assert proc.stderr.strip() == f"profile_operators.py: error: {no_cuda_message()}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -639,6 +797,62 @@ def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, ca
     (tmp_path / "empty").mkdir()
     assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "empty"), "--dataset_dir", str(tmp_path)]) == 2
     assert "profile_operators.py --quick" in capsys.readouterr().err
+
+
+def test_crosscheck_skips_a_gpu_without_hardware_json(tmp_path, capsys):
+    """A GPU just measured, whose hardware JSON is not written yet, must not stop the report of the others."""
+    import pandas as pd
+
+    from pipeweave.profiler import crosscheck
+    from pipeweave.profiler.csvio import columns_for
+
+    pd.DataFrame([{"M": 16, "N": 4096, "K": 4096, "hardware": "NVIDIA H200", "dtype": "bfloat16", "avg_duration": 10.0,
+                   "source": "aiconfigurator-core 0.12.0 x"}]).to_csv(tmp_path / "gemm_train.csv", index=False)
+    for folder, name in (("H200", "NVIDIA H200"), ("NVIDIA_Mystery_GPU", "NVIDIA Mystery GPU")):
+        (tmp_path / "measured" / folder).mkdir(parents=True)
+        pd.DataFrame([{**dict.fromkeys(columns_for("gemm"), ""), "op": "gemm", "M": 16, "N": 4096, "K": 4096,
+                       "hardware": name, "dtype": "bfloat16", "avg_duration": 12.0}]).to_csv(
+            tmp_path / "measured" / folder / "gemm.csv", index=False)
+    argv = ["--measured_dir", str(tmp_path / "measured"), "--dataset_dir", str(tmp_path)]
+    assert run_cli(crosscheck.main, argv) == 0
+    captured = capsys.readouterr()
+    assert "| gemm | NVIDIA H200 | 1 | 1.200 |" in captured.out and "Mystery" not in captured.out
+    assert "note: measured rows of 'NVIDIA Mystery GPU' skipped: no hardware JSON describes it; write one with " \
+           "python3 profile_operators.py --hardware_json PATH" in captured.err
+    (tmp_path / "measured" / "H200" / "gemm.csv").unlink()
+    assert run_cli(crosscheck.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: no measured GPU under" in err and "(NVIDIA Mystery GPU); write one with" in err
+
+
+def test_onboard_leaves_out_a_file_of_stand_in_kernels(tmp_path, capsys):
+    """dataset/measured/<gpu>/*.csv of a GPU measured without FlashInfer holds a siluandmul.csv of eager rows only:
+    the documented glob must still score the other files, leaving that one out with a WARNING."""
+    import pandas as pd
+
+    from pipeweave.predictor import KernelPredictor
+    from pipeweave.profiler import onboard
+    from pipeweave.profiler.csvio import columns_for
+
+    shapes = pd.DataFrame({"M": [1, 8, 64, 512, 2048, 8192], "N": 4096, "K": 4096, "hardware": "H100"})
+    predicted = KernelPredictor().predict_frame("gemm", shapes)["predicted_us"].to_numpy()
+    gemm = pd.DataFrame([{**dict.fromkeys(columns_for("gemm"), ""), "op": "gemm", "M": m, "N": 4096, "K": 4096,
+                          "hardware": "NVIDIA H100", "dtype": "bfloat16", "avg_duration": t}
+                         for m, t in zip(shapes["M"], predicted)])
+    gemm.to_csv(tmp_path / "gemm.csv", index=False)
+    eager = pd.DataFrame([{**dict.fromkeys(columns_for("siluandmul"), ""), "op": "siluandmul", "seq": s,
+                           "dim": 28672, "hardware": "NVIDIA H100", "dtype": "bfloat16", "avg_duration": 9.0,
+                           "kernel": "torch silu(gate)*up [eager, 2 kernels]: a | b"} for s in (1, 16, 256, 1024)])
+    eager.to_csv(tmp_path / "siluandmul.csv", index=False)
+    files = [str(path) for path in sorted(tmp_path.glob("*.csv"))]
+    assert run_cli(onboard.main, ["--hardware", "H100", "--kernels", *files]) == 0
+    out = capsys.readouterr().out
+    assert f"WARNING: --kernels {tmp_path / 'siluandmul.csv'}: every row timed another kernel" in out
+    assert "install flashinfer); file left out" in out
+    assert "| gemm |" in out and "| siluandmul |" not in out
+    assert run_cli(onboard.main, ["--hardware", "H100", "--kernels", str(tmp_path / "siluandmul.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: nothing left to calibrate from: --kernels" in err[0]
 
 
 def test_onboard_scores_zero_shot_and_a_calibration_on_the_other_half(tmp_path, capsys):

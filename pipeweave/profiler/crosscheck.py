@@ -65,20 +65,33 @@ def summary(op: str, joined: pd.DataFrame) -> list[dict]:
     return out
 
 
-def canonical_hardware(frame: pd.DataFrame, registry) -> pd.DataFrame:
+#: how a GPU without a hardware JSON gets one (the reference rows are found by the JSON's canonical name)
+ADD_HARDWARE_JSON = ("write one with python3 profile_operators.py --hardware_json PATH on that GPU, fill it in and "
+                     "move it into hardware/")
+
+
+def canonical_hardware(frame: pd.DataFrame, registry) -> tuple[pd.DataFrame, set[str]]:
+    """(the rows of GPUs a hardware JSON describes, with its canonical name; the driver names of the others)."""
+    unknown = {name for name in frame["hardware"].unique() if name not in registry}
+    frame = frame[~frame["hardware"].isin(unknown)]
     names = {name: registry.get(name).name for name in frame["hardware"].unique()}
-    return frame.assign(hardware=frame["hardware"].map(names))
+    return frame.assign(hardware=frame["hardware"].map(names)), unknown
 
 
 def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str) -> list[dict]:
-    """:func:`summary` entries of every operator and GPU with measured rows (``rows`` 0: no shape in common)."""
+    """:func:`summary` entries of every operator and GPU with measured rows (``rows`` 0: no shape in common). A GPU
+    without a hardware JSON is skipped with a note (one GPU just measured must not stop the report of the others);
+    an error only if no GPU is left."""
     measured = load_measured(measured_dir, log=lambda message: print(message, file=sys.stderr))
     if not measured:
         raise UserError(f"no measured kernels under {measured_dir}/<gpu>/<op>.csv: measure them with "
                         f"python3 profile_operators.py --quick")
-    registry, out = hardware_registry(), []
+    registry, out, skipped = hardware_registry(), [], set()
     for op, frame in measured.items():
-        frame = canonical_hardware(frame, registry)
+        frame, unknown = canonical_hardware(frame, registry)
+        skipped |= unknown
+        if frame.empty:
+            continue
         paths = [path for path in (dataset_dir / f"{op}_{split}.csv" for split in ("train", "test")) if path.is_file()]
         if not paths:
             raise UserError(f"no {op}_train.csv or {op}_test.csv under {dataset_dir} to compare the measured {op} "
@@ -92,6 +105,12 @@ def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str) -> list[di
             entries.append({"op": op, "hardware": gpu, "rows": 0,
                             "measured_rows": int((frame["hardware"] == gpu).sum())})
         out += entries
+    for name in sorted(skipped):
+        print(f"note: measured rows of {name!r} skipped: no hardware JSON describes it; {ADD_HARDWARE_JSON}",
+              file=sys.stderr)
+    if not out:
+        raise UserError(f"no measured GPU under {measured_dir} has a hardware JSON ({', '.join(sorted(skipped))}); "
+                        f"{ADD_HARDWARE_JSON}")
     return out
 
 

@@ -3,7 +3,9 @@
 One file per operator, ``dataset/measured/<gpu>/<op>.csv``. A row is written (and flushed) as soon as
 its measurement finishes, so an interrupted run loses at most the row in flight; the next run reads
 the keys already present (op + shape columns + hardware) and measures only what is missing. A row
-cut off mid-write (no final newline) is dropped when the file is reopened.
+cut off mid-write (no final newline) is dropped when the file is reopened. A row that timed another
+kernel than the one pipeweave models (:func:`unmodelled_kernel`) does not count as present: a rerun
+after installing the missing library measures it again, and the new row replaces it in the file.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import io
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from pipeweave.cli import write_atomically
 
 from .grids import OPS, SHAPE_COLUMNS
 from .timing import summarize
@@ -41,6 +45,9 @@ def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
     text = str(kernel or "")
     if "[eager" in text:
         return "ran as several eager torch kernels, where vLLM runs one fused kernel (install flashinfer)"
+    if op == "siluandmul" and "unknown" in text:  # only torch's two-kernel silu(gate)*up was ever left unlabelled
+        return ("ran torch's silu(gate)*up, two eager kernels (labelled unknown without the profiler), where vLLM "
+                "runs one fused kernel (install flashinfer)")
     if op == "attn" and str(attention_type).strip().endswith("_paged") and text.startswith("torch.sdpa"):
         return ("decode ran torch SDPA on a contiguous KV cache, not vLLM's paged decode kernel "
                 "(install flash-attn)")
@@ -129,6 +136,7 @@ class MeasurementCsv:
         self.op = op
         self.columns = columns_for(op)
         self.keys = key_columns(op)
+        self._key_index = [self.columns.index(c) for c in self.keys]
         self._handle = None
         self.repaired_bytes = 0
 
@@ -148,20 +156,58 @@ class MeasurementCsv:
             )
         return True
 
-    def done_keys(self) -> set[tuple[str, ...]]:
-        """Keys of the complete rows already in the file."""
-        if not self._check_header():
-            return set()
-        done = set()
+    def _complete_rows(self) -> Iterator[list[str]]:
+        """The cells of every complete row (the right number of fields), header left out."""
         with self.path.open(newline="") as handle:
             reader = csv.reader(handle)
             next(reader, None)
-            index = [self.columns.index(c) for c in self.keys]
-            for cells in reader:
-                if len(cells) != len(self.columns):
-                    continue  # damaged row: measure it again
-                done.add(tuple(cells[i] for i in index))
-        return done
+            yield from (cells for cells in reader if len(cells) == len(self.columns))
+
+    def _key(self, cells: Sequence[str]) -> tuple[str, ...]:
+        return tuple(cells[i] for i in self._key_index)
+
+    def _unmodelled(self, cells: Sequence[str]) -> bool:
+        """Whether a row timed another kernel than the one pipeweave models (calibrate's and dataset.build's test)."""
+        kind = cells[self.columns.index("attention_type")] if "attention_type" in self.columns else None
+        return unmodelled_kernel(self.op, kind, cells[self.columns.index("kernel")]) is not None
+
+    def done_keys(self) -> set[tuple[str, ...]]:
+        """Keys of the complete rows already in the file that timed the modelled kernel. A damaged row, and a row
+        of a stand-in kernel (eager SiLU*Mul, SDPA decode), are measured again: the library the WARNING asks for may
+        have been installed since."""
+        return self.rows_by_kind()[0]
+
+    def rows_by_kind(self) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+        """(keys of modelled rows, keys of rows of a stand-in kernel) of the complete rows in the file."""
+        if not self._check_header():
+            return set(), set()
+        done, stale = set(), set()
+        for cells in self._complete_rows():
+            (stale if self._unmodelled(cells) else done).add(self._key(cells))
+        return done, stale
+
+    def compact(self) -> int:
+        """Keep only the last complete row of each key (a re-measured row replaces the older one, as
+        :func:`read_measured` reads it), so that no reader meets both; damaged rows stay. Returns the rows dropped."""
+        if not self._check_header():
+            return 0
+        last: dict[tuple[str, ...], int] = {}
+        with self.path.open(newline="") as handle:
+            lines = list(csv.reader(handle))
+        for position, cells in enumerate(lines[1:], start=1):
+            if len(cells) == len(self.columns):
+                last[self._key(cells)] = position
+        kept = [cells for position, cells in enumerate(lines)
+                if position == 0 or len(cells) != len(self.columns) or last[self._key(cells)] == position]
+        if len(kept) == len(lines):
+            return 0
+
+        def write(tmp: Path) -> None:
+            with tmp.open("w", newline="") as handle:
+                csv.writer(handle, lineterminator="\n").writerows(kept)
+
+        write_atomically(self.path, write)
+        return len(lines) - len(kept)
 
     def open(self) -> "MeasurementCsv":
         if self._handle is None:
@@ -188,6 +234,7 @@ class MeasurementCsv:
         self._write_cells([format_value(record[c]) for c in self.columns])
 
     def close(self) -> None:
+        """Flush and close; then drop the rows a re-measurement replaced (:meth:`compact`)."""
         if self._handle is not None:
             self._handle.flush()
             try:
@@ -196,6 +243,7 @@ class MeasurementCsv:
                 pass
             self._handle.close()
             self._handle = None
+            self.compact()
 
     def __enter__(self):
         return self.open()

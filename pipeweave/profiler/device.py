@@ -11,10 +11,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analytical_model.pipes import MEMORY_TYPES, architecture_for
+from analytical_model.pipes import MEMORY_TYPES, HardwareSpec, architecture_for
 
-NO_CUDA_MESSAGE = ("no CUDA GPU visible: profile_operators.py measures on the local GPU; "
-                   "use --dry_run to see the grid")
+NO_GPU_REASON = "no CUDA GPU visible: the driver reports none (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+NO_TORCH_REASON = "torch is not installed (pip install '.[train]')"
+CPU_TORCH_REASON = ("torch {version} was built without CUDA (torch.version.cuda is None): install a CUDA build of "
+                    "torch")
+DRY_RUN_HINT = "profile_operators.py measures on the local GPU; use --dry_run to see the grid"
+NO_CUDA_MESSAGE = f"{NO_GPU_REASON}; {DRY_RUN_HINT}"
+
+
+def no_cuda_reason() -> str:
+    """Why no CUDA GPU can be used, in the terms of its fix: torch missing, torch built without CUDA (a CPU wheel), or
+    a CUDA torch whose driver sees no GPU. One message for all three sent users to the driver for a pip problem."""
+    try:
+        import torch
+    except ImportError:
+        return NO_TORCH_REASON
+    if getattr(torch.version, "cuda", None) is None:
+        return CPU_TORCH_REASON.format(version=getattr(torch, "__version__", ""))
+    return NO_GPU_REASON
+
+
+def no_cuda_message() -> str:
+    """:func:`no_cuda_reason`, and what runs without a GPU."""
+    return f"{no_cuda_reason()}; {DRY_RUN_HINT}"
 
 
 def cuda_device_count() -> int:
@@ -182,6 +203,25 @@ class _Skeleton:
         self.todo.append(key)
 
 
+def capability_refusal(major: int, minor: int) -> str | None:
+    """Why ``analytical_model.hardware`` refuses a GPU of compute capability ``major.minor`` (None if it loads), by
+    the loader's own two checks: an architecture class, and an SM occupancy limit the calculators know. A skeleton
+    that can never load must say so rather than have the user fill it in (Volta, Turing; Orin's 8.7)."""
+    capability = f"compute capability {major}.{minor}"
+    arch = architecture_for(major, minor)
+    if arch is None:
+        return f"pipeweave cannot model this GPU's SM design: the analytical model has no class for {capability}"
+    probe = HardwareSpec(stem="probe", name="probe", num_sms=1, sm_freq=1.0, mem_bandwidth=1.0, l2_cache_bandwidth=1.0,
+                         shared_memory_bandwidth=1.0, tc_bf16=1.0, tc_fp8=0.0, xu_fp32=1.0, fma_fp32=1.0,
+                         architecture=arch, compute_capability=(major, minor))
+    try:
+        probe.max_threads_per_sm
+    except ValueError:
+        return (f"pipeweave cannot model this GPU's SM design: its calculators know no occupancy limit for "
+                f"{capability}")
+    return None
+
+
 def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clock_mhz: int | None = None,
                       memory_bus_width: int | None = None, today: str | None = None) -> dict:
     """A hardware JSON for the device described by ``props`` (a ``torch.cuda.get_device_properties`` result).
@@ -239,11 +279,11 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
     else:
         out.ask("smFreq", "SM clock in MHz at which the vendor quotes the dense tensor peak")
     arch = architecture_for(major, minor)
-    if arch:
-        out.set("architecture", arch)
+    refusal = capability_refusal(major, minor)
+    if refusal:
+        out.ask("architecture", f"none: {refusal}, so the loader refuses this file whatever is filled in")
     else:
-        out.ask("architecture", f"one of ampere, ada, hopper, blackwell (compute capability {major}.{minor} "
-                                "is none of them; pick the closest)")
+        out.set("architecture", arch)
     out.ask("memoryType", f"DRAM type, one of {', '.join(MEMORY_TYPES)} (datasheet)")
     out.ask("linkType", "GPU-to-GPU interconnect: nvlink3/4/5 on SXM boards with NVSwitch, else pcie4/5")
     out.ask("linkGbps", "per-GPU, per-direction interconnect bandwidth in GB/s (half the bidirectional "

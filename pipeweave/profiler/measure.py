@@ -30,7 +30,9 @@ def print_grid(grid: grids.Grid, header: str) -> None:
 
 
 def measure(args, models, traces, num_gpus: int) -> int:
-    """Measure the grid of the parsed ``profile_operators.py`` flags; 0 unless nothing could be measured."""
+    """Measure the grid of the parsed ``profile_operators.py`` flags; 0, or 1 when this run measured nothing and rows
+    failed. A run after which no row of the grid is in the CSVs (every operator skipped, every row unsupported or
+    failed) is an error naming why: status 0 would pass for a measured GPU in a script."""
     import torch
 
     from pipeweave.profiler.device import gpu_dir_name, local_device_info
@@ -47,19 +49,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
     print(f"GPU {args.device}: {info.name} → {out_dir}")
 
     runners = TorchRunners(device, attn_backend=args.attn_backend, elementwise_backend=args.elementwise_backend)
-    ops = []
-    for op in args.ops:
-        if op == "all_reduce":
-            if num_gpus < 2:
-                print("all_reduce: skipped, needs at least 2 visible GPUs")
-                continue
-            ops.append(op)
-            continue
-        reason = runners.check_op(op)
-        if reason:
-            print(f"{op}: skipped, cannot run on this GPU ({reason})")
-        else:
-            ops.append(op)
+    ops, skipped = runnable_ops(args.ops, runners, num_gpus)
     for note in runners.notes:
         print(f"note: {note}")
     print(runners.describe_backends())
@@ -67,6 +57,9 @@ def measure(args, models, traces, num_gpus: int) -> int:
                             prefill_attention_type=runners.prefill_attention_type,
                             decode_attention_type=runners.decode_attention_type)
     print_grid(grid, f"{'quick' if args.quick else 'full'} grid:")
+    if not grid.total:
+        raise UserError(f"nothing could be measured on {info.name}: "
+                        + "; ".join(skipped or [f"the grid is empty ({'; '.join(grid.notes) or 'no rows'})"]))
 
     warm_up_gpu(torch, device)
     timer = CudaEventTimer(device, max_row_seconds=args.max_row_seconds)
@@ -95,22 +88,51 @@ def measure(args, models, traces, num_gpus: int) -> int:
     for line in summary.lines():
         print(line)
 
-    stopped = summary.stopped_early
+    stopped, collective_rows = summary.stopped_early, 0
     if "all_reduce" in grid.rows and grid.rows["all_reduce"] and not stopped:
         del timer
-        stopped = measure_allreduce_rows(args, grid.rows["all_reduce"], out_dir, info, num_gpus, deadline)
+        stopped, collective_rows = measure_allreduce_rows(args, grid.rows["all_reduce"], out_dir, info, num_gpus,
+                                                          deadline)
     if stopped:
         print(f"stopped after --max_minutes {args.max_minutes:g}; run the same command again to resume")
     minutes = (time.monotonic() - start) / 60
     print(f"finished in {minutes:.1f} min")
+    present = summary.measured + sum(s.already_done for s in summary.ops.values()) + collective_rows
+    if not present and not stopped:
+        raise UserError(f"nothing could be measured on {info.name}: " + "; ".join(
+            skipped + [m for s in summary.ops.values() for m in s.messages]
+            + [f"{s.failed} {op} rows failed (the lines above say why)" for op, s in summary.ops.items() if s.failed]
+            or ["no row of the grid was measured"]))
     failed = sum(s.failed for s in summary.ops.values())
     return 1 if summary.measured == 0 and failed else 0
 
 
+def runnable_ops(wanted: list[str], runners, num_gpus: int) -> tuple[list[str], list[str]]:
+    """(the operators of ``wanted`` that can run here, ``"ops: why not"`` of the others, one per reason), each skip
+    printed: the reasons are also what an empty run reports, so that it does not end with status 0 and nothing
+    measured."""
+    ops, skipped = [], []
+    for op in wanted:
+        if op == "all_reduce":
+            reason = "needs at least 2 visible GPUs" if num_gpus < 2 else None
+        else:
+            reason = runners.check_op(op)
+            reason = reason and f"cannot run on this GPU ({reason})"
+        if reason:
+            print(f"{op}: skipped, {reason}")
+            skipped.append((op, reason))
+        else:
+            ops.append(op)
+    by_reason: dict[str, list[str]] = {}
+    for op, reason in skipped:
+        by_reason.setdefault(reason, []).append(op)
+    return ops, [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
+
+
 def measure_allreduce_rows(args, grid_rows: list[dict], out_dir: Path, info, num_gpus: int,
-                           deadline: float | None) -> bool:
-    """Measure the all-reduce rows not yet in ``<out_dir>/all_reduce.csv`` over all visible GPUs; True if
-    --max_minutes stopped it with rows left."""
+                           deadline: float | None) -> tuple[bool, int]:
+    """Measure the all-reduce rows not yet in ``<out_dir>/all_reduce.csv`` over all visible GPUs; (whether
+    --max_minutes stopped it with rows left, how many of ``grid_rows`` the file holds now)."""
     import torch
 
     from pipeweave.profiler.collective import AllReduceOptions, measure_allreduce
@@ -126,7 +148,7 @@ def measure_allreduce_rows(args, grid_rows: list[dict], out_dir: Path, info, num
     rows = [r for r in grid_rows if row_key("all_reduce", r, info.name) not in done]
     print(f"all_reduce: {len(rows)} of {len(grid_rows)} rows to measure")
     if not rows:
-        return False
+        return False, len(grid_rows)
     torch.cuda.empty_cache()
     options = AllReduceOptions(repeats=args.repeats, warmup=args.warmup, max_row_seconds=args.max_row_seconds,
                                deadline_epoch=(time.time() + deadline - time.monotonic()) if deadline else None)
@@ -138,7 +160,7 @@ def measure_allreduce_rows(args, grid_rows: list[dict], out_dir: Path, info, num
     done = MeasurementCsv(path, "all_reduce").done_keys()
     left = sum(row_key("all_reduce", r, info.name) not in done for r in grid_rows)
     print(f"all_reduce: {left} rows left")
-    return bool(left and deadline is not None and time.monotonic() >= deadline)
+    return bool(left and deadline is not None and time.monotonic() >= deadline), len(grid_rows) - left
 
 
 def warm_up_gpu(torch, device, seconds: float = 1.0) -> None:
@@ -156,7 +178,7 @@ def warm_up_gpu(torch, device, seconds: float = 1.0) -> None:
 def write_hardware_json(path: Path, device: int) -> int:
     """``--hardware_json PATH``: write the hardware-JSON skeleton of GPU ``device`` and say what to fill in."""
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR, HardwareRegistry
-    from pipeweave.profiler.device import local_hardware_skeleton
+    from pipeweave.profiler.device import capability_refusal, local_hardware_skeleton
 
     if path.exists():
         raise UserError(f"--hardware_json: {path} already exists; move it away or choose another path")
@@ -165,6 +187,10 @@ def write_hardware_json(path: Path, device: int) -> int:
                         f"move it there once filled in: every command loads every file of that folder, and an "
                         f"unfinished one stops them all")
     data = local_hardware_skeleton(device)
+    refusal = capability_refusal(data["computeMajor"], data["computeMinor"])
+    if refusal:  # no value the user could fill in would make the file load
+        raise UserError(f"--hardware_json: {data['name']}: {refusal}; the hardware loader refuses such a file "
+                        f"whatever is filled in, so none was written")
     try:  # before writing: the shipped folder alone, which loads
         registry = HardwareRegistry(DEFAULT_HARDWARE_DIR)
         if data["name"] in registry:
@@ -176,7 +202,23 @@ def write_hardware_json(path: Path, device: int) -> int:
     print(f"wrote {path}: hardware JSON skeleton for {data['name']!r}.")
     print(f"  fill these fields from the vendor datasheet: {', '.join(data['TODO'])}")
     print(f"  check these derived values: {', '.join(data['CHECK'])}")
-    print("  until the TODO fields are numbers and the TODO and CHECK lists are deleted, "
-          "analytical_model.hardware.parse_hardware rejects the file; then move it into "
-          f"{DEFAULT_HARDWARE_DIR}.")
+    for line in skeleton_advice(data, DEFAULT_HARDWARE_DIR):
+        print(f"  {line}")
     return 0
+
+
+def skeleton_advice(data: dict, hardware_dir: Path) -> list[str]:
+    """What the user must do besides filling the TODO fields, each a rule the loader cannot check or a value the
+    driver cannot give (README "Measuring a new GPU")."""
+    clock = data.get("smFreq")
+    boost = f"{clock} MHz here, the maximum SM clock the driver reports" if isinstance(clock, int) else "from NVML"
+    return [
+        'in "provenance", replace every "TODO: ..." entry by the source of its field (datasheet, whitepaper, '
+        'measurement)',
+        "tcBf16 is the dense rate with FP32 accumulate: half the FP16-accumulate rate on GeForce and Ada workstation "
+        'parts (L20, L40, RTX 6000 Ada; README "Hardware audit")',
+        'a GeForce board has no GPU peer-to-peer: add "p2p": false (as hardware/RTX 4090.json does)',
+        f'add "boostClock", with its provenance: the NVML maximum SM clock (nvmlDeviceGetMaxClockInfo; {boost})',
+        "until the TODO fields are numbers and the TODO and CHECK lists are deleted, "
+        f"analytical_model.hardware.parse_hardware rejects the file; then move it into {hardware_dir}.",
+    ]

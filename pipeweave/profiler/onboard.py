@@ -22,7 +22,7 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Equations, fit_map, load_prior
-from pipeweave.calibration_fit import kernel_equations, read_kernel_csv
+from pipeweave.calibration_fit import kernel_equations, read_kernel_csvs
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, print_report, run_cli
 
 SEED = 2026
@@ -67,8 +67,8 @@ def onboard(hardware: str, kernels: list[str], model_dir=None, hardware_dir=DEFA
     spec, prior = registry.get(hardware), load_prior(prior_path)
     predictor = KernelPredictor(model_dir or DEFAULT_MODEL_DIR, hardware_dir)
     out = []
-    for path in kernels:
-        op, frame = read_kernel_csv(path, spec, registry)
+    kernels, frames = read_kernel_csvs(kernels, spec, registry)  # a file of stand-in kernels only: left out
+    for path, (op, frame) in zip(kernels, frames):
         equations = kernel_equations(op, frame, spec, predictor, prior, Path(path).name)
         if len(equations.measured) < MIN_KERNELS:
             raise UserError(f"--kernels {path}: {len(equations.measured)} measured {op} kernel(s); at least "

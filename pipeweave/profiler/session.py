@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from .csvio import MeasurementCsv, measurement_record, row_key
+from .csvio import MeasurementCsv, measurement_record, row_key, unmodelled_kernel
 from .device import DeviceInfo
 from .launch import Prepared, Unsupported, first_line, kernel_label
 
@@ -22,6 +22,8 @@ class OpSummary:
     planned: int = 0
     already_done: int = 0
     measured: int = 0
+    replaced: int = 0  # rows of a stand-in kernel measured again with the modelled one (counted in measured)
+    still_unmodelled: int = 0  # rows of a stand-in kernel this run would time with the same stand-in: kept
     unsupported: int = 0
     failed: int = 0
     left: int = 0
@@ -41,6 +43,10 @@ class RunSummary:
         out = []
         for op, s in self.ops.items():
             parts = [f"{s.measured} measured", f"{s.already_done} already done"]
+            if s.replaced:
+                parts.append(f"{s.replaced} of them replacing rows of another kernel")
+            if s.still_unmodelled:
+                parts.append(f"{s.still_unmodelled} kept as measured before: this run has no other kernel for them")
             if s.unsupported:
                 parts.append(f"{s.unsupported} unsupported")
             if s.failed:
@@ -82,7 +88,7 @@ def measure_grid(
     cannot run (:class:`Unsupported`) and rows that fail (e.g. out of memory) are reported, not written,
     so a later run tries them again.
     """
-    summaries, pending, writers = _open_outputs(rows, Path(out_dir), device.name, log)
+    summaries, pending, writers, stale = _open_outputs(rows, Path(out_dir), device.name, log)
     record = partial(_measured_record, timer=timer, repeats=repeats, warmup=warmup, kernel_names=kernel_names,
                      device=device)
     total = sum(len(v) for v in pending.values())
@@ -102,7 +108,8 @@ def measure_grid(
                     stopped = True
                     break
                 try:
-                    failed = _measure_row(op, row, prepare, record, writers[op], summary, say)
+                    failed = _measure_row(op, row, prepare, record, writers[op], summary, say,
+                                          stale=row_key(op, row, device.name) in stale[op])
                 finally:
                     if bar is not None:
                         bar.update(1)
@@ -123,31 +130,47 @@ def measure_grid(
 
 
 def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, log):
-    """Per operator: its summary, the rows not yet in ``<out_dir>/<op>.csv``, and the open writer."""
+    """Per operator: its summary, the rows not yet in ``<out_dir>/<op>.csv``, the open writer, and the keys present
+    only as rows of a stand-in kernel (:meth:`MeasurementCsv.rows_by_kind`: tried again, replaced if measured)."""
     summaries: dict[str, OpSummary] = {}
     pending: dict[str, list[dict]] = {}
     writers: dict[str, MeasurementCsv] = {}
+    stale: dict[str, set] = {}
     for op, op_rows in rows.items():
         writer = MeasurementCsv(out_dir / f"{op}.csv", op)
-        done = writer.done_keys()
+        done, unmodelled = writer.rows_by_kind()
         if writer.repaired_bytes:
             log(f"{writer.path}: dropped a partly written last row ({writer.repaired_bytes} bytes)")
         todo = [r for r in op_rows if row_key(op, r, hardware) not in done]
         summaries[op] = OpSummary(planned=len(op_rows), already_done=len(op_rows) - len(todo))
         pending[op] = todo
         writers[op] = writer
-    return summaries, pending, writers
+        stale[op] = unmodelled - done
+    return summaries, pending, writers, stale
 
 
-def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, summary: OpSummary, say) -> bool:
-    """Prepare, time and append one row, counting the outcome in ``summary``; True if it failed.
+def _same_stand_in(op: str, row: dict, prepared: Prepared) -> bool:
+    """Whether ``prepared`` would again time a stand-in kernel, as far as its label says before timing (eager
+    SiLU*Mul, SDPA decode): re-measuring a stale row with it would replace one stand-in by the same."""
+    return unmodelled_kernel(op, row.get("attention_type"), kernel_label(prepared, None)) is not None
+
+
+def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, summary: OpSummary, say,
+                 stale: bool = False) -> bool:
+    """Prepare, time and append one row, counting the outcome in ``summary``; True if it failed. A ``stale`` row
+    (in the file only as a stand-in kernel's) is timed only if this run has another kernel for it.
 
     The prepared inputs live only in this frame, so they are freed before the next shape allocates its own.
     """
     try:
         prepared = prepare(op, row)
+        if stale and _same_stand_in(op, row, prepared):
+            summary.already_done += 1
+            summary.still_unmodelled += 1
+            return False
         writer.append(record(op, row, prepared))
         summary.measured += 1
+        summary.replaced += int(stale)
     except Unsupported as exc:
         summary.unsupported += 1
         if len(summary.messages) < 3:
