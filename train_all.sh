@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m dataset.build
 python3 -m pipeweave.bounds --write   # the band's measured floors come from the rebuilt datasets
-stage=$(mktemp -d "$PWD/.train_all.XXXXXX")
+stage=$(mktemp -d .train_all.XXXXXX)   # relative: the job lines below are split on spaces
 trap 'rm -rf "$stage"' EXIT
 training_jobs() {
   # GEMM, FP8 GEMM, attention and MoE ship as five-seed ensembles (docs/METHOD.md §5.2: their seeds disagree on GPUs
@@ -23,7 +23,11 @@ training_jobs() {
   done
   echo "train_collective_rf.py --output_dir $stage/collective_models"
 }
-training_jobs | xargs -P 2 -I{} sh -c 'start=$(date +%s); python3 {}; echo "{}: $(( $(date +%s) - start )) s"'
+# each job exits with its python's status, so that xargs (and set -e) stop the script before the swap
+training_jobs | xargs -P 2 -I{} sh -c 'start=$(date +%s); python3 {}; rc=$?; echo "{}: $(( $(date +%s) - start )) s"; exit $rc'
+for models in mlp_models mlp_models_quantile collective_models; do
+  [[ -d "$stage/$models" ]] || { echo "train_all.sh: $stage/$models was not written; shipped models kept" >&2; exit 1; }
+done
 for models in mlp_models mlp_models_quantile collective_models; do
   rm -rf "$models" && mv "$stage/$models" "$models"
 done

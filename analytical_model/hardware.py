@@ -218,7 +218,7 @@ class HardwareRegistry:
     def _did_you_mean(self, name: str) -> str:
         """The clause "did you mean 'RTX 4090'? " naming the GPUs (at most three) whose names are close to ``name``
         once case, spaces, underscores and hyphens are ignored ("RTX4090", "h100-pcie") and that carry the same
-        numbers and letter before them, else "": the full list alone hides the one meant, and a suggestion of another GPU
+        numbers, letter before them and letters after them (or ones the query abbreviates: "PCI" for "PCIe"), else "": the full list alone hides the one meant, and a suggestion of another GPU
         (RTX 4090 for "RTX 5090") would mislead."""
         def squash(text: str) -> str:
             return re.sub(r"[\s_-]", "", text.lower())
@@ -226,11 +226,19 @@ class HardwareRegistry:
         def identity(text: str) -> tuple:  # the numbers, and the letter before the first (H100 is not A100)
             return re.findall(r"\d+", text), re.findall(r"([a-z]?)\d", text)[:1]
 
+        def suffix(text: str) -> str:  # the letters after the last number: NVL, G, D, Ada name other GPUs
+            return re.sub(r"^.*\d", "", text)
+
+        def same_gpu(key: str, query: str) -> bool:
+            tail = suffix(query)
+            return identity(key) == identity(query) and (suffix(key) == tail or bool(tail)
+                                                         and suffix(key).startswith(tail))
+
         squashed = {squash(key): stem for key, stem in self._index.items()}
         query = squash(name)
         close = [query] if query in squashed else [
             key for key in difflib.get_close_matches(query, squashed, n=10, cutoff=SUGGEST_CUTOFF)
-            if identity(key) == identity(query)]
+            if same_gpu(key, query)]
         stems = list(dict.fromkeys(squashed[key] for key in close))[:3]
         if not stems:
             return ""

@@ -175,7 +175,7 @@ class Equations:
         """(predicted quantities, their Jacobian d log(prediction) / dθ; a term held at its floor moves nothing)."""
         n = len(self.measured)
         scaled = self.base * np.exp(self.x @ theta)
-        free = scaled > self.floor
+        free = scaled >= self.floor  # at the tie a correction upward moves the term: its one-sided derivative
         total = np.bincount(self.eq, weights=np.where(free, scaled, self.floor), minlength=n)
         moving = np.where(free, scaled, 0.0)
         jac = np.stack([np.bincount(self.eq, weights=moving * self.x[:, p], minlength=n)

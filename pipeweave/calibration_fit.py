@@ -285,7 +285,7 @@ def read_kernel_csvs(paths: list[str], spec: HardwareSpec, registry, runs: bool 
             continue
         kept.append(path)
     if left_out and not frames and not runs:
-        raise UserError(f"nothing left to calibrate from: {'; '.join(left_out)}")
+        raise UserError(f"no measured kernel is left: {'; '.join(left_out)}")
     return kept, frames
 
 
@@ -338,6 +338,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
+    keys = [column for column in ("op", *shape_columns[op], "hardware") if column in frame.columns]
+    frame = frame[~frame.duplicated(subset=keys, keep="last")]  # a re-measured row supersedes the older one
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]

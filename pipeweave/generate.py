@@ -112,7 +112,12 @@ def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload, c
                        and Path(trace_dir).resolve() == Path(DEFAULT_TRACE_DIR).resolve())
     if (spec == paper and default_folders) or generate(paper).content == generated.content:
         return
-    flag = " (the paper's was generated with --qk_norm_rmsnorm)" if paper.qk_norm_rmsnorm else ""
+    if spec == paper:  # the paper's own spec (--paper_set, or the same single command), from other folders
+        raise WorkloadError(f"{generated.file_name}: read from another --config_dir or --trace_dir, this workload "
+                            f"differs from the paper workload of that name; use the default folders, or (a single "
+                            f"workload) give --name with another label")
+    flag = (" (the paper's was generated with --qk_norm_rmsnorm)"
+            if paper.qk_norm_rmsnorm and not spec.qk_norm_rmsnorm else "")
     raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py --paper_set "
                         f"writes it) and this workload differs from it{flag}; give --name with another label to "
                         f"write it under another name")

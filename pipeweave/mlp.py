@@ -356,6 +356,11 @@ def latest_model_dir(root: str | Path, op: str) -> Path:
                         and (d / "metadata.json").is_file())
     if candidates:
         return candidates[-1]
+    interrupted = sorted(d for d in base.glob("*") if d.is_dir() and weights_path(d, op).is_file())
+    if interrupted:
+        raise FileNotFoundError(
+            f"{interrupted[-1]} has no metadata.json, which training writes last: its training was interrupted; "
+            f"delete the folder and train again with: python3 train_mlp.py --op {op}")
     unexported = sorted(d for d in base.glob("*") if d.is_dir() and checkpoint_path(d, op).is_file())
     if unexported:
         raise FileNotFoundError(

@@ -57,8 +57,9 @@ def read_dataset(path: Path) -> pd.DataFrame:
         values = pd.to_numeric(frame[column], errors="coerce").to_numpy(np.float64)
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
-            raise ValueError(f"{path}: {row_label(int(bad[0]))}, column {column!r}: {frame[column].iloc[bad[0]]!r} is "
-                             f"not a finite number; {rebuild}")
+            cell = frame[column].iloc[bad[0]]
+            what = "is empty" if pd.isna(cell) else f"{cell!r} is not a finite number"
+            raise ValueError(f"{path}: {row_label(int(bad[0]))}, column {column!r}: {what}; {rebuild}")
         frame[column] = values
     return frame
 

@@ -486,7 +486,8 @@ def test_variants_enter_the_file_name_and_paper_names_are_not_overwritten(tmp_pa
     other_traces = tmp_path / "traces"  # the same trace name in another folder, another workload
     other_traces.mkdir()
     (other_traces / "arxiv_12.csv").write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,100,10,10\n")
-    with pytest.raises(WorkloadError, match="Qwen3-32B_arxiv_12_fa2_tp2_pp1.json is the name of a paper workload"):
+    with pytest.raises(WorkloadError, match="Qwen3-32B_arxiv_12_fa2_tp2_pp1.json: read from another --config_dir or "
+                                            "--trace_dir, this workload differs from the paper workload"):
         main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",
               "--trace_dir", str(other_traces), "--output_dir", str(tmp_path)])
     assert main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",

@@ -5,7 +5,8 @@ its measurement finishes, so an interrupted run loses at most the row in flight;
 the keys already present (op + shape columns + hardware) and measures only what is missing. A row
 cut off mid-write (no final newline) is dropped when the file is reopened. A row that timed another
 kernel than the one pipeweave models (:func:`unmodelled_kernel`) does not count as present: a rerun
-after installing the missing library measures it again, and the new row replaces it in the file.
+after installing the missing library measures it again and appends the new row, which supersedes it: every
+reader keeps the last row of a key (the file is never rewritten, so two runs may append to it at once).
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ import io
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
-
-from pipeweave.cli import write_atomically
 
 from .grids import OPS, SHAPE_COLUMNS
 from .timing import summarize
@@ -45,7 +44,7 @@ def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
     text = str(kernel or "")
     if "[eager" in text:
         return "ran as several eager torch kernels, where vLLM runs one fused kernel (install flashinfer)"
-    if op == "siluandmul" and "unknown" in text:  # only torch's two-kernel silu(gate)*up was ever left unlabelled
+    if op == "siluandmul" and "[fused or eager: unknown" in text:  # only torch's silu(gate)*up was left unlabelled
         return ("ran torch's silu(gate)*up, two eager kernels (labelled unknown without the profiler), where vLLM "
                 "runs one fused kernel (install flashinfer)")
     if op == "attn" and str(attention_type).strip().endswith("_paged") and text.startswith("torch.sdpa"):
@@ -186,29 +185,6 @@ class MeasurementCsv:
             (stale if self._unmodelled(cells) else done).add(self._key(cells))
         return done, stale
 
-    def compact(self) -> int:
-        """Keep only the last complete row of each key (a re-measured row replaces the older one, as
-        :func:`read_measured` reads it), so that no reader meets both; damaged rows stay. Returns the rows dropped."""
-        if not self._check_header():
-            return 0
-        last: dict[tuple[str, ...], int] = {}
-        with self.path.open(newline="") as handle:
-            lines = list(csv.reader(handle))
-        for position, cells in enumerate(lines[1:], start=1):
-            if len(cells) == len(self.columns):
-                last[self._key(cells)] = position
-        kept = [cells for position, cells in enumerate(lines)
-                if position == 0 or len(cells) != len(self.columns) or last[self._key(cells)] == position]
-        if len(kept) == len(lines):
-            return 0
-
-        def write(tmp: Path) -> None:
-            with tmp.open("w", newline="") as handle:
-                csv.writer(handle, lineterminator="\n").writerows(kept)
-
-        write_atomically(self.path, write)
-        return len(lines) - len(kept)
-
     def open(self) -> "MeasurementCsv":
         if self._handle is None:
             has_header = self._check_header()
@@ -234,7 +210,6 @@ class MeasurementCsv:
         self._write_cells([format_value(record[c]) for c in self.columns])
 
     def close(self) -> None:
-        """Flush and close; then drop the rows a re-measurement replaced (:meth:`compact`)."""
         if self._handle is not None:
             self._handle.flush()
             try:
@@ -243,7 +218,6 @@ class MeasurementCsv:
                 pass
             self._handle.close()
             self._handle = None
-            self.compact()
 
     def __enter__(self):
         return self.open()

@@ -23,7 +23,7 @@ class OpSummary:
     already_done: int = 0
     measured: int = 0
     replaced: int = 0  # rows of a stand-in kernel measured again with the modelled one (counted in measured)
-    still_unmodelled: int = 0  # rows of a stand-in kernel this run would time with the same stand-in: kept
+    still_unmodelled: int = 0  # rows of a stand-in kernel this run has no other kernel for (kept, or re-timed)
     unsupported: int = 0
     failed: int = 0
     left: int = 0
@@ -46,7 +46,7 @@ class RunSummary:
             if s.replaced:
                 parts.append(f"{s.replaced} of them replacing rows of another kernel")
             if s.still_unmodelled:
-                parts.append(f"{s.still_unmodelled} kept as measured before: this run has no other kernel for them")
+                parts.append(f"{s.still_unmodelled} still of a stand-in kernel: this run has no other kernel for them")
             if s.unsupported:
                 parts.append(f"{s.unsupported} unsupported")
             if s.failed:
@@ -168,9 +168,13 @@ def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, su
             summary.already_done += 1
             summary.still_unmodelled += 1
             return False
-        writer.append(record(op, row, prepared))
+        measured = record(op, row, prepared)
+        writer.append(measured)
         summary.measured += 1
-        summary.replaced += int(stale)
+        if stale:  # the label before timing may not tell (F.rms_norm): the timed row's does
+            modelled = unmodelled_kernel(op, row.get("attention_type"), measured["kernel"]) is None
+            summary.replaced += int(modelled)
+            summary.still_unmodelled += int(not modelled)
     except Unsupported as exc:
         summary.unsupported += 1
         if len(summary.messages) < 3:
