@@ -430,7 +430,7 @@ class Engine:
         operator = get_operator(op)
         if operator.cold_bytes is None or not keys:
             return np.zeros(len(keys))
-        columns = {name: [shape[i] for _, shape in keys] for i, name in enumerate(operator.shape_columns)}
+        columns = shape_table(operator, [shape for _, shape in keys])
         bandwidth = [self.registry.get(stem).mem_bandwidth for stem, _ in keys]
         return cold_fastest_us(op, columns, bandwidth) / 1000.0
 
@@ -469,7 +469,7 @@ class Engine:
             shapes = [keys[i][1] for i in rows]
             if op == "moe":  # every pass is predicted through its whole measured layer (pipeweave.moe)
                 shapes = [("layer", *shape[1:]) for shape in shapes]
-            columns = {name: [shape[i] for shape in shapes] for i, name in enumerate(operator.shape_columns)}
+            columns = shape_table(operator, shapes)
             features[rows] = operator.features(columns, hw)
             described[rows] = operator.descriptors(columns, hw)
         return features, described
@@ -581,6 +581,11 @@ class Engine:
                            f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
                            f"the plain ring estimate, not the fitted custom all-reduce"))
         return out, analytical
+
+
+def shape_table(operator, shapes: Sequence[tuple]) -> dict[str, list]:
+    """Shape tuples (the registry's ``shape_columns`` order) as the column table the registry's functions take."""
+    return {name: [shape[i] for shape in shapes] for i, name in enumerate(operator.shape_columns)}
 
 
 def ring_record(factor: float, basis: str) -> dict:

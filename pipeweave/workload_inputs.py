@@ -246,11 +246,13 @@ def resolve_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONF
     of ``config_dir`` means that config even where the current folder has a model directory of the same name (a
     download named Qwen2.5-14B would otherwise replace the shipped config, the paper set's included): such a
     directory is given as a path, ``./Qwen2.5-14B``."""
-    text = str(name)
-    path = Path(text)
-    bare = "/" not in text and "\\" not in text
-    stem_file = Path(config_dir) / f"{text[:-5] if text.endswith('.json') else text}.json"
-    if path.is_dir() and not (bare and stem_file.is_file()):
+    path = Path(str(name))
+    if path.is_dir():
+        if "/" not in str(name) and "\\" not in str(name):  # a bare name: the shipped config first
+            try:
+                return resolve_named_file(name, Path(config_dir), ".json", "model config")
+            except WorkloadError:
+                pass
         if (path / HF_CONFIG_FILE).is_file():
             return path / HF_CONFIG_FILE
         raise WorkloadError(f"model config directory {name} has no {HF_CONFIG_FILE} (a Hugging Face model directory "

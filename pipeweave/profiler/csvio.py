@@ -136,6 +136,8 @@ class MeasurementCsv:
         self.columns = columns_for(op)
         self.keys = key_columns(op)
         self._key_index = [self.columns.index(c) for c in self.keys]
+        self._kind_index = self.columns.index("attention_type") if "attention_type" in self.columns else None
+        self._kernel_index = self.columns.index("kernel")
         self._handle = None
         self.repaired_bytes = 0
 
@@ -167,8 +169,8 @@ class MeasurementCsv:
 
     def _unmodelled(self, cells: Sequence[str]) -> bool:
         """Whether a row timed another kernel than the one pipeweave models (calibrate's and dataset.build's test)."""
-        kind = cells[self.columns.index("attention_type")] if "attention_type" in self.columns else None
-        return unmodelled_kernel(self.op, kind, cells[self.columns.index("kernel")]) is not None
+        kind = None if self._kind_index is None else cells[self._kind_index]
+        return unmodelled_kernel(self.op, kind, cells[self._kernel_index]) is not None
 
     def done_keys(self) -> set[tuple[str, ...]]:
         """Keys of the complete rows already in the file that timed the modelled kernel. A damaged row, and a row

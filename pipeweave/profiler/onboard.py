@@ -34,12 +34,6 @@ def halves(n: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     return order[: n // 2], order[n // 2:]
 
 
-def subset(equations: Equations, rows: np.ndarray) -> Equations:
-    """The kernel equations ``rows`` (one term per equation)."""
-    return Equations(np.arange(len(rows)), equations.base[rows], equations.x[rows], equations.measured[rows],
-                     equations.sigma[rows], [equations.labels[i] for i in rows], equations.floor[rows])
-
-
 def duration_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(predicted / measured - 1.0) * 100.0
 
@@ -50,7 +44,7 @@ def evaluate(equations: Equations, prior) -> dict:
     calibrated = np.empty(len(equations.measured))
     first, second = halves(len(equations.measured))
     for fit, scored in ((first, second), (second, first)):
-        theta, _ = fit_map(subset(equations, fit), prior)
+        theta, _ = fit_map(equations.subset(np.isin(np.arange(len(equations.measured)), fit)), prior)
         calibrated[scored] = duration_errors(equations.base[scored] * np.exp(equations.x[scored] @ theta),
                                              equations.measured[scored])
     return {"kernels": int(len(zero_shot)), "zero_shot_mean": float(zero_shot.mean()),
