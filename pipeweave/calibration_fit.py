@@ -25,6 +25,7 @@ import numpy as np
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
+from pipeweave.bounds import fastest_us, l2_cycles
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
                                    collective_models_record,
                                    cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
@@ -379,12 +380,17 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         base = collective.predict_ms("all_reduce", sizes, workers) * 1000.0
         x = communication_design("all_reduce", sizes, workers, spec)
         sigma = np.full(len(frame), prior.sigma_kernel["communication"])
+        floor = None  # a collective has no physical fastest time in the band
     else:
         shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
         predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
         base = predicted["predicted_us"].to_numpy(np.float64)
-        features = predicted[list(get_operator(op).feature_names)].to_numpy()
-        shape_rows = list(frame[list(get_operator(op).shape_columns)].itertuples(index=False, name=None))
+        operator = get_operator(op)
+        features = predicted[list(operator.feature_names)].to_numpy(np.float64)
+        # predict_kernels keeps a calibrated kernel at its physical fastest time, so the fit holds it there too
+        floor = fastest_us(op, features, predicted[list(operator.descriptor_names)].to_numpy(np.float64),
+                           spec.sm_freq, l2=l2_cycles(spec))
+        shape_rows = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
         x = design(op, features, shape_rows, prior.standardisation)
         classes = kernel_classes(op, len(frame), attention_types(op, shape_rows))
         sigma = np.array([prior.sigma_kernel[c] for c in classes])
@@ -396,7 +402,7 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         raise UserError(f"--kernels {label}: {row_label(int(positions[unpredicted[0]]))}: pipeweave predicts "
                         f"{base[unpredicted[0]]!r} µs for this {op} row, so it cannot calibrate anything")
     return Equations(np.arange(len(base)), base, x, measured, sigma,
-                     [f"{label} row {i + 2}" for i in positions])
+                     [f"{label} row {i + 2}" for i in positions], floor)
 
 
 # ------------------------------------------------------------------------------------------------

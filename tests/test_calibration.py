@@ -920,3 +920,29 @@ def test_the_fit_predicts_what_the_calibrated_engine_predicts_where_kernels_sit_
     calibrated = engine.predict([aggregate.Job(flat, spec)])[0].result["summary"]
     np.testing.assert_allclose(equations.predict(theta)[0], [calibrated["prefill_duration_ms"],
                                calibrated["decode_avg_duration_ms"], calibrated["total_duration_ms"]], rtol=1e-6)
+
+
+def test_a_kernel_calibration_fits_what_predict_kernels_applies_where_kernels_sit_at_their_fastest(tmp_path):
+    """predict_kernels keeps a calibrated kernel at its physical fastest time, but the kernel equations had no floor:
+    a tiny GEMM measured faster than any GEMM can run pulled the fitted correction down as if the calibrated
+    prediction could follow it. The fit now holds each kernel at its fastest time as predict_kernels does, so the
+    fitted durations are the calibrated predictions."""
+    from pipeweave.predictor import KernelPredictor
+
+    measured = tmp_path / "gemm.csv"
+    rows = [(m, n, 128, 0.3) for m in (1, 2, 4) for n in (128, 256)] + [
+        (16, 4096, 4096, 70.0), (4096, 4096, 4096, 1200.0), (1024, 4096, 4096, 320.0), (256, 8192, 4096, 160.0)]
+    measured.write_text("op,M,N,K,hardware,avg_duration\n"
+                        + "".join(f"gemm,{m},{n},{k},NVIDIA A40,{t}\n" for m, n, k, t in rows))
+    predictor, prior = KernelPredictor(), load_prior()
+    spec = predictor.hardware.get("A40")
+    op, frame = calibration_fit.read_kernel_csv(measured, spec, predictor.hardware)
+    equations = calibration_fit.kernel_equations(op, frame, spec, predictor, prior, "gemm.csv")
+    theta, std = fit_map(equations, prior)
+    calibration = Calibration(spec.stem, spec.name, theta, std, {"kernels": []}, {}, {}, prior.standardisation)
+    columns = {name: [shape[i] for shape in rows] for i, name in enumerate("MNK")}
+    _, _, fastest = predictor.predict_columns_bounded("gemm", columns, ["A40"] * len(rows))
+    assert (fastest[:6] > 0.3).all()  # measured faster than any GEMM can run
+    applied = predictor.predict_columns("gemm", columns, ["A40"] * len(rows), calibration)
+    assert (applied == fastest).sum() >= 2  # the correction would take them below it
+    np.testing.assert_allclose(equations.predict(theta)[0], applied, rtol=1e-9)
