@@ -154,10 +154,15 @@ def to_device_time(curve: dict, size_bytes: np.ndarray, time_ms: np.ndarray) -> 
 # 2. vLLM custom all-reduce
 # ------------------------------------------------------------------------------------------------------------
 
+ONE_STAGE_MAX_BYTES = {4: 512 * 1024, 8: 256 * 1024}  # vLLM's one-stage limit up to that many GPUs (2: always)
+#: the message sizes at which the modelled all-reduce changes algorithm (above them: two-stage, then NCCL)
+ALGORITHM_SWITCH_BYTES = (*sorted(ONE_STAGE_MAX_BYTES.values()), CUSTOM_AR_MAX_BYTES)
+
+
 def one_stage(size_bytes, workers) -> np.ndarray:
     """vLLM's choice of the one-stage kernel (custom_all_reduce.cuh)."""
     s, n = np.asarray(size_bytes, dtype=np.float64), np.asarray(workers)
-    return (n == 2) | ((n <= 4) & (s < 512 * 1024)) | ((n <= 8) & (s < 256 * 1024))
+    return (n == 2) | ((n <= 4) & (s < ONE_STAGE_MAX_BYTES[4])) | ((n <= 8) & (s < ONE_STAGE_MAX_BYTES[8]))
 
 
 def custom_allreduce_ms(params: dict, size_bytes, workers, link_gbps: float) -> np.ndarray:

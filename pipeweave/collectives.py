@@ -90,8 +90,8 @@ import numpy as np
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
 
 from .collective_serving import (
-    CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, SERVING_FILE, custom_allreduce_ms, custom_allreduce_params,
-    link_family, read_serving, ring_factor,
+    ALGORITHM_SWITCH_BYTES, CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, SERVING_FILE, custom_allreduce_ms,
+    custom_allreduce_params, link_family, read_serving, ring_factor,
 )
 
 KINDS = ("all_reduce", "send_recv")
@@ -393,12 +393,24 @@ class CollectivePredictor:
 
     def analytical_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Estimate from the hardware JSON's link, its bandwidth term scaled by the measured ring efficiency of
-        the link (:meth:`ring_efficiency`); small NVLink all-reduces use the custom all-reduce model."""
+        the link (:meth:`ring_efficiency`); small NVLink all-reduces use the custom all-reduce model. A message is
+        never slower than a larger one, which it could be padded to: where the modelled algorithm changes at a
+        larger size (one- to two-stage, custom all-reduce to NCCL) and is faster there, that time bounds it."""
+        size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
+        out = self._algorithm_ms(kind, size, workers)
+        for switch in ALGORITHM_SWITCH_BYTES:
+            below = (size > 0) & (size < switch)
+            if below.any():
+                out[below] = np.minimum(out[below], self._algorithm_ms(kind, np.full(below.sum(), float(switch)),
+                                                                       workers[below]))
+        return out
+
+    def _algorithm_ms(self, kind: str, size: np.ndarray, workers: np.ndarray) -> np.ndarray:
+        """:meth:`analytical_ms` of the algorithm each size runs with, before the padding bound."""
         from analytical_model.hardware import load_hardware
         spec = load_hardware(self.hardware)
         link = spec.link_gbps if self._link_gbps is None else self._link_gbps
         latency = spec.link_latency_us if self._latency_us is None else self._latency_us
-        size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
         latency_ms, transfer_ms = analytical_collective_terms(kind, size, workers, link, latency)
         factor = np.ones(size.shape)
         for count in np.unique(workers):
