@@ -35,7 +35,7 @@ def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_e
     from pipeweave.engine import Engine
 
     return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
-                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=None)
+                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=None, keyword_options=True)
 
 
 @lru_cache(maxsize=8)

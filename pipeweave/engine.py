@@ -84,7 +84,6 @@ from pipeweave.validation import check_durations, fa3_warning, load_model_checke
 #: the recipe reach ~50 % of the duration (docs/ACCURACY.md) where shape-held-out errors are ~10 %
 EXTRAPOLATION_WIDENING = 1.5
 COLLECTIVE_ESTIMATES = ("model", "analytical")
-FLAG_HINT = "give --collective_hardware GPU (a GPU with collective models) or --collective_estimate analytical"
 
 Log = Callable[[str], None]
 
@@ -138,9 +137,12 @@ class Engine:
         quantile_dir: str | Path | None = None,
         calibration: Calibration | None = None,
         log: Log | None = print,
+        keyword_options: bool = False,
     ):
+        #: messages name options as the caller gives them: command-line flags, or the Python API's keywords
+        self.keyword_options = keyword_options
         if collective_estimate not in COLLECTIVE_ESTIMATES:
-            raise UserError(f"--collective_estimate must be one of {', '.join(COLLECTIVE_ESTIMATES)}, "
+            raise UserError(f"{self.option('collective_estimate')} must be one of {', '.join(COLLECTIVE_ESTIMATES)}, "
                             f"got {collective_estimate!r}")
         self.hardware_dir = Path(hardware_dir)
         self.registry = hardware_registry(self.hardware_dir)
@@ -208,7 +210,7 @@ class Engine:
                              f"optimistic {op} durations use the point prediction")
         if self.quantile_predictor is not None and self.quantile_ops and not any(self.quantile_ops.values()):
             raise FileNotFoundError(
-                f"--quantiles: no quantile model for any of {', '.join(self.quantile_ops)} under "
+                f"{self.option('quantiles')}: no quantile model for any of {', '.join(self.quantile_ops)} under "
                 f"{self.quantile_predictor.model_dir} (expected <dir>/<op>/<timestamp>/<op>_mlp_weights.npz); "
                 f"train one with: python3 train_mlp_quantile.py --op {next(iter(self.quantile_ops))}")
 
@@ -222,9 +224,9 @@ class Engine:
             stem = self.gpu(job.collective_hardware).stem
             if stem not in have and not analytical:
                 raise UserError(
-                    f"--collective_hardware {job.collective_hardware}: no collective models for {stem} in "
-                    f"{self.collective_dir} (GPUs with collective models: {', '.join(have) or 'none'}); "
-                    f"{FLAG_HINT}")
+                    f"{self.option('collective_hardware', job.collective_hardware)}: no collective models for {stem} "
+                    f"in {self.collective_dir} (GPUs with collective models: {', '.join(have) or 'none'}); "
+                    f"{self.flag_hint()}")
         else:
             stem = job.hardware.stem
             if stem not in have and not analytical:
@@ -236,8 +238,18 @@ class Engine:
                 self._collective_predictors[stem] = CollectivePredictor(stem, self.collective_dir,
                                                                         allow_analytical=analytical)
             except FileNotFoundError as exc:
-                raise UserError(f"{exc.args[0] if exc.args else exc}; {FLAG_HINT}") from None
+                raise UserError(f"{exc.args[0] if exc.args else exc}; {self.flag_hint()}") from None
         return self._collective_predictors[stem]
+
+    def option(self, name: str, value=None) -> str:
+        """An option as the caller spells it: ``--name value`` on the command line, ``name=value`` in the API."""
+        if self.keyword_options:
+            return name if value is None else f"{name}={value!r}"
+        return f"--{name}" if value is None else f"--{name} {value}"
+
+    def flag_hint(self) -> str:
+        return (f"give {self.option('collective_hardware', 'GPU')} (a GPU with collective models) or "
+                f"{self.option('collective_estimate', 'analytical')}")
 
     def covering_hint(self, job: Job) -> str:
         """What to give instead: the GPUs whose measured models cover every collective (kind, workers) of the job,
@@ -248,9 +260,10 @@ class Engine:
                   for kind, _ in job.workload.collectives}
         covering = hardware_covering(needed, self.collective_dir)
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
-        alternative = "" if self.collective_estimate == "analytical" else " or --collective_estimate analytical"
-        return (f"GPUs with measured models for {what}: {', '.join(covering) or 'none'}; give --collective_hardware "
-                f"one of them{alternative}")
+        alternative = ("" if self.collective_estimate == "analytical"
+                       else f" or {self.option('collective_estimate', 'analytical')}")
+        return (f"GPUs with measured models for {what}: {', '.join(covering) or 'none'}; give "
+                f"{self.option('collective_hardware')} one of them{alternative}")
 
     # ---------------------------------------------------------------------------------------------
     def predict(self, jobs: Sequence[Job]) -> list[Prediction]:

@@ -53,9 +53,9 @@ def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: in
 
 def workload_label(spec: WorkloadSpec, trace_stem: str) -> str:
     """The label of the file name: ``name`` if given, else the trace stem plus ``_single``, ``_p<prompt tokens>``,
-    ``_o<output tokens>``, ``_qknorm`` and ``_decode-<type>`` for the overrides and variants given, so that a workload
-    that is not the trace's never takes the name (and overwrites the file) of the trace's own workload, such as a
-    paper workload."""
+    ``_o<output tokens>``, ``_qknorm``, ``_prefill-<type>`` (a paged prefill) and ``_decode-<type>`` for the overrides
+    and variants given, so that a workload that is not the trace's never takes the name (and overwrites the file) of
+    the trace's own workload, such as a paper workload."""
     if spec.name is not None:
         return spec.name
     parts = [trace_stem, "single"] if spec.single_sequence else [trace_stem]
@@ -64,6 +64,8 @@ def workload_label(spec: WorkloadSpec, trace_stem: str) -> str:
                   if value is not None]
     if spec.qk_norm_rmsnorm:
         parts.append("qknorm")
+    if spec.prefill_attn is not None and not spec.prefill_attn.endswith("_ragged"):  # the name keeps fa2/fa3 only
+        parts.append(f"prefill-{spec.prefill_attn}")
     if spec.decode_attn != DECODE_ATTN_DEFAULT:
         parts.append(f"decode-{spec.decode_attn}")
     return "_".join(parts)

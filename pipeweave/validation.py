@@ -106,9 +106,10 @@ def fa3_warning(workload: str, attention_types, hardware) -> str | None:
     kinds = sorted({kind for kind in attention_types if fa3_mismatch(kind, hardware.architecture)})
     if not kinds:
         return None
+    instead = ", ".join(f"{kind.lower().replace('fa3', 'fa2')} instead of {kind}" for kind in kinds)
     return (f"WARNING: {workload} uses {', '.join(kinds)} (FlashAttention-3, Hopper only) but {hardware.stem} is "
-            f"{hardware.architecture}: the prediction is for a kernel that cannot run there; generate the workload "
-            f"with --prefill_attn fa2_ragged for this GPU")
+            f"{hardware.architecture}: the prediction is for a kernel that cannot run there; for this GPU use "
+            f"{instead} (--prefill_attn / --decode_attn of workload_generator.py or serve_sim.py)")
 
 
 def check_durations(op: str, keys: list, *durations) -> None:

@@ -307,6 +307,20 @@ def test_fa3_workload_on_pre_hopper_gpu_warns(models, tmp_path, capsys):
     assert code == 0 and "FlashAttention-3" not in out  # (the untrained test models' intervals warn, rightly)
 
 
+def test_the_fa3_warning_names_the_fa2_kernel_of_each_layout():
+    """A decode-only FA3 workload (--decode_attn fa3_paged) on A100 was told to regenerate with --prefill_attn
+    fa2_ragged, which changes nothing of its decode."""
+    from analytical_model.hardware import load_hardware
+    from pipeweave.validation import fa3_warning
+
+    a100 = load_hardware("A100")
+    decode = fa3_warning("w", ["fa2_ragged", "fa3_paged"], a100)
+    assert "fa2_paged instead of fa3_paged" in decode and "fa2_ragged instead" not in decode
+    both = fa3_warning("w", ["fa3_ragged", "fa3_paged"], a100)
+    assert "fa2_paged instead of fa3_paged" in both and "fa2_ragged instead of fa3_ragged" in both
+    assert fa3_warning("w", ["fa3_paged"], load_hardware("H100")) is None
+
+
 # ---------------------------------------------------------------------------------------------------
 # 2. tracebacks -> one line
 # ---------------------------------------------------------------------------------------------------

@@ -202,8 +202,10 @@ def test_api_errors_are_value_errors_and_memory_is_checked():
     the API refuses a workload that does not fit the GPU as the command line does."""
     import pipeweave
 
-    with pytest.raises(ValueError, match="no collective models"):
+    with pytest.raises(ValueError, match="no collective models") as missing:
         pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40")
+    # the fix is told in the API's keywords, not the command line's flags
+    assert "collective_estimate='analytical'" in str(missing.value) and "--" not in str(missing.value)
     with pytest.raises(ValueError, match="collective_estimate must be one of model, analytical"):
         pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40", collective_estimate="Analytical")
     with pytest.raises(ValueError, match="does not fit in GPU memory at TP 4"):

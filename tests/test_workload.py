@@ -475,6 +475,9 @@ def test_variants_enter_the_file_name_and_paper_names_are_not_overwritten(tmp_pa
              for variant in ({}, {"qk_norm_rmsnorm": True}, {"decode_attn": "fa3_paged"})}
     assert names == {"Qwen3-32B_arxiv_12_fa2_tp2_pp1.json", "Qwen3-32B_arxiv_12_qknorm_fa2_tp2_pp1.json",
                      "Qwen3-32B_arxiv_12_decode-fa3_paged_fa2_tp2_pp1.json"}
+    # the name keeps only the prefill backend's family, so a paged prefill says so (it replaced the ragged one's file)
+    paged = generate(WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_paged")).file_name
+    assert paged == "Qwen3-32B_arxiv_12_prefill-fa2_paged_fa2_tp2_pp1.json"
     assert generate(plain).content == (DEFAULT_OUTPUT_DIR / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json").read_bytes()
 
     qk_paper = "Qwen3-32B_arxiv_16_fa2_tp2_pp1.json"
