@@ -35,7 +35,22 @@ def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_e
     from pipeweave.engine import Engine
 
     return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
-                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=None, keyword_options=True)
+                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=_warn_of_warnings,
+                  keyword_options=True)
+
+
+def _warn_of_warnings(line: str) -> None:
+    """The engine's log as the API gives it: its WARNING lines (a FlashAttention-3 kernel on a GPU that cannot run
+    it, intervals measured for another model...) as Python warnings, its notes of loaded models not at all."""
+    if line.startswith("WARNING"):
+        warnings.warn(line, UserWarning, stacklevel=5)
+
+
+def _plain_number(value):
+    """A numpy number of a workload dict as the JSON number it stands for."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise ValueError(f"workload: a {type(value).__name__} value is not JSON (numbers, strings, lists and objects)")
 
 
 @lru_cache(maxsize=8)
@@ -84,12 +99,22 @@ def predict_workload(
     from pipeweave.engine import Job, as_flat_workload
     from pipeweave.flatten import parse_workload
 
+    from pipeweave.schema import Workload
+
+    if not isinstance(workload, (str, Path, Mapping, Workload)):
+        raise ValueError(f"workload must be a workload file, the stem of a shipped workload, its parsed JSON object or "
+                         f"a pipeweave.schema.Workload, got {type(workload).__name__}")
     try:
         engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
                          str(quantile_dir) if quantiles else None)
-        if isinstance(workload, Mapping):
-            workload = parse_workload(json.loads(json.dumps(workload)), "workload")  # a private copy
-        job = Job(as_flat_workload(workload), engine.gpu(hardware), collective_hardware)
+        if isinstance(workload, Mapping):  # a private copy, numpy numbers as plain ones
+            workload = parse_workload(json.loads(json.dumps(workload, default=_plain_number)), "workload")
+        try:
+            flat = as_flat_workload(workload)
+        except OSError as exc:  # not a file name at all (a JSON text, a name too long for the file system)
+            raise ValueError(f"workload {str(workload)[:80]!r}: not a workload file or the stem of a shipped "
+                             f"workload ({exc.strerror or exc})") from None
+        job = Job(flat, engine.gpu(hardware), collective_hardware)
         record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),
                               option="ignore_memory=True")
         result = engine.predict([job])[0].result
@@ -112,29 +137,60 @@ def predict_kernels(
     """Predicted duration in µs of each kernel (row) of ``shapes`` on ``hardware`` (one name, or one per row).
 
     ``op`` is a registry operator (``python3 -m analytical_model list``: ``gemm``, ``gemm_fp8``, ``attn``,
-    ``rmsnorm``, ``siluandmul``, ``moe``); ``shapes`` maps its shape columns to equal-length sequences, as the
-    ``predict_kernels`` CSV does (gemm: ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh, nkv,
-    hd`` with per-request lists; ...). No pandas needed. With ``interval``, (µs, low µs, high µs): the measured
+    ``rmsnorm``, ``siluandmul``, ``moe``, ``quantize``); ``shapes`` maps its shape columns to equal-length sequences,
+    as the ``predict_kernels`` CSV does (gemm: ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh,
+    nkv, hd`` with per-request lists; ...): a dict or a pandas DataFrame, read by position; a single value applies to
+    every kernel; other columns are ignored, as the CSV's are. No pandas needed. With ``interval``, (µs, low µs, high µs): the measured
     80 % interval of each prediction's state, the ``low_us`` / ``high_us`` columns of ``predict_kernels.py``
     (:mod:`pipeweave.intervals`).
     """
     from analytical_model.registry import get_operator
-    from pipeweave.validation import check_shape_table
+    from pipeweave.cli import UserError
+    from pipeweave.validation import check_shape_table, load_model_checked
 
-    lengths = {name: len(values) for name, values in shapes.items()}
+    operator = get_operator(op)
+    if not hasattr(shapes, "keys"):  # a dict, a pandas DataFrame...
+        raise ValueError(f"shapes must map {op}'s shape columns ({', '.join(operator.shape_columns)}) to one value per "
+                         f"kernel each, got {type(shapes).__name__}")
+    missing = [c for c in operator.shape_columns if c not in shapes]
+    if missing:
+        raise ValueError(f"shapes lacks column(s) {', '.join(missing)} needed by {op} (shape columns: "
+                         f"{', '.join(operator.shape_columns)}; optional: {', '.join(operator.optional_columns) or 'none'})")
+    # only the columns predict_kernels.py reads (others, such as a dataset's source, pass it by), by position
+    columns = {name: _per_kernel(shapes[name]) for name in (*operator.shape_columns, *operator.optional_columns)
+               if name in shapes}
+    lengths = {name: len(values) for name, values in columns.items() if values is not None}
+    rows = max(lengths.values(), default=1)
     if len(set(lengths.values())) > 1:
         raise ValueError(f"the shape columns must have one value per kernel each, got lengths "
                          f"{', '.join(f'{name} {n}' for name, n in lengths.items())}")
-    rows = next(iter(lengths.values()), 0)
-    names = [hardware] * rows if isinstance(hardware, str) else list(hardware)
+    columns = {name: [shapes[name]] * rows if values is None else values for name, values in columns.items()}
+    if isinstance(hardware, str):
+        names = [hardware] * rows
+    elif hardware is None or _per_kernel(hardware) is None:
+        raise ValueError(f"hardware must be a GPU name or one per kernel, got {hardware!r}")
+    else:
+        names = [str(name) for name in _per_kernel(hardware)]
     if len(names) != rows:
         raise ValueError(f"hardware: {len(names)} GPU names for {rows} kernels (give one name, or one per kernel)")
     # the limits predict_kernels.py applies, and each kernel's whole shape, naming the kernel by its index
-    check_shape_table(dict(shapes), get_operator(op), label=lambda position: f"kernel {position}")
+    check_shape_table(columns, operator, label=lambda position: f"kernel {position}")
     predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
-    if not interval:
-        return predictor.predict_columns(op, shapes, names)
-    from pipeweave.kernels import interval_us
+    try:
+        load_model_checked(predictor, operator.model_op)
+        if not interval:
+            return predictor.predict_columns(op, columns, names)
+        from pipeweave.kernels import interval_us
 
-    us, codes, fastest = predictor.predict_columns_bounded(op, shapes, names)
-    return (us, *interval_us(op, predictor, names, us, codes, fastest))
+        us, codes, fastest = predictor.predict_columns_bounded(op, columns, names)
+        return (us, *interval_us(op, predictor, names, us, codes, fastest))
+    except UserError as exc:  # the command line's error class; a library caller catches ValueError
+        raise ValueError(str(exc)) from None
+
+
+def _per_kernel(values) -> list | None:
+    """A column's values by position (a pandas Series by position, not by its index labels); None for one value
+    (a number or a string), which every kernel takes."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", None) == 0:
+        return None
+    return list(values)

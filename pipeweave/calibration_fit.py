@@ -55,11 +55,7 @@ def csv_text_rows(path: Path, flag: str, expected: str) -> tuple[list[str], list
         header, rows = read_shapes(path, expected)
     except UserError as exc:
         raise UserError(f"{flag} {exc}") from None
-    header = [cell.strip() for cell in header]
-    repeated = sorted({cell for cell in header if header.count(cell) > 1})
-    if repeated:
-        raise UserError(f"{flag} {path}: repeated column(s) {', '.join(repeated)}")
-    return header, rows
+    return [cell.strip() for cell in header], rows
 
 
 def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from pipeweave.validation import check_shape_table, load_model_checked, row_labe
 
 def read_shapes(path: str | Path, expected: str = "expected a header row") -> tuple[list[str], list[list[str]]]:
     """(header, rows) of a CSV, as text (so that pass-through columns are written back exactly as read); an empty
-    file's error says what was ``expected``."""
+    file's error says what was ``expected``; a column named twice is an error."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input CSV not found: {path}")
@@ -43,6 +43,10 @@ def read_shapes(path: str | Path, expected: str = "expected a header row") -> tu
     if not lines:
         raise UserError(f"{path}: empty file ({expected})")
     header, rows = lines[0], [row for row in lines[1:] if row]  # blank lines are skipped
+    names = [name.strip() for name in header]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:  # which of the two holds the shape would be a guess
+        raise UserError(f"{path}: repeated column(s) {', '.join(repeated)}")
     for position, row in enumerate(rows):
         if len(row) != len(header):
             raise UserError(f"{path}: {row_label(position)} has {len(row)} fields, the header {len(header)}")
@@ -90,6 +94,10 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
     return physical_interval(predicted_us, low, high, fastest_us)
 
 
+#: the columns predict_kernels.py adds (and ``calibration`` with a calibration)
+OUTPUT_COLUMNS = ("predicted_us", "low_us", "high_us", "extrapolation")
+
+
 def write_predictions(path: Path, header: list[str], rows: list[list[str]], predicted_us: np.ndarray,
                       interval: tuple[np.ndarray, np.ndarray], extrapolation: np.ndarray,
                       calibrated: list[str] | None = None) -> None:
@@ -100,8 +108,7 @@ def write_predictions(path: Path, header: list[str], rows: list[list[str]], pred
     marks = [] if calibrated is None else [calibrated]
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow([*header, "predicted_us", "low_us", "high_us", "extrapolation",
-                         *(["calibration"] if marks else [])])
+        writer.writerow([*header, *OUTPUT_COLUMNS, *(["calibration"] if marks else [])])
         writer.writerows([*row, repr(float(us)), repr(float(low)), repr(float(high)), label, *extra]
                          for row, us, low, high, label, *extra in zip(rows, predicted_us, *interval, labels, *marks))
 
@@ -131,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.output)
     header, rows = read_shapes(args.input)
+    written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in (cell.strip() for cell in header)]
+    if written:  # a second set of them would follow the first
+        raise UserError(f"{args.input}: has column(s) {', '.join(written)}, which predict_kernels.py writes: give "
+                        f"the shapes without them (this looks like an output of predict_kernels.py)")
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
     directory = load_model_checked(predictor, args.op)[2]
     warning = other_model_warning(args.op, directory)

@@ -37,6 +37,12 @@ HEAD_DIM_STEP, MAX_HEAD_DIM = 16, 256
 #: architectures that run FlashAttention-3 (its kernels use Hopper's TMA and wgmma instructions)
 FA3_ARCHITECTURES = ("hopper",)
 
+#: a GEMM tile edge (tile_M / tile_N / tile_K): tensor-core MMAs tile in multiples of 8, and no GEMM kernel tiles
+#: beyond 512 (the measured tiles are 8-256 by 64-256 by 32-128)
+TILE_STEP, MAX_TILE = 8, 512
+#: CTAs of one launch: CUDA's grid limit in x
+MAX_CTAS = 2 ** 31 - 1
+
 #: field name → (limit, what it counts), for the per-field checks of workloads and shape CSVs
 FIELD_LIMITS = {
     "M": (MAX_TOKENS, "tokens of one iteration"),
@@ -55,7 +61,13 @@ FIELD_LIMITS = {
     "tp_size": (MAX_PARALLEL, "parallel degree"),
     "pp_size": (MAX_PARALLEL, "parallel degree"),
     "ep_size": (MAX_PARALLEL, "parallel degree"),
+    "tile_M": (MAX_TILE, "GEMM tile edge"),
+    "tile_N": (MAX_TILE, "GEMM tile edge"),
+    "tile_K": (MAX_TILE, "GEMM tile edge"),
+    "cta_count": (MAX_CTAS, "CTAs of one launch, CUDA's grid limit"),
 }
+#: optional integer columns of a shape table: checked where a row gives them
+OPTIONAL_INT_COLUMNS = ("tile_M", "tile_N", "tile_K", "cta_count")
 
 
 def limit_problem(field: str, value) -> str | None:
@@ -144,6 +156,19 @@ def check_shape_table(columns: dict, operator, label=row_label) -> None:
                                  f"{str(_shown(cell))!r}")
             problem = limit_problem(column, value) or (
                 head_dim_problem(operator.key, value) if column == "hd" else None)
+            if problem:
+                raise ValueError(f"{label(row)}: {problem}")
+    for column in (c for c in OPTIONAL_INT_COLUMNS if c in operator.optional_columns):
+        for row, cell in enumerate(columns.get(column, ())):
+            if cell is None or cell != cell or not str(cell).strip():
+                continue  # the tile rule chooses this row's tile
+            value = _as_int(cell)
+            if value is None or value <= 0:
+                raise ValueError(f"{label(row)}: column {column} must be a positive integer or empty, got "
+                                 f"{str(_shown(cell))!r}")
+            problem = limit_problem(column, value)
+            if not problem and column != "cta_count" and value % TILE_STEP:
+                problem = f"{column} = {value} is not a multiple of {TILE_STEP} (tensor-core MMAs tile in 8s)"
             if problem:
                 raise ValueError(f"{label(row)}: {problem}")
     for row, cell in enumerate(columns.get("hardware", ())):

@@ -562,3 +562,19 @@ def test_unknown_operator_class_lists_the_known_ones(module, capsys):
     assert run_cli(importlib.import_module(module).main, ["--ops", "gemm,nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown operator class 'nope'; known: gemm, gemm_fp8, attn, rmsnorm, siluandmul, moe" in err
+
+
+def test_predict_kernels_refuses_a_column_given_twice_and_its_own_output(tmp_path, capsys):
+    """A header M,N,K,M predicted with the second M without a word, and an output fed back in gained a second set
+    of prediction columns."""
+    twice = tmp_path / "twice.csv"
+    twice.write_text("M,N,K,M,hardware\n5,4096,4096,6,H100\n")
+    code, _, err = cli(kernels.main, "--op", "gemm", "--input", twice, "--output", tmp_path / "o.csv", capsys=capsys)
+    assert_one_error_line(code, err, "repeated column(s) M")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n5,4096,4096,H100\n")
+    code, _, err = cli(kernels.main, "--op", "gemm", "--input", shapes, "--output", tmp_path / "o.csv", capsys=capsys)
+    assert code == 0, err
+    code, _, err = cli(kernels.main, "--op", "gemm", "--input", tmp_path / "o.csv", "--output", tmp_path / "o2.csv",
+                       capsys=capsys)
+    assert_one_error_line(code, err, "predicted_us", "which predict_kernels.py writes")

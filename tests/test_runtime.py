@@ -537,3 +537,61 @@ def test_api_kernel_shape_errors_name_the_kernel(op, shapes, message):
     with pytest.raises(ValueError) as error:
         pipeweave.predict_kernels(op, shapes, ["H100", "A100"])
     assert str(error.value).startswith(message)
+
+
+def test_api_kernel_shapes_are_read_by_position_and_as_predict_kernels_reads_them(tmp_path):
+    """A pandas frame with another index paired the results with the wrong kernels (a filtered one raised KeyError);
+    a dataset's source column changed the GEMM prediction, which predict_kernels.py ignores; scalars, a missing
+    column, absurd tiles and a damaged model raised TypeError, KeyError or a zip error, or gave 10¹¹ µs."""
+    pd = pytest.importorskip("pandas")
+    import pipeweave
+
+    frame = pd.DataFrame({"M": [1, 4096, 128], "N": [8192, 8192, 1024], "K": [8192, 8192, 1024]})
+    one_by_one = [pipeweave.predict_kernels("gemm", {c: [frame[c][i]] for c in "MNK"}, "H100")[0] for i in range(3)]
+    shuffled = frame.sort_values("M", ascending=False)
+    np.testing.assert_allclose(pipeweave.predict_kernels("gemm", shuffled, "H100"),
+                               [one_by_one[i] for i in shuffled.index], rtol=1e-12)
+    np.testing.assert_allclose(pipeweave.predict_kernels("gemm", frame[frame.M > 1], "H100"), one_by_one[1:],
+                               rtol=1e-12)
+    gpus = pd.Series(["A100", "H100"], index=[7, 3])
+    assert pipeweave.predict_kernels("gemm", frame.iloc[:2], gpus)[1] == pytest.approx(one_by_one[1], rel=1e-12)
+    assert pipeweave.predict_kernels("gemm", {"M": 1, "N": 8192, "K": 8192}, "H100")[0] == pytest.approx(one_by_one[0])
+    source = {"M": [4096], "N": [8192], "K": [8192], "source": ["vidur 7d47513 a100/x.csv"]}
+    assert pipeweave.predict_kernels("gemm", source, "A100")[0] == pipeweave.predict_kernels(
+        "gemm", {"M": [4096], "N": [8192], "K": [8192]}, "A100")[0]
+    with pytest.raises(ValueError, match="lacks column.s. K needed by gemm"):
+        pipeweave.predict_kernels("gemm", {"M": [1], "N": [1]}, "H100")
+    tile = {"M": [5], "N": [8192], "K": [8192], "tile_M": [64], "tile_N": [64], "tile_K": [64], "is_split_k": [0]}
+    with pytest.raises(ValueError, match="cta_count = 10+ exceeds the limit 2,147,483,647"):
+        pipeweave.predict_kernels("gemm", {**tile, "cta_count": [10 ** 30]}, "H100")
+    with pytest.raises(ValueError, match="tile_M = 7 is not a multiple of 8"):
+        pipeweave.predict_kernels("gemm", {**tile, "tile_M": [7], "cta_count": [100]}, "H100")
+    with pytest.raises(ValueError, match="hardware must be a GPU name or one per kernel"):
+        pipeweave.predict_kernels("gemm", frame, None)
+    damaged = tmp_path / "models"
+    shutil.copytree(latest_model_dir(DEFAULT_MODEL_DIR, "gemm"), damaged / "gemm" / "20990101_000000")
+    weights_path(damaged / "gemm" / "20990101_000000", "gemm").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        pipeweave.predict_kernels("gemm", frame, "H100", model_dir=damaged)
+
+
+def test_api_workload_inputs_that_are_not_workloads_are_value_errors_and_warnings_are_warnings():
+    """None, a number or a JSON text raised TypeError or OSError; a numpy number in a workload dict a TypeError from
+    json; and the aggregator's WARNING for a FlashAttention-3 workload on A100 was dropped without a word."""
+    import warnings
+
+    import pipeweave
+
+    for workload in (None, 5, json.dumps({"iterations": []}) * 20):
+        with pytest.raises(ValueError, match="workload"):
+            pipeweave.predict_workload(workload, "H100")
+    root = Path(__file__).resolve().parent.parent
+    plain = json.loads((root / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json").read_text())
+    expected = pipeweave.predict_workload(plain, "A100")["summary"]
+    assert pipeweave.predict_workload({**plain, "tp_size": np.int64(1)}, "A100")["summary"] == expected
+    pipeweave.api._engine.cache_clear()  # the engine warns once per workload and GPU
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipeweave.predict_workload("Qwen2.5-14B_arxiv_8_fa3_tp1_pp1", "A100")
+    assert any("FlashAttention-3, Hopper only" in str(w.message) for w in caught)
+    assert not any("Loaded" in str(w.message) for w in caught)

@@ -66,7 +66,8 @@ def test_sibling_is_a_trained_gpu_of_the_same_compute_capability_at_another_rate
     assert sibling_scale("gemm", load_hardware("A40"), [load_hardware("A100")]) is None  # 8.6 is not 8.0
     assert sibling_scale("gemm", load_hardware("RTX PRO 6000 S"), [load_hardware("B200")]) is None  # 12.0, 10.0
     assert sibling_scale("gemm", h100, [h20]) == pytest.approx(4.0)  # a faster target is bounded too
-    assert sibling_scale("gemm_fp8", load_hardware("L40"), [load_hardware("L40S")]) is None  # no FP8 rate
+    assert sibling_scale("gemm_fp8", load_hardware("L40"), [load_hardware("L40S")]) == pytest.approx(0.5)
+    assert sibling_scale("gemm_fp8", load_hardware("L20"), [load_hardware("L40S")]) is None  # no FP8 rate
 
 
 def _durations(op, features, efficiency):
