@@ -75,10 +75,10 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
                             f"{', '.join(predictor.hardware.known())}")
     used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
     columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
-    if calibration is not None:
-        calibration.check_hardware([predictor.hardware.get(name).stem for name in hardware])
     if not rows:
         return np.zeros(0), np.zeros(0, dtype=np.int8), np.zeros(0)
+    if calibration is not None:
+        calibration.check_hardware([predictor.hardware.get(name).stem for name in hardware])
     try:
         return predictor.predict_columns_bounded(op, columns, hardware, calibration)
     except ValueError as exc:

@@ -124,7 +124,7 @@ def summarize(phases: Sequence[str], totals: Sequence[float]) -> dict:
             prefill += total
         else:
             decode.append(total)
-    decode_total = sum(decode)
+    decode_total = sum(decode, 0.0)  # a float even without decode iterations, as the other fields
     return {
         "prefill_duration_ms": round(prefill, 6),
         "decode_avg_duration_ms": round(decode_total / len(decode), 6) if decode else 0.0,

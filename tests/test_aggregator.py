@@ -517,3 +517,11 @@ def test_paper_workload_with_trained_models(tmp_path):
     assert 0 < summary["decode_avg_duration_ms"] < summary["prefill_duration_ms"] < summary["total_duration_ms"]
     weights_ms = 2 * parameter_count(load_model_config("Qwen2.5-14B")) / 2039.04e9 * 1e3
     assert weights_ms < summary["decode_avg_duration_ms"] < 3 * weights_ms
+
+
+def test_a_summary_without_decode_iterations_holds_floats_as_with_them():
+    """A prefill-only workload's decode_total_duration_ms was the int 0 beside float fields."""
+    from pipeweave.report import summarize
+
+    summary = summarize(["prefill"], [12.5])
+    assert summary["decode_total_duration_ms"] == 0.0 and all(isinstance(v, float) for v in summary.values())
