@@ -140,9 +140,9 @@ def predict_kernels(
     ``rmsnorm``, ``siluandmul``, ``moe``, ``quantize``); ``shapes`` maps its shape columns to equal-length sequences,
     as the ``predict_kernels`` CSV does (gemm: ``M, N, K``; attn: ``attention_type, bs, q_lengths, kv_lengths, nh,
     nkv, hd`` with per-request lists; ...): a dict or a pandas DataFrame, read by position; a single value applies to
-    every kernel; other columns are ignored, as the CSV's are. No pandas needed. With ``interval``, (µs, low µs, high µs): the measured
-    80 % interval of each prediction's state, the ``low_us`` / ``high_us`` columns of ``predict_kernels.py``
-    (:mod:`pipeweave.intervals`).
+    every kernel; other columns are ignored, as the CSV's are. No pandas needed. With ``interval``, (µs, low µs,
+    high µs): the measured 80 % interval of each prediction's state, the ``low_us`` / ``high_us`` columns of
+    ``predict_kernels.py`` (:mod:`pipeweave.intervals`).
     """
     from analytical_model.registry import get_operator
     from pipeweave.cli import UserError
@@ -154,8 +154,9 @@ def predict_kernels(
                          f"kernel each, got {type(shapes).__name__}")
     missing = [c for c in operator.shape_columns if c not in shapes]
     if missing:
+        optional = ", ".join(operator.optional_columns) or "none"
         raise ValueError(f"shapes lacks column(s) {', '.join(missing)} needed by {op} (shape columns: "
-                         f"{', '.join(operator.shape_columns)}; optional: {', '.join(operator.optional_columns) or 'none'})")
+                         f"{', '.join(operator.shape_columns)}; optional: {optional})")
     # only the columns predict_kernels.py reads (others, such as a dataset's source, pass it by), by position
     columns = {name: _per_kernel(shapes[name]) for name in (*operator.shape_columns, *operator.optional_columns)
                if name in shapes}
