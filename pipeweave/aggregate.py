@@ -277,9 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         ops = {op for job in jobs if job.hardware.stem == calibration.hardware for op in job.workload.ops()}
         for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
             print(warning)
-        stale = calibration.stale_collectives(engine.collective_dir)
-        if stale and any(job.hardware.stem == calibration.hardware and job.workload.has_communication for job in jobs):
-            print(stale)
+        collectives_of = {engine.gpu(job.collective_hardware).stem if job.collective_hardware else job.hardware.stem
+                          for job in jobs if job.hardware.stem == calibration.hardware
+                          and job.workload.has_communication}
+        for stem in sorted(collectives_of):
+            stale = calibration.stale_collectives(engine.collective_dir, stem)
+            if stale:
+                print(stale)
     for prediction in predictions:
         if prediction is not None and memory[id(prediction.job)] is not None:
             prediction.result["memory_check"] = memory[id(prediction.job)]

@@ -31,12 +31,43 @@ from pipeweave import paths
 
 
 @lru_cache(maxsize=8)
-def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_estimate: str, quantile_dir: str | None):
+def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_estimate: str, quantile_dir: str | None,
+            calibration: tuple[str, str] | None = None):
     from pipeweave.engine import Engine
 
     return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
                   collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=_warn_of_warnings,
-                  keyword_options=True)
+                  keyword_options=True, calibration=_calibration(calibration))
+
+
+def _calibration_key(path) -> tuple[str, str] | None:
+    """(path, digest) of a calibration file: a file rewritten by calibrate.py is read again."""
+    if path is None:
+        return None
+    from pipeweave.calibration import file_digest
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"calibration file not found: {path}")
+    return str(path), file_digest(path)
+
+
+@lru_cache(maxsize=8)
+def _calibration(key: tuple[str, str] | None):
+    if key is None:
+        return None
+    from pipeweave.calibration import load_calibration
+    from pipeweave.cli import UserError
+
+    try:
+        return load_calibration(key[0])
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _check_calibration(calibration, stems: list[str]) -> None:
+    """A calibration for none of the GPUs predicted is refused (it would silently do nothing)."""
+    if calibration is not None:
+        calibration.check_hardware(stems)
 
 
 def _warn_of_warnings(line: str) -> None:
@@ -68,6 +99,7 @@ def predict_workload(
     collective_estimate: str = "model",
     quantiles: bool = False,
     ignore_memory: bool = False,
+    calibration: str | Path | None = None,
     model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
     quantile_dir: str | Path = paths.DEFAULT_QUANTILE_DIR,
     hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
@@ -106,7 +138,7 @@ def predict_workload(
                          f"a pipeweave.schema.Workload, got {type(workload).__name__}")
     try:
         engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
-                         str(quantile_dir) if quantiles else None)
+                         str(quantile_dir) if quantiles else None, _calibration_key(calibration))
         if isinstance(workload, Mapping):  # a private copy, numpy numbers as plain ones
             workload = parse_workload(json.loads(json.dumps(workload, default=_plain_number)), "workload")
         try:
@@ -115,9 +147,17 @@ def predict_workload(
             raise ValueError(f"workload {str(workload)[:80]!r}: not a workload file or the stem of a shipped "
                              f"workload ({exc.strerror or exc})") from None
         job = Job(flat, engine.gpu(hardware), collective_hardware)
+        _check_calibration(engine.calibration, [job.hardware.stem])
         record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),
                               option="ignore_memory=True")
         result = engine.predict([job])[0].result
+        if engine.calibration is not None:  # the aggregator's WARNINGs for a calibration fitted to other models
+            stale = engine.calibration.stale_models({op: engine.predictor.model(op)[2] for op in flat.ops()})
+            collectives = engine.gpu(collective_hardware).stem if collective_hardware else job.hardware.stem
+            stale.append(flat.has_communication and engine.calibration.stale_collectives(engine.collective_dir,
+                                                                                         collectives))
+            for line in filter(None, stale):
+                warnings.warn(line, UserWarning, stacklevel=2)
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
     if record is not None:
@@ -133,6 +173,7 @@ def predict_kernels(
     model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
     hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
     interval: bool = False,
+    calibration: str | Path | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Predicted duration in µs of each kernel (row) of ``shapes`` on ``hardware`` (one name, or one per row).
 
@@ -177,14 +218,16 @@ def predict_kernels(
     # the limits predict_kernels.py applies, and each kernel's whole shape, naming the kernel by its index
     check_shape_table(columns, operator, label=lambda position: f"kernel {position}")
     predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
+    corrections = _calibration(_calibration_key(calibration))
     try:
+        _check_calibration(corrections, [predictor.hardware.get(name).stem for name in names])
         load_model_checked(predictor, operator.model_op)
         if not interval:
-            return predictor.predict_columns(op, columns, names)
+            return predictor.predict_columns(op, columns, names, corrections)
         from pipeweave.kernels import interval_us
 
-        us, codes, fastest = predictor.predict_columns_bounded(op, columns, names)
-        return (us, *interval_us(op, predictor, names, us, codes, fastest))
+        us, codes, fastest = predictor.predict_columns_bounded(op, columns, names, corrections)
+        return (us, *interval_us(op, predictor, names, us, codes, fastest, corrections))
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
 

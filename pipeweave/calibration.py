@@ -339,20 +339,24 @@ class Calibration:
                 for op, fitted in sorted(self.base_models.items())
                 if op in loaded and Path(fitted).name != Path(loaded[op]).name]
 
-    def stale_collectives(self, collective_dir: str | Path) -> str | None:
-        """A WARNING line when the collective models predicting now (their ``serving.json``: ring efficiency, custom
-        all-reduce) are not those the communication factors were fitted against; None when they are, or when the
-        calibration fitted no communication factor."""
+    def stale_collectives(self, collective_dir: str | Path, gpu: str | None = None) -> str | None:
+        """A WARNING line when the collective models predicting now (``serving.json``: ring efficiency, custom
+        all-reduce; and the measured models of ``gpu``, the GPU whose collectives are predicted, by default the
+        calibrated one) are not those the communication factors were fitted against; None when they are, or when
+        the calibration fitted no communication factor. (A file written before the models were recorded is checked
+        on ``serving.json`` alone.)"""
         fitted = self.fitted_from.get("collective_models")
         if not isinstance(fitted, dict):
             return None
-        now = collective_models_record(collective_dir)
-        if now["serving_digest"] == fitted.get("serving_digest"):
+        now = collective_models_record(collective_dir, gpu or self.hardware)
+        same = now["serving_digest"] == fitted.get("serving_digest")
+        if "models_digest" in fitted:
+            same = same and (now["gpu"], now["models_digest"]) == (fitted.get("gpu"), fitted["models_digest"])
+        if same:
             return None
         return (f"WARNING: --calibration {self.path} fitted its communication factors against the collective models "
-                f"of {fitted.get('dir')} (serving.json {fitted.get('serving_digest')}), this prediction uses "
-                f"{now['dir']} (serving.json {now['serving_digest']}); recalibrate with calibrate.py "
-                f"--collective_dir {now['dir']}")
+                f"of {fitted.get('dir')} ({_models_named(fitted)}), this prediction uses {now['dir']} "
+                f"({_models_named(now)}); recalibrate with calibrate.py --collective_dir {now['dir']}")
 
     def check_hardware(self, stems) -> None:
         """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing)."""
@@ -470,12 +474,24 @@ def load_calibration(path: str | Path) -> Calibration:
     return calibration
 
 
+def _models_named(record: dict) -> str:
+    models = (f"{record['gpu']}'s measured models {record['models_digest']}" if record.get("models_digest")
+              else f"no measured models of {record['gpu']}" if record.get("gpu") else None)
+    return ", ".join(filter(None, [f"serving.json {record.get('serving_digest')}", models]))
+
+
 def file_digest(path: str | Path) -> str:
     return hashlib.blake2b(Path(path).read_bytes(), digest_size=8).hexdigest()
 
 
-def collective_models_record(collective_dir: str | Path) -> dict:
-    """Which collective models predict a calibration's collectives: the folder and the digest of its
-    ``serving.json`` (None for a folder without one: the plain textbook estimate)."""
+def collective_models_record(collective_dir: str | Path, gpu: str) -> dict:
+    """Which collective models predict a calibration's collectives: the folder, the digest of its ``serving.json``
+    (None for a folder without one: the plain textbook estimate) and of the measured models of ``gpu`` (the GPU
+    stem whose collectives are predicted; None without any: the analytical estimate)."""
     serving = Path(collective_dir) / "serving.json"
-    return {"dir": str(collective_dir), "serving_digest": file_digest(serving) if serving.is_file() else None}
+    models = sorted((Path(collective_dir) / gpu).glob("*_model.*"))
+    digest = hashlib.blake2b(digest_size=8)
+    for path in models:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return {"dir": str(collective_dir), "serving_digest": file_digest(serving) if serving.is_file() else None,
+            "gpu": gpu, "models_digest": digest.hexdigest() if models else None}

@@ -31,7 +31,7 @@ from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calib
                                    cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
-from pipeweave.cli import ArgumentParser, UserError, check_output_path
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import TRIGGER_BITS
 
@@ -46,16 +46,17 @@ METRICS = ("prefill_ms", "decode_step_ms", "total_ms")
 # end-to-end runs
 
 
-def csv_text_rows(path: Path, flag: str, expected: str) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of a CSV, every cell as text, header cells stripped; a row with more or fewer fields than the
-    header, a repeated column or an empty file is a one-line error naming ``flag``, the file and the row."""
+def csv_text_rows(path: Path, flag: str, expected: str) -> tuple[list[str], list[list[str]], list[int]]:
+    """(header, rows, the CSV line of each row) of a CSV, every cell as text, header cells stripped; a row with more
+    or fewer fields than the header, a repeated column or an empty file is a one-line error naming ``flag``, the file
+    and the row."""
     from pipeweave.kernels import read_shapes
 
     try:
-        header, rows = read_shapes(path, expected)
+        header, rows, lines = read_shapes(path, expected)
     except UserError as exc:
         raise UserError(f"{flag} {exc}") from None
-    return [cell.strip() for cell in header], rows
+    return [cell.strip() for cell in header], rows, lines
 
 
 def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
@@ -63,8 +64,9 @@ def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
     calibrates from, are read without pandas)."""
     import pandas as pd
 
-    header, rows = csv_text_rows(path, flag, expected)
-    return pd.DataFrame(rows, columns=header, dtype=str)
+    header, rows, lines = csv_text_rows(path, flag, expected)
+    # indexed so that row_label(index) names each row's CSV line (blank lines skipped, rows later left out)
+    return pd.DataFrame(rows, columns=header, dtype=str, index=[line - 2 for line in lines])
 
 
 def not_a_positive_number(values: pd.Series) -> pd.Series:
@@ -81,13 +83,13 @@ def positive_ms(text: str) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def read_e2e_csv(path: str | Path) -> list[tuple[str, dict[str, float]]]:
-    """The measured runs: (workload, {metric: ms} of the metrics measured) per row; every problem is a one-line
-    error naming the file (and line)."""
+def read_e2e_csv(path: str | Path) -> list[tuple[int, str, dict[str, float]]]:
+    """The measured runs: (CSV line, workload, {metric: ms} of the metrics measured) per row; every problem is a
+    one-line error naming the file (and line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--e2e file not found: {path}")
-    header, rows = csv_text_rows(path, "--e2e", f"expected the header {','.join(E2E_COLUMNS)}")
+    header, rows, lines = csv_text_rows(path, "--e2e", f"expected the header {','.join(E2E_COLUMNS)}")
     unknown = [c for c in header if c not in E2E_COLUMNS]
     missing = [c for c in E2E_COLUMNS if c not in header]
     if unknown or missing:
@@ -105,22 +107,28 @@ def read_e2e_csv(path: str | Path) -> list[tuple[str, dict[str, float]]]:
                 continue
             value = positive_ms(text)
             if value is None:
-                raise UserError(f"--e2e {path}: line {position + 2}: {metric} must be a positive number of ms, "
+                raise UserError(f"--e2e {path}: line {lines[position]}: {metric} must be a positive number of ms, "
                                 f"got {cells[metric]!r}")
             measured[metric] = value
         workload = cells["workload"].strip()
         if not workload or not measured:
-            raise UserError(f"--e2e {path}: line {position + 2}: needs a workload and at least one measured metric")
-        runs.append((workload, measured))
+            raise UserError(f"--e2e {path}: line {lines[position]}: needs a workload and at least one measured "
+                            f"metric")
+        runs.append((lines[position], workload, measured))
     return runs
 
 
 def resolve_run_workload(name: str, csv_path: Path) -> Path:
+    """The workload file a run names: relative to the working directory or to the CSV's folder (a path that names
+    two different files there is an error: the fit would take one silently), else a shipped workload's stem."""
     from pipeweave.flatten import resolve_workload_path
 
-    candidate = csv_path.parent / name
-    if not Path(name).is_file() and candidate.is_file():
-        return candidate
+    here, beside = Path(name), csv_path.parent / name
+    if here.is_file() and beside.is_file() and not here.samefile(beside):
+        raise UserError(f"workload {name} names both {here.resolve()} (from the working directory) and "
+                        f"{beside.resolve()} (beside the CSV); give an absolute path")
+    if not here.is_file() and beside.is_file():
+        return beside
     return resolve_workload_path(name)
 
 
@@ -293,9 +301,12 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
 
     from pipeweave.validation import MAX_PARALLEL, MAX_VOLUME_BYTES, check_shape_table, row_label
 
+    def in_file(position: int) -> str:  # the frame's index is each row's place in its file
+        return row_label(int(frame.index[position]))
+
     if op != "all_reduce":
         try:
-            check_shape_table({c: frame[c].tolist() for c in frame.columns}, get_operator(op))
+            check_shape_table({c: frame[c].tolist() for c in frame.columns}, get_operator(op), in_file)
         except ValueError as exc:
             raise UserError(f"--kernels {path}: {exc}") from None
         return
@@ -304,7 +315,7 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
         bad = ~(np.isfinite(values) & (values >= least) & (values <= most) & (values == values.round()))
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise UserError(f"--kernels {path}: {row_label(row)}: {column} must be an integer from {least} to "
+            raise UserError(f"--kernels {path}: {in_file(row)}: {column} must be an integer from {least} to "
                             f"{most:,} (pipeweave.validation), got {frame[column].iloc[row]!r}")
 
 
@@ -344,8 +355,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     bad = not_a_positive_number(duration)
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise UserError(f"--kernels {path}: line {row + 2}: avg_duration must be a positive number of µs, "
-                        f"got {frame['avg_duration'].iloc[row]!r}")
+        raise UserError(f"--kernels {path}: line {frame.index[row] + 2}: avg_duration must be a positive number "
+                        f"of µs, got {frame['avg_duration'].iloc[row]!r}")
     if "hardware" in frame.columns:
         for name in pd.unique(frame["hardware"].str.strip()):
             if registry.get(name).stem != spec.stem:
@@ -354,8 +365,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         not_layer = (~frame["weight_type"].str.strip().eq("layer")).to_numpy()
         if not_layer.any():
             row = int(np.flatnonzero(not_layer)[0])
-            raise UserError(f"--kernels {path}: line {row + 2}: weight_type must be 'layer' (a whole fused-MoE "
-                            f"layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
+            raise UserError(f"--kernels {path}: line {frame.index[row] + 2}: weight_type must be 'layer' (a whole "
+                            f"fused-MoE layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
     frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
     return op, modelled_rows(frame, reasons, path)
@@ -398,7 +409,7 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         raise UserError(f"--kernels {label}: {row_label(int(positions[unpredicted[0]]))}: pipeweave predicts "
                         f"{base[unpredicted[0]]!r} µs for this {op} row, so it cannot calibrate anything")
     return Equations(np.arange(len(base)), base, x, measured, sigma,
-                     [f"{label} row {i + 2}" for i in positions], floor)
+                     [f"{label} line {i + 2}" for i in positions], floor)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -588,16 +599,16 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                         log=lambda message: print(message) if message.startswith("WARNING") else None)
     runs, parts, fitted_from = [], [], {}
     if e2e:
-        for row, (name, measured) in enumerate(read_e2e_csv(e2e)):
-            where = f"--e2e {e2e}: line {row + 2}"
+        for line, name, measured in read_e2e_csv(e2e):
+            where = f"--e2e {e2e}: line {line}"
             try:
                 workload = load_workload(resolve_run_workload(name, Path(e2e)))
-            except FileNotFoundError as exc:
+            except (FileNotFoundError, UserError) as exc:
                 raise UserError(f"{where}: {exc.args[0]}") from None
             check_fits(workload, spec, where)
             runs.append((workload, measured))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
-                              "runs": [w.stem for w, _ in runs]}
+                              "runs": [str(w.path) for w, _ in runs]}
     kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))
     measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
     if not measured_all_reduce:
@@ -616,7 +627,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     for workload, measured in runs:
         parts.append(run_equations(aggregator, workload, spec, measured, prior, workload.stem))
     if runs or measured_all_reduce:  # the communication factors were fitted
-        fitted_from["collective_models"] = collective_models_record(aggregator.collective_dir)
+        fitted_from["collective_models"] = collective_models_record(aggregator.collective_dir, spec.stem)
     equations = Equations.concat(parts)
     if not len(equations.measured):
         raise UserError("no measured quantity to calibrate from (give --e2e runs and/or --kernels CSVs)")
@@ -662,6 +673,8 @@ def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray) -> dic
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.output)  # before minutes of fitting and fine-tuning, not after
+    refuse_overwriting_inputs(args.output, {"the --e2e file": args.e2e, "the --prior file": args.prior,
+                                            **{f"the --kernels file {path}": path for path in args.kernels or ()}})
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune,

@@ -189,6 +189,15 @@ def check_output_path(path: str | Path, flag: str = "--output") -> Path:
     return path
 
 
+def refuse_overwriting_inputs(path: str | Path, inputs: dict, flag: str = "--output") -> None:
+    """A UserError if the output ``path`` is one of the ``inputs`` (what names it -> its path, or None), checked
+    before any work: calibrate.py --output m.csv replaced the measurements it was fitted from."""
+    where = Path(path).resolve()
+    for what, given in inputs.items():
+        if given is not None and Path(given).resolve() == where:
+            raise UserError(f"{flag} {path} would overwrite {what}; choose another path")
+
+
 def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(file)`` so that a failure leaves no partial output.
 

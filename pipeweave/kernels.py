@@ -22,15 +22,18 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
+from pipeweave.cli import (ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs,
+                           write_atomically)
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
-from pipeweave.validation import check_shape_table, load_model_checked, row_label
+from pipeweave.validation import check_shape_table, line_labels, load_model_checked, row_label
 
 
-def read_shapes(path: str | Path, expected: str = "expected a header row") -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of a CSV, as text (so that pass-through columns are written back exactly as read); an empty
+def read_shapes(path: str | Path, expected: str = "expected a header row"
+                ) -> tuple[list[str], list[list[str]], list[int]]:
+    """(header, rows, the CSV line of each row) of a CSV, as text (so that pass-through columns are written back
+    exactly as read); blank lines are skipped, so errors name a row by its line (:func:`line_labels`); an empty
     file's error says what was ``expected``; a column named twice is an error."""
     path = Path(path)
     if not path.is_file():
@@ -42,19 +45,23 @@ def read_shapes(path: str | Path, expected: str = "expected a header row") -> tu
         raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
         raise UserError(f"{path}: empty file ({expected})")
-    header, rows = lines[0], [row for row in lines[1:] if row]  # blank lines are skipped
+    header = lines[0]
+    numbered = [(number, row) for number, row in enumerate(lines[1:], start=2) if row]  # blank lines are skipped
+    rows, line_numbers = [row for _, row in numbered], [number for number, _ in numbered]
     names = [name.strip() for name in header]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:  # which of the two holds the shape would be a guess
         raise UserError(f"{path}: repeated column(s) {', '.join(repeated)}")
+    label = line_labels(line_numbers)
     for position, row in enumerate(rows):
         if len(row) != len(header):
-            raise UserError(f"{path}: {row_label(position)} has {len(row)} fields, the header {len(header)}")
-    return header, rows
+            raise UserError(f"{path}: {label(position)} has {len(row)} fields, the header {len(header)}")
+    return header, rows, line_numbers
 
 
 def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
-                   calibration=None, source: str = "input") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   calibration=None, source: str = "input", label=row_label
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(``predicted_us``, extrapolation bits, the fastest µs physics allows) per row; unknown GPUs and missing
     columns are errors naming the row/column. A ``calibration`` (pipeweave.calibration) corrects the rows on its
     GPU and is refused if no row is on it."""
@@ -65,13 +72,13 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
                         f"(shape columns: {', '.join(operator.shape_columns)}, plus hardware)")
     index = {name: i for i, name in enumerate(header)}
     try:
-        check_shape_table({name: [row[i] for row in rows] for name, i in index.items()}, operator)
+        check_shape_table({name: [row[i] for row in rows] for name, i in index.items()}, operator, label)
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from None
     hardware = [row[index["hardware"]].strip() for row in rows]
     for position, name in enumerate(hardware):
         if name not in predictor.hardware:
-            raise UserError(f"{source}: {row_label(position)}: unknown GPU {name!r}; known GPUs: "
+            raise UserError(f"{source}: {label(position)}: unknown GPU {name!r}; known GPUs: "
                             f"{', '.join(predictor.hardware.known())}")
     used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
     columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
@@ -137,7 +144,8 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.output)
-    header, rows = read_shapes(args.input)
+    refuse_overwriting_inputs(args.output, {"the --input file": args.input, "the --calibration file": args.calibration})
+    header, rows, line_numbers = read_shapes(args.input)
     written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in (cell.strip() for cell in header)]
     if written:  # a second set of them would follow the first
         raise UserError(f"{args.input}: has column(s) {', '.join(written)}, which predict_kernels.py writes: give "
@@ -152,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, args.input)
+    predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, args.input,
+                                                       line_labels(line_numbers))
     index = header.index("hardware")
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware

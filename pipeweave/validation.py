@@ -143,6 +143,12 @@ def row_label(position: int) -> str:
     return f"row {position + 1} (CSV line {position + 2})"
 
 
+def line_labels(line_numbers: list[int]):
+    """:func:`row_label` for rows read with blank lines skipped: row ``position`` is on CSV line
+    ``line_numbers[position]``."""
+    return lambda position: f"row {position + 1} (CSV line {line_numbers[position]})"
+
+
 def check_shape_table(columns: dict, operator, label=row_label) -> None:
     """Shapes read from a CSV, before any feature is computed (``columns``: column name → cell values, text or
     numbers): every integer shape column holds positive integers within its limit (a head size the model

@@ -283,6 +283,29 @@ def test_predict_kernels_applies_and_records_calibration(a100_calibration, tmp_p
     assert b["calibration"].tolist() == [str(a100_calibration), ""]
 
 
+def test_the_python_api_applies_a_calibration_as_the_command_line_tools_do(a100_calibration, tmp_path):
+    """pipeweave.predict_workload and predict_kernels had no calibration (a TypeError): only Engine did, and it did
+    not refuse a file fitted for another GPU."""
+    import pipeweave
+
+    out = tmp_path / "p.json"
+    assert run_cli(aggregate.main, ["--workload", str(TP1), "--hardware", "A100", "--calibration",
+                                    str(a100_calibration), "--output", str(out)]) == 0
+    calibrated = pipeweave.predict_workload(TP1, "A100", calibration=a100_calibration)
+    assert calibrated["summary"] == json.loads(out.read_text())["summary"]
+    assert calibrated["calibration"] == json.loads(out.read_text())["calibration"]
+    assert calibrated["summary"] != pipeweave.predict_workload(TP1, "A100")["summary"]
+    with pytest.raises(ValueError, match="fitted for A100"):
+        pipeweave.predict_workload(TP1, "H100", calibration=a100_calibration)
+    shapes = {"M": [8192, 8192], "N": [8192, 8192], "K": [8192, 8192]}
+    plain = pipeweave.predict_kernels("gemm", shapes, ["A100", "H100"])
+    corrected, low, high = pipeweave.predict_kernels("gemm", shapes, ["A100", "H100"], interval=True,
+                                                     calibration=a100_calibration)
+    assert corrected[0] > plain[0] * 1.05 and corrected[1] == plain[1] and (low <= corrected).all()
+    with pytest.raises(ValueError, match="fitted for A100"):
+        pipeweave.predict_kernels("gemm", shapes, "H100", calibration=a100_calibration)
+
+
 def test_kernel_csv_calibration(tmp_path):
     measured = tmp_path / "measured_gemm.csv"
     rows = [f"gemm,{m},4096,4096,NVIDIA A40,{t}" for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0))]
@@ -821,6 +844,36 @@ def test_a_calibration_warns_when_the_collective_models_changed(tmp_path, capsys
     assert f"recalibrate with calibrate.py --collective_dir {empty}" in lines[0]
 
 
+def test_a_calibration_warns_when_its_gpus_collective_models_changed_or_another_gpus_are_used(tmp_path, capsys):
+    """The check compared serving.json alone: factors fitted against A100's measured all-reduce were applied without
+    a word to the analytical estimate of a folder without A100's models, or to H100's models
+    (--collective_hardware H100)."""
+    import shutil
+
+    from pipeweave import aggregate
+    from pipeweave.engine import Engine
+    from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
+
+    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2)
+    measured = Engine(log=None).predict_workload(tp2, "A100")["summary"]
+    csv = tmp_path / "run.csv"
+    csv.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{tp2},{measured['prefill_duration_ms'] * 1.1},"
+                   f"{measured['decode_avg_duration_ms'] * 1.2},\n")
+    out = tmp_path / "cal.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--e2e", str(csv), "--output", str(out),
+                                          "--no_fine_tune"]) == 0
+    without_a100 = tmp_path / "collectives"
+    shutil.copytree(DEFAULT_COLLECTIVE_DIR, without_a100, ignore=shutil.ignore_patterns("A100"))
+    capsys.readouterr()
+    for extra, stale in (([], False), (["--collective_dir", str(without_a100)], True),
+                         (["--collective_hardware", "H100"], True)):
+        args = ["--workload", str(tp2), "--hardware", "A100", "--calibration", str(out),
+                "--output", str(tmp_path / "p.json"), *extra]
+        assert run_cli(aggregate.main, args) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if "fitted its communication factors" in line]
+        assert bool(lines) == stale, (extra, lines)
+
+
 def test_runs_whose_collectives_are_all_estimated_keep_the_estimates_uncertainty(tmp_path):
     """H800 at TP4 has no 4-GPU all-reduce sweep: its collectives are the analytical estimate, whose own interval
     there is about x0.8-1.3. A run uniformly 15 % slower must not be explained by a collective factor of 2.5 (what
@@ -946,3 +999,39 @@ def test_a_kernel_calibration_fits_what_predict_kernels_applies_where_kernels_si
     applied = predictor.predict_columns("gemm", columns, ["A40"] * len(rows), calibration)
     assert (applied == fastest).sum() >= 2  # the correction would take them below it
     np.testing.assert_allclose(equations.predict(theta)[0], applied, rtol=1e-9)
+
+
+def test_calibrate_refuses_to_overwrite_its_inputs_and_names_the_right_line(tmp_path, capsys):
+    """--output equal to --e2e (or --kernels, --prior) replaced the measurements with exit 0; after a blank line or
+    a superseded kernel row, errors named the line above the bad one; a workload path naming one file from the
+    working directory and another beside the CSV took the first silently."""
+    import os
+
+    csv = tmp_path / "m.csv"
+    csv.write_text(E2E_HEADER + "\nQwen2.5-14B_arxiv_8_fa2_tp1_pp1,3451.9,27.87,6824.4\n"
+                   "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1,-1,27.87,6824.4\n")
+    before = csv.read_text()
+    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--e2e", str(csv), "--output", str(csv)]) == 2
+    assert "would overwrite the --e2e file" in capsys.readouterr().err and csv.read_text() == before
+    assert run_cli(calibration_fit.main, ["--hardware", "A100", "--e2e", str(csv), "--output",
+                                          str(tmp_path / "c.json")]) == 2
+    assert "line 4: prefill_ms must be a positive number" in capsys.readouterr().err
+    kernels_csv = tmp_path / "k.csv"
+    kernels_csv.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,L40,40.0\ngemm,16,4096,4096,L40,41.0\n"
+                           "gemm,128,4096,4096,L40,abc\n")
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(kernels_csv), "--output",
+                                          str(tmp_path / "c.json")]) == 2
+    assert "line 4: avg_duration must be a positive number" in capsys.readouterr().err
+    runs, here = tmp_path / "runs", tmp_path / "cwd"
+    for folder, source in ((runs, TP1), (here, TP2)):
+        (folder / "wl").mkdir(parents=True)
+        (folder / "wl" / "run.json").write_bytes(source.read_bytes())
+    (runs / "m.csv").write_text(E2E_HEADER + "wl/run.json,3451.9,27.87,6824.4\n")
+    cwd = os.getcwd()
+    try:
+        os.chdir(here)
+        assert run_cli(calibration_fit.main, ["--hardware", "A100", "--e2e", str(runs / "m.csv"), "--output",
+                                              str(tmp_path / "c.json")]) == 2
+    finally:
+        os.chdir(cwd)
+    assert "names both" in capsys.readouterr().err

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeweave.cli import UserError
+from pipeweave.cli import UserError, run_cli
 from pipeweave.engine import Engine
 from pipeweave.memory import check_memory, weight_bytes_per_gpu
 from pipeweave.paths import DEFAULT_CONFIG_DIR
@@ -628,6 +628,39 @@ def test_serve_sim_writes_summary_csv_and_plot(tmp_path, engine):
     assert (tmp_path / "cdf.png").stat().st_size > 1000
 
 
+def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_path, engine):
+    """A calibration from calibrate.py could not be given to the serving tools: a user who measured one run of their
+    GPU sized the deployment with the zero-shot step times."""
+    from pipeweave.calibration import Calibration, load_prior
+    from pipeweave.calibration_design import INTERCEPTS, PARAMS
+    from pipeweave.serving.cli import main as serve_main
+    from pipeweave.serving.search import main as search_main
+
+    theta = np.array([np.log(1.5) if name in INTERCEPTS else 0.0 for name in PARAMS])  # every kernel 1.5x slower
+    calibration = tmp_path / "h100.json"
+    Calibration("H100", "NVIDIA H100", theta, np.zeros(len(PARAMS)), {"e2e": "test"}, {}, {},
+                load_prior().standardisation).save(calibration)
+    flags = ["--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--qps", "30", "--num_requests", "20",
+             "--model_dir", str(engine.model_dir), "--collective_estimate", "analytical"]
+    runs = {}
+    for name, extra in (("plain", []), ("calibrated", ["--calibration", str(calibration)])):
+        out = tmp_path / f"{name}.json"
+        assert run_cli(serve_main, [*flags, "--hardware", "H100", "--output", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    assert runs["calibrated"]["config"]["calibration"] == str(calibration)
+    assert runs["calibrated"]["summary"]["tpot_ms"]["p50"] > 1.3 * runs["plain"]["summary"]["tpot_ms"]["p50"]
+    assert run_cli(serve_main, [*flags, "--hardware", "A100", "--output", str(tmp_path / "a100.json"),
+                                "--calibration", str(calibration)]) == 2
+    tables = {}
+    for name, extra in (("plain", []), ("calibrated", ["--calibration", str(calibration)])):
+        out = tmp_path / f"{name}.csv"
+        assert run_cli(search_main, [*flags, "--hardware", "H100,A100", "--gpu_budget", "1", "--max_num_seqs", "8",
+                                     "--pp", "1", "--output", str(out), *extra]) == 0
+        tables[name] = pd.read_csv(out).set_index("hardware")
+    assert tables["calibrated"].loc["H100", "tpot_ms"] > 1.3 * tables["plain"].loc["H100", "tpot_ms"]
+    assert tables["calibrated"].loc["A100", "tpot_ms"] == tables["plain"].loc["A100", "tpot_ms"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--hardware", "H999"], "known"),
     (["--qps", "-1"], "--qps must be a finite number > 0"),
@@ -687,7 +720,7 @@ def test_search_on_a_dask_local_cluster_matches_in_process(engine):
 
     base = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=20.0, num_requests=12)
     configs = candidates(base, ["H100"], 2, [1, 2, 3], [1], [4, 64])
-    engine = (str(engine.model_dir), str(engine.hardware_dir), "analytical")
+    engine = (str(engine.model_dir), str(engine.hardware_dir), "analytical", None)
     targets = {"ttft_ms": 1e9, "ttft_percentile": 90, "tpot_ms": None, "tpot_percentile": 90}
     local = run_sweep(configs, engine, targets)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,

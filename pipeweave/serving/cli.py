@@ -29,6 +29,9 @@ def add_engine_arguments(parser) -> None:
     parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="model",
                         help="'analytical' allows the documented analytical collective estimate where no measured "
                              "model covers a collective (printed as a WARNING); default 'model'")
+    parser.add_argument("--calibration", default=None, metavar="JSON",
+                        help="a calibration written by calibrate.py: corrects the step times of its GPU (only); "
+                             "refused if no simulated GPU is that GPU (default: none)")
 
 
 def add_scheduler_arguments(parser) -> None:
@@ -124,24 +127,44 @@ def check_paths(args, outputs: dict) -> None:
 
 
 #: flags of the kernel predictor; they change the prediction, so the output records them beside the ServingConfig
-ENGINE_FLAGS = ("model_dir", "hardware_dir", "collective_estimate")
+ENGINE_FLAGS = ("model_dir", "hardware_dir", "collective_estimate", "calibration")
 
 
-def engine_settings(args) -> tuple[str, str, str]:
-    """(model_dir, hardware_dir, collective_estimate) in force: the flags given, else the defaults."""
+def engine_settings(args) -> tuple[str, str, str, str | None]:
+    """(model_dir, hardware_dir, collective_estimate, calibration file) in force: the flags given, else the
+    defaults (a Dask worker builds its engine from them)."""
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
     return (str(args.model_dir or DEFAULT_MODEL_DIR), str(args.hardware_dir or DEFAULT_HARDWARE_DIR),
-            args.collective_estimate)
+            args.collective_estimate, args.calibration)
+
+
+def engine_from_settings(settings: tuple, log=None):
+    """The kernel predictor of :func:`engine_settings`, with the calibration file's corrections where given."""
+    from pipeweave.calibration import load_calibration
+    from pipeweave.engine import Engine
+
+    model_dir, hardware_dir, collective_estimate, calibration = settings
+    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate, log=log,
+                  calibration=load_calibration(calibration) if calibration else None)
 
 
 def make_engine(args, log=None):
-    from pipeweave.engine import Engine
+    return engine_from_settings(engine_settings(args), log or (lambda message: print(message, file=sys.stderr)))
 
-    model_dir, hardware_dir, collective_estimate = engine_settings(args)
-    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate,
-                  log=log or (lambda message: print(message, file=sys.stderr)))
+
+def check_calibration(engine, gpus: list[str]) -> None:
+    """A calibration for none of the simulated GPUs is refused, and one fitted against other models or collectives
+    says so (as aggregator.py does)."""
+    calibration = engine.calibration
+    if calibration is None:
+        return
+    calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
+    print(f"Calibration: {calibration.path} ({calibration.hardware})")
+    ops = [op for op in ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe") if op in calibration.base_models]
+    for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
+        print(warning)
 
 
 def requests_csv(metrics: dict) -> str:
@@ -200,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = make_engine(args)
     engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
+    check_calibration(engine, [args.hardware])
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
         run = simulate_config(config, engine, progress=bar.update)
     metrics = request_metrics(run.simulation.requests)

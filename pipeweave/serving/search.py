@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
-from pipeweave.serving.cli import add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args
+from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
+                                  engine_from_settings)
 from pipeweave.serving.run import ServingConfig, check_model_and_requests
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
@@ -58,14 +59,11 @@ def _percentile(simulation, key: str, q: float) -> float | None:
 
 def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
     """Simulate one candidate (run on a Dask worker); an infeasible candidate returns its reason."""
-    from pipeweave.engine import Engine
     from pipeweave.serving.run import simulate_config
     from pipeweave.serving.simulator import summarize
 
     if engine not in _ENGINES:
-        model_dir, hardware_dir, collective_estimate = engine
-        _ENGINES[engine] = Engine(model_dir=model_dir, hardware_dir=hardware_dir,
-                                  collective_estimate=collective_estimate, log=None)
+        _ENGINES[engine] = engine_from_settings(engine)
     row = {"hardware": config.hardware, "tp": config.tp, "pp": config.pp, "gpus": config.tp * config.pp,
            "max_num_seqs": config.max_num_seqs}
     try:
@@ -212,12 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--output {output}: expected a .csv file")
     plot = Path(args.plot) if args.plot else None
     check_paths(args, {"--output": output} | ({"--plot": plot} if plot else {}))
-    from pipeweave.serving.cli import engine_settings, make_engine
+    from pipeweave.serving.cli import check_calibration, engine_settings, make_engine
     from pipeweave.serving.requests import load_serving_trace, make_requests
     from pipeweave.workload import load_model_config
 
-    registry = make_engine(args).registry
-    gpus = list(dict.fromkeys(registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
+    local = make_engine(args)
+    gpus = list(dict.fromkeys(local.registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
+    check_calibration(local, gpus)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
     # and requests are built once: their errors would otherwise only mark every candidate infeasible
     base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm")
