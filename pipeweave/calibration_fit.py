@@ -139,6 +139,7 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
     settings it ran under."""
     from pipeweave.aggregate import workload_memory
     from pipeweave.schema import WorkloadFormatError
+    from pipeweave.validation import fa3_mismatch
 
     try:
         check = workload_memory(workload, spec)
@@ -152,6 +153,42 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
         raise UserError(f"{where}: {workload.stem} ({workload.model}, TP{workload.tp_size} PP{workload.pp_size}) "
                         f"needs {needed / 1e9:.1f} GB of weights and KV cache per GPU, more than {spec.stem}'s "
                         f"{spec.total_global_mem / 1e9:.1f} GB: it cannot have run on this GPU")
+    fa3 = sorted({shape[0] for shape in workload.shapes.get("attn", []) if fa3_mismatch(shape[0], spec.architecture)})
+    if fa3:  # calibrated against a kernel that does not exist there, the attention correction would be meaningless
+        raise UserError(f"{where}: {workload.stem} uses {', '.join(fa3)} (FlashAttention-3, Hopper only), which "
+                        f"cannot run on {spec.stem} ({spec.architecture}): it cannot be a run measured there; "
+                        f"generate the workload with --hardware {spec.stem} (FA2 kernels)")
+
+
+def check_consistent(workload, measured: dict, where: str) -> None:
+    """A WARNING when a run's total is far from its prefill plus its decode steps (a median step times their number;
+    a factor 1.5 either way leaves room for the median against the mean and for what the total adds): a cell in
+    the wrong unit or column would calibrate the GPU to it."""
+    if not {"prefill_ms", "decode_step_ms", "total_ms"} <= set(measured):
+        return
+    steps = sum(phase != "prefill" for phase in workload.phases)
+    parts = measured["prefill_ms"] + steps * measured["decode_step_ms"]
+    if not parts / 1.5 <= measured["total_ms"] <= parts * 1.5:
+        print(f"WARNING: {where}: total_ms {measured['total_ms']:g} is far from prefill_ms + {steps} decode steps x "
+              f"decode_step_ms = {parts:g}; check the cells' units and order")
+
+
+def merged_repeats(runs: list) -> list:
+    """Rows of one workload file are repeats of one run: each metric takes their median, as docs/E2E.md scores a run
+    against the median of its repeats (counted as separate runs, repeats would outweigh the prior without adding
+    information about the model)."""
+    grouped: dict = {}
+    for workload, measured in runs:
+        key = Path(workload.path).resolve() if workload.path is not None else id(workload)
+        grouped.setdefault(key, (workload, []))[1].append(measured)
+    merged = []
+    for workload, repeats in grouped.values():
+        metrics = dict.fromkeys(metric for measured in repeats for metric in measured)
+        merged.append((workload, {metric: float(np.median([m[metric] for m in repeats if metric in m]))
+                                  for metric in metrics}))
+        if len(repeats) > 1:
+            print(f"Note: {len(repeats)} rows of {workload.stem}: calibrated on the median of each metric")
+    return merged
 
 
 def instance_terms(aggregator, workload, spec: HardwareSpec, standardisation: dict
@@ -346,8 +383,9 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
-    keys = [column for column in ("op", *shape_columns[op], "hardware") if column in frame.columns]
-    frame = frame[~frame.duplicated(subset=keys, keep="last")]  # a re-measured row supersedes the older one
+    keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
+    # a re-measured row supersedes the older one (rows of another GPU are refused below, so the GPU is no key)
+    frame = frame[~frame[keys].apply(lambda column: column.str.strip()).duplicated(keep="last")]
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]
@@ -606,7 +644,9 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
             except (FileNotFoundError, UserError) as exc:
                 raise UserError(f"{where}: {exc.args[0]}") from None
             check_fits(workload, spec, where)
+            check_consistent(workload, measured, where)
             runs.append((workload, measured))
+        runs = merged_repeats(runs)
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [str(w.path) for w, _ in runs]}
     kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))

@@ -563,14 +563,16 @@ def test_corrections_fitted_on_all_kernels_bound_what_any_k_reaches():
 # found by an audit as a user (2026-12-04)
 
 
-def generated(tmp_path: Path, model: str, tp: int, pp: int = 1, dtype: str = "bf16", output_tokens: int = 3) -> Path:
-    """A small generated workload (two requests of 64 tokens) of a model config."""
+def generated(tmp_path: Path, model: str, tp: int, pp: int = 1, dtype: str = "bf16", output_tokens: int = 3,
+              attention: str = "fa3") -> Path:
+    """A small generated workload (two requests of 64 tokens) of a model config, with FlashAttention ``attention``
+    (fa3: Hopper's kernels; fa2 for the other GPUs)."""
     from pipeweave.workload import build_workload, serialize_workload
     from pipeweave.workload_inputs import load_model_config
 
     workload = build_workload(load_model_config(model), [64, 64], output_tokens, tp=tp, pp=pp, dtype=dtype,
-                              prefill_attn="fa3_ragged", decode_attn="fa3_paged")
-    path = tmp_path / f"{model}_tp{tp}_pp{pp}_{dtype}_{output_tokens}.json"
+                              prefill_attn=f"{attention}_ragged", decode_attn=f"{attention}_paged")
+    path = tmp_path / f"{model}_tp{tp}_pp{pp}_{dtype}_{output_tokens}_{attention}.json"
     path.write_bytes(serialize_workload(workload))
     return path
 
@@ -806,7 +808,7 @@ def test_collective_dir_is_the_one_the_runs_collectives_are_predicted_with(tmp_p
     2.1x its bandwidth term, so the same measured run needs different communication factors."""
     from pipeweave.engine import Engine
 
-    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2)
+    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2, attention="fa2")
     measured = Engine(log=None).predict_workload(tp2, "L20")["summary"]
     csv = tmp_path / "run.csv"
     csv.write_text("workload,prefill_ms,decode_step_ms,total_ms\n"
@@ -825,7 +827,7 @@ def test_a_calibration_warns_when_the_collective_models_changed(tmp_path, capsys
     from pipeweave import aggregate
     from pipeweave.engine import Engine
 
-    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2)
+    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2, attention="fa2")
     measured = Engine(log=None).predict_workload(tp2, "L20")["summary"]
     csv = tmp_path / "run.csv"
     csv.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{tp2},{measured['prefill_duration_ms'] * 1.1},,\n")
@@ -854,7 +856,7 @@ def test_a_calibration_warns_when_its_gpus_collective_models_changed_or_another_
     from pipeweave.engine import Engine
     from pipeweave.paths import DEFAULT_COLLECTIVE_DIR
 
-    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2)
+    tp2 = generated(tmp_path, "Qwen2.5-14B", tp=2, attention="fa2")
     measured = Engine(log=None).predict_workload(tp2, "A100")["summary"]
     csv = tmp_path / "run.csv"
     csv.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{tp2},{measured['prefill_duration_ms'] * 1.1},"
@@ -1035,3 +1037,32 @@ def test_calibrate_refuses_to_overwrite_its_inputs_and_names_the_right_line(tmp_
     finally:
         os.chdir(cwd)
     assert "names both" in capsys.readouterr().err
+
+
+def test_repeats_of_one_run_count_once_and_impossible_runs_are_caught(tmp_path, capsys):
+    """Five copies of one row were five equations, outweighing the prior; a total far from prefill + decode steps
+    (a cell in the wrong unit) and an FA3 workload on a GPU that cannot run FA3 calibrated without a word; rows of
+    one kernel measured twice under two spellings of the GPU were both kept."""
+    tp1 = small(TP1, tmp_path)
+    summary = zero_shot(tp1, "A100")
+    prefill, decode = summary["prefill_duration_ms"] * 1.2, summary["decode_avg_duration_ms"]
+    row = f"{tp1},{{}},{decode},{prefill + 3 * decode}\n"
+    code, once = calibrate(tmp_path, row.format(prefill), name="once.json")
+    assert code == 0
+    code, repeated = calibrate(tmp_path, "".join(row.format(prefill * f) for f in (0.9, 1.0, 1.0, 1.1, 1.3)),
+                               name="repeated.json")
+    assert code == 0 and "5 rows of" in capsys.readouterr().out
+    assert load_calibration(repeated).theta.tolist() == load_calibration(once).theta.tolist()  # the median row
+    assert calibrate(tmp_path, f"{tp1},{prefill},{decode},{(prefill + 3 * decode) * 2}\n", name="twice.json")[0] == 0
+    assert "is far from prefill_ms + 3 decode steps" in capsys.readouterr().out
+    fa3 = small(REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json", tmp_path, name="fa3.json")
+    assert calibrate(tmp_path, f"{fa3},{prefill},{decode},\n", name="fa3.json")[0] == 2
+    assert "FlashAttention-3, Hopper only" in capsys.readouterr().err
+    measured = tmp_path / "k.csv"
+    measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,L40,40.0\n"
+                        "gemm,16,4096,4096,NVIDIA L40,44.0\ngemm,4096,4096,4096,L40,900.0\n")
+    from pipeweave.predictor import KernelPredictor
+
+    predictor = KernelPredictor()
+    _, frame = calibration_fit.read_kernel_csv(measured, predictor.hardware.get("L40"), predictor.hardware)
+    assert frame["avg_duration"].tolist() == [44.0, 900.0]
