@@ -18,9 +18,10 @@ deployment would lay the model out, and names the smallest TP that would fit. Ev
 * **activations**: the largest live set of one layer during the prefill of all ``T`` prompt tokens (the
   workload's single prefill iteration): residual and normalised hidden states (2·T·H), plus the larger of
   the attention projections (QKV and attention output) and the MLP intermediates (gate/up output and
-  activation output; for MoE the fused kernel's per-slot caches, T·top_k·(3·I/moe_tp + H), with T capped at
-  vLLM's ``VLLM_FUSED_MOE_CHUNK_SIZE`` of 32,768 tokens), all BF16; plus FP32 logits of one token per
-  request.
+  activation output; for MoE the fused kernel's per-slot caches, T·top_k·(max(2·I/moe_tp, H) + I/moe_tp): vLLM's
+  ``fused_experts`` keeps the w13 output (2·I) and the w2 output (H) in one buffer, since the first is dead when
+  the second is written, beside the SiLU*Mul output (I); T capped at vLLM's ``VLLM_FUSED_MOE_CHUNK_SIZE`` of 32,768
+  tokens), all BF16; plus FP32 logits of one token per request.
 * **runtime allowance** (``RUNTIME_OVERHEAD_BYTES``, 1 GiB): CUDA context, cuBLAS and NCCL workspaces and
   CUDA-graph pools, the "non-torch" memory that vLLM's start-up profiling measures (about 0.5–1.5 GB).
 
@@ -192,7 +193,8 @@ def activation_bytes_per_gpu(cfg: ModelConfig, prompt_tokens: Sequence[int], tp:
     else:
         moe, moe_tp = cfg.moe, tp // ep
         chunk = min(tokens, FUSED_MOE_CHUNK_TOKENS)
-        mlp = (chunk * moe.top_k * (3 * moe.expert_intermediate_size // moe_tp + h)
+        expert = moe.expert_intermediate_size // moe_tp
+        mlp = (chunk * moe.top_k * (max(2 * expert, h) + expert)
                + tokens * 3 * moe.shared_expert_intermediate_size // tp)
     logits = len(prompt_tokens) * math.ceil(cfg.vocab_size / tp) * FP32_BYTES
     return (2 * tokens * h + max(attention, mlp)) * BF16_BYTES + logits

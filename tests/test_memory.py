@@ -130,18 +130,19 @@ def test_moe_decode_reads_only_the_routed_experts():
 
 def test_moe_prefill_activations_hold_the_routed_token_copies():
     """Mixtral-8x7B (hidden 4096, 32 query / 8 KV heads of 128, 8 experts of width 14336, top 2; vocabulary 32000),
-    one prompt of 8192 tokens at TP1: the fused-MoE layer holds every token twice (top 2), each copy with its gate,
-    up and activated intermediate (3 x 14336) and its hidden output, more than attention's Q, O, K and V; beside
-    them the layer's input and residual (2 x hidden per token), all BF16, plus the last token's FP32 logits."""
+    one prompt of 8192 tokens at TP1: the fused-MoE layer holds every token twice (top 2), each copy with its gate
+    and up output (2 x 14336; vLLM's fused_experts writes the hidden output, 4096, into the same buffer once they
+    are consumed) and its activated intermediate (14336), more than attention's Q, O, K and V; beside them the
+    layer's input and residual (2 x hidden per token), all BF16, plus the last token's FP32 logits."""
     from pipeweave.memory import activation_bytes_per_gpu
 
     tokens = 8192
-    moe_layer = tokens * 2 * (3 * 14336 + 4096)  # 94,208 per token, attention's Q, O, K, V: (2·32 + 2·8)·128 = 10,240
+    moe_layer = tokens * 2 * (2 * 14336 + 14336)  # 86,016 per token, attention's Q, O, K, V: (2·32 + 2·8)·128 = 10,240
     expected = (2 * tokens * 4096 + moe_layer) * 2 + 32000 * 4
     assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [tokens], tp=1) == expected
     # Two prompts of 40,000 tokens in all at TP2 x EP2: the fused MoE holds one chunk of 32,768 tokens' copies with
     # whole experts (TP2 / EP2 leaves them unsplit); each prompt's last token has the half vocabulary's FP32 logits.
-    chunk_layer = 32768 * 2 * (3 * 14336 + 4096)
+    chunk_layer = 32768 * 2 * (2 * 14336 + 14336)
     expected = (2 * 40000 * 4096 + chunk_layer) * 2 + 2 * 16000 * 4
     assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [30000, 10000], tp=2, ep=2) == expected
 
