@@ -59,7 +59,7 @@ def export_mlp() -> int:
 
 
 def compare() -> int:
-    """pipeweave-compare {summarize-real,static,vllm}: predictions against measured runs (training extras)."""
+    """pipeweave-compare {summarize-real,static,vllm,runs}: predictions against measured runs (training extras)."""
     return _run("pipeweave.compare")
 
 

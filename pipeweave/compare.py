@@ -386,7 +386,9 @@ def main_pred_real(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"summarize-real": main_summarize, "static": main_static, "vllm": main_vllm}
+    from pipeweave.run_scores import main as main_runs
+
+    commands = {"summarize-real": main_summarize, "static": main_static, "vllm": main_vllm, "runs": main_runs}
     usage = f"usage: python3 -m pipeweave.compare {{{','.join(commands)}}} [options] (each command has --help)"
     if argv and argv[0] in ("-h", "--help"):
         print(usage)

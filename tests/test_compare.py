@@ -218,3 +218,41 @@ def test_artifact_baselines_parse(shared_data):
     assert set(static["method"]) == set(baselines.ARTIFACT_METHODS) and not notes
     assert static[static["method"] == "roofline"]["pred_decode_ms"].isna().all()
     assert set(vllm["trace"]) == {"vllm_arxiv16", "vllm_splitwise64"}
+
+
+def test_your_own_runs_are_scored_against_the_median_of_their_repeats(tmp_path, capsys):
+    """A user's measured runs (calibrate.py's --e2e CSV, one row per repeat) could only be compared by renaming
+    files to the project's naming scheme, where another GPU's prediction, an alias or an underscore in a model name
+    went wrong without a word. `python3 -m pipeweave.compare runs` reads the workload files the runs name."""
+    import pipeweave
+    from pipeweave.calibration_fit import main as calibrate_main
+    from pipeweave.cli import run_cli
+
+    workload = REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+    predicted = pipeweave.predict_workload(workload, "A100")["summary"]
+    prefill = [predicted["prefill_duration_ms"] * f for f in (1.3, 1.1, 0.8)]  # median 1.1x, mean 1.067x
+    runs = tmp_path / "runs.csv"
+    runs.write_text("workload,prefill_ms,decode_step_ms,total_ms\n" + "".join(
+        f"{workload},{p},{predicted['decode_avg_duration_ms'] * 0.9},\n" for p in prefill))
+    out = tmp_path / "scores.csv"
+    assert run_cli(compare.main, ["runs", "--hardware", "NVIDIA A100-SXM4-80GB", "--runs", str(runs),
+                                  "--output", str(out)]) == 0
+    row = pd.read_csv(out).iloc[0]
+    assert row["repeats"] == 3 and row["error_prefill_ms_pct"] == pytest.approx(100 * (1 - 1 / 1.1), rel=1e-4)
+    assert row["error_decode_step_ms_pct"] == pytest.approx(100 / 9, rel=1e-4) and np.isnan(row["error_total_ms_pct"])
+    assert row["mean_error_pct"] == pytest.approx((row["error_prefill_ms_pct"] + row["error_decode_step_ms_pct"]) / 2)
+    assert "1 run(s): mean error" in capsys.readouterr().out
+    calibration = tmp_path / "cal.json"
+    assert run_cli(calibrate_main, ["--hardware", "A100", "--e2e", str(runs), "--output", str(calibration),
+                                    "--no_fine_tune"]) == 0
+    capsys.readouterr()
+    assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(runs), "--calibration",
+                                  str(calibration)]) == 0
+    assert "errors are in-sample" in capsys.readouterr().out
+    assert run_cli(compare.main, ["runs", "--hardware", "H100", "--runs", str(runs), "--calibration",
+                                  str(calibration)]) == 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{workload},-5,,\n")
+    assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(bad)]) == 2
+    assert "line 2: prefill_ms must be a positive number" in capsys.readouterr().err
+    assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(runs), "--output", str(runs)]) == 2

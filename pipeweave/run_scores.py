@@ -1,0 +1,174 @@
+"""How far pipeweave is from your own measured runs: ``python3 -m pipeweave.compare runs``.
+
+    python3 -m pipeweave.compare runs --hardware L40S --runs my_runs.csv [--calibration CAL.json] [--output T.csv]
+
+``--runs`` is the measured-run CSV of ``calibrate.py --e2e``: ``workload,prefill_ms,decode_step_ms,total_ms``, one
+row per repeat, a metric that was not measured left empty. The workload file names the run (a path, relative to the
+working directory or to the CSV, or a shipped workload's stem), so nothing is matched by file-name parsing, and
+the runs are checked as ``calibrate.py`` checks them (positive times, a workload that fits the GPU, kernels that
+run on it, a total consistent with its parts). Rows of one workload file are the repeats of one run: each metric
+is scored against the median of its repeats, as docs/E2E.md scores the project's runs, error = |predicted −
+median| / median, and a run's error is the mean over its measured metrics.
+
+With ``--calibration`` the calibrated prediction is scored; a calibration fitted from these very runs is scored
+in-sample, which says nothing about other runs, so it gets a WARNING (``calibrate.py`` one run at a time and this
+command on the others is the honest test: docs/E2E.md, leave-one-run-out).
+"""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, write_atomically
+from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
+
+#: metric of the runs CSV -> the aggregator's summary field it is scored against
+SCORED = {"prefill_ms": "prefill_duration_ms", "decode_step_ms": "decode_avg_duration_ms",
+          "total_ms": "total_duration_ms"}
+COLUMNS = ("workload", "repeats", *(f"{kind}_{metric}" for metric in SCORED for kind in ("measured", "predicted")),
+           *(f"error_{metric}_pct" for metric in SCORED), "mean_error_pct")
+
+
+def read_runs(runs_csv: str | Path, spec) -> list[tuple[object, list[dict]]]:
+    """(workload, its repeats) per run of ``runs_csv`` on the GPU ``spec``, checked as calibrate.py checks them."""
+    from pipeweave.calibration_fit import check_consistent, check_fits, read_e2e_csv, resolve_run_workload
+    from pipeweave.flatten import load_workload
+
+    grouped: dict = {}
+    for line, name, measured in read_e2e_csv(runs_csv):
+        where = f"--runs {runs_csv}: line {line}"
+        try:
+            path = resolve_run_workload(name, Path(runs_csv))
+            workload = load_workload(path)
+        except (FileNotFoundError, UserError) as exc:
+            raise UserError(f"{where}: {exc.args[0]}") from None
+        check_fits(workload, spec, where)
+        check_consistent(workload, measured, where)
+        grouped.setdefault(Path(path).resolve(), (workload, []))[1].append(measured)
+    return list(grouped.values())
+
+
+def score(runs: list, engine, spec) -> list[dict]:
+    """One row per run: repeats, the median of each measured metric, the prediction and the errors (%)."""
+    from pipeweave.engine import Job
+
+    rows = []
+    for workload, repeats in runs:
+        summary = engine.predict([Job(workload, spec)])[0].result["summary"]
+        row = {"workload": workload.stem, "repeats": len(repeats)}
+        errors = []
+        for metric, field in SCORED.items():
+            values = [measured[metric] for measured in repeats if metric in measured]
+            median = float(np.median(values)) if values else None
+            predicted = float(summary[field])
+            error = abs(predicted - median) / median * 100 if median is not None else None
+            row |= {f"measured_{metric}": median, f"predicted_{metric}": predicted, f"error_{metric}_pct": error}
+            if error is not None:
+                errors.append(error)
+        row["mean_error_pct"] = float(np.mean(errors))
+        rows.append(row)
+    return rows
+
+
+def in_sample_warning(calibration, runs_csv: str | Path, runs: list) -> str | None:
+    """A WARNING when ``calibration`` was fitted from ``runs_csv`` itself or from one of the scored workloads."""
+    from pipeweave.calibration import file_digest
+
+    fitted = calibration.fitted_from.get("e2e") or {}
+    same_file = fitted.get("digest") == file_digest(runs_csv)
+    fitted_runs = {Path(p).resolve() for p in fitted.get("runs", []) if isinstance(p, str) and Path(p).is_file()}
+    shared = sorted(w.stem for w, _ in runs if w.path is not None and Path(w.path).resolve() in fitted_runs)
+    if not same_file and not shared:
+        return None
+    what = f"this file {runs_csv}" if same_file else f"the run(s) {', '.join(shared)}"
+    return (f"WARNING: --calibration {calibration.path} was fitted from {what}: these errors are in-sample and say "
+            f"nothing about other runs (calibrate on one run, score the others)")
+
+
+def table_text(rows: list[dict]) -> str:
+    """The rows as CSV text (empty cells for metrics that were not measured)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row[c] is None else (f"{row[c]:.6g}" if isinstance(row[c], float) else row[c])
+                         for c in COLUMNS])
+    return out.getvalue()
+
+
+def markdown(rows: list[dict], gpu: str) -> str:
+    def cell(value, digits: int) -> str:
+        return "—" if value is None else f"{value:,.{digits}f}"
+
+    lines = [f"| run on {gpu} | repeats | measured prefill / decode step / total ms (median) | predicted ms | "
+             f"error prefill / decode / total % | **mean error %** |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        measured = " / ".join(cell(row[f"measured_{m}"], 2) for m in SCORED)
+        predicted = " / ".join(cell(row[f"predicted_{m}"], 2) for m in SCORED)
+        errors = " / ".join(cell(row[f"error_{m}_pct"], 1) for m in SCORED)
+        lines.append(f"| {row['workload']} | {row['repeats']} | {measured} | {predicted} | {errors} | "
+                     f"**{row['mean_error_pct']:.1f}** |")
+    means = [row["mean_error_pct"] for row in rows]
+    worst = max(rows, key=lambda row: row["mean_error_pct"])
+    lines.append("")
+    lines.append(f"{len(rows)} run(s): mean error {np.mean(means):.1f} %, worst {worst['mean_error_pct']:.1f} % "
+                 f"({worst['workload']})")
+    return "\n".join(lines)
+
+
+def build_parser() -> ArgumentParser:
+    from pipeweave.engine import COLLECTIVE_ESTIMATES
+
+    parser = ArgumentParser(prog="python3 -m pipeweave.compare runs",
+                            description="Score pipeweave's predictions on your own measured runs (calibrate.py's "
+                                        "--e2e CSV; the median of each run's repeats is the reference).")
+    parser.add_argument("--hardware", required=True, help="the GPU the runs were measured on")
+    parser.add_argument("--runs", required=True, metavar="CSV",
+                        help="workload,prefill_ms,decode_step_ms,total_ms: one row per repeat (calibrate.py --e2e)")
+    parser.add_argument("--calibration", default=None, metavar="JSON",
+                        help="score the calibrated prediction (a calibration written by calibrate.py for this GPU)")
+    parser.add_argument("--output", default=None, metavar="CSV", help="also write the table as CSV")
+    parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="analytical",
+                        help="'analytical' (default, as aggregator.py) uses the documented analytical collective "
+                             "estimate where no measured model covers a collective, with a WARNING")
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR), help="trained MLPs (default: mlp_models)")
+    parser.add_argument("--hardware_dir", default=None, help="directory of GPU spec JSONs (default: hardware)")
+    parser.add_argument("--collective_dir", default=str(DEFAULT_COLLECTIVE_DIR),
+                        help="collective models (default: collective_models)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from pipeweave.calibration import load_calibration
+    from pipeweave.engine import Engine
+
+    args = build_parser().parse_args(argv)
+    if args.output:
+        check_output_path(args.output)
+        refuse_overwriting_inputs(args.output, {"the --runs file": args.runs, "the --calibration file":
+                                                args.calibration})
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    engine = Engine(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
+                    collective_dir=args.collective_dir, collective_estimate=args.collective_estimate,
+                    calibration=calibration, log=lambda line: print(line) if line.startswith("WARNING") else None)
+    spec = engine.gpu(args.hardware)
+    if calibration is not None:
+        calibration.check_hardware([spec.stem])
+    runs = read_runs(args.runs, spec)
+    if calibration is not None:
+        warning = in_sample_warning(calibration, args.runs, runs)
+        if warning:
+            print(warning)
+    rows = score(runs, engine, spec)
+    print(markdown(rows, spec.stem))
+    single = [row["workload"] for row in rows if row["repeats"] == 1]
+    if single:
+        print(f"note: one repeat only, scored as measured (no median): {', '.join(single)}")
+    if args.output:
+        write_atomically(args.output, lambda tmp: tmp.write_text(table_text(rows)))
+        print(f"Wrote {args.output}")
+    return 0
