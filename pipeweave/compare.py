@@ -93,7 +93,7 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
     pred_dir = Path(pred_dir)
     if not pred_dir.is_dir():
         raise UserError(f"--pred_dir {pred_dir}: not a directory (the aggregator's outputs, e.g. e2e/pipeweave_pred)")
-    names = config_model_names(config_dir)
+    names, registry = config_model_names(config_dir), hardware_registry(Path(hardware_dir))
     rows = []
     for path in sorted(pred_dir.glob("*.json")):
         parsed = parse_prediction_name(path.stem, names)
@@ -105,13 +105,18 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
         except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
             raise UserError(f"{path}: not an aggregator output (no summary)") from None
         interval = output.get("interval") if isinstance(output, dict) else None
+        gpu = gpu_stem(parsed.gpu_tag, hardware_dir)
+        predicted_on = output.get("hardware") if isinstance(output, dict) else None
+        if isinstance(predicted_on, str) and predicted_on in registry and registry.get(predicted_on).stem != gpu:
+            raise UserError(f"{path}: named for {gpu} but predicted on {predicted_on} (its 'hardware'); rerun the "
+                            f"aggregator for {gpu} or rename the file")
         for key in ("prefill_duration_ms", "decode_avg_duration_ms", "total_duration_ms"):
             value = summary.get(key) if isinstance(summary, dict) else None
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
                 raise UserError(f"{path}: summary.{key} is {value!r}, not a finite duration; "
                                 f"rerun the aggregator for this workload")
         rows.append({
-            "gpu": gpu_stem(parsed.gpu_tag, hardware_dir), "tp": parsed.tp, "pp": parsed.pp, "model": parsed.model,
+            "gpu": gpu, "tp": parsed.tp, "pp": parsed.pp, "model": parsed.model,
             "trace": parsed.trace, "fa": parsed.fa, "workload": parsed.workload_stem, "path": str(path),
             "pred_prefill_ms": float(summary.get("prefill_duration_ms", np.nan)),
             "pred_decode_ms": float(summary.get("decode_avg_duration_ms", np.nan)),

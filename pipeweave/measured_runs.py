@@ -134,7 +134,7 @@ def load_real(real_dir: str | Path = DEFAULT_REAL_DIR, hardware_dir: Path = DEFA
         return summarize_repeats(repeats)
     frames = []
     for path in sorted(real_dir.glob("*.csv")):
-        frames.append(read_summary_csv(path))
+        frames.append(read_summary_csv(path, hardware_dir))
     if not frames:
         raise FileNotFoundError(f"no measured runs in {real_dir} (expected {REAL_SUMMARY_NAME}, or the artifact's "
                                 f"e2e_*.jsonl / vllm_*.json files); build the summary with "
@@ -142,9 +142,10 @@ def load_real(real_dir: str | Path = DEFAULT_REAL_DIR, hardware_dir: Path = DEFA
     return pd.concat(frames, ignore_index=True)
 
 
-def read_summary_csv(path: Path) -> pd.DataFrame:
-    """One measured-run summary CSV, checked: the columns, integer parallelism and repeats, numeric durations;
-    errors name the file, the row and the column."""
+def read_summary_csv(path: Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> pd.DataFrame:
+    """One measured-run summary CSV, checked: the columns, integer parallelism and repeats, positive durations;
+    errors name the file, the row and the column. GPU names are read as the hardware loader reads them ("NVIDIA
+    L40S" is L40S, as in the jsonl file names)."""
     try:
         frame = pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
@@ -158,12 +159,14 @@ def read_summary_csv(path: Path) -> pd.DataFrame:
         if column in ("gpu", "model", "trace", "kind", "source"):
             continue
         values = pd.to_numeric(frame[column], errors="coerce")
-        bad = values.isna() & frame[column].notna() if column.endswith(("_median", "_min", "_max")) else (
-            values.isna() | (values < 1) | (values != values.round()))
+        duration = column.endswith(("_median", "_min", "_max"))
+        bad = (frame[column].notna() & ~(np.isfinite(values) & (values > 0)) if duration else
+               (values.isna() | (values < 1) | (values != values.round())))
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(f"{path}: {row_label(row)}: column {column} has {frame[column].iloc[row]!r}, expected "
-                            f"{'a number' if column.endswith(('_median', '_min', '_max')) else 'a positive integer'}")
+                            f"{'a positive number of ms' if duration else 'a positive integer'}")
+    frame = frame.assign(gpu=[gpu_stem(str(name).strip(), hardware_dir) for name in frame["gpu"]])
     return frame[SUMMARY_COLUMNS]
 
 

@@ -256,3 +256,30 @@ def test_your_own_runs_are_scored_against_the_median_of_their_repeats(tmp_path, 
     assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(bad)]) == 2
     assert "line 2: prefill_ms must be a positive number" in capsys.readouterr().err
     assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(runs), "--output", str(runs)]) == 2
+
+
+def test_a_prediction_of_another_gpu_and_impossible_or_aliased_measured_runs(synthetic, tmp_path):
+    """A prediction file named for one GPU but predicted on another was scored as the first (74 % off); a negative
+    median made its run vanish from the summary; a CSV row naming the GPU by its driver name matched nothing."""
+    real, pred = synthetic
+    target = next(p for p in sorted(Path(pred).glob("*_H800.json")))
+    output = json.loads(target.read_text())
+    target.write_text(json.dumps({**output, "hardware": "NVIDIA H100"}))
+    with pytest.raises(compare.UserError, match="named for H800 but predicted on NVIDIA H100"):
+        compare.load_predictions(pred)
+    summary_text = measured_runs.format_summary_csv(measured_runs.summarize_repeats(
+        measured_runs.read_artifact_repeats(real)))
+    (tmp_path / "summary.csv").write_text(summary_text)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    summary.assign(prefill_ms_median=-summary["prefill_ms_median"].abs()).to_csv(bad / "measured_runs.csv",
+                                                                                    index=False)
+    with pytest.raises(compare.UserError, match="expected a positive number of ms"):
+        measured_runs.load_real(bad)
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    summary.assign(gpu=["NVIDIA A100-SXM4-80GB" if g == "A100" else g for g in summary["gpu"]]).to_csv(
+        alias / "measured_runs.csv", index=False)
+    assert "NVIDIA A100-SXM4-80GB" in (alias / "measured_runs.csv").read_text()
+    assert measured_runs.load_real(alias)["gpu"].tolist() == summary["gpu"].tolist()
