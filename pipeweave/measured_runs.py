@@ -37,6 +37,8 @@ VLLM_TP, VLLM_PP = 4, 2
 SOURCE_CITATION = ("PipeWeave artifact (source A), github.com/zksainx/pipeweave @ 55e03178, Apache-2.0, "
                    "e2e/real/ (shared copy: pipeweave/e2e/real/)")
 
+#: a measured run is a static batch (the aggregator's workload) or a vLLM latency benchmark
+RUN_KINDS = ("static", "vllm")
 SUMMARY_COLUMNS = [
     "gpu", "tp", "pp", "model", "trace", "kind", "repeats",
     "prefill_ms_median", "prefill_ms_min", "prefill_ms_max",
@@ -134,12 +136,21 @@ def load_real(real_dir: str | Path = DEFAULT_REAL_DIR, hardware_dir: Path = DEFA
         return summarize_repeats(repeats)
     frames = []
     for path in sorted(real_dir.glob("*.csv")):
-        frames.append(read_summary_csv(path, hardware_dir))
+        frames.append(read_summary_csv(path, hardware_dir).assign(file=path.name))
     if not frames:
         raise FileNotFoundError(f"no measured runs in {real_dir} (expected {REAL_SUMMARY_NAME}, or the artifact's "
                                 f"e2e_*.jsonl / vllm_*.json files); build the summary with "
                                 f"python3 -m pipeweave.compare summarize-real")
-    return pd.concat(frames, ignore_index=True)
+    runs = pd.concat(frames, ignore_index=True)
+    key = ["gpu", "tp", "pp", "model", "trace", "kind"]
+    repeated = runs[runs.duplicated(subset=key, keep=False)]
+    if len(repeated):  # a backup copy beside the summary, or a row pasted twice, would count the run twice
+        first = repeated.iloc[0]
+        raise UserError(f"{real_dir}: the run {first['gpu']} TP{first['tp']} PP{first['pp']} {first['model']} "
+                        f"{first['trace']} ({first['kind']}) is summarised more than once (in "
+                        f"{', '.join(sorted(set(repeated[(repeated[key] == first[key]).all(axis=1)]['file'])))}); "
+                        f"keep one summary per run")
+    return runs[SUMMARY_COLUMNS]
 
 
 def read_summary_csv(path: Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> pd.DataFrame:
@@ -166,7 +177,13 @@ def read_summary_csv(path: Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> p
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(f"{path}: {row_label(row)}: column {column} has {frame[column].iloc[row]!r}, expected "
                             f"{'a positive number of ms' if duration else 'a positive integer'}")
-    frame = frame.assign(gpu=[gpu_stem(str(name).strip(), hardware_dir) for name in frame["gpu"]])
+    kinds = frame["kind"].astype(str).str.strip()
+    unknown = ~kinds.isin(RUN_KINDS)
+    if unknown.any():
+        row = int(unknown.to_numpy().nonzero()[0][0])
+        raise UserError(f"{path}: {row_label(row)}: kind {frame['kind'].iloc[row]!r} is not one of "
+                        f"{', '.join(RUN_KINDS)}")
+    frame = frame.assign(gpu=[gpu_stem(str(name).strip(), hardware_dir) for name in frame["gpu"]], kind=kinds)
     return frame[SUMMARY_COLUMNS]
 
 

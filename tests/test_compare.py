@@ -283,3 +283,21 @@ def test_a_prediction_of_another_gpu_and_impossible_or_aliased_measured_runs(syn
         alias / "measured_runs.csv", index=False)
     assert "NVIDIA A100-SXM4-80GB" in (alias / "measured_runs.csv").read_text()
     assert measured_runs.load_real(alias)["gpu"].tolist() == summary["gpu"].tolist()
+
+
+def test_a_run_summarised_twice_or_of_an_unknown_kind_is_an_error(synthetic, tmp_path):
+    """A backup copy of the summary beside it counted every run twice; kind 'Static' dropped the row silently."""
+    real, _ = synthetic
+    text = measured_runs.format_summary_csv(measured_runs.summarize_repeats(measured_runs.read_artifact_repeats(real)))
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    (twice / "measured_runs.csv").write_text(text)
+    (twice / "measured_runs_backup.csv").write_text(text)
+    with pytest.raises(compare.UserError, match="summarised more than once .in measured_runs.csv, "
+                                                "measured_runs_backup.csv."):
+        measured_runs.load_real(twice)
+    kinds = tmp_path / "kinds"
+    kinds.mkdir()
+    (kinds / "measured_runs.csv").write_text(text.replace(",static,", ",Static,", 1))
+    with pytest.raises(compare.UserError, match="kind 'Static' is not one of static, vllm"):
+        measured_runs.load_real(kinds)
