@@ -177,8 +177,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
                             f"{fix}")
     if cfg.max_sequence is not None and max(prompts) + output_tokens > cfg.max_sequence:
         raise WorkloadError(f"the longest request ({max(prompts)} prompt + {output_tokens} output tokens) exceeds "
-                            f"max_position_embeddings {cfg.max_sequence} of config {cfg.stem}, which vLLM refuses "
-                            f"(a config with rope_scaling is not checked)")
+                            f"{cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which vLLM refuses")
     if cfg.moe is None and ep != 1:
         raise WorkloadError(f"ep {ep} needs a mixture-of-experts model; {cfg.stem} is dense")
     if cfg.moe is not None:

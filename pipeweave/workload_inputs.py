@@ -64,8 +64,10 @@ class ModelConfig:
     moe: MoeConfig | None = None
     #: "fp8" for a checkpoint whose ``quantization_config`` is FP8 (its workloads must be generated as FP8)
     checkpoint_dtype: str | None = None
-    #: the longest sequence the model serves (``max_position_embeddings`` of a config without ``rope_scaling``)
+    #: the longest sequence vLLM serves the model at (``max_position_embeddings``, extended by a rope scaling;
+    #: None: not known) and what it is, for messages
     max_sequence: int | None = None
+    max_sequence_source: str = "max_position_embeddings"
     #: ``architectures[0]`` of the config (None for one rebuilt from a workload's ``model_params``)
     architecture: str | None = None
 
@@ -137,17 +139,68 @@ def _is_fp8(quantization: dict) -> bool:
     return False
 
 
+def _fp8_variant(quantization: dict) -> str | None:
+    """Why an FP8 ``quantization_config`` is not the per-tensor W8A8 FP8 that pipeweave's FP8 GEMM model was
+    trained on (None when it is): block-scaled weights (``weight_block_size``, compressed-tensors ``strategy``
+    block) run vLLM's blockwise FP8 GEMM, and FP8 weights without FP8 activations a weight-only kernel."""
+    if quantization.get("weight_block_size") is not None:
+        return f"block-scaled FP8 (weight_block_size {quantization['weight_block_size']})"
+    groups = quantization.get("config_groups")
+    for group in (groups.values() if isinstance(groups, dict) else ()):
+        weights = group.get("weights") or {}
+        if weights.get("strategy") == "block" or weights.get("block_structure"):
+            return "block-scaled FP8 (compressed-tensors strategy block)"
+        if quantization.get("quant_method") == "compressed-tensors" and not group.get("input_activations"):
+            return "FP8 weights with BF16 activations (compressed-tensors without input_activations)"
+    return None
+
+
 def _checkpoint_dtype(cfg: dict, stem: str) -> str | None:
     quantization = cfg.get("quantization_config")
     if quantization is None:
         return None
+    source = cfg.get(QUANT_SOURCE_KEY, "quantization_config")
     if not isinstance(quantization, dict) or not _is_fp8(quantization):
         method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
-        raise WorkloadError(f"config {stem}: quantization_config (quant_method {method!r}) is not an FP8 format "
+        algo = f", quant_algo {quantization['quant_algo']!r}" if isinstance(quantization, dict) and \
+            quantization.get("quant_algo") else ""
+        raise WorkloadError(f"config {stem}: {source} (quant_method {method!r}{algo}) is not an FP8 format "
                             f"pipeweave recognises (fp8, fbgemm_fp8, modelopt FP8, compressed-tensors float8), and "
                             f"other quantisations are not modelled; pipeweave predicts BF16 and FP8 (W8A8) linear "
                             f"layers (--dtype fp8)")
+    variant = _fp8_variant(quantization)
+    if variant:
+        raise WorkloadError(f"config {stem}: {source} is {variant}, whose kernels are not the per-tensor FP8 GEMMs "
+                            f"pipeweave's FP8 model was trained on; remove that setting to predict it as per-tensor "
+                            f"FP8 (W8A8), or the quantization to predict its BF16 version")
     return "fp8"
+
+
+def _max_sequence(cfg: dict, stem: str) -> tuple[int | None, str]:
+    """The longest sequence vLLM serves the model at by default (``ModelConfig._get_and_verify_max_len``, 0.10.1):
+    ``max_position_embeddings``; with a rope scaling that has a ``factor``, times that factor, except for the llama3,
+    su and longrope types (their ``max_position_embeddings`` already is the extended length), YaRN from its
+    ``original_max_position_embeddings``; with what it is. None without ``max_position_embeddings``, or for a
+    scaling without a factor (not checked)."""
+    source = "max_position_embeddings"
+    if cfg.get("max_position_embeddings") is None:
+        return None, source
+    limit = positive_int(cfg["max_position_embeddings"], f"config {stem}: max_position_embeddings")
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        if not _rope_scaled(rope):
+            continue
+        if not isinstance(rope, dict) or isinstance(rope.get("factor"), bool) or \
+                not isinstance(rope.get("factor"), (int, float)) or not rope["factor"] > 0:
+            return None, source
+        kind = rope.get("rope_type", rope.get("type"))
+        if kind in ("su", "longrope", "llama3"):
+            return limit, source
+        base_key = "original_max_position_embeddings" if kind == "yarn" and \
+            rope.get("original_max_position_embeddings") is not None else "max_position_embeddings"
+        base = positive_int(rope.get(base_key, limit), f"config {stem}: {key}.{base_key}")
+        return int(base * rope["factor"]), f"the length its {kind} rope scaling gives ({base_key} x factor)"
+    return limit, source
 
 
 def _rope_scaled(rope) -> bool:
@@ -204,12 +257,10 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         close = [known for known in READ_KEYS if key not in READ_KEYS and one_edit_apart(key, known)]
         if close:
             raise WorkloadError(f"config {stem}: unknown key '{key}'; did you mean '{close[0]}'?")
-    max_sequence = None
-    scaled = any(_rope_scaled(cfg.get(key)) for key in ("rope_scaling", "rope_parameters"))
-    if cfg.get("max_position_embeddings") is not None and not scaled:
-        max_sequence = positive_int(cfg["max_position_embeddings"], f"config {stem}: max_position_embeddings")
+    max_sequence, max_source = _max_sequence(cfg, stem)
     return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe,
                        checkpoint_dtype=_checkpoint_dtype(cfg, stem), max_sequence=max_sequence,
+                       max_sequence_source=max_source,
                        architecture=archs[0] if archs else None, **values)
 
 
@@ -280,7 +331,37 @@ def load_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WorkloadError(f"config {path}: not valid JSON ({exc})") from None
+    if path.name == HF_CONFIG_FILE and isinstance(cfg, dict) and "quantization_config" not in cfg:
+        cfg = with_sidecar_quantization(cfg, path.parent)
     return model_config_from_dict(cfg, stem=config_stem(path))
+
+
+#: quantisation settings a checkpoint keeps beside its config.json instead of in it (ModelOpt's exports up to 0.29,
+#: GPTQ's and AutoAWQ's older ones), read as the quantization_config they stand for: an NVFP4 or int4 checkpoint
+#: predicted as BF16 would be 3-4x its size
+QUANT_SIDECARS = {
+    "hf_quant_config.json": lambda data: {"quant_method": "modelopt",
+                                          "quant_algo": (data.get("quantization") or {}).get("quant_algo")},
+    "quantize_config.json": lambda data: {"quant_method": "gptq", **data},
+    "quant_config.json": lambda data: {"quant_method": "awq", **data},
+}
+#: where a config's quantization_config came from, for messages (not a Hugging Face key)
+QUANT_SOURCE_KEY = "_pipeweave_quantization_source"
+
+
+def with_sidecar_quantization(cfg: dict, folder: Path) -> dict:
+    """``cfg`` with the ``quantization_config`` of the first quantisation file beside it (:data:`QUANT_SIDECARS`)."""
+    for name, translate in QUANT_SIDECARS.items():
+        sidecar = folder / name
+        if sidecar.is_file():
+            try:
+                data = json.loads(sidecar.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise WorkloadError(f"{sidecar}: not valid JSON ({exc})") from None
+            if not isinstance(data, dict):
+                raise WorkloadError(f"{sidecar}: expected a JSON object")
+            return {**cfg, "quantization_config": translate(data), QUANT_SOURCE_KEY: f"{name} beside it"}
+    return cfg
 
 
 # --------------------------------------------------------------------------------------------------

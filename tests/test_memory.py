@@ -5,6 +5,8 @@ sizes, not values read back from the code.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
@@ -310,16 +312,24 @@ def test_fp8_checkpoint_and_context_limit_reach_the_workload():
     with pytest.raises(WorkloadError, match=r"\(4090 prompt \+ 8 output tokens\) exceeds max_position_embeddings 4096"):
         build_workload(short, [100, 4090], 8)
     build_workload(short, [4088], 8)  # exactly the limit
+    # rope scaling extends the context as vLLM sizes it (its _get_and_verify_max_len): a yarn factor 4 over 4096
     scaled = model_config_from_dict({**QWEN3_4B, "max_position_embeddings": 4096,
                                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    build_workload(scaled, [8192], 8)  # rope scaling extends the context: not checked
+    build_workload(scaled, [16000], 8)
+    with pytest.raises(WorkloadError, match=r"exceeds the length its yarn rope scaling gives .* 16384"):
+        build_workload(scaled, [16380], 8)  # used to take any length, 500,000 tokens included
     v5 = {**QWEN3_4B, "max_position_embeddings": 4096}  # transformers 5 writes rope_parameters in every config
-    build_workload(model_config_from_dict({**v5, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}), [8192], 8)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    assert model_config_from_dict({**v5, "rope_parameters": yarn}).max_sequence == 8192
     for unscaled in ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
                      {"rope_scaling": {"rope_type": "default"}}, {"rope_scaling": None}):
         with pytest.raises(WorkloadError, match="exceeds max_position_embeddings 4096"):
             build_workload(model_config_from_dict({**v5, **unscaled}), [8192], 8)
     build_workload(model_config_from_dict({**v5, "rope_scaling": {"type": "linear", "factor": 2.0}}), [8000], 8)
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    assert model_config_from_dict({**v5, "max_position_embeddings": 131072, "rope_scaling": llama3}).max_sequence \
+        == 131072  # llama3's max_position_embeddings already is the extended length
+    assert model_config_from_dict({**v5, "rope_scaling": {"rope_type": "dynamic"}}).max_sequence is None
 
 
 def test_tensor_parallel_layouts_vllm_refuses():
@@ -342,3 +352,39 @@ def test_tensor_parallel_layouts_vllm_refuses():
         "shared_expert_intermediate_size": 5640})
     with pytest.raises(WorkloadError, match=r"^shared_expert_intermediate_size \(5640\) is not divisible by tp 16"):
         RankShapes.of(qwen2_moe, 16)
+
+
+def test_quantisation_beside_config_json_and_fp8_variants_are_not_predicted_as_bf16_or_w8a8(tmp_path):
+    """Only config.json was read: an NVFP4 checkpoint exported by ModelOpt 0.29 (hf_quant_config.json beside it) or an
+    old AWQ / GPTQ one was predicted as BF16, 3.3x its weights; block-scaled FP8 (Qwen3's official FP8 checkpoints,
+    DeepSeek) and weight-only FP8 were predicted as the per-tensor W8A8 kernels the FP8 model was trained on."""
+    from pipeweave.workload_inputs import load_model_config
+
+    for sidecar, content, message in (
+            ("hf_quant_config.json", {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}},
+             "hf_quant_config.json beside it .quant_method 'modelopt', quant_algo 'NVFP4'. is not an FP8 format"),
+            ("quant_config.json", {"w_bit": 4, "q_group_size": 128}, "quant_config.json beside it .quant_method 'awq'"),
+            ("quantize_config.json", {"bits": 4, "group_size": 128}, "quantize_config.json beside it .quant_method "
+                                                                     "'gptq'")):
+        folder = tmp_path / sidecar.split(".")[0]
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(QWEN3_4B))
+        (folder / sidecar).write_text(json.dumps(content))
+        with pytest.raises(WorkloadError, match=message):
+            load_model_config(folder)
+    fp8 = tmp_path / "modelopt_fp8"
+    fp8.mkdir()
+    (fp8 / "config.json").write_text(json.dumps(QWEN3_4B))
+    (fp8 / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    assert load_model_config(fp8).checkpoint_dtype == "fp8"
+    block = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    with pytest.raises(WorkloadError, match=r"block-scaled FP8 \(weight_block_size \[128, 128\]\)"):
+        model_config_from_dict({**QWEN3_4B, "quantization_config": block})
+    weight_only = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}, "input_activations": None}}}
+    with pytest.raises(WorkloadError, match="FP8 weights with BF16 activations"):
+        model_config_from_dict({**QWEN3_4B, "quantization_config": weight_only})
+    w8a8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}
+    assert model_config_from_dict({**QWEN3_4B, "quantization_config": w8a8}).checkpoint_dtype == "fp8"

@@ -506,13 +506,20 @@ def test_shipped_configs_refuse_requests_beyond_max_position_embeddings(model, l
         check_model_and_requests(cfg, [Request(0, 0.0, 8, 2), Request(1, 0.0, limit - 10, 11)])
 
 
-@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen2-57B-A14B"])
-def test_scaled_or_unbounded_shipped_configs_take_any_length(model):
-    """Llama-3.1's llama3 rope_scaling counts as scaling (not checked); Qwen2-57B-A14B's config omits the key (its
-    limit is not known to this project)."""
-    raw = json.loads((DEFAULT_CONFIG_DIR / f"{model}.json").read_text())
-    assert ("rope_scaling" in raw) == model.startswith("Llama-3.1")
-    check_model_and_requests(load_model_config(model), [Request(0, 0.0, 500_000, 10)])
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Llama-3.1-70B"])
+def test_llama3_rope_scaled_configs_refuse_requests_beyond_their_extended_length(model):
+    """Llama-3.1's llama3 rope_scaling took any length (a 500,000-token request was simulated); its
+    max_position_embeddings, 131,072, already is the extended length vLLM serves."""
+    cfg = load_model_config(model)
+    check_model_and_requests(cfg, [Request(0, 0.0, 131_062, 10)])
+    with pytest.raises(UserError, match="exceeds max_position_embeddings 131072"):
+        check_model_and_requests(cfg, [Request(0, 0.0, 500_000, 10)])
+
+
+def test_a_config_without_max_position_embeddings_takes_any_length():
+    """Qwen2-57B-A14B's config omits the key: its limit is not known to this project."""
+    assert "max_position_embeddings" not in json.loads((DEFAULT_CONFIG_DIR / "Qwen2-57B-A14B.json").read_text())
+    check_model_and_requests(load_model_config("Qwen2-57B-A14B"), [Request(0, 0.0, 500_000, 10)])
 
 
 def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monkeypatch):

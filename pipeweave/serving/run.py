@@ -139,8 +139,8 @@ def check_model_and_requests(cfg: ModelConfig, requests) -> None:
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
         raise UserError(f"request {longest.rid} ({longest.prompt_tokens} prompt + {longest.output_tokens} output "
-                        f"tokens) exceeds max_position_embeddings {cfg.max_sequence} of config {cfg.stem}, which vLLM "
-                        f"refuses (a config with rope_scaling is not checked)")
+                        f"tokens) exceeds {cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which "
+                        f"vLLM refuses")
 
 
 def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> ServingRun:
