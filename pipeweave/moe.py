@@ -65,6 +65,8 @@ class MoeConfig:
 #: Architectures whose every operator pipeweave models (dense: docs/METHOD.md §2; MoE: fused-MoE layers).
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+#: architectures whose attention is MLA (DeepSeek-V2/V3; the first DeepSeek-MoE is refused as an architecture)
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
@@ -76,7 +78,7 @@ def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
     """
     archs = cfg.get("architectures")
     arch = str(archs[0]) if isinstance(archs, list) and archs else None
-    if "kv_lora_rank" in cfg or "q_lora_rank" in cfg or (arch or "").startswith("Deepseek"):
+    if "kv_lora_rank" in cfg or "q_lora_rank" in cfg or arch in MLA_ARCHITECTURES:
         raise ValueError("multi-head latent attention (MLA: kv_lora_rank/q_lora_rank, DeepSeek-V2/V3) is not "
                          "modelled; pipeweave has no MLA attention operator")
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):

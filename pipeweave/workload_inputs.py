@@ -221,6 +221,10 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     if archs is not None and not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
         raise WorkloadError(f"config {stem}: 'architectures' must be a list such as [\"LlamaForCausalLM\"], "
                             f"got {archs!r}")
+    try:  # before the keys: an unmodelled architecture is refused as such, not for a key it names otherwise
+        moe = moe_config_from_dict(cfg)
+    except ValueError as exc:
+        raise WorkloadError(f"config {stem}: {exc}") from None
     values = {}
     for key in _MODEL_KEYS:
         if key not in cfg:
@@ -245,10 +249,6 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise WorkloadError(f"config {stem}: tie_word_embeddings must be true or false, got {tie!r}")
-    try:
-        moe = moe_config_from_dict(cfg)
-    except ValueError as exc:
-        raise WorkloadError(f"config {stem}: {exc}") from None
     if head_dim % HEAD_DIM_STEP or head_dim > MAX_HEAD_DIM:
         raise WorkloadError(f"config {stem}: head_dim {head_dim} is not a head size the attention kernels and their "
                             f"model support (a multiple of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM})"
