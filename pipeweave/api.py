@@ -65,9 +65,10 @@ def _calibration(key: tuple[str, str] | None):
 
 
 def _check_calibration(calibration, stems: list[str]) -> None:
-    """A calibration for none of the GPUs predicted is refused (it would silently do nothing)."""
-    if calibration is not None:
-        calibration.check_hardware(stems)
+    """A calibration for none of the GPUs predicted is refused (it would silently do nothing; no kernel at all is
+    no GPU to refuse)."""
+    if calibration is not None and stems:
+        calibration.check_hardware(stems, option="calibration=")
 
 
 def _warn_of_warnings(line: str) -> None:
@@ -143,6 +144,8 @@ def predict_workload(
             workload = parse_workload(json.loads(json.dumps(workload, default=_plain_number)), "workload")
         try:
             flat = as_flat_workload(workload)
+        except FileNotFoundError:
+            raise
         except OSError as exc:  # not a file name at all (a JSON text, a name too long for the file system)
             raise ValueError(f"workload {str(workload)[:80]!r}: not a workload file or the stem of a shipped "
                              f"workload ({exc.strerror or exc})") from None
@@ -201,6 +204,11 @@ def predict_kernels(
     # only the columns predict_kernels.py reads (others, such as a dataset's source, pass it by), by position
     columns = {name: _per_kernel(shapes[name]) for name in (*operator.shape_columns, *operator.optional_columns)
                if name in shapes}
+    if all(values is None for name, values in columns.items() if name not in LENGTH_LIST_COLUMNS):
+        # one kernel given by single values: its per-request length lists are that kernel's, not one per kernel
+        columns = {name: [values] if name in LENGTH_LIST_COLUMNS and values is not None and
+                   all(np.ndim(value) == 0 and not isinstance(value, str) for value in values) else values
+                   for name, values in columns.items()}
     lengths = {name: len(values) for name, values in columns.items() if values is not None}
     rows = max(lengths.values(), default=1)
     if len(set(lengths.values())) > 1:
@@ -230,6 +238,10 @@ def predict_kernels(
         return (us, *interval_us(op, predictor, names, us, codes, fastest, corrections))
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
+
+
+#: shape columns whose value for one kernel is itself a list (one length per request of an attention batch)
+LENGTH_LIST_COLUMNS = ("q_lengths", "kv_lengths")
 
 
 def _per_kernel(values) -> list | None:

@@ -358,11 +358,12 @@ class Calibration:
                 f"of {fitted.get('dir')} ({_models_named(fitted)}), this prediction uses {now['dir']} "
                 f"({_models_named(now)}); recalibrate with calibrate.py --collective_dir {now['dir']}")
 
-    def check_hardware(self, stems) -> None:
-        """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing)."""
+    def check_hardware(self, stems, option: str = "--calibration") -> None:
+        """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing);
+        ``option`` names it as the caller gives it."""
         stems = list(dict.fromkeys(stems))
         if self.hardware not in stems:
-            raise ValueError(f"--calibration {self.path}: it was fitted for {self.hardware} ({self.device_name}) "
+            raise ValueError(f"{option} {self.path}: it was fitted for {self.hardware} ({self.device_name}) "
                              f"and cannot be applied to {', '.join(stems)}; calibrate that GPU with calibrate.py")
 
     def to_dict(self) -> dict:

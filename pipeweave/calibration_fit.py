@@ -65,7 +65,7 @@ def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:
     import pandas as pd
 
     header, rows, lines = csv_text_rows(path, flag, expected)
-    # indexed so that row_label(index) names each row's CSV line (blank lines skipped, rows later left out)
+    # indexed by each row's CSV line - 2 (blank lines skipped, rows later left out keep theirs)
     return pd.DataFrame(rows, columns=header, dtype=str, index=[line - 2 for line in lines])
 
 
@@ -83,20 +83,20 @@ def positive_ms(text: str) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def read_e2e_csv(path: str | Path) -> list[tuple[int, str, dict[str, float]]]:
+def read_e2e_csv(path: str | Path, flag: str = "--e2e") -> list[tuple[int, str, dict[str, float]]]:
     """The measured runs: (CSV line, workload, {metric: ms} of the metrics measured) per row; every problem is a
-    one-line error naming the file (and line)."""
+    one-line error naming ``flag``, the file (and line)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--e2e file not found: {path}")
-    header, rows, lines = csv_text_rows(path, "--e2e", f"expected the header {','.join(E2E_COLUMNS)}")
+        raise FileNotFoundError(f"{flag} file not found: {path}")
+    header, rows, lines = csv_text_rows(path, flag, f"expected the header {','.join(E2E_COLUMNS)}")
     unknown = [c for c in header if c not in E2E_COLUMNS]
     missing = [c for c in E2E_COLUMNS if c not in header]
     if unknown or missing:
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
-        raise UserError(f"--e2e {path}: {problem}; expected {','.join(E2E_COLUMNS)}")
+        raise UserError(f"{flag} {path}: {problem}; expected {','.join(E2E_COLUMNS)}")
     if not rows:
-        raise UserError(f"--e2e {path}: no runs (only a header)")
+        raise UserError(f"{flag} {path}: no runs (only a header)")
     runs = []
     for position, row in enumerate(rows):
         cells = dict(zip(header, row))
@@ -107,12 +107,12 @@ def read_e2e_csv(path: str | Path) -> list[tuple[int, str, dict[str, float]]]:
                 continue
             value = positive_ms(text)
             if value is None:
-                raise UserError(f"--e2e {path}: line {lines[position]}: {metric} must be a positive number of ms, "
+                raise UserError(f"{flag} {path}: line {lines[position]}: {metric} must be a positive number of ms, "
                                 f"got {cells[metric]!r}")
             measured[metric] = value
         workload = cells["workload"].strip()
         if not workload or not measured:
-            raise UserError(f"--e2e {path}: line {lines[position]}: needs a workload and at least one measured "
+            raise UserError(f"{flag} {path}: line {lines[position]}: needs a workload and at least one measured "
                             f"metric")
         runs.append((lines[position], workload, measured))
     return runs
@@ -336,10 +336,9 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
     integer message size over at least two workers: a row no prediction can be made for is an error naming it."""
     import pandas as pd
 
-    from pipeweave.validation import MAX_PARALLEL, MAX_VOLUME_BYTES, check_shape_table, row_label
+    from pipeweave.validation import MAX_PARALLEL, MAX_VOLUME_BYTES, check_shape_table, line_labels
 
-    def in_file(position: int) -> str:  # the frame's index is each row's place in its file
-        return row_label(int(frame.index[position]))
+    in_file = line_labels([int(index) + 2 for index in frame.index])  # the index: each row's line in its file - 2
 
     if op != "all_reduce":
         try:
@@ -383,8 +382,12 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
+    if "hardware" in frame.columns:  # before the re-measured rows are dropped, which could hide one
+        for name in pd.unique(frame["hardware"].str.strip()):
+            if registry.get(name).stem != spec.stem:
+                raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
-    # a re-measured row supersedes the older one (rows of another GPU are refused below, so the GPU is no key)
+    # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt)
     frame = frame[~frame[keys].apply(lambda column: column.str.strip()).duplicated(keep="last")]
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
@@ -395,10 +398,6 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         row = int(np.flatnonzero(bad.to_numpy())[0])
         raise UserError(f"--kernels {path}: line {frame.index[row] + 2}: avg_duration must be a positive number "
                         f"of µs, got {frame['avg_duration'].iloc[row]!r}")
-    if "hardware" in frame.columns:
-        for name in pd.unique(frame["hardware"].str.strip()):
-            if registry.get(name).stem != spec.stem:
-                raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
     if op == "moe":
         not_layer = (~frame["weight_type"].str.strip().eq("layer")).to_numpy()
         if not_layer.any():
@@ -442,9 +441,10 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
     positions = frame.index.to_numpy()  # each row's position in its file (rows left out leave gaps)
     unpredicted = np.flatnonzero(~(np.isfinite(base) & (base > 0)))
     if unpredicted.size:
-        from pipeweave.validation import row_label
+        from pipeweave.validation import line_labels
 
-        raise UserError(f"--kernels {label}: {row_label(int(positions[unpredicted[0]]))}: pipeweave predicts "
+        in_file = line_labels([int(index) + 2 for index in positions])
+        raise UserError(f"--kernels {label}: {in_file(int(unpredicted[0]))}: pipeweave predicts "
                         f"{base[unpredicted[0]]!r} µs for this {op} row, so it cannot calibrate anything")
     return Equations(np.arange(len(base)), base, x, measured, sigma,
                      [f"{label} line {i + 2}" for i in positions], floor)
@@ -648,7 +648,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
             runs.append((workload, measured))
         runs = merged_repeats(runs)
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
-                              "runs": [str(w.path) for w, _ in runs]}
+                              "runs": [str(Path(w.path).resolve()) for w, _ in runs]}
     kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))
     measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
     if not measured_all_reduce:

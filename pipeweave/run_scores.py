@@ -38,7 +38,7 @@ def read_runs(runs_csv: str | Path, spec) -> list[tuple[object, list[dict]]]:
     from pipeweave.flatten import load_workload
 
     grouped: dict = {}
-    for line, name, measured in read_e2e_csv(runs_csv):
+    for line, name, measured in read_e2e_csv(runs_csv, "--runs"):
         where = f"--runs {runs_csv}: line {line}"
         try:
             path = resolve_run_workload(name, Path(runs_csv))
@@ -47,6 +47,9 @@ def read_runs(runs_csv: str | Path, spec) -> list[tuple[object, list[dict]]]:
             raise UserError(f"{where}: {exc.args[0]}") from None
         check_fits(workload, spec, where)
         check_consistent(workload, measured, where)
+        if "decode_step_ms" in measured and all(phase == "prefill" for phase in workload.phases):
+            raise UserError(f"{where}: decode_step_ms was given, but {workload.stem} has no decode iteration to "
+                            f"predict it from; leave that cell empty")
         grouped.setdefault(Path(path).resolve(), (workload, []))[1].append(measured)
     return list(grouped.values())
 
@@ -79,8 +82,12 @@ def in_sample_warning(calibration, runs_csv: str | Path, runs: list) -> str | No
 
     fitted = calibration.fitted_from.get("e2e") or {}
     same_file = fitted.get("digest") == file_digest(runs_csv)
-    fitted_runs = {Path(p).resolve() for p in fitted.get("runs", []) if isinstance(p, str) and Path(p).is_file()}
-    shared = sorted(w.stem for w, _ in runs if w.path is not None and Path(w.path).resolve() in fitted_runs)
+    recorded = [p for p in fitted.get("runs", []) if isinstance(p, str)]
+    # calibrate.py records resolved paths; an older file, the paths as given or stems: compared by stem
+    paths = {Path(p) for p in recorded if Path(p).is_absolute()}
+    stems = {Path(p).stem for p in recorded if not Path(p).is_absolute()}
+    shared = sorted(w.stem for w, _ in runs if w.path is not None
+                    and (Path(w.path).resolve() in paths or w.stem in stems))
     if not same_file and not shared:
         return None
     what = f"this file {runs_csv}" if same_file else f"the run(s) {', '.join(shared)}"

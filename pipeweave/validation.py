@@ -177,6 +177,8 @@ def check_shape_table(columns: dict, operator, label=row_label) -> None:
                 problem = f"{column} = {value} is not a multiple of {TILE_STEP} (tensor-core MMAs tile in 8s)"
             if problem:
                 raise ValueError(f"{label(row)}: {problem}")
+    if "cta_count" in operator.optional_columns:
+        _check_cta_counts(columns, label)
     for row, cell in enumerate(columns.get("hardware", ())):
         if cell is None or cell != cell or not str(cell).strip():
             raise ValueError(f"{label(row)}: the hardware cell is empty (give a GPU name such as H100)")
@@ -193,6 +195,21 @@ def check_shape_table(columns: dict, operator, label=row_label) -> None:
     from analytical_model.operator_features import check_rows
 
     check_rows(operator.key, columns, label)  # each row's whole shape, while its position is still known
+
+
+def _check_cta_counts(columns: dict, label) -> None:
+    """A GEMM's given ``cta_count`` is at most its output tiles times its K tiles (split-K over every K tile): more
+    CTAs would have no work (a 1024³ GEMM of 64 tiles given 2³¹ − 1 CTAs was predicted at 2·10⁸ µs)."""
+    given = [columns.get(c, ()) for c in ("M", "N", "K", "tile_M", "tile_N", "tile_K", "cta_count")]
+    for row, cells in enumerate(zip(*given)):
+        values = [_as_int(cell) for cell in cells]
+        if None in values:
+            continue  # an empty tile: the tile rule chooses it
+        m, n, k, tile_m, tile_n, tile_k, ctas = values
+        most = -(-m // tile_m) * -(-n // tile_n) * -(-k // tile_k)
+        if ctas > most:
+            raise ValueError(f"{label(row)}: cta_count = {ctas} exceeds the {most:,} CTAs the tiles allow "
+                             f"(output tiles x K tiles of M={m}, N={n}, K={k} at {tile_m}x{tile_n}x{tile_k})")
 
 
 def _as_int(cell) -> int | None:

@@ -340,8 +340,8 @@ def load_model_config(name: str | Path, config_dir: str | Path = DEFAULT_CONFIG_
 #: GPTQ's and AutoAWQ's older ones), read as the quantization_config they stand for: an NVFP4 or int4 checkpoint
 #: predicted as BF16 would be 3-4x its size
 QUANT_SIDECARS = {
-    "hf_quant_config.json": lambda data: {"quant_method": "modelopt",
-                                          "quant_algo": (data.get("quantization") or {}).get("quant_algo")},
+    "hf_quant_config.json": lambda data: {"quant_method": "modelopt", "quant_algo": (
+        data["quantization"].get("quant_algo") if isinstance(data.get("quantization"), dict) else None)},
     "quantize_config.json": lambda data: {"quant_method": "gptq", **data},
     "quant_config.json": lambda data: {"quant_method": "awq", **data},
 }

@@ -302,8 +302,10 @@ def test_the_python_api_applies_a_calibration_as_the_command_line_tools_do(a100_
     corrected, low, high = pipeweave.predict_kernels("gemm", shapes, ["A100", "H100"], interval=True,
                                                      calibration=a100_calibration)
     assert corrected[0] > plain[0] * 1.05 and corrected[1] == plain[1] and (low <= corrected).all()
-    with pytest.raises(ValueError, match="fitted for A100"):
+    with pytest.raises(ValueError, match="calibration= .* fitted for A100"):
         pipeweave.predict_kernels("gemm", shapes, "H100", calibration=a100_calibration)
+    empty = pipeweave.predict_kernels("gemm", {"M": [], "N": [], "K": []}, "A100", calibration=a100_calibration)
+    assert len(empty) == 0  # no kernel is no GPU to refuse, as predict_kernels.py with a header-only CSV
 
 
 def test_kernel_csv_calibration(tmp_path):
@@ -1066,3 +1068,20 @@ def test_repeats_of_one_run_count_once_and_impossible_runs_are_caught(tmp_path, 
     predictor = KernelPredictor()
     _, frame = calibration_fit.read_kernel_csv(measured, predictor.hardware.get("L40"), predictor.hardware)
     assert frame["avg_duration"].tolist() == [44.0, 900.0]
+
+
+def test_another_gpus_kernel_row_is_refused_whatever_the_row_order():
+    """The re-measured-row rule dropped the hardware from its key before the other-GPU check: an H100 row followed by
+    the same shape on L40 was dropped silently, the reverse order refused."""
+    import tempfile
+
+    from pipeweave.predictor import KernelPredictor
+
+    predictor = KernelPredictor()
+    for rows in (("H100", "L40"), ("L40", "H100")):
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "gemm.csv"
+            path.write_text("op,M,N,K,hardware,avg_duration\n" + "".join(
+                f"gemm,16,4096,4096,{gpu},40.0\n" for gpu in rows))
+            with pytest.raises(calibration_fit.UserError, match="rows measured on H100, not on L40"):
+                calibration_fit.read_kernel_csv(path, predictor.hardware.get("L40"), predictor.hardware)

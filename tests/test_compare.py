@@ -301,3 +301,31 @@ def test_a_run_summarised_twice_or_of_an_unknown_kind_is_an_error(synthetic, tmp
     (kinds / "measured_runs.csv").write_text(text.replace(",static,", ",Static,", 1))
     with pytest.raises(compare.UserError, match="kind 'Static' is not one of static, vllm"):
         measured_runs.load_real(kinds)
+
+
+def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_sample_from_any_folder(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    """A decode cell of a prefill-only workload was scored against 0 ms (100 % error); the in-sample WARNING was
+    lost when the scoring ran from another folder than the calibration (relative run paths)."""
+    from pipeweave.calibration_fit import main as calibrate_main
+    from pipeweave.cli import run_cli
+
+    source = json.loads((REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json").read_text())
+    (tmp_path / "prefill_only.json").write_text(json.dumps({**source, "iterations": source["iterations"][:1]}))
+    (tmp_path / "four.json").write_text(json.dumps({**source, "iterations": source["iterations"][:4]}))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("workload,prefill_ms,decode_step_ms,total_ms\nprefill_only.json,3000,20,\n")
+    assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(bad)]) == 2
+    assert "no decode iteration" in capsys.readouterr().err
+    runs = tmp_path / "runs.csv"
+    runs.write_text("workload,prefill_ms,decode_step_ms,total_ms\nfour.json,3400,27,\n")
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(calibrate_main, ["--hardware", "A100", "--e2e", "runs.csv", "--output", "cal.json",
+                                    "--no_fine_tune"]) == 0
+    other = tmp_path / "other.csv"  # the same run in another file, scored from another folder
+    other.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{tmp_path / 'four.json'},3500,28,\n")
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(other), "--calibration",
+                                  str(tmp_path / "cal.json")]) == 0
+    assert "was fitted from the run(s) four: these errors are in-sample" in capsys.readouterr().out

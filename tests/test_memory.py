@@ -147,6 +147,12 @@ def test_moe_prefill_activations_hold_the_routed_token_copies():
     chunk_layer = 32768 * 2 * (2 * 14336 + 14336)
     expected = (2 * 40000 * 4096 + chunk_layer) * 2 + 2 * 16000 * 4
     assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [30000, 10000], tp=2, ep=2) == expected
+    # Qwen3-30B-A3B (hidden 2048, 128 experts of width 768, top 8; 32 query / 4 KV heads of 128): the w2 output (2048)
+    # is wider than the w13 output (2 x 768), so the shared buffer is the hidden width; the routed copies beat the
+    # attention projections (2 x 32 + 2 x 4) x 128 = 9,216 per token
+    qwen = load_model_config("Qwen3-30B-A3B")
+    moe_layer = tokens * 8 * (2048 + 768)
+    assert activation_bytes_per_gpu(qwen, [tokens], tp=1) == (2 * tokens * 2048 + moe_layer) * 2 + qwen.vocab_size * 4
 
 
 def test_every_measured_run_fits_its_gpu(repo_root):
@@ -388,3 +394,12 @@ def test_quantisation_beside_config_json_and_fp8_variants_are_not_predicted_as_b
         "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}
     assert model_config_from_dict({**QWEN3_4B, "quantization_config": w8a8}).checkpoint_dtype == "fp8"
+
+
+def test_a_malformed_modelopt_file_beside_a_config_is_one_error(tmp_path):
+    from pipeweave.workload_inputs import load_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": "FP8"}))
+    with pytest.raises(WorkloadError, match="hf_quant_config.json beside it .quant_method 'modelopt'"):
+        load_model_config(tmp_path)

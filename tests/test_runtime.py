@@ -568,6 +568,13 @@ def test_api_kernel_shapes_are_read_by_position_and_as_predict_kernels_reads_the
         pipeweave.predict_kernels("gemm", {**tile, "tile_M": [7], "cta_count": [100]}, "H100")
     with pytest.raises(ValueError, match="hardware must be a GPU name or one per kernel"):
         pipeweave.predict_kernels("gemm", frame, None)
+    with pytest.raises(ValueError, match="cta_count = 2147483647 exceeds the 1,024 CTAs the tiles allow"):
+        pipeweave.predict_kernels("gemm", {**tile, "M": [1024], "N": [1024], "K": [1024], "tile_N": [128],
+                                           "tile_M": [128], "cta_count": [2 ** 31 - 1]}, "H100")
+    one = {"attention_type": "fa2_paged", "bs": 2, "nh": 32, "nkv": 8, "hd": 128}
+    assert pipeweave.predict_kernels("attn", {**one, "q_lengths": [1, 1], "kv_lengths": [128, 256]}, "H100") == \
+        pytest.approx(pipeweave.predict_kernels("attn", {**one, "q_lengths": [[1, 1]], "kv_lengths": [[128, 256]]},
+                                                "H100"))  # one kernel's per-request lists, flat
     damaged = tmp_path / "models"
     shutil.copytree(latest_model_dir(DEFAULT_MODEL_DIR, "gemm"), damaged / "gemm" / "20990101_000000")
     weights_path(damaged / "gemm" / "20990101_000000", "gemm").write_bytes(b"PK\x03\x04 truncated")
@@ -585,6 +592,8 @@ def test_api_workload_inputs_that_are_not_workloads_are_value_errors_and_warning
     for workload in (None, 5, json.dumps({"iterations": []}) * 20):
         with pytest.raises(ValueError, match="workload"):
             pipeweave.predict_workload(workload, "H100")
+    with pytest.raises(FileNotFoundError, match="workload file not found"):  # as documented, not a ValueError
+        pipeweave.predict_workload("no_such_workload.json", "H100")
     root = Path(__file__).resolve().parent.parent
     plain = json.loads((root / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json").read_text())
     expected = pipeweave.predict_workload(plain, "A100")["summary"]

@@ -790,3 +790,24 @@ def test_search_config_errors_are_one_line(tmp_path, args, message):
     assert result.returncode == 2
     assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_serve_sim_warns_of_a_calibration_fitted_against_other_collective_models(tmp_path, engine, capsys):
+    """serve_sim and search_config checked only the kernel models of a calibration, so communication factors fitted
+    against other collective models were applied without the aggregator's WARNING."""
+    from pipeweave.calibration import Calibration, load_prior
+    from pipeweave.calibration_design import PARAMS
+    from pipeweave.serving.cli import main as serve_main
+
+    fitted = {"e2e": "test", "collective_models": {"dir": "elsewhere", "serving_digest": "0", "gpu": "H100",
+                                                   "models_digest": "0"}}
+    calibration = tmp_path / "h100.json"
+    Calibration("H100", "NVIDIA H100", np.zeros(len(PARAMS)), np.zeros(len(PARAMS)), fitted, {}, {},
+                load_prior().standardisation).save(calibration)
+    flags = ["--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--num_requests", "4", "--hardware", "H100",
+             "--model_dir", str(engine.model_dir), "--collective_estimate", "analytical", "--calibration",
+             str(calibration)]
+    assert run_cli(serve_main, [*flags, "--tp", "2", "--output", str(tmp_path / "tp2.json")]) == 0
+    assert "fitted its communication factors" in capsys.readouterr().out
+    assert run_cli(serve_main, [*flags, "--output", str(tmp_path / "tp1.json")]) == 0  # no collective at TP1
+    assert "fitted its communication factors" not in capsys.readouterr().out

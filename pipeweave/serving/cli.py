@@ -130,14 +130,21 @@ def check_paths(args, outputs: dict) -> None:
 ENGINE_FLAGS = ("model_dir", "hardware_dir", "collective_estimate", "calibration")
 
 
-def engine_settings(args) -> tuple[str, str, str, str | None]:
-    """(model_dir, hardware_dir, collective_estimate, calibration file) in force: the flags given, else the
-    defaults (a Dask worker builds its engine from them)."""
+def engine_settings(args) -> tuple[str, str, str, tuple[str, str] | None]:
+    """(model_dir, hardware_dir, collective_estimate, (calibration file, its digest)) in force: the flags given,
+    else the defaults (a Dask worker builds its engine from them)."""
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
+    calibration = None
+    if args.calibration:  # with its digest, so that a worker never reuses the corrections of a rewritten file
+        from pipeweave.calibration import file_digest
+
+        if not Path(args.calibration).is_file():
+            raise FileNotFoundError(f"calibration file not found: {args.calibration} (write one with calibrate.py)")
+        calibration = (args.calibration, file_digest(args.calibration))
     return (str(args.model_dir or DEFAULT_MODEL_DIR), str(args.hardware_dir or DEFAULT_HARDWARE_DIR),
-            args.collective_estimate, args.calibration)
+            args.collective_estimate, calibration)
 
 
 def engine_from_settings(settings: tuple, log=None):
@@ -147,24 +154,32 @@ def engine_from_settings(settings: tuple, log=None):
 
     model_dir, hardware_dir, collective_estimate, calibration = settings
     return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate, log=log,
-                  calibration=load_calibration(calibration) if calibration else None)
+                  calibration=load_calibration(calibration[0]) if calibration else None)
 
 
 def make_engine(args, log=None):
     return engine_from_settings(engine_settings(args), log or (lambda message: print(message, file=sys.stderr)))
 
 
-def check_calibration(engine, gpus: list[str]) -> None:
-    """A calibration for none of the simulated GPUs is refused, and one fitted against other models or collectives
-    says so (as aggregator.py does)."""
+def check_calibration(engine, gpus: list[str], model_config: str, communicates: bool,
+                      collective_hardware: str | None = None) -> None:
+    """A calibration for none of the simulated GPUs is refused, and one fitted against other kernel models (of the
+    operators the model runs) or, where the simulated deployments communicate, other collective models says so
+    (as aggregator.py does)."""
+    from pipeweave.workload import load_model_config
+
     calibration = engine.calibration
     if calibration is None:
         return
     calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
     print(f"Calibration: {calibration.path} ({calibration.hardware})")
-    ops = [op for op in ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe") if op in calibration.base_models]
+    ops = ["gemm", "attn", "rmsnorm", "siluandmul"] + (["moe"] if load_model_config(model_config).moe else [])
     for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
         print(warning)
+    collectives = engine.gpu(collective_hardware).stem if collective_hardware else calibration.hardware
+    stale = communicates and calibration.stale_collectives(engine.collective_dir, collectives)
+    if stale:
+        print(stale)
 
 
 def requests_csv(metrics: dict) -> str:
@@ -223,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = make_engine(args)
     engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
-    check_calibration(engine, [args.hardware])
+    check_calibration(engine, [args.hardware], args.model_config, args.tp * args.pp > 1, args.collective_hardware)
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
         run = simulate_config(config, engine, progress=bar.update)
     metrics = request_metrics(run.simulation.requests)

@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
 
     local = make_engine(args)
     gpus = list(dict.fromkeys(local.registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
-    check_calibration(local, gpus)
+    check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
+                      args.collective_hardware)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
     # and requests are built once: their errors would otherwise only mark every candidate infeasible
     base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm")
