@@ -16,6 +16,7 @@ beyond its threshold), ``shares`` (a pipe share the network reads lies outside i
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,8 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
     return physical_interval(predicted_us, low, high, fastest_us)
 
 
+#: ``--output -``: the predictions on standard output (the tool's own lines then go to standard error)
+STDOUT = "-"
 #: the columns predict_kernels.py adds (and ``calibration`` with a calibration)
 OUTPUT_COLUMNS = ("predicted_us", "low_us", "high_us", "extrapolation")
 
@@ -113,11 +116,18 @@ def write_predictions(path: Path, header: list[str], rows: list[list[str]], pred
     corrected)."""
     labels = [extrapolation_label(code) for code in extrapolation]
     marks = [] if calibrated is None else [calibrated]
-    with open(path, "w", newline="", encoding="utf-8") as handle:
+
+    def write(handle) -> None:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow([*header, *OUTPUT_COLUMNS, *(["calibration"] if marks else [])])
         writer.writerows([*row, repr(float(us)), repr(float(low)), repr(float(high)), label, *extra]
                          for row, us, low, high, label, *extra in zip(rows, predicted_us, *interval, labels, *marks))
+
+    if path == STDOUT:
+        write(sys.stdout)
+        return
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        write(handle)
 
 
 def build_parser() -> ArgumentParser:
@@ -130,7 +140,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--input", required=True,
                         help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
     parser.add_argument("--output", required=True,
-                        help="output CSV: the input columns plus predicted_us, low_us, high_us and extrapolation")
+                        help="output CSV: the input columns plus predicted_us, low_us, high_us and extrapolation "
+                             "('-': standard output)")
     parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
                         help="root of the trained MLPs (default: mlp_models)")
     parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
@@ -143,8 +154,12 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_output_path(args.output)
-    refuse_overwriting_inputs(args.output, {"the --input file": args.input, "the --calibration file": args.calibration})
+    to_stdout = args.output == STDOUT
+    if not to_stdout:
+        check_output_path(args.output)
+        refuse_overwriting_inputs(args.output, {"the --input file": args.input,
+                                                "the --calibration file": args.calibration})
+    say = (lambda line: print(line, file=sys.stderr)) if to_stdout else print
     header, rows, line_numbers = read_shapes(args.input)
     written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in (cell.strip() for cell in header)]
     if written:  # a second set of them would follow the first
@@ -154,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     directory = load_model_checked(predictor, args.op)[2]
     warning = other_model_warning(args.op, directory)
     if warning:
-        print(warning)
+        say(warning)
     calibration, calibrated = None, None
     if args.calibration:
         from pipeweave.calibration import load_calibration
@@ -168,14 +183,17 @@ def main(argv: list[str] | None = None) -> int:
                       else "" for row in rows]
     interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation,
                            fastest, calibration)
-    write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
-                                                                extrapolation, calibrated))
-    print(f"Predicted {len(rows)} {args.op} kernels -> {args.output}")
+    if to_stdout:
+        write_predictions(STDOUT, header, rows, predicted, interval, extrapolation, calibrated)
+    else:
+        write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
+                                                                    extrapolation, calibrated))
+    say(f"Predicted {len(rows)} {args.op} kernels -> {'standard output' if to_stdout else args.output}")
     gpus = list({spec.stem: spec for spec in (predictor.hardware.get(name) for name in
                                               dict.fromkeys(row[index].strip() for row in rows))}.values())
     with predictor.fine_tuned_by(calibration):
         siblings = [(hw, predictor.sibling(args.op, hw)) for hw in gpus]
     for hw, sibling in siblings:
         if sibling is not None:
-            print(sibling_note(args.op, hw.name, sibling.name))
+            say(sibling_note(args.op, hw.name, sibling.name))
     return 0

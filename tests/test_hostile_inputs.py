@@ -578,3 +578,13 @@ def test_predict_kernels_refuses_a_column_given_twice_and_its_own_output(tmp_pat
     code, _, err = cli(kernels.main, "--op", "gemm", "--input", tmp_path / "o.csv", "--output", tmp_path / "o2.csv",
                        capsys=capsys)
     assert_one_error_line(code, err, "predicted_us", "which predict_kernels.py writes")
+
+
+def test_predict_kernels_writes_to_standard_output_with_dash(tmp_path, capsys):
+    """--output - wrote a file named '-' (and /dev/stdout fails on a pipe): it is standard output, the tool's own
+    lines going to standard error."""
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n16,4096,4096,H100\n")
+    code, out, err = cli(kernels.main, "--op", "gemm", "--input", shapes, "--output", "-", capsys=capsys)
+    assert code == 0 and out.splitlines()[0].startswith("M,N,K,hardware,predicted_us") and len(out.splitlines()) == 2
+    assert "Predicted 1 gemm kernels -> standard output" in err and not Path("-").exists()
