@@ -204,8 +204,11 @@ def predict_kernels(
     # only the columns predict_kernels.py reads (others, such as a dataset's source, pass it by), by position
     columns = {name: _per_kernel(shapes[name]) for name in (*operator.shape_columns, *operator.optional_columns)
                if name in shapes}
-    if all(values is None for name, values in columns.items() if name not in LENGTH_LIST_COLUMNS):
-        # one kernel given by single values: its per-request length lists are that kernel's, not one per kernel
+    if all(values is None for name, values in columns.items() if name not in LENGTH_LIST_COLUMNS) and \
+            "bs" in columns and all(values is None or len(values) == shapes["bs"] for name, values in columns.items()
+                                    if name in LENGTH_LIST_COLUMNS):
+        # one kernel of bs requests given by single values: flat length lists of bs entries are its per-request
+        # lengths (with bs 1 they are one length per kernel, as before)
         columns = {name: [values] if name in LENGTH_LIST_COLUMNS and values is not None and
                    all(np.ndim(value) == 0 and not isinstance(value, str) for value in values) else values
                    for name, values in columns.items()}

@@ -355,6 +355,16 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
                             f"{most:,} (pipeweave.validation), got {frame[column].iloc[row]!r}")
 
 
+def same_cell(text: str) -> str:
+    """A cell as a key: stripped, an integral number written as an integer ("16.0", " 16" and "16" alike)."""
+    text = str(text).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return str(int(number)) if math.isfinite(number) and number == int(number) else text
+
+
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
     """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
     rows or MoE rows that are not whole layers are errors. Rows that timed another kernel than the one pipeweave
@@ -387,8 +397,9 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
             if registry.get(name).stem != spec.stem:
                 raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
-    # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt)
-    frame = frame[~frame[keys].apply(lambda column: column.str.strip()).duplicated(keep="last")]
+    # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt; 16 and 16.0
+    # are one size)
+    frame = frame[~frame[keys].apply(lambda column: column.map(same_cell)).duplicated(keep="last")]
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]
@@ -719,6 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune,
                             collective_dir=args.collective_dir)
+    refuse_overwriting_inputs(args.output, {f"the workload {path} of a run": path
+                                            for path in (calibration.fitted_from.get("e2e") or {}).get("runs", [])})
     calibration.save(args.output)
     summary = calibration.summary()
     for name, value in summary["factors"].items():

@@ -166,9 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     if calibration is not None:
         calibration.check_hardware([spec.stem])
     runs = read_runs(args.runs, spec)
-    if calibration is not None:
-        warning = in_sample_warning(calibration, args.runs, runs)
-        if warning:
+    if args.output:
+        refuse_overwriting_inputs(args.output, {f"the workload {w.path} of a run": w.path for w, _ in runs})
+    if calibration is not None:  # the aggregator's WARNINGs, and one for scoring the runs it was fitted from
+        ops = sorted({op for workload, _ in runs for op in workload.ops()})
+        warnings = calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops})
+        if any(workload.has_communication for workload, _ in runs):
+            warnings.append(calibration.stale_collectives(engine.collective_dir, spec.stem))
+        warnings.append(in_sample_warning(calibration, args.runs, runs))
+        for warning in filter(None, warnings):
             print(warning)
     rows = score(runs, engine, spec)
     print(markdown(rows, spec.stem))

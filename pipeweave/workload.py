@@ -169,11 +169,12 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     if dtype not in DTYPES:
         raise WorkloadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if cfg.checkpoint_dtype is not None and dtype != cfg.checkpoint_dtype:
-        fix = ("FP8 mixture-of-experts layers are not modelled: remove quantization_config to predict its BF16 "
-               "version" if cfg.moe is not None else
-               f"generate it with --dtype {cfg.checkpoint_dtype}, or remove quantization_config to predict its "
+        source = cfg.quantization_source
+        fix = (f"FP8 mixture-of-experts layers are not modelled: remove {source} to predict its BF16 version"
+               if cfg.moe is not None else
+               f"generate it with --dtype {cfg.checkpoint_dtype}, or remove {source} to predict its "
                f"{dtype.upper()} version")
-        raise WorkloadError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint (quantization_config): "
+        raise WorkloadError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint ({source}): "
                             f"{fix}")
     if cfg.max_sequence is not None and max(prompts) + output_tokens > cfg.max_sequence:
         raise WorkloadError(f"the longest request ({max(prompts)} prompt + {output_tokens} output tokens) exceeds "

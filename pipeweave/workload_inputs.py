@@ -64,6 +64,8 @@ class ModelConfig:
     moe: MoeConfig | None = None
     #: "fp8" for a checkpoint whose ``quantization_config`` is FP8 (its workloads must be generated as FP8)
     checkpoint_dtype: str | None = None
+    #: where that quantisation is set: ``quantization_config``, or a file beside a model directory's config.json
+    quantization_source: str = "quantization_config"
     #: the longest sequence vLLM serves the model at (``max_position_embeddings``, extended by a rope scaling;
     #: None: not known) and what it is, for messages
     max_sequence: int | None = None
@@ -190,12 +192,12 @@ def _max_sequence(cfg: dict, stem: str) -> tuple[int | None, str]:
         rope = cfg.get(key)
         if not _rope_scaled(rope):
             continue
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        if kind in ("su", "longrope", "llama3"):
+            return limit, source
         if not isinstance(rope, dict) or isinstance(rope.get("factor"), bool) or \
                 not isinstance(rope.get("factor"), (int, float)) or not rope["factor"] > 0:
             return None, source
-        kind = rope.get("rope_type", rope.get("type"))
-        if kind in ("su", "longrope", "llama3"):
-            return limit, source
         base_key = "original_max_position_embeddings" if kind == "yarn" and \
             rope.get("original_max_position_embeddings") is not None else "max_position_embeddings"
         base = positive_int(rope.get(base_key, limit), f"config {stem}: {key}.{base_key}")
@@ -261,6 +263,7 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe,
                        checkpoint_dtype=_checkpoint_dtype(cfg, stem), max_sequence=max_sequence,
                        max_sequence_source=max_source,
+                       quantization_source=cfg.get(QUANT_SOURCE_KEY, "quantization_config"),
                        architecture=archs[0] if archs else None, **values)
 
 
@@ -360,7 +363,7 @@ def with_sidecar_quantization(cfg: dict, folder: Path) -> dict:
                 raise WorkloadError(f"{sidecar}: not valid JSON ({exc})") from None
             if not isinstance(data, dict):
                 raise WorkloadError(f"{sidecar}: expected a JSON object")
-            return {**cfg, "quantization_config": translate(data), QUANT_SOURCE_KEY: f"{name} beside it"}
+            return {**cfg, "quantization_config": translate(data), QUANT_SOURCE_KEY: f"{name} beside its config.json"}
     return cfg
 
 

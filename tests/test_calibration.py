@@ -1062,7 +1062,7 @@ def test_repeats_of_one_run_count_once_and_impossible_runs_are_caught(tmp_path, 
     assert "FlashAttention-3, Hopper only" in capsys.readouterr().err
     measured = tmp_path / "k.csv"
     measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,L40,40.0\n"
-                        "gemm,16,4096,4096,NVIDIA L40,44.0\ngemm,4096,4096,4096,L40,900.0\n")
+                        "gemm,16.0, 4096,4096,NVIDIA L40,44.0\ngemm,4096,4096,4096,L40,900.0\n")
     from pipeweave.predictor import KernelPredictor
 
     predictor = KernelPredictor()

@@ -329,3 +329,28 @@ def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_samp
     assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", str(other), "--calibration",
                                   str(tmp_path / "cal.json")]) == 0
     assert "was fitted from the run(s) four: these errors are in-sample" in capsys.readouterr().out
+
+
+def test_scoring_own_runs_never_overwrites_a_run_and_warns_only_in_sample(tmp_path, capsys, monkeypatch):
+    """--output naming a workload the runs CSV names replaced it (calibrate.py too); and nothing checked that a
+    calibration fitted on other runs gets no in-sample WARNING."""
+    from pipeweave.calibration_fit import main as calibrate_main
+    from pipeweave.cli import run_cli
+
+    source = json.loads((REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json").read_text())
+    for name, iterations in (("a.json", 4), ("b.json", 3)):
+        (tmp_path / name).write_text(json.dumps({**source, "iterations": source["iterations"][:iterations]}))
+    (tmp_path / "a.csv").write_text("workload,prefill_ms,decode_step_ms,total_ms\na.json,3400,27,\n")
+    (tmp_path / "b.csv").write_text("workload,prefill_ms,decode_step_ms,total_ms\nb.json,3300,26,\n")
+    monkeypatch.chdir(tmp_path)
+    before = (tmp_path / "a.json").read_bytes()
+    for main, flags in ((compare.main, ["runs", "--hardware", "A100", "--runs", "a.csv"]),
+                        (calibrate_main, ["--hardware", "A100", "--e2e", "a.csv", "--no_fine_tune"])):
+        assert run_cli(main, [*flags, "--output", "a.json"]) == 2
+        assert "would overwrite the workload" in capsys.readouterr().err
+    assert (tmp_path / "a.json").read_bytes() == before
+    assert run_cli(calibrate_main, ["--hardware", "A100", "--e2e", "a.csv", "--output", "cal.json",
+                                    "--no_fine_tune"]) == 0
+    capsys.readouterr()
+    assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", "b.csv", "--calibration", "cal.json"]) == 0
+    assert "WARNING" not in capsys.readouterr().out  # fitted on a.json, scored on b.json: out of sample

@@ -366,12 +366,12 @@ def test_quantisation_beside_config_json_and_fp8_variants_are_not_predicted_as_b
     DeepSeek) and weight-only FP8 were predicted as the per-tensor W8A8 kernels the FP8 model was trained on."""
     from pipeweave.workload_inputs import load_model_config
 
+    beside = "beside its config.json .quant_method"
     for sidecar, content, message in (
             ("hf_quant_config.json", {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}},
-             "hf_quant_config.json beside it .quant_method 'modelopt', quant_algo 'NVFP4'. is not an FP8 format"),
-            ("quant_config.json", {"w_bit": 4, "q_group_size": 128}, "quant_config.json beside it .quant_method 'awq'"),
-            ("quantize_config.json", {"bits": 4, "group_size": 128}, "quantize_config.json beside it .quant_method "
-                                                                     "'gptq'")):
+             f"hf_quant_config.json {beside} 'modelopt', quant_algo 'NVFP4'. is not an FP8 format"),
+            ("quant_config.json", {"w_bit": 4, "q_group_size": 128}, f"quant_config.json {beside} 'awq'"),
+            ("quantize_config.json", {"bits": 4, "group_size": 128}, f"quantize_config.json {beside} 'gptq'")):
         folder = tmp_path / sidecar.split(".")[0]
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(QWEN3_4B))
@@ -383,6 +383,10 @@ def test_quantisation_beside_config_json_and_fp8_variants_are_not_predicted_as_b
     (fp8 / "config.json").write_text(json.dumps(QWEN3_4B))
     (fp8 / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
     assert load_model_config(fp8).checkpoint_dtype == "fp8"
+    from pipeweave.workload import build_workload  # the fix names the file, config.json has no quantization_config
+    with pytest.raises(WorkloadError, match="checkpoint .hf_quant_config.json beside its config.json.: generate it "
+                                            "with --dtype fp8, or remove hf_quant_config.json"):
+        build_workload(load_model_config(fp8), [64], 2)
     block = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     with pytest.raises(WorkloadError, match=r"block-scaled FP8 \(weight_block_size \[128, 128\]\)"):
         model_config_from_dict({**QWEN3_4B, "quantization_config": block})
@@ -401,5 +405,5 @@ def test_a_malformed_modelopt_file_beside_a_config_is_one_error(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": "FP8"}))
-    with pytest.raises(WorkloadError, match="hf_quant_config.json beside it .quant_method 'modelopt'"):
+    with pytest.raises(WorkloadError, match="hf_quant_config.json beside its config.json .quant_method 'modelopt'"):
         load_model_config(tmp_path)

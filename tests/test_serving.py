@@ -666,6 +666,9 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
         tables[name] = pd.read_csv(out).set_index("hardware")
     assert tables["calibrated"].loc["H100", "tpot_ms"] > 1.3 * tables["plain"].loc["H100", "tpot_ms"]
     assert tables["calibrated"].loc["A100", "tpot_ms"] == tables["plain"].loc["A100", "tpot_ms"]
+    assert tables["calibrated"]["calibration"].fillna("").to_dict() == {"H100": str(calibration), "A100": ""}
+    assert run_cli(serve_main, [*flags, "--hardware", "H100", "--output", str(calibration),
+                                "--calibration", str(calibration)]) == 2  # it would replace the calibration
 
 
 @pytest.mark.parametrize("args, message", [

@@ -117,6 +117,8 @@ def check_paths(args, outputs: dict) -> None:
     model = resolve_model_config(args.model_config, DEFAULT_CONFIG_DIR)
     trace = resolve_named_file(args.trace, DEFAULT_TRACE_DIR, ".csv", "trace")
     seen = {model.resolve(): "the --model_config file", trace.resolve(): "the --trace file"}
+    if getattr(args, "calibration", None):
+        seen[Path(args.calibration).resolve()] = "the --calibration file"
     for name, path in outputs.items():
         check_output_path(path, name)
         where = Path(path).resolve()
@@ -152,7 +154,12 @@ def engine_from_settings(settings: tuple, log=None):
     from pipeweave.calibration import load_calibration
     from pipeweave.engine import Engine
 
+    from pipeweave.calibration import file_digest
+
     model_dir, hardware_dir, collective_estimate, calibration = settings
+    if calibration and (not Path(calibration[0]).is_file() or file_digest(calibration[0]) != calibration[1]):
+        raise ValueError(f"--calibration {calibration[0]}: not the file the sweep was started with here (digest "
+                         f"{calibration[1]}); give every Dask worker the same file at the same path")
     return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate, log=log,
                   calibration=load_calibration(calibration[0]) if calibration else None)
 

@@ -133,9 +133,9 @@ def check_model_and_requests(cfg: ModelConfig, requests) -> None:
     """What the simulator cannot run for any GPU or parallelism: an FP8 checkpoint (it models BF16 linear layers),
     a request longer than the model serves."""
     if cfg.checkpoint_dtype is not None:
-        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint (quantization_config), but "
-                        f"the serving simulator models BF16 linear layers only; remove quantization_config to "
-                        f"simulate its BF16 version")
+        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint "
+                        f"({cfg.quantization_source}), but the serving simulator models BF16 linear layers only; "
+                        f"remove {cfg.quantization_source} to simulate its BF16 version")
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
         raise UserError(f"request {longest.rid} ({longest.prompt_tokens} prompt + {longest.output_tokens} output "

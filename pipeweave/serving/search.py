@@ -231,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_settings(args)
     with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update)
+    if local.calibration is not None:  # which rows were corrected, by which file
+        table["calibration"] = [str(local.calibration.path) if gpu == local.calibration.hardware else ""
+                                for gpu in table["hardware"]]
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
     written = [output]
     if plot and not table["feasible"].any():
