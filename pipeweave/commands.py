@@ -59,7 +59,10 @@ def export_mlp() -> int:
 
 
 def compare() -> int:
-    """pipeweave-compare {summarize-real,static,vllm,runs}: predictions against measured runs (training extras)."""
+    """pipeweave-compare {summarize-real,static,vllm,runs}: predictions against measured runs (training extras;
+    ``runs``, your own runs, on the base install as calibrate.py --e2e)."""
+    if sys.argv[1:2] == ["runs"]:
+        return run_cli(lambda argv: import_module("pipeweave.run_scores").main(sys.argv[2:] if argv is None else argv))
     return _run("pipeweave.compare")
 
 

@@ -604,3 +604,23 @@ def test_api_workload_inputs_that_are_not_workloads_are_value_errors_and_warning
         pipeweave.predict_workload("Qwen2.5-14B_arxiv_8_fa3_tp1_pp1", "A100")
     assert any("FlashAttention-3, Hopper only" in str(w.message) for w in caught)
     assert not any("Loaded" in str(w.message) for w in caught)
+
+
+def test_scoring_own_runs_needs_no_pandas(tmp_path):
+    """pipeweave-compare runs scores the runs calibrate.py --e2e reads, which the base install calibrates from; it
+    went through pipeweave.compare, which imports pandas."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text("workload,prefill_ms,decode_step_ms,total_ms\nQwen2.5-14B_arxiv_8_fa2_tp1_pp1,3400,27,\n")
+    script = ("import builtins, sys\n"
+              "real = builtins.__import__\n"
+              "def guard(name, *args, **kwargs):\n"
+              "    if name.split('.')[0] in ('pandas', 'torch', 'sklearn'):\n"
+              "        raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = guard\n"
+              f"sys.argv = ['pipeweave-compare', 'runs', '--hardware', 'A100', '--runs', {str(runs)!r}]\n"
+              "from pipeweave.commands import compare\n"
+              "sys.exit(compare())\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 run(s): mean error" in proc.stdout
