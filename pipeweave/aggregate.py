@@ -274,16 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     predictions = [by_job.get(id(job)) for job in jobs]
     failures += not_made
     if calibration is not None:
-        ops = {op for job in jobs if job.hardware.stem == calibration.hardware for op in job.workload.ops()}
-        for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
+        calibrated = [job for job in jobs if job.hardware.stem == calibration.hardware]
+        collectives_of = [engine.gpu(job.collective_hardware).stem if job.collective_hardware else job.hardware.stem
+                          for job in calibrated if job.workload.has_communication]
+        for warning in engine.calibration_warnings([op for job in calibrated for op in job.workload.ops()],
+                                                   collectives_of):
             print(warning)
-        collectives_of = {engine.gpu(job.collective_hardware).stem if job.collective_hardware else job.hardware.stem
-                          for job in jobs if job.hardware.stem == calibration.hardware
-                          and job.workload.has_communication}
-        for stem in sorted(collectives_of):
-            stale = calibration.stale_collectives(engine.collective_dir, stem)
-            if stale:
-                print(stale)
     for prediction in predictions:
         if prediction is not None and memory[id(prediction.job)] is not None:
             prediction.result["memory_check"] = memory[id(prediction.job)]

@@ -41,14 +41,11 @@ def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_e
 
 
 def _calibration_key(path) -> tuple[str, str] | None:
-    """(path, digest) of a calibration file: a file rewritten by calibrate.py is read again."""
-    if path is None:
-        return None
-    from pipeweave.calibration import file_digest
+    """:func:`pipeweave.calibration.calibration_key` of a file (None without one): one rewritten by calibrate.py is
+    read again."""
+    from pipeweave.calibration import calibration_key
 
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"calibration file not found: {path}")
-    return str(path), file_digest(path)
+    return None if path is None else calibration_key(path)
 
 
 @lru_cache(maxsize=8)
@@ -154,13 +151,9 @@ def predict_workload(
         record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),
                               option="ignore_memory=True")
         result = engine.predict([job])[0].result
-        if engine.calibration is not None:  # the aggregator's WARNINGs for a calibration fitted to other models
-            stale = engine.calibration.stale_models({op: engine.predictor.model(op)[2] for op in flat.ops()})
-            collectives = engine.gpu(collective_hardware).stem if collective_hardware else job.hardware.stem
-            stale.append(flat.has_communication and engine.calibration.stale_collectives(engine.collective_dir,
-                                                                                         collectives))
-            for line in filter(None, stale):
-                warnings.warn(line, UserWarning, stacklevel=2)
+        collectives = engine.gpu(collective_hardware).stem if collective_hardware else job.hardware.stem
+        for line in engine.calibration_warnings(flat.ops(), [collectives] if flat.has_communication else []):
+            warnings.warn(line, UserWarning, stacklevel=2)  # the aggregator's, for a calibration of other models
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
     if record is not None:

@@ -475,6 +475,13 @@ def load_calibration(path: str | Path) -> Calibration:
     return calibration
 
 
+def calibration_key(path: str | Path) -> tuple[str, str]:
+    """(path, digest) of a calibration file: what names one calibration in a cache or across Dask workers."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"calibration file not found: {path} (write one with calibrate.py)")
+    return str(path), file_digest(path)
+
+
 def _models_named(record: dict) -> str:
     models = (f"{record['gpu']}'s measured models {record['models_digest']}" if record.get("models_digest")
               else f"no measured models of {record['gpu']}" if record.get("gpu") else None)

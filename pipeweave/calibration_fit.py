@@ -139,7 +139,7 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
     settings it ran under."""
     from pipeweave.aggregate import workload_memory
     from pipeweave.schema import WorkloadFormatError
-    from pipeweave.validation import fa3_mismatch
+    from pipeweave.validation import fa3_mismatches
 
     try:
         check = workload_memory(workload, spec)
@@ -153,7 +153,7 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
         raise UserError(f"{where}: {workload.stem} ({workload.model}, TP{workload.tp_size} PP{workload.pp_size}) "
                         f"needs {needed / 1e9:.1f} GB of weights and KV cache per GPU, more than {spec.stem}'s "
                         f"{spec.total_global_mem / 1e9:.1f} GB: it cannot have run on this GPU")
-    fa3 = sorted({shape[0] for shape in workload.shapes.get("attn", []) if fa3_mismatch(shape[0], spec.architecture)})
+    fa3 = fa3_mismatches([shape[0] for shape in workload.shapes.get("attn", [])], spec.architecture)
     if fa3:  # calibrated against a kernel that does not exist there, the attention correction would be meaningless
         raise UserError(f"{where}: {workload.stem} uses {', '.join(fa3)} (FlashAttention-3, Hopper only), which "
                         f"cannot run on {spec.stem} ({spec.architecture}): it cannot be a run measured there; "
@@ -173,16 +173,34 @@ def check_consistent(workload, measured: dict, where: str) -> None:
               f"decode_step_ms = {parts:g}; check the cells' units and order")
 
 
-def merged_repeats(runs: list) -> list:
-    """Rows of one workload file are repeats of one run: each metric takes their median, as docs/E2E.md scores a run
-    against the median of its repeats (counted as separate runs, repeats would outweigh the prior without adding
-    information about the model)."""
+def read_runs(path: str | Path, spec: HardwareSpec, flag: str = "--e2e") -> list[tuple[object, list[dict]]]:
+    """(workload, its repeats) per run of a measured-run CSV on the GPU ``spec``: rows of one workload file are the
+    repeats of one run. Each row is checked: its workload exists, fits the GPU and runs there (:func:`check_fits`),
+    its total agrees with its parts (:func:`check_consistent`), a decode time has decode steps to predict it."""
+    from pipeweave.flatten import load_workload
+
     grouped: dict = {}
-    for workload, measured in runs:
-        key = Path(workload.path).resolve() if workload.path is not None else id(workload)
-        grouped.setdefault(key, (workload, []))[1].append(measured)
+    for line, name, measured in read_e2e_csv(path, flag):
+        where = f"{flag} {path}: line {line}"
+        try:
+            workload = load_workload(resolve_run_workload(name, Path(path)))
+        except (FileNotFoundError, UserError) as exc:
+            raise UserError(f"{where}: {exc.args[0]}") from None
+        check_fits(workload, spec, where)
+        check_consistent(workload, measured, where)
+        if "decode_step_ms" in measured and all(phase == "prefill" for phase in workload.phases):
+            raise UserError(f"{where}: decode_step_ms was given, but the workload has no decode iteration to "
+                            f"predict it from; leave that cell empty")
+        grouped.setdefault(Path(workload.path).resolve(), (workload, []))[1].append(measured)
+    return list(grouped.values())
+
+
+def merged_repeats(runs: list) -> list:
+    """(workload, {metric: ms}) per run of :func:`read_runs`: each metric the median of the run's repeats, as
+    docs/E2E.md scores a run (counted as separate runs, repeats would outweigh the prior without adding information
+    about the model)."""
     merged = []
-    for workload, repeats in grouped.values():
+    for workload, repeats in runs:
         metrics = dict.fromkeys(metric for measured in repeats for metric in measured)
         merged.append((workload, {metric: float(np.median([m[metric] for m in repeats if metric in m]))
                                   for metric in metrics}))
@@ -633,7 +651,6 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
               collective_dir=None, log=print) -> Calibration:
     """Validate every input, build the equations and fit; nothing is written here."""
     from pipeweave.engine import Engine
-    from pipeweave.flatten import load_workload
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
     registry = hardware_registry(Path(hardware_dir))
@@ -648,16 +665,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
                         log=lambda message: print(message) if message.startswith("WARNING") else None)
     runs, parts, fitted_from = [], [], {}
     if e2e:
-        for line, name, measured in read_e2e_csv(e2e):
-            where = f"--e2e {e2e}: line {line}"
-            try:
-                workload = load_workload(resolve_run_workload(name, Path(e2e)))
-            except (FileNotFoundError, UserError) as exc:
-                raise UserError(f"{where}: {exc.args[0]}") from None
-            check_fits(workload, spec, where)
-            check_consistent(workload, measured, where)
-            runs.append((workload, measured))
-        runs = merged_repeats(runs)
+        runs = merged_repeats(read_runs(e2e, spec))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [str(Path(w.path).resolve()) for w, _ in runs]}
     kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))

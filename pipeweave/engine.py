@@ -241,6 +241,17 @@ class Engine:
                 raise UserError(f"{exc.args[0] if exc.args else exc}; {self.flag_hint()}") from None
         return self._collective_predictors[stem]
 
+    def calibration_warnings(self, ops, collective_gpus=()) -> list[str]:
+        """The WARNING lines of a calibration fitted against other models than those predicting now: the kernel
+        models of ``ops`` and the collective models of ``collective_gpus`` (the GPUs whose collectives are predicted;
+        none where nothing communicates). Empty without a calibration, or for a plain correction (no record)."""
+        if not hasattr(self.calibration, "stale_models"):
+            return []
+        lines = self.calibration.stale_models({op: self.predictor.model(op)[2] for op in sorted(set(ops))})
+        lines += [self.calibration.stale_collectives(self.collective_dir, stem)
+                  for stem in sorted(set(collective_gpus))]
+        return [line for line in lines if line]
+
     def option(self, name: str, value=None) -> str:
         """An option as the caller spells it: ``--name value`` on the command line, ``name=value`` in the API."""
         if self.keyword_options:

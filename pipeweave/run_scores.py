@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, write_atomically
+from pipeweave.calibration_fit import read_runs
+from pipeweave.cli import ArgumentParser, check_output_path, refuse_overwriting_inputs, write_atomically
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 
 #: metric of the runs CSV -> the aggregator's summary field it is scored against
@@ -30,28 +31,6 @@ SCORED = {"prefill_ms": "prefill_duration_ms", "decode_step_ms": "decode_avg_dur
           "total_ms": "total_duration_ms"}
 COLUMNS = ("workload", "repeats", *(f"{kind}_{metric}" for metric in SCORED for kind in ("measured", "predicted")),
            *(f"error_{metric}_pct" for metric in SCORED), "mean_error_pct")
-
-
-def read_runs(runs_csv: str | Path, spec) -> list[tuple[object, list[dict]]]:
-    """(workload, its repeats) per run of ``runs_csv`` on the GPU ``spec``, checked as calibrate.py checks them."""
-    from pipeweave.calibration_fit import check_consistent, check_fits, read_e2e_csv, resolve_run_workload
-    from pipeweave.flatten import load_workload
-
-    grouped: dict = {}
-    for line, name, measured in read_e2e_csv(runs_csv, "--runs"):
-        where = f"--runs {runs_csv}: line {line}"
-        try:
-            path = resolve_run_workload(name, Path(runs_csv))
-            workload = load_workload(path)
-        except (FileNotFoundError, UserError) as exc:
-            raise UserError(f"{where}: {exc.args[0]}") from None
-        check_fits(workload, spec, where)
-        check_consistent(workload, measured, where)
-        if "decode_step_ms" in measured and all(phase == "prefill" for phase in workload.phases):
-            raise UserError(f"{where}: decode_step_ms was given, but {workload.stem} has no decode iteration to "
-                            f"predict it from; leave that cell empty")
-        grouped.setdefault(Path(path).resolve(), (workload, []))[1].append(measured)
-    return list(grouped.values())
 
 
 def score(runs: list, engine, spec) -> list[dict]:
@@ -165,16 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     spec = engine.gpu(args.hardware)
     if calibration is not None:
         calibration.check_hardware([spec.stem])
-    runs = read_runs(args.runs, spec)
+    runs = read_runs(args.runs, spec, "--runs")
     if args.output:
         refuse_overwriting_inputs(args.output, {f"the workload {w.path} of a run": w.path for w, _ in runs})
     if calibration is not None:  # the aggregator's WARNINGs, and one for scoring the runs it was fitted from
-        ops = sorted({op for workload, _ in runs for op in workload.ops()})
-        warnings = calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops})
-        if any(workload.has_communication for workload, _ in runs):
-            warnings.append(calibration.stale_collectives(engine.collective_dir, spec.stem))
-        warnings.append(in_sample_warning(calibration, args.runs, runs))
-        for warning in filter(None, warnings):
+        communicates = any(workload.has_communication for workload, _ in runs)
+        warnings = engine.calibration_warnings([op for workload, _ in runs for op in workload.ops()],
+                                               [spec.stem] if communicates else [])
+        for warning in filter(None, [*warnings, in_sample_warning(calibration, args.runs, runs)]):
             print(warning)
     rows = score(runs, engine, spec)
     print(markdown(rows, spec.stem))

@@ -112,10 +112,15 @@ def fa3_mismatch(attention_type: str, architecture: str) -> bool:
     return "fa3" in attention_type.lower() and architecture not in FA3_ARCHITECTURES
 
 
+def fa3_mismatches(attention_types, architecture: str) -> list[str]:
+    """The FlashAttention-3 kernels among ``attention_types`` that a GPU of ``architecture`` cannot run, sorted."""
+    return sorted({kind for kind in attention_types if fa3_mismatch(kind, architecture)})
+
+
 def fa3_warning(workload: str, attention_types, hardware) -> str | None:
     """The WARNING line for FlashAttention-3 kernels predicted on a GPU that cannot run them (None if none are):
     the number is for a kernel that does not exist on that GPU."""
-    kinds = sorted({kind for kind in attention_types if fa3_mismatch(kind, hardware.architecture)})
+    kinds = fa3_mismatches(attention_types, hardware.architecture)
     if not kinds:
         return None
     instead = ", ".join(f"{kind.lower().replace('fa3', 'fa2')} instead of {kind}" for kind in kinds)

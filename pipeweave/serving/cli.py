@@ -138,13 +138,10 @@ def engine_settings(args) -> tuple[str, str, str, tuple[str, str] | None]:
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
-    calibration = None
-    if args.calibration:  # with its digest, so that a worker never reuses the corrections of a rewritten file
-        from pipeweave.calibration import file_digest
+    from pipeweave.calibration import calibration_key
 
-        if not Path(args.calibration).is_file():
-            raise FileNotFoundError(f"calibration file not found: {args.calibration} (write one with calibrate.py)")
-        calibration = (args.calibration, file_digest(args.calibration))
+    # with its digest, so that a worker never reuses the corrections of a rewritten file
+    calibration = calibration_key(args.calibration) if args.calibration else None
     return (str(args.model_dir or DEFAULT_MODEL_DIR), str(args.hardware_dir or DEFAULT_HARDWARE_DIR),
             args.collective_estimate, calibration)
 
@@ -181,12 +178,9 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
     calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
     print(f"Calibration: {calibration.path} ({calibration.hardware})")
     ops = ["gemm", "attn", "rmsnorm", "siluandmul"] + (["moe"] if load_model_config(model_config).moe else [])
-    for warning in calibration.stale_models({op: engine.predictor.model(op)[2] for op in ops}):
-        print(warning)
     collectives = engine.gpu(collective_hardware).stem if collective_hardware else calibration.hardware
-    stale = communicates and calibration.stale_collectives(engine.collective_dir, collectives)
-    if stale:
-        print(stale)
+    for warning in engine.calibration_warnings(ops, [collectives] if communicates else []):
+        print(warning)
 
 
 def requests_csv(metrics: dict) -> str:
