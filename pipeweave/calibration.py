@@ -331,20 +331,23 @@ class Calibration:
         """What a prediction on ``hardware`` records (None for a GPU this calibration does not change)."""
         return self.summary() if hardware.stem == self.hardware else None
 
-    def stale_models(self, loaded: dict) -> list[str]:
+    def stale_models(self, loaded: dict, named: str | None = None) -> list[str]:
         """WARNING lines for operators whose model (``{op: directory}``) is not the one the calibration was
-        fitted against: a retrained model has other biases, so the correction may no longer fit."""
-        return [f"WARNING: --calibration {self.path} was fitted against the {op} model {Path(fitted).name}, "
+        fitted against: a retrained model has other biases, so the correction may no longer fit. ``named`` is the
+        calibration as the caller gave it (default ``--calibration PATH``)."""
+        named = named or f"--calibration {self.path}"
+        return [f"WARNING: {named} was fitted against the {op} model {Path(fitted).name}, "
                 f"this prediction uses {Path(loaded[op]).name}; recalibrate with calibrate.py"
                 for op, fitted in sorted(self.base_models.items())
                 if op in loaded and Path(fitted).name != Path(loaded[op]).name]
 
-    def stale_collectives(self, collective_dir: str | Path, gpu: str | None = None) -> str | None:
+    def stale_collectives(self, collective_dir: str | Path, gpu: str | None = None,
+                          named: str | None = None) -> str | None:
         """A WARNING line when the collective models predicting now (``serving.json``: ring efficiency, custom
         all-reduce; and the measured models of ``gpu``, the GPU whose collectives are predicted, by default the
         calibrated one) are not those the communication factors were fitted against; None when they are, or when
         the calibration fitted no communication factor. (A file written before the models were recorded is checked
-        on ``serving.json`` alone.)"""
+        on ``serving.json`` alone.) ``named`` as in :meth:`stale_models`."""
         fitted = self.fitted_from.get("collective_models")
         if not isinstance(fitted, dict):
             return None
@@ -354,7 +357,7 @@ class Calibration:
             same = same and (now["gpu"], now["models_digest"]) == (fitted.get("gpu"), fitted["models_digest"])
         if same:
             return None
-        return (f"WARNING: --calibration {self.path} fitted its communication factors against the collective models "
+        return (f"WARNING: {named or f'--calibration {self.path}'} fitted its communication factors against the collective models "
                 f"of {fitted.get('dir')} ({_models_named(fitted)}), this prediction uses {now['dir']} "
                 f"({_models_named(now)}); recalibrate with calibrate.py --collective_dir {now['dir']}")
 

@@ -247,8 +247,9 @@ class Engine:
         none where nothing communicates). Empty without a calibration, or for a plain correction (no record)."""
         if not hasattr(self.calibration, "stale_models"):
             return []
-        lines = self.calibration.stale_models({op: self.predictor.model(op)[2] for op in sorted(set(ops))})
-        lines += [self.calibration.stale_collectives(self.collective_dir, stem)
+        named = self.option("calibration", str(self.calibration.path))
+        lines = self.calibration.stale_models({op: self.predictor.model(op)[2] for op in sorted(set(ops))}, named)
+        lines += [self.calibration.stale_collectives(self.collective_dir, stem, named)
                   for stem in sorted(set(collective_gpus))]
         return [line for line in lines if line]
 

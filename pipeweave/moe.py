@@ -62,8 +62,9 @@ class MoeConfig:
     shared_expert_gate: bool = False
 
 
-#: Architectures whose every operator pipeweave models (dense: docs/METHOD.md §2; MoE: fused-MoE layers).
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+#: Architectures whose every operator pipeweave models (dense: docs/METHOD.md §2; MoE: fused-MoE layers). vLLM
+#: runs MistralForCausalLM with its Llama model; Mistral's sliding window (v0.1) is refused as any other.
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 #: architectures whose attention is MLA (DeepSeek-V2/V3; the first DeepSeek-MoE is refused as an architecture)
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")

@@ -876,6 +876,10 @@ def test_a_calibration_warns_when_its_gpus_collective_models_changed_or_another_
         assert run_cli(aggregate.main, args) == 0
         lines = [line for line in capsys.readouterr().out.splitlines() if "fitted its communication factors" in line]
         assert bool(lines) == stale, (extra, lines)
+    import pipeweave  # the API names the calibration as it was given there, not as a command-line flag
+
+    with pytest.warns(UserWarning, match=r"^WARNING: calibration='.*cal\.json' fitted its communication factors"):
+        pipeweave.predict_workload(tp2, "A100", calibration=out, collective_hardware="H100")
 
 
 def test_runs_whose_collectives_are_all_estimated_keep_the_estimates_uncertainty(tmp_path):

@@ -62,10 +62,19 @@ BASE = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8, 
       "moe_intermediate_size": 64}, "exceeds the 8 experts"),
     ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": True},
      "sliding-window attention"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, "sliding-window attention"),  # v0.1
 ])
 def test_unmodelled_architectures_are_refused(extra, message):
     with pytest.raises(WorkloadError, match=message):
         model_config_from_dict({**BASE, **extra})
+
+
+def test_mistral_without_a_sliding_window_is_the_llama_it_runs_as_in_vllm():
+    """Mistral-7B-v0.3 and later (sliding_window null) were refused by architecture name."""
+    mistral = model_config_from_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": None})
+    llama = model_config_from_dict({**BASE, "architectures": ["LlamaForCausalLM"]})
+    assert mistral.moe is None and mistral.head_dim == llama.head_dim == 64
+    assert weight_bytes_per_gpu(mistral, tp=1) == weight_bytes_per_gpu(llama, tp=1)
 
 
 def test_weights_are_sharded_and_dtype_aware():
