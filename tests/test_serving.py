@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from pipeweave.cli import UserError, run_cli
 from pipeweave.engine import Engine
-from pipeweave.memory import check_memory, weight_bytes_per_gpu
+from pipeweave.memory import check_memory, kv_cache_bytes_per_gpu, weight_bytes_per_gpu
 from pipeweave.paths import DEFAULT_CONFIG_DIR
 from pipeweave.serving.kv_cache import BlockManager, kv_cache_blocks
 from pipeweave.serving import run as serving_run
@@ -471,25 +471,55 @@ def test_pp_beyond_the_layer_count_is_refused(engine):
         simulate_config(ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", pp=64, num_requests=2), engine)
 
 
-def test_fp8_checkpoints_and_overlong_requests_are_refused(engine, tmp_path):
-    """The simulator models BF16 linear layers: an FP8 checkpoint is not silently simulated as BF16; a request
-    beyond the config's max_position_embeddings is one vLLM would refuse."""
-    import json
-
+def test_overlong_requests_are_refused(engine, tmp_path):
+    """A request beyond the config's max_position_embeddings is one vLLM would refuse."""
     base = json.loads((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text())
-    fp8 = tmp_path / "fp8.json"
-    fp8.write_text(json.dumps({**base, "quantization_config": {"quant_method": "fp8"}}))
-    with pytest.raises(UserError, match="FP8 checkpoint .* BF16 linear layers only"):
-        simulate_config(ServingConfig(str(fp8), "splitwise_48", "H100", num_requests=2), engine)
     short = tmp_path / "short.json"
     short.write_text(json.dumps({key: value for key, value in {**base, "max_position_embeddings": 128}.items()
                                  if key != "rope_scaling"}))
     with pytest.raises(UserError, match="exceeds max_position_embeddings 128"):
         simulate_config(ServingConfig(str(short), "splitwise_48", "H100", num_requests=2), engine)
+
+
+@pytest.mark.parametrize("gpu, tp", [("H100", 1), ("H800", 2)])
+def test_fp8_static_scheduler_reproduces_the_aggregators_fp8_workload(engine, gpu, tp):
+    """--dtype fp8 costs each step as the workload generator's FP8 workload: FP8 GEMMs, their activation
+    quantisation, BF16 router-free lm_head (the simulator refused FP8 checkpoints: it modelled BF16 layers only)."""
+    cfg, t = load_model_config("Llama-3.1-8B"), load_trace("arxiv_8")
+    workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, prefill_attn="fa3_ragged",
+                              dtype="fp8")
+    expected = engine.predict_workload(workload, gpu)
+    sim = simulate(make_requests(t), StaticScheduler(), KernelStepCost(engine, cfg, gpu, tp, dtype="fp8"))
+    assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-5)
+    bf16 = simulate(make_requests(t), StaticScheduler(), KernelStepCost(engine, cfg, gpu, tp))
+    assert sim.makespan_ms != pytest.approx(bf16.makespan_ms, rel=1e-6)
+
+
+def test_fp8_weights_free_kv_cache_and_fp8_checkpoints_are_simulated_as_fp8(engine, tmp_path):
+    base = json.loads((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text())
+    checkpoint = tmp_path / "fp8.json"
+    checkpoint.write_text(json.dumps({**base, "quantization_config": {"quant_method": "fp8"}}))
+    runs = {name: simulate_config(ServingConfig(config, "splitwise_48", "H100", num_requests=4, dtype=dtype), engine)
+            for name, config, dtype in (("bf16", "Llama-3.1-8B", None), ("fp8", "Llama-3.1-8B", "fp8"),
+                                        ("checkpoint", str(checkpoint), None))}
+    assert runs["bf16"].settings["dtype"] == "bf16"
+    assert runs["fp8"].settings["dtype"] == runs["checkpoint"].settings["dtype"] == "fp8"
+    cfg = load_model_config("Llama-3.1-8B")
+    saved = weight_bytes_per_gpu(cfg, 1) - weight_bytes_per_gpu(cfg, 1, dtype="fp8")  # linear layers at 1 byte
+    more = runs["fp8"].settings["kv_cache_blocks"] - runs["bf16"].settings["kv_cache_blocks"]
+    assert saved > 6e9 and abs(more - saved / kv_cache_bytes_per_gpu(cfg, [16], tp=1)) <= 1
+    assert runs["fp8"].simulation.makespan_ms == runs["checkpoint"].simulation.makespan_ms
+    with pytest.raises(UserError, match=r"FP8 checkpoint .*: simulate it with --dtype fp8, or remove"):
+        simulate_config(ServingConfig(str(checkpoint), "splitwise_48", "H100", num_requests=2, dtype="bf16"), engine)
+    with pytest.raises(UserError, match="--dtype fp8: A100 has no FP8 tensor-core rate"):
+        simulate_config(ServingConfig("Llama-3.1-8B", "splitwise_48", "A100", num_requests=2, dtype="fp8"), engine)
+    with pytest.raises(UserError, match="FP8 mixture-of-experts layers are not modelled"):
+        simulate_config(ServingConfig("Mixtral-8x7B", "splitwise_48", "H100", tp=2, num_requests=2, dtype="fp8"),
+                        engine)
     from pipeweave.serving.search import main as search_main  # refused once, not as every candidate infeasible
     with pytest.raises(UserError, match="FP8 checkpoint"):
-        search_main(["--model_config", str(fp8), "--hardware", "H100", "--gpu_budget", "2", "--trace",
-                     "splitwise_48", "--num_requests", "2", "--output", str(tmp_path / "search.csv")])
+        search_main(["--model_config", str(checkpoint), "--dtype", "bf16", "--hardware", "H100", "--gpu_budget", "2",
+                     "--trace", "splitwise_48", "--num_requests", "2", "--output", str(tmp_path / "search.csv")])
     assert not (tmp_path / "search.csv").exists()
 
 
@@ -524,7 +554,7 @@ def test_a_config_without_max_position_embeddings_takes_any_length():
 
 def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monkeypatch):
     """A request never holds KV for its last output token: 60 prompt + 5 output tokens fit 4 blocks of 16."""
-    monkeypatch.setattr(serving_run, "kv_cache_blocks", lambda *args: 4)
+    monkeypatch.setattr(serving_run, "kv_cache_blocks", lambda *args, **kwargs: 4)
     path = tmp_path / "one.csv"
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,60,5,5\n")
     run = simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
@@ -751,14 +781,32 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
                         "--model_dir", engine.model_dir, "--output", out)
     assert result.returncode == 0, result.stderr
     rows = out.read_text().splitlines()
-    assert rows[0].startswith("rank,hardware,tp,pp,gpus,max_num_seqs,feasible,meets_targets") and len(rows) == 3
-    assert rows[1].startswith("1,H100,1,1,1,8,True,True")  # one GPU beats two per GPU at the same rate
+    assert rows[0].startswith("rank,hardware,dtype,tp,pp,gpus,max_num_seqs,feasible,meets_targets") and len(rows) == 3
+    assert rows[1].startswith("1,H100,bf16,1,1,1,8,True,True")  # one GPU beats two per GPU at the same rate
     assert list(tmp_path.iterdir()) == [out]  # no plot without --plot
     plot_pareto(pd.read_csv(out), tmp_path / "pareto.png", {"tpot_ms": 1e9, "tpot_percentile": 90})
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H999", "--gpu_budget", "2",
                      "--trace", "splitwise_48", "--output", tmp_path / "bad.csv")
     assert bad.returncode == 2 and "known" in bad.stderr and not (tmp_path / "bad.csv").exists()
+
+
+def test_search_config_tries_each_weight_dtype(tmp_path, engine):
+    """--dtype bf16,fp8 is one more dimension of the sweep; a GPU without an FP8 rate stays as infeasible for fp8."""
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100,A100",
+                        "--gpu_budget", "1", "--dtype", "bf16,fp8,fp8", "--max_num_seqs", "8", "--trace",
+                        "splitwise_48", "--qps", "20", "--num_requests", "6", "--model_dir", engine.model_dir,
+                        "--output", out)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out, keep_default_na=False).set_index(["hardware", "dtype"])
+    assert sorted(table.index) == [("A100", "bf16"), ("A100", "fp8"), ("H100", "bf16"), ("H100", "fp8")]
+    assert table["feasible"].tolist().count(False) == 1
+    assert "no FP8 tensor-core rate" in table.loc[("A100", "fp8"), "reason"]
+    assert table.loc[("H100", "fp8"), "kv_cache_tokens"] > table.loc[("H100", "bf16"), "kv_cache_tokens"]
+    bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget", "1",
+                     "--dtype", "int4", "--trace", "splitwise_48", "--output", tmp_path / "bad.csv")
+    assert bad.returncode == 2 and "--dtype must list dtypes among bf16, fp8, got 'int4'" in bad.stderr
 
 
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):

@@ -11,7 +11,7 @@ from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
 from pipeweave.serving.simulator import request_metrics, summarize
 from pipeweave.serving.step_cost import MIXED_ATTENTION
-from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT
+from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DTYPES
 from pipeweave.workload_inputs import resolve_model_config, resolve_named_file
 
 CSV_COLUMNS = ("request", "prompt_tokens", "output_tokens", "arrival_ms", "first_token_ms", "finish_ms", "ttft_ms",
@@ -87,6 +87,10 @@ def build_parser():
     parser.add_argument("--max_num_seqs", type=int, default=None,
                         help="most requests running at once (vllm default: 1024 on GPUs with >= 70 GiB other than "
                              "the A100, else 256, at most --max_num_batched_tokens; static: unlimited)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="weight dtype of the linear layers: fp8 costs them as FP8 GEMMs plus the activation "
+                             "quantisation and stores them in 1 byte (default: the checkpoint's quantization_config, "
+                             "else bf16)")
     add_scheduler_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument("--output", required=True,
@@ -105,7 +109,7 @@ def config_from_args(args, **overrides) -> ServingConfig:
         gpu_memory_utilization=args.gpu_memory_utilization, per_request_outputs=args.per_request_outputs,
         mixed_attention=args.mixed_attention, decode_bucket=args.decode_bucket, prefill_attn=args.prefill_attn, decode_attn=args.decode_attn,
         qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware,
-        max_concurrent_batches=args.max_concurrent_batches)
+        max_concurrent_batches=args.max_concurrent_batches, dtype=get("dtype"))
     check(config)
     return config
 
@@ -166,10 +170,11 @@ def make_engine(args, log=None):
 
 
 def check_calibration(engine, gpus: list[str], model_config: str, communicates: bool,
-                      collective_hardware: str | None = None) -> None:
+                      collective_hardware: str | None = None, dtypes=(None,)) -> None:
     """A calibration for none of the simulated GPUs is refused, and one fitted against other kernel models (of the
-    operators the model runs) or, where the simulated deployments communicate, other collective models says so
-    (as aggregator.py does)."""
+    operators the model runs with weights in each of ``dtypes``) or, where the simulated deployments communicate,
+    other collective models says so (as aggregator.py does)."""
+    from pipeweave.serving.run import kernel_ops, weight_dtype
     from pipeweave.workload import load_model_config
 
     calibration = engine.calibration
@@ -177,7 +182,8 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
         return
     calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
     print(f"Calibration: {calibration.path} ({calibration.hardware})")
-    ops = ["gemm", "attn", "rmsnorm", "siluandmul"] + (["moe"] if load_model_config(model_config).moe else [])
+    cfg = load_model_config(model_config)
+    ops = [op for dtype in dtypes for op in kernel_ops(cfg, weight_dtype(cfg, dtype))]
     collectives = engine.gpu(collective_hardware).stem if collective_hardware else calibration.hardware
     for warning in engine.calibration_warnings(ops, [collectives] if communicates else []):
         print(warning)
@@ -239,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = make_engine(args)
     engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
-    check_calibration(engine, [args.hardware], args.model_config, args.tp * args.pp > 1, args.collective_hardware)
+    check_calibration(engine, [args.hardware], args.model_config, args.tp * args.pp > 1, args.collective_hardware,
+                      [args.dtype])
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
         run = simulate_config(config, engine, progress=bar.update)
     metrics = request_metrics(run.simulation.requests)
@@ -250,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))
     if args.plot:
-        plot_cdfs(metrics, Path(args.plot), f"{config.model_config} on {config.hardware} TP{config.tp} PP{config.pp} "
-                                            f"({config.scheduler}, {summary['num_requests']} requests)")
+        plot_cdfs(metrics, Path(args.plot), f"{config.model_config} ({run.settings['dtype'].upper()}) on "
+                                            f"{config.hardware} TP{config.tp} PP{config.pp} ({config.scheduler}, "
+                                            f"{summary['num_requests']} requests)")
     print(f"Makespan: {summary['makespan_ms']:.3f} ms over {summary['num_steps']} steps")
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         p = summary[key]

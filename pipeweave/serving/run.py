@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from analytical_model.gemm_fp8 import missing_rate
 from analytical_model.pipes import HardwareSpec
 from pipeweave.cli import UserError
 from pipeweave.engine import Engine
@@ -13,7 +14,8 @@ from pipeweave.serving.requests import MAX_NUM_REQUESTS, load_serving_trace, mak
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
 from pipeweave.serving.step_cost import KernelStepCost
-from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, load_model_config
+from pipeweave.flatten import KERNEL_CATEGORIES
+from pipeweave.workload import DECODE_ATTN_DEFAULT, DTYPES, ModelConfig, RankShapes, iteration_operators, load_model_config
 
 SCHEDULERS = ("static", "vllm")
 USAGES = ("serve", "offline")
@@ -44,6 +46,7 @@ class ServingConfig:
     qk_norm_rmsnorm: bool = False
     collective_hardware: str | None = None
     max_concurrent_batches: int | None = None  # vllm: micro-batches in flight (vLLM V1: pp)
+    dtype: str | None = None  # of the linear layers; None: the checkpoint's (quantization_config), else bf16
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +104,8 @@ def check(config: ServingConfig) -> None:
         raise UserError(f"--decode_bucket must be >= 0, got {config.decode_bucket}")
     if config.gpu_memory_utilization is not None and not 0 < config.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
+    if config.dtype is not None and config.dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
 
 
 def vllm_settings(config: ServingConfig, hardware: HardwareSpec) -> dict:
@@ -122,20 +127,40 @@ def static_memory_check(cfg: ModelConfig, hardware: HardwareSpec, config: Servin
     per-request outputs are held to the batch's longest, as the workload generator's single output length."""
     def admit(batch: list) -> None:
         memory = check_memory(cfg, hardware, [r.prompt_tokens for r in batch], max(r.output_tokens for r in batch),
-                              tp=config.tp, pp=config.pp)
+                              tp=config.tp, pp=config.pp, dtype=weight_dtype(cfg, config.dtype))
         if not memory.fits:
             raise UserError(f"{cfg.stem} on {hardware.stem} (static batch of {len(batch)} requests, PP {config.pp}) "
                             f"{memory.message(config.tp)}")
     return admit
 
 
-def check_model_and_requests(cfg: ModelConfig, requests) -> None:
-    """What the simulator cannot run for any GPU or parallelism: an FP8 checkpoint (it models BF16 linear layers),
-    a request longer than the model serves."""
-    if cfg.checkpoint_dtype is not None:
-        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint "
-                        f"({cfg.quantization_source}), but the serving simulator models BF16 linear layers only; "
-                        f"remove {cfg.quantization_source} to simulate its BF16 version")
+def weight_dtype(cfg: ModelConfig, requested: str | None) -> str:
+    """The dtype of the linear layers: ``requested``, else the checkpoint's (its ``quantization_config``), else BF16;
+    refused where the workload generator refuses it (another dtype than the checkpoint's, FP8 mixture-of-experts
+    layers, which the fused-MoE model was not trained on)."""
+    dtype = requested or cfg.checkpoint_dtype or "bf16"
+    if cfg.checkpoint_dtype is not None and dtype != cfg.checkpoint_dtype:
+        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint ({cfg.quantization_source}): "
+                        f"simulate it with --dtype {cfg.checkpoint_dtype}, or remove {cfg.quantization_source} to "
+                        f"simulate its {dtype.upper()} version")
+    if dtype == "fp8" and cfg.moe is not None:
+        raise UserError(f"config {cfg.stem}: FP8 mixture-of-experts layers are not modelled (the fused-MoE model is "
+                        f"trained on BF16 layers only); use --dtype bf16")
+    return dtype
+
+
+def kernel_ops(cfg: ModelConfig, dtype: str) -> list[str]:
+    """The kernel models (registry keys) a simulation of ``cfg`` with ``dtype`` weights uses: those of the operators
+    the workload generator lists for one of its iterations."""
+    operators = iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, [2], [2], 2, DECODE_ATTN_DEFAULT, 1,
+                                    dtype=dtype)
+    return [op for category, op in KERNEL_CATEGORIES.items() if operators.get(category)]
+
+
+def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = None) -> None:
+    """What the simulator cannot run for any GPU or parallelism: weights in a dtype it cannot model for ``cfg``
+    (:func:`weight_dtype`), a request longer than the model serves."""
+    weight_dtype(cfg, dtype)
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
         raise UserError(f"request {longest.rid} ({longest.prompt_tokens} prompt + {longest.output_tokens} output "
@@ -154,22 +179,25 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
     if not hardware.total_global_mem:
         raise UserError(f"{hardware.stem}: the hardware JSON has no totalGlobalMem; the serving simulation needs it "
                         f"for the memory check and the KV cache")
+    dtype = weight_dtype(cfg, config.dtype)
+    if dtype == "fp8" and missing_rate(hardware):
+        raise UserError(f"--dtype fp8: {missing_rate(hardware)}, so no FP8 layer can be simulated on it")
     cost = KernelStepCost(engine, cfg, config.hardware, config.tp, config.pp,
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
-                          mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket)
+                          mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket, dtype=dtype)
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
-    check_model_and_requests(cfg, requests)
+    check_model_and_requests(cfg, requests, dtype)
     if config.scheduler == "static":
         scheduler = StaticScheduler(config.max_num_seqs, admit=static_memory_check(cfg, hardware, config))
-        settings = {"max_num_seqs": config.max_num_seqs}
+        settings = {"max_num_seqs": config.max_num_seqs, "dtype": dtype}
     else:
         settings = vllm_settings(config, hardware)
         utilization = (GPU_MEMORY_UTILIZATION if config.gpu_memory_utilization is None
                        else config.gpu_memory_utilization)
         blocks = kv_cache_blocks(cfg, hardware.total_global_mem, config.tp, config.pp,
-                                 settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization)
+                                 settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization, dtype=dtype)
         manager = BlockManager(blocks)
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)
@@ -179,7 +207,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
                             f"+ {largest.output_tokens} output tokens, less the last, whose KV is never stored) but "
                             f"{config.hardware} TP{config.tp} x PP{config.pp} holds {blocks * manager.block_size}")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
-        settings.update(gpu_memory_utilization=utilization, kv_cache_blocks=blocks,
+        settings.update(dtype=dtype, gpu_memory_utilization=utilization, kv_cache_blocks=blocks,
                         kv_cache_tokens=blocks * manager.block_size)
     try:
         simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress,

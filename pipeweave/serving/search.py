@@ -1,4 +1,5 @@
-"""``search_config.py``: which (GPU, TP, PP, max_num_seqs) serves a model within TTFT/TPOT targets, most cheaply.
+"""``search_config.py``: which (GPU, TP, PP, max_num_seqs, weight dtype) serves a model within TTFT/TPOT targets,
+most cheaply.
 
 Every candidate with TP × PP within the GPU budget is simulated with the vLLM scheduler on the same request
 stream; candidates the model cannot run on (TP not dividing the heads, weights not fitting, no collective model)
@@ -24,7 +25,8 @@ import pandas as pd
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
                                   engine_from_settings)
-from pipeweave.serving.run import ServingConfig, check_model_and_requests
+from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
+from pipeweave.workload import DTYPES
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
 #: columns of a feasible candidate's simulation (NaN on infeasible rows)
@@ -43,10 +45,22 @@ def _int_list(text: str, flag: str) -> list[int]:
     return list(dict.fromkeys(values))  # a repeated value would simulate the same candidate twice
 
 
+def _dtype_list(text: str | None) -> list[str | None]:
+    """``--dtype``: weight dtypes to try (None: the checkpoint's, else BF16)."""
+    if text is None:
+        return [None]
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [value for value in values if value not in DTYPES]
+    if not values or unknown:
+        raise UserError(f"--dtype must list dtypes among {', '.join(DTYPES)}, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
 def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[int], pps: list[int],
-               max_num_seqs: list[int]) -> list[ServingConfig]:
-    return [replace(base, hardware=gpu, tp=tp, pp=pp, max_num_seqs=seqs)
-            for gpu in gpus for tp in tps for pp in pps if tp * pp <= gpu_budget for seqs in max_num_seqs]
+               max_num_seqs: list[int], dtypes: list[str | None] = (None,)) -> list[ServingConfig]:
+    return [replace(base, hardware=gpu, tp=tp, pp=pp, max_num_seqs=seqs, dtype=dtype)
+            for gpu in gpus for dtype in dtypes for tp in tps for pp in pps if tp * pp <= gpu_budget
+            for seqs in max_num_seqs]
 
 
 def _percentile(simulation, key: str, q: float) -> float | None:
@@ -64,8 +78,8 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
 
     if engine not in _ENGINES:
         _ENGINES[engine] = engine_from_settings(engine)
-    row = {"hardware": config.hardware, "tp": config.tp, "pp": config.pp, "gpus": config.tp * config.pp,
-           "max_num_seqs": config.max_num_seqs}
+    row = {"hardware": config.hardware, "dtype": config.dtype, "tp": config.tp, "pp": config.pp,
+           "gpus": config.tp * config.pp, "max_num_seqs": config.max_num_seqs}
     try:
         run = simulate_config(config, _ENGINES[engine])
     except (UserError, ValueError, FileNotFoundError) as exc:
@@ -148,7 +162,7 @@ def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
     front = pareto_front(table)
     ax.plot(front["tpot_ms"], front["output_tokens_per_s_per_gpu"], "k--", lw=1, label="Pareto front")
     for _, row in front.iterrows():
-        ax.annotate(f"{row['hardware']} TP{row['tp']}PP{row['pp']} s{row['max_num_seqs']}",
+        ax.annotate(f"{row['hardware']} {row['dtype'].upper()} TP{row['tp']}PP{row['pp']} s{row['max_num_seqs']}",
                     (row["tpot_ms"], row["output_tokens_per_s_per_gpu"]), fontsize=7)
     if targets["tpot_ms"] is not None:
         ax.axvline(targets["tpot_ms"], color="tab:red", lw=1, label=f"TPOT target (p{targets['tpot_percentile']})")
@@ -162,14 +176,18 @@ def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
 def build_parser():
     parser = ArgumentParser(
         prog="search_config.py",
-        description="Simulate every (GPU, TP, PP, max_num_seqs) within a GPU budget on a request stream and rank "
-                    "those meeting TTFT/TPOT targets by output tokens/s per GPU.")
+        description="Simulate every (GPU, weight dtype, TP, PP, max_num_seqs) within a GPU budget on a request stream "
+                    "and rank those meeting TTFT/TPOT targets by output tokens/s per GPU.")
     parser.add_argument("--hardware", required=True, help="candidate GPUs, comma-separated")
     parser.add_argument("--gpu_budget", type=int, required=True, help="most GPUs per replica (TP x PP)")
     parser.add_argument("--tp", default=None, help="TP sizes to try (default: powers of two up to the budget)")
     parser.add_argument("--pp", default="1,2", help="PP sizes to try (default 1,2)")
     parser.add_argument("--max_num_seqs", default=",".join(map(str, DEFAULT_MAX_NUM_SEQS)),
                         help="max_num_seqs values to try (default %(default)s)")
+    parser.add_argument("--dtype", default=None, metavar="LIST",
+                        help="weight dtypes of the linear layers to try, comma-separated among "
+                             f"{', '.join(DTYPES)} (default: the checkpoint's quantization_config, else bf16); a GPU "
+                             "without an FP8 tensor rate stays in the table as infeasible for fp8")
     parser.add_argument("--ttft_ms", type=positive_float, default=None, help="TTFT target (ms) at --ttft_percentile")
     parser.add_argument("--ttft_percentile", type=float, default=90, help="default 90")
     parser.add_argument("--tpot_ms", type=positive_float, default=None, help="TPOT target (ms) at --tpot_percentile")
@@ -200,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     tps = _int_list(args.tp, "--tp") if args.tp else [2 ** k for k in range(int(math.log2(args.gpu_budget)) + 1)]
     pps = _int_list(args.pp, "--pp")
     seqs = _int_list(args.max_num_seqs, "--max_num_seqs")
+    requested_dtypes = _dtype_list(args.dtype)
     for q, flag in ((args.ttft_percentile, "--ttft_percentile"), (args.tpot_percentile, "--tpot_percentile")):
         if not 0 < q <= 100:
             raise UserError(f"{flag} must be in (0, 100], got {q}")
@@ -217,13 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     local = make_engine(args)
     gpus = list(dict.fromkeys(local.registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
-                      args.collective_hardware)
+                      args.collective_hardware, requested_dtypes)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
     # and requests are built once: their errors would otherwise only mark every candidate infeasible
-    base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm")
-    check_model_and_requests(load_model_config(base.model_config), make_requests(
-        load_serving_trace(base.trace), base.num_requests, base.qps, base.seed, base.per_request_outputs))
-    configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs)
+    base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm",
+                            dtype=None)
+    cfg = load_model_config(base.model_config)
+    dtypes = list(dict.fromkeys(weight_dtype(cfg, dtype) for dtype in requested_dtypes))  # each row names its dtype
+    requests = make_requests(load_serving_trace(base.trace), base.num_requests, base.qps, base.seed,
+                             base.per_request_outputs)
+    for dtype in dtypes:
+        check_model_and_requests(cfg, requests, dtype)
+    configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget}")
     targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
@@ -244,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
     for _, row in best.head(5).iterrows():
-        print(f"  {int(row['rank'])}. {row['hardware']} TP{row['tp']} PP{row['pp']} max_num_seqs "
+        print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']} max_num_seqs "
               f"{row['max_num_seqs']}: {row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
               f"TTFT {row['ttft_ms']:.1f} ms, TPOT {row['tpot_ms']:.2f} ms")
     print(f"Results saved to {' and '.join(map(str, written))}")
