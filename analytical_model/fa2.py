@@ -71,7 +71,8 @@ def cta_tile_kv(cta_q: int, head_dim: int, shared_memory_kb: float, ds_q: int = 
 
 def _shared_memory_kb(hw: HardwareSpec) -> float:
     if hw.shared_memory_size is None:
-        raise ValueError(f"shared_memory_size is required by the FA2 calculator but missing for GPU {hw.stem!r}")
+        raise ValueError(f"{hw.stem}: the FA2 calculator needs sharedMemorySize (shared memory per SM in KiB) in the "
+                         f"hardware JSON")
     return hw.shared_memory_size
 
 

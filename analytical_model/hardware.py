@@ -36,10 +36,14 @@ _REQUIRED_NUMBERS = {
     "smFreq": "sm_freq",
     "linkGbps": "link_gbps",
     "linkLatencyUs": "link_latency_us",
+    # required of a file although a HardwareSpec built in code may lack them: without them attention and MoE cannot
+    # be predicted, nothing checks memory and no kernel is held to the DRAM time of bytes that spill the L2
+    "sharedMemorySize": "shared_memory_size",
+    "totalGlobalMem": "total_global_mem",
+    "l2CacheSize": "l2_cache_size",
 }
-_OPTIONAL_NUMBERS = {"tcFp8": "tc_fp8", "sharedMemorySize": "shared_memory_size", "totalGlobalMem": "total_global_mem",
-                     "l2CacheSize": "l2_cache_size", "l1CacheSize": None, "registerFileSize": None,
-                     "boostClock": "boost_clock", "tdpW": "tdp_w"}
+_OPTIONAL_NUMBERS = {"tcFp8": "tc_fp8", "l1CacheSize": None, "registerFileSize": None, "boostClock": "boost_clock",
+                     "tdpW": "tdp_w"}
 _CHOICES = {"linkType": LINK_TYPES, "memoryType": MEMORY_TYPES}
 #: true/false fields and their default: ``p2p`` is false only where the vendor disables GPU peer-to-peer (GeForce)
 _FLAGS = {"p2p": True}
@@ -56,7 +60,7 @@ _SKELETON_LISTS = ("TODO", "CHECK")
 PLAUSIBLE_RANGES = {
     "numSms": (1, 2048), "memBandwidth": (10, 100_000), "l2CacheBandwidth": (10, 1_000_000),
     "sharedMemoryBandwidth": (8, 4096), "tcBf16": (16, 65_536), "xuFp32": (1, 1024), "FmaFp32": (1, 4096),
-    "smFreq": (100, 10_000), "tcFp8": (0, 131_072), "sharedMemorySize": (0, 8192),
+    "smFreq": (100, 10_000), "tcFp8": (0, 131_072), "sharedMemorySize": (16, 8192),
     "totalGlobalMem": (2 ** 30, 2 ** 50), "l2CacheSize": (512, 2 ** 22), "l1CacheSize": (0, 65_536),
     "registerFileSize": (0, 65_536),
     "linkGbps": (1, 20_000), "linkLatencyUs": (0.1, 1000), "boostClock": (100, 10_000), "tdpW": (10, 10_000),
@@ -102,6 +106,9 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
         if value is not None and not low <= value <= high:
             raise ValueError(f"{source}: field {key!r} = {value!r} is outside the plausible range [{low}, {high}] "
                              f"(check the value and its unit against the other files in hardware/)")
+    if data.get("boostClock") is not None and data["boostClock"] < data["smFreq"]:
+        raise ValueError(f"{source}: field 'boostClock' = {data['boostClock']!r} is below smFreq = {data['smFreq']!r} "
+                         f"(smFreq is the clock the tensor peak is quoted at, never above the boost clock)")
     if not isinstance(data["numSms"], int):
         raise ValueError(f"{source}: field 'numSms' must be an integer, got {data['numSms']!r}")
     for key in ("computeMajor", "computeMinor"):
@@ -185,6 +192,7 @@ class HardwareRegistry:
             raise FileNotFoundError(f"hardware directory not found: {self.hardware_dir}")
         self.specs: dict[str, HardwareSpec] = {}
         self._index: dict[str, str] = {}
+        claimed: dict[str, str] = {}  # normalised name -> which file claims it, and as what
         for path in sorted(self.hardware_dir.glob("*.json")):
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
@@ -192,14 +200,17 @@ class HardwareRegistry:
                 raise ValueError(f"{path}: invalid JSON ({type(exc).__name__}: {exc})") from None
             spec = parse_hardware(data, path.stem, str(path))
             self.specs[spec.stem] = spec
-            keys = [spec.stem, spec.name, *spec.aliases]
+            keys = [(spec.stem, "file name"), (spec.name, "name"), *((alias, "alias") for alias in spec.aliases)]
             if spec.aiconfigurator_system:
-                keys.append(spec.aiconfigurator_system)
-            for key in keys:
+                keys.append((spec.aiconfigurator_system, "aiconfiguratorSystem"))
+            for key, field in keys:
                 norm = _normalise(key)
                 if self._index.get(norm, spec.stem) != spec.stem:
-                    raise ValueError(f"{path}: name {key!r} is also used by {self._index[norm]}.json")
+                    # both files named: the one loaded first (by sort order) is as likely to be the edited one
+                    raise ValueError(f"{path}: its {field} {key!r} is also {claimed[norm]}; a name may belong to one "
+                                     f"GPU only: change one of the two files")
                 self._index[norm] = spec.stem
+                claimed.setdefault(norm, f"the {field} {key!r} of {path.name}")
         if not self.specs:
             raise FileNotFoundError(f"no hardware JSON files in {self.hardware_dir}")
 

@@ -29,6 +29,15 @@ NO_BOOST_CLOCK = ("GB200", "B300", "GB300")  # no vendor boost-clock figure foun
 NVLINK_BOARDS = ("A100", "A100 40GB", "H100", "H800", "H200", "H20", "B200", "GB200", "B300", "GB300")
 
 
+@pytest.fixture(scope="module")
+def shipped_registry(tmp_path_factory, repo_root):
+    """The shipped GPUs alone: a user's own file in hardware/ (an H100 NVL, say) must not fail the tests of names."""
+    folder = tmp_path_factory.mktemp("shipped_hardware")
+    for stem in EXPECTED:
+        shutil.copy(repo_root / "hardware" / f"{stem}.json", folder)
+    return HardwareRegistry(folder)
+
+
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
 def test_every_gpu_loads(stem):
     hw = load_hardware(stem)
@@ -62,15 +71,15 @@ def test_unknown_gpu_lists_known():
     ("V100", ""), ("B100", ""), ("RTX 5090", ""), ("H800 PCIe", ""), ("H100-PCIe", "'H100 PCIe'"),
     ("A100-80GB", "'A100'"),
 ])
-def test_unknown_gpu_suggests_the_close_name(name, suggested):
+def test_unknown_gpu_suggests_the_close_name(name, suggested, shipped_registry):
     """"--hardware RTX4090" listed every GPU without pointing at the one meant: a name close to a known one once
     case, spaces, underscores and hyphens are ignored, with the same numbers and letters around them, gets "did you mean",
     before the full list; a different GPU that only looks alike (V100, B100, RTX 5090, H100 NVL, A10G) gets none."""
     if suggested is None:  # matching ignores case and treats _ as a space: no error at all
-        assert load_hardware(name).stem == "RTX 4090"
+        assert shipped_registry.get(name).stem == "RTX 4090"
         return
     with pytest.raises(UnknownHardwareError) as error:
-        load_hardware(name)
+        shipped_registry.get(name)
     message = str(error.value)
     assert message.startswith(f"unknown GPU {name!r}; " + (f"did you mean {suggested}? " if suggested else "known"))
     assert message.endswith(", ".join(sorted(EXPECTED)))  # the full list is kept
@@ -116,6 +125,13 @@ def test_sanity_peaks():
          "NVIDIA H100: no resident-thread limit known for compute capability 8.7"),
         (lambda d: d.update(TODO=[]), "still has the skeleton's TODO list"),
         (lambda d: d.update(p2p="no"), "field 'p2p' must be true or false, got 'no'"),
+        # a second user audit: these loaded, then failed at the first attention kernel, silently left memory
+        # unchecked or dropped the L2-spill ceiling, or changed attention predictions
+        (lambda d: d.pop("sharedMemorySize"), "missing field 'sharedMemorySize'"),
+        (lambda d: d.pop("totalGlobalMem"), "missing field 'totalGlobalMem'"),
+        (lambda d: d.pop("l2CacheSize"), "missing field 'l2CacheSize'"),
+        (lambda d: d.update(sharedMemorySize=0), "field 'sharedMemorySize' must be a positive number, got 0"),
+        (lambda d: d.update(boostClock=1000), "field 'boostClock' = 1000 is below smFreq = 1830"),
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
@@ -132,6 +148,19 @@ def test_architecture_follows_the_compute_capability_when_absent(tmp_path, repo_
     del data["architecture"], data["provenance"]["architecture"]
     (tmp_path / "H100.json").write_text(json.dumps(data))
     assert HardwareRegistry(tmp_path).get("H100").architecture == "hopper"  # not the old silent "ampere"
+
+
+def test_a_name_claimed_by_two_files_names_both_and_what_each_calls_it(tmp_path, repo_root):
+    """The error blamed the file loaded second only ("H100 PCIe.json: name 'H100 PCIe' is also used by H100
+    NVL.json"), while the user had edited the other: a copy whose aiconfiguratorSystem was left unchanged."""
+    shutil.copy(repo_root / "hardware" / "H100 PCIe.json", tmp_path)
+    data = json.loads((repo_root / "hardware" / "H100 PCIe.json").read_text())
+    data["name"] = "NVIDIA H100 NVL"
+    data.pop("aliases", None), data["provenance"].pop("aliases", None)
+    (tmp_path / "H100 NVL.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"H100 PCIe\.json: its file name 'H100 PCIe' is also the aiconfiguratorSystem "
+                                         r"'h100_pcie' of H100 NVL\.json; a name may belong to one GPU only"):
+        HardwareRegistry(tmp_path)
 
 
 def test_invalid_json(tmp_path):
