@@ -346,7 +346,7 @@ def test_invalid_inputs_name_the_field(kind, kwargs, field):
 
 def test_fa2_requires_shared_memory_size():
     gpu = dataclasses.replace(hw("A40"), shared_memory_size=None)
-    with pytest.raises(ValueError, match="shared_memory_size"):
+    with pytest.raises(ValueError, match="A40: the FA2 calculator needs sharedMemorySize"):
         attention_features("fa2_ragged", 1, [8], [225], 5, 1, 128, gpu)
 
 
