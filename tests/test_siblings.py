@@ -161,3 +161,20 @@ def test_predict_kernels_says_where_a_sibling_bounds_the_rows(tmp_path, capsys):
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Note:")]
     assert notes == ["Note: gemm on NVIDIA L40 is kept between the same kernels at the tensor rate of NVIDIA L40S "
                      "(trained, same SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)"]
+
+
+def test_a_hardware_dir_of_the_users_own_gpus_keeps_the_shipped_training_gpus(tmp_path, repo_root):
+    """Training GPUs missing from --hardware_dir were dropped: with a folder holding only the user's new GPU, every
+    SM design looked unseen (flags, intervals and the "rough estimate" note changed) and no sibling bounded H20."""
+    import shutil
+
+    shutil.copy(repo_root / "hardware" / "H20.json", tmp_path)
+    own, shipped = KernelPredictor(hardware_dir=tmp_path), KernelPredictor()
+    hw = load_hardware("H20")
+    for op in ("attn", "moe"):  # H20 has no data of either
+        operator = get_operator(op)
+        features, described = operator.features(SHAPES[op], hw), operator.descriptors(SHAPES[op], hw)
+        assert own.sibling(op, hw).name == shipped.sibling(op, hw).name == "NVIDIA H100"
+        np.testing.assert_array_equal(own.kernel_efficiency_and_codes(op, features, described, hw)[1],
+                                      shipped.kernel_efficiency_and_codes(op, features, described, hw)[1])
+        assert own.coverage(op)[0] == shipped.coverage(op)[0]
