@@ -47,11 +47,11 @@ def extrapolation_label(code: int) -> str:
     return "+".join(name for bit, name in EXTRAPOLATION_BITS.items() if int(code) & bit)
 
 
-def training_gpus(names, hardware, where: str) -> list:
+def training_gpus(names, hardware) -> list:
     """The hardware specs of a model's training GPUs (``names``, from its metadata): from the registry ``hardware``
     or, for a GPU it lacks, the shipped one (a ``--hardware_dir`` of the user's own GPUs alone must not make every
-    SM design look unseen and drop the sibling bounds); a GPU that neither describes is an error (``where``: the
-    model file)."""
+    SM design look unseen and drop the sibling bounds). A name neither describes (the placeholder of the benchmarks'
+    untrained models) contributes no SM design, which only makes more GPUs count as unseen."""
     shipped = None
     specs = []
     for name in sorted(names):
@@ -59,10 +59,8 @@ def training_gpus(names, hardware, where: str) -> list:
             specs.append(hardware.get(name))
             continue
         shipped = shipped or hardware_registry(DEFAULT_HARDWARE_DIR)
-        if name not in shipped:
-            raise ValueError(f"{where}: the model was trained on {name!r}, which no hardware JSON of "
-                             f"{hardware.hardware_dir} or {DEFAULT_HARDWARE_DIR} describes; add that GPU's JSON")
-        specs.append(shipped.get(name))
+        if name in shipped:
+            specs.append(shipped.get(name))
     return specs
 
 
@@ -75,7 +73,7 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[fr
     if not names or not ranges:
         raise ValueError(f"{where} lacks data_info.train_hardware_distribution or feature_ranges; retrain with: "
                          f"python3 train_mlp.py --op {op}")
-    sm_designs = frozenset(spec.compute_capability for spec in training_gpus(names, hardware, where))
+    sm_designs = frozenset(spec.compute_capability for spec in training_gpus(names, hardware))
     inputs = metadata["model_info"]["features"]
     low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
     high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
@@ -278,7 +276,7 @@ class KernelPredictor:
         trained = self.trained_on(op)
         if hw.name in trained or (op, hw.stem) in self._fine_tuned:
             return None
-        return sibling_of(op, hw, training_gpus(trained, self.hardware, f"{self.model(op)[2]}/metadata.json"))
+        return sibling_of(op, hw, training_gpus(trained, self.hardware))
 
     def sibling_scale(self, op: str, hw) -> float | None:
         """``r_target / r_sibling`` of :meth:`sibling` (None without one)."""
