@@ -229,13 +229,14 @@ class HardwareRegistry:
     def _did_you_mean(self, name: str) -> str:
         """The clause "did you mean 'RTX 4090'? " naming the GPUs (at most three) whose names are close to ``name``
         once case, spaces, underscores and hyphens are ignored ("RTX4090", "h100-pcie") and that carry the same
-        numbers, letter before them and letters after them (or ones the query abbreviates: "PCI" for "PCIe"), else "": the full list alone hides the one meant, and a suggestion of another GPU
+        numbers, letters before them and letters after them (or ones the query abbreviates: "PCI" for "PCIe"), else "": the full list alone hides the one meant, and a suggestion of another GPU
         (RTX 4090 for "RTX 5090") would mislead."""
         def squash(text: str) -> str:
             return re.sub(r"[\s_-]", "", text.lower())
 
-        def identity(text: str) -> tuple:  # the numbers, and the letter before the first (H100 is not A100)
-            return re.findall(r"\d+", text), re.findall(r"([a-z]?)\d", text)[:1]
+        def identity(text: str) -> tuple:  # the numbers, and the letters before the first (H100 is not A100, nor
+            text = re.sub("nvidia|geforce", "", text)  # GB200 a B200), the vendor's words left out
+            return re.findall(r"\d+", text), re.findall(r"([a-z]*)\d", text)[:1]
 
         def suffix(text: str) -> str:  # the letters after the last number: NVL, G, D, Ada name other GPUs
             return re.sub(r"^.*\d", "", text)

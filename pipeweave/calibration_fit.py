@@ -542,7 +542,8 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             continue
         frame = pd.concat(frames, ignore_index=True)
         share, inputs, efficiency, base = fine_tune_inputs(op, frame, spec, predictor, corrections)
-        said = f"{op}: the shipped model extrapolates on {share:.0%} of {len(frame)} measured kernels"
+        said = (f"{op}: the shipped model extrapolates on {share:.0%} of {len(frame)} measured kernels (flags "
+                f"architecture, range or members; 'shares' alone does not count)")
         if not considers_fine_tuning(op, len(frame), share):
             needs = (f"at least {MIN_EXTRAPOLATED_SHARE:.0%} of at least {MIN_KERNELS}, or "
                      if op not in SELECTION_ONLY else "")

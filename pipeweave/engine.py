@@ -152,6 +152,9 @@ class Engine:
         self._quantile_predictor = None
         self.quantile_ops: dict[str, bool] = {}
         self.collective_dir = Path(DEFAULT_COLLECTIVE_DIR if collective_dir is None else collective_dir)
+        if not self.collective_dir.is_dir():  # a misspelt folder silently gave the textbook ring estimate
+            raise UserError(f"{self.option('collective_dir')}: collective model directory not found: "
+                            f"{self.collective_dir}")
         self.collective_estimate = collective_estimate
         self.log = log or (lambda message: None)
         self._collective_predictors: dict[str, object] = {}

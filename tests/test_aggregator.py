@@ -525,3 +525,17 @@ def test_a_summary_without_decode_iterations_holds_floats_as_with_them():
 
     summary = summarize(["prefill"], [12.5])
     assert summary["decode_total_duration_ms"] == 0.0 and all(isinstance(v, float) for v in summary.values())
+
+
+def test_a_misspelt_collective_dir_is_an_error(models, tmp_path):
+    """A --collective_dir that does not exist gave the textbook ring estimate with one WARNING and exit 0 (9853.5
+    against 9826.3 ms for a TP2 run on A100), and calibrate.py fitted its communication factors against it."""
+    import pipeweave
+
+    out = tmp_path / "p.json"
+    proc = run_aggregator("--workload", TP2, "--hardware", "A100", "--model_dir", models,
+                          "--collective_dir", tmp_path / "collective_modles", "--output", out)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and not out.exists()
+    assert "--collective_dir: collective model directory not found" in proc.stderr
+    with pytest.raises(ValueError, match="^collective_dir: collective model directory not found"):
+        pipeweave.predict_workload(TP2, "A100", model_dir=models, collective_dir=tmp_path / "nowhere")

@@ -531,8 +531,8 @@ def test_shipped_configs_refuse_requests_beyond_max_position_embeddings(model, l
     """The shipped configs carry their Hugging Face max_position_embeddings: the documented refusal fires for them."""
     cfg = load_model_config(model)
     check_model_and_requests(cfg, [Request(0, 0.0, limit - 10, 10)])
-    with pytest.raises(UserError, match=rf"request 1 \({limit - 10} prompt \+ 11 output tokens\) exceeds "
-                                        rf"max_position_embeddings {limit} of config {model}"):
+    with pytest.raises(UserError, match=rf"request 1 of the stream \(from 0, as in the per-request CSV; {limit - 10} "
+                                        rf"prompt \+ 11 output tokens\) exceeds max_position_embeddings {limit} of config {model}"):
         check_model_and_requests(cfg, [Request(0, 0.0, 8, 2), Request(1, 0.0, limit - 10, 11)])
 
 
@@ -560,8 +560,8 @@ def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monk
     run = simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
     assert run.settings["kv_cache_tokens"] == 64 and run.simulation.requests[0].num_output == 5
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,61,5,5\n")
-    with pytest.raises(UserError, match=r"request 0 needs 65 tokens of KV cache \(61 prompt \+ 5 output tokens, less "
-                                        r"the last, whose KV is never stored\) but H100 TP1 x PP1 holds 64"):
+    with pytest.raises(UserError, match=r"request 0 of the stream \(from 0, as in the per-request CSV\) needs 65 "
+                                        r"tokens of KV cache \(61 prompt \+ 5 output tokens, less the last, whose KV is never stored\) but H100 TP1 x PP1 holds 64"):
         simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
 
 
@@ -830,6 +830,7 @@ def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     (["--output", "OUT.png"], "expected a .csv file"),
     (["--plot", "OUT.csv"], "--plot OUT.csv would overwrite the --output file"),
     (["--max_concurrent_batches", "2"], r"--max_concurrent_batches must be between 1 and --pp (1)"),
+    (["--scheduler", "static"], "--scheduler static: here it is the address of a Dask scheduler"),  # serve_sim's
 ])
 def test_search_config_errors_are_one_line(tmp_path, args, message):
     flags = {"--model_config": "Llama-3.1-8B", "--hardware": "H100", "--gpu_budget": "2", "--trace": "splitwise_48",

@@ -163,8 +163,8 @@ def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = Non
     weight_dtype(cfg, dtype)
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
-        raise UserError(f"request {longest.rid} ({longest.prompt_tokens} prompt + {longest.output_tokens} output "
-                        f"tokens) exceeds {cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which "
+        raise UserError(f"request {longest.rid} of the stream (from 0, as in the per-request CSV; "
+                        f"{longest.prompt_tokens} prompt + {longest.output_tokens} output tokens) exceeds {cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which "
                         f"vLLM refuses")
 
 
@@ -203,8 +203,8 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)
         needed = largest.prompt_tokens + largest.output_tokens - 1
         if manager.blocks_for(needed) > blocks:
-            raise UserError(f"request {largest.rid} needs {needed} tokens of KV cache ({largest.prompt_tokens} prompt "
-                            f"+ {largest.output_tokens} output tokens, less the last, whose KV is never stored) but "
+            raise UserError(f"request {largest.rid} of the stream (from 0, as in the per-request CSV) needs {needed} "
+                            f"tokens of KV cache ({largest.prompt_tokens} prompt + {largest.output_tokens} output tokens, less the last, whose KV is never stored) but "
                             f"{config.hardware} TP{config.tp} x PP{config.pp} holds {blocks * manager.block_size}")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(dtype=dtype, gpu_memory_utilization=utilization, kv_cache_blocks=blocks,

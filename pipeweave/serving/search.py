@@ -224,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{flag} must be in (0, 100], got {q}")
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.scheduler_address is not None and ":" not in args.scheduler_address:
+        raise UserError(f"--scheduler {args.scheduler_address}: here it is the address of a Dask scheduler to run the "
+                        f"sweep on (tcp://host:8786); every candidate is simulated with vLLM's scheduler (serve_sim.py "
+                        f"--scheduler static simulates the static batch)")
     output = Path(args.output)
     if output.suffix != ".csv":
         raise UserError(f"--output {output}: expected a .csv file")
