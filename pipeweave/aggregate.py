@@ -7,6 +7,7 @@ earlier single-module layout.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -61,8 +62,9 @@ def build_parser():
                              "dataset at inference (GEMM tiles come from the tile rule, collective models from "
                              "--collective_dir)")
     parser.add_argument("--output", default=None,
-                        help="output JSON for one pair (default predictions.json); a directory when several pairs "
-                             "(for one pair too: an existing folder, or a path ending in /)")
+                        help="output JSON for one pair (default predictions.json; '-': standard output, the other "
+                             "lines on standard error); a directory when several pairs (for one pair too: an "
+                             "existing folder, or a path ending in /)")
     parser.add_argument("--collective_hardware", default=None, metavar="GPU",
                         help="GPU whose collective models predict the communication (default: the prediction GPU, "
                              "if it has collective models; otherwise the warned analytical estimate, see --collective_estimate)")
@@ -188,6 +190,9 @@ def _read_text(path: str) -> str:
 def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
     """The file each job writes: ``output`` (default predictions.json) for one pair, else one file per pair in
     the directory ``output``; errors before any work when that is impossible."""
+    if output == STDOUT and len(jobs) > 1:
+        raise UserError(f"--output - writes one prediction to standard output; with {len(jobs)} (workload, GPU) pairs "
+                        f"give --output DIRECTORY")
     if len(jobs) == 1:
         target = Path(output or "predictions.json")
         if target.is_dir() or (output or "").endswith(("/", os.sep)):  # a trailing slash names a folder
@@ -205,8 +210,21 @@ def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
     return targets
 
 
+#: ``--output -``: the one prediction on standard output (the aggregator's own lines then go to standard error)
+STDOUT = "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.output != STDOUT:
+        return predict_and_write(args, sys.stdout)
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return predict_and_write(args, stdout)
+
+
+def predict_and_write(args, stdout) -> int:
+    """The aggregator's work for parsed flags; ``stdout`` receives a prediction whose target is ``-``."""
     registry = hardware_registry(Path(args.hardware_dir))
     workload_cache: dict[str, FlatWorkload] = {}
 
@@ -239,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     several = len(jobs) > 1
     targets = output_targets(jobs, args.output)
     for target in targets:
-        check_output_path(target)
+        if str(target) != STDOUT:
+            check_output_path(target)
 
     if args.quantiles and not Path(args.quantile_dir).is_dir():
         raise FileNotFoundError(f"--quantiles: quantile model directory not found: {args.quantile_dir} "
@@ -283,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     for prediction in predictions:
         if prediction is not None and memory[id(prediction.job)] is not None:
             prediction.result["memory_check"] = memory[id(prediction.job)]
-    written = write_predictions(predictions, targets, several)
+    written = write_predictions(predictions, targets, several, stdout)
     if several:
         print(f"Predicted {written}{f' of {len(jobs)}' if failures else ''} pairs in {elapsed * 1000:.1f} ms "
               f"(models loaded once)")
@@ -295,16 +314,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_predictions(predictions: list[Prediction | None], targets: list[Path], several: bool) -> int:
-    """Write every prediction made and print its summary; returns how many were written. An interrupt says how far
-    the sweep got, so a partial output folder is never mistaken for a complete one."""
+def write_predictions(predictions: list[Prediction | None], targets: list[Path], several: bool,
+                      stdout=None) -> int:
+    """Write every prediction made (a target ``-`` to ``stdout``) and print its summary; returns how many were
+    written. An interrupt says how far the sweep got, so a partial output folder is never mistaken for a complete
+    one."""
     written = 0
     try:
         for prediction, target in zip(predictions, targets):
             if prediction is None:
                 continue
             text = dumps_result(prediction.result)
-            write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
+            if str(target) == STDOUT:
+                stdout.write(text)
+            else:
+                write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
             written += 1
             print_summary(prediction, target, several)
     except KeyboardInterrupt:
@@ -379,4 +403,4 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"treat it as a rough estimate")
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
-    print(f"Predictions saved to {target}")
+    print(f"Predictions saved to {'standard output' if str(target) == STDOUT else target}")

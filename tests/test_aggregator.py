@@ -539,3 +539,15 @@ def test_a_misspelt_collective_dir_is_an_error(models, tmp_path):
     assert "--collective_dir: collective model directory not found" in proc.stderr
     with pytest.raises(ValueError, match="^collective_dir: collective model directory not found"):
         pipeweave.predict_workload(TP2, "A100", model_dir=models, collective_dir=tmp_path / "nowhere")
+
+
+def test_output_dash_writes_the_prediction_to_standard_output(models, tmp_path):
+    """--output - wrote a file named '-' (predict_kernels.py already took it for standard output)."""
+    proc = run_aggregator("--workload", TP2, "--hardware", "A100", "--model_dir", models, "--output", "-",
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["summary"]["total_duration_ms"] > 0 and not list(tmp_path.iterdir())
+    assert "Predictions saved to standard output" in proc.stderr
+    several = run_aggregator("--workload", TP2, "--hardware", "A100,H100", "--model_dir", models, "--output", "-",
+                             cwd=tmp_path)
+    assert several.returncode == 2 and "with 2 (workload, GPU) pairs give --output DIRECTORY" in several.stderr
