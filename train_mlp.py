@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     else:
         model, history, predicted, evaluation = train_and_evaluate(args.op, train, test, config)
         write_model_dir(out_dir, args.op, model, history, config, train, test, evaluation, paths)
-        print(f"{args.op}: best epoch {history['best_epoch']} of {history['epochs_run']}, "
+        print(f"{args.op}: best epoch {history['best_epoch'] + 1} of {history['epochs_run']}, "
               f"{history['train_seconds']} s")
     worst_cases(test, predicted).to_csv(out_dir / "worst_cases_top100.csv", index=False)
     overall = evaluation["overall"]

@@ -77,7 +77,7 @@ def train_ensemble(op: str, train: pd.DataFrame, test: pd.DataFrame, config: Tra
         model, history, _, evaluation = train_and_evaluate(op, train, test, member_config)
         write_model_dir(out_dir / MEMBERS_DIR / f"seed{seed}", op, model, history, member_config, train, test,
                         evaluation, paths)
-        print(f"  member seed {seed}: best epoch {history['best_epoch']}, {history['train_seconds']} s")
+        print(f"  member seed {seed}: best epoch {history['best_epoch'] + 1}, {history['train_seconds']} s")
     return assemble_ensemble(op, out_dir, seeds, test, config)
 
 

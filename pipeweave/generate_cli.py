@@ -44,7 +44,8 @@ def build_parser() -> ArgumentParser:
                         "activation quantisation (dense models only)")
     p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}, or per "
                                           f"--hardware; one of {', '.join(ATTENTION_BACKENDS)})")
-    p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT})")
+    p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT}; an FA3 type is refused "
+                                         f"for a --hardware GPU that cannot run it)")
     p.add_argument("--qk_norm_rmsnorm", action="store_true", default=None,
                    help="Qwen3 QK-norm approximation: RMSNorm count 4L+1 instead of 2L+1")
     p.add_argument("--single_sequence", action="store_true", default=None,
@@ -55,7 +56,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--output_tokens", type=positive_int,
                    help="number of iterations: one prefill plus output_tokens - 1 decode steps (default: the trace's)")
     p.add_argument("--name", help="label used in place of the trace stem in the output file name (default: the "
-                                  "trace stem plus _single, _p<prompt>, _o<output> for the overrides given, or "
+                                  "trace stem plus _single, _p<prompt>, _o<output>, _qknorm, _prefill-<type> for a "
+                                  "paged prefill and _decode-<type> for the variants given, or "
                                   "r<requests>_p<prompt>_o<output> without a trace)")
     p.add_argument("--paper_set", action="store_true",
                    help=f"regenerate the {len(PAPER_SET)} workloads of the PipeWeave paper")
@@ -88,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name,
             requests=args.requests)]
-    missing = missing_rate(load_hardware(args.hardware)) if args.hardware is not None and args.dtype == "fp8" else None
+    spec = load_hardware(args.hardware) if args.hardware is not None else None
+    if spec is not None and args.decode_attn and fa3_mismatch(args.decode_attn, spec.architecture):
+        raise UserError(f"--decode_attn {args.decode_attn}: FlashAttention-3 runs only on Hopper GPUs, and {spec.stem} "
+                        f"is {spec.architecture}; use fa2_paged (or leave --decode_attn out)")
+    missing = missing_rate(spec) if spec is not None and args.dtype == "fp8" else None
     if missing:
         raise UserError(f"--dtype fp8: {missing}, so no FP8 workload can be predicted on it; use --dtype bf16")
     workloads = generate_many(specs, args.config_dir, args.trace_dir)

@@ -346,6 +346,11 @@ def saved_note(out_dir: Path, op: str) -> str:
     if newest != out_dir:
         return (f"saved {out_dir}, but predictions reading {root} do NOT use it: {newest.name} sorts after it; "
                 f"remove that folder, or predict with --model_dir pointing at a folder holding only this model")
+    from pipeweave.paths import DEFAULT_MODEL_DIR
+
+    if root.resolve() != Path(DEFAULT_MODEL_DIR).resolve():  # runs/ of --holdout_hardware, or the user's own folder
+        return (f"saved {out_dir}: the newest {op} model under {root}, which predictions read only with --model_dir "
+                f"{root} (the default {DEFAULT_MODEL_DIR} is unchanged)")
     return (f"saved {out_dir}: the newest {op} model under {root}, so every prediction reading that folder now uses "
             f"it (delete the folder to go back, or train into another --output_dir)")
 

@@ -68,7 +68,7 @@ SHARED_SOURCES = ("pipeweave", "vidur")
 
 def require_shared_data(command: str) -> Path:
     """The shared data folder, or a UserError: a dataset or model built from aiconfigurator-core's tables alone
-    would silently replace the committed ones with fewer GPUs. The folder must hold every source folder
+    would silently replace the existing ones with fewer GPUs. The folder must hold every source folder
     (:data:`SHARED_SOURCES`): an unrelated existing folder named by the environment variable built a dataset without
     A40 and H20 rows."""
     from pipeweave.cli import UserError
@@ -77,11 +77,11 @@ def require_shared_data(command: str) -> Path:
     if path is None:
         raise UserError(f"{command} needs the shared measurement data, not found at {shared_data_dir()}; set "
                         f"{SHARED_DATA_ENV} to its folder (without it the output would hold aiconfigurator-core's "
-                        f"GPUs only and replace the committed one)")
+                        f"GPUs only and replace the existing one)")
     missing = [f"{name}/" for name in SHARED_SOURCES if not (path / name).is_dir()]
     if missing:
         raise UserError(f"{command} needs the shared measurement data: {path} was found but lacks "
                         f"{' and '.join(missing)}; set {SHARED_DATA_ENV} to the folder that holds "
                         f"{' and '.join(f'{name}/' for name in SHARED_SOURCES)} (without them the output would lack "
-                        f"their GPUs and replace the committed one)")
+                        f"their GPUs and replace the existing one)")
     return path

@@ -66,7 +66,7 @@ import pandas as pd
 
 from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ARCHITECTURES
-from analytical_model.registry import harness_input_names, harness_marks, source_family
+from analytical_model.registry import harness_input_names, harness_marks, operator_keys, source_family
 from pipeweave.bounds import EXACT_DRAM_DESCRIPTOR, frame_l2_cycles
 from pipeweave.cli import ArgumentParser, run_cli
 from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs, total_efficiency, work_efficiency
@@ -210,7 +210,7 @@ def seed_list(text: str) -> tuple[int, ...]:
 def main(argv=None) -> int:
     parser = ArgumentParser(description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the "
                                         "measurement harness).")
-    parser.add_argument("--op", default="gemm")
+    parser.add_argument("--op", default="gemm", choices=operator_keys(trainable=True))
     parser.add_argument("--max_rows_per_gpu", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--ideas", default="none," + ",".join(IDEAS),
@@ -224,13 +224,18 @@ def main(argv=None) -> int:
     parser.add_argument("--clip", action="store_true",
                         help="clip the held-out GPU's idea values to the training GPUs' range")
     args = parser.parse_args(argv)
+    combinations = args.ideas.split(",")
+    unknown = sorted({idea for combination in combinations if combination != "none"
+                      for idea in combination.split("+") if idea not in IDEAS})
+    if unknown:  # before any training: a typo would otherwise cost the whole baseline run
+        parser.error(f"unknown idea(s) {', '.join(map(repr, unknown))}; known: none, {', '.join(IDEAS)}")
     train_path, test_path = dataset_paths(args.op, DATASET_DIR)
     gpus = args.gpus.split(",") if args.gpus else sorted(
         set(read_dataset(train_path)["hardware"]) | set(read_dataset(test_path)["hardware"]))
     config = TrainConfig(epochs=args.epochs, max_rows_per_gpu=args.max_rows_per_gpu, progress=False,
                          seed=args.seeds[0])
     rows = []
-    for idea in args.ideas.split(","):
+    for idea in combinations:
         ideas = () if idea == "none" else tuple(idea.split("+"))
         for gpu in gpus:
             started = time.perf_counter()

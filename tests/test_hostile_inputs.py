@@ -271,6 +271,8 @@ def test_generator_never_writes_what_the_aggregator_rejects(tmp_path, capsys):
     (("--requests", "4", "--prompt_tokens", "1000000000", "--output_tokens", "3"), "above the limit 1,048,576"),
     (("--requests", "4", "--prompt_tokens", "100"), "missing --output_tokens"),
     (("--trace", "arxiv_8", "--prefill_attn", "fa3_ragged", "--hardware", "A100"), "FlashAttention-3 runs only"),
+    (("--trace", "arxiv_8", "--decode_attn", "fa3_paged", "--hardware", "A100"),  # was written without a word
+     "--decode_attn fa3_paged: FlashAttention-3 runs only on Hopper GPUs, and A100 is ampere"),
     (("--trace", "arxiv_8", "--pp", "49"), "pp = 49 exceeds the model's 48 layers"),
     (("--trace", "arxiv_8", "--dtype", "fp8", "--hardware", "A100"), "A100 has no FP8 tensor-core rate"),
 ])

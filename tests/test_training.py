@@ -440,7 +440,20 @@ def test_an_interrupted_training_leaves_no_model_that_predictions_pick(tmp_path)
     shutil.copytree(shipped, later)
     note = saved_note(complete, "rmsnorm")
     assert "do NOT use it" in note and later.name in note
-    assert "now uses it" in saved_note(later, "rmsnorm")
+    assert f"which predictions read only with --model_dir {tmp_path}" in saved_note(later, "rmsnorm")  # e.g. runs/
+
+
+def test_the_saved_note_says_the_default_model_folder_now_serves_the_new_model(tmp_path, monkeypatch):
+    import shutil
+
+    from pipeweave import paths
+    from pipeweave.modeling import saved_note
+
+    shipped = latest_model_dir(paths.DEFAULT_MODEL_DIR, "rmsnorm")
+    newest = tmp_path / "rmsnorm" / "20260103_000000"
+    shutil.copytree(shipped, newest)
+    monkeypatch.setattr(paths, "DEFAULT_MODEL_DIR", tmp_path)
+    assert "so every prediction reading that folder now uses it" in saved_note(newest, "rmsnorm")
 
 
 @pytest.mark.parametrize("content,message", [

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from analytical_model.registry import get_operator
+from pipeweave.cli import UserError
 from pipeweave.mlp import PIPE_SHARES, model_inputs
 from pipeweave.training import TrainConfig
 from pipeweave.transfer_ideas import (IDEAS, PIPE_IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, target_offset_us,
@@ -34,6 +35,15 @@ def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
 def test_unknown_idea_is_an_error():
     with pytest.raises(ValueError, match="unknown idea 'color'"):
         extra_inputs(pd.DataFrame({"hardware": ["NVIDIA H100"]}), ("color",))
+
+
+def test_the_command_refuses_an_unknown_idea_before_training(monkeypatch):
+    """A typo in --ideas failed only after the baseline had been trained on every held-out GPU."""
+    from pipeweave import transfer_ideas
+
+    monkeypatch.setattr(transfer_ideas, "logo_error", lambda *args, **kwargs: pytest.fail("trained first"))
+    with pytest.raises(UserError, match=r"unknown idea\(s\) 'bogus'; known: none, power"):
+        transfer_ideas.main(["--ideas", "none,power+bogus", "--gpus", "H20"])
 
 
 def test_harness_is_a_property_of_each_row_not_of_the_gpu():
