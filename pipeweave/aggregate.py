@@ -401,6 +401,11 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
               f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
               f"treat it as a rough estimate")
+    unmeasured = extrapolation.get("unmeasured_gpu")
+    if unmeasured and "calibration" not in prediction.result:
+        print(f"Note: no kernel of {job.hardware.name} is in the training data of {', '.join(unmeasured)}: those "
+              f"predictions are zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); calibrate.py with a few "
+              f"measured kernels or one measured run corrects them")
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
     print(f"Predictions saved to {'standard output' if str(target) == STDOUT else target}")

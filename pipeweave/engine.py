@@ -353,11 +353,13 @@ class Engine:
             best = np.zeros(len(job.workload.inst_code)) if self.quantile_predictor is not None else None
             extrapolated = np.zeros(len(job.workload.inst_code), dtype=bool)
             low, high = np.zeros(len(job.workload.inst_code)), np.zeros(len(job.workload.inst_code))
-            siblings = {}
+            siblings, unmeasured = {}, []
             codes = job.workload.inst_code
             for category, op in KERNEL_CATEGORIES.items():
                 rows = np.flatnonzero(codes == CATEGORY_CODE[category])
                 if rows.size:
+                    if job.hardware.name not in self.predictor.trained_on(op):
+                        unmeasured.append(category)
                     sibling = self.predictor.sibling(op, job.hardware)
                     if sibling is not None:
                         siblings[category] = sibling.name
@@ -397,6 +399,8 @@ class Engine:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
             result = build_result(job, single, best, extrapolated, (low, high, point_collectives))
+            if unmeasured:  # zero-shot, whether or not the SM design was seen (the flags' `architecture` bit)
+                result["extrapolation"]["unmeasured_gpu"] = unmeasured
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
             if j in coll_ms and coll_ms[j][1]:  # recorded in the output, not only in the console's WARNING

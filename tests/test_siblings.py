@@ -1,6 +1,8 @@
 """Bounds from a trained sibling of the same SM design at another tensor rate (pipeweave.siblings)."""
 from __future__ import annotations
 
+import json
+
 from dataclasses import replace
 
 import numpy as np
@@ -143,6 +145,24 @@ def test_aggregator_output_names_the_sibling_per_category():
     on_l40, on_h100 = engine.predict([Job(workload, load_hardware("L40")), Job(workload, load_hardware("H100"))])
     assert on_l40.result["extrapolation"]["sibling"] == {"gemm": "NVIDIA L40S", "attention": "NVIDIA L40S"}
     assert "sibling" not in on_h100.result["extrapolation"]
+
+
+def test_the_output_names_the_categories_that_never_saw_the_gpu(tmp_path, capsys):
+    """RTX A6000 has no kernel measurement anywhere, but its SM design is A40's, so its GEMMs carry almost no flag:
+    nothing told a user the prediction was zero-shot."""
+    from pipeweave import aggregate
+    from pipeweave.cli import run_cli
+    from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+
+    workload = DEFAULT_WORKLOAD_DIR / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+    for gpu, unmeasured in (("RTX A6000", ["gemm", "attention", "rmsnorm", "siluandmul"]), ("H100", None),
+                            ("A40", ["attention"])):
+        out = tmp_path / f"{gpu}.json"
+        assert run_cli(aggregate.main, ["--workload", str(workload), "--hardware", gpu, "--output", str(out)]) == 0
+        assert json.loads(out.read_text())["extrapolation"].get("unmeasured_gpu") == unmeasured
+        said = capsys.readouterr().out
+        assert ("those predictions are zero-shot" in said) == (unmeasured is not None), said
+    assert json.loads((tmp_path / "RTX A6000.json").read_text())["extrapolation"]["by_operator"]["gemm"] < 0.05
 
 
 def test_a_fine_tuned_model_is_not_held_to_the_sibling(predictor, monkeypatch):
