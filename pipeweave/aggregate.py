@@ -19,7 +19,7 @@ from typing import Sequence
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
-from pipeweave.cli import UserError, check_output_path, write_atomically
+from pipeweave.cli import UserError, check_output_path, require_file, write_atomically
 from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
@@ -178,9 +178,7 @@ def read_pairs(path: str) -> list[tuple[int, str, str, str | None]]:
 
 
 def _read_text(path: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"--pairs file not found: {path}")
+    p = require_file(path, "--pairs file")
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -357,7 +357,8 @@ class Calibration:
             same = same and (now["gpu"], now["models_digest"]) == (fitted.get("gpu"), fitted["models_digest"])
         if same:
             return None
-        return (f"WARNING: {named or f'--calibration {self.path}'} fitted its communication factors against the collective models "
+        named = named or f"--calibration {self.path}"
+        return (f"WARNING: {named} fitted its communication factors against the collective models "
                 f"of {fitted.get('dir')} ({_models_named(fitted)}), this prediction uses {now['dir']} "
                 f"({_models_named(now)}); recalibrate with calibrate.py --collective_dir {now['dir']}")
 

@@ -31,7 +31,7 @@ from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calib
                                    cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import TRIGGER_BITS
 
@@ -86,9 +86,7 @@ def positive_ms(text: str) -> float | None:
 def read_e2e_csv(path: str | Path, flag: str = "--e2e") -> list[tuple[int, str, dict[str, float]]]:
     """The measured runs: (CSV line, workload, {metric: ms} of the metrics measured) per row; every problem is a
     one-line error naming ``flag``, the file (and line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{flag} file not found: {path}")
+    path = require_file(path, f"{flag} file")
     header, rows, lines = csv_text_rows(path, flag, f"expected the header {','.join(E2E_COLUMNS)}")
     unknown = [c for c in header if c not in E2E_COLUMNS]
     missing = [c for c in E2E_COLUMNS if c not in header]
@@ -392,9 +390,7 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, unmodelled_reasons
 
     shape_columns = kernel_shape_columns()
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--kernels file not found: {path}")
+    path = require_file(path, "--kernels file")
     frame = csv_text_frame(path, "--kernels", "expected the profiler's header")
     if frame.empty:
         raise UserError(f"--kernels {path}: no measured kernels (only a header)")

@@ -173,6 +173,17 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     return int(code or 0)
 
 
+def require_file(path: str | Path, what: str) -> Path:
+    """``path`` as a Path if it is a file; else FileNotFoundError "<what> not found: path", or, for a folder, that it
+    is one (a folder was reported as "not found")."""
+    path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{what} {path} is a directory, not a file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    return path
+
+
 def check_output_path(path: str | Path, flag: str = "--output") -> Path:
     """``path`` if a file can be written there, else a UserError naming the flag (checked before any work, so that
     a bad second output never follows a written first one)."""

@@ -118,6 +118,8 @@ def resolve_workload_path(name: str | Path, workload_dir: Path = DEFAULT_WORKLOA
         candidate = workload_dir / (str(name) if str(name).endswith(".json") else f"{name}.json")
         if candidate.is_file():
             return candidate
+    if path.is_dir():
+        raise FileNotFoundError(f"workload {name} is a directory, not a workload JSON file")
     raise FileNotFoundError(f"workload file not found: {name}")
 
 

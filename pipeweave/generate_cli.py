@@ -44,8 +44,8 @@ def build_parser() -> ArgumentParser:
                         "activation quantisation (dense models only)")
     p.add_argument("--prefill_attn", help=f"prefill attention type (default {PREFILL_ATTN_DEFAULT}, or per "
                                           f"--hardware; one of {', '.join(ATTENTION_BACKENDS)})")
-    p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT}; an FA3 type is refused "
-                                         f"for a --hardware GPU that cannot run it)")
+    p.add_argument("--decode_attn", help=f"decode attention type (default {DECODE_ATTN_DEFAULT}; an FA3 type is "
+                                         f"refused for a --hardware GPU that cannot run it)")
     p.add_argument("--qk_norm_rmsnorm", action="store_true", default=None,
                    help="Qwen3 QK-norm approximation: RMSNorm count 4L+1 instead of 2L+1")
     p.add_argument("--single_sequence", action="store_true", default=None,

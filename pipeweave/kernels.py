@@ -16,6 +16,7 @@ beyond its threshold), ``shares`` (a pipe share the network reads lies outside i
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
-from pipeweave.cli import (ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs,
+from pipeweave.cli import (ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file,
                            write_atomically)
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
@@ -33,15 +34,17 @@ from pipeweave.validation import check_shape_table, line_labels, load_model_chec
 
 def read_shapes(path: str | Path, expected: str = "expected a header row"
                 ) -> tuple[list[str], list[list[str]], list[int]]:
-    """(header, rows, the CSV line of each row) of a CSV, as text (so that pass-through columns are written back
-    exactly as read); blank lines are skipped, so errors name a row by its line (:func:`line_labels`); an empty
-    file's error says what was ``expected``; a column named twice is an error."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"input CSV not found: {path}")
+    """(header, rows, the CSV line of each row) of a CSV (``-``: standard input), as text (so that pass-through
+    columns are written back exactly as read); blank lines are skipped, so errors name a row by its line
+    (:func:`line_labels`); an empty file's error says what was ``expected``; a column named twice is an error."""
     try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:  # a byte-order mark is not a column name
-            lines = list(csv.reader(handle))
+        if str(path) == STDIN:
+            path = "standard input"
+            lines = list(csv.reader(io.StringIO(sys.stdin.read().removeprefix("\ufeff"))))
+        else:
+            path = require_file(path, "input CSV")
+            with open(path, newline="", encoding="utf-8-sig") as handle:  # a byte-order mark is not a column name
+                lines = list(csv.reader(handle))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
@@ -104,6 +107,8 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
 
 #: ``--output -``: the predictions on standard output (the tool's own lines then go to standard error)
 STDOUT = "-"
+#: ``--input -``: the shapes from standard input
+STDIN = "-"
 #: the columns predict_kernels.py adds (and ``calibration`` with a calibration)
 OUTPUT_COLUMNS = ("predicted_us", "low_us", "high_us", "extrapolation")
 
@@ -138,7 +143,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--op", required=True, choices=list(OPERATORS),
                         help="operator class, with its shape columns: " + shape_columns_help())
     parser.add_argument("--input", required=True,
-                        help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
+                        help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100); '-': "
+                             "standard input")
     parser.add_argument("--output", required=True,
                         help="output CSV: the input columns plus predicted_us, low_us, high_us and extrapolation "
                              "('-': standard output)")

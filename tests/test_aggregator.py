@@ -551,3 +551,22 @@ def test_output_dash_writes_the_prediction_to_standard_output(models, tmp_path):
     several = run_aggregator("--workload", TP2, "--hardware", "A100,H100", "--model_dir", models, "--output", "-",
                              cwd=tmp_path)
     assert several.returncode == 2 and "with 2 (workload, GPU) pairs give --output DIRECTORY" in several.stderr
+
+
+def test_predict_kernels_reads_standard_input_and_folders_are_named_as_folders(models, tmp_path):
+    """--input - was "input CSV not found: -" although --output - writes to standard output; a folder given as a
+    file was reported as "not found" (predict_kernels, aggregator, calibrate)."""
+    shapes = "M,N,K,hardware\n4096,4096,4096,H100\n"
+    piped = subprocess.run([sys.executable, str(REPO / "predict_kernels.py"), "--op", "gemm", "--input", "-",
+                            "--output", "-", "--model_dir", str(models)], input=shapes, capture_output=True,
+                           text=True, cwd=tmp_path, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.splitlines()
+    assert lines[0].startswith("M,N,K,hardware,predicted_us") and len(lines) == 2
+    for script, args, message in (
+            ("predict_kernels.py", ["--op", "gemm", "--input", str(tmp_path), "--output", "x.csv"], "input CSV"),
+            ("aggregator.py", ["--workload", str(tmp_path), "--hardware", "A100"], "workload"),
+            ("calibrate.py", ["--hardware", "A100", "--e2e", str(tmp_path), "--output", "c.json"], "--e2e file")):
+        proc = subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+        assert proc.returncode == 2 and f"{message} {tmp_path} is a directory" in proc.stderr, (script, proc.stderr)

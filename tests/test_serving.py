@@ -532,7 +532,8 @@ def test_shipped_configs_refuse_requests_beyond_max_position_embeddings(model, l
     cfg = load_model_config(model)
     check_model_and_requests(cfg, [Request(0, 0.0, limit - 10, 10)])
     with pytest.raises(UserError, match=rf"request 1 of the stream \(from 0, as in the per-request CSV; {limit - 10} "
-                                        rf"prompt \+ 11 output tokens\) exceeds max_position_embeddings {limit} of config {model}"):
+                                        rf"prompt \+ 11 output tokens\) exceeds max_position_embeddings {limit} of "
+                                        rf"config {model}"):
         check_model_and_requests(cfg, [Request(0, 0.0, 8, 2), Request(1, 0.0, limit - 10, 11)])
 
 
@@ -561,7 +562,8 @@ def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monk
     assert run.settings["kv_cache_tokens"] == 64 and run.simulation.requests[0].num_output == 5
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,61,5,5\n")
     with pytest.raises(UserError, match=r"request 0 of the stream \(from 0, as in the per-request CSV\) needs 65 "
-                                        r"tokens of KV cache \(61 prompt \+ 5 output tokens, less the last, whose KV is never stored\) but H100 TP1 x PP1 holds 64"):
+                                        r"tokens of KV cache \(61 prompt \+ 5 output tokens, less the last, whose KV "
+                                        r"is never stored\) but H100 TP1 x PP1 holds 64"):
         simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
 
 

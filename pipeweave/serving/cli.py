@@ -107,7 +107,8 @@ def config_from_args(args, **overrides) -> ServingConfig:
         scheduler=get("scheduler"), qps=args.qps, num_requests=args.num_requests, seed=args.seed,
         max_num_seqs=get("max_num_seqs"), max_num_batched_tokens=args.max_num_batched_tokens, usage=args.usage,
         gpu_memory_utilization=args.gpu_memory_utilization, per_request_outputs=args.per_request_outputs,
-        mixed_attention=args.mixed_attention, decode_bucket=args.decode_bucket, prefill_attn=args.prefill_attn, decode_attn=args.decode_attn,
+        mixed_attention=args.mixed_attention, decode_bucket=args.decode_bucket, prefill_attn=args.prefill_attn,
+        decode_attn=args.decode_attn,
         qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware,
         max_concurrent_batches=args.max_concurrent_batches, dtype=get("dtype"))
     check(config)

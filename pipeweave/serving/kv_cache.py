@@ -44,7 +44,8 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
         hint = (f"the smallest TP that fits at PP{pp} is {smallest}" if smallest is not None
                 else f"no TP up to {memory.TP_CANDIDATES[-1]} fits at PP{pp}")
         raise WorkloadError(
-            f"{cfg.stem} with TP{tp} x PP{pp}{'' if dtype == 'bf16' else f' ({dtype.upper()})'} does not fit: weights {weights / 1e9:.1f}, activations "
+            f"{cfg.stem} with TP{tp} x PP{pp}{'' if dtype == 'bf16' else f' ({dtype.upper()})'} does not fit: weights "
+            f"{weights / 1e9:.1f}, activations "
             f"{activations / 1e9:.1f} (the profiling pass: {max_num_batched_tokens} tokens over up to {max_num_seqs} "
             f"sequences) and runtime {memory.RUNTIME_OVERHEAD_BYTES / 1e9:.1f} GB per GPU leave no KV cache in the "
             f"{available / 1e9:.1f} GB available ({gpu_memory_utilization:g} x totalGlobalMem); {hint}")

@@ -15,7 +15,8 @@ from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_de
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
 from pipeweave.serving.step_cost import KernelStepCost
 from pipeweave.flatten import KERNEL_CATEGORIES
-from pipeweave.workload import DECODE_ATTN_DEFAULT, DTYPES, ModelConfig, RankShapes, iteration_operators, load_model_config
+from pipeweave.workload import (DECODE_ATTN_DEFAULT, DTYPES, ModelConfig, RankShapes, iteration_operators,
+                                load_model_config)
 
 SCHEDULERS = ("static", "vllm")
 USAGES = ("serve", "offline")
@@ -140,9 +141,9 @@ def weight_dtype(cfg: ModelConfig, requested: str | None) -> str:
     layers, which the fused-MoE model was not trained on)."""
     dtype = requested or cfg.checkpoint_dtype or "bf16"
     if cfg.checkpoint_dtype is not None and dtype != cfg.checkpoint_dtype:
-        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint ({cfg.quantization_source}): "
-                        f"simulate it with --dtype {cfg.checkpoint_dtype}, or remove {cfg.quantization_source} to "
-                        f"simulate its {dtype.upper()} version")
+        raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint "
+                        f"({cfg.quantization_source}): simulate it with --dtype {cfg.checkpoint_dtype}, or remove "
+                        f"{cfg.quantization_source} to simulate its {dtype.upper()} version")
     if dtype == "fp8" and cfg.moe is not None:
         raise UserError(f"config {cfg.stem}: FP8 mixture-of-experts layers are not modelled (the fused-MoE model is "
                         f"trained on BF16 layers only); use --dtype bf16")
@@ -164,7 +165,8 @@ def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = Non
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
     if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
         raise UserError(f"request {longest.rid} of the stream (from 0, as in the per-request CSV; "
-                        f"{longest.prompt_tokens} prompt + {longest.output_tokens} output tokens) exceeds {cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which "
+                        f"{longest.prompt_tokens} prompt + {longest.output_tokens} output tokens) exceeds "
+                        f"{cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which "
                         f"vLLM refuses")
 
 
@@ -204,7 +206,8 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         needed = largest.prompt_tokens + largest.output_tokens - 1
         if manager.blocks_for(needed) > blocks:
             raise UserError(f"request {largest.rid} of the stream (from 0, as in the per-request CSV) needs {needed} "
-                            f"tokens of KV cache ({largest.prompt_tokens} prompt + {largest.output_tokens} output tokens, less the last, whose KV is never stored) but "
+                            f"tokens of KV cache ({largest.prompt_tokens} prompt + {largest.output_tokens} output "
+                            f"tokens, less the last, whose KV is never stored) but "
                             f"{config.hardware} TP{config.tp} x PP{config.pp} holds {blocks * manager.block_size}")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(dtype=dtype, gpu_memory_utilization=utilization, kv_cache_blocks=blocks,

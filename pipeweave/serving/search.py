@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
     for _, row in best.head(5).iterrows():
-        print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']} max_num_seqs "
+        print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']} "
+              f"max_num_seqs "
               f"{row['max_num_seqs']}: {row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
               f"TTFT {row['ttft_ms']:.1f} ms, TPOT {row['tpot_ms']:.2f} ms")
     print(f"Results saved to {' and '.join(map(str, written))}")
