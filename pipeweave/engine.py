@@ -256,6 +256,12 @@ class Engine:
                   for stem in sorted(set(collective_gpus))]
         return [line for line in lines if line]
 
+    def unmeasured(self, hardware: HardwareSpec, categories) -> list[str]:
+        """The operator ``categories`` whose model has no measurement of ``hardware`` in its training data: zero-shot
+        predictions, whether or not its SM design was seen (the extrapolation flag's ``architecture`` bit)."""
+        return [category for category in categories
+                if hardware.name not in self.predictor.trained_on(KERNEL_CATEGORIES[category])]
+
     def option(self, name: str, value=None) -> str:
         """An option as the caller spells it: ``--name value`` on the command line, ``name=value`` in the API."""
         if self.keyword_options:
@@ -358,8 +364,7 @@ class Engine:
             for category, op in KERNEL_CATEGORIES.items():
                 rows = np.flatnonzero(codes == CATEGORY_CODE[category])
                 if rows.size:
-                    if job.hardware.name not in self.predictor.trained_on(op):
-                        unmeasured.append(category)
+                    unmeasured += self.unmeasured(job.hardware, [category])
                     sibling = self.predictor.sibling(op, job.hardware)
                     if sibling is not None:
                         siblings[category] = sibling.name

@@ -811,6 +811,22 @@ def test_search_config_tries_each_weight_dtype(tmp_path, engine):
     assert bad.returncode == 2 and "--dtype must list dtypes among bf16, fp8, got 'int4'" in bad.stderr
 
 
+def test_serving_says_which_step_times_are_zero_shot(tmp_path):
+    """serve_sim and search_config ranked a GPU without any kernel measurement (RTX A6000) beside measured ones
+    without a word; the shipped models know which GPUs they were trained on."""
+    shipped = Engine(log=None)
+    runs = {gpu: simulate_config(ServingConfig("Llama-3.1-8B", "splitwise_48", gpu, num_requests=2), shipped)
+            for gpu in ("RTX A6000", "H100")}
+    assert runs["RTX A6000"].unmeasured_gpu == ["gemm", "attention", "rmsnorm", "siluandmul"]
+    assert runs["H100"].unmeasured_gpu == []
+    out = tmp_path / "s.json"
+    result = run_script("serve_sim.py", "--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--hardware",
+                        "RTX A6000", "--num_requests", "2", "--output", out)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["unmeasured_gpu"] == runs["RTX A6000"].unmeasured_gpu
+    assert "Note: no kernel of NVIDIA RTX A6000 is in the training data of gemm" in result.stdout
+
+
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     """Nothing fits: every metric column is there (empty), no plot, exit 0; repeated GPUs and values count once."""
     out, plot = tmp_path / "search.csv", tmp_path / "pareto.png"

@@ -175,7 +175,8 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
     """A calibration for none of the simulated GPUs is refused, and one fitted against other kernel models (of the
     operators the model runs with weights in each of ``dtypes``) or, where the simulated deployments communicate,
     other collective models says so (as aggregator.py does)."""
-    from pipeweave.serving.run import kernel_ops, weight_dtype
+    from pipeweave.flatten import KERNEL_CATEGORIES
+    from pipeweave.serving.run import kernel_categories, weight_dtype
     from pipeweave.workload import load_model_config
 
     calibration = engine.calibration
@@ -184,7 +185,8 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
     calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
     print(f"Calibration: {calibration.path} ({calibration.hardware})")
     cfg = load_model_config(model_config)
-    ops = [op for dtype in dtypes for op in kernel_ops(cfg, weight_dtype(cfg, dtype))]
+    ops = [KERNEL_CATEGORIES[category] for dtype in dtypes
+           for category in kernel_categories(cfg, weight_dtype(cfg, dtype))]
     collectives = engine.gpu(collective_hardware).stem if collective_hardware else calibration.hardware
     for warning in engine.calibration_warnings(ops, [collectives] if communicates else []):
         print(warning)
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = request_metrics(run.simulation.requests)
     summary = summarize(run.simulation)
     result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS},
-              "settings": run.settings, "summary": summary}
+              "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "summary": summary}
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))
@@ -268,5 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key[:-3].upper()} p50 / p90 / p99: {p['p50']:.3f} / {p['p90']:.3f} / {p['p99']:.3f} ms")
     print(f"Throughput: {summary['throughput_tokens_per_s']:.1f} tokens/s "
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
+    calibrated = engine.calibration is not None and engine.calibration.hardware == engine.gpu(args.hardware).stem
+    if run.unmeasured_gpu and not calibrated:
+        print(f"Note: no kernel of {engine.gpu(args.hardware).name} is in the training data of "
+              f"{', '.join(run.unmeasured_gpu)}: those step times are zero-shot (leave-one-GPU-out errors in "
+              f"docs/ACCURACY.md); calibrate.py with a few measured kernels or one measured run corrects them")
     print(f"Results saved to {output} and {csv_path}")
     return 0

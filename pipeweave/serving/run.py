@@ -59,6 +59,7 @@ class ServingRun:
     simulation: Simulation
     settings: dict  # the scheduler settings in force (defaults resolved) and the KV capacity
     engine_calls: int
+    unmeasured_gpu: list  # kernel categories whose model has no measurement of the GPU (zero-shot)
 
 
 def _positive(value, flag: str) -> None:
@@ -150,12 +151,12 @@ def weight_dtype(cfg: ModelConfig, requested: str | None) -> str:
     return dtype
 
 
-def kernel_ops(cfg: ModelConfig, dtype: str) -> list[str]:
-    """The kernel models (registry keys) a simulation of ``cfg`` with ``dtype`` weights uses: those of the operators
-    the workload generator lists for one of its iterations."""
+def kernel_categories(cfg: ModelConfig, dtype: str) -> list[str]:
+    """The kernel categories of a workload (``gemm``, ``attention``...; :data:`KERNEL_CATEGORIES` names their models)
+    a simulation of ``cfg`` with ``dtype`` weights runs: those the workload generator lists for one iteration."""
     operators = iteration_operators(cfg, RankShapes.of(cfg, 1), 1, 1, [2], [2], 2, DECODE_ATTN_DEFAULT, 1,
                                     dtype=dtype)
-    return [op for category, op in KERNEL_CATEGORIES.items() if operators.get(category)]
+    return [category for category in KERNEL_CATEGORIES if operators.get(category)]
 
 
 def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = None) -> None:
@@ -217,4 +218,5 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
                               max_in_flight=config.max_concurrent_batches)
     except SimulationStuck as exc:
         raise UserError(str(exc)) from None
-    return ServingRun(config, simulation, settings, cost.engine_calls)
+    return ServingRun(config, simulation, settings, cost.engine_calls,
+                      engine.unmeasured(hardware, kernel_categories(cfg, dtype)))

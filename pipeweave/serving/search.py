@@ -31,7 +31,7 @@ from pipeweave.workload import DTYPES
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
 #: columns of a feasible candidate's simulation (NaN on infeasible rows)
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "makespan_ms", "kv_cache_tokens",
-           "preemptions")
+           "preemptions", "unmeasured_gpu")
 _ENGINES: dict[tuple, object] = {}  # per worker process: the prediction engine by its settings
 
 
@@ -95,7 +95,7 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
         "output_tokens_per_s": summary["output_tokens_per_s"],
         "output_tokens_per_s_per_gpu": summary["output_tokens_per_s"] / (config.tp * config.pp),
         "makespan_ms": summary["makespan_ms"], "kv_cache_tokens": run.settings["kv_cache_tokens"],
-        "preemptions": summary["preemptions"],
+        "preemptions": summary["preemptions"], "unmeasured_gpu": ";".join(run.unmeasured_gpu),
     }
 
 
@@ -271,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         written.append(plot)
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
+    zero_shot = sorted(set(table.loc[table["unmeasured_gpu"].fillna("") != "", "hardware"]))
+    if zero_shot:
+        print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "
+              f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
     for _, row in best.head(5).iterrows():
         print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']} "
               f"max_num_seqs "
