@@ -331,18 +331,19 @@ def test_simulation_is_deterministic():
 # kernel step cost: the static reduction
 # ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, trace_name, tp, pp, gpu", [
-    ("Qwen2.5-14B", "arxiv_8", 1, 1, "H100"),
-    ("Llama-3.1-70B", "vllm_splitwise64", 4, 2, "H800"),
-    ("Qwen2.5-14B", "splitwise_32", 1, 1, "A100"),
-    ("Mixtral-8x7B", "arxiv_8", 2, 1, "H100"),  # MoE: no dense MLP, expert passes per token count
+@pytest.mark.parametrize("model, trace_name, tp, pp, gpu, ep", [
+    ("Qwen2.5-14B", "arxiv_8", 1, 1, "H100", 1),
+    ("Llama-3.1-70B", "vllm_splitwise64", 4, 2, "H800", 1),
+    ("Qwen2.5-14B", "splitwise_32", 1, 1, "A100", 1),
+    ("Mixtral-8x7B", "arxiv_8", 2, 1, "H100", 1),  # MoE: no dense MLP, expert passes per token count
+    ("Mixtral-8x7B", "arxiv_8", 2, 1, "H100", 2),  # experts in two groups (serve_sim --ep)
 ])
-def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name, tp, pp, gpu):
+def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name, tp, pp, gpu, ep):
     cfg, t = load_model_config(model), load_trace(trace_name)
-    workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, pp=pp,
+    workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, pp=pp, ep=ep,
                               prefill_attn="fa3_ragged" if gpu != "A100" else "fa2_ragged")
     expected = engine.predict_workload(workload, gpu)
-    cost = KernelStepCost(engine, cfg, gpu, tp, pp)
+    cost = KernelStepCost(engine, cfg, gpu, tp, pp, ep=ep)
     sim = simulate(make_requests(t), StaticScheduler(), cost, pp=pp)
     assert sim.steps == len(workload.iterations)
     # each operator's single duration is memoised as the engine writes it (10⁻⁶ ms), and a decode step repeats the
@@ -783,8 +784,9 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
                         "--model_dir", engine.model_dir, "--output", out)
     assert result.returncode == 0, result.stderr
     rows = out.read_text().splitlines()
-    assert rows[0].startswith("rank,hardware,dtype,tp,pp,gpus,max_num_seqs,feasible,meets_targets") and len(rows) == 3
-    assert rows[1].startswith("1,H100,bf16,1,1,1,8,True,True")  # one GPU beats two per GPU at the same rate
+    assert rows[0].startswith("rank,hardware,dtype,tp,pp,ep,gpus,max_num_seqs,feasible,meets_targets")
+    # one GPU beats two per GPU at the same rate
+    assert len(rows) == 3 and rows[1].startswith("1,H100,bf16,1,1,1,1,8,True,True")
     assert list(tmp_path.iterdir()) == [out]  # no plot without --plot
     plot_pareto(pd.read_csv(out), tmp_path / "pareto.png", {"tpot_ms": 1e9, "tpot_percentile": 90})
     assert (tmp_path / "pareto.png").stat().st_size > 1000
@@ -825,6 +827,29 @@ def test_serving_says_which_step_times_are_zero_shot(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["unmeasured_gpu"] == runs["RTX A6000"].unmeasured_gpu
     assert "Note: no kernel of NVIDIA RTX A6000 is in the training data of gemm" in result.stdout
+
+
+def test_expert_parallelism_is_a_serving_setting_and_a_search_dimension(tmp_path, engine):
+    """serve_sim and search_config costed every MoE model with its experts split over all TP ranks (EP 1)."""
+    shipped = Engine(collective_estimate="analytical", log=None)  # the untrained models cost both layouts alike here
+    one, four = (simulate_config(ServingConfig("Qwen3-30B-A3B", "splitwise_48", "H100", tp=4, ep=ep, num_requests=4),
+                                 shipped) for ep in (1, 4))
+    assert four.simulation.makespan_ms < 0.99 * one.simulation.makespan_ms  # 688 against 705 ms
+    for model, tp, ep, message in (("Llama-3.1-8B", 2, 2, "is dense"), ("Qwen3-30B-A3B", 2, 4, "ep 4 must divide tp 2")):
+        config = ServingConfig(model, "splitwise_48", "H100", tp=tp, ep=ep)
+        with pytest.raises(UserError, match=rf"--ep {config.ep}: .*{message}"):
+            simulate_config(replace(config, num_requests=2), engine)
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", "Qwen3-30B-A3B", "--hardware", "H100", "--gpu_budget",
+                        "4", "--tp", "1,2,4", "--pp", "1", "--ep", "1,4", "--max_num_seqs", "8", "--trace",
+                        "splitwise_48", "--num_requests", "4", "--collective_estimate", "analytical",
+                        "--model_dir", engine.model_dir, "--output", out)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out)
+    assert sorted(zip(table["tp"], table["ep"])) == [(1, 1), (2, 1), (4, 1), (4, 4)]  # EP 4 divides TP 4 only
+    dense = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget",
+                       "2", "--ep", "2", "--trace", "splitwise_48", "--output", tmp_path / "dense.csv")
+    assert dense.returncode == 2 and "expert parallelism needs a mixture-of-experts model" in dense.stderr
 
 
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):

@@ -91,6 +91,9 @@ def build_parser():
                         help="weight dtype of the linear layers: fp8 costs them as FP8 GEMMs plus the activation "
                              "quantisation and stores them in 1 byte (default: the checkpoint's quantization_config, "
                              "else bf16)")
+    parser.add_argument("--ep", type=int, default=1,
+                        help="expert-parallel size of an MoE model (default 1), as workload_generator.py's: must "
+                             "divide --tp; the TP group's GPUs form EP groups of E/EP experts")
     add_scheduler_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument("--output", required=True,
@@ -110,7 +113,7 @@ def config_from_args(args, **overrides) -> ServingConfig:
         mixed_attention=args.mixed_attention, decode_bucket=args.decode_bucket, prefill_attn=args.prefill_attn,
         decode_attn=args.decode_attn,
         qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware,
-        max_concurrent_batches=args.max_concurrent_batches, dtype=get("dtype"))
+        max_concurrent_batches=args.max_concurrent_batches, dtype=get("dtype"), ep=get("ep"))
     check(config)
     return config
 
@@ -261,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(output, lambda tmp: tmp.write_text(text))
     if args.plot:
         plot_cdfs(metrics, Path(args.plot), f"{config.model_config} ({run.settings['dtype'].upper()}) on "
-                                            f"{config.hardware} TP{config.tp} PP{config.pp} ({config.scheduler}, "
+                                            f"{config.hardware} TP{config.tp} PP{config.pp}"
+                                            f"{f' EP{config.ep}' if config.ep > 1 else ''} ({config.scheduler}, "
                                             f"{summary['num_requests']} requests)")
     print(f"Makespan: {summary['makespan_ms']:.3f} ms over {summary['num_steps']} steps")
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):

@@ -24,8 +24,9 @@ def profile_batch(max_num_batched_tokens: int, max_num_seqs: int) -> list[int]:
 
 def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, max_num_batched_tokens: int,
                     max_num_seqs: int, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                    block_size: int = BLOCK_SIZE, dtype: str = "bf16") -> int:
-    """Number of KV-cache blocks one replica can hold with linear-layer weights in ``dtype``; an error if weights,
+                    block_size: int = BLOCK_SIZE, dtype: str = "bf16", ep: int = 1) -> int:
+    """Number of KV-cache blocks one replica can hold with linear-layer weights in ``dtype`` (an MoE model's experts
+    in ``ep`` groups, which changes the activation peak, not the weights per GPU); an error if weights,
     activations and runtime leave no room, naming the smallest TP (same PP) that leaves some, as the aggregator's
     memory check does."""
     prompts = profile_batch(max_num_batched_tokens, max_num_seqs)
@@ -33,14 +34,14 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
 
     def blocks_at(size: int) -> int:
         free = (available - memory.weight_bytes_per_gpu(cfg, size, pp, dtype=dtype)
-                - memory.activation_bytes_per_gpu(cfg, prompts, size) - memory.RUNTIME_OVERHEAD_BYTES)
+                - memory.activation_bytes_per_gpu(cfg, prompts, size, ep) - memory.RUNTIME_OVERHEAD_BYTES)
         return int(free // memory.kv_cache_bytes_per_gpu(cfg, [block_size], size, pp))
 
     blocks = blocks_at(tp)
     if blocks < 1:
         weights = memory.weight_bytes_per_gpu(cfg, tp, pp, dtype=dtype)
-        activations = memory.activation_bytes_per_gpu(cfg, prompts, tp)
-        smallest = memory.smallest_fitting_tp(cfg, lambda size: blocks_at(size) >= 1)
+        activations = memory.activation_bytes_per_gpu(cfg, prompts, tp, ep)
+        smallest = memory.smallest_fitting_tp(cfg, lambda size: blocks_at(size) >= 1, ep)
         hint = (f"the smallest TP that fits at PP{pp} is {smallest}" if smallest is not None
                 else f"no TP up to {memory.TP_CANDIDATES[-1]} fits at PP{pp}")
         raise WorkloadError(

@@ -9,6 +9,7 @@ from analytical_model.pipes import HardwareSpec
 from pipeweave.cli import UserError
 from pipeweave.engine import Engine
 from pipeweave.memory import check_memory
+from pipeweave.moe import expert_parallel_problem
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, BlockManager, kv_cache_blocks
 from pipeweave.serving.requests import MAX_NUM_REQUESTS, load_serving_trace, make_requests
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
@@ -48,6 +49,7 @@ class ServingConfig:
     collective_hardware: str | None = None
     max_concurrent_batches: int | None = None  # vllm: micro-batches in flight (vLLM V1: pp)
     dtype: str | None = None  # of the linear layers; None: the checkpoint's (quantization_config), else bf16
+    ep: int = 1  # expert groups of an MoE model's TP ranks (the workload generator's --ep)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -85,7 +87,7 @@ def check(config: ServingConfig) -> None:
     for value, flag in ((config.tp, "--tp"), (config.pp, "--pp"), (config.num_requests, "--num_requests"),
                         (config.max_num_seqs, "--max_num_seqs"),
                         (config.max_num_batched_tokens, "--max_num_batched_tokens"),
-                        (config.max_concurrent_batches, "--max_concurrent_batches")):
+                        (config.max_concurrent_batches, "--max_concurrent_batches"), (config.ep, "--ep")):
         _positive(value, flag)
     if config.num_requests is not None and config.num_requests > MAX_NUM_REQUESTS:
         raise UserError(f"--num_requests must be at most {MAX_NUM_REQUESTS:,}, got {config.num_requests:,}: every "
@@ -129,7 +131,7 @@ def static_memory_check(cfg: ModelConfig, hardware: HardwareSpec, config: Servin
     per-request outputs are held to the batch's longest, as the workload generator's single output length."""
     def admit(batch: list) -> None:
         memory = check_memory(cfg, hardware, [r.prompt_tokens for r in batch], max(r.output_tokens for r in batch),
-                              tp=config.tp, pp=config.pp, dtype=weight_dtype(cfg, config.dtype))
+                              tp=config.tp, pp=config.pp, ep=config.ep, dtype=weight_dtype(cfg, config.dtype))
         if not memory.fits:
             raise UserError(f"{cfg.stem} on {hardware.stem} (static batch of {len(batch)} requests, PP {config.pp}) "
                             f"{memory.message(config.tp)}")
@@ -183,12 +185,18 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         raise UserError(f"{hardware.stem}: the hardware JSON has no totalGlobalMem; the serving simulation needs it "
                         f"for the memory check and the KV cache")
     dtype = weight_dtype(cfg, config.dtype)
+    if config.ep != 1:
+        problem = (f"{cfg.stem} is dense: expert parallelism needs a mixture-of-experts model" if cfg.moe is None
+                   else expert_parallel_problem(cfg.moe, config.tp, config.ep))
+        if problem:
+            raise UserError(f"--ep {config.ep}: {problem}")
     if dtype == "fp8" and missing_rate(hardware):
         raise UserError(f"--dtype fp8: {missing_rate(hardware)}, so no FP8 layer can be simulated on it")
     cost = KernelStepCost(engine, cfg, config.hardware, config.tp, config.pp,
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
-                          mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket, dtype=dtype)
+                          mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket, dtype=dtype,
+                          ep=config.ep)
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
     check_model_and_requests(cfg, requests, dtype)
@@ -200,7 +208,8 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         utilization = (GPU_MEMORY_UTILIZATION if config.gpu_memory_utilization is None
                        else config.gpu_memory_utilization)
         blocks = kv_cache_blocks(cfg, hardware.total_global_mem, config.tp, config.pp,
-                                 settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization, dtype=dtype)
+                                 settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization, dtype=dtype,
+                                 ep=config.ep)
         manager = BlockManager(blocks)
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)

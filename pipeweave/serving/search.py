@@ -1,5 +1,5 @@
-"""``search_config.py``: which (GPU, TP, PP, max_num_seqs, weight dtype) serves a model within TTFT/TPOT targets,
-most cheaply.
+"""``search_config.py``: which (GPU, TP, PP, EP, max_num_seqs, weight dtype) serves a model within TTFT/TPOT
+targets, most cheaply.
 
 Every candidate with TP × PP within the GPU budget is simulated with the vLLM scheduler on the same request
 stream; candidates the model cannot run on (TP not dividing the heads, weights not fitting, no collective model)
@@ -57,10 +57,13 @@ def _dtype_list(text: str | None) -> list[str | None]:
 
 
 def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[int], pps: list[int],
-               max_num_seqs: list[int], dtypes: list[str | None] = (None,)) -> list[ServingConfig]:
-    return [replace(base, hardware=gpu, tp=tp, pp=pp, max_num_seqs=seqs, dtype=dtype)
-            for gpu in gpus for dtype in dtypes for tp in tps for pp in pps if tp * pp <= gpu_budget
-            for seqs in max_num_seqs]
+               max_num_seqs: list[int], dtypes: list[str | None] = (None,), eps: list[int] = (1,)
+               ) -> list[ServingConfig]:
+    """Every combination within the GPU budget whose EP divides its TP (the expert groups are made of the TP
+    group's GPUs)."""
+    return [replace(base, hardware=gpu, tp=tp, pp=pp, max_num_seqs=seqs, dtype=dtype, ep=ep)
+            for gpu in gpus for dtype in dtypes for tp in tps for ep in eps if tp % ep == 0
+            for pp in pps if tp * pp <= gpu_budget for seqs in max_num_seqs]
 
 
 def _percentile(simulation, key: str, q: float) -> float | None:
@@ -78,7 +81,7 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
 
     if engine not in _ENGINES:
         _ENGINES[engine] = engine_from_settings(engine)
-    row = {"hardware": config.hardware, "dtype": config.dtype, "tp": config.tp, "pp": config.pp,
+    row = {"hardware": config.hardware, "dtype": config.dtype, "tp": config.tp, "pp": config.pp, "ep": config.ep,
            "gpus": config.tp * config.pp, "max_num_seqs": config.max_num_seqs}
     try:
         run = simulate_config(config, _ENGINES[engine])
@@ -162,7 +165,8 @@ def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
     front = pareto_front(table)
     ax.plot(front["tpot_ms"], front["output_tokens_per_s_per_gpu"], "k--", lw=1, label="Pareto front")
     for _, row in front.iterrows():
-        ax.annotate(f"{row['hardware']} {row['dtype'].upper()} TP{row['tp']}PP{row['pp']} s{row['max_num_seqs']}",
+        ax.annotate(f"{row['hardware']} {row['dtype'].upper()} TP{row['tp']}PP{row['pp']}"
+                    f"{f'EP{row.ep}' if row.ep > 1 else ''} s{row['max_num_seqs']}",
                     (row["tpot_ms"], row["output_tokens_per_s_per_gpu"]), fontsize=7)
     if targets["tpot_ms"] is not None:
         ax.axvline(targets["tpot_ms"], color="tab:red", lw=1, label=f"TPOT target (p{targets['tpot_percentile']})")
@@ -176,7 +180,7 @@ def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
 def build_parser():
     parser = ArgumentParser(
         prog="search_config.py",
-        description="Simulate every (GPU, weight dtype, TP, PP, max_num_seqs) within a GPU budget on a request stream "
+        description="Simulate every (GPU, weight dtype, TP, PP, EP, max_num_seqs) within a GPU budget on a request stream "
                     "and rank those meeting TTFT/TPOT targets by output tokens/s per GPU.")
     parser.add_argument("--hardware", required=True, help="candidate GPUs, comma-separated")
     parser.add_argument("--gpu_budget", type=int, required=True, help="most GPUs per replica (TP x PP)")
@@ -184,6 +188,8 @@ def build_parser():
     parser.add_argument("--pp", default="1,2", help="PP sizes to try (default 1,2)")
     parser.add_argument("--max_num_seqs", default=",".join(map(str, DEFAULT_MAX_NUM_SEQS)),
                         help="max_num_seqs values to try (default %(default)s)")
+    parser.add_argument("--ep", default="1", help="expert-parallel sizes of an MoE model to try, each with the TP "
+                                                  "sizes it divides (default 1)")
     parser.add_argument("--dtype", default=None, metavar="LIST",
                         help="weight dtypes of the linear layers to try, comma-separated among "
                              f"{', '.join(DTYPES)} (default: the checkpoint's quantization_config, else bf16); a GPU "
@@ -219,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     pps = _int_list(args.pp, "--pp")
     seqs = _int_list(args.max_num_seqs, "--max_num_seqs")
     requested_dtypes = _dtype_list(args.dtype)
+    eps = _int_list(args.ep, "--ep")
     for q, flag in ((args.ttft_percentile, "--ttft_percentile"), (args.tpot_percentile, "--tpot_percentile")):
         if not 0 < q <= 100:
             raise UserError(f"{flag} must be in (0, 100], got {q}")
@@ -244,16 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
     # and requests are built once: their errors would otherwise only mark every candidate infeasible
     base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm",
-                            dtype=None)
+                            dtype=None, ep=1)
     cfg = load_model_config(base.model_config)
     dtypes = list(dict.fromkeys(weight_dtype(cfg, dtype) for dtype in requested_dtypes))  # each row names its dtype
     requests = make_requests(load_serving_trace(base.trace), base.num_requests, base.qps, base.seed,
                              base.per_request_outputs)
     for dtype in dtypes:
         check_model_and_requests(cfg, requests, dtype)
-    configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes)
+    if cfg.moe is None and eps != [1]:
+        raise UserError(f"--ep {args.ep}: {cfg.stem} is dense: expert parallelism needs a mixture-of-experts model")
+    configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
-        raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget}")
+        raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
     targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
                "tpot_percentile": args.tpot_percentile}
     engine = engine_settings(args)
@@ -276,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "
               f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
     for _, row in best.head(5).iterrows():
-        print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']} "
-              f"max_num_seqs "
+        print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']}"
+              f"{f' EP{row.ep}' if row.ep > 1 else ''} max_num_seqs "
               f"{row['max_num_seqs']}: {row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
               f"TTFT {row['ttft_ms']:.1f} ms, TPOT {row['tpot_ms']:.2f} ms")
     print(f"Results saved to {' and '.join(map(str, written))}")

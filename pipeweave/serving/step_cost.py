@@ -62,7 +62,7 @@ class KernelStepCost:
                  collective_hardware: str | None = None, prefill_attn: str | None = None,
                  decode_attn: str = DECODE_ATTN_DEFAULT, qk_norm_rmsnorm: bool = False,
                  mixed_attention: str = "split", decode_bucket: int = 0, token_block: int = TOKEN_BLOCK,
-                 dtype: str = "bf16"):
+                 dtype: str = "bf16", ep: int = 1):
         if mixed_attention not in MIXED_ATTENTION:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, got {mixed_attention!r}")
         self.engine = engine
@@ -76,6 +76,7 @@ class KernelStepCost:
         self.split = mixed_attention == "split"
         self.decode_bucket = decode_bucket
         self.dtype = dtype  # of the linear layers: "fp8" costs them as the generator's FP8 GEMMs + quantisation
+        self.ep = ep  # expert groups of an MoE model's TP ranks, as the generator's --ep
         # the generator's RMSNorm count (docs/METHOD.md §6.3; 4L + 1 with the Qwen3 QK-norm approximation)
         self.rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * cfg.num_hidden_layers + 1
         self.token_block = token_block
@@ -90,7 +91,7 @@ class KernelStepCost:
     # ---------------------------------------------------------------------------------------------
     def _generated(self, new_tokens: Sequence[int], context_lens: Sequence[int], attention: str) -> dict:
         return iteration_operators(self.cfg, self.shard, self.tp, self.pp, list(new_tokens), list(context_lens),
-                                    sum(new_tokens), attention, self.rmsnorm_count, dtype=self.dtype)
+                                    sum(new_tokens), attention, self.rmsnorm_count, ep=self.ep, dtype=self.dtype)
 
     def _shape(self, attention: str, q: tuple, kv: tuple) -> tuple:
         """The engine's attention shape key (``AttentionOp.shape``)."""
@@ -233,7 +234,8 @@ class KernelStepCost:
             single = replace(op, count=1)
             listed = isinstance(getattr(EMPTY_ITERATION, category), list)  # gemm, moe, communication...
             iterations.append(Iteration("decode", **{category: [single] if listed else single}))
-        workload = Workload(iterations, model=self.cfg.model, tp_size=self.tp, pp_size=self.pp, dtype=self.dtype)
+        workload = Workload(iterations, model=self.cfg.model, tp_size=self.tp, pp_size=self.pp, ep_size=self.ep,
+                            dtype=self.dtype)
         result = self.engine.predict_workload(workload, self.hardware, self.collective_hardware)
         self.engine_calls += 1
         for key, iteration in zip(todo, result["iterations"]):
