@@ -180,8 +180,8 @@ def plot_pareto(table: pd.DataFrame, path: Path, targets: dict) -> None:
 def build_parser():
     parser = ArgumentParser(
         prog="search_config.py",
-        description="Simulate every (GPU, weight dtype, TP, PP, EP, max_num_seqs) within a GPU budget on a request stream "
-                    "and rank those meeting TTFT/TPOT targets by output tokens/s per GPU.")
+        description="Simulate every (GPU, weight dtype, TP, PP, EP, max_num_seqs) within a GPU budget on a request "
+                    "stream and rank those meeting TTFT/TPOT targets by output tokens/s per GPU.")
     parser.add_argument("--hardware", required=True, help="candidate GPUs, comma-separated")
     parser.add_argument("--gpu_budget", type=int, required=True, help="most GPUs per replica (TP x PP)")
     parser.add_argument("--tp", default=None, help="TP sizes to try (default: powers of two up to the budget)")
