@@ -97,3 +97,18 @@ def test_harness_ratios_weigh_and_bin_shapes_by_duration():
     assert pair["by_duration"][0]["median"] == pytest.approx(1.0)
     assert pair["by_duration"][1]["median"] is None
     assert pair["by_duration"][3]["median"] == pytest.approx(0.8)
+
+
+def test_the_band_table_has_an_fp8_cell_for_every_gpu_with_an_fp8_rate(repo_root):
+    """L40 and RTX 6000 Ada gained tcFp8 without docs/ACCURACY.md being regenerated, so its band table still said they
+    could not run FP8 GEMMs (python3 -m pipeweave.accuracy rewrites it after a hardware JSON changes)."""
+    from analytical_model.hardware import hardware_registry
+
+    text = (repo_root / "docs" / "ACCURACY.md").read_text()
+    table = text[text.index("<!-- bounds:begin -->"):text.index("<!-- bounds:end -->")]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| NVIDIA")]
+    header = next(line for line in table.splitlines() if line.startswith("| GPU")).split("|")[1:-1]
+    column = [name.strip() for name in header].index("gemm_fp8")
+    registry = hardware_registry()
+    assert len(rows) >= 20 and all(bool(registry.get(cells[0].strip()).tc_fp8) == (cells[column].strip() != "—")
+                                   for cells in rows), "regenerate docs/ACCURACY.md: python3 -m pipeweave.accuracy"
