@@ -64,9 +64,9 @@ def main(argv=None) -> int:
                         "threshold": args.threshold, "topk_per_hardware": args.topk,
                         "note": f"{below:.1f} % of training kernels lie below the predicted q={args.quantile} efficiency",
                         "files": files}})
-    print(f"{args.op}: best training loss {history['best_train_loss']:.5f} at epoch {history['best_epoch']}; "
+    print(f"{args.op}: best training loss {history['best_train_loss']:.5f} at epoch {history['best_epoch'] + 1}; "
           f"{below:.1f} % of kernels below the predicted upper bound (target {args.quantile * 100:.0f} %)")
-    print(saved_note(out_dir, args.op))
+    print(saved_note(out_dir, args.op, flag="--quantile_dir"))
     return 0
 
 

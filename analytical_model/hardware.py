@@ -229,29 +229,32 @@ class HardwareRegistry:
     def _did_you_mean(self, name: str) -> str:
         """The clause "did you mean 'RTX 4090'? " naming the GPUs (at most three) whose names are close to ``name``
         once case, spaces, underscores and hyphens are ignored ("RTX4090", "h100-pcie") and that carry the same
-        numbers, letters before them and letters after them (or ones the query abbreviates: "PCI" for "PCIe"), else "": the full list alone hides the one meant, and a suggestion of another GPU
-        (RTX 4090 for "RTX 5090") would mislead."""
+        numbers, the same letters joined to the first of them in its word, the vendor's words aside (GB200 is not a
+        B200, but A6000 is the RTX A6000), and the same letters after them (or ones the query abbreviates: "PCI" for
+        "PCIe"), else "": the full list alone hides the one meant, and a suggestion of another GPU (RTX 4090 for
+        "RTX 5090") would mislead."""
         def squash(text: str) -> str:
             return re.sub(r"[\s_-]", "", text.lower())
 
-        def identity(text: str) -> tuple:  # the numbers, and the letters before the first (H100 is not A100, nor
-            text = re.sub("nvidia|geforce", "", text)  # GB200 a B200), the vendor's words left out
-            return re.findall(r"\d+", text), re.findall(r"([a-z]*)\d", text)[:1]
+        def identity(text: str) -> tuple:  # the numbers, and the letters joined to the first (H100 is not A100)
+            words = re.sub("nvidia|geforce|quadro|rtx", " ", text.lower())
+            joined = re.search(r"([a-z]*)\d", words)
+            return re.findall(r"\d+", squash(words)), joined.group(1) if joined else ""
 
         def suffix(text: str) -> str:  # the letters after the last number: NVL, G, D, Ada name other GPUs
-            return re.sub(r"^.*\d", "", text)
+            return re.sub(r"^.*\d", "", squash(text))
 
         def same_gpu(key: str, query: str) -> bool:
             tail = suffix(query)
             return identity(key) == identity(query) and (suffix(key) == tail or bool(tail)
                                                          and suffix(key).startswith(tail))
 
-        squashed = {squash(key): stem for key, stem in self._index.items()}
+        keys = {squash(key): key for key in self._index}  # the names as written (spaces kept), by squashed form
         query = squash(name)
-        close = [query] if query in squashed else [
-            key for key in difflib.get_close_matches(query, squashed, n=10, cutoff=SUGGEST_CUTOFF)
-            if same_gpu(key, query)]
-        stems = list(dict.fromkeys(squashed[key] for key in close))[:3]
+        close = [query] if query in keys else [
+            key for key in difflib.get_close_matches(query, keys, n=10, cutoff=SUGGEST_CUTOFF)
+            if same_gpu(keys[key], name)]
+        stems = list(dict.fromkeys(self._index[keys[key]] for key in close))[:3]
         if not stems:
             return ""
         quoted = [repr(stem) for stem in stems]

@@ -19,7 +19,7 @@ from typing import Sequence
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
-from pipeweave.cli import UserError, check_output_path, require_file, write_atomically
+from pipeweave.cli import STANDARD_STREAM, UserError, check_output_path, require_file, write_atomically
 from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
@@ -188,7 +188,7 @@ def _read_text(path: str) -> str:
 def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
     """The file each job writes: ``output`` (default predictions.json) for one pair, else one file per pair in
     the directory ``output``; errors before any work when that is impossible."""
-    if output == STDOUT and len(jobs) > 1:
+    if output == STANDARD_STREAM and len(jobs) > 1:
         raise UserError(f"--output - writes one prediction to standard output; with {len(jobs)} (workload, GPU) pairs "
                         f"give --output DIRECTORY")
     if len(jobs) == 1:
@@ -208,13 +208,9 @@ def output_targets(jobs: Sequence[Job], output: str | None) -> list[Path]:
     return targets
 
 
-#: ``--output -``: the one prediction on standard output (the aggregator's own lines then go to standard error)
-STDOUT = "-"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.output != STDOUT:
+    if args.output != STANDARD_STREAM:
         return predict_and_write(args, sys.stdout)
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):
@@ -255,7 +251,7 @@ def predict_and_write(args, stdout) -> int:
     several = len(jobs) > 1
     targets = output_targets(jobs, args.output)
     for target in targets:
-        if str(target) != STDOUT:
+        if str(target) != STANDARD_STREAM:
             check_output_path(target)
 
     if args.quantiles and not Path(args.quantile_dir).is_dir():
@@ -323,7 +319,7 @@ def write_predictions(predictions: list[Prediction | None], targets: list[Path],
             if prediction is None:
                 continue
             text = dumps_result(prediction.result)
-            if str(target) == STDOUT:
+            if str(target) == STANDARD_STREAM:
                 stdout.write(text)
             else:
                 write_atomically(target, lambda tmp, text=text: tmp.write_text(text))
@@ -406,4 +402,4 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"measured kernels or one measured run corrects them")
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
-    print(f"Predictions saved to {'standard output' if str(target) == STDOUT else target}")
+    print(f"Predictions saved to {'standard output' if str(target) == STANDARD_STREAM else target}")

@@ -173,6 +173,10 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     return int(code or 0)
 
 
+#: the file name that means standard input or output (``--input -``, ``--output -``)
+STANDARD_STREAM = "-"
+
+
 def require_file(path: str | Path, what: str) -> Path:
     """``path`` as a Path if it is a file; else FileNotFoundError "<what> not found: path", or, for a folder, that it
     is one (a folder was reported as "not found")."""

@@ -153,8 +153,8 @@ class Engine:
         self.quantile_ops: dict[str, bool] = {}
         self.collective_dir = Path(DEFAULT_COLLECTIVE_DIR if collective_dir is None else collective_dir)
         if not self.collective_dir.is_dir():  # a misspelt folder silently gave the textbook ring estimate
-            raise UserError(f"{self.option('collective_dir')}: collective model directory not found: "
-                            f"{self.collective_dir}")
+            raise FileNotFoundError(f"{self.option('collective_dir')}: collective model directory not found: "
+                                    f"{self.collective_dir}")
         self.collective_estimate = collective_estimate
         self.log = log or (lambda message: None)
         self._collective_predictors: dict[str, object] = {}
@@ -257,10 +257,11 @@ class Engine:
         return [line for line in lines if line]
 
     def unmeasured(self, hardware: HardwareSpec, categories) -> list[str]:
-        """The operator ``categories`` whose model has no measurement of ``hardware`` in its training data: zero-shot
-        predictions, whether or not its SM design was seen (the extrapolation flag's ``architecture`` bit)."""
+        """The operator ``categories`` whose model has no measurement of ``hardware`` (in its training data, or from a
+        calibration's fine-tuning): zero-shot predictions, whether or not its SM design was seen (the extrapolation
+        flag's ``architecture`` bit)."""
         return [category for category in categories
-                if hardware.name not in self.predictor.trained_on(KERNEL_CATEGORIES[category])]
+                if not self.predictor.measured_on(KERNEL_CATEGORIES[category], hardware)]
 
     def option(self, name: str, value=None) -> str:
         """An option as the caller spells it: ``--name value`` on the command line, ``name=value`` in the API."""

@@ -60,7 +60,7 @@ import numpy as np
 
 from analytical_model.registry import get_operator
 from pipeweave.mlp import ensemble_arrays, read_metadata
-from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE
+from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE, training_gpus
 
 #: operator classes a calibration may fine-tune
 FINE_TUNABLE = ("gemm", "gemm_fp8", "attn", "moe")
@@ -138,12 +138,6 @@ def model_input_rows(op: str, columns: dict[str, Sequence], hardware: Sequence) 
                            for hw in hardware])
 
 
-def training_gpus(member_dir: str | Path, registry) -> list:
-    """The hardware specs of the GPUs a model was trained on (its metadata's training distribution)."""
-    names = read_metadata(member_dir).get("data_info", {}).get("train_hardware_distribution", {})
-    return [registry.get(name) for name in sorted(names)]
-
-
 def above_fixed_time(op: str, inputs: np.ndarray, efficiency: np.ndarray, sm_freq: float,
                      fixed_time_us: float) -> np.ndarray:
     """Which kernels of raw model inputs ``inputs`` and target ``efficiency`` take longer than a model's fixed time:
@@ -207,7 +201,8 @@ def fine_tune_for_gpu(op: str, member_dirs: Sequence[str | Path], registry, inpu
                       recipe: Recipe = STANDARD) -> dict[str, np.ndarray]:
     """:func:`fine_tune` with the replay set of the members' training GPUs."""
     shapes = replay_shapes(op, config_dir)
-    replay = model_input_rows(op, shapes, training_gpus(member_dirs[0], registry))
+    trained = read_metadata(member_dirs[0]).get("data_info", {}).get("train_hardware_distribution", {})
+    replay = model_input_rows(op, shapes, training_gpus(trained, registry))
     return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))), sm_freq, recipe)
 
 

@@ -24,8 +24,8 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
-from pipeweave.cli import (ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file,
-                           write_atomically)
+from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs,
+                           require_file, write_atomically)
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
@@ -38,9 +38,9 @@ def read_shapes(path: str | Path, expected: str = "expected a header row"
     columns are written back exactly as read); blank lines are skipped, so errors name a row by its line
     (:func:`line_labels`); an empty file's error says what was ``expected``; a column named twice is an error."""
     try:
-        if str(path) == STDIN:
+        if str(path) == STANDARD_STREAM:  # the bytes, so that invalid UTF-8 is refused as it is in a file
             path = "standard input"
-            lines = list(csv.reader(io.StringIO(sys.stdin.read().removeprefix("\ufeff"))))
+            lines = list(csv.reader(io.StringIO(sys.stdin.buffer.read().decode("utf-8-sig"))))
         else:
             path = require_file(path, "input CSV")
             with open(path, newline="", encoding="utf-8-sig") as handle:  # a byte-order mark is not a column name
@@ -105,10 +105,7 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
     return physical_interval(predicted_us, low, high, fastest_us)
 
 
-#: ``--output -``: the predictions on standard output (the tool's own lines then go to standard error)
-STDOUT = "-"
-#: ``--input -``: the shapes from standard input
-STDIN = "-"
+
 #: the columns predict_kernels.py adds (and ``calibration`` with a calibration)
 OUTPUT_COLUMNS = ("predicted_us", "low_us", "high_us", "extrapolation")
 
@@ -128,7 +125,7 @@ def write_predictions(path: Path, header: list[str], rows: list[list[str]], pred
         writer.writerows([*row, repr(float(us)), repr(float(low)), repr(float(high)), label, *extra]
                          for row, us, low, high, label, *extra in zip(rows, predicted_us, *interval, labels, *marks))
 
-    if path == STDOUT:
+    if path == STANDARD_STREAM:
         write(sys.stdout)
         return
     with open(path, "w", newline="", encoding="utf-8") as handle:
@@ -160,16 +157,17 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    to_stdout = args.output == STDOUT
+    to_stdout = args.output == STANDARD_STREAM
     if not to_stdout:
         check_output_path(args.output)
         refuse_overwriting_inputs(args.output, {"the --input file": args.input,
                                                 "the --calibration file": args.calibration})
     say = (lambda line: print(line, file=sys.stderr)) if to_stdout else print
     header, rows, line_numbers = read_shapes(args.input)
+    source = "standard input" if args.input == STANDARD_STREAM else args.input  # what errors name
     written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in (cell.strip() for cell in header)]
     if written:  # a second set of them would follow the first
-        raise UserError(f"{args.input}: has column(s) {', '.join(written)}, which predict_kernels.py writes: give "
+        raise UserError(f"{source}: has column(s) {', '.join(written)}, which predict_kernels.py writes: give "
                         f"the shapes without them (this looks like an output of predict_kernels.py)")
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
     directory = load_model_checked(predictor, args.op)[2]
@@ -181,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-    predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, args.input,
+    predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, source,
                                                        line_labels(line_numbers))
     index = header.index("hardware")
     if calibration is not None:
@@ -190,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation,
                            fastest, calibration)
     if to_stdout:
-        write_predictions(STDOUT, header, rows, predicted, interval, extrapolation, calibrated)
+        write_predictions(STANDARD_STREAM, header, rows, predicted, interval, extrapolation, calibrated)
     else:
         write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
                                                                     extrapolation, calibrated))

@@ -331,9 +331,10 @@ def timestamp_dir(root: Path, op: str) -> Path:
     raise FileExistsError(f"{stem}: 999 model folders of this second already exist")
 
 
-def saved_note(out_dir: Path, op: str) -> str:
+def saved_note(out_dir: Path, op: str, flag: str = "--model_dir") -> str:
     """The line a training script ends with: where the model went and, when it is now the newest exported model of
-    its folder, that every prediction from that folder uses it (the shipped one is replaced without another step)."""
+    its folder, that every prediction from that folder uses it (the shipped one is replaced without another step);
+    ``flag``: the option that names such a folder (``--quantile_dir`` for the quantile models)."""
     from pipeweave.mlp import latest_model_dir
 
     root = out_dir.parent.parent
@@ -346,11 +347,12 @@ def saved_note(out_dir: Path, op: str) -> str:
     if newest != out_dir:
         return (f"saved {out_dir}, but predictions reading {root} do NOT use it: {newest.name} sorts after it; "
                 f"remove that folder, or predict with --model_dir pointing at a folder holding only this model")
-    from pipeweave.paths import DEFAULT_MODEL_DIR
+    from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 
-    if root.resolve() != Path(DEFAULT_MODEL_DIR).resolve():  # runs/ of --holdout_hardware, or the user's own folder
-        return (f"saved {out_dir}: the newest {op} model under {root}, which predictions read only with --model_dir "
-                f"{root} (the default {DEFAULT_MODEL_DIR} is unchanged)")
+    default = DEFAULT_QUANTILE_DIR if flag == "--quantile_dir" else DEFAULT_MODEL_DIR
+    if root.resolve() != Path(default).resolve():  # runs/ of --holdout_hardware, or the user's own folder
+        return (f"saved {out_dir}: the newest {op} model under {root}, which predictions read only with {flag} "
+                f"{root} (the default {default} is unchanged)")
     return (f"saved {out_dir}: the newest {op} model under {root}, so every prediction reading that folder now uses "
             f"it (delete the folder to go back, or train into another --output_dir)")
 

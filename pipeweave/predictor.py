@@ -234,7 +234,7 @@ class KernelPredictor:
         none = np.zeros(len(features))
         if parameters and hw.name not in trained:
             return bandwidth_efficiency(parameters, op, features, hw), none
-        if hw.name not in trained and sum(name in self.hardware for name in trained) == 1 and has_regime_medians(op):
+        if hw.name not in trained and len(training_gpus(trained, self.hardware)) == 1 and has_regime_medians(op):
             return regime_efficiency(op, features, hw.sm_freq), none
         efficiency, spread = self.efficiency_and_spread(op, features, described, hw.sm_freq)
         if parameters and len(efficiency):
@@ -273,10 +273,14 @@ class KernelPredictor:
         """The trained GPU whose tensor rate bounds ``hw``'s predictions of ``op``
         (:func:`pipeweave.siblings.sibling_of` among the model's training GPUs); None on one of them, whose own
         data pin the model down, and where a calibration fine-tuned the model on ``hw``'s kernels."""
-        trained = self.trained_on(op)
-        if hw.name in trained or (op, hw.stem) in self._fine_tuned:
+        if self.measured_on(op, hw):
             return None
-        return sibling_of(op, hw, training_gpus(trained, self.hardware))
+        return sibling_of(op, hw, training_gpus(self.trained_on(op), self.hardware))
+
+    def measured_on(self, op: str, hw) -> bool:
+        """Whether ``op``'s model has measurements of ``hw``: in its training data, or through a calibration that
+        fine-tuned it on ``hw``'s kernels."""
+        return hw.name in self.trained_on(op) or (op, hw.stem) in self._fine_tuned
 
     def sibling_scale(self, op: str, hw) -> float | None:
         """``r_target / r_sibling`` of :meth:`sibling` (None without one)."""

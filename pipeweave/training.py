@@ -189,7 +189,7 @@ def fit(
         else:
             stale += 1
         if bar is not None:
-            bar.set_postfix(train=f"{train_loss:.4f}", val=f"{val_loss:.4f}", best=best["epoch"])
+            bar.set_postfix(train=f"{train_loss:.4f}", val=f"{val_loss:.4f}", best=best["epoch"] + 1)
         if config.patience is not None and stale >= config.patience:
             break
     if bar is not None:

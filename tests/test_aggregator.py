@@ -537,7 +537,7 @@ def test_a_misspelt_collective_dir_is_an_error(models, tmp_path):
                           "--collective_dir", tmp_path / "collective_modles", "--output", out)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and not out.exists()
     assert "--collective_dir: collective model directory not found" in proc.stderr
-    with pytest.raises(ValueError, match="^collective_dir: collective model directory not found"):
+    with pytest.raises(FileNotFoundError, match="^collective_dir: collective model directory not found"):
         pipeweave.predict_workload(TP2, "A100", model_dir=models, collective_dir=tmp_path / "nowhere")
 
 

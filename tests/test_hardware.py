@@ -70,6 +70,7 @@ def test_unknown_gpu_lists_known():
     ("H100 PCI", "'H100 PCIe'"), ("RTX6000", ""), ("H100 NVL", ""), ("A10G", ""), ("RTX 4090 D", ""),
     ("V100", ""), ("B100", ""), ("RTX 5090", ""), ("H800 PCIe", ""), ("H100-PCIe", "'H100 PCIe'"),
     ("A100-80GB", "'A100'"), ("GB200 SXM", ""), ("gb300_sxm", ""),  # not B200 / B300: another GPU, other data
+    ("A6000", "'RTX A6000'"), ("Quadro RTX A6000", "'RTX A6000'"), ("RTXA6000", "'RTX A6000'"), ("B200-SXM", "'B200'"),
 ])
 def test_unknown_gpu_suggests_the_close_name(name, suggested, shipped_registry):
     """"--hardware RTX4090" listed every GPU without pointing at the one meant: a name close to a known one once

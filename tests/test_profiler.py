@@ -496,6 +496,10 @@ def test_hardware_skeleton_without_clock_fields_and_old_gpus():
                             "linkGbps", "linkLatencyUs"]
     assert "tcFp8" not in data and data["FmaFp32"] == 64 and data["architecture"] == "ampere"
     assert data["registerFileSize"] is None
+    # a driver without the L2 and shared-memory sizes: both are required, so both are asked for (the L2 size was
+    # written as null and failed only once every listed field was filled)
+    data = hardware_skeleton(_h100_like_props(L2_cache_size=0, shared_memory_per_multiprocessor=0))
+    assert {"l2CacheSize", "sharedMemorySize"} <= set(data["TODO"])
     with pytest.raises(ValueError):
         parse_hardware(data, "x", "x.json")
     # NVML values win over the properties

@@ -484,8 +484,8 @@ def test_overlong_requests_are_refused(engine, tmp_path):
 
 @pytest.mark.parametrize("gpu, tp", [("H100", 1), ("H800", 2)])
 def test_fp8_static_scheduler_reproduces_the_aggregators_fp8_workload(engine, gpu, tp):
-    """--dtype fp8 costs each step as the workload generator's FP8 workload: FP8 GEMMs, their activation
-    quantisation, BF16 router-free lm_head (the simulator refused FP8 checkpoints: it modelled BF16 layers only)."""
+    """--dtype fp8 costs each step as the workload generator's FP8 workload: FP8 linear layers and their activation
+    quantisation, lm_head in BF16 (the simulator refused FP8 checkpoints: it modelled BF16 layers only)."""
     cfg, t = load_model_config("Llama-3.1-8B"), load_trace("arxiv_8")
     workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, prefill_attn="fa3_ragged",
                               dtype="fp8")
@@ -514,9 +514,18 @@ def test_fp8_weights_free_kv_cache_and_fp8_checkpoints_are_simulated_as_fp8(engi
         simulate_config(ServingConfig(str(checkpoint), "splitwise_48", "H100", num_requests=2, dtype="bf16"), engine)
     with pytest.raises(UserError, match="--dtype fp8: A100 has no FP8 tensor-core rate"):
         simulate_config(ServingConfig("Llama-3.1-8B", "splitwise_48", "A100", num_requests=2, dtype="fp8"), engine)
-    with pytest.raises(UserError, match="FP8 mixture-of-experts layers are not modelled"):
+    with pytest.raises(UserError, match="FP8 mixture-of-experts layers are not modelled.*; use --dtype bf16"):
         simulate_config(ServingConfig("Mixtral-8x7B", "splitwise_48", "H100", tp=2, num_requests=2, dtype="fp8"),
                         engine)
+    moe = tmp_path / "moe_fp8.json"  # an FP8 MoE checkpoint: its fix is to drop the quantisation, whatever --dtype
+    moe.write_text(json.dumps({**json.loads((DEFAULT_CONFIG_DIR / "Qwen3-30B-A3B.json").read_text()),
+                               "quantization_config": {"quant_method": "fp8"}}))
+    for dtype in (None, "bf16", "fp8"):
+        with pytest.raises(UserError, match="FP8 mixture-of-experts layers are not modelled.*; remove "
+                                            "quantization_config to simulate its BF16 version"):
+            simulate_config(ServingConfig(str(moe), "splitwise_48", "H100", num_requests=2, dtype=dtype), engine)
+    with pytest.raises(UserError, match=r"^FP8 weights \(quantization_config of fp8\): A100 has no FP8"):
+        simulate_config(ServingConfig(str(checkpoint), "splitwise_48", "A100", num_requests=2), engine)
     from pipeweave.serving.search import main as search_main  # refused once, not as every candidate infeasible
     with pytest.raises(UserError, match="FP8 checkpoint"):
         search_main(["--model_config", str(checkpoint), "--dtype", "bf16", "--hardware", "H100", "--gpu_budget", "2",
@@ -835,7 +844,8 @@ def test_expert_parallelism_is_a_serving_setting_and_a_search_dimension(tmp_path
     one, four = (simulate_config(ServingConfig("Qwen3-30B-A3B", "splitwise_48", "H100", tp=4, ep=ep, num_requests=4),
                                  shipped) for ep in (1, 4))
     assert four.simulation.makespan_ms < 0.99 * one.simulation.makespan_ms  # 688 against 705 ms
-    for model, tp, ep, message in (("Llama-3.1-8B", 2, 2, "is dense"), ("Qwen3-30B-A3B", 2, 4, "ep 4 must divide tp 2")):
+    for model, tp, ep, message in (("Llama-3.1-8B", 2, 2, "is dense"),
+                                   ("Qwen3-30B-A3B", 2, 4, "ep 4 must divide tp 2")):
         config = ServingConfig(model, "splitwise_48", "H100", tp=tp, ep=ep)
         with pytest.raises(UserError, match=rf"--ep {config.ep}: .*{message}"):
             simulate_config(replace(config, num_requests=2), engine)

@@ -454,6 +454,10 @@ def test_the_saved_note_says_the_default_model_folder_now_serves_the_new_model(t
     shutil.copytree(shipped, newest)
     monkeypatch.setattr(paths, "DEFAULT_MODEL_DIR", tmp_path)
     assert "so every prediction reading that folder now uses it" in saved_note(newest, "rmsnorm")
+    # the quantile models' folder is named by --quantile_dir, whose default --quantiles reads
+    assert "now uses it" not in saved_note(newest, "rmsnorm", flag="--quantile_dir")
+    monkeypatch.setattr(paths, "DEFAULT_QUANTILE_DIR", tmp_path)
+    assert "now uses it" in saved_note(newest, "rmsnorm", flag="--quantile_dir")
 
 
 @pytest.mark.parametrize("content,message", [

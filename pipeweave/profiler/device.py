@@ -257,7 +257,11 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
         out.set("sharedMemorySize", smem)
     else:
         out.ask("sharedMemorySize", "shared memory per SM in KB")
-    out.set("l2CacheSize", _kb(getattr(props, "L2_cache_size", 0)))
+    l2 = _kb(getattr(props, "L2_cache_size", 0))
+    if l2 is not None:
+        out.set("l2CacheSize", l2)
+    else:  # required: the L2 ceiling of the physical band needs it
+        out.ask("l2CacheSize", "L2 cache size in KB from the vendor datasheet")
     out.set("registerFileSize", _kb(regs * 4) if regs else None)
     out.ask("l2CacheBandwidth", "L2 bandwidth in GB/s (vendor figure or a measured L2-resident copy)")
     out.set("sharedMemoryBandwidth", 128, "32 banks × 4 bytes per clock per SM, as on every GPU in hardware/")

@@ -143,13 +143,15 @@ def weight_dtype(cfg: ModelConfig, requested: str | None) -> str:
     refused where the workload generator refuses it (another dtype than the checkpoint's, FP8 mixture-of-experts
     layers, which the fused-MoE model was not trained on)."""
     dtype = requested or cfg.checkpoint_dtype or "bf16"
+    if cfg.moe is not None and "fp8" in (dtype, cfg.checkpoint_dtype):
+        fix = (f"remove {cfg.quantization_source} to simulate its BF16 version" if cfg.checkpoint_dtype
+               else "use --dtype bf16")
+        raise UserError(f"config {cfg.stem}: FP8 mixture-of-experts layers are not modelled (the fused-MoE model is "
+                        f"trained on BF16 layers only); {fix}")
     if cfg.checkpoint_dtype is not None and dtype != cfg.checkpoint_dtype:
         raise UserError(f"config {cfg.stem} is an {cfg.checkpoint_dtype.upper()} checkpoint "
                         f"({cfg.quantization_source}): simulate it with --dtype {cfg.checkpoint_dtype}, or remove "
                         f"{cfg.quantization_source} to simulate its {dtype.upper()} version")
-    if dtype == "fp8" and cfg.moe is not None:
-        raise UserError(f"config {cfg.stem}: FP8 mixture-of-experts layers are not modelled (the fused-MoE model is "
-                        f"trained on BF16 layers only); use --dtype bf16")
     return dtype
 
 
@@ -181,9 +183,6 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         raise UserError(f"--pp {config.pp} exceeds the {cfg.num_hidden_layers} layers of {cfg.stem} (a pipeline stage "
                         f"holds at least one layer)")
     hardware = engine.gpu(config.hardware)
-    if not hardware.total_global_mem:
-        raise UserError(f"{hardware.stem}: the hardware JSON has no totalGlobalMem; the serving simulation needs it "
-                        f"for the memory check and the KV cache")
     dtype = weight_dtype(cfg, config.dtype)
     if config.ep != 1:
         problem = (f"{cfg.stem} is dense: expert parallelism needs a mixture-of-experts model" if cfg.moe is None
@@ -191,7 +190,8 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
         if problem:
             raise UserError(f"--ep {config.ep}: {problem}")
     if dtype == "fp8" and missing_rate(hardware):
-        raise UserError(f"--dtype fp8: {missing_rate(hardware)}, so no FP8 layer can be simulated on it")
+        given = "--dtype fp8" if config.dtype else f"FP8 weights ({cfg.quantization_source} of {cfg.stem})"
+        raise UserError(f"{given}: {missing_rate(hardware)}, so no FP8 layer can be simulated on it")
     cost = KernelStepCost(engine, cfg, config.hardware, config.tp, config.pp,
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
