@@ -1,8 +1,8 @@
 """pipeweave: GPU performance prediction for LLM inference (analytical features + learned efficiency).
 
-The Python API (:mod:`pipeweave.api`): ``predict_workload(workload, hardware)`` and
-``predict_kernels(op, shapes, hardware)``.
+The Python API (:mod:`pipeweave.api`): ``predict_workload(workload, hardware)``,
+``predict_kernels(op, shapes, hardware)`` and ``simulate_serving(model_config, trace, hardware)``.
 """
-from pipeweave.api import predict_kernels, predict_workload
+from pipeweave.api import predict_kernels, predict_workload, simulate_serving
 
-__all__ = ["predict_kernels", "predict_workload"]
+__all__ = ["predict_kernels", "predict_workload", "simulate_serving"]

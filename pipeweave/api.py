@@ -246,3 +246,68 @@ def _per_kernel(values) -> list | None:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", None) == 0:
         return None
     return list(values)
+
+
+def simulate_serving(
+    model_config: str | Path,
+    trace: str | Path,
+    hardware: str,
+    *,
+    requests: bool = False,
+    collective_estimate: str = "model",
+    calibration: str | Path | None = None,
+    model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
+    hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
+    collective_dir: str | Path = paths.DEFAULT_COLLECTIVE_DIR,
+    **settings,
+) -> dict:
+    """``serve_sim.py`` as a function: the object it writes (``config``, ``settings``, ``unmeasured_gpu``,
+    ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README "Serving
+    simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's columns).
+
+    ``model_config`` and ``trace`` are paths or shipped stems, ``hardware`` a GPU name. ``settings`` are
+    serve_sim.py's options under their own names (``tp``, ``pp``, ``ep``, ``dtype``, ``scheduler``, ``qps``,
+    ``num_requests``, ``seed``, ``max_num_seqs``, ``max_num_batched_tokens``, ``usage``, ``gpu_memory_utilization``,
+    ``per_request_outputs``, ``max_concurrent_batches``, ``collective_hardware``...: the fields of
+    :class:`pipeweave.serving.run.ServingConfig`); an error names an option as serve_sim.py's flag of that name.
+    Raises ``FileNotFoundError`` / ``ValueError``.
+
+    >>> result = simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", qps=20, num_requests=8)
+    >>> result["settings"]["dtype"], result["summary"]["num_requests"], result["unmeasured_gpu"]
+    ('bf16', 8, [])
+    """
+    from dataclasses import fields
+
+    from pipeweave.cli import UserError
+    from pipeweave.flatten import KERNEL_CATEGORIES
+    from pipeweave.serving.run import ServingConfig, check, kernel_categories, simulate_config, weight_dtype
+    from pipeweave.serving.simulator import request_metrics, summarize
+    from pipeweave.workload import load_model_config
+
+    known = [field.name for field in fields(ServingConfig)][3:]  # after model_config, trace and hardware
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; serve_sim.py's are {', '.join(known)}")
+    try:
+        engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate, None,
+                         _calibration_key(calibration))
+        spec = engine.gpu(hardware)
+        _check_calibration(engine.calibration, [spec.stem])
+        config = ServingConfig(str(model_config), str(trace), spec.stem, **settings)
+        check(config)
+        run = simulate_config(config, engine)
+        cfg = load_model_config(config.model_config)
+        ops = [KERNEL_CATEGORIES[category] for category in kernel_categories(cfg, weight_dtype(cfg, config.dtype))]
+        collectives = engine.gpu(config.collective_hardware).stem if config.collective_hardware else spec.stem
+        for line in engine.calibration_warnings(ops, [collectives] if config.tp * config.pp > 1 else []):
+            warnings.warn(line, UserWarning, stacklevel=2)  # serve_sim's, for a calibration of other models
+    except UserError as exc:  # the command line's error class; a library caller catches ValueError
+        raise ValueError(str(exc)) from None
+    result = {"config": config.as_dict() | {"model_dir": str(model_dir), "hardware_dir": str(hardware_dir),
+                                            "collective_estimate": collective_estimate,
+                                            "calibration": None if calibration is None else str(calibration)},
+              "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "summary": summarize(run.simulation)}
+    if requests:
+        result["requests"] = {column: values.tolist() for column, values in request_metrics(run.simulation.requests)
+                              .items()}
+    return result

@@ -862,6 +862,31 @@ def test_expert_parallelism_is_a_serving_setting_and_a_search_dimension(tmp_path
     assert dense.returncode == 2 and "expert parallelism needs a mixture-of-experts model" in dense.stderr
 
 
+def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
+    """pipeweave.simulate_serving: serve_sim.py's object for the same options, the per-request table on request,
+    ValueErrors for what serve_sim refuses."""
+    import pipeweave
+
+    out = tmp_path / "s.json"
+    flags = ["--model_config", "Qwen3-30B-A3B", "--trace", "splitwise_48", "--hardware", "H100", "--tp", "2", "--ep",
+             "2", "--qps", "10", "--num_requests", "6", "--collective_estimate", "analytical"]
+    result = run_script("serve_sim.py", *flags, "--model_dir", engine.model_dir, "--output", out)
+    assert result.returncode == 0, result.stderr
+    written = json.loads(out.read_text())
+    got = pipeweave.simulate_serving("Qwen3-30B-A3B", "splitwise_48", "H100", tp=2, ep=2, qps=10, num_requests=6,
+                                     collective_estimate="analytical", model_dir=engine.model_dir, requests=True)
+    assert got["summary"] == written["summary"] and got["settings"] == written["settings"]
+    assert got["unmeasured_gpu"] == written["unmeasured_gpu"]
+    folders = ("model_dir", "hardware_dir")  # the command line records them as given (null: the default)
+    assert {key: value for key, value in got["config"].items() if key not in folders} == {
+        key: value for key, value in written["config"].items() if key not in folders}
+    assert got["requests"]["request"] == list(range(6)) and len(got["requests"]["ttft_ms"]) == 6
+    with pytest.raises(ValueError, match="unknown setting.* tpp; serve_sim.py's are tp, pp"):
+        pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tpp=2)
+    with pytest.raises(ValueError, match="--ep 2: Llama-3.1-8B is dense"):
+        pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tp=2, ep=2, model_dir=engine.model_dir)
+
+
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     """Nothing fits: every metric column is there (empty), no plot, exit 0; repeated GPUs and values count once."""
     out, plot = tmp_path / "search.csv", tmp_path / "pareto.png"
