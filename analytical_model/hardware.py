@@ -171,7 +171,8 @@ def _check_provenance(data: dict, source: str) -> None:
     if not isinstance(provenance, dict):
         raise ValueError(f"{source}: field 'provenance' must be an object mapping every field to its source")
     missing = [key for key in data if key not in _UNSOURCED
-               and (not isinstance(provenance.get(key), str) or provenance[key].startswith("TODO"))]
+               and (not isinstance(provenance.get(key), str) or not provenance[key].strip()
+                    or provenance[key].startswith("TODO"))]
     if missing:
         raise ValueError(f"{source}: 'provenance' has no source for field(s) {', '.join(missing)}")
     unknown = [key for key in provenance if key not in data]

@@ -39,7 +39,7 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   not apply it. On the 26 measured runs it binds no kernel (their per-layer KV spills the L2 or their L2 is small);
   it slows decode steps of large-L2 GPUs (RTX PRO 6000 Blackwell, RTX 6000 Ada) by 0.4–3.7 % in the batch scripts.
 * **No kernel beats the launch:** ``t ≥ t_fastest``, the shortest duration measured for the operator on any GPU
-  (``fastest_us`` of the band table; GEMM 1.65 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny
+  (``fastest_us`` of the band table; GEMM 1.5 µs, attention 6.8 µs, fused MoE layer 21 µs). Without it a tiny
   kernel whose exact work takes nanoseconds could be predicted thousands of times too fast (attention with Hopper
   held out: 5,324x).
 * **Floor, conditional on the kernel's regime (a well-formed kernel is not arbitrarily slow).** With
