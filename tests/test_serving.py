@@ -796,7 +796,10 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
     assert rows[0].startswith("rank,hardware,dtype,tp,pp,ep,gpus,max_num_seqs,feasible,meets_targets")
     # one GPU beats two per GPU at the same rate
     assert len(rows) == 3 and rows[1].startswith("1,H100,bf16,1,1,1,1,8,True,True")
-    assert list(tmp_path.iterdir()) == [out]  # no plot without --plot
+    assert sorted(tmp_path.iterdir()) == [out, out.with_suffix(".json")]  # no plot without --plot
+    recorded = json.loads(out.with_suffix(".json").read_text())  # the sweep's settings beside its table
+    assert recorded["config"]["model_config"] == "Llama-3.1-8B" and recorded["config"]["qps"] == 20
+    assert recorded["config"]["tpot_ms"] == 1e9 and recorded["candidates"] == 2
     plot_pareto(pd.read_csv(out), tmp_path / "pareto.png", {"tpot_ms": 1e9, "tpot_percentile": 90})
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H999", "--gpu_budget", "2",
@@ -885,6 +888,27 @@ def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
         pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tpp=2)
     with pytest.raises(ValueError, match="--ep 2: Llama-3.1-8B is dense"):
         pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tp=2, ep=2, model_dir=engine.model_dir)
+
+
+def test_search_names_what_was_given_and_notes_fp8_slower_than_bf16(tmp_path, engine):
+    """An FP8 checkpoint searched without --dtype was reported as '--dtype fp8: A100 has no FP8 ...'; rows where the
+    FP8 model predicts a longer TPOT than BF16 (H20's measured FP8 kernels) are pointed out."""
+    from pipeweave.serving.search import fp8_slower_than_bf16
+
+    checkpoint = tmp_path / "fp8.json"
+    checkpoint.write_text(json.dumps({**json.loads((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text()),
+                                      "quantization_config": {"quant_method": "fp8"}}))
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", checkpoint, "--hardware", "H100,A100", "--gpu_budget",
+                        "1", "--max_num_seqs", "8", "--trace", "splitwise_48", "--num_requests", "4",
+                        "--model_dir", engine.model_dir, "--output", out)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out, keep_default_na=False).set_index("hardware")
+    assert list(table["dtype"]) == ["fp8", "fp8"]
+    assert table.loc["A100", "reason"].startswith("FP8 weights (quantization_config of fp8): A100 has no FP8")
+    rows = pd.DataFrame({"hardware": ["H20", "H20", "H100", "H100"], "dtype": ["bf16", "fp8"] * 2, "tp": 1, "pp": 1,
+                         "ep": 1, "max_num_seqs": 8, "feasible": True, "tpot_ms": [9.8, 13.9, 6.8, 5.5]})
+    assert fp8_slower_than_bf16(rows) == ["H20"]
 
 
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):

@@ -15,6 +15,7 @@ models once and keeps them for its later candidates.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -25,13 +26,13 @@ import pandas as pd
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
                                   engine_from_settings)
-from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
+from pipeweave.serving.run import ServingConfig, check_model_and_requests, kernel_categories, weight_dtype
 from pipeweave.workload import DTYPES
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
 #: columns of a feasible candidate's simulation (NaN on infeasible rows)
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "makespan_ms", "kv_cache_tokens",
-           "preemptions", "unmeasured_gpu")
+           "preemptions", "max_num_batched_tokens")
 _ENGINES: dict[tuple, object] = {}  # per worker process: the prediction engine by its settings
 
 
@@ -79,14 +80,21 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
     from pipeweave.serving.run import simulate_config
     from pipeweave.serving.simulator import summarize
 
+    from pipeweave.workload import load_model_config
+
     if engine not in _ENGINES:
         _ENGINES[engine] = engine_from_settings(engine)
-    row = {"hardware": config.hardware, "dtype": config.dtype, "tp": config.tp, "pp": config.pp, "ep": config.ep,
+    cfg = load_model_config(config.model_config)
+    dtype = weight_dtype(cfg, config.dtype)  # the checkpoint's where --dtype was not given (checked in main)
+    unmeasured = ";".join(_ENGINES[engine].unmeasured(_ENGINES[engine].gpu(config.hardware),
+                                                      kernel_categories(cfg, dtype)))
+    row = {"hardware": config.hardware, "dtype": dtype, "tp": config.tp, "pp": config.pp, "ep": config.ep,
            "gpus": config.tp * config.pp, "max_num_seqs": config.max_num_seqs}
     try:
         run = simulate_config(config, _ENGINES[engine])
     except (UserError, ValueError, FileNotFoundError) as exc:
-        return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc)}
+        return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc),
+                      "unmeasured_gpu": unmeasured}
     summary = summarize(run.simulation)
     ttft = _percentile(run.simulation, "ttft_ms", targets["ttft_percentile"])
     tpot = _percentile(run.simulation, "tpot_ms", targets["tpot_percentile"])
@@ -98,7 +106,8 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
         "output_tokens_per_s": summary["output_tokens_per_s"],
         "output_tokens_per_s_per_gpu": summary["output_tokens_per_s"] / (config.tp * config.pp),
         "makespan_ms": summary["makespan_ms"], "kv_cache_tokens": run.settings["kv_cache_tokens"],
-        "preemptions": summary["preemptions"], "unmeasured_gpu": ";".join(run.unmeasured_gpu),
+        "preemptions": summary["preemptions"], "max_num_batched_tokens": run.settings["max_num_batched_tokens"],
+        "unmeasured_gpu": unmeasured,
     }
 
 
@@ -140,6 +149,16 @@ def rank(table: pd.DataFrame) -> pd.DataFrame:
                               ascending=[False, False, False], kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
     return table
+
+
+def fp8_slower_than_bf16(table: pd.DataFrame) -> list[str]:
+    """The GPUs on which a feasible FP8 row has a longer TPOT than the BF16 row of the same (TP, PP, EP,
+    max_num_seqs): against the physics of halved weight bytes, so worth a word."""
+    keys = ["hardware", "tp", "pp", "ep", "max_num_seqs"]
+    feasible = table[table["feasible"]]
+    pairs = feasible[feasible["dtype"] == "fp8"].merge(feasible[feasible["dtype"] == "bf16"], on=keys,
+                                                       suffixes=("_fp8", "_bf16"))
+    return sorted(set(pairs.loc[pairs["tpot_ms_fp8"] > pairs["tpot_ms_bf16"], "hardware"]))
 
 
 def pareto_front(table: pd.DataFrame) -> pd.DataFrame:
@@ -239,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     if output.suffix != ".csv":
         raise UserError(f"--output {output}: expected a .csv file")
     plot = Path(args.plot) if args.plot else None
-    check_paths(args, {"--output": output} | ({"--plot": plot} if plot else {}))
+    record = output.with_suffix(".json")  # the sweep's settings, so that the table can be reproduced
+    check_paths(args, {"--output": output, "the settings JSON of --output": record}
+                | ({"--plot": plot} if plot else {}))
     from pipeweave.serving.cli import check_calibration, engine_settings, make_engine
     from pipeweave.serving.requests import load_serving_trace, make_requests
     from pipeweave.workload import load_model_config
@@ -253,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     base = config_from_args(args, hardware=gpus[0], tp=1, pp=min(pps), max_num_seqs=None, scheduler="vllm",
                             dtype=None, ep=1)
     cfg = load_model_config(base.model_config)
-    dtypes = list(dict.fromkeys(weight_dtype(cfg, dtype) for dtype in requested_dtypes))  # each row names its dtype
+    # one candidate per weight dtype, kept as asked (None: the checkpoint's), so that errors name what was given
+    dtypes = list({weight_dtype(cfg, dtype): dtype for dtype in requested_dtypes}.values())
     requests = make_requests(load_serving_trace(base.trace), base.num_requests, base.qps, base.seed,
                              base.per_request_outputs)
     for dtype in dtypes:
@@ -272,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         table["calibration"] = [str(local.calibration.path) if gpu == local.calibration.hardware else ""
                                 for gpu in table["hardware"]]
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
-    written = [output]
+    settings = {"config": {name: value for name, value in vars(args).items() if name not in ("output", "plot")},
+                "candidates": len(configs)}
+    write_atomically(record, lambda tmp: tmp.write_text(json.dumps(settings, indent=2) + "\n"))
+    written = [output, record]
     if plot and not table["feasible"].any():
         print(f"No candidate is feasible: {plot} not written")
     elif plot:
@@ -280,10 +305,17 @@ def main(argv: list[str] | None = None) -> int:
         written.append(plot)
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
-    zero_shot = sorted(set(table.loc[table["unmeasured_gpu"].fillna("") != "", "hardware"]))
+    calibrated = local.calibration.hardware if local.calibration is not None else None
+    zero_shot = sorted(set(table.loc[table["feasible"] & (table["unmeasured_gpu"].fillna("") != "")
+                                     & (table["hardware"] != calibrated), "hardware"]))
     if zero_shot:
         print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "
               f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
+    slower = fp8_slower_than_bf16(table)
+    if slower:
+        print(f"Note: {', '.join(slower)}: FP8 rows have a longer TPOT than the BF16 rows of the same setup; the FP8 "
+              f"GEMM model follows its training measurements, whose FP8 kernels can be slow at decode sizes (H20's "
+              f"reach ~13 % of its DRAM bandwidth), and an engine's FP8 kernels may be faster")
     for _, row in best.head(5).iterrows():
         print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']}"
               f"{f' EP{row.ep}' if row.ep > 1 else ''} max_num_seqs "
