@@ -284,7 +284,11 @@ class Engine:
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
         alternative = ("" if self.collective_estimate == "analytical"
                        else f" or {self.option('collective_estimate', 'analytical')}")
-        return (f"GPUs with measured models for {what}: {', '.join(covering) or 'none'}; give "
+        if not covering:  # "give one of them" of none reads as a riddle
+            return (f"no GPU has measured models for {what}"
+                    + (f"; give {self.option('collective_estimate', 'analytical')} for the warned estimate"
+                       if alternative else ""))
+        return (f"GPUs with measured models for {what}: {', '.join(covering)}; give "
                 f"{self.option('collective_hardware')} one of them{alternative}")
 
     # ---------------------------------------------------------------------------------------------

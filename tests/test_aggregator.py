@@ -570,3 +570,14 @@ def test_predict_kernels_reads_standard_input_and_folders_are_named_as_folders(m
         proc = subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True,
                               cwd=tmp_path, timeout=120)
         assert proc.returncode == 2 and f"{message} {tmp_path} is a directory" in proc.stderr, (script, proc.stderr)
+
+
+def test_a_worker_count_no_gpu_measured_says_so_and_offers_the_estimate(models):
+    """"GPUs with measured models for all_reduce with 16 workers: none; give --collective_hardware one of them"."""
+    from pipeweave.serving.run import ServingConfig, simulate_config
+    from pipeweave.engine import Engine
+
+    with pytest.raises(UserError, match="no GPU has measured models for all_reduce with 16 workers; give "
+                                        "--collective_estimate analytical for the warned estimate"):
+        simulate_config(ServingConfig("Llama-3.1-70B", "splitwise_48", "H100", tp=16, num_requests=2),
+                        Engine(model_dir=models, collective_estimate="model", log=None))
