@@ -402,7 +402,8 @@ def test_cli_communication_without_collective_model(models, tmp_path):
     out = tmp_path / "out.json"
     proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
                           "--collective_dir", empty, "--collective_estimate", "model", "--output", out)
-    assert_cli_error(proc, "communication", "--collective_hardware", "--collective_estimate analytical",
+    # a folder without models: no --collective_hardware can help, only the estimate
+    assert_cli_error(proc, "communication", "no GPU has measured models", "--collective_estimate analytical",
                      output=out)
     proc = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
                           "--collective_dir", empty, "--output", out)  # default: warned estimate, no crash
