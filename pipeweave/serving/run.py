@@ -8,6 +8,7 @@ from analytical_model.gemm_fp8 import missing_rate
 from analytical_model.pipes import HardwareSpec
 from pipeweave.cli import UserError
 from pipeweave.engine import Engine
+from pipeweave.flatten import KERNEL_CATEGORIES
 from pipeweave.memory import check_memory
 from pipeweave.moe import expert_parallel_problem
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, BlockManager, kv_cache_blocks
@@ -15,7 +16,6 @@ from pipeweave.serving.requests import MAX_NUM_REQUESTS, load_serving_trace, mak
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
 from pipeweave.serving.step_cost import KernelStepCost
-from pipeweave.flatten import KERNEL_CATEGORIES
 from pipeweave.workload import (DECODE_ATTN_DEFAULT, DTYPES, ModelConfig, RankShapes, iteration_operators,
                                 load_model_config)
 
