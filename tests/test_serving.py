@@ -865,6 +865,7 @@ def test_expert_parallelism_is_a_serving_setting_and_a_search_dimension(tmp_path
     assert dense.returncode == 2 and "expert parallelism needs a mixture-of-experts model" in dense.stderr
 
 
+@pytest.mark.filterwarnings("ignore:WARNING. the 80 % intervals")  # the untrained models' intervals
 def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
     """pipeweave.simulate_serving: serve_sim.py's object for the same options, the per-request table on request,
     ValueErrors for what serve_sim refuses."""
