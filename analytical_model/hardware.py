@@ -172,7 +172,7 @@ def _check_provenance(data: dict, source: str) -> None:
         raise ValueError(f"{source}: field 'provenance' must be an object mapping every field to its source")
     missing = [key for key in data if key not in _UNSOURCED
                and (not isinstance(provenance.get(key), str) or not provenance[key].strip()
-                    or provenance[key].startswith("TODO"))]
+                    or provenance[key].strip().lower().startswith("todo"))]
     if missing:
         raise ValueError(f"{source}: 'provenance' has no source for field(s) {', '.join(missing)}")
     unknown = [key for key in provenance if key not in data]

@@ -279,28 +279,32 @@ def simulate_serving(
     from dataclasses import fields
 
     from pipeweave.cli import UserError
-    from pipeweave.flatten import KERNEL_CATEGORIES
-    from pipeweave.serving.run import ServingConfig, check, kernel_categories, simulate_config, weight_dtype
+    from pipeweave.serving.cli import calibration_warnings
+    from pipeweave.serving.run import ServingConfig, simulate_config
     from pipeweave.serving.simulator import request_metrics, summarize
-    from pipeweave.workload import load_model_config
+    from pipeweave.workload import ATTENTION_BACKENDS
 
     known = [field.name for field in fields(ServingConfig)][3:]  # after model_config, trace and hardware
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; serve_sim.py's are {', '.join(known)}")
+    if not isinstance(hardware, str):
+        raise ValueError(f"hardware must be a GPU name (a file stem such as 'H100'), got {type(hardware).__name__}")
+    settings = {name: _setting(name, value) for name, value in settings.items()}
+    for name in ("prefill_attn", "decode_attn"):
+        if settings.get(name) is not None and settings[name] not in ATTENTION_BACKENDS:
+            raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}, got {settings[name]!r}")
     try:
         engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate, None,
                          _calibration_key(calibration))
         spec = engine.gpu(hardware)
         _check_calibration(engine.calibration, [spec.stem])
         config = ServingConfig(str(model_config), str(trace), spec.stem, **settings)
-        check(config)
         run = simulate_config(config, engine)
-        cfg = load_model_config(config.model_config)
-        ops = [KERNEL_CATEGORIES[category] for category in kernel_categories(cfg, weight_dtype(cfg, config.dtype))]
-        collectives = engine.gpu(config.collective_hardware).stem if config.collective_hardware else spec.stem
-        for line in engine.calibration_warnings(ops, [collectives] if config.tp * config.pp > 1 else []):
-            warnings.warn(line, UserWarning, stacklevel=2)  # serve_sim's, for a calibration of other models
+        if engine.calibration is not None:  # serve_sim's WARNINGs, for a calibration of other models
+            for line in calibration_warnings(engine, config.model_config, config.tp * config.pp > 1,
+                                             config.collective_hardware, [config.dtype]):
+                warnings.warn(line, UserWarning, stacklevel=2)
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
     result = {"config": config.as_dict() | {"model_dir": str(model_dir), "hardware_dir": str(hardware_dir),
@@ -311,3 +315,23 @@ def simulate_serving(
         result["requests"] = {column: values.tolist() for column, values in request_metrics(run.simulation.requests)
                               .items()}
     return result
+
+
+#: serve_sim.py's integer and number options (argparse types them on the command line; a caller may not)
+INTEGER_SETTINGS = ("tp", "pp", "ep", "num_requests", "seed", "max_num_seqs", "max_num_batched_tokens",
+                    "max_concurrent_batches", "decode_bucket")
+NUMBER_SETTINGS = ("qps", "gpu_memory_utilization")
+
+
+def _setting(name: str, value):
+    """A serving option as serve_sim.py would have parsed it: integers and numbers checked (numpy ones as plain
+    ones), so that "2" or 2.5 is one clear error instead of a TypeError inside the simulation."""
+    if value is None or (name not in INTEGER_SETTINGS and name not in NUMBER_SETTINGS):
+        return value
+    if isinstance(value, np.generic):
+        value = value.item()
+    if name in INTEGER_SETTINGS and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if name in NUMBER_SETTINGS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return value

@@ -113,6 +113,7 @@ def test_sanity_peaks():
         (lambda d: d.update(memoryType="SRAM"), "field 'memoryType' must be one of HBM2"),
         (lambda d: d["provenance"].pop("tcBf16"), "'provenance' has no source for field\\(s\\) tcBf16"),
         (lambda d: d["provenance"].update(tcBf16="  "), "'provenance' has no source for field\\(s\\) tcBf16"),
+        (lambda d: d["provenance"].update(tcBf16=" todo: fill"), "'provenance' has no source for field\\(s\\) tcBf16"),
         (lambda d: d["provenance"].update(foo="x"), "'provenance' names field\\(s\\) the file does not have: foo"),
         (lambda d: d.update(provenance="datasheet"), "field 'provenance' must be an object"),
         # found by a user audit (2026-12-04): each of these used to load and mislead every prediction

@@ -800,6 +800,11 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
     recorded = json.loads(out.with_suffix(".json").read_text())  # the sweep's settings beside its table
     assert recorded["config"]["model_config"] == "Llama-3.1-8B" and recorded["config"]["qps"] == 20
     assert recorded["config"]["tpot_ms"] == 1e9 and recorded["candidates"] == 2
+    assert recorded["engine"]["model_dir"] == str(engine.model_dir) and recorded["engine"]["calibration"] is None
+    # OUT.json beside hardware/H100.csv would have replaced the H100 spec
+    spec = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget", "1",
+                      "--trace", "splitwise_48", "--output", REPO / "hardware" / "H100.csv")
+    assert spec.returncode == 2 and "would overwrite the hardware JSON H100.json" in spec.stderr
     plot_pareto(pd.read_csv(out), tmp_path / "pareto.png", {"tpot_ms": 1e9, "tpot_percentile": 90})
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H999", "--gpu_budget", "2",
@@ -889,6 +894,12 @@ def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
         pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tpp=2)
     with pytest.raises(ValueError, match="--ep 2: Llama-3.1-8B is dense"):
         pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tp=2, ep=2, model_dir=engine.model_dir)
+    # what argparse would have typed: "2" or 2.0 was a TypeError inside the simulation
+    for setting, message in (({"tp": "2"}, "tp must be an integer, got '2'"), ({"tp": 2.0}, "tp must be an integer"),
+                             ({"qps": "10"}, "qps must be a number"), ({"decode_attn": "bogus"}, "decode_attn must "
+                                                                                                 "be one of")):
+        with pytest.raises(ValueError, match=message):
+            pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", model_dir=engine.model_dir, **setting)
 
 
 def test_search_names_what_was_given_and_notes_fp8_slower_than_bf16(tmp_path, engine):

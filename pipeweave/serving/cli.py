@@ -122,9 +122,18 @@ def check_paths(args, outputs: dict) -> None:
     """Before any work: each output (what names it -> path) writable, and none the same file as an input or as
     another output (serve_sim's per-request CSV takes --output's stem, so --output trace.json would replace trace.csv).
     Unknown --model_config or --trace names are reported here too."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from pipeweave.workload_inputs import QUANT_SIDECARS
+
     model = resolve_model_config(args.model_config, DEFAULT_CONFIG_DIR)
     trace = resolve_named_file(args.trace, DEFAULT_TRACE_DIR, ".csv", "trace")
     seen = {model.resolve(): "the --model_config file", trace.resolve(): "the --trace file"}
+    # the quantisation files the config is read with, and every GPU's spec (search_config's OUT.json beside
+    # hardware/H100.csv would replace hardware/H100.json)
+    seen |= {(model.parent / name).resolve(): f"the quantisation file {name} of --model_config"
+             for name in QUANT_SIDECARS if (model.parent / name).is_file()}
+    hardware_dir = Path(getattr(args, "hardware_dir", None) or DEFAULT_HARDWARE_DIR)
+    seen |= {spec.resolve(): f"the hardware JSON {spec.name}" for spec in hardware_dir.glob("*.json")}
     if getattr(args, "calibration", None):
         seen[Path(args.calibration).resolve()] = "the --calibration file"
     for name, path in outputs.items():
@@ -178,21 +187,29 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
     """A calibration for none of the simulated GPUs is refused, and one fitted against other kernel models (of the
     operators the model runs with weights in each of ``dtypes``) or, where the simulated deployments communicate,
     other collective models says so (as aggregator.py does)."""
-    from pipeweave.flatten import KERNEL_CATEGORIES
-    from pipeweave.serving.run import kernel_categories, weight_dtype
-    from pipeweave.workload import load_model_config
-
     calibration = engine.calibration
     if calibration is None:
         return
     calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
     print(f"Calibration: {calibration.path} ({calibration.hardware})")
+    for warning in calibration_warnings(engine, model_config, communicates, collective_hardware, dtypes):
+        print(warning)
+
+
+def calibration_warnings(engine, model_config: str, communicates: bool, collective_hardware: str | None = None,
+                         dtypes=(None,)) -> list[str]:
+    """:meth:`pipeweave.engine.Engine.calibration_warnings` for the kernel models a simulation of ``model_config``
+    uses with weights in each of ``dtypes``, and the collective models of ``collective_hardware`` (default: the
+    calibrated GPU's) where the deployments communicate."""
+    from pipeweave.flatten import KERNEL_CATEGORIES
+    from pipeweave.serving.run import kernel_categories, weight_dtype
+    from pipeweave.workload import load_model_config
+
     cfg = load_model_config(model_config)
     ops = [KERNEL_CATEGORIES[category] for dtype in dtypes
            for category in kernel_categories(cfg, weight_dtype(cfg, dtype))]
-    collectives = engine.gpu(collective_hardware).stem if collective_hardware else calibration.hardware
-    for warning in engine.calibration_warnings(ops, [collectives] if communicates else []):
-        print(warning)
+    collectives = engine.gpu(collective_hardware).stem if collective_hardware else engine.calibration.hardware
+    return engine.calibration_warnings(ops, [collectives] if communicates else [])
 
 
 def requests_csv(metrics: dict) -> str:

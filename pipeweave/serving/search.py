@@ -26,13 +26,16 @@ import pandas as pd
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
                                   engine_from_settings)
-from pipeweave.serving.run import ServingConfig, check_model_and_requests, kernel_categories, weight_dtype
+from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
 from pipeweave.workload import DTYPES
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
 #: columns of a feasible candidate's simulation (NaN on infeasible rows)
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "makespan_ms", "kv_cache_tokens",
-           "preemptions", "max_num_batched_tokens")
+           "preemptions", "max_num_batched_tokens", "unmeasured_gpu")
+#: the table's columns in order (whichever candidate comes first)
+COLUMNS = ("rank", "hardware", "dtype", "tp", "pp", "ep", "gpus", "max_num_seqs", "feasible", "meets_targets",
+           "reason", *METRICS)
 _ENGINES: dict[tuple, object] = {}  # per worker process: the prediction engine by its settings
 
 
@@ -84,17 +87,14 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
 
     if engine not in _ENGINES:
         _ENGINES[engine] = engine_from_settings(engine)
-    cfg = load_model_config(config.model_config)
-    dtype = weight_dtype(cfg, config.dtype)  # the checkpoint's where --dtype was not given (checked in main)
-    unmeasured = ";".join(_ENGINES[engine].unmeasured(_ENGINES[engine].gpu(config.hardware),
-                                                      kernel_categories(cfg, dtype)))
+    # the checkpoint's dtype where --dtype was not given (main checked that the model takes it)
+    dtype = weight_dtype(load_model_config(config.model_config), config.dtype)
     row = {"hardware": config.hardware, "dtype": dtype, "tp": config.tp, "pp": config.pp, "ep": config.ep,
            "gpus": config.tp * config.pp, "max_num_seqs": config.max_num_seqs}
     try:
         run = simulate_config(config, _ENGINES[engine])
     except (UserError, ValueError, FileNotFoundError) as exc:
-        return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc),
-                      "unmeasured_gpu": unmeasured}
+        return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc)}
     summary = summarize(run.simulation)
     ttft = _percentile(run.simulation, "ttft_ms", targets["ttft_percentile"])
     tpot = _percentile(run.simulation, "tpot_ms", targets["tpot_percentile"])
@@ -107,7 +107,7 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
         "output_tokens_per_s_per_gpu": summary["output_tokens_per_s"] / (config.tp * config.pp),
         "makespan_ms": summary["makespan_ms"], "kv_cache_tokens": run.settings["kv_cache_tokens"],
         "preemptions": summary["preemptions"], "max_num_batched_tokens": run.settings["max_num_batched_tokens"],
-        "unmeasured_gpu": unmeasured,
+        "unmeasured_gpu": ";".join(run.unmeasured_gpu),
     }
 
 
@@ -148,7 +148,7 @@ def rank(table: pd.DataFrame) -> pd.DataFrame:
     table = table.sort_values(["meets_targets", "feasible", "output_tokens_per_s_per_gpu"],
                               ascending=[False, False, False], kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
-    return table
+    return table[list(COLUMNS)]
 
 
 def fp8_slower_than_bf16(table: pd.DataFrame) -> list[str]:
@@ -294,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         table["calibration"] = [str(local.calibration.path) if gpu == local.calibration.hardware else ""
                                 for gpu in table["hardware"]]
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
+    model_dir, hardware_dir, estimate, calibration = engine
     settings = {"config": {name: value for name, value in vars(args).items() if name not in ("output", "plot")},
+                "engine": {"model_dir": model_dir, "hardware_dir": hardware_dir, "collective_estimate": estimate,
+                           "calibration": None if calibration is None else {"file": calibration[0],
+                                                                            "digest": calibration[1]}},
                 "candidates": len(configs)}
     write_atomically(record, lambda tmp: tmp.write_text(json.dumps(settings, indent=2) + "\n"))
     written = [output, record]
@@ -314,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     slower = fp8_slower_than_bf16(table)
     if slower:
         print(f"Note: {', '.join(slower)}: FP8 rows have a longer TPOT than the BF16 rows of the same setup; the FP8 "
-              f"GEMM model follows its training measurements, whose FP8 kernels can be slow at decode sizes (H20's "
-              f"reach ~13 % of its DRAM bandwidth), and an engine's FP8 kernels may be faster")
+              f"GEMM model follows its training measurements, whose FP8 kernels can be slow at decode sizes"
+              f"{' (H20: ~13 % of its DRAM bandwidth)' if 'H20' in slower else ''}, and an engine's FP8 kernels may "
+              f"be faster")
     for _, row in best.head(5).iterrows():
         print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']}"
               f"{f' EP{row.ep}' if row.ep > 1 else ''} max_num_seqs "
