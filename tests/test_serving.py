@@ -825,6 +825,9 @@ def test_search_config_tries_each_weight_dtype(tmp_path, engine):
     assert table["feasible"].tolist().count(False) == 1
     assert "no FP8 tensor-core rate" in table.loc[("A100", "fp8"), "reason"]
     assert table.loc[("H100", "fp8"), "kv_cache_tokens"] > table.loc[("H100", "bf16"), "kv_cache_tokens"]
+    # the token budget each row ran with: vLLM's default keeps the A100 on the small one
+    budget = table["max_num_batched_tokens"]  # read as text: keep_default_na leaves the infeasible row's empty cell
+    assert (budget[("H100", "bf16")], budget[("A100", "bf16")], budget[("A100", "fp8")]) == ("8192", "2048", "")
     bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget", "1",
                      "--dtype", "int4", "--trace", "splitwise_48", "--output", tmp_path / "bad.csv")
     assert bad.returncode == 2 and "--dtype must list dtypes among bf16, fp8, got 'int4'" in bad.stderr
