@@ -20,7 +20,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
 from pipeweave.cli import STANDARD_STREAM, UserError, check_output_path, require_file, write_atomically
-from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction
+from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction, unmeasured_note
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 from pipeweave.report import (EXTRAPOLATED_NOTE_SHARE, SUMMARY_KEYS, build_result, describe, dumps_result,
@@ -397,9 +397,7 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"treat it as a rough estimate")
     unmeasured = extrapolation.get("unmeasured_gpu")
     if unmeasured and "calibration" not in prediction.result:
-        print(f"Note: no kernel of {job.hardware.name} is in the training data of {', '.join(unmeasured)}: those "
-              f"predictions are zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); calibrate.py with a few "
-              f"measured kernels or one measured run corrects them")
+        print(unmeasured_note(job.hardware.name, unmeasured))
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
     print(f"Predictions saved to {'standard output' if str(target) == STANDARD_STREAM else target}")

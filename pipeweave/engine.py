@@ -125,6 +125,13 @@ class Prediction:
     collective_source: str | None = None  # "<GPU> models", "<GPU> models + analytical (kinds)", ...
 
 
+def unmeasured_note(gpu_name: str, categories, what: str = "predictions") -> str:
+    """The console note for :meth:`Engine.unmeasured` categories (``what``: the durations they make up)."""
+    return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}: those {what} are "
+            f"zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); calibrate.py with a few measured kernels or "
+            f"one measured run corrects them")
+
+
 class Engine:
     """Loads models once; :meth:`predict` handles any number of (workload, GPU) pairs in one batch."""
 

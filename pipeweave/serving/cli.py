@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
+from pipeweave.engine import unmeasured_note
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
@@ -153,9 +154,8 @@ def engine_settings(args) -> tuple[str, str, str, tuple[str, str] | None]:
     """(model_dir, hardware_dir, collective_estimate, (calibration file, its digest)) in force: the flags given,
     else the defaults (a Dask worker builds its engine from them)."""
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
-    from pipeweave.paths import DEFAULT_MODEL_DIR
-
     from pipeweave.calibration import calibration_key
+    from pipeweave.paths import DEFAULT_MODEL_DIR
 
     # with its digest, so that a worker never reuses the corrections of a rewritten file
     calibration = calibration_key(args.calibration) if args.calibration else None
@@ -165,10 +165,8 @@ def engine_settings(args) -> tuple[str, str, str, tuple[str, str] | None]:
 
 def engine_from_settings(settings: tuple, log=None):
     """The kernel predictor of :func:`engine_settings`, with the calibration file's corrections where given."""
-    from pipeweave.calibration import load_calibration
+    from pipeweave.calibration import file_digest, load_calibration
     from pipeweave.engine import Engine
-
-    from pipeweave.calibration import file_digest
 
     model_dir, hardware_dir, collective_estimate, calibration = settings
     if calibration and (not Path(calibration[0]).is_file() or file_digest(calibration[0]) != calibration[1]):
@@ -293,8 +291,6 @@ def main(argv: list[str] | None = None) -> int:
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
     calibrated = engine.calibration is not None and engine.calibration.hardware == engine.gpu(args.hardware).stem
     if run.unmeasured_gpu and not calibrated:
-        print(f"Note: no kernel of {engine.gpu(args.hardware).name} is in the training data of "
-              f"{', '.join(run.unmeasured_gpu)}: those step times are zero-shot (leave-one-GPU-out errors in "
-              f"docs/ACCURACY.md); calibrate.py with a few measured kernels or one measured run corrects them")
+        print(unmeasured_note(engine.gpu(args.hardware).name, run.unmeasured_gpu, "step times"))
     print(f"Results saved to {output} and {csv_path}")
     return 0

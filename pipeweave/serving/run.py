@@ -129,9 +129,11 @@ def vllm_settings(config: ServingConfig, hardware: HardwareSpec) -> dict:
 def static_memory_check(cfg: ModelConfig, hardware: HardwareSpec, config: ServingConfig):
     """The aggregator's memory check (:func:`pipeweave.memory.check_memory`) of each batch the static scheduler admits;
     per-request outputs are held to the batch's longest, as the workload generator's single output length."""
+    dtype = weight_dtype(cfg, config.dtype)
+
     def admit(batch: list) -> None:
         memory = check_memory(cfg, hardware, [r.prompt_tokens for r in batch], max(r.output_tokens for r in batch),
-                              tp=config.tp, pp=config.pp, ep=config.ep, dtype=weight_dtype(cfg, config.dtype))
+                              tp=config.tp, pp=config.pp, ep=config.ep, dtype=dtype)
         if not memory.fits:
             raise UserError(f"{cfg.stem} on {hardware.stem} (static batch of {len(batch)} requests, PP {config.pp}) "
                             f"{memory.message(config.tp)}")

@@ -82,7 +82,6 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
     """Simulate one candidate (run on a Dask worker); an infeasible candidate returns its reason."""
     from pipeweave.serving.run import simulate_config
     from pipeweave.serving.simulator import summarize
-
     from pipeweave.workload import load_model_config
 
     if engine not in _ENGINES:
