@@ -182,9 +182,11 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     if cfg.moe is None and ep != 1:
         raise WorkloadError(f"ep {ep} needs a mixture-of-experts model; {cfg.stem} is dense")
     if cfg.moe is not None:
-        if dtype == "fp8":
+        if dtype == "fp8":  # an FP8 checkpoint's fix is its quantisation: --dtype bf16 is refused above
+            fix = (f"remove {cfg.quantization_source} to predict its BF16 version" if cfg.checkpoint_dtype
+                   else "use --dtype bf16")
             raise WorkloadError(f"config {cfg.stem}: FP8 mixture-of-experts layers are not modelled (the fused-MoE "
-                                "model is trained on BF16 layers only); use --dtype bf16")
+                                f"model is trained on BF16 layers only); {fix}")
         problem = expert_parallel_problem(cfg.moe, tp, ep)
         if problem:
             raise WorkloadError(f"config {cfg.stem}: {problem}")

@@ -300,6 +300,9 @@ def test_fp8_moe_checkpoint_is_told_the_one_fix_that_works():
     moe = model_config_from_dict({**json_config("Qwen3-30B-A3B"), "quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(WorkloadError, match="FP8 mixture-of-experts layers are not modelled: remove quantization"):
         build_workload(moe, [512], 4)
+    # asked for as FP8, the same fix (it said "use --dtype bf16", which the first check then refuses)
+    with pytest.raises(WorkloadError, match="not modelled .*; remove quantization_config to predict its BF16 version"):
+        build_workload(moe, [512], 4, dtype="fp8")
 
 
 def test_architecture_not_the_checkpoint_path_decides_qk_norm():
