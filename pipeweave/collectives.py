@@ -94,15 +94,30 @@ from .collective_serving import (
     custom_allreduce_params, link_family, read_serving, ring_factor,
 )
 
-KINDS = ("all_reduce", "send_recv")
+KINDS = ("all_reduce", "send_recv")  # the kinds with measured models
+#: kinds predicted as a measured kind at a fraction of their bytes (:func:`measured_kind`)
+DERIVED_KINDS = {"all_gather": ("all_reduce", 0.5)}
 MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"
 SEND_RECV_WORKERS = 2
 
 
+def measured_kind(kind: str) -> tuple[str, float]:
+    """(the measured kind that predicts ``kind``, the factor on its bytes). An all-gather whose gathered output is S
+    bytes is the all-reduce of S / 2 bytes: a ring all-reduce is a reduce-scatter followed by an all-gather, each
+    rank sending (n - 1) / n of the message in each, so both move (n - 1) / n * S per rank in n - 1 steps. On the
+    17 NCCL tables of aiconfigurator-core that hold both (9 GPUs, 2-8 workers, half precision) the all-gather of S
+    bytes is 0.48-1.78x the all-reduce of S / 2 from 256 KiB to 64 MiB, the logits' sizes (mean deviation 17 %,
+    ``tests/test_collectives.py``): NCCL's all-reduce switches to tree and NVLS algorithms at 8 GPUs, the all-gather
+    does not. Below 8 MiB on NVLink the all-reduce model is vLLM's custom all-reduce, a few µs faster than NCCL.
+    A workload's one all-gather per iteration (the logits of a vocabulary-parallel ``lm_head``) is small beside the
+    step: 0.02 of 11.3 ms in a decode step of Llama-3.1-70B with 16 requests at TP8 on H20."""
+    return DERIVED_KINDS.get(kind, (kind, 1.0))
+
+
 def collective_workers(kind: str, tp_size: int) -> int:
-    """Workers of one collective of a workload: its TP group for an all-reduce, a pipeline pair for send/recv."""
-    return tp_size if kind == "all_reduce" else SEND_RECV_WORKERS
+    """Workers of one collective of a workload: a pipeline pair for send/recv, else its TP group."""
+    return SEND_RECV_WORKERS if kind == "send_recv" else tp_size
 
 REGRESSORS = ("interp", "rf", "reference_rf")
 
@@ -121,6 +136,7 @@ def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: floa
 
     * ``all_reduce`` (ring): 2 (n - 1) / n * bytes / link_gbps + latency_us * log2(n); 0 ms for n = 1.
     * ``send_recv``: bytes / link_gbps + latency_us (num_workers is ignored: a point-to-point transfer).
+    * ``all_gather`` (of ``bytes`` gathered): the all-reduce of half the bytes (:func:`measured_kind`).
 
     ``link_gbps`` is the per-GPU, per-direction link bandwidth in **GB/s** (10^9 bytes/s, not gigabits), i.e. half
     the bidirectional figure vendors quote, and ``latency_us`` the smallest-message 2-GPU time: the hardware JSON's
@@ -142,6 +158,10 @@ def analytical_collective_terms(kind: str, size_bytes, num_workers, link_gbps: f
                                 ) -> tuple[np.ndarray, np.ndarray]:
     """(latency term, bandwidth term) of :func:`analytical_collective_ms`, in ms: their sum is the estimate."""
     _check_kind(kind)
+    base, factor = measured_kind(kind)
+    if base != kind:
+        return analytical_collective_terms(base, np.asarray(size_bytes, dtype=np.float64) * factor, num_workers,
+                                           link_gbps, latency_us)
     if not link_gbps or link_gbps <= 0:
         raise ValueError(f"link_gbps must be a positive bandwidth in GB/s, got {link_gbps!r}")
     size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64),
@@ -183,8 +203,8 @@ def find_model_file(gpu_dir: Path, kind: str) -> Path | None:
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind not in KINDS and kind not in DERIVED_KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join((*KINDS, *DERIVED_KINDS))}")
 
 
 def _check_sizes(size: np.ndarray) -> None:
@@ -296,12 +316,14 @@ class CollectivePredictor:
 
     # --------------------------------------------------------------------------------------------------------
     def available(self, kind: str) -> bool:
-        """Whether a measured model exists for ``kind`` (False does not mean predict_ms fails when allowed)."""
+        """Whether a measured model exists for ``kind`` (False does not mean predict_ms fails when allowed); for an
+        all-gather, the all-reduce model that predicts it (:func:`measured_kind`)."""
         _check_kind(kind)
-        return kind in self.models
+        return measured_kind(kind)[0] in self.models
 
     def worker_counts(self, kind: str) -> list[int]:
         _check_kind(kind)
+        kind = measured_kind(kind)[0]
         return sorted(self.models[kind]["range"]) if kind in self.models else []
 
     @cached_property
@@ -360,6 +382,7 @@ class CollectivePredictor:
         if ring is None:
             factor, basis = 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
         else:
+            kind = measured_kind(kind)[0]
             workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
             factor, basis = ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
                                         exclude=self.hardware)
@@ -387,6 +410,7 @@ class CollectivePredictor:
         family = None if ring is None else ring["interval"].get(link_family(load_hardware(self.hardware).link_type))
         if family is None:
             return None
+        kind = measured_kind(kind)[0]
         workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
         entry = family["by_count"].get(f"{kind} x{workers}", family["pooled"])
         return float(np.exp(entry["low"])), float(np.exp(entry["high"]))
@@ -425,10 +449,18 @@ class CollectivePredictor:
     def predict_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Time in ms of one ``kind`` collective of ``size_bytes`` over ``num_workers`` GPUs (broadcast arrays).
 
-        send_recv always uses 2 workers. Unseen worker counts or a missing model raise unless the analytical
-        estimate was allowed; then those entries are estimated analytically and ``kind`` joins ``used_analytical``.
+        send_recv always uses 2 workers; an all-gather is the all-reduce of half its bytes (:func:`measured_kind`).
+        Unseen worker counts or a missing model raise unless the analytical estimate was allowed; then those entries
+        are estimated analytically and ``kind`` joins ``used_analytical``.
         """
         _check_kind(kind)
+        base, factor = measured_kind(kind)
+        if base != kind:
+            before = set(self.used_analytical)
+            out = self.predict_ms(base, np.asarray(size_bytes, dtype=np.float64) * factor, num_workers)
+            if self.used_analytical != before:  # the estimate stood in for this kind, not for an all-reduce
+                self.used_analytical = before | {kind}
+            return out
         size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
         shape = size.shape
         size = size.ravel()
@@ -494,5 +526,6 @@ def _model_from_json(data: dict) -> dict:
                        for w, curve in data["curves"].items()}}
 
 
-__all__ = ["DEFAULT_COLLECTIVE_DIR", "KINDS", "CollectivePredictor", "collective_hardware_with_models",
+__all__ = ["DEFAULT_COLLECTIVE_DIR", "KINDS", "DERIVED_KINDS", "measured_kind", "CollectivePredictor",
+           "collective_hardware_with_models",
            "analytical_collective_ms", "model_predict_ms", "load_model"]

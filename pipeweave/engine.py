@@ -70,7 +70,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
-from pipeweave.collectives import collective_workers
+from pipeweave.collectives import collective_workers, measured_kind
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.intervals import physical_interval
 from pipeweave.moe import pass_shares
@@ -285,8 +285,8 @@ class Engine:
         so that following the hint cannot lead to the next missing model."""
         from pipeweave.collectives import hardware_covering
 
-        needed = {(kind, collective_workers(kind, job.workload.tp_size))
-                  for kind, _ in job.workload.collectives}
+        needed = {(measured_kind(kind)[0], collective_workers(kind, job.workload.tp_size))
+                  for kind, _ in job.workload.collectives}  # an all-gather needs the all-reduce model
         covering = hardware_covering(needed, self.collective_dir)
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
         alternative = ("" if self.collective_estimate == "analytical"
@@ -606,7 +606,7 @@ class Engine:
             sizes = np.array([workload.collectives[i][1] for i in rows], dtype=np.float64)
             workers = collective_workers(kind, workload.tp_size)
             measured = predictor.available(kind) and (
-                workers in predictor.worker_counts(kind) or (kind == "all_reduce" and workers == 1))
+                workers in predictor.worker_counts(kind) or (kind != "send_recv" and workers == 1))
             try:
                 out[rows] = self._calibrated(kind, [job.hardware.stem] * len(rows),
                                              predictor.predict_ms(kind, sizes, workers),
@@ -626,7 +626,7 @@ class Engine:
                         f"estimate (pipeweave.collectives.CollectivePredictor.analytical_ms: hardware JSON link "
                         f"bandwidth and latency, the bandwidth term x {factor:.2f}, the ring efficiency {basis}; not "
                         f"measurements of this GPU) because no measured model covers it"
-                        + ("" if kind != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
+                        + ("" if measured_kind(kind)[0] != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
                            f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
                            f"the plain ring estimate, not the fitted custom all-reduce"))
         return out, analytical

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.validation import MAX_BATCH
-from pipeweave.workload import (DECODE_ATTN_DEFAULT, PREFILL_ATTN_DEFAULT, Trace, WorkloadError, positive_int,
-                                build_workload, load_model_config, load_trace, serialize_workload)
+from pipeweave.workload import (DECODE_ATTN_DEFAULT, LM_HEAD_DEFAULT, PREFILL_ATTN_DEFAULT, Trace, WorkloadError,
+                                build_workload, load_model_config, load_trace, positive_int, serialize_workload)
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -24,7 +24,8 @@ class WorkloadSpec:
     ``prompt_tokens`` then replaces every request's prompt length (after merging);
     ``output_tokens`` replaces the trace's value; ``name`` replaces the trace stem in the file name (default:
     :func:`workload_label`). Without a trace, ``requests`` identical requests of ``prompt_tokens`` and
-    ``output_tokens`` are generated.
+    ``output_tokens`` are generated. ``lm_head`` is its layout over the TP ranks
+    (:data:`pipeweave.workload.LM_HEAD_LAYOUTS`).
     """
 
     model_config: str
@@ -41,6 +42,7 @@ class WorkloadSpec:
     ep: int = 1
     dtype: str = "bf16"
     requests: int | None = None
+    lm_head: str = LM_HEAD_DEFAULT
 
 
 def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: int, ep: int = 1,
@@ -53,7 +55,8 @@ def output_name(config_stem: str, label: str, prefill_attn: str, tp: int, pp: in
 
 def workload_label(spec: WorkloadSpec, trace_stem: str) -> str:
     """The label of the file name: ``name`` if given, else the trace stem plus ``_single``, ``_p<prompt tokens>``,
-    ``_o<output tokens>``, ``_qknorm``, ``_prefill-<type>`` (a paged prefill) and ``_decode-<type>`` for the overrides
+    ``_o<output tokens>``, ``_qknorm``, ``_prefill-<type>`` (a paged prefill), ``_decode-<type>`` and
+    ``_lmhead-<layout>`` for the overrides
     and variants given, so that a workload that is not the trace's never takes the name (and overwrites the file) of
     the trace's own workload, such as a paper workload."""
     if spec.name is not None:
@@ -68,6 +71,8 @@ def workload_label(spec: WorkloadSpec, trace_stem: str) -> str:
         parts.append(f"prefill-{spec.prefill_attn}")
     if spec.decode_attn != DECODE_ATTN_DEFAULT:
         parts.append(f"decode-{spec.decode_attn}")
+    if spec.lm_head != LM_HEAD_DEFAULT:
+        parts.append(f"lmhead-{spec.lm_head}")
     return "_".join(parts)
 
 
@@ -95,7 +100,7 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
                             "'.', '_' and '-'")
     workload = build_workload(cfg, prompts, output_tokens, tp=spec.tp, pp=spec.pp, prefill_attn=spec.prefill_attn,
                               decode_attn=spec.decode_attn, qk_norm_rmsnorm=spec.qk_norm_rmsnorm, ep=spec.ep,
-                              dtype=spec.dtype)
+                              dtype=spec.dtype, lm_head=spec.lm_head)
     generated = GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep,
                                               spec.dtype), serialize_workload(workload))
     _refuse_paper_name_clash(spec, generated, config_dir, trace_dir)
@@ -118,8 +123,9 @@ def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload, c
         raise WorkloadError(f"{generated.file_name}: read from another --config_dir or --trace_dir, this workload "
                             f"differs from the paper workload of that name; use the default folders, or (a single "
                             f"workload) give --name with another label")
-    flag = (" (the paper's was generated with --qk_norm_rmsnorm)"
-            if paper.qk_norm_rmsnorm and not spec.qk_norm_rmsnorm else "")
+    flags = [flag for flag, differs in (("--qk_norm_rmsnorm", paper.qk_norm_rmsnorm and not spec.qk_norm_rmsnorm),
+                                        (f"--lm_head {paper.lm_head}", paper.lm_head != spec.lm_head)) if differs]
+    flag = f" (the paper's was generated with {' and '.join(flags)})" if flags else ""
     raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py --paper_set "
                         f"writes it) and this workload differs from it{flag}; give --name with another label to "
                         f"write it under another name")
@@ -168,7 +174,9 @@ def _paper_set() -> tuple[WorkloadSpec, ...]:
     specs.append(WorkloadSpec("Qwen2.5-14B", "arxiv_8", tp=1, single_sequence=True, name="vllm_a8"))
     specs.append(WorkloadSpec("Qwen2.5-14B", "splitwise_32", tp=1, single_sequence=True, prompt_tokens=32720,
                               name="vllm_s32"))
-    return tuple(specs)
+    # every rank computes the whole vocabulary's logits in the artifact's files (docs/METHOD.md §11.3.21), under the
+    # plain names it gave them
+    return tuple(replace(s, lm_head="replicated", name=workload_label(s, s.trace)) for s in specs)
 
 
 PAPER_SET: tuple[WorkloadSpec, ...] = _paper_set()

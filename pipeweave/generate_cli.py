@@ -10,12 +10,13 @@ from pipeweave.cli import ArgumentParser, UserError, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
 from pipeweave.validation import fa3_mismatch
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
-                                DEFAULT_TRACE_DIR, DTYPES, PREFILL_ATTN_DEFAULT, load_model_config)
+                                DEFAULT_TRACE_DIR, DTYPES, LM_HEAD_DEFAULT, LM_HEAD_LAYOUTS, PREFILL_ATTN_DEFAULT,
+                                load_model_config)
 
 # Flags that describe a single workload (not allowed together with --paper_set).
 _SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "ep", "dtype", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
                  "single_sequence", "prompt_tokens", "output_tokens", "name",
-                 "requests", "hardware")
+                 "requests", "hardware", "lm_head")
 
 
 def build_parser() -> ArgumentParser:
@@ -48,6 +49,10 @@ def build_parser() -> ArgumentParser:
                                          f"refused for a --hardware GPU that cannot run it)")
     p.add_argument("--qk_norm_rmsnorm", action="store_true", default=None,
                    help="Qwen3 QK-norm approximation: RMSNorm count 4L+1 instead of 2L+1")
+    p.add_argument("--lm_head", choices=LM_HEAD_LAYOUTS,
+                   help=f"how the TP ranks hold lm_head (default {LM_HEAD_DEFAULT}: each rank the logits of 1/TP of "
+                        f"the vocabulary and an all-gather of them, as vLLM runs it; replicated: the whole vocabulary "
+                        f"on every rank, as the artifact's workloads, which --paper_set writes)")
     p.add_argument("--single_sequence", action="store_true", default=None,
                    help="merge the trace's prompts into one request whose prompt is their sum")
     p.add_argument("--prompt_tokens", type=positive_int,
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name,
-            requests=args.requests)]
+            requests=args.requests, lm_head=args.lm_head or LM_HEAD_DEFAULT)]
     spec = load_hardware(args.hardware) if args.hardware is not None else None
     if spec is not None and args.decode_attn and fa3_mismatch(args.decode_attn, spec.architecture):
         raise UserError(f"--decode_attn {args.decode_attn}: FlashAttention-3 runs only on Hopper GPUs, and {spec.stem} "

@@ -59,7 +59,7 @@ _KERNEL_KEYS = tuple(c.value for c in KERNEL_CATEGORIES)
 _LIST_KERNEL_KEYS = (Category.GEMM.value, Category.GEMM_FP8.value, Category.MOE.value, Category.QUANTIZE.value)
 DTYPES = ("bf16", "fp8")
 PHASES = ("prefill", "decode")
-COLLECTIVE_KINDS = ("all_reduce", "send_recv")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "send_recv")
 #: why an iteration without any operator entry is refused (by the file reader and for in-memory workloads)
 NO_OPERATORS = "has no operators (an empty iteration would be predicted as 0 ms)"
 
@@ -72,10 +72,12 @@ _SEQUENCES = (list, tuple)
 
 
 def collective_kind(name: str, kind_type: str = "") -> str | None:
-    """all_reduce / send_recv from a communication entry's name and type (None if neither)."""
+    """all_reduce / all_gather / send_recv from a communication entry's name and type (None if none of them)."""
     lowered = name.lower()
     if "all_reduce" in lowered or "allreduce" in lowered:
         return "all_reduce"
+    if "all_gather" in lowered or "allgather" in lowered or str(kind_type).lower() == "all_gather":
+        return "all_gather"
     if "send" in lowered or "recv" in lowered or str(kind_type).lower() == "p2p":
         return "send_recv"
     return None
@@ -632,7 +634,7 @@ class _Reader:
         kind_type = op.get("type", "")
         if collective_kind(name, kind_type) is None:
             self.fail(f"{at}: unknown collective {name!r} (type {kind_type!r}); expected a name containing "
-                      "'all_reduce', or 'send'/'recv' or type 'p2p'")
+                      "'all_reduce' or 'all_gather' (or type 'all_gather'), or 'send'/'recv' or type 'p2p'")
         volume = op.get("volume_bytes")
         if type(volume) is not int or volume <= 0:
             self.fail(f"{at}.volume_bytes must be a positive integer, got {volume!r}")

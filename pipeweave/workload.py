@@ -27,6 +27,15 @@ PREFILL_ATTN_DEFAULT = "fa3_ragged"
 DECODE_ATTN_DEFAULT = "fa2_paged"
 #: Attention type strings the aggregator understands ("fa2"/"fa3" family x "ragged"/"paged" layout).
 ATTENTION_BACKENDS = ("fa2_ragged", "fa3_ragged", "fa2_paged", "fa3_paged")
+#: How the TP ranks hold ``lm_head``: "vocab_parallel" as vLLM's ParallelLMHead (each rank the logits of
+#: 1/TP of the vocabulary padded to VOCAB_PADDING, then an all-gather of the logits), "replicated" as the
+#: artifact's workloads (the whole vocabulary on every rank, no gather; docs/METHOD.md §11.3.21)
+LM_HEAD_LAYOUTS = ("vocab_parallel", "replicated")
+LM_HEAD_DEFAULT = "vocab_parallel"
+#: vLLM pads the vocabulary of its vocabulary-parallel embedding and lm_head to a multiple of this
+#: (vllm.model_executor.layers.vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE)
+VOCAB_PADDING = 64
+LOGITS_BYTES = 2  # logits leave lm_head in the activation dtype (BF16) and are gathered before sampling
 
 # --------------------------------------------------------------------------------------------------
 # Workload construction (docs/METHOD.md sections 6.2 and 6.3)
@@ -88,11 +97,23 @@ class RankShapes:
         )
 
 
+def lm_head_width(cfg: ModelConfig, tp: int, lm_head: str = LM_HEAD_DEFAULT) -> int:
+    """The vocabulary columns of ``lm_head`` on one TP rank (:data:`LM_HEAD_LAYOUTS`); raises WorkloadError for an
+    unknown layout or a padded vocabulary that TP does not divide (vLLM refuses it too)."""
+    if lm_head not in LM_HEAD_LAYOUTS:
+        raise WorkloadError(f"lm_head must be one of {', '.join(LM_HEAD_LAYOUTS)}, got {lm_head!r}")
+    if lm_head == "replicated":
+        return cfg.vocab_size
+    padded = -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    return _div(padded, tp, f"vocab_size ({cfg.vocab_size}, padded to {padded} as vLLM does)")
+
+
 def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
                         tokens: int, attention_type: str, rmsnorm_count: int, ep: int = 1,
-                        dtype: str = "bf16") -> dict:
+                        dtype: str = "bf16", lm_head: str = LM_HEAD_DEFAULT) -> dict:
     """The typed operators of one iteration (keyword arguments of :class:`pipeweave.schema.Iteration`)."""
     hidden, layers, batch = cfg.hidden_size, cfg.num_hidden_layers, len(q)
+    head_n = lm_head_width(cfg, tp, lm_head)
     communication = []
     if tp > 1:
         volume = tokens * hidden * 2
@@ -101,6 +122,9 @@ def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q
         else:  # the MoE output is summed over the TP group's expert shards (EP inside TP: no all-to-all)
             communication += [CollectiveOp("all_reduce", volume, layers, type="collective"),
                               CollectiveOp("moe_all_reduce", volume, layers, type="collective")]
+        if lm_head == "vocab_parallel":  # each rank computed its vocabulary slice of every sequence's logits
+            communication.append(CollectiveOp("logits_all_gather", batch * head_n * tp * LOGITS_BYTES, 1,
+                                              type="all_gather"))
     if pp > 1:
         communication.append(CollectiveOp("send_recv", 2 * tokens * hidden * 2, pp - 1, type="p2p"))
     linear = [
@@ -114,7 +138,7 @@ def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q
             GemmOp(f"{prefix}down_proj", tokens, hidden, shard.down_k, layers, type="RowParallelLinear"),
         ]
     kept_bf16 = [] if cfg.moe is None else moe_gate_gemms(cfg.moe, hidden, tokens, layers)
-    kept_bf16.append(GemmOp("lm_head", batch, cfg.vocab_size, hidden, 1, type="Linear"))
+    kept_bf16.append(GemmOp("lm_head", batch, head_n, hidden, 1, type="Linear"))
     fp8 = dtype == "fp8"
     return {
         "gemm": kept_bf16 if fp8 else linear + kept_bf16,
@@ -141,10 +165,12 @@ def _fp8_activation_quantisation(linear: list[GemmOp], tokens: int) -> list[Quan
 
 def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1, pp: int = 1,
                    prefill_attn: str = PREFILL_ATTN_DEFAULT, decode_attn: str = DECODE_ATTN_DEFAULT,
-                   qk_norm_rmsnorm: bool = False, ep: int = 1, dtype: str = "bf16") -> Workload:
+                   qk_norm_rmsnorm: bool = False, ep: int = 1, dtype: str = "bf16",
+                   lm_head: str = LM_HEAD_DEFAULT) -> Workload:
     """The workload (:class:`pipeweave.schema.Workload`) of a static batch of ``prompt_tokens`` requests.
 
     ``qk_norm_rmsnorm`` selects the artifact's Qwen3 QK-norm approximation (RMSNorm count 4L + 1 instead of 2L + 1).
+    ``lm_head`` is its layout over the TP ranks (:data:`LM_HEAD_LAYOUTS`; "replicated" for the artifact's files).
     ``ep`` spreads an MoE model's experts over groups of the TP ranks (it must divide ``tp``); ``dtype="fp8"``
     turns the linear layers (not the router or ``lm_head``) into FP8 GEMMs plus the activation quantisation.
     Non-default ``ep`` and ``dtype`` are recorded as ``ep_size`` and ``dtype`` keys.
@@ -191,6 +217,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
         if problem:
             raise WorkloadError(f"config {cfg.stem}: {problem}")
     shard = RankShapes.of(cfg, tp)
+    lm_head_width(cfg, tp, lm_head)
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise WorkloadError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
                             f"num_key_value_heads ({cfg.num_key_value_heads}) (grouped-query attention)")
@@ -206,7 +233,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
             phase, q, kv, tokens, attn = "decode", [1] * batch, [p + step for p in prompts], batch, decode_attn
         iterations.append(Iteration(
             phase, step + 1, batch_size=batch, q_lengths=q, kv_lengths=kv, num_tokens=tokens,
-            **iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count, ep, dtype),
+            **iteration_operators(cfg, shard, tp, pp, q, kv, tokens, attn, rmsnorm_count, ep, dtype, lm_head),
         ))
     workload = Workload(iterations, model=cfg.model, tp_size=tp, pp_size=pp, model_params=cfg.model_params(),
                         ep_size=ep, dtype=dtype)
@@ -222,7 +249,8 @@ def serialize_workload(workload: Workload) -> bytes:
 
 
 __all__ = [
-    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "DTYPES", "ModelConfig",
+    "ATTENTION_BACKENDS", "DEFAULT_CONFIG_DIR", "DEFAULT_OUTPUT_DIR", "DEFAULT_TRACE_DIR", "DTYPES", "LM_HEAD_DEFAULT",
+    "LM_HEAD_LAYOUTS", "ModelConfig",
     "MoeConfig", "RankShapes", "Trace", "WorkloadError", "build_workload", "format_trace", "load_model_config",
     "load_trace", "model_config_from_dict", "parse_trace", "positive_int", "serialize_workload",
 ]

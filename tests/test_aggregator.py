@@ -357,9 +357,9 @@ def test_quantile_models_give_optimistic_summary(models, tmp_path):
     (lambda d: d["iterations"][0]["operators"]["rmsnorm"].update(count=1.5),
      "iteration 1: operators.rmsnorm.count must be a positive integer"),
     (lambda d: d["iterations"][1].update(phase="warmup"), "iteration 2: phase must be"),
-    (lambda d: d["iterations"][0]["operators"].update(communication=[{"name": "all_gather", "type": "collective",
+    (lambda d: d["iterations"][0]["operators"].update(communication=[{"name": "all_to_all", "type": "collective",
                                                                      "volume_bytes": 4, "count": 1}]),
-     "iteration 1: operators.communication[0]: unknown collective 'all_gather'"),
+     "iteration 1: operators.communication[0]: unknown collective 'all_to_all'"),
     (lambda d: d.update(tp_size=0), "tp_size must be a positive integer"),
     (lambda d: d.update(iterations=[]), "'iterations' must be a non-empty list"),
 ])

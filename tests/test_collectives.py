@@ -15,8 +15,9 @@ from pipeweave.collective_training import (
 )
 from pipeweave.collectives import (
     DEFAULT_COLLECTIVE_DIR, KINDS, CollectivePredictor, analytical_collective_ms, analytical_collective_terms,
-    collective_hardware_with_models, load_model, model_predict_ms,
+    collective_hardware_with_models, collective_workers, load_model, model_predict_ms,
 )
+from pipeweave.schema import collective_kind
 
 GiB, MiB = 2**30, 2**20
 COMMITTED = collective_hardware_with_models(DEFAULT_COLLECTIVE_DIR)
@@ -111,6 +112,35 @@ def test_send_recv_uses_two_workers():
     assert not pred.used_analytical
 
 
+def test_an_all_gather_is_the_all_reduce_of_half_its_bytes():
+    stem = next(s for s in COMMITTED if CollectivePredictor(s).available("all_reduce"))
+    pred = CollectivePredictor(stem)
+    assert pred.available("all_gather") and pred.worker_counts("all_gather") == pred.worker_counts("all_reduce")
+    workers = pred.worker_counts("all_reduce")[-1]
+    sizes = np.array([64 * 1024, 4 * MiB, 256 * MiB])
+    np.testing.assert_array_equal(pred.predict_ms("all_gather", sizes, workers),
+                                  pred.predict_ms("all_reduce", sizes / 2, workers))
+    assert collective_workers("all_gather", 8) == 8 and collective_workers("send_recv", 8) == 2
+    for latency, transfer in zip(analytical_collective_terms("all_gather", sizes, 4, 50.0, 5.0),
+                                 analytical_collective_terms("all_reduce", sizes / 2, 4, 50.0, 5.0)):
+        np.testing.assert_array_equal(latency, transfer)
+    assert not pred.used_analytical
+    unseen = max(pred.worker_counts("all_reduce")) * 2
+    with pytest.raises(ValueError, match="no measurements for num_workers"):
+        pred.predict_ms("all_gather", MiB, unseen)
+    allowed = CollectivePredictor(stem, allow_analytical=True)
+    assert allowed.predict_ms("all_gather", MiB, unseen) > 0
+    assert allowed.used_analytical == {"all_gather"}
+
+
+def test_workload_entries_name_the_all_gather():
+    assert collective_kind("logits_all_gather", "all_gather") == "all_gather"
+    assert collective_kind("gather", "all_gather") == "all_gather"
+    assert collective_kind("allgather") == "all_gather"
+    assert collective_kind("all_reduce", "collective") == "all_reduce"
+    assert collective_kind("all_to_all", "collective") is None
+
+
 def test_vectorised_broadcast_and_zero():
     pred = CollectivePredictor(COMMITTED[0])
     kind = "all_reduce" if pred.available("all_reduce") else "send_recv"
@@ -125,7 +155,7 @@ def test_unknown_gpu_kind_and_bad_inputs():
         CollectivePredictor("NoSuchGPU 9000")
     pred = CollectivePredictor(COMMITTED[0])
     with pytest.raises(ValueError, match="unknown collective kind"):
-        pred.predict_ms("all_gather", MiB, 2)
+        pred.predict_ms("all_to_all", MiB, 2)
     with pytest.raises(ValueError, match="unknown collective kind"):
         pred.available("p2p")
     with pytest.raises(ValueError, match="non-negative"):
@@ -462,6 +492,34 @@ def collectives():
     if aiconfigurator_data_dir() is None:
         pytest.skip("aiconfigurator-core (0.12.0) is not installed")
     return load_collectives(log=_quiet)
+
+
+@pytest.mark.data
+def test_the_all_gather_rule_on_measured_nccl_tables():
+    """pipeweave.collectives.measured_kind: on aiconfigurator-core's NCCL tables (half precision), the all-gather of S
+    bytes against the all-reduce of S / 2 on the same GPUs and worker counts, at the logits' sizes."""
+    from dataset.aiconfigurator import aiconfigurator_data_dir
+    root = aiconfigurator_data_dir()
+    if root is None:
+        pytest.skip("aiconfigurator-core (0.12.0) is not installed")
+    deviations, ratios, tables = [], [], 0
+    for system in sorted(p for p in root.iterdir() if (p / "comm" / "nccl").is_dir()):
+        for path in sorted((system / "comm" / "nccl").glob("*/nccl_perf.parquet")):
+            frame = pd.read_parquet(path, columns=["op_name", "nccl_dtype", "num_gpus", "message_size", "latency"])
+            frame = frame[frame["nccl_dtype"] == "half"]
+            if not {"all_gather", "all_reduce"} <= set(frame["op_name"]):
+                continue
+            tables += 1
+            for workers, rows in frame.groupby("num_gpus"):
+                gather = rows[rows["op_name"] == "all_gather"].groupby("message_size")["latency"].median()
+                reduce = rows[rows["op_name"] == "all_reduce"].groupby("message_size")["latency"].median()
+                for elements, ms in gather.items():  # message sizes in half-precision elements
+                    if elements % 2 == 0 and elements // 2 in reduce.index and 2**18 <= 2 * elements <= 2**26:
+                        ratios.append(ms / reduce[elements // 2])
+                        deviations.append(abs(reduce[elements // 2] / ms - 1))
+    assert tables >= 9 and len(ratios) > 300
+    assert np.mean(deviations) < 0.2, np.mean(deviations)
+    assert 0.4 < min(ratios) and max(ratios) < 2.0, (min(ratios), max(ratios))
 
 
 @pytest.mark.data

@@ -443,6 +443,9 @@ def test_memoised_step_cost_and_speculation_reproduce_the_slow_path(engine):
     for metrics, fast_steps in fast:
         assert fast_steps == steps and all(np.array_equal(slow[k], metrics[k], equal_nan=True) for k in slow)
     assert costs[2].engine_calls < costs[1].engine_calls / 4
+    # vLLM's vocabulary-parallel lm_head: each step gathers its sequences' logits (memoised by sequence count)
+    gathers = {key[1][1] for key in costs[1].single_ms if key[0] == "communication" and key[1][0] == "all_gather"}
+    assert gathers and all(volume % (cfg.vocab_size * 2) == 0 for volume in gathers)
     split = [(new, context) for new, context, _ in costs[0].steps if min(new) == 1 < max(new)]
     assert split and [costs[1](new, context) for new, context, _ in costs[0].steps] == [ms for *_, ms in costs[0].steps]
 

@@ -193,7 +193,7 @@ def _gemms(iteration):
 def test_appendix_a15_llama70b_arxiv16_tp4():
     cfg = load_model_config("Llama-3.1-70B")
     trace = load_trace("arxiv_16")
-    wl = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=1).to_dict()
+    wl = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=1, lm_head="replicated").to_dict()
     its = wl["iterations"]
     assert len(its) == 41 and [it["iteration"] for it in its] == list(range(1, 42))
     pre = its[0]
@@ -220,12 +220,48 @@ def test_appendix_a15_llama70b_arxiv16_tp4():
     assert last["operators"]["attention"]["attention_type"] == "fa2_paged"
     assert _gemms(last)["lm_head"] == (16, 128256, 8192, 1)
 
-    wl2 = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=2)
+    wl2 = build_workload(cfg, trace.prompt_tokens, trace.output_tokens, tp=4, pp=2, lm_head="replicated")
     assert [op.kind for op in wl2.iterations[0].communication] == ["all_reduce", "send_recv"]
     wl2 = wl2.to_dict()
     assert wl2["iterations"][0]["operators"]["communication"][1] == {
         "name": "send_recv", "type": "p2p", "volume_bytes": 1151860736, "count": 1}
     assert all(len(it["operators"]["communication"]) == 2 for it in wl2["iterations"])
+
+
+def test_lm_head_is_vocabulary_parallel_with_a_gather_of_the_logits():
+    """vLLM's ParallelLMHead: each TP rank the logits of 1/TP of the vocabulary padded to a multiple of 64, then one
+    all-gather of every sequence's logits (BF16); the artifact's files give every rank the whole vocabulary."""
+    cfg = load_model_config("Llama-3.1-70B")
+    decode = build_workload(cfg, [100] * 16, 2, tp=8).iterations[1]
+    assert _gemms(decode.to_dict())["lm_head"] == (16, 128256 // 8, 8192, 1)
+    assert [c.to_dict() for c in decode.communication] == [
+        {"name": "all_reduce", "type": "collective", "volume_bytes": 16 * 8192 * 2, "count": 160},
+        {"name": "logits_all_gather", "type": "all_gather", "volume_bytes": 16 * 128256 * 2, "count": 1}]
+    assert [c.kind for c in decode.communication] == ["all_reduce", "all_gather"]
+    prefill = build_workload(cfg, [100] * 16, 1, tp=4, pp=2).iterations[0]  # the logits of each sequence's last token
+    assert [(c.name, c.volume_bytes) for c in prefill.communication][1:] == [
+        ("logits_all_gather", 16 * 128256 * 2), ("send_recv", 2 * 1600 * 8192 * 2)]
+    replicated = build_workload(cfg, [100] * 16, 2, tp=8, lm_head="replicated").iterations[1]
+    assert _gemms(replicated.to_dict())["lm_head"] == (16, 128256, 8192, 1)
+    assert [c.name for c in replicated.communication] == ["all_reduce"]
+    odd = model_config_from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 50257,
+                                  "num_hidden_layers": 2}, "odd")
+    one = build_workload(odd, [3], 2).iterations[1]
+    assert _gemms(one.to_dict())["lm_head"] == (1, 50304, 64, 1) and one.communication == []  # padded, no gather
+    assert _gemms(build_workload(odd, [3], 2, tp=2).iterations[1].to_dict())["lm_head"] == (1, 25152, 64, 1)
+    assert _gemms(build_workload(odd, [3], 2, lm_head="replicated").iterations[1].to_dict())["lm_head"] == (
+        1, 50257, 64, 1)
+    with pytest.raises(WorkloadError, match="lm_head must be one of vocab_parallel, replicated"):
+        build_workload(odd, [3], 2, lm_head="sharded")
+    five = model_config_from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 80, "num_attention_heads": 5,
+                                   "num_key_value_heads": 5, "intermediate_size": 160, "vocab_size": 50257,
+                                   "num_hidden_layers": 2}, "five")
+    with pytest.raises(WorkloadError, match=r"vocab_size \(50257, padded to 50304 as vLLM does\) is not divisible "
+                                            r"by tp 5"):
+        build_workload(five, [3], 2, tp=5)
+    assert _gemms(build_workload(five, [3], 2, tp=5, lm_head="replicated").iterations[1].to_dict())["lm_head"] == (
+        1, 50257, 80, 1)
 
 
 def test_qk_norm_variant_and_tp1_has_no_communication():
@@ -381,7 +417,8 @@ def test_cli_single_workload(tmp_path):
     assert result.stdout.strip() == str(path)
     data = json.loads(path.read_text())
     assert data["model"] == "X" and data["model_params"]["head_dim"] == 16 and len(data["iterations"]) == 2
-    assert [c["name"] for c in data["iterations"][1]["operators"]["communication"]] == ["all_reduce", "send_recv"]
+    assert [c["name"] for c in data["iterations"][1]["operators"]["communication"]] == [
+        "all_reduce", "logits_all_gather", "send_recv"]
 
 
 def _hf_directory(parent: Path, name: str = "Llama-3.1-8B") -> Path:
@@ -470,21 +507,29 @@ def test_variants_enter_the_file_name_and_paper_names_are_not_overwritten(tmp_pa
     the paper's QK-norm file name (Qwen3-32B_arxiv_16_fa2_tp2_pp1.json) with 64 fewer RMSNorm kernels per layer set."""
     from pipeweave.generate_cli import main
 
-    plain = WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_ragged")
-    names = {generate(WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_ragged", **variant)).file_name
+    plain = WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_ragged", lm_head="replicated",
+                         name="arxiv_12")
+    names = {generate(WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_ragged", lm_head="replicated",
+                                   **variant)).file_name
              for variant in ({}, {"qk_norm_rmsnorm": True}, {"decode_attn": "fa3_paged"})}
-    assert names == {"Qwen3-32B_arxiv_12_fa2_tp2_pp1.json", "Qwen3-32B_arxiv_12_qknorm_fa2_tp2_pp1.json",
-                     "Qwen3-32B_arxiv_12_decode-fa3_paged_fa2_tp2_pp1.json"}
+    assert names == {"Qwen3-32B_arxiv_12_lmhead-replicated_fa2_tp2_pp1.json",
+                     "Qwen3-32B_arxiv_12_qknorm_lmhead-replicated_fa2_tp2_pp1.json",
+                     "Qwen3-32B_arxiv_12_decode-fa3_paged_lmhead-replicated_fa2_tp2_pp1.json"}
     # the name keeps only the prefill backend's family, so a paged prefill says so (it replaced the ragged one's file)
-    paged = generate(WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_paged")).file_name
-    assert paged == "Qwen3-32B_arxiv_12_prefill-fa2_paged_fa2_tp2_pp1.json"
+    paged = generate(WorkloadSpec("Qwen3-32B", "arxiv_12", tp=2, prefill_attn="fa2_paged", lm_head="replicated"))
+    assert paged.file_name == "Qwen3-32B_arxiv_12_prefill-fa2_paged_lmhead-replicated_fa2_tp2_pp1.json"
     assert generate(plain).content == (DEFAULT_OUTPUT_DIR / "Qwen3-32B_arxiv_12_fa2_tp2_pp1.json").read_bytes()
+    # vLLM's layout (the default) under a paper file's name is refused, naming the paper's layout
+    with pytest.raises(WorkloadError, match=r"Qwen3-32B_arxiv_12_fa2_tp2_pp1.json is the name of a paper workload .*"
+                                            r"generated with --lm_head replicated\); give --name"):
+        main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",
+              "--output_dir", str(tmp_path)])
 
     qk_paper = "Qwen3-32B_arxiv_16_fa2_tp2_pp1.json"
     assert qk_paper in paper_set_names()
     argv = ["--model_config", "Qwen3-32B", "--trace", "arxiv_16", "--tp", "2", "--prefill_attn", "fa2_ragged",
             "--output_dir", str(tmp_path)]
-    with pytest.raises(WorkloadError, match=f"{qk_paper}.*--qk_norm_rmsnorm.*--name"):
+    with pytest.raises(WorkloadError, match=f"{qk_paper}.*--qk_norm_rmsnorm and --lm_head replicated.*--name"):
         main(argv)
     other_traces = tmp_path / "traces"  # the same trace name in another folder, another workload
     other_traces.mkdir()
@@ -492,15 +537,17 @@ def test_variants_enter_the_file_name_and_paper_names_are_not_overwritten(tmp_pa
     with pytest.raises(WorkloadError, match="Qwen3-32B_arxiv_12_fa2_tp2_pp1.json: read from another --config_dir or "
                                             "--trace_dir, this workload differs from the paper workload"):
         main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",
-              "--trace_dir", str(other_traces), "--output_dir", str(tmp_path)])
+              "--trace_dir", str(other_traces), "--output_dir", str(tmp_path), "--lm_head", "replicated",
+              "--name", "arxiv_12"])
     assert main(["--model_config", "Qwen3-32B", "--trace", "arxiv_12", "--tp", "2", "--prefill_attn", "fa2_ragged",
-                 "--trace_dir", str(DEFAULT_TRACE_DIR), "--output_dir", str(tmp_path)]) == 0  # the paper's own
+                 "--trace_dir", str(DEFAULT_TRACE_DIR), "--output_dir", str(tmp_path), "--lm_head", "replicated",
+                 "--name", "arxiv_12"]) == 0  # the paper's own
     assert not (tmp_path / qk_paper).exists()
-    assert main(argv + ["--qk_norm_rmsnorm"]) == 0
-    written = tmp_path / "Qwen3-32B_arxiv_16_qknorm_fa2_tp2_pp1.json"
+    assert main(argv + ["--qk_norm_rmsnorm", "--lm_head", "replicated"]) == 0
+    written = tmp_path / "Qwen3-32B_arxiv_16_qknorm_lmhead-replicated_fa2_tp2_pp1.json"
     assert written.read_bytes() == generate(PAPER_SET[PAPER_SET.index(
         WorkloadSpec("Qwen3-32B", "arxiv_16", tp=2, prefill_attn="fa2_ragged", qk_norm_rmsnorm=True,
-                     name="arxiv_16"))]).content
+                     name="arxiv_16", lm_head="replicated"))]).content
 
 
 def test_a_folder_named_like_a_shipped_config_does_not_replace_it(tmp_path, monkeypatch):

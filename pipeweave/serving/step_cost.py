@@ -40,6 +40,8 @@ from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, ite
 TOKEN_BLOCK = 256
 EMPTY_ITERATION = Iteration("decode")  # which operator categories an iteration lists
 ESTIMATOR_ROWS = 8  # predicted launches of a backend from which estimate() fits its linear model
+#: the operators sized by the step's number of sequences, not of tokens (the last token of each sequence)
+SEQUENCE_SIZED = ("lm_head", "logits_all_gather")
 
 
 def default_prefill_attention(hardware) -> str:
@@ -200,15 +202,17 @@ class KernelStepCost:
     # ---------------------------------------------------------------------------------------------
     def _ensure(self, instances, num_seqs: int, num_tokens: int) -> None:
         """Predict whatever ``instances`` lack, with the whole token block of ``num_tokens``; if all that is missing
-        is ``lm_head`` (the one operator sized by the number of sequences, not of tokens), with the block of
-        sequence counts of ``num_seqs`` instead (busy servers see many sequence counts per token count)."""
+        is sized by the number of sequences, not of tokens (``lm_head`` and the gather of its logits), with the block
+        of sequence counts of ``num_seqs`` instead (busy servers see many sequence counts per token count)."""
         missing = [i for i in instances if i[0] not in self.single_ms]
         if not missing:
             return
-        if all(getattr(op, "name", None) == "lm_head" for *_, op in missing):
+        if all(getattr(op, "name", None) in SEQUENCE_SIZED for *_, op in missing):
             start = (num_seqs - 1) // self.token_block * self.token_block + 1
-            heads = [replace(op, M=seqs) for *_, op in missing for seqs in range(start, start + self.token_block)]
-            self._predict(missing + [(("gemm", op.shape), op.count, "gemm", op) for op in heads])
+            block = [instance for seqs in range(start, start + self.token_block)
+                     for instance in self._instances(self._generated([1] * seqs, [1] * seqs, self.decode_attn))
+                     if getattr(instance[3], "name", None) in SEQUENCE_SIZED]
+            self._predict(missing + block)
         else:
             self._predict(missing + self._token_block(num_seqs, num_tokens))
 
