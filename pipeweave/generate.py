@@ -83,8 +83,10 @@ class GeneratedWorkload:
 
 
 def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
-             trace_dir: str | Path = DEFAULT_TRACE_DIR) -> GeneratedWorkload:
-    """Resolve a spec's config and trace, build the workload and serialize it."""
+             trace_dir: str | Path = DEFAULT_TRACE_DIR, paper_variant: bool = False) -> GeneratedWorkload:
+    """Resolve a spec's config and trace, build the workload and serialize it. A workload that differs from the
+    paper workload of its file name is refused, unless ``paper_variant`` (a paper spec in another ``lm_head``
+    layout, :func:`paper_set`, which the caller writes outside the paper's folder)."""
     cfg = load_model_config(spec.model_config, config_dir)
     trace = load_trace(spec.trace, trace_dir) if spec.trace is not None else uniform_trace(spec)
     prompts = list(trace.prompt_tokens)
@@ -103,7 +105,8 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
                               dtype=spec.dtype, lm_head=spec.lm_head)
     generated = GeneratedWorkload(output_name(cfg.stem, label, spec.prefill_attn, spec.tp, spec.pp, spec.ep,
                                               spec.dtype), serialize_workload(workload))
-    _refuse_paper_name_clash(spec, generated, config_dir, trace_dir)
+    if not paper_variant:
+        _refuse_paper_name_clash(spec, generated, config_dir, trace_dir)
     return generated
 
 
@@ -187,10 +190,16 @@ def paper_set_names() -> list[str]:
     return [output_name(s.model_config, workload_label(s, s.trace), s.prefill_attn, s.tp, s.pp) for s in PAPER_SET]
 
 
+def paper_set(lm_head: str = "replicated") -> list[WorkloadSpec]:
+    """The paper's 25 specs with ``lm_head`` laid out as given (the artifact's files: "replicated"), under their
+    names: the paper's runs predicted with vLLM's layout are these workloads with "vocab_parallel"."""
+    return [replace(spec, lm_head=lm_head) for spec in PAPER_SET]
+
+
 def generate_many(specs: Iterable[WorkloadSpec], config_dir: str | Path = DEFAULT_CONFIG_DIR,
-                  trace_dir: str | Path = DEFAULT_TRACE_DIR) -> list[GeneratedWorkload]:
+                  trace_dir: str | Path = DEFAULT_TRACE_DIR, paper_variant: bool = False) -> list[GeneratedWorkload]:
     """Generate several workloads in memory (all are validated before any is written)."""
-    return [generate(spec, config_dir, trace_dir) for spec in specs]
+    return [generate(spec, config_dir, trace_dir, paper_variant) for spec in specs]
 
 
 def write_workloads(workloads: Iterable[GeneratedWorkload], output_dir: str | Path) -> list[Path]:

@@ -4,10 +4,12 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from analytical_model.gemm_fp8 import missing_rate
 from analytical_model.hardware import load_hardware
 from pipeweave.cli import ArgumentParser, UserError, positive_int
-from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, write_workloads
+from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, paper_set, write_workloads
 from pipeweave.validation import fa3_mismatch
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
                                 DEFAULT_TRACE_DIR, DTYPES, LM_HEAD_DEFAULT, LM_HEAD_LAYOUTS, PREFILL_ATTN_DEFAULT,
@@ -16,7 +18,7 @@ from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT
 # Flags that describe a single workload (not allowed together with --paper_set).
 _SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "ep", "dtype", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
                  "single_sequence", "prompt_tokens", "output_tokens", "name",
-                 "requests", "hardware", "lm_head")
+                 "requests", "hardware")
 
 
 def build_parser() -> ArgumentParser:
@@ -52,7 +54,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--lm_head", choices=LM_HEAD_LAYOUTS,
                    help=f"how the TP ranks hold lm_head (default {LM_HEAD_DEFAULT}: each rank the logits of 1/TP of "
                         f"the vocabulary and an all-gather of them, as vLLM runs it; replicated: the whole vocabulary "
-                        f"on every rank, as the artifact's workloads, which --paper_set writes)")
+                        f"on every rank, as the artifact's workloads, which --paper_set writes; --paper_set with "
+                        f"vocab_parallel writes the paper's workloads in vLLM's layout into another --output_dir)")
     p.add_argument("--single_sequence", action="store_true", default=None,
                    help="merge the trace's prompts into one request whose prompt is their sum")
     p.add_argument("--prompt_tokens", type=positive_int,
@@ -78,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]
         if given:
             raise UserError(f"--paper_set cannot be combined with {', '.join(given)}")
-        specs = list(PAPER_SET)
+        layout = args.lm_head or "replicated"
+        if layout != "replicated" and Path(args.output_dir).resolve() == Path(DEFAULT_OUTPUT_DIR).resolve():
+            raise UserError(f"--paper_set --lm_head {layout} would replace the paper's workloads in "
+                            f"{DEFAULT_OUTPUT_DIR} (the artifact's, which docs/E2E.md predicts); give another "
+                            f"--output_dir")
+        specs = paper_set(layout)
     else:
         if args.model_config is None:
             raise UserError("missing --model_config (or use --paper_set)")
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_rate(spec) if spec is not None and args.dtype == "fp8" else None
     if missing:
         raise UserError(f"--dtype fp8: {missing}, so no FP8 workload can be predicted on it; use --dtype bf16")
-    workloads = generate_many(specs, args.config_dir, args.trace_dir)
+    workloads = generate_many(specs, args.config_dir, args.trace_dir,
+                              paper_variant=bool(args.paper_set and args.lm_head not in (None, "replicated")))
     for path in write_workloads(workloads, args.output_dir):
         print(path)
     if not args.paper_set and not args.qk_norm_rmsnorm and load_model_config(args.model_config,

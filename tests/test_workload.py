@@ -264,6 +264,29 @@ def test_lm_head_is_vocabulary_parallel_with_a_gather_of_the_logits():
         1, 50257, 80, 1)
 
 
+def test_the_paper_set_in_vllms_layout_goes_to_another_folder(tmp_path):
+    """The paper's runs predicted with vLLM's lm_head (README "Workloads"): --paper_set --lm_head vocab_parallel writes
+    the 25 workloads under their names into another folder, and the batch scripts read that folder."""
+    from pipeweave.cli import UserError
+    from pipeweave.generate_cli import main
+
+    with pytest.raises(UserError, match="would replace the paper's workloads"):
+        main(["--paper_set", "--lm_head", "vocab_parallel"])
+    assert main(["--paper_set", "--lm_head", "vocab_parallel", "--output_dir", str(tmp_path / "vllm")]) == 0
+    assert main(["--paper_set", "--lm_head", "replicated", "--output_dir", str(tmp_path / "paper")]) == 0
+    assert sorted(p.name for p in (tmp_path / "vllm").iterdir()) == sorted(PAPER_NAMES)
+    for name in PAPER_NAMES:
+        assert (tmp_path / "paper" / name).read_bytes() == (DEFAULT_OUTPUT_DIR / name).read_bytes(), name
+    tp8 = json.loads((tmp_path / "vllm" / "Llama-3.1-70B_arxiv_16_fa3_tp8_pp1.json").read_text())
+    decode = tp8["iterations"][1]["operators"]
+    assert _gemms(tp8["iterations"][1])["lm_head"] == (16, 128256 // 8, 8192, 1)
+    assert [c["name"] for c in decode["communication"]] == ["all_reduce", "logits_all_gather"]
+    missing = subprocess.run(["bash", "tp4.sh"], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "PIPEWEAVE_WORKLOAD_DIR": str(tmp_path / "none")})
+    assert missing.returncode == 2 and "--paper_set --lm_head LAYOUT --output_dir" in missing.stderr
+    assert not (tmp_path / "none").exists()
+
+
 def test_qk_norm_variant_and_tp1_has_no_communication():
     cfg = load_model_config("Qwen3-32B")
     def rmsnorm_count(**kw):
