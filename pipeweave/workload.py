@@ -86,9 +86,9 @@ class RankShapes:
         kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else 1
         inter_shard = _div(inter, tp, f"{inter_key} ({inter})")
         return cls(
-            # Under KV replication the artifact still divides the full (nh + 2 nkv) hd by TP (docs/METHOD.md 11.3 #23).
-            qkv_n=_div((nh + 2 * nkv) * hd, tp,
-                       f"qkv width (num_attention_heads + 2*num_key_value_heads)*head_dim ({(nh + 2 * nkv) * hd})"),
+            # the rank's query heads and its K and V heads (a replicated KV head is computed on every rank that holds
+            # it, as vLLM's QKVParallelLinear does; the artifact divided the full (nh + 2 nkv) hd by TP there)
+            qkv_n=(heads + 2 * kv_heads) * hd,
             o_k=_div(nh * hd, tp, f"num_attention_heads*head_dim ({nh * hd})"),
             gate_up_n=_div(2 * inter, tp, f"2*intermediate_size ({2 * inter})"),
             down_k=inter_shard,

@@ -300,7 +300,10 @@ def test_qk_norm_variant_and_tp1_has_no_communication():
 def test_kv_heads_replicated_when_fewer_than_tp():
     first = build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=16).iterations[0]
     assert (first.attention.nh, first.attention.nkv) == (4, 1)  # one replicated KV head per rank
-    assert first.gemm[0].N == (64 + 2 * 8) * 128 // 16  # docs/METHOD.md 11.3 item 23: still divided by TP
+    # each rank's q heads plus its replicated K and V head (the artifact divided (64 + 2 * 8) * 128 by 16: 640)
+    assert first.gemm[0].N == (4 + 2 * 1) * 128
+    assert build_workload(load_model_config("Llama-3.1-70B"), [10], 1, tp=8).iterations[0].gemm[0].N == (
+        (64 + 2 * 8) * 128 // 8)  # without replication the two agree
 
 
 def test_single_sequence_and_overrides():
