@@ -20,7 +20,8 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
 from pipeweave.cli import STANDARD_STREAM, UserError, check_output_path, require_file, write_atomically
-from pipeweave.engine import COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction, unmeasured_note
+from pipeweave.engine import (COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction, uncalibrated,
+                              unmeasured_note)
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 from pipeweave.report import (EXTRAPOLATED_NOTE_SHARE, SUMMARY_KEYS, build_result, describe, dumps_result,
@@ -395,9 +396,10 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
               f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
               f"treat it as a rough estimate")
-    unmeasured = extrapolation.get("unmeasured_gpu")
-    if unmeasured and "calibration" not in prediction.result:
-        print(unmeasured_note(job.hardware.name, unmeasured))
+    zero_shot, calibrated_ops = uncalibrated(extrapolation.get("unmeasured_gpu", []),
+                                             prediction.result.get("calibration"))
+    if zero_shot:
+        print(unmeasured_note(job.hardware.name, zero_shot, calibrated_ops=calibrated_ops))
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
     print(f"Predictions saved to {'standard output' if str(target) == STANDARD_STREAM else target}")

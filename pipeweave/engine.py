@@ -125,8 +125,28 @@ class Prediction:
     collective_source: str | None = None  # "<GPU> models", "<GPU> models + analytical (kinds)", ...
 
 
-def unmeasured_note(gpu_name: str, categories, what: str = "predictions") -> str:
-    """The console note for :meth:`Engine.unmeasured` categories (``what``: the durations they make up)."""
+def uncalibrated(categories, record: dict | None) -> tuple[list[str], list[str]]:
+    """(the kernel ``categories`` a calibration took no measurement of, the operators whose kernels it measured), from
+    its ``record`` (the ``calibration`` entry of an output; None without a calibration of the GPU). A calibration
+    fitted on a measured run covers every category, one fitted on kernels only theirs: the others move only with
+    the GPU-wide part of its corrections (pipeweave.calibration, "Prior")."""
+    if record is None:
+        return list(categories), []
+    fitted = record.get("fitted_from")
+    if not isinstance(fitted, dict) or fitted.get("e2e"):
+        return [], []
+    ops = list(dict.fromkeys(entry.get("op") for entry in fitted.get("kernels", []) if entry.get("rows")))
+    return [category for category in categories if KERNEL_CATEGORIES[category] not in ops], ops
+
+
+def unmeasured_note(gpu_name: str, categories, what: str = "predictions", calibrated_ops=()) -> str:
+    """The console note for :meth:`Engine.unmeasured` categories (``what``: the durations they make up) that no
+    calibration measured either (``calibrated_ops``: the operators a kernel calibration measured instead)."""
+    if calibrated_ops:
+        return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}, and the calibration "
+                f"measured none of theirs (only {', '.join(calibrated_ops)}): those {what} are zero-shot, moved only "
+                f"by the GPU-wide part of its corrections; calibrate.py with their kernels or one measured run "
+                f"corrects them")
     return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}: those {what} are "
             f"zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); calibrate.py with a few measured kernels or "
             f"one measured run corrects them")

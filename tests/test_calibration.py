@@ -308,7 +308,7 @@ def test_the_python_api_applies_a_calibration_as_the_command_line_tools_do(a100_
     assert len(empty) == 0  # no kernel is no GPU to refuse, as predict_kernels.py with a header-only CSV
 
 
-def test_kernel_csv_calibration(tmp_path):
+def test_kernel_csv_calibration(tmp_path, capsys):
     measured = tmp_path / "measured_gemm.csv"
     rows = [f"gemm,{m},4096,4096,NVIDIA A40,{t}" for m, t in ((16, 40.0), (4096, 900.0), (1024, 260.0))]
     measured.write_text("op,M,N,K,hardware,avg_duration\n" + "\n".join(rows) + "\n")
@@ -326,6 +326,13 @@ def test_kernel_csv_calibration(tmp_path):
     truth = np.array([40.0, 900.0, 260.0])
     zero_shot, calibrated = (pd.read_csv(path)["predicted_us"].to_numpy() for path in (before, after))
     assert (np.abs(np.log(calibrated / truth)) < np.abs(np.log(zero_shot / truth))).all()
+    # A40 has no attention kernel in training, and a GEMM calibration measured none either: the note stays, saying so
+    capsys.readouterr()
+    assert run_cli(aggregate.main, ["--workload", str(TP1), "--hardware", "A40", "--calibration", str(out),
+                                    "--output", str(tmp_path / "pred.json")]) == 0
+    said = capsys.readouterr().out
+    assert ("no kernel of NVIDIA A40 is in the training data of attention, and the calibration measured none of "
+            "theirs (only gemm): those predictions are zero-shot") in said, said
 
 
 def test_attention_kernel_csv_calibration_learns_a_kv_length_trend(tmp_path):

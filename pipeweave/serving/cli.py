@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
-from pipeweave.engine import unmeasured_note
+from pipeweave.engine import uncalibrated, unmeasured_note
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
@@ -289,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key[:-3].upper()} p50 / p90 / p99: {p['p50']:.3f} / {p['p90']:.3f} / {p['p99']:.3f} ms")
     print(f"Throughput: {summary['throughput_tokens_per_s']:.1f} tokens/s "
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
-    calibrated = engine.calibration is not None and engine.calibration.hardware == engine.gpu(args.hardware).stem
-    if run.unmeasured_gpu and not calibrated:
-        print(unmeasured_note(engine.gpu(args.hardware).name, run.unmeasured_gpu, "step times"))
+    gpu = engine.gpu(args.hardware)
+    recorder = getattr(engine.calibration, "record", None)  # as the aggregator's output records it
+    zero_shot, calibrated_ops = uncalibrated(run.unmeasured_gpu, recorder(gpu) if recorder is not None else None)
+    if zero_shot:
+        print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated_ops))
     print(f"Results saved to {output} and {csv_path}")
     return 0
