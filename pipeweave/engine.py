@@ -143,8 +143,8 @@ def unmeasured_note(gpu_name: str, categories, what: str = "predictions", calibr
     """The console note for :meth:`Engine.unmeasured` categories (``what``: the durations they make up) that no
     calibration measured either (``calibrated_ops``: the operators a kernel calibration measured instead)."""
     if calibrated_ops:
-        return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}, and the calibration "
-                f"measured none of theirs (only {', '.join(calibrated_ops)}): those {what} are zero-shot, moved only "
+        return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}, and the "
+                f"calibration measured none of theirs (only {', '.join(calibrated_ops)}): those {what} are zero-shot, moved only "
                 f"by the GPU-wide part of its corrections; calibrate.py with their kernels or one measured run "
                 f"corrects them")
     return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}: those {what} are "
