@@ -31,6 +31,9 @@ AIC_MOE_KERNELS = ("vllm_unquantizedfusedmoe_triton_tritonexperts", "vllm_fused_
 AIC_MOE_DISTRIBUTIONS = ("balanced",)
 AIC_CUSTOM_ALLREDUCE_BACKEND = "vllm_graph"
 AIC_ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "float16": 2, "int8": 1, "float": 4, "float32": 4}
+#: NCCL collectives of the nccl_perf tables that pipeweave models (all_gather: the gathered output's size, as nccl-tests
+#: reports it)
+AIC_NCCL_OPS = ("all_reduce", "all_gather")
 
 
 def aiconfigurator_data_dir() -> Path | None:
@@ -237,17 +240,18 @@ def load_aiconfigurator_collectives(root: Path | None, include_custom_allreduce:
                 if not path.is_file():
                     continue
                 d = read_parquet(path, ["device", "op_name", "nccl_dtype", "num_gpus", "message_size", "latency"])
-                d = d[(d["op_name"] == "all_reduce") & (d["nccl_dtype"] == "half")]
-                if len(d) and "device" in d.columns:
+                d = d[d["op_name"].isin(AIC_NCCL_OPS) & (d["nccl_dtype"] == "half")]
+                if (d["op_name"] == "all_reduce").any() and "device" in d.columns:
                     chosen = (path, d)
                     break
         if chosen is None:
             log(f"[collectives] aiconfigurator {system}: no NCCL half all_reduce table; skipped")
         else:
             path, d = chosen
-            frames.append(collective_frame("all_reduce", d["device"], d["num_gpus"], d["num_gpus"],
-                                            d["message_size"] * AIC_ELEMENT_BYTES["half"], d["latency"],
-                                            _aic_source(root, path)))
+            for op, rows in d.groupby("op_name", sort=True):  # all_reduce, and all_gather where measured
+                frames.append(collective_frame(op, rows["device"], rows["num_gpus"], rows["num_gpus"],
+                                                rows["message_size"] * AIC_ELEMENT_BYTES["half"], rows["latency"],
+                                                _aic_source(root, path)))
         if include_custom_allreduce:
             path = _aic_table(root, system, "comm", AIC_FRAMEWORK, "custom_allreduce_perf",
                               versions.get(system, versions["default"]), log)

@@ -43,7 +43,8 @@ def load_collectives(log: Log = print, intra_node_only: bool = True, include_cus
     * Vidur ``profiling/network/<node>/<op>.csv`` (same format, mean): nodes a100_dgx (A100 SXM4),
       h100_dgx (H100 SXM5) and a40_pairwise_nvlink (A40, send_recv only). a100_pairwise_nvlink (A100 80GB PCIe)
       and h100_pairwise_nvlink (H100 NVL) are different products from our A100 / H100 and are skipped.
-    * aiconfigurator ``comm/nccl/<ver>/nccl_perf``: NCCL all_reduce, ``nccl_dtype == half`` only;
+    * aiconfigurator ``comm/nccl/<ver>/nccl_perf``: NCCL all_reduce and all_gather (the gathered output's size),
+      ``nccl_dtype == half`` only;
       ``message_size`` is elements -> bytes x 2; latency ms; repeated keys averaged. Version: the newest folder
       with half all-reduce rows. nccl-tests ran on one node, so devices_per_node = num_gpus.
     * aiconfigurator ``comm/vllm/<ver>/custom_allreduce_perf`` (if ``include_custom_allreduce``): vLLM's own TP

@@ -1,4 +1,5 @@
-"""Collective-communication time models: all-reduce (tensor parallel) and send/recv (pipeline stages).
+"""Collective-communication time models: all-reduce (tensor parallel), all-gather (the logits of a vocabulary-parallel
+``lm_head``) and send/recv (pipeline stages).
 
 Replaces the artifact's per-GPU random forests (docs/METHOD.md §5.5, §7.3 "Communication") and fixes the quirks of
 §11.3 items 18-19.
@@ -39,8 +40,9 @@ min leaf 2, random_state 42) can be trained instead for comparison; all three sh
 
 Sources and precedence
 ----------------------
-Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce`` and ``send_recv``, and vLLM's
-``custom_all_reduce``, which counts as all-reduce). For every (GPU, kind, num_workers) exactly one source is used,
+Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce``, ``all_gather`` and ``send_recv``, and
+vLLM's ``custom_all_reduce``, which counts as all-reduce). A GPU without all-gather rows predicts it from its
+all-reduce (:func:`fallback_kind`). For every (GPU, kind, num_workers) exactly one source is used,
 the first available of:
 
 0. **C* aiconfigurator-core 0.12.0** ``comm/vllm/<ver>/custom_allreduce_perf.parquet``, CUDA-graph replay: vLLM's
@@ -94,25 +96,30 @@ from .collective_serving import (
     custom_allreduce_params, link_family, read_serving, ring_factor,
 )
 
-KINDS = ("all_reduce", "send_recv")  # the kinds with measured models
-#: kinds predicted as a measured kind at a fraction of their bytes (:func:`measured_kind`)
-DERIVED_KINDS = {"all_gather": ("all_reduce", 0.5)}
+KINDS = ("all_reduce", "send_recv", "all_gather")  # the kinds with measured models
+#: a kind a GPU did not measure, predicted as a measured kind of that GPU at a fraction of its bytes
+#: (:func:`fallback_kind`)
+FALLBACK_KINDS = {"all_gather": ("all_reduce", 0.5)}
 MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"
 SEND_RECV_WORKERS = 2
 
 
-def measured_kind(kind: str) -> tuple[str, float]:
-    """(the measured kind that predicts ``kind``, the factor on its bytes). An all-gather whose gathered output is S
-    bytes is the all-reduce of S / 2 bytes: a ring all-reduce is a reduce-scatter followed by an all-gather, each
-    rank sending (n - 1) / n of the message in each, so both move (n - 1) / n * S per rank in n - 1 steps. On the
-    17 NCCL tables of aiconfigurator-core that hold both (9 GPUs, 2-8 workers, half precision) the all-gather of S
-    bytes is 0.48-1.78x the all-reduce of S / 2 from 256 KiB to 64 MiB, the logits' sizes (mean deviation 17 %,
-    ``tests/test_collectives.py``): NCCL's all-reduce switches to tree and NVLS algorithms at 8 GPUs, the all-gather
-    does not. Below 8 MiB on NVLink the all-reduce model is vLLM's custom all-reduce, a few µs faster than NCCL.
-    A workload's one all-gather per iteration (the logits of a vocabulary-parallel ``lm_head``) is small beside the
-    step: 0.02 of 11.3 ms in a decode step of Llama-3.1-70B with 16 requests at TP8 on H20."""
-    return DERIVED_KINDS.get(kind, (kind, 1.0))
+def fallback_kind(kind: str) -> tuple[str, float]:
+    """(the kind that predicts ``kind`` where this GPU did not measure it, the factor on its bytes). An all-gather
+    whose gathered output is S bytes moves what an all-reduce of S / 2 moves: a ring all-reduce is a reduce-scatter
+    followed by an all-gather, each rank sending (n - 1) / n of the message in each, so both move (n - 1) / n * S
+    per rank in n - 1 steps. Measured, the rule is rough: on the 17 NCCL tables of aiconfigurator-core that hold
+    both (9 GPUs, 2-8 workers, half precision), NCCL's all-gather of S bytes is 0.48-1.78x its all-reduce of S / 2
+    from 256 KiB to 64 MiB, the logits' sizes (mean deviation 17 %, ``tests/test_collectives.py``): NCCL's
+    all-reduce switches to tree and NVLS algorithms at 8 GPUs, the all-gather does not. And where a GPU's
+    all-reduce model is vLLM's custom all-reduce (below 8 MiB on NVLink), which is 0.3-0.8x NCCL's all-reduce
+    there, the rule is faster still: on those 9 GPUs it gives a median 0.78x the measured all-gather (mean deviation
+    29 %). So the 9 GPUs' own all-gather measurements are models of their own (``all_gather_model.json``); the rule
+    serves the GPUs without, where a workload's one all-gather per iteration (the logits of a vocabulary-parallel
+    ``lm_head``) is small beside the step (0.02 of 11.3 ms in a decode step of Llama-3.1-70B with 16 requests at
+    TP8 on H20)."""
+    return FALLBACK_KINDS.get(kind, (kind, 1.0))
 
 
 def collective_workers(kind: str, tp_size: int) -> int:
@@ -136,7 +143,7 @@ def analytical_collective_ms(kind: str, size_bytes, num_workers, link_gbps: floa
 
     * ``all_reduce`` (ring): 2 (n - 1) / n * bytes / link_gbps + latency_us * log2(n); 0 ms for n = 1.
     * ``send_recv``: bytes / link_gbps + latency_us (num_workers is ignored: a point-to-point transfer).
-    * ``all_gather`` (of ``bytes`` gathered): the all-reduce of half the bytes (:func:`measured_kind`).
+    * ``all_gather`` (of ``bytes`` gathered): the all-reduce of half the bytes (:func:`fallback_kind`).
 
     ``link_gbps`` is the per-GPU, per-direction link bandwidth in **GB/s** (10^9 bytes/s, not gigabits), i.e. half
     the bidirectional figure vendors quote, and ``latency_us`` the smallest-message 2-GPU time: the hardware JSON's
@@ -158,7 +165,7 @@ def analytical_collective_terms(kind: str, size_bytes, num_workers, link_gbps: f
                                 ) -> tuple[np.ndarray, np.ndarray]:
     """(latency term, bandwidth term) of :func:`analytical_collective_ms`, in ms: their sum is the estimate."""
     _check_kind(kind)
-    base, factor = measured_kind(kind)
+    base, factor = fallback_kind(kind)
     if base != kind:
         return analytical_collective_terms(base, np.asarray(size_bytes, dtype=np.float64) * factor, num_workers,
                                            link_gbps, latency_us)
@@ -203,8 +210,8 @@ def find_model_file(gpu_dir: Path, kind: str) -> Path | None:
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in KINDS and kind not in DERIVED_KINDS:
-        raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join((*KINDS, *DERIVED_KINDS))}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
 def _check_sizes(size: np.ndarray) -> None:
@@ -316,15 +323,16 @@ class CollectivePredictor:
 
     # --------------------------------------------------------------------------------------------------------
     def available(self, kind: str) -> bool:
-        """Whether a measured model exists for ``kind`` (False does not mean predict_ms fails when allowed); for an
-        all-gather, the all-reduce model that predicts it (:func:`measured_kind`)."""
+        """Whether a measured model predicts ``kind`` (False does not mean predict_ms fails when allowed): its own,
+        or that of the kind it falls back to (:func:`fallback_kind`)."""
         _check_kind(kind)
-        return measured_kind(kind)[0] in self.models
+        return kind in self.models or fallback_kind(kind)[0] in self.models
 
     def worker_counts(self, kind: str) -> list[int]:
+        """The worker counts a measured model predicts ``kind`` at (its own, or its fallback's elsewhere)."""
         _check_kind(kind)
-        kind = measured_kind(kind)[0]
-        return sorted(self.models[kind]["range"]) if kind in self.models else []
+        return sorted({int(w) for k in dict.fromkeys((kind, fallback_kind(kind)[0])) if k in self.models
+                       for w in self.models[k]["range"]})
 
     @cached_property
     def _serving(self) -> dict | None:
@@ -382,7 +390,7 @@ class CollectivePredictor:
         if ring is None:
             factor, basis = 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
         else:
-            kind = measured_kind(kind)[0]
+            kind = fallback_kind(kind)[0]
             workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
             factor, basis = ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
                                         exclude=self.hardware)
@@ -410,7 +418,7 @@ class CollectivePredictor:
         family = None if ring is None else ring["interval"].get(link_family(load_hardware(self.hardware).link_type))
         if family is None:
             return None
-        kind = measured_kind(kind)[0]
+        kind = fallback_kind(kind)[0]
         workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
         entry = family["by_count"].get(f"{kind} x{workers}", family["pooled"])
         return float(np.exp(entry["low"])), float(np.exp(entry["high"]))
@@ -420,7 +428,10 @@ class CollectivePredictor:
         the link (:meth:`ring_efficiency`); small NVLink all-reduces use the custom all-reduce model. A message is
         never slower than a larger one, which it could be padded to: where the modelled algorithm changes at a
         larger size (one- to two-stage, custom all-reduce to NCCL) and is faster there, that time bounds it."""
-        size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
+        base, factor = fallback_kind(kind)  # an all-gather's estimate is its all-reduce of half the bytes
+        size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64) * factor,
+                                            np.asarray(num_workers))
+        kind = base
         out = self._algorithm_ms(kind, size, workers)
         for switch in ALGORITHM_SWITCH_BYTES:
             below = (size > 0) & (size < switch)
@@ -449,18 +460,12 @@ class CollectivePredictor:
     def predict_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:
         """Time in ms of one ``kind`` collective of ``size_bytes`` over ``num_workers`` GPUs (broadcast arrays).
 
-        send_recv always uses 2 workers; an all-gather is the all-reduce of half its bytes (:func:`measured_kind`).
-        Unseen worker counts or a missing model raise unless the analytical estimate was allowed; then those entries
-        are estimated analytically and ``kind`` joins ``used_analytical``.
+        send_recv always uses 2 workers; one worker is no communication (0 ms). An all-gather this GPU did not
+        measure at a worker count is its all-reduce of half the bytes (:func:`fallback_kind`). Unseen worker counts
+        or a missing model raise unless the analytical estimate was allowed; then those entries are estimated
+        analytically and ``kind`` joins ``used_analytical``.
         """
         _check_kind(kind)
-        base, factor = measured_kind(kind)
-        if base != kind:
-            before = set(self.used_analytical)
-            out = self.predict_ms(base, np.asarray(size_bytes, dtype=np.float64) * factor, num_workers)
-            if self.used_analytical != before:  # the estimate stood in for this kind, not for an all-reduce
-                self.used_analytical = before | {kind}
-            return out
         size, workers = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(num_workers))
         shape = size.shape
         size = size.ravel()
@@ -475,32 +480,41 @@ class CollectivePredictor:
             workers = w.astype(np.int64)
         out = np.zeros(len(size))
         model = self.models.get(kind)
+        known = sorted(model["range"]) if model is not None else []
+        trivial = (workers == 1) if kind != "send_recv" else np.zeros(len(size), dtype=bool)
+        base, factor = fallback_kind(kind)
+        borrowed = (~np.isin(workers, known) & ~trivial) if base != kind else np.zeros(len(size), dtype=bool)
+        if borrowed.any():
+            outer, self.used_analytical = self.used_analytical, set()
+            try:
+                out[borrowed] = self.predict_ms(base, size[borrowed] * factor, workers[borrowed])
+            finally:  # an estimate that stood in here stood in for this kind
+                estimated, self.used_analytical = self.used_analytical, outer
+            if estimated:
+                self.used_analytical.add(kind)
+        rest = ~borrowed & ~trivial
+        if not rest.any():
+            return out.reshape(shape)
         if model is None:
             if not self.allow_analytical:
                 raise FileNotFoundError(
                     f"no {kind} model for {self.hardware} in {self.model_dir / self.hardware} (models present: "
                     f"{', '.join(self.models) or 'none'}); {TRAIN_HINT}, or {ANALYTICAL_HINT}")
             self.used_analytical.add(kind)
-            return self.analytical_ms(kind, size, workers).reshape(shape)
-        known = set(model["range"])
-        if kind == "all_reduce":
-            trivial = workers == 1  # no communication on one GPU
-            workers = np.where(trivial, next(iter(sorted(known))), workers)
-        else:
-            trivial = np.zeros(len(size), dtype=bool)
-        unseen = ~np.isin(workers, list(known))
+            out[rest] = self.analytical_ms(kind, size[rest], workers[rest])
+            return out.reshape(shape)
+        unseen = rest & ~np.isin(workers, known)
         if unseen.any():
             if not self.allow_analytical:
                 raise ValueError(
                     f"{self.hardware} {kind}: no measurements for num_workers "
-                    f"{sorted(set(workers[unseen].tolist()))}; measured: {sorted(known)}; "
+                    f"{sorted(set(workers[unseen].tolist()))}; measured: {known}; "
                     f"to estimate the others, {ANALYTICAL_HINT}")
             self.used_analytical.add(kind)
             out[unseen] = self.analytical_ms(kind, size[unseen], workers[unseen])
-        seen = ~unseen
+        seen = rest & ~unseen
         if seen.any():
             out[seen] = model_predict_ms(model, size[seen], workers[seen])
-        out[trivial] = 0.0
         return out.reshape(shape)
 
 
@@ -526,6 +540,6 @@ def _model_from_json(data: dict) -> dict:
                        for w, curve in data["curves"].items()}}
 
 
-__all__ = ["DEFAULT_COLLECTIVE_DIR", "KINDS", "DERIVED_KINDS", "measured_kind", "CollectivePredictor",
+__all__ = ["DEFAULT_COLLECTIVE_DIR", "KINDS", "FALLBACK_KINDS", "fallback_kind", "CollectivePredictor",
            "collective_hardware_with_models",
            "analytical_collective_ms", "model_predict_ms", "load_model"]

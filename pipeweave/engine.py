@@ -70,7 +70,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
-from pipeweave.collectives import collective_workers, measured_kind
+from pipeweave.collectives import collective_workers, fallback_kind
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.intervals import physical_interval
 from pipeweave.moe import pass_shares
@@ -305,7 +305,7 @@ class Engine:
         so that following the hint cannot lead to the next missing model."""
         from pipeweave.collectives import hardware_covering
 
-        needed = {(measured_kind(kind)[0], collective_workers(kind, job.workload.tp_size))
+        needed = {(fallback_kind(kind)[0], collective_workers(kind, job.workload.tp_size))
                   for kind, _ in job.workload.collectives}  # an all-gather needs the all-reduce model
         covering = hardware_covering(needed, self.collective_dir)
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
@@ -646,7 +646,7 @@ class Engine:
                         f"estimate (pipeweave.collectives.CollectivePredictor.analytical_ms: hardware JSON link "
                         f"bandwidth and latency, the bandwidth term x {factor:.2f}, the ring efficiency {basis}; not "
                         f"measurements of this GPU) because no measured model covers it"
-                        + ("" if measured_kind(kind)[0] != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
+                        + ("" if fallback_kind(kind)[0] != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
                            f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
                            f"the plain ring estimate, not the fitted custom all-reduce"))
         return out, analytical

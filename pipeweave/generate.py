@@ -111,10 +111,11 @@ def generate(spec: WorkloadSpec, config_dir: str | Path = DEFAULT_CONFIG_DIR,
 
 
 def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload, config_dir, trace_dir) -> None:
-    """Two paper workloads were generated with ``--qk_norm_rmsnorm`` under the plain name the artifact gave them, so
-    the same command without the flag (or with another config or trace of that name) would silently write a
-    different workload under a paper file's name. A paper spec read from the default folders is the paper's own;
-    anything else is compared byte for byte (only when the name is a paper file's)."""
+    """The paper workloads hold variants under the plain names the artifact gave them (every one replicates
+    ``lm_head``, two hold the QK-norm approximation), so the same command without their flags (or with another config
+    or trace of that name) would silently write a different workload under a paper file's name. A paper spec read
+    from the default folders is the paper's own; anything else is compared byte for byte (only when the name is a
+    paper file's). The refusal names the paper's flags and the ``--name`` that writes the paper's own."""
     paper = dict(zip(paper_set_names(), PAPER_SET)).get(generated.file_name)
     if paper is None:
         return
@@ -129,9 +130,10 @@ def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload, c
     flags = [flag for flag, differs in (("--qk_norm_rmsnorm", paper.qk_norm_rmsnorm and not spec.qk_norm_rmsnorm),
                                         (f"--lm_head {paper.lm_head}", paper.lm_head != spec.lm_head)) if differs]
     flag = f" (the paper's was generated with {' and '.join(flags)})" if flags else ""
+    own = f" (the paper's own: add {' '.join(flags)} --name {paper.name})" if flags else ""
     raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py --paper_set "
                         f"writes it) and this workload differs from it{flag}; give --name with another label to "
-                        f"write it under another name")
+                        f"write it under another name{own}")
 
 
 def uniform_trace(spec: WorkloadSpec) -> Trace:

@@ -73,14 +73,14 @@ _SEQUENCES = (list, tuple)
 
 def collective_kind(name: str, kind_type: str = "") -> str | None:
     """all_reduce / all_gather / send_recv from a communication entry's name and type (None if none of them)."""
-    lowered = name.lower()
-    if "all_reduce" in lowered or "allreduce" in lowered:
+    lowered, kind_type = name.lower(), str(kind_type).lower()
+    if "all_reduce" in lowered or "allreduce" in lowered:  # the name first, then the type
         return "all_reduce"
-    if "all_gather" in lowered or "allgather" in lowered or str(kind_type).lower() == "all_gather":
+    if "all_gather" in lowered or "allgather" in lowered:
         return "all_gather"
-    if "send" in lowered or "recv" in lowered or str(kind_type).lower() == "p2p":
+    if "send" in lowered or "recv" in lowered:
         return "send_recv"
-    return None
+    return {"all_gather": "all_gather", "p2p": "send_recv"}.get(kind_type)
 
 
 def phase_problem(phase) -> str | None:

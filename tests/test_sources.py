@@ -287,15 +287,17 @@ def test_collectives(collectives):
     for c in ("num_workers", "devices_per_node", "size_bytes"):
         assert df[c].dtype == np.int64
     assert (df["time_ms"] > 0).all() and (df["devices_per_node"] >= df["num_workers"]).all()
-    assert set(df["collective"]) == {"all_reduce", "send_recv", "custom_all_reduce"}
+    assert set(df["collective"]) == {"all_reduce", "send_recv", "custom_all_reduce", "all_gather"}
     assert not df["source"].str.contains("pairwise_nvlink/all_reduce|h100_pairwise|a100_pairwise").any()
     for name in df["hardware"].unique():
         _resolve(name)
     pw = df[df["source"].str.endswith("dataset/collective/A100/all_reduce.csv") & (df["num_workers"] == 8)]
     assert pw.loc[pw["size_bytes"].idxmax(), "time_ms"] == pytest.approx(8.2, rel=0.05)  # ~1 GiB
     aic = df[df["source"].str.contains("h100_sxm/comm/nccl") & (df["num_workers"] == 8)]
-    biggest = aic.loc[aic["size_bytes"].idxmax()]
-    assert biggest["size_bytes"] == 268435456 * 2 and biggest["time_ms"] == pytest.approx(2.11, rel=0.03)
+    for collective, ms in (("all_reduce", 2.11), ("all_gather", 1.40)):  # 512 MiB: the gathered output's size
+        rows = aic[aic["collective"] == collective]
+        biggest = rows.loc[rows["size_bytes"].idxmax()]
+        assert biggest["size_bytes"] == 268435456 * 2 and biggest["time_ms"] == pytest.approx(ms, rel=0.03)
     assert not df.duplicated(["collective", "hardware", "num_workers", "devices_per_node", "size_bytes",
                               "source"]).any()
     pd.testing.assert_frame_equal(df, load_collectives(log=_quiet))
