@@ -435,7 +435,7 @@ def serving_adjust(data: pd.DataFrame, choice: dict, frame: pd.DataFrame, log: L
     adjusted = pd.concat(parts).reset_index(drop=True)
     modelled_small = {(stem, workers) for (stem, kind), counts in choice.items() if kind == "all_reduce"
                       for workers, info in counts.items() if "custom_allreduce" in info}
-    # an all-gather's analytical estimate is its all-reduce's (pipeweave.collectives.fallback_kind): no factors of its own
+    # an all-gather's analytical estimate is its all-reduce's (pipeweave.collectives.fallback_kind): no own factors
     ring_rows = adjusted[adjusted["collective"] != "all_gather"]
     serving["ring_efficiency"] = fit_ring_efficiency(ring_rows, links, frame, modelled_small)
     return adjusted, serving
