@@ -12,22 +12,12 @@
 #     Nothing else falls back: the flag only applies where no measured model covers a collective.
 # Writes e2e/pipeweave_pred/<workload stem>_<GPU>.json; extra flags pass through to aggregator.py.
 set -euo pipefail
+start="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")"
-# PIPEWEAVE_WORKLOAD_DIR / PIPEWEAVE_PRED_DIR: other workload and output folders, e.g. the paper set with vLLM's
-# lm_head layout (README "Workloads": workload_generator.py --paper_set --lm_head vocab_parallel --output_dir DIR)
-workload_dir="${PIPEWEAVE_WORKLOAD_DIR:-workload}"
-pred_dir="${PIPEWEAVE_PRED_DIR:-e2e/pipeweave_pred}"
+# workload_dir, pred_dir (PIPEWEAVE_WORKLOAD_DIR / PIPEWEAVE_PRED_DIR: other folders) and need_workloads
+source e2e/batch_dirs.sh
 
-workloads=(Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2 Llama-3.1-70B_vllm_splitwise64_fa3_tp4_pp2)
-for w in "${workloads[@]}"; do
-  if [[ -f "$workload_dir/$w.json" ]]; then continue; fi
-  if [[ "$workload_dir" != workload ]]; then
-    echo "$0: $workload_dir/$w.json is missing; write the paper set there with" \
-         "python3 workload_generator.py --paper_set --lm_head LAYOUT --output_dir $workload_dir" >&2
-    exit 2
-  fi
-  python3 workload_generator.py --paper_set; break
-done
+need_workloads Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2 Llama-3.1-70B_vllm_splitwise64_fa3_tp4_pp2
 
 python3 aggregator.py --pairs - --output "$pred_dir" --model_dir mlp_models --hardware_dir hardware \
   --collective_estimate analytical "$@" <<EOF

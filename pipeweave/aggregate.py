@@ -396,10 +396,10 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
               f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
               f"treat it as a rough estimate")
-    zero_shot, calibrated_ops = uncalibrated(extrapolation.get("unmeasured_gpu", []),
+    zero_shot, calibrated = uncalibrated(extrapolation.get("unmeasured_gpu", []),
                                              prediction.result.get("calibration"))
     if zero_shot:
-        print(unmeasured_note(job.hardware.name, zero_shot, calibrated_ops=calibrated_ops))
+        print(unmeasured_note(job.hardware.name, zero_shot, calibrated=calibrated))
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
     print(f"Predictions saved to {'standard output' if str(target) == STANDARD_STREAM else target}")

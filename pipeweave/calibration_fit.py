@@ -664,7 +664,9 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     if e2e:
         runs = merged_repeats(read_runs(e2e, spec))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
-                              "runs": [str(Path(w.path).resolve()) for w, _ in runs]}
+                              "runs": [str(Path(w.path).resolve()) for w, _ in runs],
+                              # the operators the runs executed: a run says nothing of an operator it did not hold
+                              "ops": sorted({op for workload, _ in runs for op in workload.ops()})}
     kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))
     measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
     if not measured_all_reduce:

@@ -334,6 +334,16 @@ class CollectivePredictor:
         return sorted({int(w) for k in dict.fromkeys((kind, fallback_kind(kind)[0])) if k in self.models
                        for w in self.models[k]["range"]})
 
+    def borrowed(self, kind: str, num_workers: int) -> str | None:
+        """How ``kind`` at ``num_workers`` is predicted when this GPU did not measure it but measured the kind it falls
+        back to (:func:`fallback_kind`), e.g. "all_reduce of half the bytes"; None where its own model covers it or
+        it has no fallback."""
+        base, factor = fallback_kind(kind)
+        own = self.models.get(kind)
+        if base == kind or (own is not None and int(num_workers) in own["range"]):
+            return None
+        return f"{base} of {'half the' if factor == 0.5 else f'{factor:g}x the'} bytes"
+
     @cached_property
     def _serving(self) -> dict | None:
         """``serving.json`` of the model folder (read once); None for a folder without any trained model, which

@@ -126,27 +126,31 @@ class Prediction:
 
 
 def uncalibrated(categories, record: dict | None) -> tuple[list[str], list[str]]:
-    """(the kernel ``categories`` a calibration took no measurement of, the operators whose kernels it measured), from
-    its ``record`` (the ``calibration`` entry of an output; None without a calibration of the GPU). A calibration
-    fitted on a measured run covers every category, one fitted on kernels only theirs: the others move only with
-    the GPU-wide part of its corrections (pipeweave.calibration, "Prior")."""
+    """(the kernel ``categories`` a calibration took no measurement of, the categories it measured), from its
+    ``record`` (the ``calibration`` entry of an output; None without a calibration of the GPU). A calibration
+    measured the operators of its kernel CSVs and those its measured runs executed (``fitted_from.e2e.ops``; a file
+    written before that record, or a calibration hook without one, counts as covering all); the others move only
+    with the GPU-wide part of its corrections (pipeweave.calibration, "Prior")."""
     if record is None:
         return list(categories), []
     fitted = record.get("fitted_from")
-    if not isinstance(fitted, dict) or fitted.get("e2e"):
+    e2e = fitted.get("e2e") if isinstance(fitted, dict) else None
+    if not isinstance(fitted, dict) or (e2e and "ops" not in e2e):
         return [], []
-    ops = list(dict.fromkeys(entry.get("op") for entry in fitted.get("kernels", []) if entry.get("rows")))
-    return [category for category in categories if KERNEL_CATEGORIES[category] not in ops], ops
+    ops = {entry.get("op") for entry in fitted.get("kernels", []) if entry.get("rows")}
+    ops |= set((e2e or {}).get("ops", []))
+    measured = [category for category, op in KERNEL_CATEGORIES.items() if op in ops]
+    return [category for category in categories if category not in measured], measured
 
 
-def unmeasured_note(gpu_name: str, categories, what: str = "predictions", calibrated_ops=()) -> str:
+def unmeasured_note(gpu_name: str, categories, what: str = "predictions", calibrated=()) -> str:
     """The console note for :meth:`Engine.unmeasured` categories (``what``: the durations they make up) that no
-    calibration measured either (``calibrated_ops``: the operators a kernel calibration measured instead)."""
-    if calibrated_ops:
+    calibration measured either (``calibrated``: the categories a calibration of the GPU measured instead)."""
+    if calibrated:
         return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}, and the "
-                f"calibration measured none of theirs (only {', '.join(calibrated_ops)}): those {what} are zero-shot, moved only "
-                f"by the GPU-wide part of its corrections; calibrate.py with their kernels or one measured run "
-                f"corrects them")
+                f"calibration measured none of theirs (it measured {', '.join(calibrated)}): those {what} are "
+                f"zero-shot, moved only by the GPU-wide part of its corrections; calibrate.py with their kernels, or "
+                f"a measured run that holds them, corrects them")
     return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}: those {what} are "
             f"zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); calibrate.py with a few measured kernels or "
             f"one measured run corrects them")
@@ -424,20 +428,26 @@ class Engine:
                 point_collectives = not np.isin(kinds, list(estimate_intervals)).all()
                 if best is not None:
                     best[rows] = single[rows]
-            source = None
+            source, borrowed = None, {}
             if job.workload.has_communication:
                 predictor = collective_of[id(job)]
                 measured = [k for k in COLLECTIVE_KINDS if k not in coll_ms[j][1]
                             and any(kind == k for kind, _ in job.workload.collectives)]
+                borrowed = {k: how for k in measured
+                            if (how := predictor.borrowed(k, collective_workers(k, job.workload.tp_size)))}
                 parts = []
                 if measured:
-                    parts.append(f"{predictor.hardware} collective models ({', '.join(measured)})")
+                    parts.append(f"{predictor.hardware} collective models ("
+                                 + ", ".join(f"{k} as its {borrowed[k]}" if k in borrowed else k for k in measured)
+                                 + ")")
                 if coll_ms[j][1]:
                     parts.append(f"ANALYTICAL estimate ({', '.join(coll_ms[j][1])}, {predictor.hardware} link)")
                 source = " + ".join(parts)
             result = build_result(job, single, best, extrapolated, (low, high, point_collectives))
             if unmeasured:  # zero-shot, whether or not the SM design was seen (the flags' `architecture` bit)
                 result["extrapolation"]["unmeasured_gpu"] = unmeasured
+            if borrowed:  # a kind predicted as another kind of this GPU (pipeweave.collectives.fallback_kind)
+                result["extrapolation"]["collective_fallback"] = {k: f"its {how}" for k, how in borrowed.items()}
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
             if j in coll_ms and coll_ms[j][1]:  # recorded in the output, not only in the console's WARNING

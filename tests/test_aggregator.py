@@ -281,6 +281,9 @@ def test_collective_workers_all_reduce_tp_and_send_recv_two(models, tmp_path, mo
             calls.append((kind, workers))
             return np.full(np.shape(size), 0.5)
 
+        def borrowed(self, kind, workers):
+            return None
+
     agg = Aggregator(model_dir=models, log=None)
     monkeypatch.setattr(agg, "collective_predictor", lambda job: Fake())
     result = agg.predict([Job(load_workload(small(PP2, tmp_path, 3)), agg.gpu("H20"))])[0].result

@@ -231,9 +231,42 @@ def a100_calibration(tmp_path_factory):
     return path
 
 
+def test_a_calibration_covers_the_operators_it_measured():
+    """engine.uncalibrated: the zero-shot note stays for the categories a calibration measured none of (kernel CSVs
+    of other operators, or runs that did not hold them: a BF16 run says nothing of FP8 GEMMs)."""
+    from pipeweave.engine import uncalibrated
+    categories = ["gemm_fp8", "attention", "quantize"]
+    assert uncalibrated(categories, None) == (categories, [])
+    kernels = {"fitted_from": {"kernels": [{"op": "gemm", "rows": 3}]}}
+    assert uncalibrated(categories, kernels) == (categories, ["gemm"])
+    run = {"fitted_from": {"e2e": {"runs": ["x.json"], "ops": ["attn", "gemm", "rmsnorm", "siluandmul"]}}}
+    assert uncalibrated(categories, run) == (["gemm_fp8", "quantize"], ["gemm", "attention", "rmsnorm", "siluandmul"])
+    older = {"fitted_from": {"e2e": {"runs": ["x.json"]}}}  # written before the record: taken as covering all
+    assert uncalibrated(categories, older) == ([], [])
+    assert uncalibrated(categories, {"hook": True}) == ([], [])  # a calibration hook without a record
+    # search_config's note: per row, what neither training nor the calibration of that GPU measured
+    from pipeweave.serving.search import zero_shot_gpus
+
+    class Engine:
+        class calibration:
+            @staticmethod
+            def record(gpu):
+                return kernels if gpu == "A40" else None
+
+        @staticmethod
+        def gpu(name):
+            return name
+
+    table = pd.DataFrame({"hardware": ["A40", "A40", "H100", "L40"], "feasible": [True, True, True, False],
+                          "unmeasured_gpu": ["gemm", "attention", "", float("nan")]})
+    assert zero_shot_gpus(table, Engine) == ["A40"]  # attention: not in the GEMM calibration
+    assert zero_shot_gpus(table.iloc[[0, 2, 3]], Engine) == []
+
+
 def test_calibration_file_and_tp1_run_moves_tp2_prediction(a100_calibration, tmp_path):
     cal = load_calibration(a100_calibration)
     assert cal.hardware == "A100" and cal.fitted_from["e2e"]["runs"]
+    assert cal.fitted_from["e2e"]["ops"] == ["attn", "gemm", "rmsnorm", "siluandmul"]
     # a TP1 run has no collectives: the communication factors stay at their prior
     assert cal.theta[LATENCY] == 0 and cal.theta[BANDWIDTH] == 0
     tp2 = small(TP2, tmp_path)
@@ -332,7 +365,7 @@ def test_kernel_csv_calibration(tmp_path, capsys):
                                     "--output", str(tmp_path / "pred.json")]) == 0
     said = capsys.readouterr().out
     assert ("no kernel of NVIDIA A40 is in the training data of attention, and the calibration measured none of "
-            "theirs (only gemm): those predictions are zero-shot") in said, said
+            "theirs (it measured gemm): those predictions are zero-shot") in said, said
 
 
 def test_attention_kernel_csv_calibration_learns_a_kv_length_trend(tmp_path):

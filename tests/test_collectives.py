@@ -142,12 +142,29 @@ def test_an_all_gather_is_measured_or_the_all_reduce_of_half_its_bytes():
     assert estimated.used_analytical == {"all_reduce", "all_gather"}
 
 
+def test_the_output_says_which_all_gather_is_the_fallback(tmp_path, capsys):
+    from pipeweave import aggregate
+    from pipeweave.cli import run_cli
+    from pipeweave.workload import build_workload, load_model_config
+
+    path = tmp_path / "tp8.json"
+    path.write_bytes(build_workload(load_model_config("Llama-3.1-70B"), [100] * 4, 2, tp=8).to_json_bytes())
+    for gpu, fallback in (("H20", {"all_gather": "its all_reduce of half the bytes"}), ("H100", None)):
+        assert run_cli(aggregate.main, ["--workload", str(path), "--hardware", gpu,
+                                        "--output", str(tmp_path / f"{gpu}.json")]) == 0
+        said = capsys.readouterr().out
+        extrapolation = json.loads((tmp_path / f"{gpu}.json").read_text())["extrapolation"]
+        assert extrapolation.get("collective_fallback") == fallback
+        assert ("all_gather as its all_reduce of half the bytes" in said) == (fallback is not None), said
+
+
 def test_workload_entries_name_the_all_gather():
     assert collective_kind("logits_all_gather", "all_gather") == "all_gather"
     assert collective_kind("gather", "all_gather") == "all_gather"
     assert collective_kind("allgather") == "all_gather"
     assert collective_kind("all_reduce", "collective") == "all_reduce"
     assert collective_kind("all_to_all", "collective") is None
+    assert collective_kind("send_logits", "all_gather") == "send_recv"  # the name decides before the type
 
 
 def test_vectorised_broadcast_and_zero():

@@ -283,8 +283,11 @@ def test_the_paper_set_in_vllms_layout_goes_to_another_folder(tmp_path):
     assert [c["name"] for c in decode["communication"]] == ["all_reduce", "logits_all_gather"]
     missing = subprocess.run(["bash", "tp4.sh"], cwd=REPO, capture_output=True, text=True,
                              env={**os.environ, "PIPEWEAVE_WORKLOAD_DIR": str(tmp_path / "none")})
-    assert missing.returncode == 2 and "--paper_set --lm_head LAYOUT --output_dir" in missing.stderr
-    assert not (tmp_path / "none").exists()
+    assert missing.returncode == 2 and "give PIPEWEAVE_PRED_DIR too" in missing.stderr  # not e2e/pipeweave_pred
+    missing = subprocess.run(["bash", str(REPO / "tp4.sh")], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "PIPEWEAVE_WORKLOAD_DIR": "none", "PIPEWEAVE_PRED_DIR": "pred"})
+    assert missing.returncode == 2 and f"--output_dir '{tmp_path / 'none'}'" in missing.stderr  # from where it started
+    assert not (tmp_path / "none").exists() and not (tmp_path / "pred").exists()
 
 
 def test_qk_norm_variant_and_tp1_has_no_communication():

@@ -291,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
     gpu = engine.gpu(args.hardware)
     recorder = getattr(engine.calibration, "record", None)  # as the aggregator's output records it
-    zero_shot, calibrated_ops = uncalibrated(run.unmeasured_gpu, recorder(gpu) if recorder is not None else None)
+    zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, recorder(gpu) if recorder is not None else None)
     if zero_shot:
-        print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated_ops))
+        print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated))
     print(f"Results saved to {output} and {csv_path}")
     return 0

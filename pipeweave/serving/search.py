@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
+from pipeweave.engine import uncalibrated
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
                                   engine_from_settings)
 from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
@@ -148,6 +149,20 @@ def rank(table: pd.DataFrame) -> pd.DataFrame:
                               ascending=[False, False, False], kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
     return table[list(COLUMNS)]
+
+
+def zero_shot_gpus(table: pd.DataFrame, engine) -> list[str]:
+    """The GPUs of feasible rows with step times that no training data and no calibration measured (column
+    ``unmeasured_gpu``, less what the engine's calibration of that GPU measured:
+    :func:`pipeweave.engine.uncalibrated`)."""
+    recorder = getattr(engine.calibration, "record", None)
+    found = set()
+    for row in table[table["feasible"]].itertuples():
+        categories = [c for c in (row.unmeasured_gpu if isinstance(row.unmeasured_gpu, str) else "").split(";") if c]
+        record = recorder(engine.gpu(row.hardware)) if recorder is not None else None
+        if uncalibrated(categories, record)[0]:
+            found.add(row.hardware)
+    return sorted(found)
 
 
 def fp8_slower_than_bf16(table: pd.DataFrame) -> list[str]:
@@ -308,9 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         written.append(plot)
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
-    calibrated = local.calibration.hardware if local.calibration is not None else None
-    zero_shot = sorted(set(table.loc[table["feasible"] & (table["unmeasured_gpu"].fillna("") != "")
-                                     & (table["hardware"] != calibrated), "hardware"]))
+    zero_shot = zero_shot_gpus(table, local)
     if zero_shot:
         print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "
               f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
