@@ -222,6 +222,11 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame | None, plot_path: Path | 
         "`./vllm_tp4_pp2.sh`). Measured runs: "
         f"{real_source}.",
         "",
+        "**Workloads.** The paper's workload files, byte-identical to the artifact's: every TP rank computes "
+        "`lm_head` over the whole vocabulary. The workload generator's default, and the serving simulator, lay "
+        "it out as vLLM does (1/TP of the vocabulary per rank and an all-gather of the logits; docs/METHOD.md "
+        "§11.3.21); README \"Workloads\" gives these runs' figures in that layout and the commands behind them.",
+        "",
         "**Error metric.** |predicted − median(measured)| / median(measured), per metric: prefill, decode per step "
         "(predicted mean decode step vs measured median step latency) and total; *mean err* is the mean of the "
         "three. The reference value is the median over the repetitions for every method — not the repetition "
