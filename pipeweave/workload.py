@@ -28,8 +28,9 @@ DECODE_ATTN_DEFAULT = "fa2_paged"
 #: Attention type strings the aggregator understands ("fa2"/"fa3" family x "ragged"/"paged" layout).
 ATTENTION_BACKENDS = ("fa2_ragged", "fa3_ragged", "fa2_paged", "fa3_paged")
 #: How the TP ranks hold ``lm_head``: "vocab_parallel" as vLLM's ParallelLMHead (each rank the logits of
-#: 1/TP of the vocabulary padded to VOCAB_PADDING, then an all-gather of the logits), "replicated" as the
-#: artifact's workloads (the whole vocabulary on every rank, no gather; docs/METHOD.md §11.3.21)
+#: 1/TP of the vocabulary padded to VOCAB_PADDING, then an all-gather of the logits; its embedding is split the
+#: same way, which adds one all-reduce of the hidden states), "replicated" as the artifact's workloads (the whole
+#: vocabulary on every rank, no gather, no embedding all-reduce; docs/METHOD.md §11.3.21)
 LM_HEAD_LAYOUTS = ("vocab_parallel", "replicated")
 LM_HEAD_DEFAULT = "vocab_parallel"
 #: vLLM pads the vocabulary of its vocabulary-parallel embedding and lm_head to a multiple of this
@@ -117,10 +118,12 @@ def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q
     communication = []
     if tp > 1:
         volume = tokens * hidden * 2
+        # vLLM's vocabulary-parallel embedding sums its ranks' lookups with one more all-reduce of the hidden states
+        embedding = 1 if lm_head == "vocab_parallel" else 0
         if cfg.moe is None:
-            communication.append(CollectiveOp("all_reduce", volume, 2 * layers, type="collective"))
+            communication.append(CollectiveOp("all_reduce", volume, 2 * layers + embedding, type="collective"))
         else:  # the MoE output is summed over the TP group's expert shards (EP inside TP: no all-to-all)
-            communication += [CollectiveOp("all_reduce", volume, layers, type="collective"),
+            communication += [CollectiveOp("all_reduce", volume, layers + embedding, type="collective"),
                               CollectiveOp("moe_all_reduce", volume, layers, type="collective")]
         if lm_head == "vocab_parallel":  # each rank computed its vocabulary slice of every sequence's logits
             communication.append(CollectiveOp("logits_all_gather", batch * head_n * tp * LOGITS_BYTES, 1,

@@ -234,8 +234,8 @@ def test_lm_head_is_vocabulary_parallel_with_a_gather_of_the_logits():
     cfg = load_model_config("Llama-3.1-70B")
     decode = build_workload(cfg, [100] * 16, 2, tp=8).iterations[1]
     assert _gemms(decode.to_dict())["lm_head"] == (16, 128256 // 8, 8192, 1)
-    assert [c.to_dict() for c in decode.communication] == [
-        {"name": "all_reduce", "type": "collective", "volume_bytes": 16 * 8192 * 2, "count": 160},
+    assert [c.to_dict() for c in decode.communication] == [  # 2 per layer + the vocabulary-parallel embedding's
+        {"name": "all_reduce", "type": "collective", "volume_bytes": 16 * 8192 * 2, "count": 161},
         {"name": "logits_all_gather", "type": "all_gather", "volume_bytes": 16 * 128256 * 2, "count": 1}]
     assert [c.kind for c in decode.communication] == ["all_reduce", "all_gather"]
     prefill = build_workload(cfg, [100] * 16, 1, tp=4, pp=2).iterations[0]  # the logits of each sequence's last token
@@ -243,7 +243,7 @@ def test_lm_head_is_vocabulary_parallel_with_a_gather_of_the_logits():
         ("logits_all_gather", 16 * 128256 * 2), ("send_recv", 2 * 1600 * 8192 * 2)]
     replicated = build_workload(cfg, [100] * 16, 2, tp=8, lm_head="replicated").iterations[1]
     assert _gemms(replicated.to_dict())["lm_head"] == (16, 128256, 8192, 1)
-    assert [c.name for c in replicated.communication] == ["all_reduce"]
+    assert [(c.name, c.count) for c in replicated.communication] == [("all_reduce", 160)]
     odd = model_config_from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
                                   "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 50257,
                                   "num_hidden_layers": 2}, "odd")
