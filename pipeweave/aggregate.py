@@ -396,8 +396,7 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
               f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
               f"treat it as a rough estimate")
-    zero_shot, calibrated = uncalibrated(extrapolation.get("unmeasured_gpu", []),
-                                             prediction.result.get("calibration"))
+    zero_shot, calibrated = uncalibrated(extrapolation.get("unmeasured_gpu", []), prediction.result.get("calibration"))
     if zero_shot:
         print(unmeasured_note(job.hardware.name, zero_shot, calibrated=calibrated))
     for category, sibling in extrapolation.get("sibling", {}).items():

@@ -287,6 +287,12 @@ class Engine:
                   for stem in sorted(set(collective_gpus))]
         return [line for line in lines if line]
 
+    def calibration_record(self, hardware: HardwareSpec) -> dict | None:
+        """What an output records of the calibration on ``hardware``: None without a calibration of that GPU, or for
+        a plain correction hook, which records nothing."""
+        recorder = getattr(self.calibration, "record", None)
+        return recorder(hardware) if recorder is not None else None
+
     def unmeasured(self, hardware: HardwareSpec, categories) -> list[str]:
         """The operator ``categories`` whose model has no measurement of ``hardware`` (in its training data, or from a
         calibration's fine-tuning): zero-shot predictions, whether or not its SM design was seen (the extrapolation
@@ -458,8 +464,7 @@ class Engine:
                         kind, collective_workers(kind, job.workload.tp_size))) for kind in coll_ms[j][1]},
                     "interval": {kind: [round(f, 4) for f in estimate_intervals[kind]] if kind in estimate_intervals
                                  else None for kind in coll_ms[j][1]}}
-            recorder = getattr(self.calibration, "record", None)  # optional: a plain correction records nothing
-            record = recorder(job.hardware) if recorder is not None else None
+            record = self.calibration_record(job.hardware)
             if record:
                 result["calibration"] = record
             out.append(Prediction(job, result, source))

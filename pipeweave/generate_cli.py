@@ -77,12 +77,14 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    paper_variant = False  # the paper's workloads in another lm_head layout (written outside workload/)
     if args.paper_set:
         given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]
         if given:
             raise UserError(f"--paper_set cannot be combined with {', '.join(given)}")
         layout = args.lm_head or "replicated"
-        if layout != "replicated" and Path(args.output_dir).resolve() == Path(DEFAULT_OUTPUT_DIR).resolve():
+        paper_variant = layout != "replicated"
+        if paper_variant and Path(args.output_dir).resolve() == Path(DEFAULT_OUTPUT_DIR).resolve():
             raise UserError(f"--paper_set --lm_head {layout} would replace the paper's workloads in "
                             f"{DEFAULT_OUTPUT_DIR} (the artifact's, which docs/E2E.md predicts); give another "
                             f"--output_dir")
@@ -110,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_rate(spec) if spec is not None and args.dtype == "fp8" else None
     if missing:
         raise UserError(f"--dtype fp8: {missing}, so no FP8 workload can be predicted on it; use --dtype bf16")
-    workloads = generate_many(specs, args.config_dir, args.trace_dir,
-                              paper_variant=bool(args.paper_set and args.lm_head not in (None, "replicated")))
+    workloads = generate_many(specs, args.config_dir, args.trace_dir, paper_variant=paper_variant)
     for path in write_workloads(workloads, args.output_dir):
         print(path)
     if not args.paper_set and not args.qk_norm_rmsnorm and load_model_config(args.model_config,

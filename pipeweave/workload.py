@@ -220,7 +220,6 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
         if problem:
             raise WorkloadError(f"config {cfg.stem}: {problem}")
     shard = RankShapes.of(cfg, tp)
-    lm_head_width(cfg, tp, lm_head)
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise WorkloadError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
                             f"num_key_value_heads ({cfg.num_key_value_heads}) (grouped-query attention)")

@@ -248,10 +248,9 @@ def test_a_calibration_covers_the_operators_it_measured():
     from pipeweave.serving.search import zero_shot_gpus
 
     class Engine:
-        class calibration:
-            @staticmethod
-            def record(gpu):
-                return kernels if gpu == "A40" else None
+        @staticmethod
+        def calibration_record(gpu):
+            return kernels if gpu == "A40" else None
 
         @staticmethod
         def gpu(name):

@@ -290,8 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Throughput: {summary['throughput_tokens_per_s']:.1f} tokens/s "
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
     gpu = engine.gpu(args.hardware)
-    recorder = getattr(engine.calibration, "record", None)  # as the aggregator's output records it
-    zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, recorder(gpu) if recorder is not None else None)
+    zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, engine.calibration_record(gpu))
     if zero_shot:
         print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated))
     print(f"Results saved to {output} and {csv_path}")

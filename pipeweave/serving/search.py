@@ -155,12 +155,10 @@ def zero_shot_gpus(table: pd.DataFrame, engine) -> list[str]:
     """The GPUs of feasible rows with step times that no training data and no calibration measured (column
     ``unmeasured_gpu``, less what the engine's calibration of that GPU measured:
     :func:`pipeweave.engine.uncalibrated`)."""
-    recorder = getattr(engine.calibration, "record", None)
     found = set()
     for row in table[table["feasible"]].itertuples():
         categories = [c for c in (row.unmeasured_gpu if isinstance(row.unmeasured_gpu, str) else "").split(";") if c]
-        record = recorder(engine.gpu(row.hardware)) if recorder is not None else None
-        if uncalibrated(categories, record)[0]:
+        if uncalibrated(categories, engine.calibration_record(engine.gpu(row.hardware)))[0]:
             found.add(row.hardware)
     return sorted(found)
 
