@@ -5,9 +5,10 @@ deployment would lay the model out, and names the smallest TP that would fit. Ev
 
 * **weights**: parameters counted from the config (embedding, every decoder layer, final norm, ``lm_head``;
   no biases, which are < 0.01 % of these models). Linear layers are split over the TP ranks (query/output
-  heads, MLP and expert widths, vocabulary); KV heads are split when there are at least TP of them, else one
-  is kept per rank (vLLM replicates them). Norms and the MoE router are replicated. A pipeline stage holds
-  ceil(L / PP) layers and, when PP > 1, the larger of the embedding and ``lm_head`` (both when PP = 1).
+  heads, MLP and expert widths, vocabulary padded to 64 entries as vLLM pads it); KV heads are split when there
+  are at least TP of them, else one is kept per rank (vLLM replicates them). Norms and the MoE router are
+  replicated. A pipeline stage holds ceil(L / PP) layers and, when PP > 1, the larger of the embedding and
+  ``lm_head`` (both when PP = 1).
   Experts: EP must divide TP; each of the EP groups holds E / EP experts, each split over TP / EP ranks
   (``moe_tp × moe_ep = tp``, aiconfigurator's convention), so the expert bytes per GPU do not depend on EP.
   ``dtype="fp8"`` stores linear-layer weights in 1 byte; embeddings, ``lm_head``, norms and the router stay
@@ -37,7 +38,7 @@ from typing import Callable, Sequence
 
 from analytical_model.pipes import HardwareSpec
 from pipeweave.moe import MoeConfig, expert_parallel_problem
-from pipeweave.workload import ModelConfig, RankShapes, WorkloadError
+from pipeweave.workload import ModelConfig, RankShapes, WorkloadError, padded_vocab_size
 
 GPU_MEMORY_UTILIZATION = 0.9
 RUNTIME_OVERHEAD_BYTES = 2 ** 30
@@ -170,7 +171,7 @@ def weight_bytes_per_gpu(cfg: ModelConfig, tp: int, pp: int = 1, ep: int = 1, dt
     experts = cfg.moe.num_experts * layer.expert // tp if cfg.moe else 0
     linear = attention + (layer.dense_mlp + layer.shared_expert) // tp + experts
     per_layer = linear * linear_bytes + (layer.norms + layer.router) * BF16_BYTES
-    vocab_shard = math.ceil(cfg.vocab_size / tp) * h * BF16_BYTES
+    vocab_shard = math.ceil(padded_vocab_size(cfg) / tp) * h * BF16_BYTES
     tables = 1 if cfg.tie_word_embeddings or pp > 1 else 2
     return math.ceil(cfg.num_hidden_layers / pp) * per_layer + tables * vocab_shard + h * BF16_BYTES
 

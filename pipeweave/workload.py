@@ -105,8 +105,13 @@ def lm_head_width(cfg: ModelConfig, tp: int, lm_head: str = LM_HEAD_DEFAULT) -> 
         raise WorkloadError(f"lm_head must be one of {', '.join(LM_HEAD_LAYOUTS)}, got {lm_head!r}")
     if lm_head == "replicated":
         return cfg.vocab_size
-    padded = -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    padded = padded_vocab_size(cfg)
     return _div(padded, tp, f"vocab_size ({cfg.vocab_size}, padded to {padded} as vLLM does)")
+
+
+def padded_vocab_size(cfg: ModelConfig) -> int:
+    """The vocabulary of vLLM's vocabulary-parallel embedding and lm_head: padded to :data:`VOCAB_PADDING`."""
+    return -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
 
 
 def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
