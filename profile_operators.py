@@ -11,6 +11,7 @@ a hardware JSON skeleton for this GPU and exits.
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -91,10 +92,11 @@ def parse_args(argv):
         raise UserError("--repeats must be at least 1")
     if args.warmup < 0:
         raise UserError("--warmup must be 0 or more")
-    if args.max_row_seconds <= 0:
-        raise UserError("--max_row_seconds must be positive")
-    if args.max_minutes is not None and args.max_minutes <= 0:
-        raise UserError("--max_minutes must be positive")
+    # not (x > 0): NaN fails it too, and a NaN limit would never be reached
+    if not (0 < args.max_row_seconds < math.inf):
+        raise UserError(f"--max_row_seconds must be a positive finite number, got {args.max_row_seconds}")
+    if args.max_minutes is not None and not (0 < args.max_minutes < math.inf):
+        raise UserError(f"--max_minutes must be a positive finite number, got {args.max_minutes}")
     return args
 
 

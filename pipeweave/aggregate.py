@@ -19,7 +19,8 @@ from typing import Sequence
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from pipeweave.calibration import load_calibration
-from pipeweave.cli import STANDARD_STREAM, UserError, check_output_path, require_file, write_atomically
+from pipeweave.cli import (STANDARD_STREAM, UserError, check_output_path, refuse_overwriting_inputs, require_file,
+                           write_atomically)
 from pipeweave.engine import (COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Prediction, uncalibrated,
                               unmeasured_note)
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
@@ -251,9 +252,13 @@ def predict_and_write(args, stdout) -> int:
 
     several = len(jobs) > 1
     targets = output_targets(jobs, args.output)
+    inputs = {f"the workload {job.workload.path}": job.workload.path for job in jobs}
+    inputs.update({"the --pairs file": None if args.pairs in (None, "-") else args.pairs,
+                   "the --calibration file": args.calibration})
     for target in targets:
         if str(target) != STANDARD_STREAM:
-            check_output_path(target)
+            check_output_path(target, hardware_dir=args.hardware_dir)
+            refuse_overwriting_inputs(target, inputs)
 
     if args.quantiles and not Path(args.quantile_dir).is_dir():
         raise FileNotFoundError(f"--quantiles: quantile model directory not found: {args.quantile_dir} "

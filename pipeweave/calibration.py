@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -341,6 +341,24 @@ class Calibration:
                 for op, fitted in sorted(self.base_models.items())
                 if op in loaded and Path(fitted).name != Path(loaded[op]).name]
 
+    def stale_spec(self, hardware, named: str | None = None) -> str | None:
+        """A WARNING line when ``hardware``, the calibrated GPU's spec as loaded now, differs from the spec the
+        calibration was fitted against (``fitted_from.hardware_spec``; a file written before it was recorded is not
+        checked): its corrections are ratios of measurements to predictions of the old spec, so a corrected
+        datasheet value would be corrected twice. None when it is the same, or for another GPU. ``named`` as in
+        :meth:`stale_models`."""
+        fitted = self.fitted_from.get("hardware_spec")
+        if not isinstance(fitted, dict) or hardware.stem != self.hardware:
+            return None
+        now = spec_record(hardware)
+        changed = [f"{name} {fitted[name]!r} -> {value!r}" for name, value in now.items()
+                   if name in fitted and fitted[name] != value]
+        if not changed:
+            return None
+        named = named or f"--calibration {self.path}"
+        return (f"WARNING: {named} was fitted against another spec of {hardware.name} ({', '.join(changed)}): its "
+                f"corrections were measured against the old spec's predictions; recalibrate with calibrate.py")
+
     def stale_collectives(self, collective_dir: str | Path, gpu: str | None = None,
                           named: str | None = None) -> str | None:
         """A WARNING line when the collective models predicting now (``serving.json``: ring efficiency, custom
@@ -490,6 +508,16 @@ def _models_named(record: dict) -> str:
     models = (f"{record['gpu']}'s measured models {record['models_digest']}" if record.get("models_digest")
               else f"no measured models of {record['gpu']}" if record.get("gpu") else None)
     return ", ".join(filter(None, [f"serving.json {record.get('serving_digest')}", models]))
+
+
+#: the spec fields that only name the GPU: changing them changes no prediction
+_NAMING_FIELDS = ("stem", "name", "aliases", "aiconfigurator_system")
+
+
+def spec_record(hardware) -> dict:
+    """The spec values of ``hardware`` (a HardwareSpec) a calibration is fitted against, as JSON values."""
+    return json.loads(json.dumps({f.name: getattr(hardware, f.name) for f in fields(hardware)
+                                  if f.name not in _NAMING_FIELDS}))
 
 
 def file_digest(path: str | Path) -> str:

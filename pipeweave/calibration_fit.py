@@ -27,7 +27,7 @@ from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.bounds import fastest_us, l2_cycles
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
-                                   collective_models_record,
+                                   collective_models_record, spec_record,
                                    cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
@@ -347,6 +347,24 @@ def read_kernel_csvs(paths: list[str], spec: HardwareSpec, registry, runs: bool 
     return kept, frames
 
 
+def distinct_files(paths: list[str]) -> list[str]:
+    """``paths`` without a file whose content an earlier one has (the same file twice, or overlapping globs such as
+    ``*.csv gemm.csv``), with a WARNING: counted twice, each kernel would weigh double in the fit and the spread of
+    the measured kernels would be cross-validated with each kernel's twin in its training folds."""
+    seen: dict[str, str] = {}
+    kept = []
+    for path in paths:
+        digest = file_digest(require_file(path, "--kernels file"))
+        if digest in seen:
+            same = Path(path).resolve() == Path(seen[digest]).resolve()
+            print(f"WARNING: --kernels {path}: {'given twice' if same else f'the same measurements as {seen[digest]}'}"
+                  f"; counted once")
+            continue
+        seen[digest] = path
+        kept.append(path)
+    return kept
+
+
 def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
     """The shape limits ``predict_kernels.py`` applies (pipeweave.validation), and for all-reduce rows a positive
     integer message size over at least two workers: a row no prediction can be made for is an error naming it."""
@@ -407,8 +425,15 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
     if "hardware" in frame.columns:  # before the re-measured rows are dropped, which could hide one
-        for name in pd.unique(frame["hardware"].str.strip()):
-            if registry.get(name).stem != spec.stem:
+        names = frame["hardware"].str.strip()
+        for name in pd.unique(names):
+            try:
+                measured_on = registry.get(name)
+            except ValueError as exc:
+                line = int(frame.index[np.flatnonzero((names == name).to_numpy())[0]]) + 2
+                raise UserError(f"--kernels {path}: line {line}: column hardware: {exc}; a spec JSON's 'aliases' "
+                                f"can hold the name the driver reports") from None
+            if measured_on.stem != spec.stem:
                 raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
     # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt; 16 and 16.0
@@ -660,14 +685,14 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     aggregator = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
                         collective_estimate="analytical",
                         log=lambda message: print(message) if message.startswith("WARNING") else None)
-    runs, parts, fitted_from = [], [], {}
+    runs, parts, fitted_from = [], [], {"hardware_spec": spec_record(spec)}
     if e2e:
         runs = merged_repeats(read_runs(e2e, spec))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [str(Path(w.path).resolve()) for w, _ in runs],
                               # the operators the runs executed: a run says nothing of an operator it did not hold
                               "ops": sorted({op for workload, _ in runs for op in workload.ops()})}
-    kernels, kernel_frames = read_kernel_csvs(kernels, spec, registry, runs=bool(runs))
+    kernels, kernel_frames = read_kernel_csvs(distinct_files(kernels or []), spec, registry, runs=bool(runs))
     measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
     if not measured_all_reduce:
         prior = runs_prior(aggregator, spec, [workload for workload, _ in runs], prior, log)
@@ -730,7 +755,7 @@ def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_output_path(args.output)  # before minutes of fitting and fine-tuning, not after
+    check_output_path(args.output, hardware_dir=args.hardware_dir)  # before minutes of fitting, not after
     refuse_overwriting_inputs(args.output, {"the --e2e file": args.e2e, "the --prior file": args.prior,
                                             **{f"the --kernels file {path}": path for path in args.kernels or ()}})
     prior = load_prior(args.prior)

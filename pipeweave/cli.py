@@ -128,15 +128,54 @@ def program_name() -> str:
     return name
 
 
+class _LogThatOutlivesItsReader:
+    """Standard output that, once its reader has gone (``aggregator.py ... | head -1``), drops what is printed instead
+    of failing: the log is a view of the work, and the work (the files it writes) must not stop with it."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self._reader_gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop_the_rest()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop_the_rest()
+
+    def _drop_the_rest(self) -> None:
+        self._reader_gone = True
+        try:  # the interpreter flushes standard output at exit: the descriptor must not fail then either
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture)
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run ``main``; turn user errors, unreadable files and bad values into ``<prog>: error: ...`` + exit 2.
 
-    SIGTERM unwinds like Ctrl-C (temporary files are removed) and exits 128 + signal number."""
+    SIGTERM unwinds like Ctrl-C (temporary files are removed) and exits 128 + signal number. Printing to a pipe
+    whose reader has gone drops the rest of the log and lets the work finish."""
     prog = program_name()
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:  # not the main thread (e.g. a test runner's worker): leave signals alone
         previous = None
+    stdout = sys.stdout
+    sys.stdout = _LogThatOutlivesItsReader(stdout)
     try:
         code = main(argv)
     except UnicodeDecodeError as exc:  # a binary or mis-encoded input read somewhere without its own check
@@ -168,6 +207,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
               f"incomplete", file=sys.stderr)
         return 128 + int(signum)
     finally:
+        sys.stdout = stdout
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return int(code or 0)
@@ -188,12 +228,19 @@ def require_file(path: str | Path, what: str) -> Path:
     return path
 
 
-def check_output_path(path: str | Path, flag: str = "--output") -> Path:
+def check_output_path(path: str | Path, flag: str = "--output", hardware_dir: str | Path | None = None) -> Path:
     """``path`` if a file can be written there, else a UserError naming the flag (checked before any work, so that
-    a bad second output never follows a written first one)."""
+    a bad second output never follows a written first one). A JSON file is refused in the shipped hardware folder
+    and in ``hardware_dir``: every command loads each JSON there as a GPU spec, so one output stopped them all."""
+    from pipeweave.paths import DEFAULT_HARDWARE_DIR
+
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file name")
+    spec_folders = {Path(folder).resolve() for folder in (DEFAULT_HARDWARE_DIR, hardware_dir) if folder is not None}
+    if path.suffix.lower() == ".json" and path.resolve().parent in spec_folders:
+        raise UserError(f"{flag} {path}: {path.parent} holds the GPU spec JSONs, and every command loads each JSON "
+                        f"there as one; write it to another folder")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent

@@ -285,6 +285,7 @@ class Engine:
         lines = self.calibration.stale_models({op: self.predictor.model(op)[2] for op in sorted(set(ops))}, named)
         lines += [self.calibration.stale_collectives(self.collective_dir, stem, named)
                   for stem in sorted(set(collective_gpus))]
+        lines.append(self.calibration.stale_spec(self.gpu(self.calibration.hardware), named))
         return [line for line in lines if line]
 
     def calibration_record(self, hardware: HardwareSpec) -> dict | None:

@@ -179,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
+        # the aggregator's warnings of a calibration fitted against another model or another spec of its GPU
+        stale = calibration.stale_models({args.op: directory})
+        if calibration.hardware in predictor.hardware:
+            stale.append(calibration.stale_spec(predictor.hardware.get(calibration.hardware)))
+        for line in filter(None, stale):
+            say(line)
     predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, source,
                                                        line_labels(line_numbers))
     index = header.index("hardware")

@@ -58,6 +58,17 @@ _KERNEL_KEYS = tuple(c.value for c in KERNEL_CATEGORIES)
 #: kernel categories that hold a list of named entries (the others hold at most one entry per iteration)
 _LIST_KERNEL_KEYS = (Category.GEMM.value, Category.GEMM_FP8.value, Category.MOE.value, Category.QUANTIZE.value)
 DTYPES = ("bf16", "fp8")
+#: the fields each level and entry of a workload file may hold (what ``to_dict`` writes); any other is refused, since
+#: a misspelt or misplaced one ("dtype" on a GEMM entry) would otherwise be ignored without a word
+_WORKLOAD_FIELDS = frozenset(("model", "model_params", "tp_size", "pp_size", "ep_size", "dtype", "iterations"))
+_ITERATION_FIELDS = frozenset(("iteration", "phase", "batch_size", "q_lengths", "kv_lengths", "num_tokens",
+                               "operators"))
+_GEMM_FIELDS = frozenset(("name", "type", "M", "N", "K", "count"))
+_ATTENTION_FIELDS = frozenset(("attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv", "hd", "count"))
+_ELEMENTWISE_FIELDS = frozenset(("seq", "dim", "count"))
+_QUANTIZE_FIELDS = frozenset(("name", "seq", "dim", "count"))
+_MOE_FIELDS = frozenset(("name", "weight_type", "M", "E", "topk", "H", "N", "count"))
+_COLLECTIVE_FIELDS = frozenset(("name", "type", "volume_bytes", "count"))
 PHASES = ("prefill", "decode")
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "send_recv")
 #: why an iteration without any operator entry is refused (by the file reader and for in-memory workloads)
@@ -417,10 +428,17 @@ class _Reader:
     def fail(self, message: str):
         raise WorkloadFormatError(message if self.source is None else f"{self.source}: {message}")
 
-    def object(self, value, at: str) -> dict:
+    def object(self, value, at: str, allowed: frozenset) -> dict:
         if not isinstance(value, dict):
             self.fail(f"{at} must be an object")
+        self.known_fields(value, at, allowed)
         return value
+
+    def known_fields(self, value: dict, at: str, allowed: frozenset) -> None:
+        unknown = [key for key in value if key not in allowed]
+        if unknown:
+            self.fail(f"{at}: unknown field {unknown[0]!r} (a typo, or a field of another level?); "
+                      f"this entry takes {', '.join(sorted(allowed, key=str.lower))}")
 
     def positive(self, op: dict, keys, at: str) -> None:
         for key in keys:
@@ -458,6 +476,7 @@ class _Reader:
     def workload(self, data) -> Workload:
         if not isinstance(data, dict):
             self.fail("expected a JSON object with an 'iterations' list")
+        self.known_fields(data, "workload", _WORKLOAD_FIELDS)
         iterations = data.get("iterations")
         if not isinstance(iterations, list) or not iterations:
             self.fail("'iterations' must be a non-empty list")
@@ -486,6 +505,7 @@ class _Reader:
         where = f"iteration {position + 1}"
         if not isinstance(iteration, dict):
             self.fail(f"{where}: must be an object")
+        self.known_fields(iteration, where, _ITERATION_FIELDS)
         number = iteration.get("iteration", position + 1)
         if not _is_pos_int(number):
             self.fail(f"{where}: iteration must be a positive integer, got {number!r}")
@@ -519,7 +539,7 @@ class _Reader:
         return out
 
     def gemm(self, op, at: str, names: set) -> GemmOp:
-        if type(op) is dict:
+        if type(op) is dict and op.keys() <= _GEMM_FIELDS:
             name = op.get("name")
             if type(name) is str and name not in names:
                 try:
@@ -529,7 +549,7 @@ class _Reader:
                 else:
                     names.add(name)
                     return made
-        op = self.object(op, at)
+        op = self.object(op, at, _GEMM_FIELDS)
         self.check_gemm(op, at, names)
         return GemmOp(op["name"], op["M"], op["N"], op["K"], op["count"], op.get("type"))
 
@@ -539,7 +559,7 @@ class _Reader:
         self.count(op, at)
 
     def moe(self, op, at: str, names: set) -> MoeOp:
-        op = self.object(op, at)
+        op = self.object(op, at, _MOE_FIELDS)
         self.check_moe(op, at, names)
         return MoeOp(op["name"], op["weight_type"], op["M"], op["E"], op["topk"], op["H"], op["N"], op["count"])
 
@@ -553,7 +573,7 @@ class _Reader:
         self.count(op, at)
 
     def quantize(self, op, at: str, names: set) -> QuantizeOp:
-        op = self.object(op, at)
+        op = self.object(op, at, _QUANTIZE_FIELDS)
         self.check_quantize(op, at, names)
         return QuantizeOp(op["seq"], op["dim"], op["count"], name=op["name"])
 
@@ -563,13 +583,13 @@ class _Reader:
         self.count(op, at)
 
     def attention(self, op, at: str) -> AttentionOp:
-        if type(op) is dict:
+        if type(op) is dict and op.keys() <= _ATTENTION_FIELDS:
             try:
                 return AttentionOp(op.get("attention_type"), op.get("bs"), op.get("q_lengths"), op.get("kv_lengths"),
                                    op.get("nh"), op.get("nkv"), op.get("hd"), op.get("count"))
             except WorkloadFormatError:  # the checks below name the iteration and field
                 pass
-        op = self.object(op, at)
+        op = self.object(op, at, _ATTENTION_FIELDS)
         self.check_attention(op, at)
         return AttentionOp(op["attention_type"], op["bs"], op["q_lengths"], op["kv_lengths"], op["nh"], op["nkv"],
                            op["hd"], op["count"])
@@ -601,12 +621,12 @@ class _Reader:
         self.count(op, at)
 
     def elementwise(self, op, at: str) -> ElementwiseOp:
-        if type(op) is dict:
+        if type(op) is dict and op.keys() <= _ELEMENTWISE_FIELDS:
             try:
                 return ElementwiseOp(op.get("seq"), op.get("dim"), op.get("count"))
             except WorkloadFormatError:  # the checks below name the iteration and field
                 pass
-        op = self.object(op, at)
+        op = self.object(op, at, _ELEMENTWISE_FIELDS)
         self.check_elementwise(op, at)
         return ElementwiseOp(op["seq"], op["dim"], op["count"])
 
@@ -615,7 +635,7 @@ class _Reader:
         self.count(op, at)
 
     def collective(self, op, at: str, names: set) -> CollectiveOp:
-        if type(op) is dict:
+        if type(op) is dict and op.keys() <= _COLLECTIVE_FIELDS:
             name = op.get("name")
             if type(name) is str and name not in names:
                 try:
@@ -625,7 +645,7 @@ class _Reader:
                 else:
                     names.add(name)
                     return made
-        op = self.object(op, at)
+        op = self.object(op, at, _COLLECTIVE_FIELDS)
         self.check_collective(op, at, names)
         return CollectiveOp(op["name"], op["volume_bytes"], op["count"], op.get("type", ""))
 

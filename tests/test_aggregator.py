@@ -365,6 +365,19 @@ def test_quantile_models_give_optimistic_summary(models, tmp_path):
      "iteration 1: operators.communication[0]: unknown collective 'all_to_all'"),
     (lambda d: d.update(tp_size=0), "tp_size must be a positive integer"),
     (lambda d: d.update(iterations=[]), "'iterations' must be a non-empty list"),
+    # a misspelt or misplaced field would be ignored without a word: refused, naming it and what the entry takes
+    (lambda d: d["iterations"][0]["operators"]["gemm"][0].update(dtype="fp8"),
+     "iteration 1: operators.gemm[0]: unknown field 'dtype' (a typo, or a field of another level?); this entry takes "
+     "count, K, M, N, name, type"),
+    (lambda d: d.update(dtyp="fp8"), "workload: unknown field 'dtyp'"),
+    (lambda d: d["iterations"][1].update(tokens=3), "iteration 2: unknown field 'tokens'"),
+    (lambda d: d["iterations"][0]["operators"]["attention"].update(causal=True),
+     "iteration 1: operators.attention: unknown field 'causal'"),
+    (lambda d: d["iterations"][0]["operators"]["rmsnorm"].update(eps=1e-6),
+     "iteration 1: operators.rmsnorm: unknown field 'eps'"),
+    (lambda d: d["iterations"][0]["operators"]["communication"].append(
+        {"name": "all_reduce", "type": "all_reduce", "volume_bytes": 4, "count": 1, "workers": 2}),
+     "iteration 1: operators.communication[0]: unknown field 'workers'"),
 ])
 def test_malformed_workload_names_iteration_and_field(edit, message):
     data = json.loads(TP1.read_text())
@@ -397,6 +410,24 @@ def test_cli_malformed_workload(models, tmp_path):
     out = tmp_path / "out.json"
     proc = run_aggregator("--workload", path, "--hardware", "A100", "--model_dir", models, "--output", out)
     assert_cli_error(proc, "iteration 3: operators.gemm[1].M must be a positive integer", output=out)
+
+
+def test_cli_refuses_to_overwrite_its_workload(models, tmp_path):
+    path = small(TP1, tmp_path, 3)
+    before = path.read_bytes()
+    proc = run_aggregator("--workload", path, "--hardware", "A100", "--model_dir", models, "--output", path)
+    assert_cli_error(proc, f"--output {path} would overwrite the workload {path}")
+    assert path.read_bytes() == before
+
+
+def test_cli_finishes_its_work_when_the_reader_of_its_log_goes(models, tmp_path):
+    """``aggregator.py ... | head -1``: the log's reader leaves early, and the prediction file is written anyway."""
+    out = tmp_path / "out.json"
+    command = (f'"{sys.executable}" "{REPO / "aggregator.py"}" --workload "{small(TP1, tmp_path, 3)}" --hardware A100 '
+               f'--model_dir "{models}" --output "{out}" | true; exit "${{PIPESTATUS[0]}}"')
+    proc = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert json.loads(out.read_text())["summary"]["total_duration_ms"] > 0
 
 
 def test_cli_communication_without_collective_model(models, tmp_path):

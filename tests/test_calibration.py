@@ -6,6 +6,7 @@ Uses the shipped models and workloads (no shared data needed); workloads are cut
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -1128,3 +1129,66 @@ def test_another_gpus_kernel_row_is_refused_whatever_the_row_order():
                 f"gemm,16,4096,4096,{gpu},40.0\n" for gpu in rows))
             with pytest.raises(calibration_fit.UserError, match="rows measured on H100, not on L40"):
                 calibration_fit.read_kernel_csv(path, predictor.hardware.get("L40"), predictor.hardware)
+
+
+def test_a_changed_spec_of_the_calibrated_gpu_is_warned_of(a100_calibration, tmp_path, capsys):
+    """A calibration is ratios of measurements to the predictions of the spec it was fitted with: applied after the
+    GPU's hardware JSON changed (a corrected datasheet value) it would correct that change twice, so every tool that
+    applies it warns, naming the fields; the same spec gives no warning."""
+    hardware = tmp_path / "hardware"
+    shutil.copytree(REPO / "hardware", hardware)
+    spec = json.loads((hardware / "A100.json").read_text())
+    spec["memBandwidth"] = 1555.0
+    (hardware / "A100.json").write_text(json.dumps(spec))
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n16,4096,4096,A100\n")
+    capsys.readouterr()
+    for folder in (REPO / "hardware", hardware):
+        assert run_cli(aggregate.main, ["--workload", str(small(TP1, tmp_path)), "--hardware", "A100", "--calibration",
+                                        str(a100_calibration), "--hardware_dir", str(folder),
+                                        "--output", str(tmp_path / "pred.json")]) == 0
+        assert run_cli(kernels.main, ["--op", "gemm", "--input", str(shapes), "--output", str(tmp_path / "k.csv"),
+                                      "--calibration", str(a100_calibration), "--hardware_dir", str(folder)]) == 0
+        warnings = [line for line in capsys.readouterr().out.splitlines() if "another spec" in line]
+        if folder == hardware:
+            assert len(warnings) == 2 and all("(mem_bandwidth 2039.04 -> 1555.0)" in line for line in warnings)
+        else:
+            assert warnings == []
+
+
+def test_kernel_files_given_twice_count_once_and_unknown_gpu_names_name_the_line(tmp_path, capsys):
+    measured = tmp_path / "gemm.csv"
+    measured.write_text("op,M,N,K,hardware,avg_duration\n"
+                        + "".join(f"gemm,{m},4096,4096,A40,{t}\n" for m, t in ((16, 40.0), (4096, 900.0))))
+    copy = tmp_path / "gemm_copy.csv"
+    copy.write_text(measured.read_text())
+    out = tmp_path / "a40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), str(measured), str(copy),
+                                          "--output", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"--kernels {measured}: given twice; counted once" in said
+    assert f"--kernels {copy}: the same measurements as {measured}; counted once" in said
+    assert [entry["rows"] for entry in load_calibration(out).fitted_from["kernels"]] == [2]
+    renamed = tmp_path / "renamed.csv"
+    renamed.write_text(measured.read_text().replace(",A40,", ",NVIDIA A40 PCIe,", 1))
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(renamed), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--kernels {renamed}: line 2: column hardware: unknown GPU 'NVIDIA A40 PCIe'" in err[0]
+
+
+def test_no_output_lands_among_the_gpu_specs(tmp_path, capsys):
+    """Every command loads each JSON of the hardware folder as a GPU spec: a calibration or a prediction written
+    there would stop them all, so it is refused before any work."""
+    measured = tmp_path / "gemm.csv"
+    measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,A40,40.0\n")
+    hardware = tmp_path / "hardware"
+    shutil.copytree(REPO / "hardware", hardware)
+    for argv in (["--output", str(REPO / "hardware" / "A40_calibration.json")],
+                 ["--hardware_dir", str(hardware), "--output", str(hardware / "cal.json")]):
+        assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(measured), *argv]) == 2
+        err = capsys.readouterr().err
+        assert "holds the GPU spec JSONs" in err
+    assert run_cli(aggregate.main, ["--workload", str(TP1), "--hardware", "A40", "--output",
+                                    str(REPO / "hardware" / "pred.json")]) == 2
+    assert "holds the GPU spec JSONs" in capsys.readouterr().err
+    assert not list((REPO / "hardware").glob("*cal*.json")) and not (REPO / "hardware" / "pred.json").exists()

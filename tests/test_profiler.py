@@ -21,7 +21,7 @@ import profile_operators
 from analytical_model.hardware import parse_hardware
 from pipeweave.cli import program_name, run_cli
 from pipeweave.profiler import csvio, grids
-from pipeweave.profiler.device import (NO_CUDA_MESSAGE, DeviceInfo, capability_refusal, gpu_dir_name,
+from pipeweave.profiler.device import (NO_CUDA_MESSAGE, DeviceInfo, capability_refusal, gpu_dir_name, measured_dir,
                                       hardware_skeleton, no_cuda_message, sanitize)
 from pipeweave.profiler.launch import Prepared, Unsupported, kernel_label, short_kernel_name
 from pipeweave.profiler.session import measure_grid
@@ -541,6 +541,16 @@ def test_gpu_dir_name():
     assert gpu_dir_name("NVIDIA H100 80GB HBM3") == "H100"  # alias in hardware/H100.json
     assert gpu_dir_name("NVIDIA GeForce RTX 4090") == "RTX 4090"  # hardware/RTX 4090.json
     assert gpu_dir_name("NVIDIA GeForce RTX 5090") == "NVIDIA_GeForce_RTX_5090"  # no hardware JSON yet
+
+
+def test_a_gpu_measured_before_its_hardware_json_resumes_in_its_first_folder(tmp_path):
+    """Measured under its driver name, then described by a hardware JSON: a rerun resumes in the folder that holds
+    its rows instead of measuring the whole grid again into a second one."""
+    assert measured_dir(tmp_path, "NVIDIA H100 80GB HBM3") == tmp_path / "H100"
+    (tmp_path / "NVIDIA_H100_80GB_HBM3").mkdir()
+    assert measured_dir(tmp_path, "NVIDIA H100 80GB HBM3") == tmp_path / "NVIDIA_H100_80GB_HBM3"
+    (tmp_path / "H100").mkdir()  # both exist: the hardware JSON's stem, as on a fresh GPU
+    assert measured_dir(tmp_path, "NVIDIA H100 80GB HBM3") == tmp_path / "H100"
     assert sanitize("a/b c") == "a_b_c"
 
 
@@ -607,7 +617,8 @@ def test_hardware_skeleton_is_written_outside_the_hardware_folder(tmp_path, monk
 
 def test_cli_bad_flags(config_dir, capsys):
     for argv in (["--ops", "conv"], ["--tp", "0"], ["--repeats", "0"], ["--configs", "Nope", "--dry_run",
-                                                                          "--config_dir", str(config_dir)]):
+                                                                          "--config_dir", str(config_dir)],
+                 ["--dry_run", "--max_minutes", "nan"], ["--dry_run", "--max_row_seconds", "nan"]):
         assert run_cli(profile_operators.main, argv) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
 

@@ -807,7 +807,7 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
     # OUT.json beside hardware/H100.csv would have replaced the H100 spec
     spec = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget", "1",
                       "--trace", "splitwise_48", "--output", REPO / "hardware" / "H100.csv")
-    assert spec.returncode == 2 and "would overwrite the hardware JSON H100.json" in spec.stderr
+    assert spec.returncode == 2 and "hardware holds the GPU spec JSONs" in spec.stderr
     plot_pareto(pd.read_csv(out), tmp_path / "pareto.png", {"tpot_ms": 1e9, "tpot_percentile": 90})
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     bad = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H999", "--gpu_budget", "2",

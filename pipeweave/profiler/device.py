@@ -166,6 +166,15 @@ def gpu_dir_name(device_name: str, hardware_dir: str | Path | None = None) -> st
     return sanitize(device_name)
 
 
+def measured_dir(output_dir: str | Path, device_name: str, hardware_dir: str | Path | None = None) -> Path:
+    """Where this GPU's measurements go under ``output_dir``: its :func:`gpu_dir_name` folder, or the folder of its
+    sanitized driver name when only that one exists: measured before its hardware JSON was added, a rerun must resume
+    there, not measure the whole grid again into a second folder."""
+    chosen = Path(output_dir) / gpu_dir_name(device_name, hardware_dir)
+    earlier = Path(output_dir) / sanitize(device_name)
+    return earlier if not chosen.exists() and earlier.is_dir() else chosen
+
+
 # ----------------------------------------------------------------------------------------------
 # Hardware JSON skeleton (docs/METHOD.md §1.1)
 

@@ -35,7 +35,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
     failed) is an error naming why: status 0 would pass for a measured GPU in a script."""
     import torch
 
-    from pipeweave.profiler.device import gpu_dir_name, local_device_info
+    from pipeweave.profiler.device import local_device_info, measured_dir
     from pipeweave.profiler.runners import TorchRunners
     from pipeweave.profiler.session import measure_grid
     from pipeweave.profiler.timing import CudaEventTimer
@@ -45,7 +45,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
     torch.cuda.set_device(args.device)
     device = torch.device("cuda", args.device)
     info = local_device_info(args.device)
-    out_dir = Path(args.output_dir) / gpu_dir_name(info.name)
+    out_dir = measured_dir(args.output_dir, info.name)
     print(f"GPU {args.device}: {info.name} → {out_dir}")
 
     runners = TorchRunners(device, attn_backend=args.attn_backend, elementwise_backend=args.elementwise_backend)

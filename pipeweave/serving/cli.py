@@ -129,16 +129,15 @@ def check_paths(args, outputs: dict) -> None:
     model = resolve_model_config(args.model_config, DEFAULT_CONFIG_DIR)
     trace = resolve_named_file(args.trace, DEFAULT_TRACE_DIR, ".csv", "trace")
     seen = {model.resolve(): "the --model_config file", trace.resolve(): "the --trace file"}
-    # the quantisation files the config is read with, and every GPU's spec (search_config's OUT.json beside
-    # hardware/H100.csv would replace hardware/H100.json)
+    # the quantisation files the config is read with (a GPU's spec is guarded by check_output_path: search_config's
+    # OUT.json beside hardware/H100.csv would replace hardware/H100.json)
     seen |= {(model.parent / name).resolve(): f"the quantisation file {name} of --model_config"
              for name in QUANT_SIDECARS if (model.parent / name).is_file()}
     hardware_dir = Path(getattr(args, "hardware_dir", None) or DEFAULT_HARDWARE_DIR)
-    seen |= {spec.resolve(): f"the hardware JSON {spec.name}" for spec in hardware_dir.glob("*.json")}
     if getattr(args, "calibration", None):
         seen[Path(args.calibration).resolve()] = "the --calibration file"
     for name, path in outputs.items():
-        check_output_path(path, name)
+        check_output_path(path, name, hardware_dir)
         where = Path(path).resolve()
         if where in seen:
             raise UserError(f"{name} {path} would overwrite {seen[where]}; choose another path")
