@@ -295,8 +295,9 @@ def simulate_serving(
         if settings.get(name) is not None and settings[name] not in ATTENTION_BACKENDS:
             raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}, got {settings[name]!r}")
     try:
+        calibration_used = _calibration_key(calibration)
         engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate, None,
-                         _calibration_key(calibration))
+                         calibration_used)
         spec = engine.gpu(hardware)
         _check_calibration(engine.calibration, [spec.stem])
         config = ServingConfig(str(model_config), str(trace), spec.stem, **settings)
@@ -309,7 +310,8 @@ def simulate_serving(
         raise ValueError(str(exc)) from None
     result = {"config": config.as_dict() | {"model_dir": str(model_dir), "hardware_dir": str(hardware_dir),
                                             "collective_estimate": collective_estimate,
-                                            "calibration": None if calibration is None else str(calibration)},
+                                            "calibration": None if calibration is None else str(calibration),
+                                            "calibration_digest": calibration_used and calibration_used[1]},
               "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "summary": summarize(run.simulation)}
     if requests:
         result["requests"] = {column: values.tolist() for column, values in request_metrics(run.simulation.requests)

@@ -13,7 +13,7 @@ from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, paper_set
 from pipeweave.validation import fa3_mismatch
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
                                 DEFAULT_TRACE_DIR, DTYPES, LM_HEAD_DEFAULT, LM_HEAD_LAYOUTS, PREFILL_ATTN_DEFAULT,
-                                load_model_config)
+                                QK_NORM_NOTE, load_model_config)
 
 # Flags that describe a single workload (not allowed together with --paper_set).
 _SINGLE_FLAGS = ("model_config", "trace", "tp", "pp", "ep", "dtype", "prefill_attn", "decode_attn", "qk_norm_rmsnorm",
@@ -117,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(path)
     if not args.paper_set and not args.qk_norm_rmsnorm and load_model_config(args.model_config,
                                                                               args.config_dir).has_qk_norm:
-        print("Note: Qwen3 normalises q and k in every layer, two more RMSNorm kernels per layer; "
-              "--qk_norm_rmsnorm counts them (the default leaves them out, as the artifact's Qwen3-32B arxiv_12 "
-              "and splitwise_48 files do)")
+        print(QK_NORM_NOTE)
     return 0
 
 

@@ -171,6 +171,21 @@ def _fp8_activation_quantisation(linear: list[GemmOp], tokens: int) -> list[Quan
     return [QuantizeOp(tokens, width, count, name=f"quantize_k{width}") for width, count in widths.items()]
 
 
+#: what the generator, serve_sim.py and search_config.py say when a Qwen3 model is costed without its q/k RMSNorms
+QK_NORM_NOTE = ("Note: Qwen3 normalises q and k in every layer, two more RMSNorm kernels per layer; --qk_norm_rmsnorm "
+                "counts them (the default leaves them out, as the artifact's Qwen3-32B arxiv_12 and splitwise_48 files "
+                "do)")
+
+
+def rmsnorm_launches(cfg: ModelConfig, qk_norm_rmsnorm: bool) -> int:
+    """RMSNorm launches of one forward pass: two per layer and the final norm, four per layer with the Qwen3 QK-norm
+    approximation (docs/METHOD.md §6.3), which a model without QK-norm refuses: it has no q/k norms to count."""
+    if qk_norm_rmsnorm and not cfg.has_qk_norm:
+        raise WorkloadError(f"--qk_norm_rmsnorm counts the q and k RMSNorms of Qwen3's QK-norm, and {cfg.stem} "
+                            f"({cfg.architecture or cfg.model}) has none; leave the flag out")
+    return (4 if qk_norm_rmsnorm else 2) * cfg.num_hidden_layers + 1
+
+
 def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1, pp: int = 1,
                    prefill_attn: str = PREFILL_ATTN_DEFAULT, decode_attn: str = DECODE_ATTN_DEFAULT,
                    qk_norm_rmsnorm: bool = False, ep: int = 1, dtype: str = "bf16",
@@ -229,7 +244,7 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
         raise WorkloadError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
                             f"num_key_value_heads ({cfg.num_key_value_heads}) (grouped-query attention)")
     layers = cfg.num_hidden_layers
-    rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * layers + 1
+    rmsnorm_count = rmsnorm_launches(cfg, qk_norm_rmsnorm)
     batch = len(prompts)
 
     iterations = []

@@ -280,7 +280,8 @@ def resolve_named_file(name: str | Path, directory: Path, suffix: str, what: str
     if path.is_file():
         return path
     if "/" in text or "\\" in text:
-        raise WorkloadError(f"{what} file not found: {text}")
+        raise WorkloadError(f"{what} {text} is a directory; give a {suffix} file" if path.is_dir()
+                            else f"{what} file not found: {text}")
     stem = text[: -len(suffix)] if text.endswith(suffix) else text
     candidate = Path(directory) / f"{stem}{suffix}"
     if stem and candidate.is_file():

@@ -457,6 +457,18 @@ def test_decode_bucket_approximates_only_decode_attention(engine):
     assert bucketed([1, 1], [320, 320]) == exact([1, 1], [320, 320])  # uniform, on a bucket boundary
     attention = bucketed.attention_shapes([1, 1, 500], [100, 301, 500])
     assert attention[0][3] == (500,) and attention[1][3] == (208, 208)  # mean 200.5 -> 208
+    # never beyond the launch's longest context: a huge bucket would charge every request KV it does not have
+    huge = KernelStepCost(engine, cfg, "H100", decode_bucket=10 ** 9)
+    assert huge.attention_shapes([1, 1], [100, 301])[0][3] == (301, 301)
+    assert bucketed.attention_shapes([1, 1], [1000, 1000])[0][3] == (1000, 1000)  # uniform: exact, not 1008
+
+
+def test_the_qk_norm_approximation_is_refused_for_a_model_without_qk_norm(engine, capsys):
+    with pytest.raises(UserError, match="Llama-3.1-8B \\(LlamaForCausalLM\\) has none"):
+        KernelStepCost(engine, load_model_config("Llama-3.1-8B"), "H100", qk_norm_rmsnorm=True)
+    qwen3 = load_model_config("Qwen3-14B")
+    assert KernelStepCost(engine, qwen3, "H100", qk_norm_rmsnorm=True).rmsnorm_count == 4 * 40 + 1
+    assert KernelStepCost(engine, qwen3, "H100").rmsnorm_count == 2 * 40 + 1
 
 
 def test_static_scheduler_checks_memory_like_the_aggregator(engine):
@@ -683,7 +695,7 @@ def test_serve_sim_writes_summary_csv_and_plot(tmp_path, engine):
 def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_path, engine):
     """A calibration from calibrate.py could not be given to the serving tools: a user who measured one run of their
     GPU sized the deployment with the zero-shot step times."""
-    from pipeweave.calibration import Calibration, load_prior
+    from pipeweave.calibration import Calibration, file_digest, load_prior
     from pipeweave.calibration_design import INTERCEPTS, PARAMS
     from pipeweave.serving.cli import main as serve_main
     from pipeweave.serving.search import main as search_main
@@ -700,6 +712,8 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
         assert run_cli(serve_main, [*flags, "--hardware", "H100", "--output", str(out), *extra]) == 0
         runs[name] = json.loads(out.read_text())
     assert runs["calibrated"]["config"]["calibration"] == str(calibration)
+    assert runs["calibrated"]["config"]["calibration_digest"] == file_digest(calibration)
+    assert runs["plain"]["config"]["calibration_digest"] is None
     assert runs["calibrated"]["summary"]["tpot_ms"]["p50"] > 1.3 * runs["plain"]["summary"]["tpot_ms"]["p50"]
     assert run_cli(serve_main, [*flags, "--hardware", "A100", "--output", str(tmp_path / "a100.json"),
                                 "--calibration", str(calibration)]) == 2
@@ -786,6 +800,19 @@ def test_search_on_a_dask_local_cluster_matches_in_process(engine):
     assert list(local["feasible"]) == [True] * 4
     best = local.iloc[0]
     assert best["rank"] == 1 and best["output_tokens_per_s_per_gpu"] == local["output_tokens_per_s_per_gpu"].max()
+
+
+def test_a_tpot_target_of_a_stream_without_second_tokens_is_met_and_said_unchecked(tmp_path, engine):
+    trace = tmp_path / "one_token.csv"
+    trace.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,100,0,1\n2,10,0,1\n")
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget", "1",
+                        "--max_num_seqs", "32", "--trace", trace, "--tpot_ms", "30", "--ttft_ms", "1000",
+                        "--model_dir", engine.model_dir, "--output", out)
+    assert result.returncode == 0, result.stderr
+    row = pd.read_csv(out).iloc[0]
+    assert row["feasible"] and row["meets_targets"] and pd.isna(row["tpot_ms"])
+    assert row["reason"] == "TPOT undefined (no request has a second output token): --tpot_ms not checked"
 
 
 def test_search_config_cli_ranks_and_plots(tmp_path, engine):
@@ -949,7 +976,7 @@ def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     (["--tpot_ms", "nan"], "argument --tpot_ms: must be a finite number above 0"),
     (["--output", "OUT.png"], "expected a .csv file"),
     (["--plot", "OUT.csv"], "--plot OUT.csv would overwrite the --output file"),
-    (["--max_concurrent_batches", "2"], r"--max_concurrent_batches must be between 1 and --pp (1)"),
+    (["--max_concurrent_batches", "2"], r"--max_concurrent_batches must be between 1 and the smallest --pp (1)"),
     (["--scheduler", "static"], "--scheduler static: here it is the address of a Dask scheduler"),  # serve_sim's
 ])
 def test_search_config_errors_are_one_line(tmp_path, args, message):

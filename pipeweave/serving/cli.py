@@ -193,6 +193,14 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
         print(warning)
 
 
+def qk_norm_note(args) -> None:
+    """The generator's note on a Qwen3 model costed without its q/k RMSNorms (flag not given)."""
+    from pipeweave.workload import QK_NORM_NOTE, load_model_config
+
+    if not args.qk_norm_rmsnorm and load_model_config(args.model_config).has_qk_norm:
+        print(QK_NORM_NOTE)
+
+
 def calibration_warnings(engine, model_config: str, communicates: bool, collective_hardware: str | None = None,
                          dtypes=(None,)) -> list[str]:
     """:meth:`pipeweave.engine.Engine.calibration_warnings` for the kernel models a simulation of ``model_config``
@@ -263,15 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     check_paths(args, outputs)
     from tqdm import tqdm
 
+    from pipeweave.calibration import calibration_key
+
     engine = make_engine(args)
     engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
+    qk_norm_note(args)
     check_calibration(engine, [args.hardware], args.model_config, args.tp * args.pp > 1, args.collective_hardware,
                       [args.dtype])
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
         run = simulate_config(config, engine, progress=bar.update)
     metrics = request_metrics(run.simulation.requests)
     summary = summarize(run.simulation)
-    result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS},
+    # the calibration's digest beside its path, as search_config records it: the file may be rewritten later
+    digest = {"calibration_digest": calibration_key(args.calibration)[1] if args.calibration else None}
+    result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS} | digest,
               "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "summary": summary}
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
@@ -292,5 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, engine.calibration_record(gpu))
     if zero_shot:
         print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated))
-    print(f"Results saved to {output} and {csv_path}")
+    saved = [str(output), str(csv_path), *([args.plot] if args.plot else [])]
+    print(f"Results saved to {', '.join(saved[:-1])} and {saved[-1]}")
     return 0

@@ -35,7 +35,7 @@ import numpy as np
 from pipeweave.engine import Engine
 from pipeweave.report import round6
 from pipeweave.schema import CollectiveOp, Iteration, Workload
-from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators
+from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators, rmsnorm_launches
 
 TOKEN_BLOCK = 256
 EMPTY_ITERATION = Iteration("decode")  # which operator categories an iteration lists
@@ -79,8 +79,7 @@ class KernelStepCost:
         self.decode_bucket = decode_bucket
         self.dtype = dtype  # of the linear layers: "fp8" costs them as the generator's FP8 GEMMs + quantisation
         self.ep = ep  # expert groups of an MoE model's TP ranks, as the generator's --ep
-        # the generator's RMSNorm count (docs/METHOD.md §6.3; 4L + 1 with the Qwen3 QK-norm approximation)
-        self.rmsnorm_count = (4 if qk_norm_rmsnorm else 2) * cfg.num_hidden_layers + 1
+        self.rmsnorm_count = rmsnorm_launches(cfg, qk_norm_rmsnorm)  # the generator's (docs/METHOD.md §6.3)
         self.token_block = token_block
         self.heads = (self.shard.nh, self.shard.nkv, cfg.head_dim)
         self.single_ms: dict[tuple, float] = {}  # non-attention operator key -> single duration
@@ -112,11 +111,14 @@ class KernelStepCost:
 
     def _decode_context(self, context_lens: Sequence[int]) -> tuple:
         """Context lengths of a decode launch: exact, or with ``decode_bucket`` every request at the batch's mean
-        rounded up to a multiple of it (so that launches repeat; error measured by ``benchmarks/serving.py``)."""
+        rounded up to a multiple of it (so that launches repeat; error measured by ``benchmarks/serving.py``), but
+        never beyond the longest context of the launch: a bucket larger than the contexts would charge every
+        request KV it does not have (4 short requests at a 10^9-token bucket took hours)."""
         if not self.decode_bucket:
             return tuple(context_lens)
         bucket = self.decode_bucket
-        return (-(-sum(context_lens) // (len(context_lens) * bucket)) * bucket,) * len(context_lens)
+        rounded = -(-sum(context_lens) // (len(context_lens) * bucket)) * bucket
+        return (min(rounded, max(context_lens)),) * len(context_lens)
 
     @staticmethod
     def _instances(operators: dict) -> Iterable[tuple[tuple, int, str, object]]:
