@@ -27,8 +27,8 @@ from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.bounds import fastest_us, l2_cycles
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
-                                   collective_models_record, spec_record,
-                                   cross_validated_log_residuals, file_digest, fit_map, load_prior, spread_entry)
+                                   collective_models_record, cross_validated_log_residuals, file_digest, fit_map,
+                                   load_prior, spec_record, spread_entry)
 from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
                                           kernel_classes)
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file

@@ -243,7 +243,6 @@ def build_workload(cfg: ModelConfig, prompt_tokens: Sequence[int], output_tokens
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise WorkloadError(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
                             f"num_key_value_heads ({cfg.num_key_value_heads}) (grouped-query attention)")
-    layers = cfg.num_hidden_layers
     rmsnorm_count = rmsnorm_launches(cfg, qk_norm_rmsnorm)
     batch = len(prompts)
 
