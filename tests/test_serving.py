@@ -734,6 +734,7 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
     (["--hardware", "H999"], "known"),
     (["--qps", "-1"], "--qps must be a finite number > 0"),
     (["--seed", "-1"], "--seed must be an integer >= 0"),
+    (["--scheduler", "static", "--mixed_attention", "single"], "--mixed_attention applies to --scheduler vllm"),
     (["--scheduler", "static", "--max_concurrent_batches", "1"], "--max_concurrent_batches applies to --scheduler vllm"),
     (["--tp", "3"], "not divisible by tp 3"),
     (["--trace", "nope"], "unknown trace"),

@@ -97,6 +97,9 @@ def check(config: ServingConfig) -> None:
         for key, why in VLLM_ONLY.items():
             if getattr(config, key) is not None:
                 raise UserError(f"--{key} applies to --scheduler vllm ({why})")
+        if config.mixed_attention != "split":
+            raise UserError("--mixed_attention applies to --scheduler vllm (a static batch never mixes prefill and "
+                            "decode in one step)")
     if config.max_concurrent_batches is not None and config.max_concurrent_batches > config.pp:
         raise UserError(f"--max_concurrent_batches must be between 1 and --pp ({config.pp}), got "
                         f"{config.max_concurrent_batches}: vLLM's batch queue holds one micro-batch per pipeline stage")
