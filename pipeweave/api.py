@@ -45,7 +45,12 @@ def _calibration_key(path) -> tuple[str, str] | None:
     read again."""
     from pipeweave.calibration import calibration_key
 
-    return None if path is None else calibration_key(path)
+    if path is None:
+        return None
+    if not isinstance(path, (str, Path)):  # pathlib's TypeError would not say what is accepted
+        raise ValueError(f"calibration must be the path of a file written by calibrate.py, got "
+                         f"{type(path).__name__}")
+    return calibration_key(path)
 
 
 @lru_cache(maxsize=8)
@@ -146,6 +151,7 @@ def predict_workload(
         except OSError as exc:  # not a file name at all (a JSON text, a name too long for the file system)
             raise ValueError(f"workload {str(workload)[:80]!r}: not a workload file or the stem of a shipped "
                              f"workload ({exc.strerror or exc})") from None
+        engine.forget_warnings()
         job = Job(flat, engine.gpu(hardware), collective_hardware)
         _check_calibration(engine.calibration, [job.hardware.stem])
         record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),
@@ -195,7 +201,7 @@ def predict_kernels(
         raise ValueError(f"shapes lacks column(s) {', '.join(missing)} needed by {op} (shape columns: "
                          f"{', '.join(operator.shape_columns)}; optional: {optional})")
     # only the columns predict_kernels.py reads (others, such as a dataset's source, pass it by), by position
-    columns = {name: _per_kernel(shapes[name]) for name in (*operator.shape_columns, *operator.optional_columns)
+    columns = {name: _per_kernel(shapes[name], name) for name in (*operator.shape_columns, *operator.optional_columns)
                if name in shapes}
     if all(values is None for name, values in columns.items() if name not in LENGTH_LIST_COLUMNS) and \
             "bs" in columns and all(values is None or len(values) == shapes["bs"] for name, values in columns.items()
@@ -213,10 +219,10 @@ def predict_kernels(
     columns = {name: [shapes[name]] * rows if values is None else values for name, values in columns.items()}
     if isinstance(hardware, str):
         names = [hardware] * rows
-    elif hardware is None or _per_kernel(hardware) is None:
+    elif hardware is None or _per_kernel(hardware, "hardware") is None:
         raise ValueError(f"hardware must be a GPU name or one per kernel, got {hardware!r}")
     else:
-        names = [str(name) for name in _per_kernel(hardware)]
+        names = [str(name) for name in _per_kernel(hardware, "hardware")]
     if len(names) != rows:
         raise ValueError(f"hardware: {len(names)} GPU names for {rows} kernels (give one name, or one per kernel)")
     # the limits predict_kernels.py applies, and each kernel's whole shape, naming the kernel by its index
@@ -226,6 +232,13 @@ def predict_kernels(
     try:
         _check_calibration(corrections, [predictor.hardware.get(name).stem for name in names])
         load_model_checked(predictor, operator.model_op)
+        if op == "attn":  # predict_kernels.py's warnings: FA3 where it cannot run, attention types nothing measured
+            from pipeweave.kernels import attention_warnings
+
+            for line in attention_warnings("predict_kernels", list(zip(
+                    (str(kind).strip() for kind in columns["attention_type"]),
+                    (predictor.hardware.get(name) for name in names)))):
+                warnings.warn(line, UserWarning, stacklevel=2)
         if not interval:
             return predictor.predict_columns(op, columns, names, corrections)
         from pipeweave.kernels import interval_us
@@ -240,11 +253,17 @@ def predict_kernels(
 LENGTH_LIST_COLUMNS = ("q_lengths", "kv_lengths")
 
 
-def _per_kernel(values) -> list | None:
+def _per_kernel(values, name: str) -> list | None:
     """A column's values by position (a pandas Series by position, not by its index labels); None for one value
-    (a number or a string), which every kernel takes."""
+    (a number or a string), which every kernel takes. An unordered container (a set: its order changes between
+    interpreter runs) or an array of more than one dimension is refused, naming the column."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", None) == 0:
         return None
+    if isinstance(values, (set, frozenset, Mapping)):
+        raise ValueError(f"{name}: a {type(values).__name__} has no order, so its values cannot be matched to the "
+                         f"kernels; give a list (one value per kernel)")
+    if getattr(values, "ndim", 1) > 1:
+        raise ValueError(f"{name}: an array of {values.ndim} dimensions; give one value per kernel (1-D)")
     return list(values)
 
 
@@ -298,6 +317,7 @@ def simulate_serving(
         calibration_used = _calibration_key(calibration)
         engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate, None,
                          calibration_used)
+        engine.forget_warnings()
         spec = engine.gpu(hardware)
         _check_calibration(engine.calibration, [spec.stem])
         config = ServingConfig(str(model_config), str(trace), spec.stem, **settings)

@@ -59,6 +59,8 @@ class PredictionName:
 
 
 _NAME = re.compile(r"(?P<head>.+)_(?P<fa>fa\d)_tp(?P<tp>\d+)_pp(?P<pp>\d+)_(?P<gpu>.+)")
+#: the generator's suffixes of an expert-parallel or FP8 workload after ``_pp<P>``: no measured run is of one
+_VARIANT = re.compile(r"(?:ep\d+|fp8)_.+")
 
 
 def parse_prediction_name(stem: str, model_names: Sequence[str] = ()) -> PredictionName | None:
@@ -94,10 +96,13 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
     if not pred_dir.is_dir():
         raise UserError(f"--pred_dir {pred_dir}: not a directory (the aggregator's outputs, e.g. e2e/pipeweave_pred)")
     names, registry = config_model_names(config_dir), hardware_registry(Path(hardware_dir))
-    rows = []
+    rows, variants = [], []
     for path in sorted(pred_dir.glob("*.json")):
         parsed = parse_prediction_name(path.stem, names)
         if parsed is None:
+            continue
+        if _VARIANT.fullmatch(parsed.gpu_tag):
+            variants.append(path.name)
             continue
         try:
             output = json.loads(path.read_text())
@@ -123,6 +128,9 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
             "pred_total_ms": float(summary.get("total_duration_ms", np.nan)),
             **interval_ends(interval),
         })
+    if variants:
+        print(f"Note: {len(variants)} prediction(s) of expert-parallel or FP8 workloads left out (no measured run is "
+              f"of one): {', '.join(variants[:3])}{', ...' if len(variants) > 3 else ''}")
     return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "fa", "workload", "path",
                                        "pred_prefill_ms", "pred_decode_ms", "pred_total_ms", *INTERVAL_COLUMNS])
 

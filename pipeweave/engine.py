@@ -77,7 +77,7 @@ from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
-from pipeweave.validation import check_durations, fa3_warning, load_model_checked
+from pipeweave.validation import check_durations, fa3_warning, load_model_checked, unmeasured_attention_warning
 
 #: where a kernel is extrapolated (GPU architecture or shape region absent from its model's training), the
 #: optimistic efficiency is the quantile model's × 1.5 (within the physical band): the leave-one-GPU-out errors of
@@ -529,16 +529,23 @@ class Engine:
         return row_factors(op, self.predictor.trained_on(get_operator(op).model_op),
                            [self.registry.get(stem) for stem, _ in keys], codes, self.calibration)
 
+    def forget_warnings(self) -> None:
+        """Give each WARNING again, as a new run would: the Python API's calls share a cached engine, and each call is
+        a run of its own (Python's warnings filter decides what repeats)."""
+        self._warned.clear()
+
     def warn_fa3_mismatch(self, job: Job) -> None:
         """A FlashAttention-3 workload on a GPU that cannot run FA3 is predicted (the paper's matrix does so), but
         never without a word (once per workload and GPU)."""
         self._warn_fa3(job.workload.stem, [shape[0] for shape in job.workload.shapes.get("attn", [])], job.hardware)
 
     def _warn_fa3(self, label: str, attention_types, hardware: HardwareSpec) -> None:
-        warning = fa3_warning(label, attention_types, hardware)
-        if warning and (label, hardware.stem, "fa3") not in self._warned:
-            self._warned.add((label, hardware.stem, "fa3"))
-            self.log(warning)
+        """The WARNING of FA3 kernels on a GPU that cannot run them, and of attention types no GPU measured."""
+        for kind, warning in (("fa3", fa3_warning(label, attention_types, hardware)),
+                              ("unmeasured", unmeasured_attention_warning(label, attention_types))):
+            if warning and (label, hardware.stem, kind) not in self._warned:
+                self._warned.add((label, hardware.stem, kind))
+                self.log(warning)
 
     def kernel_features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:
         """float64 (features, shape descriptors) of the unique (GPU stem, shape) rows of one operator class."""

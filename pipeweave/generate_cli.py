@@ -10,7 +10,8 @@ from analytical_model.gemm_fp8 import missing_rate
 from analytical_model.hardware import load_hardware
 from pipeweave.cli import ArgumentParser, UserError, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, paper_set, write_workloads
-from pipeweave.validation import fa3_mismatch
+from pipeweave.paths import DEFAULT_HARDWARE_DIR
+from pipeweave.validation import fa3_mismatch, unmeasured_attention_warning
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
                                 DEFAULT_TRACE_DIR, DTYPES, LM_HEAD_DEFAULT, LM_HEAD_LAYOUTS, PREFILL_ATTN_DEFAULT,
                                 QK_NORM_NOTE, load_model_config)
@@ -77,6 +78,11 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    output_dir = Path(args.output_dir).resolve()
+    for folder, holds in ((DEFAULT_HARDWARE_DIR, "GPU spec"), (args.config_dir, "model config")):
+        if output_dir == Path(folder).resolve():  # every command reads each JSON there as one of its kind
+            raise UserError(f"--output_dir {args.output_dir}: {folder} holds the {holds} JSONs, and every command "
+                            f"reads each JSON there as one; write the workloads to another folder")
     paper_variant = False  # the paper's workloads in another lm_head layout (written outside workload/)
     if args.paper_set:
         given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]
@@ -96,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("missing --trace (or --requests with --prompt_tokens and --output_tokens)")
         if args.trace is not None and args.requests is not None:
             raise UserError("give --trace or --requests, not both")
+        if args.requests is not None and args.single_sequence:
+            raise UserError("--single_sequence merges a trace's requests into one; without a trace give --requests 1 "
+                            "with the merged --prompt_tokens")
         specs = [WorkloadSpec(
             model_config=args.model_config, trace=args.trace,
             tp=1 if args.tp is None else args.tp, pp=1 if args.pp is None else args.pp,
@@ -118,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.paper_set and not args.qk_norm_rmsnorm and load_model_config(args.model_config,
                                                                               args.config_dir).has_qk_norm:
         print(QK_NORM_NOTE)
+    if not args.paper_set:  # what the aggregator will warn of, said where the attention type is chosen
+        warning = unmeasured_attention_warning("the workload", [specs[0].prefill_attn, specs[0].decode_attn])
+        if warning:
+            print(warning)
     return 0
 
 

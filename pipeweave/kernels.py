@@ -23,13 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs,
                            require_file, write_atomically)
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
-from pipeweave.validation import check_shape_table, line_labels, load_model_checked, row_label
+from pipeweave.validation import (check_shape_table, fa3_warning, line_labels, load_model_checked, row_label,
+                                  unmeasured_attention_warning)
 
 
 def read_shapes(path: str | Path, expected: str = "expected a header row"
@@ -206,4 +208,20 @@ def main(argv: list[str] | None = None) -> int:
     for hw, sibling in siblings:
         if sibling is not None:
             say(sibling_note(args.op, hw.name, sibling.name))
+    if args.op == "attn":  # the aggregator's warnings: FA3 where it cannot run, attention types nothing measured
+        kind_column = header.index("attention_type")
+        for line in attention_warnings(source, [(row[kind_column].strip(), predictor.hardware.get(row[index].strip()))
+                                                for row in rows]):
+            say(line)
     return 0
+
+
+def attention_warnings(source: str, kinds_on: list[tuple[str, HardwareSpec]]) -> list[str]:
+    """The WARNING lines of attention rows ((attention_type, GPU) each) that the aggregator would give a workload:
+    FlashAttention-3 on a GPU that cannot run it, and attention types no GPU's measurements hold."""
+    by_gpu: dict[str, tuple[HardwareSpec, set]] = {}
+    for kind, hw in kinds_on:
+        by_gpu.setdefault(hw.stem, (hw, set()))[1].add(kind)
+    lines = [fa3_warning(source, sorted(kinds), hw) for hw, kinds in by_gpu.values()]
+    lines.append(unmeasured_attention_warning(source, {kind for kind, _ in kinds_on}))
+    return [line for line in lines if line]

@@ -117,6 +117,22 @@ def fa3_mismatches(attention_types, architecture: str) -> list[str]:
     return sorted({kind for kind in attention_types if fa3_mismatch(kind, architecture)})
 
 
+#: the attention types of the attention model's measurements (dataset/attn_*.csv; a data test keeps this equal to
+#: them). Hopper's FA3 decode kernels were measured and are labelled fa2_paged, the decode type of every workload
+#: (docs/DATA.md), so fa3_paged, FA-CK and FA-CUTLASS have no measured kernel: their features are extrapolated
+MEASURED_ATTENTION_TYPES = ("fa2_paged", "fa2_ragged", "fa3_ragged")
+
+
+def unmeasured_attention_warning(workload: str, attention_types) -> str | None:
+    """The WARNING line for attention types no GPU's measurements hold (None if every type is measured)."""
+    kinds = sorted({kind for kind in attention_types if kind.lower() not in MEASURED_ATTENTION_TYPES})
+    if not kinds:
+        return None
+    return (f"WARNING: {workload} uses {', '.join(kinds)}, which no GPU's attention measurements hold (measured: "
+            f"{', '.join(MEASURED_ATTENTION_TYPES)}): the model extrapolates its features; Hopper's FA3 decode kernels "
+            f"were measured as fa2_paged, the default decode type (docs/DATA.md)")
+
+
 def fa3_warning(workload: str, attention_types, hardware) -> str | None:
     """The WARNING line for FlashAttention-3 kernels predicted on a GPU that cannot run them (None if none are):
     the number is for a kernel that does not exist on that GPU."""

@@ -430,6 +430,20 @@ def test_cli_finishes_its_work_when_the_reader_of_its_log_goes(models, tmp_path)
     assert json.loads(out.read_text())["summary"]["total_duration_ms"] > 0
 
 
+def test_cli_warns_of_attention_types_no_gpu_measured(models, tmp_path):
+    """Hopper's FA3 decode kernels are measured under fa2_paged: a workload decoding with fa3_paged is predicted from
+    extrapolated features (66 % slower on H100 for Llama-3.1-8B), never without a word."""
+    path = small(TP1, tmp_path, 3, edit=lambda d: [it["operators"]["attention"].update(attention_type="fa3_paged")
+                                                   for it in d["iterations"][1:]])
+    proc = run_aggregator("--workload", path, "--hardware", "H100", "--model_dir", models, "--output",
+                          tmp_path / "out.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "uses fa3_paged, which no GPU's attention measurements hold" in proc.stdout
+    plain = run_aggregator("--workload", small(TP1, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
+                           "--output", tmp_path / "plain.json")
+    assert plain.returncode == 0 and "no GPU's attention measurements" not in plain.stdout
+
+
 def test_cli_communication_without_collective_model(models, tmp_path):
     empty = tmp_path / "no_collectives"
     empty.mkdir()
@@ -616,3 +630,20 @@ def test_a_worker_count_no_gpu_measured_says_so_and_offers_the_estimate(models):
                                         "--collective_estimate analytical for the warned estimate"):
         simulate_config(ServingConfig("Llama-3.1-70B", "splitwise_48", "H100", tp=16, num_requests=2),
                         Engine(model_dir=models, collective_estimate="model", log=None))
+
+
+def test_predict_kernels_warns_of_attention_the_aggregator_would_warn_of(models, tmp_path):
+    """FA3 on a GPU that cannot run it and an attention type no GPU measured were predicted without a word by
+    predict_kernels.py, although the aggregator warns of both in a workload."""
+    shapes = tmp_path / "attn.csv"
+    shapes.write_text("attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware\n"
+                      "fa3_ragged,1,[1024],[1024],16,2,128,A100\nfa3_paged,1,[1],[1024],16,2,128,H100\n"
+                      "fa2_paged,1,[1],[1024],16,2,128,H100\n")
+    proc = subprocess.run([sys.executable, str(REPO / "predict_kernels.py"), "--op", "attn", "--input", str(shapes),
+                           "--output", str(tmp_path / "out.csv"), "--model_dir", str(models)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("WARNING") and "uses fa3" in line]
+    assert len(warnings) == 2, proc.stdout
+    assert "uses fa3_ragged (FlashAttention-3, Hopper only) but A100 is ampere" in warnings[0]
+    assert "uses fa3_paged, which no GPU's attention measurements hold" in warnings[1]

@@ -513,3 +513,16 @@ def test_cold_operand_bytes_of_every_operator_by_hand():
         2 * 1 * 4096 * 1536 * 2, 2 * 1 * 4096 * 1536, 2 * 1 * 4096 * 1536 * 3, 2 * 8 * 4096 * 3584 * 3])
     for op in ("rmsnorm", "siluandmul", "quantize"):
         assert get_operator(op).cold_bytes is None
+
+
+@pytest.mark.data
+def test_the_measured_attention_types_are_those_of_the_dataset():
+    """The aggregator warns of attention types outside validation.MEASURED_ATTENTION_TYPES as extrapolated: the list
+    must be the dataset's."""
+    from pipeweave.validation import MEASURED_ATTENTION_TYPES
+
+    paths = dataset_paths("attn", DATASET_DIR)
+    if not all(path.is_file() for path in paths):
+        pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
+    kinds = set().union(*(set(pd.read_csv(path, usecols=["attention_type"])["attention_type"]) for path in paths))
+    assert kinds == set(MEASURED_ATTENTION_TYPES)

@@ -354,3 +354,18 @@ def test_scoring_own_runs_never_overwrites_a_run_and_warns_only_in_sample(tmp_pa
     capsys.readouterr()
     assert run_cli(compare.main, ["runs", "--hardware", "A100", "--runs", "b.csv", "--calibration", "cal.json"]) == 0
     assert "WARNING" not in capsys.readouterr().out  # fitted on a.json, scored on b.json: out of sample
+
+
+def test_predictions_of_expert_parallel_or_fp8_workloads_are_left_out_saying_so(synthetic, capsys):
+    """The aggregator names such a prediction <workload>_ep<E>_fp8_<GPU>: it was read as a GPU named "fp8_H100"
+    and stopped the whole comparison; no measured run is of one, so it is left out, with a note."""
+    _, pred = synthetic
+    before = compare.load_predictions(pred)
+    source = Path(pred) / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json"
+    for suffix in ("fp8", "ep4", "ep4_fp8"):
+        (Path(pred) / f"Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_{suffix}_A100.json").write_text(
+            source.read_text().replace('"h"', '"NVIDIA A100-SXM4-80GB"'))
+    capsys.readouterr()
+    after = compare.load_predictions(pred)
+    assert after.equals(before)
+    assert "Note: 3 prediction(s) of expert-parallel or FP8 workloads left out" in capsys.readouterr().out

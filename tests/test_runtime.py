@@ -216,6 +216,13 @@ def test_api_errors_are_value_errors_and_memory_is_checked():
         pipeweave.predict_kernels("gemm", {"M": [1, 2], "N": [16], "K": [16]}, "H100")
     with pytest.raises(ValueError, match="2 GPU names for 1 kernels"):
         pipeweave.predict_kernels("gemm", {"M": [1], "N": [16], "K": [16]}, ["H100", "A100"])
+    # a set's order changes between interpreter runs, so its GPUs would land on other kernels
+    with pytest.raises(ValueError, match="hardware: a set has no order"):
+        pipeweave.predict_kernels("gemm", {"M": [1, 2], "N": [16] * 2, "K": [16] * 2}, {"H100", "A100"})
+    with pytest.raises(ValueError, match="M: an array of 2 dimensions"):
+        pipeweave.predict_kernels("gemm", {"M": np.array([[1, 2]]), "N": [16], "K": [16]}, "H100")
+    with pytest.raises(ValueError, match="calibration must be the path of a file written by calibrate.py, got dict"):
+        pipeweave.predict_kernels("gemm", {"M": [1], "N": [16], "K": [16]}, "H100", calibration={})
 
 
 def test_engine_takes_a_correction_with_apply_only():
@@ -604,6 +611,17 @@ def test_api_workload_inputs_that_are_not_workloads_are_value_errors_and_warning
         pipeweave.predict_workload("Qwen2.5-14B_arxiv_8_fa3_tp1_pp1", "A100")
     assert any("FlashAttention-3, Hopper only" in str(w.message) for w in caught)
     assert not any("Loaded" in str(w.message) for w in caught)
+    # each call is a run of its own: the cached engine gives the warning again, for an unnamed workload too
+    fa3 = json.loads((root / "workload" / "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json").read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            pipeweave.predict_workload(fa3, "A100")
+        pipeweave.predict_kernels("attn", {"attention_type": ["fa3_paged"], "bs": [1], "q_lengths": [[1]],
+                                           "kv_lengths": [[1024]], "nh": [16], "nkv": [2], "hd": [128]}, "H100")
+    messages = [str(w.message) for w in caught]
+    assert sum("FlashAttention-3, Hopper only" in m for m in messages) == 2
+    assert sum("uses fa3_paged, which no GPU's attention measurements hold" in m for m in messages) == 1
 
 
 def test_scoring_own_runs_needs_no_pandas(tmp_path):

@@ -411,6 +411,10 @@ def test_bad_backend():
     (["--paper_set", "--tp", "2"], "cannot be combined with --tp"),
     (["--model_config", "Qwen2.5-14B", "--trace", "arxiv_8", "--name", "../x"], "name"),
     (["--model_config", "Qwen2.5-14B", "--trace", "missing/file.csv"], "trace file not found"),
+    (["--model_config", "Llama-3.1-8B", "--requests", "4", "--prompt_tokens", "100", "--output_tokens", "3",
+      "--single_sequence"], "without a trace give --requests 1"),
+    (["--model_config", "Llama-3.1-8B", "--trace", "arxiv_8", "--qk_norm_rmsnorm"],
+     "Llama-3.1-8B (LlamaForCausalLM) has none"),
 ])
 def test_cli_errors(tmp_path, args, message):
     out = tmp_path / "out"
@@ -422,6 +426,23 @@ def test_cli_errors(tmp_path, args, message):
     assert lines[0].startswith("workload_generator.py: error: ") and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("folder", ["hardware", "config"])
+def test_cli_refuses_to_write_among_the_specs_or_configs(folder):
+    """Every command reads each JSON of hardware/ and config/ as a GPU spec or a model config: one workload there
+    stopped them all."""
+    before = sorted((REPO / folder).iterdir())
+    result = _cli("--model_config", "Llama-3.1-8B", "--requests", "1", "--prompt_tokens", "8", "--output_tokens", "2",
+                  "--output_dir", str(REPO / folder))
+    assert result.returncode == 2 and f"{folder} holds the" in result.stderr
+    assert sorted((REPO / folder).iterdir()) == before
+
+
+def test_cli_warns_of_an_attention_type_no_gpu_measured(tmp_path):
+    result = _cli("--model_config", "Llama-3.1-8B", "--trace", "splitwise_64", "--hardware", "H100", "--decode_attn",
+                  "fa3_paged", "--output_dir", str(tmp_path))
+    assert result.returncode == 0 and "uses fa3_paged, which no GPU's attention measurements hold" in result.stdout
 
 
 def test_cli_bad_trace_file_leaves_no_output(tmp_path):
