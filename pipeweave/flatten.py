@@ -100,6 +100,21 @@ class FlatWorkload:
     def ops(self) -> list[str]:
         return [op for op in KERNEL_CATEGORIES.values() if self.shapes[op]]
 
+    def parallelism_warning(self) -> str | None:
+        """A WARNING line where ``tp_size`` / ``pp_size`` split the model over GPUs but no entry carries the
+        communication that split needs (a hand-edited file): the prediction holds none of it, while the memory check
+        takes the split; None for a consistent workload."""
+        kinds = {kind for kind, _ in self.collectives}
+        missing = []
+        if self.tp_size > 1 and "all_reduce" not in kinds:
+            missing.append(f"tp_size {self.tp_size} without an all_reduce (TP ranks sum their partial results)")
+        if self.pp_size > 1 and "send_recv" not in kinds:
+            missing.append(f"pp_size {self.pp_size} without a send/recv (stages pass their activations on)")
+        if not missing:
+            return None
+        return (f"WARNING: {self.stem} has {' and '.join(missing)}: the prediction holds no such communication, while "
+                f"the memory check takes the split (workload_generator.py writes both)")
+
     def collective_summary(self) -> str:
         return ", ".join(sorted({kind for kind, _ in self.collectives}))
 

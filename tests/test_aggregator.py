@@ -647,3 +647,17 @@ def test_predict_kernels_warns_of_attention_the_aggregator_would_warn_of(models,
     assert len(warnings) == 2, proc.stdout
     assert "uses fa3_ragged (FlashAttention-3, Hopper only) but A100 is ampere" in warnings[0]
     assert "uses fa3_paged, which no GPU's attention measurements hold" in warnings[1]
+
+
+def test_a_split_without_its_communication_is_warned_of(models, tmp_path):
+    """tp_size 2 on a workload without an all-reduce (a hand edit) was predicted as TP1 while the memory check took
+    TP2, without a word."""
+    edited = small(TP1, tmp_path, 3, edit=lambda d: d.update(tp_size=2, pp_size=2), name="split")
+    proc = run_aggregator("--workload", edited, "--hardware", "A100", "--model_dir", models, "--output",
+                          tmp_path / "out.json")
+    assert proc.returncode == 0, proc.stderr
+    assert ("WARNING: split has tp_size 2 without an all_reduce (TP ranks sum their partial results) and pp_size 2 "
+            "without a send/recv") in proc.stdout
+    consistent = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
+                                "--collective_estimate", "analytical", "--output", tmp_path / "tp2.json")
+    assert consistent.returncode == 0 and "without an all_reduce" not in consistent.stdout
