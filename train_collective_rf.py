@@ -6,7 +6,8 @@
     python3 train_collective_rf.py --reference_forest      # the artifact's exact RF -> collective_models_reference/
 
 Reads PipeWeave / aiconfigurator / Vidur collective measurements through dataset.sources.load_collectives
-(set PIPEWEAVE_SHARED_DATA if ../shared/data is elsewhere). Writes <kind>_model.json (a forest: <kind>_model.joblib) and metadata.json per GPU and
+(PIPEWEAVE_SHARED_DATA names the shared measurement folder, docs/DATA.md). Writes <kind>_model.json (a
+forest: <kind>_model.joblib) and metadata.json per GPU and
 prints the held-out error of the trained regressor next to the other regressors (every 5th size held out).
 Deterministic: fixed random_state (--seed), no timestamps in the outputs.
 """

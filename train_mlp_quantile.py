@@ -2,9 +2,9 @@
 
     python3 train_mlp_quantile.py --op gemm [--quantile 0.8] [--threshold 0.0] [--topk 100]
 
-Trains the sigmoid MLP with the pinball loss on the whole training file (no validation; the epoch with
-the lowest training loss is kept), then applies it to the training rows: a kernel whose measured
-efficiency is below the predicted achievable one by more than ``--threshold`` is under-performing.
+Trains the sigmoid MLP with the pinball loss on the training file, at most --max_rows_per_gpu rows per GPU
+(default 20,000; no validation; the epoch with the lowest training loss is kept), then applies it to the
+training rows: a kernel whose measured efficiency is below the predicted achievable one by more than ``--threshold`` is under-performing.
 Writes mlp_models_quantile/<op>/<timestamp>/ with the checkpoint, metadata.json and kernel_reports/
 (topk_underperforming_<GPU>.csv per GPU and summary.csv). The aggregator's --quantiles uses these
 models for an optimistic latency.

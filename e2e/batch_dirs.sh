@@ -1,6 +1,6 @@
 # Sourced by tp1.sh … tp8.sh and vllm_tp4_pp2.sh, from the repository root after `start="$PWD"`: the folders they
 # read and write, and need_workloads, which checks (or regenerates) the paper workloads they predict.
-# PIPEWEAVE_WORKLOAD_DIR: another workload folder, e.g. the paper set in vLLM's lm_head layout (README "Workloads");
+# PIPEWEAVE_WORKLOAD_DIR: another workload folder, e.g. the paper set in vLLM's lm_head layout (README "Workload generator");
 # it needs PIPEWEAVE_PRED_DIR too, since e2e/pipeweave_pred holds the predictions of the paper's own files that
 # docs/E2E.md reports. Relative paths are taken from the folder the script was started in.
 workload_dir=workload

@@ -9,8 +9,8 @@ the repetitions of prefill ms, decode ms per step and total ms), built by
 
     python3 -m pipeweave.compare summarize-real [--source DIR] [--output e2e/real/measured_runs.csv]
 
-(``--source`` defaults to ``$PIPEWEAVE_SHARED_DATA/pipeweave/e2e/real``, i.e. ``../shared/data`` next to the
-repository). ``--real_dir`` of the comparison scripts reads either that CSV or the artifact's jsonl/json files
+(``--source`` defaults to ``$PIPEWEAVE_SHARED_DATA/pipeweave/e2e/real``, the shared measurement folder of
+docs/DATA.md). ``--real_dir`` of the comparison scripts reads either that CSV or the artifact's jsonl/json files
 directly.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ MODEL_ALIASES = {"llama70B": "Llama-3.1-70B"}
 #: parallelism of the artifact's vLLM runs (docs/METHOD.md §6.5, §9)
 VLLM_TP, VLLM_PP = 4, 2
 SOURCE_CITATION = ("PipeWeave artifact (source A), github.com/zksainx/pipeweave @ 55e03178, Apache-2.0, "
-                   "e2e/real/ (shared copy: pipeweave/e2e/real/)")
+                   "e2e/real/ (in the shared measurement folder: $PIPEWEAVE_SHARED_DATA/pipeweave/e2e/real/)")
 
 #: a measured run is a static batch (the aggregator's workload) or a vLLM latency benchmark
 RUN_KINDS = ("static", "vllm")

@@ -15,7 +15,7 @@ features (docs/METHOD.md §3), with three parameters shared by every GPU::
   loads in flight per resident thread, so by Little's law an SM moves bytes in proportion to the threads it
   holds, whatever the DRAM can do. This term is what makes the model transfer between HBM and GDDR GPUs; the
   ``T`` factor halves the leave-one-GPU-out error on A40 (23.7 → 11.8 % RMSNorm, 16.2 → 7.9 % SiLU*Mul) and
-  brings H100 SiLU*Mul from 21.0 to 19.1 % (README, "Accuracy").
+  brings H100 SiLU*Mul from 21.0 to 18.9 % (docs/ACCURACY.md).
 
 The parameters are fitted (least squares of log duration, fixed start: deterministic) on the training rows of
 the model's GPUs and stored in the model's ``metadata.json`` under ``memory_model``. The predictor uses this model

@@ -164,7 +164,8 @@ def render(table: pd.DataFrame) -> str:
 DISAGREEMENTS = [
     "**Why they differ.**",
     "",
-    "* *MoE decode steps* (pipeweave 1.5–1.8× slower): routing. With 16 requests × top-8 = 128 routed slots over "
+    "* *MoE decode steps* (pipeweave 1.5–1.9× slower for Qwen3's 128 experts without EP; Mixtral's 8 experts, "
+    "all touched under either routing, 1.03×): routing. With 16 requests × top-8 = 128 routed slots over "
     "128 experts, balanced routing sends one token to every expert, so every decode step reads all expert "
     "weights (Qwen3-30B-A3B: 58 GB, ≥ 17 ms at H100's bandwidth); aiconfigurator's power-law routing touches "
     "far fewer. With balanced routing aiconfigurator agrees with pipeweave's decode step within 11 % up to TP2 "
@@ -172,7 +173,7 @@ DISAGREEMENTS = [
     "(Qwen3-235B-A22B on H200) 12 % remains: the MoE model over-predicts that shape's measured layer by 14 % "
     "(192 vs 168 µs at 16 tokens, a training row) and pipeweave's two all-reduces per layer cost 4 ms per "
     "step. Which routing is right depends on the real router, which no data here measures.",
-    "* *MoE prefill*: within 8 % except Mixtral TP2 (+17 %), whose 35,152-token layer is beyond the "
+    "* *MoE prefill*: within 10 % except Mixtral TP2 (+17 %), whose 35,152-token layer is beyond the "
     "largest measured MoE layer (16,384 tokens): both tools extrapolate there.",
     "* *Expert parallelism* (pipeweave's prefill up to 2.3× faster): aiconfigurator's EP prefill is dominated by "
     "the power-law load imbalance (the rank holding the hot experts); with balanced routing the gap is "

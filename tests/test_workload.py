@@ -265,7 +265,7 @@ def test_lm_head_is_vocabulary_parallel_with_a_gather_of_the_logits():
 
 
 def test_the_paper_set_in_vllms_layout_goes_to_another_folder(tmp_path):
-    """The paper's runs predicted with vLLM's lm_head (README "Workloads"): --paper_set --lm_head vocab_parallel writes
+    """The paper's runs predicted with vLLM's lm_head (README "Workload generator"): --paper_set --lm_head vocab_parallel writes
     the 25 workloads under their names into another folder, and the batch scripts read that folder."""
     from pipeweave.cli import UserError
     from pipeweave.generate_cli import main

@@ -5,7 +5,7 @@ Usage (from the repository root):
     python3 workload/traces/make_traces.py [--source DIR] [--dest DIR]
 
 ``--source`` defaults to ``$PIPEWEAVE_SHARED_DATA/pipeweave/workload/traces`` (``PIPEWEAVE_SHARED_DATA``
-defaults to ``<repo>/../shared/data``); ``--dest`` defaults to this folder. Each source file may be in the
+defaults to a ``shared/data`` folder beside the checkout); ``--dest`` defaults to this folder. Each source file may be in the
 artifact's format (``num_prefill_tokens,num_decode_tokens,output_tokens``, CRLF line ends) or in ours; the output
 is ``request,prompt_tokens,decode_tokens,output_tokens`` with LF line ends, requests numbered from 1.
 Only the standard library is used, so the script runs without installing anything.
