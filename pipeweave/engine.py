@@ -214,7 +214,7 @@ class Engine:
         if self._quantile_predictor is None:
             from pipeweave.predictor import KernelPredictor
 
-            self._quantile_predictor = KernelPredictor(self.quantile_dir, self.hardware_dir)
+            self._quantile_predictor = KernelPredictor(self.quantile_dir, self.hardware_dir, quantile=True)
         return self._quantile_predictor
 
     def gpu(self, name: str) -> HardwareSpec:

@@ -366,9 +366,15 @@ def latest_model_dir(root: str | Path, op: str) -> Path:
         raise FileNotFoundError(
             f"{unexported[-1]} has a torch checkpoint but no exported {weights_path(unexported[-1], op).name}; "
             f"export it with: pipeweave-export-mlp {base.parent} (needs the training extras)")
+    from pipeweave.paths import DEFAULT_MODEL_DIR
+
+    shipped = Path(DEFAULT_MODEL_DIR) / op
+    elsewhere = Path(root).resolve() != Path(DEFAULT_MODEL_DIR).resolve()
     raise FileNotFoundError(
         f"no trained {op} model under {base} (expected {base}/<timestamp>/{op}{WEIGHTS_SUFFIX}); "
-        f"train one with: python3 train_mlp.py --op {op}")
+        f"train one with: python3 train_mlp.py --op {op}"
+        + (f" --output_dir {root}, or copy the shipped {shipped} into {root} (a model folder needs every "
+           f"operator the prediction uses)" if elsewhere and shipped.is_dir() else ""))
 
 
 def read_metadata(model_dir: str | Path) -> dict:

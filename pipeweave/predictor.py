@@ -120,8 +120,10 @@ class KernelPredictor:
         self,
         model_dir: str | Path = DEFAULT_MODEL_DIR,
         hardware_dir: str | Path = DEFAULT_HARDWARE_DIR,
+        quantile: bool = False,
     ):
         self.model_dir = Path(model_dir)
+        self.quantile = quantile  # reads the upper-efficiency models of train_mlp_quantile.py, not point models
         self.hardware_dir = Path(hardware_dir)
         self.hardware = hardware_registry(self.hardware_dir)
         self._models: dict[str, tuple] = {}
@@ -134,6 +136,12 @@ class KernelPredictor:
             operator = get_operator(op)
             directory = latest_model_dir(self.model_dir, operator.model_op)
             model, metadata = load_model_dir(directory, operator.model_op)
+            if (metadata.get("training", {}).get("recipe") == "quantile") != self.quantile:
+                # trained into the other kind's folder, it would silently stand in for the model asked for
+                kind, wanted, flag = (("a point", "quantile", "--model_dir") if self.quantile
+                                      else ("a quantile", "point", "--quantile_dir"))
+                raise ValueError(f"{directory} holds {kind} model, where {wanted} models are read; give its folder "
+                                 f"as {flag}")
             names = metadata["model_info"]["features"]
             if names not in (list(operator.input_names(True)), list(operator.input_names(False))):
                 raise ValueError(f"{directory}/metadata.json: its features are not the registry's {op} inputs")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeweave.cli import UserError
 from pipeweave.torch_mlp import DROPOUT, build_model, float_path
 from pipeweave.splits import group_ids
 
@@ -194,7 +195,12 @@ def fit(
             break
     if bar is not None:
         bar.close()
+    if best["state"] is None:  # NaN < inf is false: a loss never finite keeps no epoch
+        raise UserError(f"training kept no epoch: the validation loss was never finite over "
+                        f"{len(history['val_loss'])} epoch(s) (learning rate {config.lr:g}); lower --lr, or check "
+                        f"the dataset for non-finite inputs")
     model.load_state_dict(best["state"])
+    model.to("cpu")  # what the callers predict and export with, whatever device trained it
     model.eval()
     history.update(
         best_epoch=best["epoch"],

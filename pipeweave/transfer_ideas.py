@@ -68,7 +68,7 @@ from analytical_model.hardware import load_hardware
 from analytical_model.pipes import ARCHITECTURES
 from analytical_model.registry import harness_input_names, harness_marks, operator_keys, source_family
 from pipeweave.bounds import EXACT_DRAM_DESCRIPTOR, frame_l2_cycles
-from pipeweave.cli import ArgumentParser, run_cli
+from pipeweave.cli import ArgumentParser, positive_int, run_cli
 from pipeweave.mlp import LOG1P, PIPE_SHARES, model_inputs, total_efficiency, work_efficiency
 from pipeweave.modeling import (
     DATASET_DIR,
@@ -211,8 +211,8 @@ def main(argv=None) -> int:
     parser = ArgumentParser(description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the "
                                         "measurement harness).")
     parser.add_argument("--op", default="gemm", choices=operator_keys(trainable=True))
-    parser.add_argument("--max_rows_per_gpu", type=int, default=2000)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--max_rows_per_gpu", type=positive_int, default=2000)
+    parser.add_argument("--epochs", type=positive_int, default=30)
     parser.add_argument("--ideas", default="none," + ",".join(IDEAS),
                         help="comma list; 'none' is the baseline, 'a+b' combines ideas")
     parser.add_argument("--seeds", type=seed_list, default=(42,),

@@ -332,12 +332,21 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
 def test_quantile_models_give_optimistic_summary(models, tmp_path):
     quantile = write_untrained_models(tmp_path / "quantile", ops=("gemm", "attn"),
                                       efficiency={"gemm": 0.9, "attn": 0.9})
+    for metadata in quantile.glob("*/*/metadata.json"):  # labelled as train_mlp_quantile.py labels its models
+        data = json.loads(metadata.read_text())
+        data["training"]["recipe"] = "quantile"
+        metadata.write_text(json.dumps(data))
     agg = Aggregator(model_dir=models, quantile_dir=quantile, log=None)
     summary = agg.predict([Job(load_workload(small(TP1, tmp_path, 4)), agg.gpu("A100"))])[0].result["summary"]
     assert list(summary)[:4] == list(aggregate.SUMMARY_KEYS)
     assert [k for k in summary if k.startswith("optimistic_")] == [f"optimistic_{k}" for k in aggregate.SUMMARY_KEYS]
     assert 0 < summary["optimistic_total_duration_ms"] < summary["total_duration_ms"]
     assert agg.quantile_ops == {"gemm": True, "attn": True, "rmsnorm": False, "siluandmul": False}
+    # a model of the other kind in either folder would silently stand in for the one asked for
+    for point, quantiles in ((quantile, quantile), (models, models)):
+        swapped = Aggregator(model_dir=point, quantile_dir=quantiles, log=None)
+        with pytest.raises(Exception, match="holds a (quantile|point) model, where (point|quantile) models are read"):
+            swapped.predict([Job(load_workload(small(TP1, tmp_path, 4)), swapped.gpu("A100"))])
 
 
 # ---------------------------------------------------------------------------------------------------

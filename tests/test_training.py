@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="training needs torch (pip install '.[train]')")
 
 from analytical_model.registry import get_operator  # noqa: E402 - after the torch check
+from pipeweave.paths import DATASET_DIR  # noqa: E402
 from dataset.build import CalculatorRejectedRows, build_operator, fp8_rows_for_gemm, split  # noqa: E402
 from pipeweave.mlp import latest_model_dir, weights_path  # noqa: E402
 from pipeweave.predictor import KernelPredictor  # noqa: E402
@@ -498,3 +499,36 @@ def test_a_bad_output_dir_fails_before_training(tmp_path, repo_root):
                              str(blocker), "--no_progress"], cwd=repo_root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and f"--output_dir {blocker}: cannot hold model folders" in result.stderr
     assert "best training loss" not in result.stdout
+
+
+@pytest.mark.data
+def test_training_that_never_finds_a_finite_loss_is_one_error_and_leaves_no_folder(tmp_path, repo_root):
+    """A learning rate that diverges kept no epoch: load_state_dict(None) raised a TypeError traceback and the run
+    left an empty model folder behind."""
+    if not (DATASET_DIR / "rmsnorm_train.csv").is_file():
+        pytest.skip("rmsnorm dataset not built (python3 -m dataset.build; needs the shared data)")
+    result = subprocess.run([sys.executable, "train_mlp.py", "--op", "rmsnorm", "--epochs", "2", "--max_rows_per_gpu",
+                             "200", "--lr", "1e6", "--output_dir", str(tmp_path), "--no_progress"], cwd=repo_root,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "training kept no epoch: the validation loss was never finite over 2 epoch(s)" in result.stderr
+    assert "Traceback" not in result.stderr and not any((tmp_path / "rmsnorm").iterdir())
+
+
+@pytest.mark.data
+def test_a_leave_one_gpu_out_ensemble_predicts(tmp_path, repo_root):
+    """Its test split is the held-out GPU's rows, so the members' spread was not written, and every prediction
+    reading the folder failed on the missing member_spread."""
+    if not (DATASET_DIR / "moe_train.csv").is_file():
+        pytest.skip("moe dataset not built (python3 -m dataset.build; needs the shared data)")
+    result = subprocess.run([sys.executable, "train_mlp.py", "--op", "moe", "--ensemble_seeds", "1,2", "--epochs", "2",
+                             "--max_rows_per_gpu", "200", "--holdout_hardware", "L40S", "--output_dir",
+                             str(tmp_path), "--no_progress"], cwd=repo_root, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    shapes = "weight_type,M,E,topk,H,N,hardware\nlayer,16,128,8,4096,1536,H100\n"
+    predicted = subprocess.run([sys.executable, "predict_kernels.py", "--op", "moe", "--input", "-", "--output", "-",
+                                "--model_dir", str(tmp_path)], input=shapes, cwd=repo_root, capture_output=True,
+                               text=True, timeout=120)
+    assert predicted.returncode == 0, predicted.stderr
+    assert float(predicted.stdout.splitlines()[1].split(",")[7]) > 0
