@@ -45,11 +45,12 @@ MOE_WORKLOAD = {"model_config": "Qwen3-235B-A22B", "trace": "vllm_arxiv16", "tp"
 
 
 def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, efficiency: dict | None = None,
-                           stamp: str = "20000101_000000") -> Path:
+                           stamp: str = "20000101_000000", quantile: bool = False) -> Path:
     """Untrained MLP_v2 models in the real directory layout (``<root>/<op>/<stamp>/``), for tests and timing.
 
     The last layer is scaled down and its bias set so that the predicted efficiency is about
     ``efficiency[op]`` (defaults: 0.5 for GEMM/attention, 1e-4 for the element-wise ops, their usual scale).
+    ``quantile`` labels them as ``train_mlp_quantile.py`` labels its models, for a ``quantile_dir``.
     """
     import numpy as np
     import pandas as pd
@@ -77,6 +78,11 @@ def write_untrained_models(root: str | Path, ops=KERNEL_OPS, seed: int = 0, effi
         history = {"best_epoch": 0, "best_train_loss": 0.0, "best_val_loss": 0.0}
         write_model_dir(root / op / stamp, op, model, history, TrainConfig(recipe="pipeweave"), train, None, None,
                         {"paths": "untrained (benchmarks.aggregator.write_untrained_models)"}, extra=None)
+        if quantile:
+            metadata = root / op / stamp / "metadata.json"
+            data = json.loads(metadata.read_text())
+            data["training"]["recipe"] = "quantile"
+            metadata.write_text(json.dumps(data, indent=2))
     return root
 
 

@@ -277,6 +277,10 @@ def predict_and_write(args, stdout) -> int:
         quantile_dir=args.quantile_dir if args.quantiles else None,
         calibration=calibration,
     )
+    for workload in {id(job.workload): job.workload for job in jobs}.values():
+        warning = workload.parallelism_warning()  # a file's, not the serving simulator's synthetic workloads
+        if warning:
+            print(warning)
     memory, failures = {}, []
     for job in jobs:  # in a sweep a pair that does not fit is one failure, not the end of the sweep
         try:

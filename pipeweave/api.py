@@ -152,6 +152,9 @@ def predict_workload(
             raise ValueError(f"workload {str(workload)[:80]!r}: not a workload file or the stem of a shipped "
                              f"workload ({exc.strerror or exc})") from None
         engine.forget_warnings()
+        split = flat.parallelism_warning()  # the aggregator's WARNING of a split without its communication
+        if split:
+            warnings.warn(split, UserWarning, stacklevel=2)
         job = Job(flat, engine.gpu(hardware), collective_hardware)
         _check_calibration(engine.calibration, [job.hardware.stem])
         record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),

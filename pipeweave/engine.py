@@ -367,10 +367,6 @@ class Engine:
         self.load_models(ops)
         for job in jobs:
             self.warn_fa3_mismatch(job)
-            warning = job.workload.parallelism_warning()
-            if warning and (job.workload.stem, "parallelism") not in self._warned:
-                self._warned.add((job.workload.stem, "parallelism"))
-                self.log(warning)
 
         # 1. unique (GPU, shape) rows per operator class, and each job's map from its local shapes to them
         tables: dict[str, dict[tuple[str, tuple], int]] = {op: {} for op in ops}

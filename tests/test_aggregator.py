@@ -331,11 +331,7 @@ def test_analytical_collective_estimate_is_explicit_and_warned(models, tmp_path)
 
 def test_quantile_models_give_optimistic_summary(models, tmp_path):
     quantile = write_untrained_models(tmp_path / "quantile", ops=("gemm", "attn"),
-                                      efficiency={"gemm": 0.9, "attn": 0.9})
-    for metadata in quantile.glob("*/*/metadata.json"):  # labelled as train_mlp_quantile.py labels its models
-        data = json.loads(metadata.read_text())
-        data["training"]["recipe"] = "quantile"
-        metadata.write_text(json.dumps(data))
+                                      efficiency={"gemm": 0.9, "attn": 0.9}, quantile=True)
     agg = Aggregator(model_dir=models, quantile_dir=quantile, log=None)
     summary = agg.predict([Job(load_workload(small(TP1, tmp_path, 4)), agg.gpu("A100"))])[0].result["summary"]
     assert list(summary)[:4] == list(aggregate.SUMMARY_KEYS)

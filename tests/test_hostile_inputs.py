@@ -71,7 +71,7 @@ def test_optimistic_prediction_is_never_slower_on_any_gpu(tmp_path):
 
 def test_quantile_bound_below_point_model_is_replaced(models, tmp_path):
     """A quantile model predicting a LOWER efficiency than the point model cannot make a kernel slower."""
-    low = write_untrained_models(tmp_path / "q", ops=("gemm",), efficiency={"gemm": 1e-3})
+    low = write_untrained_models(tmp_path / "q", ops=("gemm",), efficiency={"gemm": 1e-3}, quantile=True)
     engine = Engine(model_dir=models, quantile_dir=low, log=None)
     result = engine.predict([Job(load_workload(small(TP1, tmp_path)), engine.gpu("A100"))])[0].result
     summary = result["summary"]
