@@ -236,9 +236,9 @@ def predict_kernels(
         _check_calibration(corrections, [predictor.hardware.get(name).stem for name in names])
         load_model_checked(predictor, operator.model_op)
         if op == "attn":  # predict_kernels.py's warnings: FA3 where it cannot run, attention types nothing measured
-            from pipeweave.kernels import attention_warnings
+            from pipeweave.kernels import row_attention_warnings
 
-            for line in attention_warnings("predict_kernels", list(zip(
+            for line in row_attention_warnings("predict_kernels", list(zip(
                     (str(kind).strip() for kind in columns["attention_type"]),
                     (predictor.hardware.get(name) for name in names)))):
                 warnings.warn(line, UserWarning, stacklevel=2)

@@ -230,17 +230,13 @@ def require_file(path: str | Path, what: str) -> Path:
 
 def check_output_path(path: str | Path, flag: str = "--output", hardware_dir: str | Path | None = None) -> Path:
     """``path`` if a file can be written there, else a UserError naming the flag (checked before any work, so that
-    a bad second output never follows a written first one). A JSON file is refused in the shipped hardware folder
-    and in ``hardware_dir``: every command loads each JSON there as a GPU spec, so one output stopped them all."""
-    from pipeweave.paths import DEFAULT_HARDWARE_DIR
-
+    a bad second output never follows a written first one). A JSON file is refused among the GPU specs
+    (:func:`check_output_folder`)."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file name")
-    spec_folders = {Path(folder).resolve() for folder in (DEFAULT_HARDWARE_DIR, hardware_dir) if folder is not None}
-    if path.suffix.lower() == ".json" and path.resolve().parent in spec_folders:
-        raise UserError(f"{flag} {path}: {path.parent} holds the GPU spec JSONs, and every command loads each JSON "
-                        f"there as one; write it to another folder")
+    if path.suffix.lower() == ".json":
+        check_output_folder(path.parent, f"{flag} {path}", hardware_dir)
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -249,6 +245,21 @@ def check_output_path(path: str | Path, flag: str = "--output", hardware_dir: st
     if not os.access(parent, os.W_OK | os.X_OK) and not (path.exists() and os.access(path, os.W_OK)):
         raise UserError(f"{flag} {path}: the folder {parent} is not writable")
     return path
+
+
+def check_output_folder(folder: str | Path, flag: str, hardware_dir: str | Path | None = None,
+                        config_dir: str | Path | None = None) -> None:
+    """A UserError if JSON outputs would land in a folder every command reads each JSON of as one input: the shipped
+    hardware folder and ``hardware_dir`` (GPU specs), ``config_dir`` (model configs). One output there stopped every
+    command for every GPU."""
+    from pipeweave.paths import DEFAULT_HARDWARE_DIR
+
+    folder = Path(folder).resolve()
+    reserved_folders = ((DEFAULT_HARDWARE_DIR, "GPU spec"), (hardware_dir, "GPU spec"), (config_dir, "model config"))
+    for reserved, holds in reserved_folders:
+        if reserved is not None and folder == Path(reserved).resolve():
+            raise UserError(f"{flag}: {reserved} holds the {holds} JSONs, and every command reads each JSON there "
+                            f"as one; write to another folder")
 
 
 def refuse_overwriting_inputs(path: str | Path, inputs: dict, flag: str = "--output") -> None:

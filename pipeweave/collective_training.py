@@ -12,7 +12,7 @@ import numpy as np
 
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, require_shared_data
 
-from .collective_serving import SERVING_FILE, is_custom_allreduce, serving_adjust, write_serving
+from .collective_serving import is_custom_allreduce, serving_adjust, write_serving
 from .collectives import (KINDS, METADATA_FILE, MODEL_FORMAT, REGRESSORS, _features, analytical_collective_ms,
                           model_file, model_predict_ms)
 
@@ -224,14 +224,14 @@ def train_collectives(hardware: Iterable[str] | None = None, output_dir: str | P
     all-reduce) and writes their fitted constants to ``<output_dir>/serving.json``.
     """
     from dataset.sources import load_collectives
-    from .cli import UserError, check_output_path, write_atomically
+    from .cli import UserError, check_output_folder, write_atomically
 
     if frame is None:
         require_shared_data("train_collective_rf.py")
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():  # before the work, not after it
         raise UserError(f"--output_dir {output_dir} exists and is not a folder")
-    check_output_path(output_dir / SERVING_FILE, "--output_dir")  # serving.json among the GPU specs stops every command
+    check_output_folder(output_dir, f"--output_dir {output_dir}")  # serving.json among the GPU specs stops them all
     df = load_collectives(log=log) if frame is None else frame
     data, choice = select_training_data(df, log)
     serving_record = None

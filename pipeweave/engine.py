@@ -77,7 +77,7 @@ from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
-from pipeweave.validation import check_durations, fa3_warning, load_model_checked, unmeasured_attention_warning
+from pipeweave.validation import attention_warnings, check_durations, load_model_checked
 
 #: where a kernel is extrapolated (GPU architecture or shape region absent from its model's training), the
 #: optimistic efficiency is the quantile model's × 1.5 (within the physical band): the leave-one-GPU-out errors of
@@ -541,10 +541,9 @@ class Engine:
 
     def _warn_fa3(self, label: str, attention_types, hardware: HardwareSpec) -> None:
         """The WARNING of FA3 kernels on a GPU that cannot run them, and of attention types no GPU measured."""
-        for kind, warning in (("fa3", fa3_warning(label, attention_types, hardware)),
-                              ("unmeasured", unmeasured_attention_warning(label, attention_types))):
-            if warning and (label, hardware.stem, kind) not in self._warned:
-                self._warned.add((label, hardware.stem, kind))
+        for what, warning in attention_warnings(label, attention_types, hardware):
+            if (label, hardware.stem, what) not in self._warned:
+                self._warned.add((label, hardware.stem, what))
                 self.log(warning)
 
     def kernel_features(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray]:

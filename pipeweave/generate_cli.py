@@ -8,9 +8,8 @@ from pathlib import Path
 
 from analytical_model.gemm_fp8 import missing_rate
 from analytical_model.hardware import load_hardware
-from pipeweave.cli import ArgumentParser, UserError, positive_int
+from pipeweave.cli import ArgumentParser, UserError, check_output_folder, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, paper_set, write_workloads
-from pipeweave.paths import DEFAULT_HARDWARE_DIR
 from pipeweave.validation import fa3_mismatch, unmeasured_attention_warning
 from pipeweave.workload import (ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DEFAULT_CONFIG_DIR, DEFAULT_OUTPUT_DIR,
                                 DEFAULT_TRACE_DIR, DTYPES, LM_HEAD_DEFAULT, LM_HEAD_LAYOUTS, PREFILL_ATTN_DEFAULT,
@@ -78,11 +77,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    output_dir = Path(args.output_dir).resolve()
-    for folder, holds in ((DEFAULT_HARDWARE_DIR, "GPU spec"), (args.config_dir, "model config")):
-        if output_dir == Path(folder).resolve():  # every command reads each JSON there as one of its kind
-            raise UserError(f"--output_dir {args.output_dir}: {folder} holds the {holds} JSONs, and every command "
-                            f"reads each JSON there as one; write the workloads to another folder")
+    check_output_folder(args.output_dir, f"--output_dir {args.output_dir}", config_dir=args.config_dir)
     paper_variant = False  # the paper's workloads in another lm_head layout (written outside workload/)
     if args.paper_set:
         given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]

@@ -30,8 +30,8 @@ from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_out
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.siblings import sibling_note
-from pipeweave.validation import (check_shape_table, fa3_warning, line_labels, load_model_checked, row_label,
-                                  unmeasured_attention_warning)
+from pipeweave.validation import (attention_warnings, check_shape_table, line_labels, load_model_checked,
+                                  row_label)
 
 
 def read_shapes(path: str | Path, expected: str = "expected a header row"
@@ -210,18 +210,18 @@ def main(argv: list[str] | None = None) -> int:
             say(sibling_note(args.op, hw.name, sibling.name))
     if args.op == "attn":  # the aggregator's warnings: FA3 where it cannot run, attention types nothing measured
         kind_column = header.index("attention_type")
-        for line in attention_warnings(source, [(row[kind_column].strip(), predictor.hardware.get(row[index].strip()))
-                                                for row in rows]):
+        for line in row_attention_warnings(source, [(row[kind_column].strip(),
+                                                     predictor.hardware.get(row[index].strip())) for row in rows]):
             say(line)
     return 0
 
 
-def attention_warnings(source: str, kinds_on: list[tuple[str, HardwareSpec]]) -> list[str]:
+def row_attention_warnings(source: str, kinds_on: list[tuple[str, HardwareSpec]]) -> list[str]:
     """The WARNING lines of attention rows ((attention_type, GPU) each) that the aggregator would give a workload:
     FlashAttention-3 on a GPU that cannot run it, and attention types no GPU's measurements hold."""
     by_gpu: dict[str, tuple[HardwareSpec, set]] = {}
     for kind, hw in kinds_on:
         by_gpu.setdefault(hw.stem, (hw, set()))[1].add(kind)
-    lines = [fa3_warning(source, sorted(kinds), hw) for hw, kinds in by_gpu.values()]
-    lines.append(unmeasured_attention_warning(source, {kind for kind, _ in kinds_on}))
-    return [line for line in lines if line]
+    # an unmeasured type's line names no GPU: once, however many GPUs' rows use it
+    return list(dict.fromkeys(line for hw, kinds in by_gpu.values()
+                              for _, line in attention_warnings(source, sorted(kinds), hw)))

@@ -133,6 +133,14 @@ def unmeasured_attention_warning(workload: str, attention_types) -> str | None:
             f"were measured as fa2_paged, the default decode type (docs/DATA.md)")
 
 
+def attention_warnings(workload: str, attention_types, hardware) -> list[tuple[str, str]]:
+    """(what, WARNING line) for the attention types a workload or shape CSV uses on ``hardware``: FlashAttention-3
+    where it cannot run (``"fa3"``), types no GPU's measurements hold (``"unmeasured"``)."""
+    lines = (("fa3", fa3_warning(workload, attention_types, hardware)),
+             ("unmeasured", unmeasured_attention_warning(workload, attention_types)))
+    return [(what, line) for what, line in lines if line]
+
+
 def fa3_warning(workload: str, attention_types, hardware) -> str | None:
     """The WARNING line for FlashAttention-3 kernels predicted on a GPU that cannot run them (None if none are):
     the number is for a kernel that does not exist on that GPU."""
