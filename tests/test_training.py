@@ -150,8 +150,6 @@ def test_one_gemm_shape_in_two_dtypes_falls_on_one_side():
 
 @pytest.mark.data
 def test_built_gemm_files_share_no_shape_across_the_split():
-    from pipeweave.paths import DATASET_DIR
-
     paths = {(op, part): DATASET_DIR / f"{op}_{part}.csv" for op in ("gemm", "gemm_fp8") for part in ("train", "test")}
     if not all(path.is_file() for path in paths.values()):
         pytest.skip("dataset not built (python3 -m dataset.build)")
@@ -479,7 +477,6 @@ def test_a_damaged_dataset_file_names_itself_and_the_remedy(tmp_path, content, m
 
 def test_a_non_number_in_a_feature_column_names_row_and_column(tmp_path):
     from pipeweave.modeling import read_dataset
-    from pipeweave.paths import DATASET_DIR
 
     frame = pd.read_csv(DATASET_DIR / "rmsnorm_test.csv").head(3)
     frame = frame.astype({"global_in_flight": object})
