@@ -41,7 +41,7 @@ from pipeweave.logo_cache import (DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_
 from pipeweave.edges import frame_edges
 from pipeweave.mlp import PIPE_SHARES, NumpyMLP, total_efficiency, weights_path, work_efficiency
 from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors, fixed_time_us, frame_ideal_us,
-                                input_names, input_transform, load_splits, network_inputs, read_dataset,
+                                hold_out, input_names, input_transform, load_splits, network_inputs, read_dataset,
                                 train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import pass_choice_errors, render_pass_choice
@@ -452,11 +452,12 @@ def flag_results(op: str, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=pr
     if len(gpus) < 2:
         return {}
     hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
-    _, every_test = load_splits(op, dataset_dir)
+    every_train, every_test = load_splits(op, dataset_dir)
     out = {}
     for gpu in gpus:
         test, predicted, _ = logo_as_predicted(op, gpu, dataset_dir, cache, log=log)
-        codes = logo_flag_codes(op, gpu, test, every_test, cache, hardware, load_splits(op, dataset_dir, [gpu])[0])
+        others = hold_out(op, every_train, every_test, [gpu])[0]
+        codes = logo_flag_codes(op, gpu, test, every_test, cache, hardware, others)
         err = duration_errors(test["overall_perf"].to_numpy(np.float64), predicted) * 100
         flagged = codes > 0
         out[gpu] = {"n": len(codes), "flagged": float(flagged.mean()),

@@ -16,7 +16,7 @@ import pandas as pd
 
 from analytical_model.pipes import MEMORY_FEATURES, TENSOR_FEATURES
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.modeling import cap_rows_per_gpu, evaluate, load_splits, train_and_evaluate
+from pipeweave.modeling import cap_rows_per_gpu, evaluate, hold_out, load_splits, train_and_evaluate
 from pipeweave.paper.baselines import LEARNED, fit_predict, roofline_efficiency
 from pipeweave.paths import REPO_ROOT
 from pipeweave.predictor import KernelPredictor
@@ -129,12 +129,12 @@ def ablation(op: str, train: pd.DataFrame, test: pd.DataFrame, budget: Budget, p
 def logo_ablation(op: str, dataset_dir: Path, budget: Budget, progress, bars: bool) -> dict:
     """Leave-one-GPU-out: per held-out GPU and feature set, an MLP trained on the other GPUs (first seed)
     and tested on every row of the held-out GPU; the roofline on the same rows for scale."""
-    train, test = load_splits(op, dataset_dir)
-    gpus = sorted(set(train["hardware"]) | set(test["hardware"]))
+    every_train, every_test = load_splits(op, dataset_dir)
+    gpus = sorted(set(every_train["hardware"].unique()) | set(every_test["hardware"].unique()))
     progress.expect(len(gpus) * len(VARIANTS))
     out = {}
     for gpu in gpus:
-        train, test = load_splits(op, dataset_dir, [gpu])
+        train, test = hold_out(op, every_train, every_test, [gpu])
         test = _subsample_test(test, budget)
         cell = {"roofline": evaluate(test, roofline_efficiency(test, op))["overall"]}
         for variant, names in feature_sets(op).items():
