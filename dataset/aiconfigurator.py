@@ -167,7 +167,10 @@ def _aic_attention(root: Path, system: str, version: str, log: Log) -> pd.DataFr
     return finalize("attn", pd.concat(frames, ignore_index=True), log, label)
 
 
-def _aic_moe(root: Path, system: str, version: str, log: Log, distributions: tuple[str, ...]) -> pd.DataFrame | None:
+def _aic_moe_rows(root: Path, system: str, version: str, log: Log, distributions: tuple[str, ...],
+                  expert_parallel: bool) -> tuple[pd.DataFrame, str] | None:
+    """(the vLLM BF16 balanced Triton fused-MoE rows of one system, the source label): without expert parallelism
+    (``moe_ep_size == 1``, the dataset's) or only with it (the rows :func:`expert_parallel_moe_rows` scores)."""
     path = _aic_table(root, system, "moe", AIC_FRAMEWORK, "moe_perf", version, log)
     if path is None:
         return None
@@ -177,18 +180,59 @@ def _aic_moe(root: Path, system: str, version: str, log: Log, distributions: tup
     reasons: dict[str, int] = {}
     df = filter_rows(raw, raw["moe_dtype"] == "bfloat16", "moe_dtype not bfloat16", reasons)
     df = filter_rows(df, df["kernel_source"].isin(AIC_MOE_KERNELS), "kernel not Triton fused-MoE", reasons)
-    df = filter_rows(df, df["moe_ep_size"] == 1, "expert parallel (moe_ep_size > 1)", reasons)
+    if expert_parallel:
+        df = filter_rows(df, df["moe_ep_size"] > 1, "no expert parallelism (moe_ep_size == 1)", reasons)
+    else:
+        df = filter_rows(df, df["moe_ep_size"] == 1, "expert parallel (moe_ep_size > 1)", reasons)
     df = filter_rows(df, df["distribution"].isin(distributions),
                  "routing distribution not in " + ",".join(distributions), reasons)
     df = filter_rows(df, df["inter_size"] % df["moe_tp_size"] == 0, "inter_size not divisible by moe_tp_size", reasons)
     log_kept(log, label, "moe", len(raw), reasons)
-    if df.empty:
+    return df, _aic_source(root, path)
+
+
+def _aic_moe(root: Path, system: str, version: str, log: Log, distributions: tuple[str, ...]) -> pd.DataFrame | None:
+    found = _aic_moe_rows(root, system, version, log, distributions, expert_parallel=False)
+    if found is None or found[0].empty:
         return None
+    df, source = found
     frame = pd.DataFrame({"weight_type": "layer", "M": df["num_tokens"], "E": df["num_experts"], "topk": df["topk"],
                           "H": df["hidden_size"], "N": df["inter_size"] // df["moe_tp_size"],
                           "hardware": df["device"], "dtype": "bfloat16", "avg_duration": df["latency"] * 1000.0,
-                          "source": _aic_source(root, path)})
-    return finalize("moe", frame, log, label)
+                          "source": source})
+    return finalize("moe", frame, log, f"aiconfigurator {system}")
+
+
+def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
+    """aiconfigurator-core's expert-parallel fused-MoE layers (vLLM, BF16, balanced routing, ``moe_ep_size > 1``),
+    which the dataset leaves out: one row per measured layer with ``tokens`` (entering the rank), ``experts`` (of
+    the whole model), ``topk``, ``hidden``, ``inter`` (the whole expert width), ``moe_tp``, ``ep``, the GPU and
+    the measured ``avg_duration`` (µs). They score how a rank of an expert-parallel layout is described
+    (:func:`pipeweave.moe.expert_parallel_errors`); nothing is trained on them. Empty without the package."""
+    root = root or aiconfigurator_data_dir()
+    registry = hardware_registry()
+    frames = []
+    if root is not None:
+        versions = _aic_query_versions(root)
+        for system in aiconfigurator_systems():
+            if not (root / system).is_dir():
+                continue
+            found = _aic_moe_rows(root, system, versions.get(system, versions["default"]), log,
+                                  AIC_MOE_DISTRIBUTIONS, expert_parallel=True)
+            if found is not None and not found[0].empty:
+                df = found[0]
+                frames.append(pd.DataFrame({
+                    "tokens": df["num_tokens"], "experts": df["num_experts"], "topk": df["topk"],
+                    "hidden": df["hidden_size"], "inter": df["inter_size"], "moe_tp": df["moe_tp_size"],
+                    "ep": df["moe_ep_size"], "hardware": df["device"].map(lambda name: registry.get(name).name),
+                    "avg_duration": df["latency"] * 1000.0}))
+    columns = ["tokens", "experts", "topk", "hidden", "inter", "moe_tp", "ep", "hardware", "avg_duration"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    out = pd.concat(frames, ignore_index=True)
+    for column in columns[:7]:
+        out[column] = out[column].astype("int64")
+    return out.sort_values(["hardware", *columns[:7]], kind="mergesort").reset_index(drop=True)
 
 
 def load_aiconfigurator(ops=None, log: Log = print, systems: Iterable[str] | None = None,

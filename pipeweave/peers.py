@@ -175,10 +175,12 @@ DISAGREEMENTS = [
     "step. Which routing is right depends on the real router, which no data here measures.",
     "* *MoE prefill*: within 10 % except Mixtral TP2 (+17 %), whose 35,152-token layer is beyond the "
     "largest measured MoE layer (16,384 tokens): both tools extrapolate there.",
-    "* *Expert parallelism* (pipeweave's prefill up to 2.3× faster): aiconfigurator's EP prefill is dominated by "
-    "the power-law load imbalance (the rank holding the hot experts); with balanced routing the gap is "
-    "18–34 %, the rest being aiconfigurator's expert-parallel kernels and communication, where pipeweave "
-    "models EP inside the TP group with the same all-reduce as TP (no all-to-all; README).",
+    "* *Expert parallelism* (pipeweave's prefill up to 2.1× faster): aiconfigurator's EP prefill is dominated by "
+    "the power-law load imbalance (the rank holding the hot experts); with balanced routing pipeweave's EP "
+    "prefill is 4–19 % faster and its decode steps agree within 3 %. pipeweave describes an expert-parallel "
+    "rank's fused-MoE layer as the TP shard of the same width (measured so: docs/ACCURACY.md) and models EP "
+    "inside the TP group with the same all-reduce as TP (no all-to-all; README); before, it described the rank "
+    "as a smaller layer and its EP prefill was 18–34 % faster than aiconfigurator's balanced one.",
     "* *FP8* (pipeweave 0–30 % slower): pipeweave counts the BF16 → FP8 activation quantisation as standalone "
     "kernels before every FP8 GEMM (`operators.quantize`, predicted with the RMSNorm model: 1.8 ms of the "
     "15 ms Llama-3.1-70B TP4 decode step on H100, 12 % of its prefill); vLLM can fuse them into RMSNorm and "

@@ -509,8 +509,8 @@ def test_moe_passes_are_refused_as_calibration_kernels(tmp_path, capsys):
 
 
 def test_the_moe_replay_grid_is_what_the_generator_lays_out():
-    """Every MoE model x TP x EP (1, TP) x token count of the grid, one layer row each, with a top-k the fused
-    kernel can run; the dense default configs give none."""
+    """Every MoE model x TP x token count of the grid (an expert-parallel rank is the TP shard), one layer row
+    each, with a top-k the fused kernel can run; the dense default configs give none."""
     from pipeweave.moe import expert_operators
     from pipeweave.profiler.grids import DEFAULT_CONFIGS, DEFAULT_MOE_CONFIGS, grid_tokens, load_models, moe_grid
 

@@ -73,15 +73,32 @@ def test_mixtral_layers_are_moe_not_dense():
     assert workload["model_params"]["num_experts"] == 8 and "ep_size" not in workload and "dtype" not in workload
 
 
-def test_expert_parallelism_keeps_the_slots_per_expert():
+def test_an_expert_parallel_rank_is_the_tp_shard_of_its_layer():
+    """vLLM's expert-parallel kernel takes every token with the other ranks' experts masked; a rank is described as
+    the TP shard of the same width (pipeweave/moe.py), so the fused-MoE entries do not depend on ep."""
     workload, ops = _decode_ops("Qwen3-30B-A3B", tp=4, ep=4)
-    w13 = ops["moe"][0]
-    # 16 tokens x top-8 over 128 experts = 1 slot per expert; on one of 4 EP ranks: 4 tokens x top-8 over 32
-    assert (w13["M"], w13["E"], w13["topk"], w13["N"]) == (4, 32, 8, 768)
-    assert w13["M"] * w13["topk"] / w13["E"] == 16 * 8 / 128
+    _, tp_only = _decode_ops("Qwen3-30B-A3B", tp=4)
+    assert ops["moe"] == tp_only["moe"]
+    assert (ops["moe"][0]["M"], ops["moe"][0]["E"], ops["moe"][0]["topk"], ops["moe"][0]["N"]) == (16, 128, 8, 192)
     assert workload["ep_size"] == 4
-    _, half = _decode_ops("Qwen3-30B-A3B", tp=4, ep=2)
-    assert (half["moe"][0]["M"], half["moe"][0]["E"], half["moe"][0]["N"]) == (8, 64, 384)
+
+
+def test_expert_parallel_ranks_are_described_as_measured():
+    """On aiconfigurator-core's expert-parallel layers (never trained on) the TP-shard description is within 15 %
+    mean on every GPU and better than the smaller layer it replaced (ceil(tokens / ep) tokens over E / ep experts:
+    about 20 % mean, 26 % above 256 tokens)."""
+    from dataset.aiconfigurator import expert_parallel_moe_rows
+    from pipeweave.moe import expert_parallel_errors
+    from pipeweave.predictor import KernelPredictor
+
+    rows = expert_parallel_moe_rows(log=lambda line: None)
+    if rows.empty:
+        pytest.skip("aiconfigurator-core (its expert-parallel MoE tables) is not installed")
+    table = expert_parallel_errors(rows, KernelPredictor()).set_index("GPU")
+    assert len(table) >= 3
+    for gpu, row in table.iterrows():
+        assert row["tp_shard_mean"] < 15 and row["tp_shard_mean"] < row["smaller_layer_mean"], gpu
+        assert row["tp_shard_prefill"] < row["smaller_layer_prefill"], gpu
 
 
 def test_shared_expert_is_a_tp_sharded_mlp_behind_a_gate():
@@ -185,40 +202,24 @@ def test_fp8_prefill_is_faster_than_bf16_on_hopper(aggregator):
         assert 1.1 < bf16["prefill_duration_ms"] / fp8["prefill_duration_ms"] < 2.0, gpu
 
 
-def test_a_rank_with_fewer_experts_than_top_k_keeps_the_slots_per_expert(aggregator):
-    """Mixtral (8 experts, top-2) at EP 8 holds one expert per rank: its launch is the tokens routed to that expert
-    (T x 2 / 8 of them) through one expert, top-1, which the fused kernel runs; before, E = 1 with top-2 made the
-    whole prediction fail. Each expert still gets T x top_k / E slots, as at every other layout."""
-    from pipeweave.moe import expert_operators
-
-    moe = load_model_config("Mixtral-8x7B").moe
-    for tokens in (256, 4096):
-        for tp, ep in ((8, 8), (8, 4), (8, 2), (2, 1)):
-            layer = expert_operators(moe, 4096, tokens, tp, ep, 1)[0]
-            assert layer.topk <= layer.E
-            assert layer.M * layer.topk / layer.E == tokens * moe.top_k / moe.num_experts
-    assert expert_operators(moe, 4096, 1, 8, 8, 1)[0].M == 1  # a single token still launches the kernel
-    layer = expert_operators(moe, 4096, 256, 8, 8, 1)[0]
-    assert (layer.M, layer.E, layer.topk, layer.N) == (64, 1, 1, 14336)
-    result = _predict(aggregator, "Mixtral-8x7B", [128, 128], 2, "H100", tp=8, ep=8)
-    assert result["iterations"][0]["operator_durations"]["moe"]["experts_w13"]["single_duration_ms"] > 0
-
-
-def test_a_decode_batch_smaller_than_ep_gets_its_balanced_share_of_slots():
-    """Qwen3-235B-A22B (128 experts, top-8) at EP8 decoding one token: its 8 slots spread over 8 ranks, one each.
-    Each rank was described as one token routed to 8 of its 16 experts (8 slots, 8 experts' weights: 302 MB per
-    rank where one expert's are 38 MB), so the decode step was up to ep times too slow in its MoE layers."""
+def test_expert_parallel_layouts_with_few_experts_or_tokens_per_rank_predict(aggregator):
+    """Mixtral (8 experts, top-2) at EP 8 holds one expert per rank, and Qwen3-235B-A22B at EP 8 decoding one token
+    routes 8 slots over 8 ranks; described as the TP shard, both launch a kernel the model knows (top-k never above
+    the experts, one token still a launch) and cost what the same TP without EP costs."""
     from pipeweave.moe import expert_operators, moe_config_from_dict
 
-    moe = moe_config_from_dict({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128,
-                                "num_experts_per_tok": 8, "moe_intermediate_size": 1536})
-    for tokens, ep in ((1, 8), (2, 8), (4, 8), (8, 8), (3, 4), (1, 2), (256, 8), (5, 1)):
-        layer = expert_operators(moe, 4096, tokens, 8, ep, 1)[0]
-        slots = -(-tokens * 8 // ep)
-        assert (layer.E, layer.topk) == (128 // ep, min(8, slots)), (tokens, ep)
-        assert layer.M * layer.topk == slots if slots <= 8 else layer.M == -(-tokens // ep), (tokens, ep)
-    one_token = expert_operators(moe, 4096, 1, 8, 8, 1)[0]
-    assert (one_token.M, one_token.E, one_token.topk, one_token.N) == (1, 16, 1, 1536)
+    mixtral = load_model_config("Mixtral-8x7B").moe
+    qwen = moe_config_from_dict({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128,
+                                 "num_experts_per_tok": 8, "moe_intermediate_size": 1536})
+    assert (expert_operators(mixtral, 4096, 256, 8, 8, 1)[0].M, expert_operators(mixtral, 4096, 256, 8, 8, 1)[0].N) \
+        == (256, 1792)
+    one_token = expert_operators(qwen, 4096, 1, 8, 8, 1)[0]
+    assert (one_token.M, one_token.E, one_token.topk, one_token.N) == (1, 128, 8, 192)
+    with_ep = _predict(aggregator, "Mixtral-8x7B", [128, 128], 2, "H100", tp=8, ep=8)
+    without = _predict(aggregator, "Mixtral-8x7B", [128, 128], 2, "H100", tp=8)
+    moe = [r["iterations"][0]["operator_durations"]["moe"]["experts_w13"]["single_duration_ms"]
+           for r in (with_ep, without)]
+    assert moe[0] > 0 and moe[0] == moe[1]
 
 
 def test_a_workload_moe_entry_with_topk_above_e_names_iteration_and_field():

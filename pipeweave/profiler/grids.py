@@ -265,21 +265,19 @@ def siluandmul_grid(models, tps, tokens, *, sweep: bool) -> list[dict]:
 
 def moe_grid(models, tps, tokens) -> list[dict]:
     """Whole fused-MoE layers (the registry's ``moe`` shape columns, ``weight_type`` "layer") of every MoE model
-    among ``models`` x TP size x expert-parallel size (1 and the TP size) x token count, as the workload generator
-    lays them out on a rank (:func:`pipeweave.moe.expert_operators`). The profiler does not measure the fused-MoE
-    kernel; this grid is the replay set of an MoE fine-tuning (:mod:`pipeweave.finetune`)."""
-    from pipeweave.moe import expert_operators, expert_parallel_problem
+    among ``models`` x TP size x token count, as the workload generator lays them out on a rank
+    (:func:`pipeweave.moe.expert_operators`: an expert-parallel rank is the TP shard, so EP adds no shape). The
+    profiler does not measure the fused-MoE kernel; this grid is the replay set of an MoE fine-tuning
+    (:mod:`pipeweave.finetune`)."""
+    from pipeweave.moe import expert_operators
 
     rows = []
     for model in (m for m in models if m.moe is not None):
         for tp in tps:
-            for ep in sorted({1, tp}):
-                if expert_parallel_problem(model.moe, tp, ep) is not None:
-                    continue
-                for t in tokens:
-                    layer = expert_operators(model.moe, model.hidden_size, t, tp, ep, 1)[0]
-                    rows.append({"weight_type": "layer", "M": layer.M, "E": layer.E, "topk": layer.topk,
-                                 "H": layer.H, "N": layer.N})
+            for t in tokens:
+                layer = expert_operators(model.moe, model.hidden_size, t, tp, 1, 1)[0]
+                rows.append({"weight_type": "layer", "M": layer.M, "E": layer.E, "topk": layer.topk,
+                             "H": layer.H, "N": layer.N})
     return _unique(rows, get_operator("moe").shape_columns)
 
 
