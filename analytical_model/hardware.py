@@ -22,7 +22,8 @@ from pathlib import Path
 
 from pipeweave.paths import DEFAULT_HARDWARE_DIR
 
-from .pipes import ARCHITECTURES, LINK_TYPES, MEMORY_TYPES, HardwareSpec, architecture_for
+from .pipes import (ARCHITECTURES, KNOWN_CAPABILITIES, LINK_TYPES, MEMORY_TYPES, HardwareSpec, architecture_for,
+                    resident_threads_per_sm)
 
 
 _REQUIRED_NUMBERS = {
@@ -128,12 +129,13 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
         raise ValueError(f"{source}: field 'name' must be a non-empty string")
     capability = f"{data['computeMajor']}.{data['computeMinor']}"
     derived = architecture_for(data["computeMajor"], data["computeMinor"])
-    if derived is None:
-        raise ValueError(f"{source}: compute capability {capability} is not one the analytical model has an "
-                         f"architecture class for ({', '.join(ARCHITECTURES)}: 8.x, 9.x, 10.x to 12.x)")
+    if derived is None or resident_threads_per_sm(data["computeMajor"], data["computeMinor"]) is None:
+        raise ValueError(f"{source}: compute capability {capability} is not one the analytical model describes "
+                         f"({KNOWN_CAPABILITIES}: {', '.join(ARCHITECTURES)})")
     architecture = data.get("architecture", derived)
     if not isinstance(architecture, str) or architecture.lower() not in ARCHITECTURES:
-        raise ValueError(f"{source}: field 'architecture' must be one of {ARCHITECTURES}, got {architecture!r}")
+        raise ValueError(f"{source}: field 'architecture' must be one of {', '.join(ARCHITECTURES)}, "
+                         f"got {architecture!r}")
     if architecture.lower() != derived:
         raise ValueError(f"{source}: field 'architecture' is {architecture!r}, but compute capability {capability} "
                          f"is {derived!r}")
@@ -196,9 +198,12 @@ class HardwareRegistry:
         claimed: dict[str, str] = {}  # normalised name -> which file claims it, and as what
         for path in sorted(self.hardware_dir.glob("*.json")):
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_without_repeated_keys)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                 raise ValueError(f"{path}: invalid JSON ({type(exc).__name__}: {exc})") from None
+            except RepeatedKeyError as exc:
+                raise ValueError(f"{path}: field {exc.key!r} is given twice; JSON keeps only the last value, so one "
+                                 f"of the two would be lost without a word: remove one") from None
             spec = parse_hardware(data, path.stem, str(path))
             self.specs[spec.stem] = spec
             keys = [(spec.stem, "file name"), (spec.name, "name"), *((alias, "alias") for alias in spec.aliases)]
@@ -264,6 +269,22 @@ class HardwareRegistry:
 
     def __contains__(self, name: str) -> bool:
         return _normalise(str(name)) in self._index
+
+
+class RepeatedKeyError(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's dict that refuses a key written twice (a hand-edited spec's copy-paste slip)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise RepeatedKeyError(key)
+        out[key] = value
+    return out
 
 
 @lru_cache(maxsize=8)

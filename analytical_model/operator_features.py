@@ -159,7 +159,7 @@ def _moe_kinds(columns: Columns, label: Callable[[int], str] | None = None) -> n
     unknown = np.flatnonzero(~np.isin(kinds, MOE_WEIGHT_TYPES))
     if unknown.size:
         where = "" if label is None else f"{label(int(unknown[0]))}: "
-        raise ValueError(f"{where}weight_type must be one of {MOE_WEIGHT_TYPES}, got {str(kinds[unknown[0]])!r}")
+        raise ValueError(f"{where}weight_type must be one of {', '.join(MOE_WEIGHT_TYPES)}, got {str(kinds[unknown[0]])!r}")
     return kinds
 
 

@@ -61,6 +61,21 @@ def architecture_for(major: int, minor: int) -> str | None:
         return "blackwell"
     return None
 
+#: the compute capabilities whose SM the analytical model describes (:func:`resident_threads_per_sm`)
+KNOWN_CAPABILITIES = "8.0, 8.6, 8.9, 9.0, 10.x, 12.x"
+
+
+def resident_threads_per_sm(major: int, minor: int) -> int | None:
+    """Resident threads an SM holds at full occupancy (CUDA C++ Programming Guide, technical specifications per
+    compute capability): 1536 on the GDDR workstation/server parts 8.6, 8.9 and 12.x, 2048 on 8.0, 9.0, 10.x;
+    None for a capability outside :data:`KNOWN_CAPABILITIES`."""
+    if major == 12 or (major, minor) in ((8, 6), (8, 9)):
+        return 1536
+    if major == 10 or (major, minor) in ((8, 0), (9, 0)):
+        return 2048
+    return None
+
+
 # GPU-to-GPU interconnect of a hardware JSON's ``linkType``: NVLink generation (through NVSwitch on SXM boards) or
 # PCIe generation; the collective fallback (pipeweave.collectives) reads the family and the generation.
 LINK_TYPES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "nvlink6", "pcie3", "pcie4", "pcie5", "pcie6")
@@ -107,13 +122,11 @@ class HardwareSpec:
     def max_threads_per_sm(self) -> int:
         """Resident threads an SM holds at full occupancy (CUDA C++ Programming Guide, technical specifications per
         compute capability): 1536 on the GDDR workstation/server parts 8.6, 8.9 and 12.x, 2048 on 8.0, 9.0, 10.x."""
-        major, minor = self.compute_capability
-        if major == 12 or (major, minor) in ((8, 6), (8, 9)):
-            return 1536
-        if major == 10 or (major, minor) in ((8, 0), (9, 0)):
-            return 2048
-        raise ValueError(f"{self.name}: no resident-thread limit known for compute capability {major}.{minor} "
-                         f"(known: 8.0, 8.6, 8.9, 9.0, 10.x, 12.x)")
+        threads = resident_threads_per_sm(*self.compute_capability)
+        if threads is None:
+            raise ValueError(f"{self.name}: no resident-thread limit known for compute capability "
+                             f"{'.'.join(map(str, self.compute_capability))} (known: {KNOWN_CAPABILITIES})")
+        return threads
 
     @property
     def uses_sm90_gemm(self) -> bool:
@@ -308,7 +321,7 @@ class AttentionProblem:
                 f"nh ({self.num_qo_heads}) must be divisible by nkv ({self.num_kv_heads})"
             )
         if self.layout not in ATTENTION_LAYOUTS:
-            raise ValueError(f"layout must be one of {ATTENTION_LAYOUTS}, got {self.layout!r}")
+            raise ValueError(f"layout must be one of {', '.join(ATTENTION_LAYOUTS)}, got {self.layout!r}")
 
 
 @dataclass(frozen=True)
@@ -345,7 +358,7 @@ class MoeProblem:
     @classmethod
     def create(cls, m, experts, top_k, hidden, inter, pass_type="w13", data_size_bytes=2):
         if pass_type not in MOE_PASSES:
-            raise ValueError(f"weight_type must be one of {MOE_PASSES}, got {pass_type!r}")
+            raise ValueError(f"weight_type must be one of {', '.join(MOE_PASSES)}, got {pass_type!r}")
         arrays = [
             positive_int_array(nm, v)
             for nm, v in (("M", m), ("E", experts), ("topk", top_k), ("H", hidden), ("N", inter))

@@ -498,8 +498,31 @@ class _Reader:
         model = data.get("model", Path(self.source).stem)
         if not isinstance(model, str):
             self.fail(f"model must be a string, got {model!r}")
-        return Workload([self.iteration(it, position) for position, it in enumerate(iterations)], model=model,
-                        model_params=params, dtype=dtype, **sizes)
+        layers = (params or {}).get("num_hidden_layers")
+        if _is_pos_int(layers) and sizes["pp_size"] > layers:
+            self.fail(f"pp_size {sizes['pp_size']} exceeds model_params.num_hidden_layers {layers} (a pipeline stage "
+                      f"holds at least one layer)")
+        parsed = [self.iteration(it, position) for position, it in enumerate(iterations)]
+        self.consistent(parsed, sizes["tp_size"], dtype)
+        return Workload(parsed, model=model, model_params=params, dtype=dtype, **sizes)
+
+    def consistent(self, iterations: list[Iteration], tp_size: int, dtype: str) -> None:
+        """Refuse the top-level fields that contradict the entries (hand edits): a TP collective with tp_size 1 (it
+        would run over one GPU: 0 ms), and dtype "fp8" without an FP8 GEMM (the memory check would count every
+        weight at one byte) or with fused-MoE layers (the MoE model knows BF16 layers only)."""
+        for position, iteration in enumerate(iterations):
+            where = f"iteration {position + 1}"
+            if tp_size == 1:
+                for index, op in enumerate(iteration.communication):
+                    if op.kind != "send_recv":
+                        self.fail(f"{where}: operators.communication[{index}] is a {op.kind} of the TP group, but "
+                                  f"tp_size is 1 (over one GPU it would cost nothing): set tp_size or remove it")
+            if dtype == "fp8" and iteration.moe:
+                self.fail(f"{where}: dtype is 'fp8' but operators.moe holds fused-MoE layers, which pipeweave "
+                          f"models in BF16 only (workload_generator.py refuses FP8 MoE models)")
+        if dtype == "fp8" and not any(iteration.gemm_fp8 for iteration in iterations):
+            self.fail("dtype is 'fp8' but no iteration has an operators.gemm_fp8 entry: the memory check would count "
+                      "BF16 weights at one byte (workload_generator.py --dtype fp8 writes both)")
 
     def iteration(self, iteration, position: int) -> Iteration:
         where = f"iteration {position + 1}"

@@ -666,3 +666,33 @@ def test_a_split_without_its_communication_is_warned_of(models, tmp_path):
     consistent = run_aggregator("--workload", small(TP2, tmp_path, 3), "--hardware", "A100", "--model_dir", models,
                                 "--collective_estimate", "analytical", "--output", tmp_path / "tp2.json")
     assert consistent.returncode == 0 and "without an all_reduce" not in consistent.stdout
+
+
+@pytest.mark.parametrize("edit, message", [
+    # a third user audit (2026-12-05): each of these was predicted without a word
+    (lambda d: d.update(tp_size=1), r"iteration 1: operators.communication\[0\] is a all_reduce of the TP group, but "
+                                    r"tp_size is 1 \(over one GPU it would cost nothing\)"),
+    (lambda d: d.update(pp_size=65), r"pp_size 65 exceeds model_params.num_hidden_layers 64"),
+    (lambda d: d.update(dtype="fp8"), r"dtype is 'fp8' but no iteration has an operators.gemm_fp8 entry"),
+])
+def test_top_level_fields_that_contradict_the_entries_are_refused(tmp_path, edit, message):
+    """tp_size 1 on a TP2 workload costed its all-reduces at 0 ms; pp_size beyond the layers and dtype fp8 on BF16
+    GEMMs (the memory check counting them at one byte) went through."""
+    from pipeweave.schema import Workload, WorkloadFormatError
+
+    data = json.loads(TP2.read_text())
+    edit(data)
+    with pytest.raises(WorkloadFormatError, match=rf"^w.json: {message}"):
+        Workload.from_dict(data, "w.json")
+
+
+def test_fp8_on_fused_moe_layers_is_refused():
+    from pipeweave.schema import Workload, WorkloadFormatError
+    from pipeweave.workload import build_workload, load_model_config
+
+    data = build_workload(load_model_config("Mixtral-8x7B"), [10], 2, tp=2).to_dict()
+    data["dtype"] = "fp8"
+    data["iterations"][0]["operators"]["gemm_fp8"] = [dict(data["iterations"][0]["operators"]["gemm"][0])]
+    with pytest.raises(WorkloadFormatError, match=r"iteration 1: dtype is 'fp8' but operators.moe holds fused-MoE "
+                                                  r"layers, which pipeweave models in BF16 only"):
+        Workload.from_dict(data, "w.json")

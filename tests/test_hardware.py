@@ -123,9 +123,12 @@ def test_sanity_peaks():
         (lambda d: d.update(totalGlobalMem=80), "field 'totalGlobalMem' = 80 is outside the plausible range"),
         (lambda d: d.update(l2CacheSize=50), "field 'l2CacheSize' = 50 is outside the plausible range"),
         (lambda d: d.update(computeMajor=7, computeMinor=5), "compute capability 7.5 is not one the analytical "
-                                                             "model has an architecture class for"),
+                                                             "model describes \\(8.0, 8.6, 8.9, 9.0, 10.x, 12.x"),
+        # a third audit: 8.7 and 11.x were refused later, by another message than the list the first one gave
         (lambda d: d.update(computeMajor=8, computeMinor=7, architecture="ampere"),
-         "NVIDIA H100: no resident-thread limit known for compute capability 8.7"),
+         "compute capability 8.7 is not one the analytical model describes"),
+        (lambda d: d.update(computeMajor=11, computeMinor=0, architecture="blackwell"),
+         "compute capability 11.0 is not one the analytical model describes"),
         (lambda d: d.update(TODO=[]), "still has the skeleton's TODO list"),
         (lambda d: d.update(p2p="no"), "field 'p2p' must be true or false, got 'no'"),
         # a second user audit: these loaded, then failed at the first attention kernel, silently left memory
@@ -138,11 +141,21 @@ def test_sanity_peaks():
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
+    """Each slip in a hand-written spec is one error naming the file and the field."""
     shutil.copy(repo_root / "hardware" / "A40.json", tmp_path / "A40.json")
     data = json.loads((repo_root / "hardware" / "H100.json").read_text())
     edit(data)
     (tmp_path / "Broken.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=rf"Broken\.json: {message}"):
+        HardwareRegistry(tmp_path)
+
+
+def test_a_field_written_twice_is_refused(tmp_path, repo_root):
+    """JSON keeps the last of two equal keys: "memBandwidth": 1792, "memBandwidth": 900 loaded as 900 silently."""
+    text = (repo_root / "hardware" / "H100.json").read_text()
+    (tmp_path / "Twice.json").write_text(text.replace('"memBandwidth":', '"memBandwidth": 900, "memBandwidth":', 1))
+    with pytest.raises(ValueError, match=r"Twice\.json: field 'memBandwidth' is given twice; JSON keeps only the "
+                                         r"last value"):
         HardwareRegistry(tmp_path)
 
 

@@ -534,7 +534,7 @@ def test_api_records_an_ignored_memory_check_as_the_aggregator_does(tmp_path):
     ("moe", {"weight_type": ["layer"] * 2, "M": [16, 16], "E": [8, 8], "topk": [2, 99], "H": [4096] * 2,
              "N": [14336] * 2}, "kernel 1: topk = 99 exceeds E = 8"),
     ("moe", {"weight_type": ["layer", "w3"], "M": [16, 16], "E": [8, 8], "topk": [2, 2], "H": [4096] * 2,
-             "N": [14336] * 2}, "kernel 1: weight_type must be one of ('w13', 'w2', 'layer'), got 'w3'"),
+             "N": [14336] * 2}, "kernel 1: weight_type must be one of w13, w2, layer, got 'w3'"),
 ])
 def test_api_kernel_shape_errors_name_the_kernel(op, shapes, message):
     """A shape the calculator refuses as a whole (attention lengths per request, MoE top-k) was reported without

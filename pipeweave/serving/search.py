@@ -34,6 +34,8 @@ DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
 #: columns of a feasible candidate's simulation (NaN on infeasible rows)
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "makespan_ms", "kv_cache_tokens",
            "preemptions", "max_num_batched_tokens", "unmeasured_gpu")
+#: the counts among :data:`METRICS`: whole numbers, blank on infeasible rows (not floats in the CSV)
+COUNT_METRICS = ("kv_cache_tokens", "preemptions", "max_num_batched_tokens")
 #: the table's columns in order (whichever candidate comes first)
 COLUMNS = ("rank", "hardware", "dtype", "tp", "pp", "ep", "gpus", "max_num_seqs", "feasible", "meets_targets",
            "reason", *METRICS)
@@ -148,6 +150,8 @@ def rank(table: pd.DataFrame) -> pd.DataFrame:
     for column in METRICS:  # absent when no candidate is feasible
         if column not in table:
             table[column] = np.nan
+    for column in COUNT_METRICS:
+        table[column] = table[column].astype("Int64")
     table = table.sort_values(["meets_targets", "feasible", "output_tokens_per_s_per_gpu"],
                               ascending=[False, False, False], kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
