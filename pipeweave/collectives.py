@@ -103,6 +103,8 @@ FALLBACK_KINDS = {"all_gather": ("all_reduce", 0.5)}
 MODEL_FORMAT = "pipeweave-collective-v1"
 METADATA_FILE = "metadata.json"
 SEND_RECV_WORKERS = 2
+#: GPUs of one node (an HGX board, a PCIe server): the analytical estimate beyond them still assumes one fabric
+NODE_GPUS = 8
 
 
 def fallback_kind(kind: str) -> tuple[str, float]:
@@ -522,6 +524,12 @@ class CollectivePredictor:
                     f"to estimate the others, {ANALYTICAL_HINT}")
             self.used_analytical.add(kind)
             out[unseen] = self.analytical_ms(kind, size[unseen], workers[unseen])
+            # more GPUs of the same box than it measured: not faster than its own largest measured count (the
+            # link's median factor alone made L40S at 16 GPUs 7x faster than its measured 8)
+            above = unseen & (workers > known[-1])
+            if above.any():
+                out[above] = np.maximum(out[above], model_predict_ms(model, size[above],
+                                                                    np.full(int(above.sum()), known[-1])))
         seen = rest & ~unseen
         if seen.any():
             out[seen] = model_predict_ms(model, size[seen], workers[seen])

@@ -70,7 +70,7 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
-from pipeweave.collectives import collective_workers, fallback_kind
+from pipeweave.collectives import NODE_GPUS, collective_workers, fallback_kind
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.intervals import physical_interval
 from pipeweave.moe import pass_shares
@@ -670,7 +670,14 @@ class Engine:
                         f"measurements of this GPU) because no measured model covers it"
                         + ("" if fallback_kind(kind)[0] != "all_reduce" or not predictor.lacks_custom_allreduce_fit else
                            f"; {predictor.model_dir} has no trained models or serving.json, so small messages use "
-                           f"the plain ring estimate, not the fitted custom all-reduce"))
+                           f"the plain ring estimate, not the fitted custom all-reduce")
+                        + ("" if workers <= NODE_GPUS else
+                           f"; {workers} GPUs are more than one node's {NODE_GPUS}: the estimate takes them all on "
+                           f"this GPU's own link, as one NVLink domain (an NVL72 rack) would be; a network between "
+                           f"nodes is not modelled")
+                        + ("" if not predictor.worker_counts(kind) or workers < max(predictor.worker_counts(kind))
+                           else f"; it is held at no less than the measured {max(predictor.worker_counts(kind))} "
+                                f"workers' time"))
         return out, analytical
 
 

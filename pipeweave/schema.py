@@ -515,7 +515,7 @@ class _Reader:
             if tp_size == 1:
                 for index, op in enumerate(iteration.communication):
                     if op.kind != "send_recv":
-                        self.fail(f"{where}: operators.communication[{index}] is a {op.kind} of the TP group, but "
+                        self.fail(f"{where}: operators.communication[{index}] is an {op.kind} of the TP group, but "
                                   f"tp_size is 1 (over one GPU it would cost nothing): set tp_size or remove it")
             if dtype == "fp8" and iteration.moe:
                 self.fail(f"{where}: dtype is 'fp8' but operators.moe holds fused-MoE layers, which pipeweave "

@@ -670,7 +670,7 @@ def test_a_split_without_its_communication_is_warned_of(models, tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     # a third user audit (2026-12-05): each of these was predicted without a word
-    (lambda d: d.update(tp_size=1), r"iteration 1: operators.communication\[0\] is a all_reduce of the TP group, but "
+    (lambda d: d.update(tp_size=1), r"iteration 1: operators.communication\[0\] is an all_reduce of the TP group, but "
                                     r"tp_size is 1 \(over one GPU it would cost nothing\)"),
     (lambda d: d.update(pp_size=65), r"pp_size 65 exceeds model_params.num_hidden_layers 64"),
     (lambda d: d.update(dtype="fp8"), r"dtype is 'fp8' but no iteration has an operators.gemm_fp8 entry"),

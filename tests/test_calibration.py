@@ -403,6 +403,7 @@ def unsharded(data: dict) -> None:
     for iteration in data["iterations"]:
         for gemm in iteration["operators"]["gemm"]:
             gemm["N"] *= 4
+        iteration["operators"]["communication"] = []  # one GPU reduces nothing (a TP collective is refused there)
 
 
 @pytest.mark.parametrize("rows,needle", [
