@@ -63,6 +63,10 @@ def compare() -> int:
     ``runs``, your own runs, on the base install as calibrate.py --e2e)."""
     if sys.argv[1:2] == ["runs"]:
         return run_cli(lambda argv: import_module("pipeweave.run_scores").main(sys.argv[2:] if argv is None else argv))
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # answered without the training extras, which only some commands need
+        print("usage: pipeweave-compare {summarize-real,static,vllm,runs} [options] (each command has --help; runs "
+              "works on the base install, the others need the training extras)")
+        return 0
     return _run("pipeweave.compare")
 
 

@@ -89,6 +89,12 @@ def config_model_names(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:
     return sorted(p.stem for p in Path(config_dir).glob("*.json"))
 
 
+def lm_head_layout(prediction: Path) -> str:
+    """How the predicted workload laid out ``lm_head``: "vocab_parallel" where its output has the logits' all-gather
+    (vLLM's layout, the generator's default), else "replicated" (the paper's files)."""
+    return "vocab_parallel" if '"logits_all_gather"' in prediction.read_text() else "replicated"
+
+
 def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR,
                      config_dir: Path = DEFAULT_CONFIG_DIR) -> pd.DataFrame:
     """Summaries of every prediction JSON in ``pred_dir`` whose name follows the aggregator's naming."""
@@ -328,8 +334,10 @@ def main_static(argv: list[str] | None = None) -> int:
     print(f"\nWrote {args.output}{f', {args.vllm_output}' if vllm_predicted else ''} and {plot_path}")
     if args.markdown:
         md_path = Path(args.markdown)
+        layouts = {lm_head_layout(Path(path)) for path in preds["path"]}
         text = document(static, vllm, plot_path, md_path.resolve(), notes, _real_source(args.real_dir),
-                        Path(args.pred_dir), Path(args.model_dir))
+                        Path(args.pred_dir), Path(args.model_dir),
+                        layouts.pop() if len(layouts) == 1 else "mixed")
         text = keep_marked_sections(text, md_path)  # e.g. the calibration section (pipeweave.calibration_e2e)
         write_atomically(md_path, lambda tmp: tmp.write_text(text))
         print(f"Wrote {md_path}")

@@ -369,3 +369,19 @@ def test_predictions_of_expert_parallel_or_fp8_workloads_are_left_out_saying_so(
     after = compare.load_predictions(pred)
     assert after.equals(before)
     assert "Note: 3 prediction(s) of expert-parallel or FP8 workloads left out" in capsys.readouterr().out
+
+
+def test_a_report_of_other_predictions_says_which_command_and_layout_made_it(tmp_path):
+    """README's vLLM-layout run wrote runs/vllm_layout/E2E.md saying it was docs/E2E.md of the paper's files."""
+    from pipeweave.compare import DEFAULT_PRED_DIR, lm_head_layout
+    from pipeweave.e2e_report import WORKLOAD_NOTES, command_flags
+    from pipeweave.paths import REPO_ROOT
+
+    split, whole = tmp_path / "split.json", tmp_path / "whole.json"
+    split.write_text('{"communication": {"logits_all_gather": {"count": 1}}}')
+    whole.write_text('{"communication": {"all_reduce": {"count": 1}}}')
+    assert (lm_head_layout(split), lm_head_layout(whole)) == ("vocab_parallel", "replicated")
+    assert "--lm_head vocab_parallel" in WORKLOAD_NOTES["vocab_parallel"]
+    assert command_flags(REPO_ROOT / "docs" / "E2E.md", DEFAULT_PRED_DIR) == "--markdown docs/E2E.md"
+    assert command_flags(REPO_ROOT / "runs" / "E2E.md", REPO_ROOT / "runs" / "pred") == \
+        "--pred_dir runs/pred --markdown runs/E2E.md"

@@ -642,3 +642,8 @@ def test_scoring_own_runs_needs_no_pandas(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "1 run(s): mean error" in proc.stdout
+    # its --help lists the commands there too (it said the training extras were missing)
+    argv = f"['pipeweave-compare', 'runs', '--hardware', 'A100', '--runs', {str(runs)!r}]"
+    helped = subprocess.run([sys.executable, "-c", script.replace(argv, "['pipeweave-compare', '--help']")],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert helped.returncode == 0 and "usage: pipeweave-compare {summarize-real,static,vllm,runs}" in helped.stdout
