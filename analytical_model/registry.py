@@ -73,6 +73,10 @@ class OperatorClass:
     profiled: bool = False
     #: the operator whose trained model predicts this one (same features), when it has no measurements of its own
     model_key: str | None = None
+    #: a JSON in the ``pipeweave`` package holding a bandwidth model (pipeweave.memory_model parameters) fitted on
+    #: this operator's own measurements, which predicts it on every GPU instead of ``model_key``'s MLP, with the
+    #: coverage its extrapolation flag reads (pipeweave.quantize_model)
+    bandwidth_model_file: str | None = None
     #: the DRAM-cycle feature counts each byte the kernel must move exactly once (no re-reads that a cache could
     #: absorb), so DRAM time at peak bandwidth is a true lower bound on the duration (pipeweave.bounds)
     dram_bound: bool = False
@@ -314,13 +318,15 @@ register(OperatorClass(
     pipe_share_inputs=True,
 ))
 # The BF16 -> FP8 activation pass before an FP8 GEMM reads a row, reduces it to a scale and writes it scaled:
-# the structure of RMSNorm, whose features and model predict it (no quantisation kernel measurements exist). Its
-# descriptors are RMSNorm's (the model's inputs), whose exact bytes count a BF16 write where it writes FP8: only
-# its reads bound it.
+# the structure of RMSNorm, whose features describe it. It is predicted by the bandwidth model fitted on
+# aiconfigurator-core's measurements of it (pipeweave.quantize_model); RMSNorm's model, which predicted it before
+# they were used, stays its model_key for what the model files carry (the physical band, the calibration class).
+# Its descriptors are RMSNorm's, whose exact bytes count a BF16 write where it writes FP8: only its reads bound it.
 register(replace(
     OPERATORS["rmsnorm"],
     key="quantize",
-    description="BF16 -> FP8 activation quantisation (predicted by the RMSNorm model)",
+    description="BF16 -> FP8 activation quantisation (bandwidth model fitted on its measurements)",
+    bandwidth_model_file="quantize_bandwidth.json",
     workload_key="quantize",
     calculators={"quantize": rmsnorm.features},
     trainable=False,

@@ -235,6 +235,39 @@ def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.D
     return out.sort_values(["hardware", *columns[:7]], kind="mergesort").reset_index(drop=True)
 
 
+def quantize_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
+    """aiconfigurator-core's vLLM BF16 -> FP8 activation quantisation kernels (``quantize/vllm/<v>``): per GPU and
+    (m tokens, k width) the dynamic per-token pass, its ``scale_matrix_perf`` (``static_scaled_fp8_quant``) plus
+    its ``computescale_perf`` (the dynamic per-token kernel's extra time over the static one), as ``seq``, ``dim``,
+    ``hardware`` and ``avg_duration`` (µs). They fit the quantisation's bandwidth model
+    (:mod:`pipeweave.quantize_model`). Empty without the package."""
+    root = root or aiconfigurator_data_dir()
+    columns = ["seq", "dim", "hardware", "avg_duration", "source"]
+    frames = []
+    if root is not None:
+        versions = _aic_query_versions(root)
+        registry = hardware_registry()
+        for system in aiconfigurator_systems():
+            version = versions.get(system, versions["default"])
+            static = _aic_table(root, system, "quantize", AIC_FRAMEWORK, "scale_matrix_perf", version, log)
+            scale = _aic_table(root, system, "quantize", AIC_FRAMEWORK, "computescale_perf", version, log)
+            if static is None or scale is None:
+                continue
+            merged = read_parquet(static, ["device", "m", "k", "quant_dtype", "latency"]).merge(
+                read_parquet(scale, ["m", "k", "quant_dtype", "latency"]), on=["m", "k", "quant_dtype"],
+                suffixes=("", "_scale"))
+            merged = merged[merged["quant_dtype"] == "fp8"]
+            frames.append(pd.DataFrame({
+                "seq": merged["m"].astype("int64"), "dim": merged["k"].astype("int64"),
+                "hardware": merged["device"].map(lambda name: registry.get(name).name),
+                "avg_duration": (merged["latency"] + merged["latency_scale"]) * 1000.0,
+                "source": _aic_source(root, static)}))
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    out = pd.concat(frames, ignore_index=True)[columns]
+    return out.sort_values(["hardware", "seq", "dim"], kind="mergesort").reset_index(drop=True)
+
+
 def load_aiconfigurator(ops=None, log: Log = print, systems: Iterable[str] | None = None,
                         moe_distributions: Iterable[str] = AIC_MOE_DISTRIBUTIONS,
                         root: Path | None = None) -> dict[str, pd.DataFrame]:

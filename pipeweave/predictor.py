@@ -16,7 +16,7 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import compute_features, get_operator
-from pipeweave import memory_model
+from pipeweave import memory_model, quantize_model
 from pipeweave.bounds import clip_efficiency, fastest_us, has_regime_medians, l2_cycles, regime_efficiency
 from pipeweave.edges import model_edges
 from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
@@ -78,6 +78,13 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[fr
     low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
     high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
     return sm_designs, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
+
+
+def stored_coverage(record: dict) -> tuple[frozenset, np.ndarray, np.ndarray]:
+    """:func:`training_coverage` of a stored bandwidth fit's ``coverage`` (:mod:`pipeweave.quantize_model`)."""
+    low, high = np.asarray(record["min"], dtype=np.float64), np.asarray(record["max"], dtype=np.float64)
+    return (frozenset(tuple(c) for c in record["compute_capabilities"]),
+            low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high))
 
 
 def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:
@@ -183,7 +190,11 @@ class KernelPredictor:
             self._fine_tuned = saved
 
     def trained_on(self, op: str) -> frozenset:
-        """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``)."""
+        """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``; for an
+        operator with a stored bandwidth fit, the GPUs it was fitted on)."""
+        stored = get_operator(op).bandwidth_model_file
+        if stored is not None:
+            return frozenset(quantize_model.load(stored)["fitted_on"])
         _, metadata, _ = self.model(op)
         return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
 
@@ -236,6 +247,10 @@ class KernelPredictor:
         tuned = self._fine_tuned.get((op, hw.stem))
         if tuned is not None:
             return tuned.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
+        stored = get_operator(op).bandwidth_model_file
+        if stored is not None:  # fitted on the operator's own measurements, every GPU
+            return bandwidth_efficiency(quantize_model.load(stored)["parameters"], op, features, hw), \
+                np.zeros(len(features))
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
@@ -309,8 +324,12 @@ class KernelPredictor:
     def coverage(self, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
         """(compute capabilities, input minima, input maxima) of the model's training data, from its metadata."""
         if op not in self._coverage:
-            _, metadata, directory = self.model(op)
-            self._coverage[op] = training_coverage(metadata, self.hardware, f"{directory}/metadata.json", op)
+            stored = get_operator(op).bandwidth_model_file
+            if stored is not None:
+                self._coverage[op] = stored_coverage(quantize_model.load(stored)["coverage"])
+            else:
+                _, metadata, directory = self.model(op)
+                self._coverage[op] = training_coverage(metadata, self.hardware, f"{directory}/metadata.json", op)
         return self._coverage[op]
 
     def extrapolation(self, op: str, features: np.ndarray, described: np.ndarray | None,
@@ -318,6 +337,8 @@ class KernelPredictor:
         """Per row of a GPU of ``compute_capability``, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE | BEYOND_SHARES
         (0: covered by training); the prediction paths add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
         codes = coverage_codes(self.coverage(op), features, described, compute_capability)
+        if get_operator(op).bandwidth_model_file is not None:  # no MLP, no pipe-share edges
+            return codes
         model = self.model(op)[0]
         if model.edges is None or len(features) == 0:
             return codes

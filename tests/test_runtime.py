@@ -284,7 +284,7 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
     assert not list(target.rglob("*.pth")), "torch checkpoints must not be installed"
     # every file prediction reads at run time comes with it (a missing one would change numbers silently)
     for name in ("pipeweave/_data/collective_models/serving.json", "pipeweave/calibration_prior.json",
-                 "pipeweave/efficiency_band.json", "pipeweave/error_intervals.json",
+                 "pipeweave/efficiency_band.json", "pipeweave/error_intervals.json", "pipeweave/quantize_bandwidth.json",
                  "pipeweave/serving/simulator.py", "pipeweave/paper/reproduce.py"):
         assert (target / name).is_file(), f"{name} is not installed"
     work = tmp_path / "elsewhere"
