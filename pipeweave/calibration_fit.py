@@ -696,12 +696,12 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     measured_all_reduce = any(op == "all_reduce" for op, _ in kernel_frames)
     if not measured_all_reduce:
         prior = runs_prior(aggregator, spec, [workload for workload, _ in runs], prior, log)
-    part_models = []  # the model of each part's kernels (None: end-to-end runs, collectives)
+    part_models = []  # the model of each part's kernels ("all_reduce": a measured sweep; None: end-to-end runs)
     for path, (op, frame) in zip(kernels, kernel_frames):
         try:
             parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name,
                                           collective_dir))
-            part_models.append(None if op == "all_reduce" else get_operator(op).model_op)
+            part_models.append(op if op == "all_reduce" else get_operator(op).model_op)
         except ValueError as exc:  # a shape the operator cannot take (the predictor's own checks)
             raise UserError(f"--kernels {path}: {exc}") from None
         fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
@@ -731,8 +731,12 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         base_models[op] = str(aggregator.predictor._models[op][2])
     models = np.concatenate([np.full(len(part.measured), model, dtype=object)
                              for part, model in zip(parts, part_models + [None] * len(runs))])
+    spread = kernel_spread(equations, prior, models)
+    if "all_reduce" in spread:  # the worker counts its sweep measured, which its interval stands for
+        spread["all_reduce"]["workers"] = sorted({int(w) for op, frame in kernel_frames if op == "all_reduce"
+                                                  for w in map(float, frame["num_workers"])})
     calibration = Calibration(spec.stem, spec.name, theta, std, fitted_from, base_models, prior.summary(),
-                              prior.standardisation, spread=kernel_spread(equations, prior, models))
+                              prior.standardisation, spread=spread)
     # on the measured kernels (end-to-end runs alone fine-tune nothing): what the corrections leave unexplained,
     # where the shipped model extrapolates
     if fine_tune and kernel_frames:
@@ -742,9 +746,9 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
 
 
 def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray) -> dict:
-    """{model op: spread entry} of every model with at least MIN_SPREAD_KERNELS measured kernels: how far its
-    kernels lie from the calibration fitted without them (cross-validated; corrections only, so a fine-tuned
-    model's spread is overstated, not understated)."""
+    """{model op: spread entry} of every model with at least MIN_SPREAD_KERNELS measured kernels (and of a
+    measured all-reduce sweep, "all_reduce"): how far its kernels lie from the calibration fitted without them
+    (cross-validated; corrections only, so a fine-tuned model's spread is overstated, not understated)."""
     out = {}
     for model in sorted({m for m in models if m is not None}):
         rows = np.flatnonzero(models == model)

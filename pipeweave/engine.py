@@ -426,8 +426,9 @@ class Engine:
                 low[rows] = high[rows] = single[rows]  # measured: intervals.COMMUNICATION_NOTE
                 kinds = np.array([job.workload.collectives[i][0] for i in local])
                 for kind in coll_ms[j][1]:
-                    factors = collective_of[id(job)].analytical_interval(
-                        kind, collective_workers(kind, job.workload.tp_size))
+                    workers = collective_workers(kind, job.workload.tp_size)
+                    factors = (calibrated_sweep_interval(self.calibration, job.hardware.stem, kind, workers)
+                               or collective_of[id(job)].analytical_interval(kind, workers))
                     if factors is not None:
                         estimate_intervals[kind] = factors
                         low[rows[kinds == kind]] *= factors[0]
@@ -679,6 +680,20 @@ class Engine:
                            else f"; it is held at no less than the measured {max(predictor.worker_counts(kind))} "
                                 f"workers' time"))
         return out, analytical
+
+
+def calibrated_sweep_interval(calibration, stem: str, kind: str, workers: int) -> tuple[float, float] | None:
+    """(low, high) factors of an analytically estimated all-reduce (or the all-gather estimated as one) on the GPU
+    ``stem`` at ``workers``, where ``calibration`` is that GPU's and was fitted on its own all-reduce sweep at that
+    worker count: how far the sweep's sizes lie from the calibration fitted without them (cross-validated,
+    10th-90th percentile; :func:`pipeweave.calibration_fit.kernel_spread`; widened to hold the point), in place of
+    the spread of other GPUs around the uncalibrated estimate. None otherwise."""
+    if calibration is None or getattr(calibration, "hardware", None) != stem or fallback_kind(kind)[0] != "all_reduce":
+        return None
+    entry = getattr(calibration, "spread", {}).get("all_reduce")
+    if entry is None or workers not in entry.get("workers", ()):
+        return None
+    return float(np.exp(min(entry["log_low"], 0.0))), float(np.exp(max(entry["log_high"], 0.0)))  # holds the point
 
 
 def shape_table(operator, shapes: Sequence[tuple]) -> dict[str, list]:

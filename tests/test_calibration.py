@@ -1193,3 +1193,39 @@ def test_no_output_lands_among_the_gpu_specs(tmp_path, capsys):
                                     str(REPO / "hardware" / "pred.json")]) == 2
     assert "holds the GPU spec JSONs" in capsys.readouterr().err
     assert not list((REPO / "hardware").glob("*cal*.json")) and not (REPO / "hardware" / "pred.json").exists()
+
+
+def test_a_measured_sweep_narrows_the_interval_of_the_estimate_it_calibrates(tmp_path):
+    """L40 has no collective measurements, so its all-reduce is the analytical estimate, inside the PCIe spread of
+    other GPUs (x0.46-6.8). Calibrated on its own 2-GPU sweep, the estimate takes that sweep's cross-validated
+    scatter instead; a worker count the sweep did not measure keeps the wide one."""
+    from pipeweave.collectives import CollectivePredictor
+    from pipeweave.engine import Engine
+    from pipeweave.workload import build_workload
+    from pipeweave.workload_inputs import load_model_config
+
+    sizes = np.geomspace(1 << 12, 1 << 30, 12)
+    rng = np.random.default_rng(0)  # a real sweep scatters around any smooth correction
+    truth = (CollectivePredictor("L40", allow_analytical=True).predict_ms("all_reduce", sizes, 2) * 1500.0
+             * np.exp(rng.normal(0.0, 0.1, len(sizes))))
+    csv = tmp_path / "measured_all_reduce.csv"
+    csv.write_text("op,size_bytes,num_workers,hardware,avg_duration\n" + "".join(
+        f"all_reduce,{int(s)},2,L40,{t}\n" for s, t in zip(sizes, truth)))
+    out = tmp_path / "cal.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(csv), "--output", str(out)]) == 0
+    entry = load_calibration(out).spread["all_reduce"]
+    assert entry["kernels"] == 12 and entry["workers"] == [2]
+    cal = load_calibration(out)
+    plain = Engine(collective_estimate="analytical", log=None)
+    calibrated = Engine(collective_estimate="analytical", calibration=cal, log=None)
+    for tp, narrowed in ((2, True), (4, False)):
+        workload = tmp_path / f"tp{tp}.json"
+        generated = build_workload(load_model_config("Llama-3.1-8B"), [512] * 4, 2, tp=tp)
+        workload.write_text(json.dumps(generated.to_dict()))
+        before, after = (e.predict_workload(workload, "L40")["extrapolation"]["analytical_collectives"]["interval"]
+                         ["all_reduce"] for e in (plain, calibrated))
+        assert (after != before) == narrowed, tp
+        if narrowed:
+            assert after[0] > before[0] and after[1] < before[1]
+            assert after == pytest.approx([np.exp(min(entry["log_low"], 0)), np.exp(max(entry["log_high"], 0))],
+                                          abs=1e-4)
