@@ -83,6 +83,7 @@ def test_an_expert_parallel_rank_is_the_tp_shard_of_its_layer():
     assert workload["ep_size"] == 4
 
 
+@pytest.mark.data
 def test_expert_parallel_ranks_are_described_as_measured():
     """On aiconfigurator-core's expert-parallel layers (never trained on) the TP-shard description is within 15 %
     mean on every GPU and better than the smaller layer it replaced (ceil(tokens / ep) tokens over E / ep experts:
