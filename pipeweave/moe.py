@@ -154,6 +154,11 @@ def expert_operators(moe: MoeConfig, hidden: int, tokens: int, tp: int, ep: int,
     return [MoeOp(f"experts_{kind}", kind, *shape, layers) for kind in ("w13", "w2")]
 
 
+#: what a user who asked for expert parallelism is told: it changes no step cost (the module docstring)
+EP_NOTE = ("Note: an expert-parallel rank's fused-MoE layer costs what the TP shard of the same layer costs (as "
+           "measured: docs/ACCURACY.md), and EP inside the TP group adds no communication, so --ep changes no step "
+           "time here; all-to-all dispatch with data-parallel attention is not modelled")
+
 #: the expert-parallel sizes of one node's GPUs, the layouts the workload generator describes (ep divides tp)
 NODE_EP_SIZES = (2, 4, 8)
 

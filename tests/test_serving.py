@@ -900,6 +900,7 @@ def test_expert_parallelism_is_a_serving_setting_and_a_search_dimension(tmp_path
                         "splitwise_48", "--num_requests", "4", "--collective_estimate", "analytical",
                         "--model_dir", engine.model_dir, "--output", out)
     assert result.returncode == 0, result.stderr
+    assert "Note: an expert-parallel rank's fused-MoE layer costs what the TP shard" in result.stdout
     table = pd.read_csv(out)
     assert sorted(zip(table["tp"], table["ep"])) == [(1, 1), (2, 1), (4, 1), (4, 4)]  # EP 4 divides TP 4 only
     dense = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100", "--gpu_budget",

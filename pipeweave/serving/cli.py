@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
 from pipeweave.engine import uncalibrated, unmeasured_note
+from pipeweave.moe import EP_NOTE
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
@@ -276,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = make_engine(args)
     engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
     qk_norm_note(args)
+    if config.ep > 1:
+        print(EP_NOTE)
     check_calibration(engine, [args.hardware], args.model_config, args.tp * args.pp > 1, args.collective_hardware,
                       [args.dtype])
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:

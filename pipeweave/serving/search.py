@@ -25,6 +25,7 @@ import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.engine import uncalibrated
+from pipeweave.moe import EP_NOTE
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
                                   engine_from_settings)
 from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
@@ -306,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         check_model_and_requests(cfg, requests, dtype)
     if cfg.moe is None and eps != [1]:
         raise UserError(f"--ep {args.ep}: {cfg.stem} is dense: expert parallelism needs a mixture-of-experts model")
+    if any(ep > 1 for ep in eps):
+        print(EP_NOTE)
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
