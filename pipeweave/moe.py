@@ -173,9 +173,11 @@ def expert_parallel_errors(rows: pd.DataFrame, predictor) -> pd.DataFrame:
     rows = rows[rows["ep"].isin(NODE_EP_SIZES)].reset_index(drop=True)
     tokens, experts, top_k, ep = (rows[c].to_numpy(np.int64) for c in ("tokens", "experts", "topk", "ep"))
     width = rows["inter"].to_numpy(np.int64) // rows["moe_tp"].to_numpy(np.int64)
+    used = [expert_operators(MoeConfig(int(e), int(k), int(n)), int(h), int(t), int(tp * p), int(p), 1)[0]
+            for e, k, n, h, t, tp, p in zip(experts, top_k, rows["inter"], rows["hidden"], tokens, rows["moe_tp"], ep)]
     slots = -(-tokens * top_k // ep)
     local_top_k = np.minimum(np.minimum(top_k, experts // ep), slots)
-    descriptions = {"tp_shard": (tokens, experts, top_k, -(-width // ep)),
+    descriptions = {"tp_shard": tuple(np.array([getattr(op, f) for op in used]) for f in ("M", "E", "topk", "N")),
                     "smaller_layer": (-(-slots // local_top_k), experts // ep, local_top_k, width)}
     measured = rows["avg_duration"].to_numpy(np.float64)
     frame = pd.DataFrame({"hardware": rows["hardware"], "decode": tokens <= 256})
