@@ -73,7 +73,9 @@ def parse_args(argv):
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
-    ops = list(grids.OPS) if args.ops.strip() in ("", "all") else _name_list(args.ops)
+    if not args.ops.strip():
+        raise UserError(f"--ops is empty; give a comma list of {', '.join(grids.OPS)}, or all")
+    ops = list(grids.OPS) if args.ops.strip() == "all" else _name_list(args.ops)
     unknown = [op for op in ops if op not in grids.OPS]
     if unknown:
         raise UserError(f"--ops: unknown operator(s) {', '.join(unknown)}; choose from {', '.join(grids.OPS)}")

@@ -497,7 +497,7 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         raise UserError(f"--kernels {label}: {in_file(int(unpredicted[0]))}: pipeweave predicts "
                         f"{base[unpredicted[0]]!r} µs for this {op} row, so it cannot calibrate anything")
     return Equations(np.arange(len(base)), base, x, measured, sigma,
-                     [f"{label} line {i + 2}" for i in positions], floor)
+                     [f"--kernels {label}: line {i + 2}" for i in positions], floor)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -699,7 +699,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     part_models = []  # the model of each part's kernels ("all_reduce": a measured sweep; None: end-to-end runs)
     for path, (op, frame) in zip(kernels, kernel_frames):
         try:
-            parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, Path(path).name,
+            parts.append(kernel_equations(op, frame, spec, aggregator.predictor, prior, str(path),
                                           collective_dir))
             part_models.append(op if op == "all_reduce" else get_operator(op).model_op)
         except ValueError as exc:  # a shape the operator cannot take (the predictor's own checks)

@@ -87,6 +87,9 @@ def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
     if "kv_lora_rank" in cfg or "q_lora_rank" in cfg or arch in MLA_ARCHITECTURES:
         raise ValueError("multi-head latent attention (MLA: kv_lora_rank/q_lora_rank, DeepSeek-V2/V3) is not "
                          "modelled; pipeweave has no MLA attention operator")
+    if arch is not None and arch not in DENSE_ARCHITECTURES + MOE_ARCHITECTURES:  # before the keys it names
+        raise ValueError(f"architecture {arch} is not modelled (modelled: "
+                         f"{', '.join(DENSE_ARCHITECTURES + MOE_ARCHITECTURES)})")
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
         raise ValueError(f"sliding-window attention (sliding_window {cfg['sliding_window']}) is not modelled; the "
                          "attention calculators attend to the whole context")
@@ -100,9 +103,6 @@ def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
         if moe_keys:
             raise ValueError(f"dense architecture {arch} with mixture-of-experts keys ({moe_keys})")
         return None
-    if arch not in MOE_ARCHITECTURES:
-        raise ValueError(f"architecture {arch} is not modelled (modelled: "
-                         f"{', '.join(DENSE_ARCHITECTURES + MOE_ARCHITECTURES)})")
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ValueError("mixes dense and MoE layers (mlp_only_layers / decoder_sparse_step); only models whose "
                          "every layer is MoE are modelled")

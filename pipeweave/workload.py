@@ -81,10 +81,13 @@ class RankShapes:
         heads = _div(nh, tp, f"num_attention_heads ({nh})")
         # KV heads are split when there are at least TP of them, else replicated: each rank holds one (as vLLM
         # does; the artifact wrote all of them, which makes nh per rank smaller than nkv, an invalid attention)
-        if nkv < tp and tp % nkv:
-            raise WorkloadError(f"num_key_value_heads ({nkv}) is fewer than tp {tp} and does not divide it: vLLM "
-                                f"replicates each KV head over tp / num_key_value_heads ranks")
-        kv_heads = _div(nkv, tp, f"num_key_value_heads ({nkv})") if nkv >= tp else 1
+        if (nkv < tp and tp % nkv) or (nkv >= tp and nkv % tp):
+            fitting = [str(size) for size in range(1, 65) if nh % size == 0
+                       and (nkv % size == 0 if size <= nkv else size % nkv == 0)]
+            raise WorkloadError(f"num_key_value_heads ({nkv}) neither divides over tp {tp} nor is replicated by it "
+                                f"(vLLM replicates each KV head over tp / num_key_value_heads ranks when tp is a "
+                                f"multiple of it; TP sizes up to 64 that fit the heads: {', '.join(fitting)})")
+        kv_heads = nkv // tp if nkv >= tp else 1
         inter_shard = _div(inter, tp, f"{inter_key} ({inter})")
         return cls(
             # the rank's query heads and its K and V heads (a replicated KV head is computed on every rank that holds

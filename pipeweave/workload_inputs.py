@@ -221,8 +221,8 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         raise WorkloadError(f"config {stem}: expected a JSON object")
     archs = cfg.get("architectures")
     if archs is not None and not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
-        raise WorkloadError(f"config {stem}: 'architectures' must be a list such as [\"LlamaForCausalLM\"], "
-                            f"got {archs!r}")
+        raise WorkloadError(f"config {stem}: 'architectures' must be a non-empty list of names such as "
+                            f"[\"LlamaForCausalLM\"], got {archs!r}")
     try:  # before the keys: an unmodelled architecture is refused as such, not for a key it names otherwise
         moe = moe_config_from_dict(cfg)
     except ValueError as exc:

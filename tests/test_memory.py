@@ -258,8 +258,11 @@ def test_tied_embeddings_survive_the_workload():
 
 
 @pytest.mark.parametrize("edit, message", [
-    ({"architectures": "LlamaForCausalLM"}, r"'architectures' must be a list such as \[\"LlamaForCausalLM\"\]"),
-    ({"architectures": []}, "'architectures' must be a list"),
+    ({"architectures": "LlamaForCausalLM"},
+     r"'architectures' must be a non-empty list of names such as \[\"LlamaForCausalLM\"\]"),
+    ({"architectures": []}, r"'architectures' must be a non-empty list of names .*, got \[\]"),
+    # a third audit: Gemma-2 was refused for its sliding window, and without it for its architecture
+    ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096}, "architecture Gemma2ForCausalLM is not modelled"),
     ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
     ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4}},
@@ -355,8 +358,13 @@ def test_tensor_parallel_layouts_vllm_refuses():
 
     three_kv = model_config_from_dict({**QWEN3_4B, "num_attention_heads": 24, "num_key_value_heads": 3,
                                        "intermediate_size": 9216})
-    with pytest.raises(WorkloadError, match=r"num_key_value_heads \(3\) is fewer than tp 8 and does not divide it"):
+    with pytest.raises(WorkloadError, match=r"num_key_value_heads \(3\) neither divides over tp 8 nor is replicated "
+                                            r"by it .*TP sizes up to 64 that fit the heads: 1, 3, 6, 12, 24\)$"):
         RankShapes.of(three_kv, 8)
+    # a third audit: 3 KV heads at TP 2 named only 1 and 3, though TP 6 replicates each head over two ranks
+    with pytest.raises(WorkloadError, match=r"fit the heads: 1, 3, 6, 12, 24\)$"):
+        RankShapes.of(three_kv, 2)
+    assert RankShapes.of(three_kv, 6).nkv == 1
     assert RankShapes.of(three_kv, 3).nkv == 1  # each rank one of the three KV heads
     assert RankShapes.of(model_config_from_dict(QWEN3_4B), 16).nkv == 1  # 8 KV heads, each on two ranks
     seven = model_config_from_dict({**QWEN3_4B, "num_attention_heads": 28, "num_key_value_heads": 4})

@@ -882,3 +882,8 @@ def test_onboard_scores_zero_shot_and_a_calibration_on_the_other_half(tmp_path, 
     measured.head(3).to_csv(path, index=False)
     assert run_cli(onboard.main, ["--hardware", "H100", "--kernels", str(path)]) == 2
     assert "at least 4 are needed" in capsys.readouterr().err
+    # a file in ms was scored at errors of 10^5 %; it is refused as calibrate.py refuses it, naming file and line
+    measured.assign(avg_duration=measured["avg_duration"] / 1000).to_csv(path, index=False)
+    assert run_cli(onboard.main, ["--hardware", "H100", "--kernels", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--kernels {path}: line " in err and "times the zero-shot prediction" in err and "check the unit" in err

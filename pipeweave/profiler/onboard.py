@@ -22,7 +22,7 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Equations, fit_map, load_prior
-from pipeweave.calibration_fit import kernel_equations, read_kernel_csvs
+from pipeweave.calibration_fit import check_plausible, kernel_equations, read_kernel_csvs
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, print_report, run_cli
 
 SEED = 2026
@@ -63,7 +63,9 @@ def onboard(hardware: str, kernels: list[str], model_dir=None, hardware_dir=DEFA
     out = []
     kernels, frames = read_kernel_csvs(kernels, spec, registry)  # a file of stand-in kernels only: left out
     for path, (op, frame) in zip(kernels, frames):
-        equations = kernel_equations(op, frame, spec, predictor, prior, Path(path).name)
+        equations = kernel_equations(op, frame, spec, predictor, prior, str(path))
+        # a file in another unit is refused as calibrate.py refuses it, not scored at errors of 10^5 %
+        check_plausible(equations, np.log(equations.base / equations.measured))
         if len(equations.measured) < MIN_KERNELS:
             raise UserError(f"--kernels {path}: {len(equations.measured)} measured {op} kernel(s); at least "
                             f"{MIN_KERNELS} are needed to calibrate on one half and score the other")
