@@ -438,7 +438,12 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
     # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt; 16 and 16.0
     # are one size)
-    frame = frame[~frame[keys].apply(lambda column: column.map(same_cell)).duplicated(keep="last")]
+    superseded = frame[keys].apply(lambda column: column.map(same_cell)).duplicated(keep="last")
+    if superseded.any():  # said: two runs appended to one file with different times would otherwise pass unseen
+        print(f"WARNING: --kernels {path}: {int(superseded.sum())} row(s) measure a shape a later row measures again "
+              f"(the first: line {int(frame.index[np.flatnonzero(superseded.to_numpy())[0]]) + 2}); the later row of "
+              f"each shape is taken as its re-measurement")
+    frame = frame[~superseded]
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]

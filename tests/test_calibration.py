@@ -1111,8 +1111,12 @@ def test_repeats_of_one_run_count_once_and_impossible_runs_are_caught(tmp_path, 
     from pipeweave.predictor import KernelPredictor
 
     predictor = KernelPredictor()
+    capsys.readouterr()
     _, frame = calibration_fit.read_kernel_csv(measured, predictor.hardware.get("L40"), predictor.hardware)
     assert frame["avg_duration"].tolist() == [44.0, 900.0]
+    # said (a third audit: two runs appended to one file were taken row by row without a word)
+    assert (f"WARNING: --kernels {measured}: 1 row(s) measure a shape a later row measures again (the first: line "
+            f"2); the later row of each shape is taken") in capsys.readouterr().out
 
 
 def test_another_gpus_kernel_row_is_refused_whatever_the_row_order():

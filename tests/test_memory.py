@@ -262,7 +262,8 @@ def test_tied_embeddings_survive_the_workload():
      r"'architectures' must be a non-empty list of names such as \[\"LlamaForCausalLM\"\]"),
     ({"architectures": []}, r"'architectures' must be a non-empty list of names .*, got \[\]"),
     # a third audit: Gemma-2 was refused for its sliding window, and without it for its architecture
-    ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096}, "architecture Gemma2ForCausalLM is not modelled"),
+    ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096},
+     "architecture Gemma2ForCausalLM is not modelled"),
     ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
     ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4}},
