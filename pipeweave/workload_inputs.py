@@ -128,8 +128,9 @@ def one_edit_apart(a: str, b: str) -> bool:
 def _is_fp8(quantization: dict) -> bool:
     """Whether an HF ``quantization_config`` stores FP8 weights, in the formats checkpoints ship: ``fp8``
     (vLLM / transformers), ``fbgemm_fp8`` (Meta's Llama-3.1-405B-FP8), ``modelopt`` with ``quant_algo`` FP8 (NVIDIA),
-    ``compressed-tensors`` whose weight groups are 8-bit floats (Neural Magic / Red Hat)."""
-    method = quantization.get("quant_method")
+    ``compressed-tensors`` whose weight groups are 8-bit floats (Neural Magic / Red Hat). The method's case is
+    ignored, as vLLM lower-cases it."""
+    method = str(quantization.get("quant_method", "")).lower()
     if method in ("fp8", "fbgemm_fp8"):
         return True
     if method == "modelopt":
@@ -152,7 +153,8 @@ def _fp8_variant(quantization: dict) -> str | None:
         weights = group.get("weights") or {}
         if weights.get("strategy") == "block" or weights.get("block_structure"):
             return "block-scaled FP8 (compressed-tensors strategy block)"
-        if quantization.get("quant_method") == "compressed-tensors" and not group.get("input_activations"):
+        if str(quantization.get("quant_method", "")).lower() == "compressed-tensors" and \
+                not group.get("input_activations"):
             return "FP8 weights with BF16 activations (compressed-tensors without input_activations)"
     return None
 

@@ -288,6 +288,7 @@ def test_real_hf_keys_next_to_read_ones_are_not_misspellings():
 
 @pytest.mark.parametrize("quantization", [
     {"quant_method": "fp8", "fmt": "e4m3"},
+    {"quant_method": "FP8", "activation_scheme": "static"},  # vLLM lower-cases the method (was refused)
     {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0},  # meta-llama/Llama-3.1-405B-Instruct-FP8
     {"quant_method": "modelopt", "quant_algo": "FP8"},  # nvidia/*-FP8
     {"quant_method": "compressed-tensors", "config_groups": {"group_0": {  # RedHatAI/*-FP8-dynamic
