@@ -89,10 +89,10 @@ def config_model_names(config_dir: Path = DEFAULT_CONFIG_DIR) -> list[str]:
     return sorted(p.stem for p in Path(config_dir).glob("*.json"))
 
 
-def lm_head_layout(prediction: Path) -> str:
-    """How the predicted workload laid out ``lm_head``: "vocab_parallel" where its output has the logits' all-gather
-    (vLLM's layout, the generator's default), else "replicated" (the paper's files)."""
-    return "vocab_parallel" if '"logits_all_gather"' in prediction.read_text() else "replicated"
+def lm_head_layout(prediction_text: str) -> str:
+    """How the predicted workload laid out ``lm_head``, from its aggregator output's text: "vocab_parallel" where it
+    has the logits' all-gather (vLLM's layout, the generator's default), else "replicated" (the paper's files)."""
+    return "vocab_parallel" if '"logits_all_gather"' in prediction_text else "replicated"
 
 
 def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR,
@@ -111,7 +111,8 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
             variants.append(path.name)
             continue
         try:
-            output = json.loads(path.read_text())
+            text = path.read_text()
+            output = json.loads(text)
             summary = output["summary"]
         except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
             raise UserError(f"{path}: not an aggregator output (no summary)") from None
@@ -129,6 +130,7 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
         rows.append({
             "gpu": gpu, "tp": parsed.tp, "pp": parsed.pp, "model": parsed.model,
             "trace": parsed.trace, "fa": parsed.fa, "workload": parsed.workload_stem, "path": str(path),
+            "lm_head_layout": lm_head_layout(text),
             "pred_prefill_ms": float(summary.get("prefill_duration_ms", np.nan)),
             "pred_decode_ms": float(summary.get("decode_avg_duration_ms", np.nan)),
             "pred_total_ms": float(summary.get("total_duration_ms", np.nan)),
@@ -137,7 +139,7 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
     if variants:
         print(f"Note: {len(variants)} prediction(s) of expert-parallel or FP8 workloads left out (no measured run is "
               f"of one): {', '.join(variants[:3])}{', ...' if len(variants) > 3 else ''}")
-    return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "fa", "workload", "path",
+    return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "fa", "workload", "path", "lm_head_layout",
                                        "pred_prefill_ms", "pred_decode_ms", "pred_total_ms", *INTERVAL_COLUMNS])
 
 
@@ -334,7 +336,7 @@ def main_static(argv: list[str] | None = None) -> int:
     print(f"\nWrote {args.output}{f', {args.vllm_output}' if vllm_predicted else ''} and {plot_path}")
     if args.markdown:
         md_path = Path(args.markdown)
-        layouts = {lm_head_layout(Path(path)) for path in preds["path"]}
+        layouts = set(preds["lm_head_layout"])
         text = document(static, vllm, plot_path, md_path.resolve(), notes, _real_source(args.real_dir),
                         Path(args.pred_dir), Path(args.model_dir),
                         layouts.pop() if len(layouts) == 1 else "mixed")

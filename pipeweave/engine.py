@@ -72,7 +72,7 @@ from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
 from pipeweave.collectives import NODE_GPUS, collective_workers, fallback_kind
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
-from pipeweave.intervals import physical_interval
+from pipeweave.intervals import physical_interval, spread_record
 from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 from pipeweave.report import build_result
@@ -688,9 +688,7 @@ def calibrated_sweep_interval(calibration, stem: str, kind: str, workers: int) -
     worker count: how far the sweep's sizes lie from the calibration fitted without them (cross-validated,
     10th-90th percentile; :func:`pipeweave.calibration_fit.kernel_spread`; widened to hold the point), in place of
     the spread of other GPUs around the uncalibrated estimate. None otherwise."""
-    if calibration is None or getattr(calibration, "hardware", None) != stem or fallback_kind(kind)[0] != "all_reduce":
-        return None
-    entry = getattr(calibration, "spread", {}).get("all_reduce")
+    entry = spread_record(calibration, "all_reduce", stem) if fallback_kind(kind)[0] == "all_reduce" else None
     if entry is None or workers not in entry.get("workers", ()):
         return None
     return float(np.exp(min(entry["log_low"], 0.0))), float(np.exp(max(entry["log_high"], 0.0)))  # holds the point

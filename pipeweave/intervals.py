@@ -144,12 +144,18 @@ def other_model_warning(op: str, model_dir) -> str | None:
             f"errors of the other model, not of this one (python3 -m pipeweave.interval_eval measures them anew)")
 
 
+def spread_record(calibration, key: str, stem: str) -> dict | None:
+    """``calibration``'s spread entry ``key`` (a model op, or "all_reduce" for a measured sweep;
+    pipeweave.calibration.spread_entry) if it is for the GPU ``stem`` and recorded one, else None."""
+    if calibration is None or getattr(calibration, "hardware", None) != stem:
+        return None
+    return getattr(calibration, "spread", {}).get(key)
+
+
 def calibrated_spread(calibration, op: str, stem: str) -> tuple[float, float] | None:
     """(log low, log high) of the cross-validated scatter of the measured kernels of ``op``'s model around
     ``calibration`` if it is for the GPU ``stem`` and recorded one (pipeweave.calibration.spread_entry), else None."""
-    if calibration is None or getattr(calibration, "hardware", None) != stem:
-        return None
-    entry = getattr(calibration, "spread", {}).get(get_operator(op).model_op)
+    entry = spread_record(calibration, get_operator(op).model_op, stem)
     return None if entry is None else (entry["log_low"], entry["log_high"])
 
 

@@ -80,6 +80,13 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[fr
     return sm_designs, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
 
 
+def stored_bandwidth_fit(op: str) -> dict | None:
+    """The bandwidth fit stored for ``op`` (registry ``bandwidth_model_file``; :mod:`pipeweave.quantize_model`), which
+    predicts it on every GPU instead of an MLP; None for an operator predicted by its MLP."""
+    stored = get_operator(op).bandwidth_model_file
+    return None if stored is None else quantize_model.load(stored)
+
+
 def stored_coverage(record: dict) -> tuple[frozenset, np.ndarray, np.ndarray]:
     """:func:`training_coverage` of a stored bandwidth fit's ``coverage`` (:mod:`pipeweave.quantize_model`)."""
     low, high = np.asarray(record["min"], dtype=np.float64), np.asarray(record["max"], dtype=np.float64)
@@ -192,9 +199,9 @@ class KernelPredictor:
     def trained_on(self, op: str) -> frozenset:
         """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``; for an
         operator with a stored bandwidth fit, the GPUs it was fitted on)."""
-        stored = get_operator(op).bandwidth_model_file
+        stored = stored_bandwidth_fit(op)
         if stored is not None:
-            return frozenset(quantize_model.load(stored)["fitted_on"])
+            return frozenset(stored["fitted_on"])
         _, metadata, _ = self.model(op)
         return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
 
@@ -247,10 +254,9 @@ class KernelPredictor:
         tuned = self._fine_tuned.get((op, hw.stem))
         if tuned is not None:
             return tuned.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
-        stored = get_operator(op).bandwidth_model_file
+        stored = stored_bandwidth_fit(op)
         if stored is not None:  # fitted on the operator's own measurements, every GPU
-            return bandwidth_efficiency(quantize_model.load(stored)["parameters"], op, features, hw), \
-                np.zeros(len(features))
+            return bandwidth_efficiency(stored["parameters"], op, features, hw), np.zeros(len(features))
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
@@ -324,9 +330,9 @@ class KernelPredictor:
     def coverage(self, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
         """(compute capabilities, input minima, input maxima) of the model's training data, from its metadata."""
         if op not in self._coverage:
-            stored = get_operator(op).bandwidth_model_file
+            stored = stored_bandwidth_fit(op)
             if stored is not None:
-                self._coverage[op] = stored_coverage(quantize_model.load(stored)["coverage"])
+                self._coverage[op] = stored_coverage(stored["coverage"])
             else:
                 _, metadata, directory = self.model(op)
                 self._coverage[op] = training_coverage(metadata, self.hardware, f"{directory}/metadata.json", op)
@@ -337,7 +343,7 @@ class KernelPredictor:
         """Per row of a GPU of ``compute_capability``, the bits UNSEEN_ARCHITECTURE | OUTSIDE_RANGE | BEYOND_SHARES
         (0: covered by training); the prediction paths add MEMBERS_DISAGREE (:meth:`kernel_efficiency_and_codes`)."""
         codes = coverage_codes(self.coverage(op), features, described, compute_capability)
-        if get_operator(op).bandwidth_model_file is not None:  # no MLP, no pipe-share edges
+        if stored_bandwidth_fit(op) is not None:  # no MLP, no pipe-share edges
             return codes
         model = self.model(op)[0]
         if model.edges is None or len(features) == 0:

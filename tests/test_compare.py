@@ -377,9 +377,8 @@ def test_a_report_of_other_predictions_says_which_command_and_layout_made_it(tmp
     from pipeweave.e2e_report import WORKLOAD_NOTES, command_flags
     from pipeweave.paths import REPO_ROOT
 
-    split, whole = tmp_path / "split.json", tmp_path / "whole.json"
-    split.write_text('{"communication": {"logits_all_gather": {"count": 1}}}')
-    whole.write_text('{"communication": {"all_reduce": {"count": 1}}}')
+    split = '{"communication": {"logits_all_gather": {"count": 1}}}'
+    whole = '{"communication": {"all_reduce": {"count": 1}}}'
     assert (lm_head_layout(split), lm_head_layout(whole)) == ("vocab_parallel", "replicated")
     assert "--lm_head vocab_parallel" in WORKLOAD_NOTES["vocab_parallel"]
     assert command_flags(REPO_ROOT / "docs" / "E2E.md", DEFAULT_PRED_DIR) == "--markdown docs/E2E.md"
