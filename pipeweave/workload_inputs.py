@@ -231,8 +231,13 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         raise WorkloadError(f"config {stem}: {exc}") from None
     values = {}
     for key in _MODEL_KEYS:
+        typo = [found for found in cfg if one_edit_apart(found, key)] if key not in cfg else []
+        if key == "num_key_value_heads" and key not in cfg and not typo and "num_attention_heads" in cfg:
+            # transformers' default (LlamaConfig and its descendants): multi-head attention, as in the configs
+            # written before grouped-query attention (Llama-2-7B, Vicuna)
+            values[key] = positive_int(cfg["num_attention_heads"], f"config {stem}: num_attention_heads")
+            continue
         if key not in cfg:
-            typo = [found for found in cfg if one_edit_apart(found, key)]
             raise WorkloadError(f"config {stem}: missing key '{key}'"
                                 + (f" (found '{typo[0]}': a misspelling?)" if typo else ""))
         values[key] = positive_int(cfg[key], f"config {stem}: {key}")

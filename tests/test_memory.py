@@ -279,6 +279,15 @@ def test_config_mistakes_are_named(edit, message):
         model_config_from_dict(cfg)
 
 
+def test_missing_kv_heads_mean_multi_head_attention_as_in_transformers():
+    """Configs written before grouped-query attention (Llama-2-7B's first release) have no num_key_value_heads;
+    transformers reads them as one KV head per query head, and so does pipeweave. A misspelt key is still named."""
+    cfg = {key: value for key, value in QWEN3_4B.items() if key != "num_key_value_heads"}
+    assert model_config_from_dict(cfg).num_key_value_heads == 32
+    with pytest.raises(WorkloadError, match=r"missing key 'num_key_value_heads' \(found 'num_key_value_head'"):
+        model_config_from_dict({**cfg, "num_key_value_head": 8})
+
+
 def test_real_hf_keys_next_to_read_ones_are_not_misspellings():
     """Keys of real configs that extend a key the reader uses are not taken for typos."""
     cfg = model_config_from_dict({**QWEN3_4B, "v_head_dim": 128, "swa_num_key_value_heads": 4,
