@@ -19,6 +19,12 @@ class UserError(Exception):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad flags as one line (usage is still available with --help)."""
 
+    def __init__(self, *args, prog: str | None = None, **kwargs):
+        typed = program_name()
+        if prog is not None and prog.endswith(".py") and typed.startswith("pipeweave-"):
+            prog = typed  # a console script runs its checkout script's parser: usage names what the user typed
+        super().__init__(*args, prog=prog, **kwargs)
+
     def error(self, message: str):  # noqa: D401 - argparse API
         raise UserError(message)
 

@@ -332,6 +332,24 @@ def test_console_scripts_point_at_commands():
         assert module == "pipeweave.commands" and callable(getattr(commands, function)), name
 
 
+@pytest.mark.parametrize("command, script", [("aggregate", "aggregator.py"), ("serve_sim", "serve_sim.py"),
+                                             ("calibrate", "calibrate.py")])
+def test_console_script_usage_names_what_was_typed(monkeypatch, capsys, command, script):
+    """``pipeweave-serve-sim --help`` said ``usage: serve_sim.py``, a file an installed user does not have."""
+    from pipeweave import commands
+
+    program = "pipeweave-" + command.replace("_", "-")
+    monkeypatch.setattr(sys, "argv", [f"/venv/bin/{program}", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        getattr(commands, command)()
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {program} ")
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit):
+        getattr(commands, command)()
+    assert capsys.readouterr().out.startswith(f"usage: {script} ")
+
+
 def _gemm_input_rows(rows: int = 48) -> tuple[list[str], np.ndarray]:
     from analytical_model.hardware import load_hardware
     from analytical_model.registry import get_operator
