@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from . import fa2
+from .attention_common import ATTENTION_FEATURE_COUNT
 from .pipes import AttentionProblem, HardwareSpec, ceil_div, compute_pipe, memory_pipe
 
 _SAFE_LIMIT = 2**62
@@ -58,7 +59,7 @@ def features_many(problems: Sequence[AttentionProblem], hw: HardwareSpec) -> np.
     """(len(problems), 15) float64 FA2 features, identical to ``fa2.features`` row by row."""
     count = len(problems)
     if count == 0:
-        return np.zeros((0, 15))
+        return np.zeros((0, ATTENTION_FEATURE_COUNT))
     as_array = lambda values: np.fromiter(values, dtype=np.int64, count=count)  # noqa: E731
     bs = as_array(p.batch_size for p in problems)
     n_req = int(bs.sum())
@@ -101,7 +102,7 @@ def features_from_arrays(
     bs = np.asarray(bs, dtype=np.int64)
     count = int(bs.size)
     if count == 0:
-        return np.zeros((0, 15))
+        return np.zeros((0, ATTENTION_FEATURE_COUNT))
     per_problem = lambda v, dtype=np.int64: np.broadcast_to(np.asarray(v, dtype=dtype), (count,))  # noqa: E731
     nh, nkv, hd = (per_problem(v) for v in (nh, nkv, hd))
     ds_q, ds_kv = per_problem(ds_q), per_problem(ds_kv)

@@ -343,14 +343,13 @@ def get_operator(key: str) -> OperatorClass:
         raise ValueError(f"unknown operator {key!r}; known: {', '.join(OPERATORS)}") from None
 
 
-def operator_keys(*, trainable: bool | None = None, quantile: bool | None = None, profiled: bool | None = None,
-                  in_workloads: bool | None = None) -> tuple[str, ...]:
+def operator_keys(*, trainable: bool | None = None, quantile: bool | None = None, profiled: bool | None = None
+                  ) -> tuple[str, ...]:
     """Registry keys, in registration order, filtered by the given properties."""
     wanted = {"trainable": trainable, "quantile": quantile, "profiled": profiled}
     return tuple(
         op.key for op in OPERATORS.values()
         if all(value is None or getattr(op, name) == value for name, value in wanted.items())
-        and (in_workloads is None or (op.workload_key is not None) == in_workloads)
     )
 
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.calibration_design import (BANDWIDTH, CLASSES, COLLECTIVE_KINDS, COMMUNICATION_PARAMS, INTERCEPTS,
-                                          LATENCY, PARAMS, class_covariates, class_slice, class_terms,
-                                          communication_design, design)
+from pipeweave.calibration_design import (BANDWIDTH, CLASSES, COMMUNICATION_PARAMS, INTERCEPTS, LATENCY, PARAMS,
+                                          class_covariates, class_slice, class_terms, communication_design, design)
+from pipeweave.schema import COLLECTIVE_KINDS
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
 FORMAT_VERSION = 4  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
@@ -227,14 +227,14 @@ SPREAD_FOLDS = 4
 MIN_SPREAD_KERNELS = 8
 
 
-def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.ndarray,
-                                  folds: int = SPREAD_FOLDS) -> np.ndarray:
+def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.ndarray) -> np.ndarray:
     """log(measured / calibrated) of the equations ``rows`` (indices), each from the fit on every other equation but
-    its fold's (folds by position in ``rows``): how far a kernel the calibration did not see lies from it."""
+    its fold's (:data:`SPREAD_FOLDS` folds by position in ``rows``, as :func:`spread_entry` records): how far a
+    kernel the calibration did not see lies from it."""
     rows = np.asarray(rows)
     out = np.empty(len(rows))
-    fold = np.arange(len(rows)) % folds
-    for f in range(min(folds, len(rows))):
+    fold = np.arange(len(rows)) % SPREAD_FOLDS
+    for f in range(min(SPREAD_FOLDS, len(rows))):
         held = np.zeros(len(equations.measured), dtype=bool)
         held[rows[fold == f]] = True
         theta = fit_map(equations.subset(~held), prior)[0]

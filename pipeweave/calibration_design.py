@@ -32,7 +32,6 @@ from analytical_model.attention import resolve_attention_type
 from analytical_model.columns import parse_length_list
 from analytical_model.registry import get_operator
 from pipeweave.collectives import analytical_collective_terms
-from pipeweave.schema import COLLECTIVE_KINDS
 
 CLASSES = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "elementwise", "moe")
 PIPES = ("compute", "memory")

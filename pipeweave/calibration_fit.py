@@ -29,11 +29,11 @@ from pipeweave.bounds import fastest_us, l2_cycles
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
                                    collective_models_record, cross_validated_log_residuals, file_digest, fit_map,
                                    load_prior, spec_record, spread_entry)
-from pipeweave.calibration_design import (COLLECTIVE_KINDS, PARAMS, attention_types, communication_design, design,
-                                          kernel_classes)
+from pipeweave.calibration_design import PARAMS, attention_types, communication_design, design, kernel_classes
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import TRIGGER_BITS
+from pipeweave.schema import COLLECTIVE_KINDS
 
 if TYPE_CHECKING:  # the kernel CSVs are read with pandas (training extras); the end-to-end runs without it
     import pandas as pd

@@ -40,9 +40,9 @@ min leaf 2, random_state 42) can be trained instead for comparison; all three sh
 
 Sources and precedence
 ----------------------
-Rows come from :func:`dataset.sources.load_collectives` (NCCL ``all_reduce``, ``all_gather`` and ``send_recv``, and
-vLLM's ``custom_all_reduce``, which counts as all-reduce). A GPU without all-gather rows predicts it from its
-all-reduce (:func:`fallback_kind`). For every (GPU, kind, num_workers) exactly one source is used,
+Rows come from :func:`dataset.collective_sources.load_collectives` (NCCL ``all_reduce``, ``all_gather`` and
+``send_recv``, and vLLM's ``custom_all_reduce``, which counts as all-reduce). A GPU without all-gather rows predicts
+it from its all-reduce (:func:`fallback_kind`). For every (GPU, kind, num_workers) exactly one source is used,
 the first available of:
 
 0. **C* aiconfigurator-core 0.12.0** ``comm/vllm/<ver>/custom_allreduce_perf.parquet``, CUDA-graph replay: vLLM's
@@ -294,8 +294,7 @@ def hardware_covering(needed, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR) ->
 class CollectivePredictor:
     """Collective times of one GPU (see the module docstring for the model, ranges and fixes)."""
 
-    def __init__(self, hardware: str, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR, allow_analytical: bool = False,
-                 *, link_gbps: float | None = None, latency_us: float | None = None):
+    def __init__(self, hardware: str, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR, allow_analytical: bool = False):
         from analytical_model.hardware import load_hardware
         spec = load_hardware(hardware)  # unknown names raise UnknownHardwareError (lists the known GPUs)
         self.hardware = spec.stem
@@ -305,8 +304,6 @@ class CollectivePredictor:
         self.used_analytical: set[str] = set()
         self.models: dict[str, dict] = {}
         self.metadata: dict = {}
-        self._link_gbps = link_gbps
-        self._latency_us = latency_us
         gpu_dir = self.model_dir / self.hardware
         if not gpu_dir.is_dir():
             if not self.allow_analytical:
@@ -456,9 +453,8 @@ class CollectivePredictor:
         """:meth:`analytical_ms` of the algorithm each size runs with, before the padding bound."""
         from analytical_model.hardware import load_hardware
         spec = load_hardware(self.hardware)
-        link = spec.link_gbps if self._link_gbps is None else self._link_gbps
-        latency = spec.link_latency_us if self._latency_us is None else self._latency_us
-        latency_ms, transfer_ms = analytical_collective_terms(kind, size, workers, link, latency)
+        latency_ms, transfer_ms = analytical_collective_terms(kind, size, workers, spec.link_gbps,
+                                                              spec.link_latency_us)
         factor = np.ones(size.shape)
         for count in np.unique(workers):
             factor[workers == count] = self.ring_efficiency(kind, int(count))[0]
@@ -466,7 +462,7 @@ class CollectivePredictor:
         params = self._custom_allreduce_params
         if kind == "all_reduce" and params is not None:
             custom = (size < CUSTOM_AR_MAX_BYTES) & np.isin(workers, CUSTOM_AR_WORLD_SIZES) & (size > 0)
-            out = np.where(custom, custom_allreduce_ms(params, size, workers, link), out)
+            out = np.where(custom, custom_allreduce_ms(params, size, workers, spec.link_gbps), out)
         return out
 
     def predict_ms(self, kind: str, size_bytes, num_workers) -> np.ndarray:

@@ -254,7 +254,7 @@ def write_model_dir(
             "model_type": f"{op.upper()}_MLP" + ("_QUANTILE" if quantile else ""),
             "operator_type": op,
             "architecture": config.architecture,
-            "target_transform": "log" if config.architecture == "MLP_v2" else "identity",
+            "target_transform": model.target_transform,
             "features": names,
             "input_transform": transform,
             "target": "overall_perf",

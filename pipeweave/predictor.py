@@ -209,11 +209,16 @@ class KernelPredictor:
                           band: dict | None = None) -> np.ndarray:
         """Efficiency of feature rows on the GPU ``hw``: :meth:`unbounded_efficiency` kept inside the physical band
         of :mod:`pipeweave.bounds` (before any calibration; ``band``: a band table other than the shipped one)."""
-        efficiency = self.unbounded_efficiency(op, features, described, hw)
+        return self._within_band(op, self.unbounded_efficiency(op, features, described, hw), features, described,
+                                 hw, band)
+
+    @staticmethod
+    def _within_band(op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray | None, hw,
+                     band: dict | None = None) -> np.ndarray:
         return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band, l2=l2_cycles(hw))[0]
 
-    def kernel_efficiency_and_codes(self, op: str, features: np.ndarray, described: np.ndarray | None, hw,
-                                    band: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def kernel_efficiency_and_codes(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
+                                    ) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`kernel_efficiency`, :meth:`extrapolation` bits with MEMBERS_DISAGREE where the ensemble that
         gave the efficiency disagrees beyond its threshold), from one forward pass."""
         efficiency, spread = self._unbounded(op, features, described, hw)
@@ -221,7 +226,7 @@ class KernelPredictor:
         threshold = self.member_spread_threshold(op)
         if threshold is not None:
             codes |= disagreement_codes(spread, threshold)
-        return clip_efficiency(op, efficiency, features, described, hw.sm_freq, band, l2=l2_cycles(hw))[0], codes
+        return self._within_band(op, efficiency, features, described, hw), codes
 
     def member_spread_threshold(self, op: str) -> float | None:
         """The ensemble's disagreement threshold (metadata ``member_spread``; :mod:`pipeweave.ensemble`); None for

@@ -97,8 +97,9 @@ def tp_problem(model: ModelConfig, tp: int) -> str | None:
     return None
 
 
-def llm_gemms(model: ModelConfig, tp: int, tokens: int, batch: int | None = None) -> list[tuple[str, int, int, int]]:
-    """``(name, M, N, K)`` of the five GEMMs of one iteration with T = ``tokens`` (lm_head M = batch)."""
+def llm_gemms(model: ModelConfig, tp: int, tokens: int) -> list[tuple[str, int, int, int]]:
+    """``(name, M, N, K)`` of the five GEMMs of one iteration with T = ``tokens``, lm_head at M = T as in a decode
+    step (the grid's token counts cover the sequence counts of other steps)."""
     rank = RankShapes.of(model, tp)
     hidden = model.hidden_size
     return [
@@ -106,7 +107,7 @@ def llm_gemms(model: ModelConfig, tp: int, tokens: int, batch: int | None = None
         ("o_proj", tokens, hidden, rank.o_k),
         ("gate_up_proj", tokens, rank.gate_up_n, hidden),
         ("down_proj", tokens, hidden, rank.down_k),
-        ("lm_head", tokens if batch is None else batch, model.vocab_size, hidden),
+        ("lm_head", tokens, model.vocab_size, hidden),
     ]
 
 

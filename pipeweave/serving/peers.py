@@ -18,12 +18,12 @@ AICONFIGURATOR_MODELS = {
 
 
 class AIConfiguratorStepCost:
-    def __init__(self, model_stem: str, system: str, tp: int = 1, backend: str = "vllm"):
+    def __init__(self, model_stem: str, system: str, tp: int):
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         if model_stem not in AICONFIGURATOR_MODELS:
             raise ValueError(f"no aiconfigurator model for {model_stem} (known: {', '.join(AICONFIGURATOR_MODELS)})")
-        self.engine = EngineHandle.compile(AICONFIGURATOR_MODELS[model_stem], system, backend, tp_size=tp)
+        self.engine = EngineHandle.compile(AICONFIGURATOR_MODELS[model_stem], system, "vllm", tp_size=tp)
         self.memo: dict[tuple, float] = {}
 
     def __call__(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:

@@ -93,7 +93,8 @@ def online_side_by_side(engine: Engine) -> tuple[pd.DataFrame | None, str]:
     try:
         from pipeweave.serving.peers import AIConfiguratorStepCost
 
-        peer = AIConfiguratorStepCost(ONLINE.model_config, engine.gpu(ONLINE.hardware).aiconfigurator_system)
+        peer = AIConfiguratorStepCost(ONLINE.model_config, engine.gpu(ONLINE.hardware).aiconfigurator_system,
+                                      ONLINE.tp)
     except ImportError as exc:
         return None, f"aiconfigurator-core is not installed ({exc}); no peer column."
     from pipeweave.serving.kv_cache import BlockManager

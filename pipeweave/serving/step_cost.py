@@ -63,8 +63,7 @@ class KernelStepCost:
     def __init__(self, engine: Engine, cfg: ModelConfig, hardware: str, tp: int = 1, pp: int = 1,
                  collective_hardware: str | None = None, prefill_attn: str | None = None,
                  decode_attn: str = DECODE_ATTN_DEFAULT, qk_norm_rmsnorm: bool = False,
-                 mixed_attention: str = "split", decode_bucket: int = 0, token_block: int = TOKEN_BLOCK,
-                 dtype: str = "bf16", ep: int = 1):
+                 mixed_attention: str = "split", decode_bucket: int = 0, dtype: str = "bf16", ep: int = 1):
         if mixed_attention not in MIXED_ATTENTION:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, got {mixed_attention!r}")
         self.engine = engine
@@ -80,7 +79,6 @@ class KernelStepCost:
         self.dtype = dtype  # of the linear layers: "fp8" costs them as the generator's FP8 GEMMs + quantisation
         self.ep = ep  # expert groups of an MoE model's TP ranks, as the generator's --ep
         self.rmsnorm_count = rmsnorm_launches(cfg, qk_norm_rmsnorm)  # the generator's (docs/METHOD.md §6.3)
-        self.token_block = token_block
         self.heads = (self.shard.nh, self.shard.nkv, cfg.head_dim)
         self.single_ms: dict[tuple, float] = {}  # non-attention operator key -> single duration
         #: (tokens, sequences) -> (sum of the terms before attention, terms after it, sum of all terms)
@@ -210,8 +208,8 @@ class KernelStepCost:
         if not missing:
             return
         if all(getattr(op, "name", None) in SEQUENCE_SIZED for *_, op in missing):
-            start = (num_seqs - 1) // self.token_block * self.token_block + 1
-            block = [instance for seqs in range(start, start + self.token_block)
+            start = (num_seqs - 1) // TOKEN_BLOCK * TOKEN_BLOCK + 1
+            block = [instance for seqs in range(start, start + TOKEN_BLOCK)
                      for instance in self._instances(self._generated([1] * seqs, [1] * seqs, self.decode_attn))
                      if getattr(instance[3], "name", None) in SEQUENCE_SIZED]
             self._predict(missing + block)
@@ -220,9 +218,9 @@ class KernelStepCost:
 
     def _token_block(self, num_seqs: int, num_tokens: int) -> list:
         """Token-dependent operators for every token count of ``num_tokens``'s block (attention excluded)."""
-        start = (num_tokens - 1) // self.token_block * self.token_block + 1
+        start = (num_tokens - 1) // TOKEN_BLOCK * TOKEN_BLOCK + 1
         instances = []
-        for tokens in range(max(start, num_seqs), start + self.token_block):
+        for tokens in range(max(start, num_seqs), start + TOKEN_BLOCK):
             new = [1] * (num_seqs - 1) + [tokens - num_seqs + 1]
             operators = self._generated(new, new, self.prefill_attn)
             del operators["attention"]
