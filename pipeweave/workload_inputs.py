@@ -443,7 +443,9 @@ def parse_trace(text: str, stem: str = "trace") -> Trace:
         outputs.append(output)
     if len(set(outputs)) != 1:
         raise WorkloadError(f"trace {stem}: output_tokens differs between rows ({sorted(set(outputs))}); "
-                            "it is a property of the run and must be the same on every row")
+                            "it is a property of the run (the generation length the workload generator uses) and "
+                            "must be the same on every row; each request's own output length goes in decode_tokens, "
+                            "which serve_sim.py and search_config.py read with --per_request_outputs")
     return Trace(stem=stem, prompt_tokens=tuple(prompts), decode_tokens=tuple(decodes), output_tokens=outputs[0])
 
 

@@ -739,6 +739,7 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
     (["--tp", "3"], "not divisible by tp 3"),
     (["--trace", "nope"], "unknown trace"),
     (["--qps", "1e-300", "--num_requests", "5"], "use a larger --qps"),
+    (["--collective_hardware", "H999"], "unknown GPU 'H999'"),  # at TP 1 it was recorded in the output unchecked
 ])
 def test_serve_sim_errors_are_one_line(tmp_path, args, message):
     out = tmp_path / "out.json"
@@ -961,6 +962,64 @@ def test_search_names_what_was_given_and_notes_fp8_slower_than_bf16(tmp_path, en
     assert fp8_slower_than_bf16(rows) == ["H20"]
 
 
+def test_search_finds_each_candidates_capacity(tmp_path, engine):
+    """At one offered rate every candidate that keeps up delivers about the same tokens/s, so --capacity searches
+    each one's highest rate meeting the targets and ranks by it per GPU; the rate just above it misses them."""
+    from pipeweave.serving.search import CAPACITY_PRECISION, capacity, judge
+
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100,A100",
+                        "--gpu_budget", "2", "--pp", "1", "--max_num_seqs", "32", "--trace", "splitwise_48",
+                        "--per_request_outputs", "--num_requests", "24", "--ttft_ms", "400", "--tpot_ms", "60",
+                        "--capacity", "--collective_estimate", "analytical", "--model_dir", engine.model_dir,
+                        "--output", out)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(out)
+    assert table["meets_targets"].all() and (table["qps"] > 0).all()
+    assert list(table["qps_per_gpu"]) == sorted(table["qps_per_gpu"], reverse=True)
+    assert (table["qps_per_gpu"] == table["qps"] / table["gpus"]).all()
+    assert "capacity" in result.stdout.splitlines()[-3]
+    targets = {"ttft_ms": 400.0, "ttft_percentile": 90, "tpot_ms": 60.0, "tpot_percentile": 90}
+    config = ServingConfig("Llama-3.1-8B", "splitwise_48", "A100", max_num_seqs=32, num_requests=24,
+                           per_request_outputs=True)
+    found, note = capacity(config, engine, targets)
+    assert note == ""
+    assert found.config.qps == pytest.approx(table.set_index(["hardware", "tp"]).loc[("A100", 1), "qps"], rel=1e-5)
+    above = simulate_config(replace(config, qps=found.config.qps * (1 + CAPACITY_PRECISION) ** 2), engine)
+    assert judge(found, targets)[0] and not judge(above, targets)[0]
+    # a target no rate meets
+    _, note = capacity(config, engine, {**targets, "ttft_ms": 1e-3})
+    assert note.startswith("misses the targets even at")
+
+
+def test_serving_notes_what_a_user_may_not_expect(tmp_path, engine):
+    """A rate replacing a trace's recorded arrivals, a sweep without targets, TP sizes above the budget and FP8 among
+    the dtypes of an MoE model were silent (or, the last, refused the whole sweep); the EP note preceded the refusal
+    of a dense model."""
+    recorded = tmp_path / "recorded.csv"
+    recorded.write_text("request,prompt_tokens,decode_tokens,output_tokens,arrival_time_s\n1,100,4,4,0\n2,50,4,4,1\n")
+    out = tmp_path / "s.json"
+    common = ["--model_config", "Llama-3.1-8B", "--hardware", "H100", "--model_dir", engine.model_dir]
+    result = run_script("serve_sim.py", *common, "--trace", recorded, "--qps", "5", "--output", out)
+    assert result.returncode == 0, result.stderr
+    assert "Note: the trace's recorded arrival_time_s are replaced by Poisson arrivals at --qps 5 requests/s" \
+        in result.stdout
+    dense = run_script("serve_sim.py", *common, "--trace", recorded, "--tp", "2", "--ep", "2", "--output", out)
+    assert dense.returncode == 2 and "is dense" in dense.stderr and "expert-parallel rank" not in dense.stdout
+    search = run_script("search_config.py", *common, "--trace", recorded, "--gpu_budget", "2", "--tp", "1,4", "--pp",
+                        "1", "--max_num_seqs", "8", "--output", tmp_path / "s.csv")
+    assert search.returncode == 0, search.stderr
+    assert "Note: --tp 4: above --gpu_budget 2 with every --pp, not simulated" in search.stdout
+    assert "Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets" in search.stdout
+    moe = run_script("search_config.py", "--model_config", "Qwen3-30B-A3B", "--hardware", "H100", "--model_dir",
+                     engine.model_dir, "--trace", recorded, "--gpu_budget", "1", "--max_num_seqs", "8", "--dtype",
+                     "bf16,fp8", "--output", tmp_path / "moe.csv")
+    assert moe.returncode == 0, moe.stderr
+    table = pd.read_csv(tmp_path / "moe.csv", keep_default_na=False).set_index("dtype")
+    assert table.loc["bf16", "feasible"] and not table.loc["fp8", "feasible"]
+    assert "FP8 mixture-of-experts layers are not modelled" in table.loc["fp8", "reason"]
+
+
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     """Nothing fits: every metric column is there (empty), no plot, exit 0; repeated GPUs and values count once."""
     out, plot = tmp_path / "search.csv", tmp_path / "pareto.png"
@@ -983,13 +1042,15 @@ def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     (["--plot", "OUT.csv"], "--plot OUT.csv would overwrite the --output file"),
     (["--max_concurrent_batches", "2"], r"--max_concurrent_batches must be between 1 and the smallest --pp (1)"),
     (["--scheduler", "static"], "--scheduler static: here it is the address of a Dask scheduler"),  # serve_sim's
+    (["--capacity", ""], "--capacity needs --ttft_ms"),
+    (["--collective_hardware", "H999"], "unknown GPU 'H999'"),  # at every TP: TP 1 recorded it unchecked
 ])
 def test_search_config_errors_are_one_line(tmp_path, args, message):
     flags = {"--model_config": "Llama-3.1-8B", "--hardware": "H100", "--gpu_budget": "2", "--trace": "splitwise_48",
              "--output": "OUT.csv"}
     flags.update(zip(args[::2], args[1::2]))
     result = subprocess.run([sys.executable, str(REPO / "search_config.py"),
-                             *[x for pair in flags.items() for x in pair]], cwd=tmp_path, capture_output=True,
+                             *[x for pair in flags.items() for x in pair if x != ""]], cwd=tmp_path, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2
     assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

@@ -13,7 +13,7 @@ from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
 from pipeweave.serving.simulator import request_metrics, summarize
 from pipeweave.serving.step_cost import MIXED_ATTENTION
-from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DTYPES
+from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DTYPES, load_model_config
 from pipeweave.workload_inputs import resolve_model_config, resolve_named_file
 
 CSV_COLUMNS = ("request", "prompt_tokens", "output_tokens", "arrival_ms", "first_token_ms", "finish_ms", "ttft_ms",
@@ -202,6 +202,15 @@ def qk_norm_note(args) -> None:
         print(QK_NORM_NOTE)
 
 
+def arrivals_note(trace: str, qps: float | None, searched: bool = False) -> None:
+    """A note where a request rate replaces the arrival times the trace recorded (Poisson arrivals instead)."""
+    from pipeweave.serving.requests import ARRIVAL_COLUMN, load_serving_trace
+
+    if (qps is not None or searched) and load_serving_trace(trace).arrivals_s is not None:
+        rate = "the searched rates" if searched else f"--qps {qps:g} requests/s"
+        print(f"Note: the trace's recorded {ARRIVAL_COLUMN} are replaced by Poisson arrivals at {rate}")
+
+
 def calibration_warnings(engine, model_config: str, communicates: bool, collective_hardware: str | None = None,
                          dtypes=(None,)) -> list[str]:
     """:meth:`pipeweave.engine.Engine.calibration_warnings` for the kernel models a simulation of ``model_config``
@@ -275,9 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     from pipeweave.calibration import calibration_key
 
     engine = make_engine(args)
-    engine.gpu(args.hardware)  # unknown GPU: error listing the known ones, before any work
+    for gpu in (args.hardware, args.collective_hardware):  # unknown GPU: error listing the known ones, before any work
+        if gpu is not None:
+            engine.gpu(gpu)
     qk_norm_note(args)
-    if config.ep > 1:
+    arrivals_note(args.trace, args.qps)
+    if config.ep > 1 and load_model_config(config.model_config).moe is not None:  # a dense model is refused below
         print(EP_NOTE)
     check_calibration(engine, [args.hardware], args.model_config, args.tp * args.pp > 1, args.collective_hardware,
                       [args.dtype])

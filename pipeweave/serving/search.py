@@ -4,7 +4,10 @@ targets, most cheaply.
 Every candidate with TP × PP within the GPU budget is simulated with the vLLM scheduler on the same request
 stream; candidates the model cannot run on (TP not dividing the heads, weights not fitting, no collective model)
 are kept in the table as infeasible with the reason. Feasible ones are ranked by output tokens/s per GPU among
-those meeting the targets (then the rest, by the same measure).
+those meeting the targets (then the rest, by the same measure): at one offered load (``--qps``), the candidates that
+serve it with the fewest GPUs come first. With ``--capacity`` each candidate's *capacity* is searched instead, the
+highest request rate at which it meets the targets (:func:`capacity`), and candidates are ranked by capacity per GPU:
+which serves the most load per GPU.
 
 Parallelism: ``--workers N`` starts a Dask ``LocalCluster`` of N single-threaded worker processes; ``--scheduler
 ADDRESS`` submits to an existing Dask cluster (``dask scheduler`` + ``dask worker`` on several machines) for sweeps
@@ -26,15 +29,22 @@ import pandas as pd
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.engine import uncalibrated
 from pipeweave.moe import EP_NOTE
-from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, check_paths, config_from_args,
-                                  engine_from_settings)
+from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, arrivals_note, check_paths,
+                                  config_from_args, engine_from_settings)
 from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
 from pipeweave.workload import DTYPES
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
-#: columns of a feasible candidate's simulation (NaN on infeasible rows)
-METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "makespan_ms", "kv_cache_tokens",
-           "preemptions", "max_num_batched_tokens", "unmeasured_gpu")
+#: capacity search: the request rate doubles from --qps (default CAPACITY_START_QPS) while the targets are met, or
+#: halves while they are missed, at most CAPACITY_MAX_STEPS times (4,096x either way), then the bracket is bisected
+#: (geometric midpoint) until its ends are within CAPACITY_PRECISION of each other
+CAPACITY_START_QPS = 1.0
+CAPACITY_MAX_STEPS = 12
+CAPACITY_PRECISION = 0.05
+#: columns of a feasible candidate's simulation (NaN on infeasible rows); ``qps``: the request rate they are at
+#: (--qps, or the capacity), blank for a stream of recorded or simultaneous arrivals
+METRICS = ("qps", "qps_per_gpu", "ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
+           "makespan_ms", "kv_cache_tokens", "preemptions", "max_num_batched_tokens", "unmeasured_gpu")
 #: the counts among :data:`METRICS`: whole numbers, blank on infeasible rows (not floats in the CSV)
 COUNT_METRICS = ("kv_cache_tokens", "preemptions", "max_num_batched_tokens")
 #: the table's columns in order (whichever candidate comes first)
@@ -82,32 +92,82 @@ def _percentile(simulation, key: str, q: float) -> float | None:
     return float(np.percentile(values, q)) if values.size else None
 
 
+def judge(run, targets: dict) -> tuple[bool, float | None, float | None]:
+    """(whether ``run`` meets the targets, its TTFT and TPOT at the targets' percentiles). A stream whose requests
+    all stop at their first token has no TPOT, so no TPOT target to miss (the row says so)."""
+    ttft = _percentile(run.simulation, "ttft_ms", targets["ttft_percentile"])
+    tpot = _percentile(run.simulation, "tpot_ms", targets["tpot_percentile"])
+    meets = ((targets["ttft_ms"] is None or ttft <= targets["ttft_ms"])
+             and (targets["tpot_ms"] is None or tpot is None or tpot <= targets["tpot_ms"]))
+    return bool(meets), ttft, tpot
+
+
+def capacity(config: ServingConfig, engine, targets: dict) -> tuple[object, str]:
+    """(the run at the highest request rate found to meet the targets, or at the lowest rate tried when none does;
+    a note where the search hit its bounds). Poisson arrivals with the same seed at every rate (the same stream,
+    time-scaled), so the runs differ only in load."""
+    from pipeweave.serving.run import simulate_config
+
+    def attempt(qps: float):
+        run = simulate_config(replace(config, qps=qps), engine)
+        return judge(run, targets)[0], run
+
+    rate = config.qps or CAPACITY_START_QPS
+    meets, run = attempt(rate)
+    best = run if meets else None
+    low, high = (rate, None) if meets else (None, rate)
+    for _ in range(CAPACITY_MAX_STEPS):
+        if low is not None and high is not None:
+            break
+        rate = rate * 2 if meets else rate / 2
+        meets, run = attempt(rate)
+        if meets:
+            low, best = rate, run
+        else:
+            high = rate
+    if low is None:
+        return run, f"misses the targets even at {rate:.4g} requests/s"
+    if high is None:
+        return best, f"meets the targets up to the highest rate tried, {low:.4g} requests/s: its capacity is higher"
+    while high / low > 1 + CAPACITY_PRECISION:
+        rate = math.sqrt(low * high)
+        meets, run = attempt(rate)
+        if meets:
+            low, best = rate, run
+        else:
+            high = rate
+    return best, ""
+
+
 def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
-    """Simulate one candidate (run on a Dask worker); an infeasible candidate returns its reason."""
+    """Simulate one candidate (run on a Dask worker), at the offered rate or, with ``targets["capacity"]``, at its
+    capacity (:func:`capacity`); an infeasible candidate returns its reason."""
     from pipeweave.serving.run import simulate_config
     from pipeweave.serving.simulator import summarize
     from pipeweave.workload import load_model_config
 
     if engine not in _ENGINES:
         _ENGINES[engine] = engine_from_settings(engine)
-    # the checkpoint's dtype where --dtype was not given (main checked that the model takes it)
-    dtype = weight_dtype(load_model_config(config.model_config), config.dtype)
-    row = {"hardware": config.hardware, "dtype": dtype, "tp": config.tp, "pp": config.pp, "ep": config.ep,
+    row = {"hardware": config.hardware, "dtype": config.dtype, "tp": config.tp, "pp": config.pp, "ep": config.ep,
            "gpus": config.tp * config.pp, "max_num_seqs": config.max_num_seqs}
     try:
-        run = simulate_config(config, _ENGINES[engine])
+        # the checkpoint's dtype where --dtype was not given
+        row["dtype"] = weight_dtype(load_model_config(config.model_config), config.dtype)
+        if targets.get("capacity"):
+            run, note = capacity(config, _ENGINES[engine], targets)
+        else:
+            run, note = simulate_config(config, _ENGINES[engine]), ""
     except (UserError, ValueError, FileNotFoundError) as exc:
         return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc)}
     summary = summarize(run.simulation)
-    ttft = _percentile(run.simulation, "ttft_ms", targets["ttft_percentile"])
-    tpot = _percentile(run.simulation, "tpot_ms", targets["tpot_percentile"])
-    # a stream whose requests all stop at their first token has no TPOT, so no TPOT target to miss: said in the row
-    meets = ((targets["ttft_ms"] is None or ttft <= targets["ttft_ms"])
-             and (targets["tpot_ms"] is None or tpot is None or tpot <= targets["tpot_ms"]))
-    unchecked = ("TPOT undefined (no request has a second output token): --tpot_ms not checked"
-                 if targets["tpot_ms"] is not None and tpot is None else "")
+    meets, ttft, tpot = judge(run, targets)
+    if targets["tpot_ms"] is not None and tpot is None:
+        note = "; ".join(filter(None, [note, "TPOT undefined (no request has a second output token): --tpot_ms not "
+                                             "checked"]))
+    qps = run.config.qps
     return row | {
-        "feasible": True, "meets_targets": bool(meets), "reason": unchecked,
+        "feasible": True, "meets_targets": meets, "reason": note,
+        "qps": qps, "qps_per_gpu": None if qps is None else qps / (config.tp * config.pp),
         "ttft_ms": ttft, "tpot_ms": tpot,
         "output_tokens_per_s": summary["output_tokens_per_s"],
         "output_tokens_per_s_per_gpu": summary["output_tokens_per_s"] / (config.tp * config.pp),
@@ -126,7 +186,7 @@ def run_sweep(configs: list[ServingConfig], engine: tuple, targets: dict, worker
             rows.append(evaluate(config, engine, targets))
             if progress is not None:
                 progress(1)
-        return rank(pd.DataFrame(rows))
+        return rank(pd.DataFrame(rows), targets.get("capacity", False))
     from distributed import Client, LocalCluster, as_completed
 
     if scheduler_address is not None:
@@ -139,22 +199,24 @@ def run_sweep(configs: list[ServingConfig], engine: tuple, targets: dict, worker
         for _ in as_completed(futures):
             if progress is not None:
                 progress(1)
-        return rank(pd.DataFrame(client.gather(futures)))
+        return rank(pd.DataFrame(client.gather(futures)), targets.get("capacity", False))
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
 
 
-def rank(table: pd.DataFrame) -> pd.DataFrame:
-    """Candidates meeting the targets first, then feasible ones, each by output tokens/s per GPU (descending)."""
+def rank(table: pd.DataFrame, by_capacity: bool = False) -> pd.DataFrame:
+    """Candidates meeting the targets first, then feasible ones, each by output tokens/s per GPU (``by_capacity``:
+    by requests/s per GPU at their capacity, then output tokens/s per GPU), descending."""
     for column in METRICS:  # absent when no candidate is feasible
         if column not in table:
             table[column] = np.nan
     for column in COUNT_METRICS:
         table[column] = table[column].astype("Int64")
-    table = table.sort_values(["meets_targets", "feasible", "output_tokens_per_s_per_gpu"],
-                              ascending=[False, False, False], kind="stable").reset_index(drop=True)
+    measures = ["qps_per_gpu", "output_tokens_per_s_per_gpu"] if by_capacity else ["output_tokens_per_s_per_gpu"]
+    table = table.sort_values(["meets_targets", "feasible", *measures], ascending=False,
+                              kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
     return table[list(COLUMNS)]
 
@@ -237,6 +299,11 @@ def build_parser():
     parser.add_argument("--ttft_percentile", type=float, default=90, help="default 90")
     parser.add_argument("--tpot_ms", type=positive_float, default=None, help="TPOT target (ms) at --tpot_percentile")
     parser.add_argument("--tpot_percentile", type=float, default=90, help="default 90")
+    parser.add_argument("--capacity", action="store_true",
+                        help="search each candidate's capacity, the highest request rate (Poisson arrivals of the "
+                             "--num_requests requests) at which it meets the targets, starting from --qps (default "
+                             f"{CAPACITY_START_QPS:g}) to within {CAPACITY_PRECISION:.0%}, and rank by capacity per "
+                             "GPU (needs --ttft_ms: without it, requests may queue without limit)")
     add_scheduler_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument("--workers", type=int, default=1,
@@ -270,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{flag} must be in (0, 100], got {q}")
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.capacity and args.ttft_ms is None:
+        raise UserError("--capacity needs --ttft_ms: a TTFT target is what bounds queueing (without one, a stream "
+                        "queues without limit and every rate meets a TPOT target)")
     if args.scheduler_address is not None and ":" not in args.scheduler_address:
         raise UserError(f"--scheduler {args.scheduler_address}: here it is the address of a Dask scheduler to run the "
                         f"sweep on (tcp://host:8786); every candidate is simulated with vLLM's scheduler (serve_sim.py "
@@ -287,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
 
     local = make_engine(args)
     gpus = list(dict.fromkeys(local.registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
+    if args.collective_hardware is not None:
+        local.gpu(args.collective_hardware)
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
                       args.collective_hardware, requested_dtypes)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
@@ -299,12 +371,25 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_model_config(base.model_config)
     rmsnorm_launches(cfg, base.qk_norm_rmsnorm)  # a flag the model refuses: one error, not every row infeasible
     qk_norm_note(args)
-    # one candidate per weight dtype, kept as asked (None: the checkpoint's), so that errors name what was given
-    dtypes = list({weight_dtype(cfg, dtype): dtype for dtype in requested_dtypes}.values())
-    requests = make_requests(load_serving_trace(base.trace), base.num_requests, base.qps, base.seed,
-                             base.per_request_outputs)
-    for dtype in dtypes:
-        check_model_and_requests(cfg, requests, dtype)
+    arrivals_note(base.trace, base.qps, args.capacity)
+    requests = make_requests(load_serving_trace(base.trace), base.num_requests, base.qps or CAPACITY_START_QPS,
+                             base.seed, base.per_request_outputs)
+    # one candidate per weight dtype, kept as asked (None: the checkpoint's), so that errors name what was given; a
+    # dtype the model cannot run in stays in the table as infeasible, unless it is the only one
+    dtypes, refused = {}, []
+    for dtype in requested_dtypes:
+        try:
+            check_model_and_requests(cfg, requests, dtype)
+        except UserError as exc:
+            refused.append(exc)
+            if dtype is None or len(requested_dtypes) == 1:
+                raise
+            dtypes.setdefault(dtype, dtype)
+        else:
+            dtypes.setdefault(weight_dtype(cfg, dtype), dtype)
+    if len(refused) == len(requested_dtypes):
+        raise refused[0]
+    dtypes = list(dtypes.values())
     if cfg.moe is None and eps != [1]:
         raise UserError(f"--ep {args.ep}: {cfg.stem} is dense: expert parallelism needs a mixture-of-experts model")
     if any(ep > 1 for ep in eps):
@@ -312,8 +397,15 @@ def main(argv: list[str] | None = None) -> int:
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
+    beyond = [tp for tp in tps if tp * min(pps) > args.gpu_budget]
+    if beyond:
+        print(f"Note: --tp {', '.join(map(str, beyond))}: above --gpu_budget {args.gpu_budget} with every --pp, not "
+              f"simulated")
+    if args.ttft_ms is None and args.tpot_ms is None:
+        print("Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets, ranked by "
+              "output tokens/s per GPU at the offered load")
     targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
-               "tpot_percentile": args.tpot_percentile}
+               "tpot_percentile": args.tpot_percentile, "capacity": args.capacity}
     engine = engine_settings(args)
     with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update)
@@ -347,9 +439,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{' (H20: ~13 % of its DRAM bandwidth)' if 'H20' in slower else ''}, and an engine's FP8 kernels may "
               f"be faster")
     for _, row in best.head(5).iterrows():
+        load = (f"capacity {row['qps']:.3g} requests/s ({row['qps_per_gpu']:.3g} per GPU), " if args.capacity
+                else "")
         print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']}"
               f"{f' EP{row.ep}' if row.ep > 1 else ''} max_num_seqs "
-              f"{row['max_num_seqs']}: {row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
+              f"{row['max_num_seqs']}: {load}{row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
               f"TTFT {row['ttft_ms']:.1f} ms, TPOT "
               + ("undefined (no second token)" if pd.isna(row["tpot_ms"]) else f"{row['tpot_ms']:.2f} ms"))
     print(f"Results saved to {' and '.join(map(str, written))}")
