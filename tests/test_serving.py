@@ -990,6 +990,17 @@ def test_search_finds_each_candidates_capacity(tmp_path, engine):
     # a target no rate meets
     _, note = capacity(config, engine, {**targets, "ttft_ms": 1e-3})
     assert note.startswith("misses the targets even at")
+    # GPUs of different kinds cost differently: with prices, the cost of a million output tokens ranks
+    priced = tmp_path / "priced.csv"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100,A100",
+                        "--gpu_budget", "1", "--max_num_seqs", "32", "--trace", "splitwise_48", "--per_request_outputs",
+                        "--num_requests", "24", "--ttft_ms", "400", "--tpot_ms", "60", "--capacity", "--gpu_cost",
+                        "H100=1e3,A100=1", "--model_dir", engine.model_dir, "--output", priced)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(priced)
+    assert list(table["hardware"]) == ["A100", "H100"] and list(table["usd_per_hour"]) == [1, 1000]
+    assert table["usd_per_million_output_tokens"].to_numpy() == pytest.approx(
+        table["usd_per_hour"] / (table["output_tokens_per_s"] * 3600) * 1e6, rel=1e-5)
 
 
 def test_serving_notes_what_a_user_may_not_expect(tmp_path, engine):
@@ -1044,6 +1055,10 @@ def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     (["--scheduler", "static"], "--scheduler static: here it is the address of a Dask scheduler"),  # serve_sim's
     (["--capacity", ""], "--capacity needs --ttft_ms"),
     (["--collective_hardware", "H999"], "unknown GPU 'H999'"),  # at every TP: TP 1 recorded it unchecked
+    (["--gpu_cost", "H100"], "--gpu_cost must list GPU=USD_PER_HOUR pairs"),
+    (["--gpu_cost", "A100=1"], "--gpu_cost has no price for H100"),
+    (["--gpu_cost", "H100=-1"], "--gpu_cost H100=-1: the price per GPU-hour must be a finite number > 0"),
+    (["--gpu_cost", "H999=1"], "unknown GPU 'H999'"),
 ])
 def test_search_config_errors_are_one_line(tmp_path, args, message):
     flags = {"--model_config": "Llama-3.1-8B", "--hardware": "H100", "--gpu_budget": "2", "--trace": "splitwise_48",

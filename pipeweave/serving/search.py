@@ -50,6 +50,8 @@ COUNT_METRICS = ("kv_cache_tokens", "preemptions", "max_num_batched_tokens")
 #: the table's columns in order (whichever candidate comes first)
 COLUMNS = ("rank", "hardware", "dtype", "tp", "pp", "ep", "gpus", "max_num_seqs", "feasible", "meets_targets",
            "reason", *METRICS)
+#: columns added with --gpu_cost: the replica's price and that of its output (at the rate of its metrics)
+COST_COLUMNS = ("usd_per_hour", "usd_per_million_output_tokens")
 _ENGINES: dict[tuple, object] = {}  # per worker process: the prediction engine by its settings
 
 
@@ -178,15 +180,17 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
 
 
 def run_sweep(configs: list[ServingConfig], engine: tuple, targets: dict, workers: int = 1,
-              scheduler_address: str | None = None, progress=None) -> pd.DataFrame:
-    """Evaluate every candidate: in this process, on a local Dask cluster, or on an existing one."""
+              scheduler_address: str | None = None, progress=None, prices: dict[str, float] | None = None
+              ) -> pd.DataFrame:
+    """Evaluate every candidate: in this process, on a local Dask cluster, or on an existing one; ranked
+    (:func:`rank`)."""
     if scheduler_address is None and workers <= 1:
         rows = []
         for config in configs:
             rows.append(evaluate(config, engine, targets))
             if progress is not None:
                 progress(1)
-        return rank(pd.DataFrame(rows), targets.get("capacity", False))
+        return rank(pd.DataFrame(rows), targets.get("capacity", False), prices)
     from distributed import Client, LocalCluster, as_completed
 
     if scheduler_address is not None:
@@ -199,26 +203,55 @@ def run_sweep(configs: list[ServingConfig], engine: tuple, targets: dict, worker
         for _ in as_completed(futures):
             if progress is not None:
                 progress(1)
-        return rank(pd.DataFrame(client.gather(futures)), targets.get("capacity", False))
+        return rank(pd.DataFrame(client.gather(futures)), targets.get("capacity", False), prices)
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
 
 
-def rank(table: pd.DataFrame, by_capacity: bool = False) -> pd.DataFrame:
+def rank(table: pd.DataFrame, by_capacity: bool = False, prices: dict[str, float] | None = None) -> pd.DataFrame:
     """Candidates meeting the targets first, then feasible ones, each by output tokens/s per GPU (``by_capacity``:
-    by requests/s per GPU at their capacity, then output tokens/s per GPU), descending."""
+    by requests/s per GPU at their capacity, then output tokens/s per GPU), descending; with ``prices`` (USD per
+    GPU-hour by GPU stem), by the cost of a million output tokens, ascending (:data:`COST_COLUMNS`)."""
     for column in METRICS:  # absent when no candidate is feasible
         if column not in table:
             table[column] = np.nan
     for column in COUNT_METRICS:
         table[column] = table[column].astype("Int64")
     measures = ["qps_per_gpu", "output_tokens_per_s_per_gpu"] if by_capacity else ["output_tokens_per_s_per_gpu"]
-    table = table.sort_values(["meets_targets", "feasible", *measures], ascending=False,
+    ascending = [False] * len(measures)
+    columns = list(COLUMNS)
+    if prices is not None:
+        per_hour = table["hardware"].map(prices) * table["gpus"]
+        table["usd_per_hour"] = per_hour
+        table["usd_per_million_output_tokens"] = per_hour / (table["output_tokens_per_s"] * 3600) * 1e6
+        measures, ascending, columns = ["usd_per_million_output_tokens"], [True], columns + list(COST_COLUMNS)
+    table = table.sort_values(["meets_targets", "feasible", *measures], ascending=[False, False, *ascending],
                               kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.where(table["meets_targets"], np.arange(1, len(table) + 1), 0))
-    return table[list(COLUMNS)]
+    return table[columns]
+
+
+def gpu_prices(text: str, registry, gpus: list[str]) -> dict[str, float]:
+    """``--gpu_cost GPU=USD,...``: USD per GPU-hour by GPU stem, one for each of ``gpus``."""
+    prices = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.rpartition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--gpu_cost must list GPU=USD_PER_HOUR pairs, comma-separated, got {part!r}")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not (math.isfinite(price) and price > 0):
+            raise UserError(f"--gpu_cost {part}: the price per GPU-hour must be a finite number > 0, got {value!r}")
+        prices[registry.get(name.strip()).stem] = price  # unknown GPU: error listing the known ones
+    missing = [gpu for gpu in gpus if gpu not in prices]
+    if missing:
+        raise UserError(f"--gpu_cost has no price for {', '.join(missing)}: every --hardware GPU needs one, or "
+                        f"none (rank per GPU)")
+    return prices
 
 
 def zero_shot_gpus(table: pd.DataFrame, engine) -> list[str]:
@@ -304,6 +337,9 @@ def build_parser():
                              "--num_requests requests) at which it meets the targets, starting from --qps (default "
                              f"{CAPACITY_START_QPS:g}) to within {CAPACITY_PRECISION:.0%}, and rank by capacity per "
                              "GPU (needs --ttft_ms: without it, requests may queue without limit)")
+    parser.add_argument("--gpu_cost", default=None, metavar="GPU=USD,...",
+                        help="price of each --hardware GPU per hour (e.g. H100=2.5,L40S=0.9): rank by the cost of a "
+                             "million output tokens instead of per GPU (GPUs of different kinds cost differently)")
     add_scheduler_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument("--workers", type=int, default=1,
@@ -359,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = list(dict.fromkeys(local.registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
     if args.collective_hardware is not None:
         local.gpu(args.collective_hardware)
+    prices = None if args.gpu_cost is None else gpu_prices(args.gpu_cost, local.registry, gpus)
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
                       args.collective_hardware, requested_dtypes)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
@@ -408,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                "tpot_percentile": args.tpot_percentile, "capacity": args.capacity}
     engine = engine_settings(args)
     with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
-        table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update)
+        table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update, prices)
     if local.calibration is not None:  # which rows were corrected, by which file
         table["calibration"] = [str(local.calibration.path) if gpu == local.calibration.hardware else ""
                                 for gpu in table["hardware"]]
@@ -441,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     for _, row in best.head(5).iterrows():
         load = (f"capacity {row['qps']:.3g} requests/s ({row['qps_per_gpu']:.3g} per GPU), " if args.capacity
                 else "")
+        if prices is not None:
+            load += f"${row['usd_per_million_output_tokens']:.3g} per million output tokens, "
         print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']}"
               f"{f' EP{row.ep}' if row.ep > 1 else ''} max_num_seqs "
               f"{row['max_num_seqs']}: {load}{row['output_tokens_per_s_per_gpu']:.1f} output tokens/s per GPU, "
