@@ -335,7 +335,7 @@ def build_parser():
     parser.add_argument("--capacity", action="store_true",
                         help="search each candidate's capacity, the highest request rate (Poisson arrivals of the "
                              "--num_requests requests) at which it meets the targets, starting from --qps (default "
-                             f"{CAPACITY_START_QPS:g}) to within {CAPACITY_PRECISION:.0%}, and rank by capacity per "
+                             f"{CAPACITY_START_QPS:g}) to within {CAPACITY_PRECISION * 100:g} %%, and rank by capacity per "
                              "GPU (needs --ttft_ms: without it, requests may queue without limit)")
     parser.add_argument("--gpu_cost", default=None, metavar="GPU=USD,...",
                         help="price of each --hardware GPU per hour (e.g. H100=2.5,L40S=0.9): rank by the cost of a "
