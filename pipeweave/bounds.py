@@ -290,7 +290,8 @@ def main(argv=None) -> int:
     from pipeweave.paths import DATASET_DIR
 
     parser = ArgumentParser(prog="python3 -m pipeweave.bounds", description=main.__doc__)
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="the built datasets (default: dataset)")
     parser.add_argument("--write", action="store_true", help=f"write {BAND_TABLE_PATH.name}")
     args = parser.parse_args(argv)
     tables = {}

@@ -150,8 +150,10 @@ def main(argv=None) -> int:
                             description="Train (or verify) the cached leave-one-GPU-out models.")
     parser.add_argument("--ops", type=trainable_operator_list, default=list(operator_keys(trainable=True)),
                         help="comma list of operator classes (default: every trainable one)")
-    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR)
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
+                        help="the built datasets (default: dataset)")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                        help="where the held-out models are cached (default: .cache/logo, git-ignored)")
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="held-out GPUs trained at once, one process each (default 1; the cache is the same)")
     args = parser.parse_args(argv)

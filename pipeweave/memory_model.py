@@ -108,8 +108,9 @@ def main(argv=None) -> int:
     from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR
 
     parser = ArgumentParser(prog="python3 -m pipeweave.memory_model", description=main.__doc__)
-    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
-    parser.add_argument("--dataset_dir", default=str(DATASET_DIR))
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
+                        help="root of the trained MLPs whose metadata stores the fit (default: mlp_models)")
+    parser.add_argument("--dataset_dir", default=str(DATASET_DIR), help="the built datasets (default: dataset)")
     args = parser.parse_args(argv)
     for op in (key for key in operator_keys(trainable=True) if get_operator(key).dram_bound):
         directory = latest_model_dir(args.model_dir, op)

@@ -208,13 +208,16 @@ def seed_list(text: str) -> tuple[int, ...]:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the "
+    parser = ArgumentParser(prog="python3 -m pipeweave.transfer_ideas",
+                            description="Leave-one-GPU-out test of extra model inputs (spec-sheet constants, the "
                                         "measurement harness).")
-    parser.add_argument("--op", default="gemm", choices=operator_keys(trainable=True))
-    parser.add_argument("--max_rows_per_gpu", type=positive_int, default=2000)
-    parser.add_argument("--epochs", type=positive_int, default=30)
+    parser.add_argument("--op", default="gemm", choices=operator_keys(trainable=True),
+                        help="the operator whose model is tested (default: gemm)")
+    parser.add_argument("--max_rows_per_gpu", type=positive_int, default=2000,
+                        help="training rows per GPU, a reduced budget (default: 2000)")
+    parser.add_argument("--epochs", type=positive_int, default=30, help="training epochs (default: 30)")
     parser.add_argument("--ideas", default="none," + ",".join(IDEAS),
-                        help="comma list; 'none' is the baseline, 'a+b' combines ideas")
+                        help="comma list; 'none' is the baseline, 'a+b' combines ideas (default: none and every idea)")
     parser.add_argument("--seeds", type=seed_list, default=(42,),
                         help="comma list of training seeds, one member each, scored as their median (default: 42; "
                              "a second run with another seed measures the noise)")

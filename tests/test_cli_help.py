@@ -15,9 +15,13 @@ import train_mlp_quantile
 import workload_generator
 from analytical_model.__main__ import main as features_main
 from dataset import build as dataset_build
-from pipeweave import accuracy, aggregate, calibration_fit, compare, edges, ensemble, interval_eval, kernels
+from pipeweave import (accuracy, aggregate, bounds, calibration_e2e, calibration_eval, calibration_fit, compare, edges,
+                       ensemble, interval_eval, kernels, logo_cache, memory_model, peers, quantize_model, torch_mlp,
+                       transfer_ideas)
 from pipeweave.cli import ArgumentParser
+from pipeweave.profiler import crosscheck, onboard
 from pipeweave.serving import cli as serving_cli
+from pipeweave.serving import report as serving_report
 from pipeweave.serving import search
 
 SCRIPTS = {
@@ -28,7 +32,12 @@ SCRIPTS = {
     "compare_pred_real.py --summarize_real": compare.main_summarize, "profile_operators.py": profile_operators.main,
     "dataset.build": dataset_build.main, "pipeweave.accuracy": accuracy.main, "pipeweave.ensemble": ensemble.main,
     "pipeweave.edges": edges.main, "pipeweave.interval_eval": interval_eval.main, "serve_sim.py": serving_cli.main,
-    "search_config.py": search.main, "calibrate.py": calibration_fit.main,
+    "search_config.py": search.main, "calibrate.py": calibration_fit.main, "pipeweave.bounds": bounds.main,
+    "pipeweave.calibration_e2e": calibration_e2e.main, "pipeweave.calibration_eval": calibration_eval.main,
+    "pipeweave.logo_cache": logo_cache.main, "pipeweave.memory_model": memory_model.main, "pipeweave.peers": peers.main,
+    "pipeweave.quantize_model": quantize_model.main, "pipeweave.torch_mlp": torch_mlp.main,
+    "pipeweave.transfer_ideas": transfer_ideas.main, "pipeweave.profiler.onboard": onboard.main,
+    "pipeweave.profiler.crosscheck": crosscheck.main, "pipeweave.serving.report": serving_report.main,
 }
 
 

@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", nargs="+", required=True, metavar="CSV",
                         help="measured kernels in the profiler's format (dataset/measured/<gpu>/<op>.csv)")
     parser.add_argument("--model_dir", default=None, help="root of the trained MLPs (default: mlp_models)")
-    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                        help="directory of GPU spec JSONs (default: hardware)")
     parser.add_argument("--prior", default=str(DEFAULT_PRIOR_PATH),
                         help="prior scales (default: pipeweave/calibration_prior.json)")
     parser.add_argument("--output", type=Path, help="also write the report (markdown) here")

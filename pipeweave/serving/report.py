@@ -11,13 +11,12 @@
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-from pipeweave.cli import write_atomically
+from pipeweave.cli import ArgumentParser, write_atomically
 from pipeweave.compare import DEFAULT_REAL_DIR, REAL_SUMMARY_NAME
 from pipeweave.engine import Engine
 from pipeweave.generate import PAPER_SET, output_name
@@ -207,9 +206,11 @@ def document(static: pd.DataFrame, vllm: pd.DataFrame, online: pd.DataFrame | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m pipeweave.serving.report", description=__doc__.split("\n")[0])
-    parser.add_argument("--output", default=str(REPO / "docs" / "SERVING.md"))
-    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR))
+    parser = ArgumentParser(prog="python3 -m pipeweave.serving.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--output", default=str(REPO / "docs" / "SERVING.md"),
+                        help="the report to write (default: docs/SERVING.md)")
+    parser.add_argument("--model_dir", default=str(DEFAULT_MODEL_DIR),
+                        help="root of the trained MLPs (default: mlp_models)")
     args = parser.parse_args(argv)
     engine = Engine(model_dir=args.model_dir, collective_estimate="analytical", log=None)
     load_model_config(ONLINE.model_config)
