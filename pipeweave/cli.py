@@ -127,11 +127,19 @@ def _interrupt(signum, frame):  # noqa: ARG001 - signal handler API
 
 
 def program_name() -> str:
-    """The name the user typed: ``python3 -m analytical_model`` rather than ``__main__.py``."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "pipeweave"
-    if name == "__main__.py":
-        return f"python3 -m {Path(sys.argv[0]).parent.name}"
-    return name
+    """The name the user typed: ``python3 -m analytical_model`` rather than ``__main__.py``, ``python3 -m
+    pipeweave.bounds`` rather than ``bounds.py`` (a module of a package: run with -m)."""
+    if not (sys.argv and sys.argv[0]):
+        return "pipeweave"
+    path = Path(sys.argv[0])
+    if path.suffix != ".py" or not (path.parent / "__init__.py").is_file():
+        return path.name
+    parts = [] if path.name == "__main__.py" else [path.stem]
+    package = path.parent
+    while (package / "__init__.py").is_file():
+        parts.insert(0, package.name)
+        package = package.parent
+    return f"python3 -m {'.'.join(parts)}"
 
 
 class _LogThatOutlivesItsReader:

@@ -443,6 +443,11 @@ def test_program_name_of_a_module():
     proc = subprocess.run([sys.executable, "-m", "analytical_model", "features", "--op", "gemm", "--input",
                            "/nonexistent.csv", "--output", "/tmp/x.csv"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("python3 -m analytical_model: error: ")
+    # a module of a package by its dotted name (it said "report.py", a file the user never typed)
+    proc = subprocess.run([sys.executable, "-m", "pipeweave.serving.report", "--bogus"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == "python3 -m pipeweave.serving.report: error: unrecognized arguments: --bogus\n"
 
 
 # ---------------------------------------------------------------------------------------------------

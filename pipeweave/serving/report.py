@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeweave.cli import ArgumentParser, write_atomically
+from pipeweave.cli import ArgumentParser, run_cli, write_atomically
 from pipeweave.compare import DEFAULT_REAL_DIR, REAL_SUMMARY_NAME
 from pipeweave.engine import Engine
 from pipeweave.generate import PAPER_SET, output_name
@@ -224,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))
