@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeweave.cli import UserError
-from pipeweave.moe import MOE_KEYS, MoeConfig, moe_config_from_dict
+from pipeweave.moe import MODEL_TYPES, MOE_KEYS, MoeConfig, moe_config_from_dict
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.validation import HEAD_DIM_STEP, MAX_HEAD_DIM
 
@@ -106,7 +106,8 @@ def positive_int(value, what: str) -> int:
 
 
 #: every key the reader acts on; an unknown key one edit away from one of them is taken for a misspelling
-READ_KEYS = (*_MODEL_KEYS, "head_dim", "tie_word_embeddings", "architectures", "_name_or_path", *MOE_KEYS,
+READ_KEYS = (*_MODEL_KEYS, "head_dim", "tie_word_embeddings", "architectures", "model_type", "hidden_act",
+             "_name_or_path", *MOE_KEYS,
              "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank", "sliding_window", "use_sliding_window",
              "mlp_only_layers", "decoder_sparse_step", "quantization_config", "max_position_embeddings",
              "rope_scaling", "rope_parameters")
@@ -225,6 +226,17 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     if archs is not None and not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
         raise WorkloadError(f"config {stem}: 'architectures' must be a non-empty list of names such as "
                             f"[\"LlamaForCausalLM\"], got {archs!r}")
+    if archs is None and cfg.get("model_type") is not None:  # a config naming its model by model_type only
+        model_type = cfg["model_type"]
+        if model_type not in MODEL_TYPES:
+            raise WorkloadError(f"config {stem}: model_type {model_type!r} is not modelled (modelled: "
+                                f"{', '.join(t for t in MODEL_TYPES if not t.startswith('deepseek'))})")
+        archs = [MODEL_TYPES[model_type]]
+        cfg = {**cfg, "architectures": archs}
+    activation = cfg.get("hidden_act")
+    if activation is not None and str(activation).lower() not in ("silu", "swish"):
+        raise WorkloadError(f"config {stem}: hidden_act {activation!r} is not modelled; pipeweave's MLP is the gated "
+                            f"SiLU (SiLU*Mul) of the modelled architectures")
     try:  # before the keys: an unmodelled architecture is refused as such, not for a key it names otherwise
         moe = moe_config_from_dict(cfg)
     except ValueError as exc:

@@ -279,6 +279,24 @@ def test_config_mistakes_are_named(edit, message):
         model_config_from_dict(cfg)
 
 
+def test_model_type_and_activation_are_read():
+    """Without 'architectures', model_type named nothing: a Gemma-2 config was costed as a dense Llama; a GELU MLP
+    was costed as SiLU*Mul."""
+    bare = {key: value for key, value in QWEN3_4B.items() if key != "architectures"}
+    assert model_config_from_dict({**bare, "model_type": "qwen3"}).has_qk_norm
+    assert model_config_from_dict({**bare, "model_type": "llama", "hidden_act": "silu"}).architecture == \
+        "LlamaForCausalLM"
+    with pytest.raises(WorkloadError, match="model_type 'gemma2' is not modelled"):
+        model_config_from_dict({**bare, "model_type": "gemma2"})
+    with pytest.raises(WorkloadError, match="multi-head latent attention"):
+        model_config_from_dict({**bare, "model_type": "deepseek_v3"})
+    with pytest.raises(WorkloadError, match="hidden_act 'gelu_pytorch_tanh' is not modelled"):
+        model_config_from_dict({**QWEN3_4B, "hidden_act": "gelu_pytorch_tanh"})
+    moe = {**bare, "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8,
+           "moe_intermediate_size": 768}
+    assert model_config_from_dict(moe).moe.num_experts == 128
+
+
 def test_missing_kv_heads_mean_multi_head_attention_as_in_transformers():
     """Configs written before grouped-query attention (Llama-2-7B's first release) have no num_key_value_heads;
     transformers reads them as one KV head per query head, and so does pipeweave. A misspelt key is still named."""
