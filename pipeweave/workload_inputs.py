@@ -228,7 +228,7 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
                             f"[\"LlamaForCausalLM\"], got {archs!r}")
     if archs is None and cfg.get("model_type") is not None:  # a config naming its model by model_type only
         model_type = cfg["model_type"]
-        if model_type not in MODEL_TYPES:
+        if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
             raise WorkloadError(f"config {stem}: model_type {model_type!r} is not modelled (modelled: "
                                 f"{', '.join(t for t in MODEL_TYPES if not t.startswith('deepseek'))})")
         archs = [MODEL_TYPES[model_type]]
