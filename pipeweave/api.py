@@ -19,7 +19,9 @@ True
 """
 from __future__ import annotations
 
+import functools
 import json
+import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -30,14 +32,69 @@ import numpy as np
 from pipeweave import paths
 
 
+def _folder(path) -> tuple[str, tuple]:
+    """A model or hardware folder as a cache key: its absolute path (a relative one names another folder after
+    ``os.chdir``) and the name, size and modification time of every file in it (a spec JSON or a model edited in
+    place is read again)."""
+    if not isinstance(path, (str, Path)):
+        raise ValueError(f"a folder must be a path, got {type(path).__name__}")
+    folder = Path(path).resolve()
+    state = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                stat = os.stat(os.path.join(root, name))
+            except OSError:  # removed while listed: the next call sees the folder as it is then
+                continue
+            state.append((os.path.relpath(os.path.join(root, name), folder), stat.st_size, stat.st_mtime_ns))
+    return str(folder), tuple(sorted(state))
+
+
 @lru_cache(maxsize=8)
-def _engine(model_dir: str, hardware_dir: str, collective_dir: str, collective_estimate: str, quantile_dir: str | None,
+def _engine(model_dir: tuple[str, tuple], hardware_dir: tuple[str, tuple], collective_dir: tuple[str, tuple],
+            collective_estimate: str, quantile_dir: tuple[str, tuple] | None,
             calibration: tuple[str, str] | None = None):
+    from analytical_model.hardware import hardware_registry
     from pipeweave.engine import Engine
 
-    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_dir=collective_dir,
-                  collective_estimate=collective_estimate, quantile_dir=quantile_dir, log=_warn_of_warnings,
-                  keyword_options=True, calibration=_calibration(calibration))
+    hardware_registry.cache_clear()  # a folder whose files changed since is read again (_folder)
+    return Engine(model_dir=model_dir[0], hardware_dir=hardware_dir[0], collective_dir=collective_dir[0],
+                  collective_estimate=collective_estimate, quantile_dir=quantile_dir and quantile_dir[0],
+                  log=_warn_of_warnings, keyword_options=True, calibration=_calibration(calibration))
+
+
+def _warnings_at_caller(function):
+    """Every warning a call issues, from pipeweave's code at any depth, re-issued at the caller's line (filters
+    keyed on the caller's module or line, and the default once-per-location rule, then act on the caller's code);
+    also when the call raises."""
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        caught: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return function(*args, **kwargs)
+        finally:
+            for warning in caught:
+                warnings.warn(warning.message, warning.category, stacklevel=2)
+    return call
+
+
+def _flag(name: str, value) -> bool:
+    """A true/false option: a bool (numpy's too); "no" or 1 would have switched it on."""
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _gpu_name(value, what: str = "hardware") -> str:
+    """One GPU name; the command line's comma-separated lists and ``all`` are the command line's."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a GPU name (a file stem such as 'H100', a driver name or an aiconfigurator "
+                         f"key), got {value!r}")
+    return value
 
 
 def _calibration_key(path) -> tuple[str, str] | None:
@@ -75,9 +132,10 @@ def _check_calibration(calibration, stems: list[str]) -> None:
 
 def _warn_of_warnings(line: str) -> None:
     """The engine's log as the API gives it: its WARNING lines (a FlashAttention-3 kernel on a GPU that cannot run
-    it, intervals measured for another model...) as Python warnings, its notes of loaded models not at all."""
+    it, intervals measured for another model...) as Python warnings (at the caller's line:
+    :func:`_warnings_at_caller`), its notes of loaded models not at all."""
     if line.startswith("WARNING"):
-        warnings.warn(line, UserWarning, stacklevel=5)
+        warnings.warn(line, UserWarning)
 
 
 def _plain_number(value):
@@ -88,12 +146,15 @@ def _plain_number(value):
 
 
 @lru_cache(maxsize=8)
-def _kernel_predictor(model_dir: str, hardware_dir: str):
+def _kernel_predictor(model_dir: tuple[str, tuple], hardware_dir: tuple[str, tuple]):
+    from analytical_model.hardware import hardware_registry
     from pipeweave.predictor import KernelPredictor
 
-    return KernelPredictor(model_dir, hardware_dir)
+    hardware_registry.cache_clear()  # a folder whose files changed since is read again (_folder)
+    return KernelPredictor(model_dir[0], hardware_dir[0])
 
 
+@_warnings_at_caller
 def predict_workload(
     workload,
     hardware: str,
@@ -136,12 +197,16 @@ def predict_workload(
 
     from pipeweave.schema import Workload
 
-    if not isinstance(workload, (str, Path, Mapping, Workload)):
+    if not isinstance(workload, (str, Path, Mapping, Workload)) or (isinstance(workload, str) and not workload.strip()):
         raise ValueError(f"workload must be a workload file, the stem of a shipped workload, its parsed JSON object or "
-                         f"a pipeweave.schema.Workload, got {type(workload).__name__}")
+                         f"a pipeweave.schema.Workload, got {workload!r}"[:300])
+    _gpu_name(hardware)
+    if collective_hardware is not None:
+        _gpu_name(collective_hardware, "collective_hardware")
+    quantiles, ignore_memory = _flag("quantiles", quantiles), _flag("ignore_memory", ignore_memory)
     try:
-        engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate,
-                         str(quantile_dir) if quantiles else None, _calibration_key(calibration))
+        engine = _engine(_folder(model_dir), _folder(hardware_dir), _folder(collective_dir), collective_estimate,
+                         _folder(quantile_dir) if quantiles else None, _calibration_key(calibration))
         if isinstance(workload, Mapping):  # a private copy, numpy numbers as plain ones
             workload = parse_workload(json.loads(json.dumps(workload, default=_plain_number)), "workload")
         try:
@@ -154,15 +219,15 @@ def predict_workload(
         engine.forget_warnings()
         split = flat.parallelism_warning()  # the aggregator's WARNING of a split without its communication
         if split:
-            warnings.warn(split, UserWarning, stacklevel=2)
+            warnings.warn(split, UserWarning)
         job = Job(flat, engine.gpu(hardware), collective_hardware)
         _check_calibration(engine.calibration, [job.hardware.stem])
-        record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, stacklevel=4),
+        record = memory_check(job, ignore_memory, log=lambda line: warnings.warn(line, UserWarning),
                               option="ignore_memory=True")
         result = engine.predict([job])[0].result
         collectives = engine.gpu(collective_hardware).stem if collective_hardware else job.hardware.stem
         for line in engine.calibration_warnings(flat.ops(), [collectives] if flat.has_communication else []):
-            warnings.warn(line, UserWarning, stacklevel=2)  # the aggregator's, for a calibration of other models
+            warnings.warn(line, UserWarning)  # the aggregator's, for a calibration of other models
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
     if record is not None:
@@ -170,6 +235,7 @@ def predict_workload(
     return result
 
 
+@_warnings_at_caller
 def predict_kernels(
     op: str,
     shapes: Mapping[str, Sequence],
@@ -178,8 +244,9 @@ def predict_kernels(
     model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
     hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
     interval: bool = False,
+    extrapolation: bool = False,
     calibration: str | Path | None = None,
-) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> np.ndarray | tuple:
     """Predicted duration in µs of each kernel (row) of ``shapes`` on ``hardware`` (one name, or one per row).
 
     ``op`` is a registry operator (``python3 -m analytical_model list``: ``gemm``, ``gemm_fp8``, ``attn``,
@@ -188,7 +255,14 @@ def predict_kernels(
     nkv, hd`` with per-request lists; ...): a dict or a pandas DataFrame, read by position; a single value applies to
     every kernel; other columns are ignored, as the CSV's are. No pandas needed. With ``interval``, (µs, low µs,
     high µs): the measured 80 % interval of each prediction's state, the ``low_us`` / ``high_us`` columns of
-    ``predict_kernels.py`` (:mod:`pipeweave.intervals`).
+    ``predict_kernels.py`` (:mod:`pipeweave.intervals`). With ``extrapolation``, one more item at the end: per kernel
+    the ``extrapolation`` column of ``predict_kernels.py``, ``""`` where the model's training data covers it, else
+    the reasons joined by ``+`` (``architecture``, ``range``, ``members``, ``shares``; docs/ACCURACY.md, "What the
+    extrapolation flag means").
+
+    >>> us, flags = predict_kernels("gemm", {"M": [4096], "N": [8192], "K": [8192]}, "H100", extrapolation=True)
+    >>> flags
+    ['']
     """
     from analytical_model.registry import get_operator
     from pipeweave.cli import UserError
@@ -220,8 +294,9 @@ def predict_kernels(
         raise ValueError(f"the shape columns must have one value per kernel each, got lengths "
                          f"{', '.join(f'{name} {n}' for name, n in lengths.items())}")
     columns = {name: [shapes[name]] * rows if values is None else values for name, values in columns.items()}
+    interval, extrapolation = _flag("interval", interval), _flag("extrapolation", extrapolation)
     if isinstance(hardware, str):
-        names = [hardware] * rows
+        names = [_gpu_name(hardware)] * rows
     elif hardware is None or _per_kernel(hardware, "hardware") is None:
         raise ValueError(f"hardware must be a GPU name or one per kernel, got {hardware!r}")
     else:
@@ -230,26 +305,32 @@ def predict_kernels(
         raise ValueError(f"hardware: {len(names)} GPU names for {rows} kernels (give one name, or one per kernel)")
     # the limits predict_kernels.py applies, and each kernel's whole shape, naming the kernel by its index
     check_shape_table(columns, operator, label=lambda position: f"kernel {position}")
-    predictor = _kernel_predictor(str(model_dir), str(hardware_dir))
+    predictor = _kernel_predictor(_folder(model_dir), _folder(hardware_dir))
     corrections = _calibration(_calibration_key(calibration))
     try:
         _check_calibration(corrections, [predictor.hardware.get(name).stem for name in names])
         load_model_checked(predictor, operator.model_op)
-        if op == "attn":  # predict_kernels.py's warnings: FA3 where it cannot run, attention types nothing measured
+        us, codes, fastest = predictor.predict_columns_bounded(op, columns, names, corrections)
+        if op == "attn":  # predict_kernels.py's warnings (FA3 where it cannot run, attention types nothing measured),
+            # once the types are known to be valid
             from pipeweave.kernels import row_attention_warnings
 
             for line in row_attention_warnings("predict_kernels", list(zip(
                     (str(kind).strip() for kind in columns["attention_type"]),
                     (predictor.hardware.get(name) for name in names)))):
-                warnings.warn(line, UserWarning, stacklevel=2)
-        if not interval:
-            return predictor.predict_columns(op, columns, names, corrections)
-        from pipeweave.kernels import interval_us
+                warnings.warn(line, UserWarning)
+        out = [us]
+        if interval:
+            from pipeweave.kernels import interval_us
 
-        us, codes, fastest = predictor.predict_columns_bounded(op, columns, names, corrections)
-        return (us, *interval_us(op, predictor, names, us, codes, fastest, corrections))
+            out += interval_us(op, predictor, names, us, codes, fastest, corrections)
+        if extrapolation:
+            from pipeweave.predictor import extrapolation_label
+
+            out.append([extrapolation_label(code) for code in codes])
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 #: shape columns whose value for one kernel is itself a list (one length per request of an attention batch)
@@ -270,6 +351,7 @@ def _per_kernel(values, name: str) -> list | None:
     return list(values)
 
 
+@_warnings_at_caller
 def simulate_serving(
     model_config: str | Path,
     trace: str | Path,
@@ -278,8 +360,8 @@ def simulate_serving(
     requests: bool = False,
     collective_estimate: str = "model",
     calibration: str | Path | None = None,
-    model_dir: str | Path = paths.DEFAULT_MODEL_DIR,
-    hardware_dir: str | Path = paths.DEFAULT_HARDWARE_DIR,
+    model_dir: str | Path | None = None,
+    hardware_dir: str | Path | None = None,
     collective_dir: str | Path = paths.DEFAULT_COLLECTIVE_DIR,
     **settings,
 ) -> dict:
@@ -292,7 +374,8 @@ def simulate_serving(
     ``num_requests``, ``seed``, ``max_num_seqs``, ``max_num_batched_tokens``, ``usage``, ``gpu_memory_utilization``,
     ``per_request_outputs``, ``max_concurrent_batches``, ``collective_hardware``...: the fields of
     :class:`pipeweave.serving.run.ServingConfig`); an error names an option as serve_sim.py's flag of that name.
-    Raises ``FileNotFoundError`` / ``ValueError``.
+    ``model_dir`` and ``hardware_dir`` default to the shipped folders and are recorded as given (None: the default),
+    as serve_sim.py records its flags. Raises ``FileNotFoundError`` / ``ValueError``.
 
     >>> result = simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", qps=20, num_requests=8)
     >>> result["settings"]["dtype"], result["summary"]["num_requests"], result["unmeasured_gpu"]
@@ -310,16 +393,22 @@ def simulate_serving(
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; serve_sim.py's are {', '.join(known)}")
-    if not isinstance(hardware, str):
-        raise ValueError(f"hardware must be a GPU name (a file stem such as 'H100'), got {type(hardware).__name__}")
+    _gpu_name(hardware)
+    for name, value in (("model_config", model_config), ("trace", trace)):
+        if not isinstance(value, (str, Path)) or not str(value).strip():
+            raise ValueError(f"{name} must be a path or the stem of a shipped one, got {value!r}")
+    if settings.get("collective_hardware") is not None:
+        _gpu_name(settings["collective_hardware"], "collective_hardware")
+    requests = _flag("requests", requests)
     settings = {name: _setting(name, value) for name, value in settings.items()}
     for name in ("prefill_attn", "decode_attn"):
         if settings.get(name) is not None and settings[name] not in ATTENTION_BACKENDS:
             raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}, got {settings[name]!r}")
     try:
         calibration_used = _calibration_key(calibration)
-        engine = _engine(str(model_dir), str(hardware_dir), str(collective_dir), collective_estimate, None,
-                         calibration_used)
+        engine = _engine(_folder(paths.DEFAULT_MODEL_DIR if model_dir is None else model_dir),
+                         _folder(paths.DEFAULT_HARDWARE_DIR if hardware_dir is None else hardware_dir),
+                         _folder(collective_dir), collective_estimate, None, calibration_used)
         engine.forget_warnings()
         spec = engine.gpu(hardware)
         _check_calibration(engine.calibration, [spec.stem])
@@ -328,10 +417,11 @@ def simulate_serving(
         if engine.calibration is not None:  # serve_sim's WARNINGs, for a calibration of other models
             for line in calibration_warnings(engine, config.model_config, config.tp * config.pp > 1,
                                              config.collective_hardware, [config.dtype]):
-                warnings.warn(line, UserWarning, stacklevel=2)
+                warnings.warn(line, UserWarning)
     except UserError as exc:  # the command line's error class; a library caller catches ValueError
         raise ValueError(str(exc)) from None
-    result = {"config": config.as_dict() | {"model_dir": str(model_dir), "hardware_dir": str(hardware_dir),
+    result = {"config": config.as_dict() | {"model_dir": model_dir and str(model_dir),
+                                            "hardware_dir": hardware_dir and str(hardware_dir),
                                             "collective_estimate": collective_estimate,
                                             "calibration": None if calibration is None else str(calibration),
                                             "calibration_digest": calibration_used and calibration_used[1]},
@@ -342,15 +432,18 @@ def simulate_serving(
     return result
 
 
-#: serve_sim.py's integer and number options (argparse types them on the command line; a caller may not)
+#: serve_sim.py's integer, number and true/false options (argparse types them on the command line; a caller may not)
 INTEGER_SETTINGS = ("tp", "pp", "ep", "num_requests", "seed", "max_num_seqs", "max_num_batched_tokens",
                     "max_concurrent_batches", "decode_bucket")
 NUMBER_SETTINGS = ("qps", "gpu_memory_utilization")
+FLAG_SETTINGS = ("per_request_outputs", "qk_norm_rmsnorm")
 
 
 def _setting(name: str, value):
     """A serving option as serve_sim.py would have parsed it: integers and numbers checked (numpy ones as plain
     ones), so that "2" or 2.5 is one clear error instead of a TypeError inside the simulation."""
+    if name in FLAG_SETTINGS:
+        return _flag(name, value)
     if value is None or (name not in INTEGER_SETTINGS and name not in NUMBER_SETTINGS):
         return value
     if isinstance(value, np.generic):

@@ -3,6 +3,7 @@ Python API, and an installed copy that finds its data outside the checkout."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -223,6 +224,59 @@ def test_api_errors_are_value_errors_and_memory_is_checked():
         pipeweave.predict_kernels("gemm", {"M": np.array([[1, 2]]), "N": [16], "K": [16]}, "H100")
     with pytest.raises(ValueError, match="calibration must be the path of a file written by calibrate.py, got dict"):
         pipeweave.predict_kernels("gemm", {"M": [1], "N": [16], "K": [16]}, "H100", calibration={})
+
+
+def test_api_options_are_checked_and_folders_are_read_as_they_are(tmp_path, monkeypatch):
+    """An API audit: "no" switched true/false options on; "" or a list as a GPU was "unknown GPU"; a relative folder
+    kept naming the first directory after os.chdir, and a spec JSON edited in place was never read again; warnings
+    pointed at pipeweave's lines; predict_kernels gave no extrapolation flags; an unknown attention type warned
+    before it was refused."""
+    import warnings
+
+    import pipeweave
+
+    workload = "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1"
+    for options in ({"quantiles": "no"}, {"ignore_memory": 1}):
+        with pytest.raises(ValueError, match="must be True or False, got"):
+            pipeweave.predict_workload(workload, "H100", **options)
+    with pytest.raises(ValueError, match="per_request_outputs must be True or False"):
+        pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", per_request_outputs="no")
+    for bad in (["H100"], "", 100):
+        with pytest.raises(ValueError, match="hardware must be a GPU name"):
+            pipeweave.predict_workload(workload, bad)
+    with pytest.raises(ValueError, match="collective_hardware must be a GPU name"):
+        pipeweave.predict_workload(workload, "H100", collective_hardware="")
+    with pytest.raises(ValueError, match="model_config must be a path or the stem of a shipped one, got None"):
+        pipeweave.simulate_serving(None, "splitwise_48", "H100")
+    with pytest.raises(ValueError, match="workload must be"):
+        pipeweave.predict_workload("", "H100")
+    # a copy of the hardware folder, used by a relative name, then edited in place and used from elsewhere
+    root = Path(__file__).resolve().parent.parent
+    copy = tmp_path / "mine" / "hardware"
+    shutil.copytree(root / "hardware", copy)
+    monkeypatch.chdir(tmp_path / "mine")
+    gemm = {"M": [8192], "N": [8192], "K": [8192]}
+    before = pipeweave.predict_kernels("gemm", gemm, "H100", hardware_dir="hardware")[0]
+    spec = json.loads((copy / "H100.json").read_text())
+    spec["smFreq"] = spec["smFreq"] // 2
+    (copy / "H100.json").write_text(json.dumps(spec))
+    os.utime(copy / "H100.json", ns=(1, 1))  # a distinct modification time, whatever the file system's resolution
+    assert pipeweave.predict_kernels("gemm", gemm, "H100", hardware_dir="hardware")[0] > 1.5 * before
+    monkeypatch.chdir(root)  # "hardware" is now the shipped folder
+    assert pipeweave.predict_kernels("gemm", gemm, "H100", hardware_dir="hardware")[0] == pytest.approx(before)
+    # flags as predict_kernels.py writes them
+    us, flags = pipeweave.predict_kernels("gemm", {"M": [4096, 1000000], "N": [8192, 65536], "K": [8192, 65536]},
+                                          "H100", extrapolation=True)
+    assert flags[0] == "" and "range" in flags[1]
+    assert len(pipeweave.predict_kernels("gemm", gemm, "H100", interval=True, extrapolation=True)) == 4
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipeweave.predict_workload("Qwen2.5-14B_arxiv_8_fa3_tp1_pp1", "A100")  # FA3 on Ampere: a WARNING
+        with pytest.raises(ValueError, match="unknown attention_type 'fa9'"):
+            pipeweave.predict_kernels("attn", {"attention_type": "fa9", "bs": 1, "q_lengths": [[512]],
+                                               "kv_lengths": [[512]], "nh": 32, "nkv": 8, "hd": 128}, "H100")
+    assert caught and all(w.filename == __file__ for w in caught)
+    assert not any("fa9" in str(w.message) for w in caught)
 
 
 def test_engine_takes_a_correction_with_apply_only():
