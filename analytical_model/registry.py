@@ -279,7 +279,7 @@ register(OperatorClass(
     tensor_rate="tc_bf16",
     pipe_share_inputs=True,
 ))
-def _elementwise_operator(key: str, description: str, calculator, output_fraction: float) -> OperatorClass:
+def elementwise_operator(key: str, description: str, calculator, output_fraction: float) -> OperatorClass:
     """RMSNorm and SiLU*Mul: one CTA per token row; ``output_fraction`` of the input width is written."""
     return OperatorClass(
         key=key,
@@ -298,8 +298,8 @@ def _elementwise_operator(key: str, description: str, calculator, output_fractio
     )
 
 
-register(_elementwise_operator("rmsnorm", "fused RMSNorm", rmsnorm.features, 1.0))
-register(_elementwise_operator("siluandmul", "SiLU(gate)*up activation", siluandmul.features, 0.5))
+register(elementwise_operator("rmsnorm", "fused RMSNorm", rmsnorm.features, 1.0))
+register(elementwise_operator("siluandmul", "SiLU(gate)*up activation", siluandmul.features, 0.5))
 register(OperatorClass(
     key="moe",
     description="Triton fused-MoE (w13 and w2 passes)",

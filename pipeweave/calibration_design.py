@@ -30,7 +30,7 @@ import numpy as np
 
 from analytical_model.attention import resolve_attention_type
 from analytical_model.columns import parse_length_list
-from analytical_model.registry import get_operator
+from analytical_model.registry import ELEMENTWISE_FEATURES, get_operator
 from pipeweave.collectives import analytical_collective_terms
 
 CLASSES = ("gemm", "gemm_fp8", "attn_prefill", "attn_decode", "elementwise", "moe")
@@ -75,10 +75,14 @@ def kernel_classes(op: str, n: int, attention_types=None) -> np.ndarray:
         return np.array(["attn_decode" if layouts[kind] == "paged" else "attn_prefill" for kind in attention_types],
                         dtype=object)
     model = get_operator(op).model_op
-    if model not in MODEL_CLASS:
+    # an element-wise model registered later (the registry's row-kernel features, memory-bound as RMSNorm and
+    # SiLU*Mul) shares their class: the same features and physics, so the same corrections apply
+    cls = MODEL_CLASS.get(model) or ("elementwise" if get_operator(model).feature_names == ELEMENTWISE_FEATURES
+                                     and get_operator(model).dram_bound else None)
+    if cls is None:
         raise ValueError(f"operator {op!r} (predicted by the {model!r} model) has no calibration class "
-                         f"(models with one: {', '.join(MODEL_CLASS)}, attn)")
-    return np.full(n, MODEL_CLASS[model], dtype=object)
+                         f"(models with one: {', '.join(MODEL_CLASS)}, attn, and any element-wise model)")
+    return np.full(n, cls, dtype=object)
 
 
 def pipe_cycles(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -92,6 +92,30 @@ def test_toy_operator_prediction(toy, tmp_path):
         out["ideal_cycles"].to_numpy() / (out["predicted_perf"].to_numpy() * freq))
 
 
+def test_an_element_wise_operator_added_later_is_predicted_with_intervals_calibrated_and_named_by_the_profiler(
+        monkeypatch):
+    """An audit added a GELU-like operator as one calculator and one registry entry: its predictions failed for
+    want of measured intervals, any calibration refused workloads holding it, and the profiler measured nothing
+    without a word."""
+    from analytical_model import siluandmul
+    from pipeweave.calibration_design import kernel_classes
+    from pipeweave.intervals import TRAINED, other_model_warning, shipped_table
+    from pipeweave.profiler import grids
+
+    monkeypatch.setattr(registry, "OPERATORS", dict(OPERATORS))
+    registry.register(registry.elementwise_operator("toy_gelu", "toy activation (test only)", siluandmul.features,
+                                                     1.0))
+    table = shipped_table()
+    low, high = table.factors("toy_gelu", np.array([TRAINED]))
+    widest = [table.factors(op, np.array([TRAINED])) for op in table.operators()]
+    assert low[0] == min(w[0][0] for w in widest) and high[0] == max(w[1][0] for w in widest)
+    assert other_model_warning("toy_gelu", "mlp_models").startswith("WARNING: no 80 % intervals were measured")
+    assert list(kernel_classes("toy_gelu", 2)) == ["elementwise", "elementwise"]
+    monkeypatch.setattr(grids, "OPS", (*grids.OPS, "toy_gelu"))  # as computed at import once registered there
+    grid = grids.build_grid([], ops=["toy_gelu"], quick=True)
+    assert grid.rows["toy_gelu"] == [] and any(note.startswith("toy_gelu: no shape grid") for note in grid.notes)
+
+
 def test_tools_take_their_operator_lists_from_the_registry():
     assert build.TRAINABLE_OPS == sources.OPS == accuracy.OPS == operator_keys(trainable=True)
     for op in sources.OPS:
