@@ -20,6 +20,13 @@ VARIANT_LABELS = {
 }
 OP_LABELS = {"gemm": "BF16 GEMM", "gemm_fp8": "FP8 GEMM", "attn": "attention", "rmsnorm": "RMSNorm",
              "siluandmul": "SiLU*Mul", "moe": "fused MoE"}
+
+
+def op_label(op: str) -> str:
+    """An operator's name in the report; an operator registered after the report was written, by its key."""
+    return OP_LABELS.get(op, op)
+
+
 METHOD_LABELS = {"roofline": "roofline (analytical ideal)", "ridge": "ridge (linear, log inputs)",
                  "hgb": "gradient boosting (HGB)", "mlp": "MLP (shipped model)"}
 EFF_HEADER = "MAE | R² | mean rel. err % | median rel. err % | <10 % | <20 % | <50 %"
@@ -100,7 +107,7 @@ def shipped_section(results: dict) -> list[str]:
     for op, res in results["shipped"].items():
         m = res["overall"]
         n_test = sum(v["test_samples"] for v in res["by_hardware"].values())
-        lines.append(row([OP_LABELS.get(op, op), "ours (shipped)", len(res["features"]), n_test, *eff_cells(m), dur_cell(m)]))
+        lines.append(row([op_label(op), "ours (shipped)", len(res["features"]), n_test, *eff_cells(m), dur_cell(m)]))
         paper = published.OVERALL.get(op)
         if paper:
             lines.append(row(["", "paper (published, its data)", 15 if op in ("attn", "rmsnorm", "siluandmul") else 11,
@@ -114,7 +121,7 @@ def shipped_section(results: dict) -> list[str]:
     lines += ["### By GPU", ""]
     for op, res in results["shipped"].items():
         paper = published.BY_GPU.get(op, {})
-        lines += [f"**{OP_LABELS.get(op, op)}** (`{res['model_dir']}`)", ""]
+        lines += [f"**{op_label(op)}** (`{res['model_dir']}`)", ""]
         lines += header(["GPU", "n test", *EFF_HEADER.split(" | "), "duration err % mean / median",
                          "paper (its data): mean rel. err % / <10 % / <20 % (n)"])
         for gpu, m in sorted(res["by_hardware"].items()):
@@ -173,7 +180,7 @@ def ablation_verdict(op: str, variants: dict) -> list[str]:
     holds = "holds" if len(hurts) == 2 else ("holds in part" if hurts else "does not hold")
     ratio = {k: paper[k]["mean_relative_error"] / paper["paper_full"]["mean_relative_error"] for k in ("no_math", "no_mio")}
     lines = [
-        f"* **{OP_LABELS.get(op, op)}, the paper's ablation ({holds} on our data).** Pipe features only: {pct(full)} % mean "
+        f"* **{op_label(op)}, the paper's ablation ({holds} on our data).** Pipe features only: {pct(full)} % mean "
         f"relative error; without math pipes {pct(math_)} % (×{math_ / full:.1f}); without MIO {pct(mio)} % "
         f"(×{mio / full:.1f}). The paper: {pct(paper['paper_full']['mean_relative_error'])} %, "
         f"{pct(paper['no_math']['mean_relative_error'])} % (×{ratio['no_math']:.1f}), "
@@ -182,7 +189,7 @@ def ablation_verdict(op: str, variants: dict) -> list[str]:
     ]
     gain = desc - ours
     lines.append(
-        f"* **{OP_LABELS.get(op, op)}, pipe features versus plain shape descriptors.** Descriptors alone: {pct(desc)} %; "
+        f"* **{op_label(op)}, pipe features versus plain shape descriptors.** Descriptors alone: {pct(desc)} %; "
         f"pipe features alone: {pct(full)} %; both: {pct(ours)} %. "
         + (f"The pipe features cut the error by {pct(gain)} points beyond what the descriptors give"
            if gain > max(s_ours, s_desc) else
@@ -191,7 +198,7 @@ def ablation_verdict(op: str, variants: dict) -> list[str]:
     before, after = (float(seed_values(variants[v], "duration_mean_abs_pct_error").mean()) for v in ("paper_full", "pipeweave"))
     claim = published.README_DESCRIPTOR_CLAIM[op]
     lines.append(
-        f"* **{OP_LABELS.get(op, op)}, our README's descriptor claim** (duration error {claim[0]} → {claim[1]} % with the "
+        f"* **{op_label(op)}, our README's descriptor claim** (duration error {claim[0]} → {claim[1]} % with the "
         f"descriptors, same budget): this run {num(before)} → {num(after)} %.")
     return lines
 
@@ -215,7 +222,7 @@ def ablation_section(results: dict) -> list[str]:
         "(sigmoid MLP, MAPE loss, up to 2,500 epochs).", "",
     ]
     for op, variants in results["ablation"].items():
-        lines += [f"### {OP_LABELS.get(op, op)}", ""] + ablation_table(op, variants)
+        lines += [f"### {op_label(op)}", ""] + ablation_table(op, variants)
     lines += ["### Does the paper's claim hold on our data?", "",
               "Rule: a difference counts when it is larger than the larger of the two variants' seed-to-seed ranges.",
               ""]
@@ -250,7 +257,7 @@ def logo_section(results: dict) -> list[str]:
              "relative error on GPUs unseen in its training (full model, its data).", ""]
     for op, cells in results["logo"].items():
         paper = published.BY_GPU.get(op, {})
-        lines += [f"### {OP_LABELS.get(op, op)}", ""]
+        lines += [f"### {op_label(op)}", ""]
         lines += header(["held-out GPU", "roofline", *VARIANTS, "paper, its data (unseen GPU)"])
         for gpu, cell in cells.items():
             p = paper.get(gpu)
@@ -304,10 +311,10 @@ def baselines_section(results: dict) -> list[str]:
             paper = published.OVERALL.get(op) if method == "mlp" else None
             rows = {"roofline": DASH, "mlp": "same" if b["baseline_rows_per_gpu"] == SHIPPED_ROWS_PER_GPU else
                     f"{SHIPPED_ROWS_PER_GPU:,} per GPU"}.get(method, f"{res['train_rows']:,}")
-            lines.append(row([OP_LABELS.get(op, op) if method == "roofline" else "", METHOD_LABELS[method], rows,
+            lines.append(row([op_label(op) if method == "roofline" else "", METHOD_LABELS[method], rows,
                               *eff_cells(m), dur_cell(m), pct(paper["mean_relative_error"]) if paper else DASH]))
         if methods["hgb"]["overall"]["mean_relative_error"] < methods["mlp"]["overall"]["mean_relative_error"]:
-            hgb_wins.append(OP_LABELS.get(op, op))
+            hgb_wins.append(op_label(op))
     lines += ["", f"Gradient boosting on the same inputs beats the shipped MLP on {len(hgb_wins)} of "
               f"{len(results['baselines'])} operators" + (f" ({', '.join(hgb_wins)})" if hgb_wins else "")
               + " (mean relative efficiency error).", ""]
