@@ -541,7 +541,13 @@ class _Reader:
             self.fail(f"{where}: operators must be an object")
         unknown = [key for key in operators if key not in CATEGORY_KEYS]
         if unknown:
-            self.fail(f"{where}: unknown operator class operators.{unknown[0]} (known: {', '.join(CATEGORY_KEYS)})")
+            from analytical_model.registry import workload_operators
+
+            registered = (f"; {unknown[0]} is a registered operator, which enters workloads once "
+                          f"pipeweave/schema.py reads its entries (README, 'Adding an operator')"
+                          if unknown[0] in workload_operators() else "")
+            self.fail(f"{where}: unknown operator class operators.{unknown[0]} (known: {', '.join(CATEGORY_KEYS)})"
+                      + registered)
         out = Iteration(phase=phase, iteration=number, batch_size=iteration.get("batch_size"),
                         q_lengths=iteration.get("q_lengths"), kv_lengths=iteration.get("kv_lengths"),
                         num_tokens=iteration.get("num_tokens"))

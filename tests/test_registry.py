@@ -114,6 +114,12 @@ def test_an_element_wise_operator_added_later_is_predicted_with_intervals_calibr
     monkeypatch.setattr(grids, "OPS", (*grids.OPS, "toy_gelu"))  # as computed at import once registered there
     grid = grids.build_grid([], ops=["toy_gelu"], quick=True)
     assert grid.rows["toy_gelu"] == [] and any(note.startswith("toy_gelu: no shape grid") for note in grid.notes)
+    # a workload holding it says what is missing
+    from pipeweave.schema import Workload, WorkloadFormatError
+
+    iteration = {"iteration": 1, "phase": "decode", "operators": {"toy_gelu": {"seq": 1, "dim": 4096, "count": 1}}}
+    with pytest.raises(WorkloadFormatError, match="toy_gelu is a registered operator, which enters workloads once"):
+        Workload.from_dict({"model": "m", "tp_size": 1, "pp_size": 1, "iterations": [iteration]})
 
 
 def test_tools_take_their_operator_lists_from_the_registry():
