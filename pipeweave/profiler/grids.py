@@ -377,7 +377,6 @@ def build_grid(
                 notes.append(f"all_reduce needs at least 2 visible GPUs ({num_gpus} visible); "
                              f"it would measure {per_count} sizes per worker count")
         else:  # registered as profiled, but nothing here says which shapes to measure or how to run them
-            rows[op] = []
             notes.append(f"{op}: no shape grid to measure (a registered operator needs one here, in "
                          f"pipeweave/profiler/grids.py, and a runner in pipeweave/profiler/runners.py)")
     return Grid(rows=rows, notes=notes)
