@@ -522,7 +522,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--collective_dir", default=None,
                         help="root of the collective models the runs' collectives are predicted with (default: "
                              "collective_models; give the one the calibrated predictions will use)")
-    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR), help="directory of GPU spec JSONs (default: hardware)")
+    parser.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                        help="directory of GPU spec JSONs (default: hardware)")
     parser.add_argument("--prior", default=str(DEFAULT_PRIOR_PATH),
                         help="prior scales (default: pipeweave/calibration_prior.json)")
     parser.add_argument("--no_fine_tune", action="store_true",

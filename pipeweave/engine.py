@@ -664,6 +664,7 @@ class Engine:
                 if (predictor.hardware, kind, workers) not in self._warned:
                     self._warned.add((predictor.hardware, kind, workers))
                     factor, basis = predictor.ring_efficiency(kind, workers)
+                    largest = max(predictor.worker_counts(kind), default=None)
                     self.log(
                         f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
                         f"estimate (pipeweave.collectives.CollectivePredictor.analytical_ms: hardware JSON link "
@@ -676,9 +677,8 @@ class Engine:
                            f"; {workers} GPUs are more than one node's {NODE_GPUS}: the estimate takes them all on "
                            f"this GPU's own link, as one NVLink domain (an NVL72 rack) would be; a network between "
                            f"nodes is not modelled")
-                        + ("" if not predictor.worker_counts(kind) or workers < max(predictor.worker_counts(kind))
-                           else f"; it is held at no less than the measured {max(predictor.worker_counts(kind))} "
-                                f"workers' time"))
+                        + ("" if largest is None or workers < largest
+                           else f"; it is held at no less than the measured {largest} workers' time"))
         return out, analytical
 
 

@@ -75,9 +75,14 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[fr
                          f"python3 train_mlp.py --op {op}")
     sm_designs = frozenset(spec.compute_capability for spec in training_gpus(names, hardware))
     inputs = metadata["model_info"]["features"]
-    low = np.array([ranges[name]["min"] for name in inputs], dtype=np.float64)
-    high = np.array([ranges[name]["max"] for name in inputs], dtype=np.float64)
-    return sm_designs, low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
+    return (sm_designs, *_tolerant_range([ranges[name]["min"] for name in inputs],
+                                         [ranges[name]["max"] for name in inputs]))
+
+
+def _tolerant_range(low, high) -> tuple[np.ndarray, np.ndarray]:
+    """Input minima and maxima of training data widened by RANGE_TOLERANCE, the range a row is covered inside."""
+    low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+    return low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high)
 
 
 def stored_bandwidth_fit(op: str) -> dict | None:
@@ -89,9 +94,8 @@ def stored_bandwidth_fit(op: str) -> dict | None:
 
 def stored_coverage(record: dict) -> tuple[frozenset, np.ndarray, np.ndarray]:
     """:func:`training_coverage` of a stored bandwidth fit's ``coverage`` (:mod:`pipeweave.quantize_model`)."""
-    low, high = np.asarray(record["min"], dtype=np.float64), np.asarray(record["max"], dtype=np.float64)
     return (frozenset(tuple(c) for c in record["compute_capabilities"]),
-            low - RANGE_TOLERANCE * np.abs(low), high + RANGE_TOLERANCE * np.abs(high))
+            *_tolerant_range(record["min"], record["max"]))
 
 
 def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:

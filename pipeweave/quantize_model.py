@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeweave.cli import ArgumentParser, UserError, write_atomically, write_marked_section
     from pipeweave.paths import DOCS_DIR
 
-    parser = ArgumentParser(prog=f"{REWRITE}", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog=REWRITE, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default=str(BANDWIDTH_FILE), help="the fit's JSON (default: %(default)s)")
     parser.add_argument("--markdown", default=str(DOCS_DIR / "ACCURACY.md"),
                         help="document whose 'quantize' section gets the scores (default: docs/ACCURACY.md)")
