@@ -1057,6 +1057,7 @@ def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     (["--gpu_cost", "A100=1"], "--gpu_cost has no price for H100"),
     (["--gpu_cost", "H100=-1"], "--gpu_cost H100=-1: the price per GPU-hour must be a finite number > 0"),
     (["--gpu_cost", "H999=1"], "unknown GPU 'H999'"),
+    (["--gpu_cost", "H100=1,NVIDIA H100=2"], "--gpu_cost prices H100 twice (1 and 2); give one"),
 ])
 def test_search_config_errors_are_one_line(tmp_path, args, message):
     flags = {"--model_config": "Llama-3.1-8B", "--hardware": "H100", "--gpu_budget": "2", "--trace": "splitwise_48",

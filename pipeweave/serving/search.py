@@ -246,7 +246,10 @@ def gpu_prices(text: str, registry, gpus: list[str]) -> dict[str, float]:
             price = math.nan
         if not (math.isfinite(price) and price > 0):
             raise UserError(f"--gpu_cost {part}: the price per GPU-hour must be a finite number > 0, got {value!r}")
-        prices[registry.get(name.strip()).stem] = price  # unknown GPU: error listing the known ones
+        stem = registry.get(name.strip()).stem  # unknown GPU: error listing the known ones
+        if prices.get(stem, price) != price:
+            raise UserError(f"--gpu_cost prices {stem} twice ({prices[stem]:g} and {price:g}); give one")
+        prices[stem] = price
     missing = [gpu for gpu in gpus if gpu not in prices]
     if missing:
         raise UserError(f"--gpu_cost has no price for {', '.join(missing)}: every --hardware GPU needs one, or "
