@@ -25,8 +25,8 @@ from pipeweave.engine import (COLLECTIVE_ESTIMATES, Aggregator, Engine, Job, Pre
                               unmeasured_note)
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload, load_workload, parse_workload
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
-from pipeweave.report import (EXTRAPOLATED_NOTE_SHARE, SUMMARY_KEYS, build_result, describe, dumps_result,
-                              output_name, summarize)
+from pipeweave.report import (SUMMARY_KEYS, build_result, describe, dumps_result, extrapolated_note, output_name,
+                              summarize)
 from pipeweave.schema import WorkloadFormatError
 from pipeweave.siblings import sibling_note
 
@@ -400,11 +400,9 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
               f"{low['total_duration_ms']:.3f}–{high['total_duration_ms']:.3f} ms"
               + (" (some collectives at their point value: interval.note)" if "note" in interval else ""))
     extrapolation = prediction.result.get("extrapolation", {})
-    if extrapolation.get("share", 0.0) > EXTRAPOLATED_NOTE_SHARE:
-        operators = ", ".join(op for op, share in extrapolation["by_operator"].items() if share > 0)
-        print(f"Note: {extrapolation['share'] * 100:.0f} % of the predicted kernel time is extrapolated ({operators}: "
-              f"GPU architecture or shapes outside the models' training data, or ensemble members that disagree); "
-              f"treat it as a rough estimate")
+    note = extrapolated_note(extrapolation)
+    if note:
+        print(note)
     zero_shot, calibrated = uncalibrated(extrapolation.get("unmeasured_gpu", []), prediction.result.get("calibration"))
     if zero_shot:
         print(unmeasured_note(job.hardware.name, zero_shot, calibrated=calibrated))

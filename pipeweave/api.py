@@ -366,7 +366,7 @@ def simulate_serving(
     **settings,
 ) -> dict:
     """``serve_sim.py`` as a function: the object it writes (``config``, ``settings``, ``unmeasured_gpu``,
-    ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README "Serving
+    ``extrapolation``, ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README "Serving
     simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's columns).
 
     ``model_config`` and ``trace`` are paths or shipped stems, ``hardware`` a GPU name. ``settings`` are
@@ -425,7 +425,8 @@ def simulate_serving(
                                             "collective_estimate": collective_estimate,
                                             "calibration": None if calibration is None else str(calibration),
                                             "calibration_digest": calibration_used and calibration_used[1]},
-              "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "summary": summarize(run.simulation)}
+              "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "extrapolation": run.extrapolation,
+              "summary": summarize(run.simulation)}
     if requests:
         result["requests"] = {column: values.tolist() for column, values in request_metrics(run.simulation.requests)
                               .items()}

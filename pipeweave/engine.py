@@ -123,6 +123,9 @@ class Prediction:
     job: Job
     result: dict
     collective_source: str | None = None  # "<GPU> models", "<GPU> models + analytical (kinds)", ...
+    #: per operator instance (the workload's flattened order), whether its kernel prediction is extrapolated
+    #: (False for collectives): what the output's ``extrapolation`` shares sum, for callers that need it per instance
+    extrapolated: np.ndarray | None = None
 
 
 def uncalibrated(categories, record: dict | None) -> tuple[list[str], list[str]]:
@@ -469,17 +472,20 @@ class Engine:
             record = self.calibration_record(job.hardware)
             if record:
                 result["calibration"] = record
-            out.append(Prediction(job, result, source))
+            out.append(Prediction(job, result, source, extrapolated))
         return out
 
-    def shape_ms(self, op: str, shapes: Sequence[tuple], hardware: HardwareSpec, label: str) -> np.ndarray:
-        """Point durations (ms, unrounded) of distinct shapes of one operator class on one GPU, each what
-        :meth:`predict` gives it as a single instance (calibration included), without building a workload: for
-        callers that memoise shapes themselves (the serving simulator). ``label`` names the caller in warnings."""
+    def shape_ms(self, op: str, shapes: Sequence[tuple], hardware: HardwareSpec, label: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(point durations in ms, unrounded; whether each is extrapolated) of distinct shapes of one operator class
+        on one GPU, each what :meth:`predict` gives it as a single instance (calibration included), without building
+        a workload: for callers that memoise shapes themselves (the serving simulator). ``label`` names the caller
+        in warnings."""
         self.load_models([op])
         if op == "attn":
             self._warn_fa3(label, [shape[0] for shape in shapes], hardware)
-        return self.unique_durations(op, [(hardware.stem, shape) for shape in shapes])[0]
+        ms, _, codes = self.unique_durations(op, [(hardware.stem, shape) for shape in shapes])
+        return ms, codes > 0
 
     def unique_durations(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(point ms, optimistic ms, extrapolation bits) of unique (GPU stem, shape) rows, checked finite and > 0."""

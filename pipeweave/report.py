@@ -104,15 +104,28 @@ def extrapolation_shares(workload, weighted: np.ndarray, extrapolated: np.ndarra
     phase_time = {"prefill": time[prefill].sum(), "decode": time[~prefill].sum()}
     phase_flag = {"prefill": flagged_time[prefill].sum(), "decode": flagged_time[~prefill].sum()}
 
-    def share(part: float, whole: float) -> float:
-        return round(float(part / whole), 6) if whole > 0 else 0.0
-
     return {
         "share": share(flagged.sum(), by_category.sum()),
         "by_operator": {CATEGORIES[c]: share(flagged[c], by_category[c]) for c in np.flatnonzero(by_category > 0)},
         "by_phase": {phase: share(phase_flag[phase], phase_time[phase]) for phase in phase_time
                      if phase_time[phase] > 0},
     }
+
+
+def extrapolated_note(extrapolation: dict, what: str = "predicted kernel time") -> str | None:
+    """The console's note when more than :data:`EXTRAPOLATED_NOTE_SHARE` of ``what`` is extrapolated (an
+    ``extrapolation`` block: ``share``, ``by_operator``), else None."""
+    if extrapolation.get("share", 0.0) <= EXTRAPOLATED_NOTE_SHARE:
+        return None
+    operators = ", ".join(op for op, part in extrapolation["by_operator"].items() if part > 0)
+    return (f"Note: {extrapolation['share'] * 100:.0f} % of the {what} is extrapolated ({operators}: GPU "
+            f"architecture or shapes outside the models' training data, or ensemble members that disagree); treat it "
+            f"as a rough estimate")
+
+
+def share(part: float, whole: float) -> float:
+    """``part / whole`` rounded to 6 decimals (0 for an empty whole): an ``extrapolation`` share."""
+    return round(float(part / whole), 6) if whole > 0 else 0.0
 
 
 def summarize(phases: Sequence[str], totals: Sequence[float]) -> dict:

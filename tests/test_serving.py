@@ -349,6 +349,12 @@ def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name,
     # each operator's single duration is memoised as the engine writes it (10⁻⁶ ms), and a decode step repeats the
     # same shapes, so the rounding adds up: 1.6·10⁻⁶ relative on the MoE case (docs/SERVING.md: up to 6.7·10⁻⁶)
     assert sim.makespan_ms == pytest.approx(expected["summary"]["total_duration_ms"], rel=1e-5)
+    # the extrapolated share of the simulated kernel time is the aggregator's (phases aside: serving steps mix them)
+    shares = cost.extrapolation()
+    assert shares["by_operator"].keys() == expected["extrapolation"]["by_operator"].keys()
+    for category, part in expected["extrapolation"]["by_operator"].items():
+        assert shares["by_operator"][category] == pytest.approx(part, abs=1e-4), category
+    assert shares["share"] == pytest.approx(expected["extrapolation"]["share"], abs=1e-4)
 
 
 def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
@@ -828,6 +834,8 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
     assert rows[0].startswith("rank,hardware,dtype,tp,pp,ep,gpus,max_num_seqs,feasible,meets_targets")
     # one GPU beats two per GPU at the same rate
     assert len(rows) == 3 and rows[1].startswith("1,H100,bf16,1,1,1,1,8,True,True")
+    shares = pd.read_csv(out)["extrapolated_share"]  # of each row's simulated kernel time
+    assert shares.between(0, 1).all()
     assert sorted(tmp_path.iterdir()) == [out, out.with_suffix(".json")]  # no plot without --plot
     recorded = json.loads(out.with_suffix(".json").read_text())  # the sweep's settings beside its table
     assert recorded["config"]["model_config"] == "Llama-3.1-8B" and recorded["config"]["qps"] == 20
@@ -875,11 +883,17 @@ def test_serving_says_which_step_times_are_zero_shot(tmp_path):
             for gpu in ("RTX A6000", "H100")}
     assert runs["RTX A6000"].unmeasured_gpu == ["gemm", "attention", "rmsnorm", "siluandmul"]
     assert runs["H100"].unmeasured_gpu == []
+    # per kernel: the attention model saw no SM 8.6 GPU (A40 and RTX A6000 have no attention data), H100 it saw
+    assert runs["RTX A6000"].extrapolation["by_operator"]["attention"] == 1.0
+    assert runs["H100"].extrapolation["by_operator"]["attention"] == 0.0
+    assert 0 < runs["RTX A6000"].extrapolation["share"] < 1
     out = tmp_path / "s.json"
     result = run_script("serve_sim.py", "--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--hardware",
                         "RTX A6000", "--num_requests", "2", "--output", out)
     assert result.returncode == 0, result.stderr
-    assert json.loads(out.read_text())["unmeasured_gpu"] == runs["RTX A6000"].unmeasured_gpu
+    written = json.loads(out.read_text())
+    assert written["unmeasured_gpu"] == runs["RTX A6000"].unmeasured_gpu
+    assert written["extrapolation"] == runs["RTX A6000"].extrapolation
     assert "Note: no kernel of NVIDIA RTX A6000 is in the training data of gemm" in result.stdout
 
 
@@ -924,7 +938,7 @@ def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
     got = pipeweave.simulate_serving("Qwen3-30B-A3B", "splitwise_48", "H100", tp=2, ep=2, qps=10, num_requests=6,
                                      collective_estimate="analytical", model_dir=engine.model_dir, requests=True)
     assert got["summary"] == written["summary"] and got["settings"] == written["settings"]
-    assert got["unmeasured_gpu"] == written["unmeasured_gpu"]
+    assert got["unmeasured_gpu"] == written["unmeasured_gpu"] and got["extrapolation"] == written["extrapolation"]
     assert got["config"] == written["config"]  # folders as given, null for the default, as the command line
     assert got["requests"]["request"] == list(range(6)) and len(got["requests"]["ttft_ms"]) == 6
     with pytest.raises(ValueError, match="unknown setting.* tpp; serve_sim.py's are tp, pp"):

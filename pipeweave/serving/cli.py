@@ -9,6 +9,7 @@ from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_at
 from pipeweave.engine import uncalibrated, unmeasured_note
 from pipeweave.moe import EP_NOTE
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+from pipeweave.report import extrapolated_note
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
 from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
 from pipeweave.serving.simulator import request_metrics, summarize
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     # the calibration's digest beside its path, as search_config records it: the file may be rewritten later
     digest = {"calibration_digest": calibration_key(args.calibration)[1] if args.calibration else None}
     result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS} | digest,
-              "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "summary": summary}
+              "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "extrapolation": run.extrapolation,
+              "summary": summary}
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))
@@ -320,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, engine.calibration_record(gpu))
     if zero_shot:
         print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated))
+    note = extrapolated_note(run.extrapolation, "simulated kernel time")
+    if note:
+        print(note)
     saved = [str(output), str(csv_path), *([args.plot] if args.plot else [])]
     print(f"Results saved to {', '.join(saved[:-1])} and {saved[-1]}")
     return 0

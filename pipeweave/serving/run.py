@@ -62,6 +62,8 @@ class ServingRun:
     settings: dict  # the scheduler settings in force (defaults resolved) and the KV capacity
     engine_calls: int
     unmeasured_gpu: list  # kernel categories whose model has no measurement of the GPU (zero-shot)
+    #: share of the simulated kernel time that is extrapolated, overall and per category (KernelStepCost.extrapolation)
+    extrapolation: dict
 
 
 def _positive(value, flag: str) -> None:
@@ -233,4 +235,4 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
     except SimulationStuck as exc:
         raise UserError(str(exc)) from None
     return ServingRun(config, simulation, settings, cost.engine_calls,
-                      engine.unmeasured(hardware, kernel_categories(cfg, dtype)))
+                      engine.unmeasured(hardware, kernel_categories(cfg, dtype)), cost.extrapolation())

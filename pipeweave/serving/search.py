@@ -44,7 +44,8 @@ CAPACITY_PRECISION = 0.05
 #: columns of a feasible candidate's simulation (NaN on infeasible rows); ``qps``: the request rate they are at
 #: (--qps, or the capacity), blank for a stream of recorded or simultaneous arrivals
 METRICS = ("qps", "qps_per_gpu", "ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
-           "makespan_ms", "kv_cache_tokens", "preemptions", "max_num_batched_tokens", "unmeasured_gpu")
+           "makespan_ms", "kv_cache_tokens", "preemptions", "max_num_batched_tokens", "unmeasured_gpu",
+           "extrapolated_share")
 #: the counts among :data:`METRICS`: whole numbers, blank on infeasible rows (not floats in the CSV)
 COUNT_METRICS = ("kv_cache_tokens", "preemptions", "max_num_batched_tokens")
 #: the table's columns in order (whichever candidate comes first)
@@ -175,7 +176,7 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
         "output_tokens_per_s_per_gpu": summary["output_tokens_per_s"] / (config.tp * config.pp),
         "makespan_ms": summary["makespan_ms"], "kv_cache_tokens": run.settings["kv_cache_tokens"],
         "preemptions": summary["preemptions"], "max_num_batched_tokens": run.settings["max_num_batched_tokens"],
-        "unmeasured_gpu": ";".join(run.unmeasured_gpu),
+        "unmeasured_gpu": ";".join(run.unmeasured_gpu), "extrapolated_share": run.extrapolation["share"],
     }
 
 

@@ -23,21 +23,32 @@ up to its 10⁻⁶ ms output rounding. Nothing is bucketed. A miss on the token-
 whole block of ``token_block`` token counts around it in one engine call; attention shapes are predicted many at
 once by :meth:`prefetch`, which the simulator feeds with the steps it foresees (``pipeweave.serving.simulator``),
 scheduling them ahead with :meth:`estimate`.
+
+**Extrapolation.** The memo also keeps, per kernel term, whether its prediction is extrapolated (the flag of
+``predict_kernels.py --extrapolation``: its GPU's SM design or its inputs outside the model's training data, or the
+ensemble's members disagreeing), and counts how often each memo entry served a simulated step (only :meth:`known`
+counts: the look-ahead's :meth:`estimate` does not), so :meth:`extrapolation` gives the share of the simulated
+kernel time that is extrapolated, as the aggregator's ``extrapolation`` block does for a workload (collectives are
+not kernels and count in neither part), at the cost of one counter per step and launch.
 """
 from __future__ import annotations
 
 import operator
+from collections import defaultdict
 from dataclasses import replace
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from pipeweave.engine import Engine
-from pipeweave.report import round6
+from pipeweave.engine import Engine, Job
+from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload
+from pipeweave.report import round6, share
 from pipeweave.schema import CollectiveOp, Iteration, Workload
 from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators, rmsnorm_launches
 
 TOKEN_BLOCK = 256
+#: positions in a memo entry of :attr:`KernelStepCost.token_terms` and of :attr:`KernelStepCost.attention_memo`
+KERNEL_TERMS, USES, ATTENTION_USES = 3, 4, 2
 EMPTY_ITERATION = Iteration("decode")  # which operator categories an iteration lists
 ESTIMATOR_ROWS = 8  # predicted launches of a backend from which estimate() fits its linear model
 #: the operators sized by the step's number of sequences, not of tokens (the last token of each sequence)
@@ -81,9 +92,12 @@ class KernelStepCost:
         self.rmsnorm_count = rmsnorm_launches(cfg, qk_norm_rmsnorm)  # the generator's (docs/METHOD.md §6.3)
         self.heads = (self.shard.nh, self.shard.nkv, cfg.head_dim)
         self.single_ms: dict[tuple, float] = {}  # non-attention operator key -> single duration
-        #: (tokens, sequences) -> (sum of the terms before attention, terms after it, sum of all terms)
-        self.token_terms: dict[tuple[int, int], tuple[float, tuple[float, ...], float]] = {}
-        self.attention_ms: dict[tuple, float] = {}  # attention shape -> single duration
+        self.single_extrapolated: dict[tuple, bool] = {}  # non-attention kernel key -> extrapolated
+        #: (tokens, sequences) -> [sum of the terms before attention, terms after it, sum of all terms,
+        #: (category, term, extrapolated) of each kernel term, steps it served]
+        self.token_terms: dict[tuple[int, int], list] = {}
+        #: attention shape -> [single duration, extrapolated, steps it served]
+        self.attention_memo: dict[tuple, list] = {}
         self._estimator: dict[str, tuple[float, float, float]] = {}  # per backend: ms ≈ a + b·batch + c·Σ q·kv
         self.engine_calls = 0
 
@@ -137,11 +151,16 @@ class KernelStepCost:
         return ms
 
     def known(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float | None:
-        """The step's duration if its attention shapes are memoised (None otherwise)."""
-        attention = [self.attention_ms.get(shape) for shape in self.attention_shapes(new_tokens, context_lens)]
-        if None in attention:
+        """The step's duration if its attention shapes are memoised (None otherwise); a step it returns counts as
+        simulated (:meth:`extrapolation`)."""
+        launches = [self.attention_memo.get(shape) for shape in self.attention_shapes(new_tokens, context_lens)]
+        if None in launches:
             return None
-        return self._total(new_tokens, attention)
+        terms = self._token_terms(sum(new_tokens), len(new_tokens))
+        terms[USES] += 1
+        for launch in launches:
+            launch[ATTENTION_USES] += 1
+        return self._sum(terms, [launch[0] for launch in launches])
 
     def estimate(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         """The step's duration, an unknown attention launch estimated from its batch size and Σ q·kv by a linear fit
@@ -149,17 +168,18 @@ class KernelStepCost:
         :meth:`prefetch`; a poor estimate only makes that look-ahead foresee fewer steps)."""
         attention = []
         for shape in self.attention_shapes(new_tokens, context_lens):
-            ms = self.attention_ms.get(shape)
-            if ms is None:
+            launch = self.attention_memo.get(shape)
+            if launch is None:
                 a, b, c = self._estimator.get(shape[0], (0.0, 0.0, 0.0))
-                ms = a + b * shape[1] + c * _work(shape)
-            attention.append(ms)
-        return self._total(new_tokens, attention)
+                attention.append(a + b * shape[1] + c * _work(shape))
+            else:
+                attention.append(launch[0])
+        return self._sum(self._token_terms(sum(new_tokens), len(new_tokens)), attention)
 
-    def _total(self, new_tokens: Sequence[int], attention: list[float]) -> float:
+    def _sum(self, terms: list, attention: list[float]) -> float:
         """Σ count × single over the generator's operator order: the terms before attention, attention, the rest;
         a split step's two launches come after every other operator (as they did when listed as instances)."""
-        before, after, every = self._token_terms(sum(new_tokens), len(new_tokens))
+        before, after, every = terms[:3]
         layers = self.cfg.num_hidden_layers
         if len(attention) == 1:
             total = before + attention[0] * layers
@@ -168,7 +188,7 @@ class KernelStepCost:
             return total
         return every + attention[0] * layers + attention[1] * layers
 
-    def _token_terms(self, tokens: int, seqs: int) -> tuple[float, tuple[float, ...], float]:
+    def _token_terms(self, tokens: int, seqs: int) -> list:
         found = self.token_terms.get((tokens, seqs))
         if found is None:
             new = [1] * (seqs - 1) + [tokens - seqs + 1]
@@ -178,19 +198,44 @@ class KernelStepCost:
                      for key, count, category, _ in instances]
             cut = terms.index(None)
             after = tuple(terms[cut + 1:])
-            found = self.token_terms[(tokens, seqs)] = (sum(terms[:cut]), after, sum(terms[:cut] + list(after)))
+            kernels = tuple((category, term, self.single_extrapolated[key])
+                            for (key, _, category, _), term in zip(instances, terms)
+                            if category in KERNEL_CATEGORIES and category != "attention")
+            found = self.token_terms[(tokens, seqs)] = [sum(terms[:cut]), after, sum(terms[:cut] + list(after)),
+                                                        kernels, 0]
         return found
+
+    def extrapolation(self) -> dict:
+        """The share (0–1) of the kernel time of the steps simulated so far that is extrapolated, overall and per
+        operator category (``share``, ``by_operator``: the aggregator's ``extrapolation`` block without phases, which
+        a step mixing prefill chunks and decodes does not have)."""
+        time: dict[str, float] = defaultdict(float)
+        flagged: dict[str, float] = defaultdict(float)
+        for terms in self.token_terms.values():
+            if terms[USES]:
+                for category, term, extrapolated in terms[KERNEL_TERMS]:
+                    time[category] += term * terms[USES]
+                    flagged[category] += term * terms[USES] * extrapolated
+        layers = self.cfg.num_hidden_layers
+        for ms, extrapolated, uses in self.attention_memo.values():
+            time["attention"] += ms * layers * uses
+            flagged["attention"] += ms * layers * uses * extrapolated
+        order = [category for category in CATEGORIES if time.get(category, 0.0) > 0]
+        return {"share": share(sum(flagged[c] for c in order), sum(time[c] for c in order)),
+                "by_operator": {category: share(flagged[category], time[category]) for category in order}}
 
     def prefetch(self, steps: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
         """Predict the unknown attention shapes of the ``(new_tokens, context_lens)`` steps in one engine call."""
         todo = {shape: None for new, context in steps for shape in self.attention_shapes(new, context)
-                if shape not in self.attention_ms}
+                if shape not in self.attention_memo}
         if not todo:
             return
         shapes = list(todo)
-        ms = round6(self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving"))
+        ms, extrapolated = self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving")
+        ms = round6(ms)
         self.engine_calls += 1
-        self.attention_ms.update(zip(shapes, ms))
+        self.attention_memo.update((shape, [value, bool(flag), 0])
+                                   for shape, value, flag in zip(shapes, ms, extrapolated))
         for backend in dict.fromkeys(shape[0] for shape in shapes):
             rows = np.array([(1.0, shape[1], _work(shape), value) for shape, value in zip(shapes, ms)
                              if shape[0] == backend])
@@ -238,9 +283,11 @@ class KernelStepCost:
             single = replace(op, count=1)
             listed = isinstance(getattr(EMPTY_ITERATION, category), list)  # gemm, moe, communication...
             iterations.append(Iteration("decode", **{category: [single] if listed else single}))
-        workload = Workload(iterations, model=self.cfg.model, tp_size=self.tp, pp_size=self.pp, ep_size=self.ep,
-                            dtype=self.dtype)
-        result = self.engine.predict_workload(workload, self.hardware, self.collective_hardware)
+        workload = FlatWorkload.of(Workload(iterations, model=self.cfg.model, tp_size=self.tp, pp_size=self.pp,
+                                            ep_size=self.ep, dtype=self.dtype))
+        prediction = self.engine.predict([Job(workload, self.hardware, self.collective_hardware)])[0]
         self.engine_calls += 1
-        for key, iteration in zip(todo, result["iterations"]):
+        # one instance per iteration: the flattened instances are the iterations, in order
+        for key, iteration, extrapolated in zip(todo, prediction.result["iterations"], prediction.extrapolated):
             self.single_ms[key] = iteration["total_duration_ms"]
+            self.single_extrapolated[key] = bool(extrapolated)
