@@ -358,6 +358,7 @@ def simulate_serving(
     hardware: str,
     *,
     requests: bool = False,
+    interval: bool = False,
     collective_estimate: str = "model",
     calibration: str | Path | None = None,
     model_dir: str | Path | None = None,
@@ -366,8 +367,10 @@ def simulate_serving(
     **settings,
 ) -> dict:
     """``serve_sim.py`` as a function: the object it writes (``config``, ``settings``, ``unmeasured_gpu``,
-    ``extrapolation``, ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README "Serving
-    simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's columns).
+    ``extrapolation``, ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README
+    "Serving simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's columns),
+    with ``interval`` its ``interval`` block (serve_sim.py ``--interval``: the summaries with every kernel at the low
+    and at the high end of its measured 80 % interval; three simulations instead of one).
 
     ``model_config`` and ``trace`` are paths or shipped stems, ``hardware`` a GPU name. ``settings`` are
     serve_sim.py's options under their own names (``tp``, ``pp``, ``ep``, ``dtype``, ``scheduler``, ``qps``,
@@ -385,7 +388,7 @@ def simulate_serving(
 
     from pipeweave.cli import UserError
     from pipeweave.serving.cli import calibration_warnings
-    from pipeweave.serving.run import ServingConfig, simulate_config
+    from pipeweave.serving.run import ServingConfig, serving_interval, simulate_config
     from pipeweave.serving.simulator import request_metrics, summarize
     from pipeweave.workload import ATTENTION_BACKENDS
 
@@ -400,6 +403,7 @@ def simulate_serving(
     if settings.get("collective_hardware") is not None:
         _gpu_name(settings["collective_hardware"], "collective_hardware")
     requests = _flag("requests", requests)
+    interval = _flag("interval", interval)
     settings = {name: _setting(name, value) for name, value in settings.items()}
     for name in ("prefill_attn", "decode_attn"):
         if settings.get(name) is not None and settings[name] not in ATTENTION_BACKENDS:
@@ -414,6 +418,7 @@ def simulate_serving(
         _check_calibration(engine.calibration, [spec.stem])
         config = ServingConfig(str(model_config), str(trace), spec.stem, **settings)
         run = simulate_config(config, engine)
+        interval_block = serving_interval(config, engine) if interval else None
         if engine.calibration is not None:  # serve_sim's WARNINGs, for a calibration of other models
             for line in calibration_warnings(engine, config.model_config, config.tp * config.pp > 1,
                                              config.collective_hardware, [config.dtype]):
@@ -424,9 +429,12 @@ def simulate_serving(
                                             "hardware_dir": hardware_dir and str(hardware_dir),
                                             "collective_estimate": collective_estimate,
                                             "calibration": None if calibration is None else str(calibration),
-                                            "calibration_digest": calibration_used and calibration_used[1]},
+                                            "calibration_digest": calibration_used and calibration_used[1],
+                                            "interval": interval},
               "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "extrapolation": run.extrapolation,
               "summary": summarize(run.simulation)}
+    if interval_block is not None:
+        result["interval"] = interval_block
     if requests:
         result["requests"] = {column: values.tolist() for column, values in request_metrics(run.simulation.requests)
                               .items()}

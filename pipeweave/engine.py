@@ -84,6 +84,8 @@ from pipeweave.validation import attention_warnings, check_durations, load_model
 #: the recipe reach ~50 % of the duration (docs/ACCURACY.md) where shape-held-out errors are ~10 %
 EXTRAPOLATION_WIDENING = 1.5
 COLLECTIVE_ESTIMATES = ("model", "analytical")
+#: which duration of a kernel :meth:`Engine.shape_ms` gives: the point prediction or an end of its interval
+INTERVAL_ENDS = ("point", "low", "high")
 
 Log = Callable[[str], None]
 
@@ -126,6 +128,8 @@ class Prediction:
     #: per operator instance (the workload's flattened order), whether its kernel prediction is extrapolated
     #: (False for collectives): what the output's ``extrapolation`` shares sum, for callers that need it per instance
     extrapolated: np.ndarray | None = None
+    #: per operator instance, the (low, high) single durations (ms) that the output's ``interval`` block sums
+    interval: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def uncalibrated(categories, record: dict | None) -> tuple[list[str], list[str]]:
@@ -472,19 +476,27 @@ class Engine:
             record = self.calibration_record(job.hardware)
             if record:
                 result["calibration"] = record
-            out.append(Prediction(job, result, source, extrapolated))
+            out.append(Prediction(job, result, source, extrapolated, (low, high)))
         return out
 
-    def shape_ms(self, op: str, shapes: Sequence[tuple], hardware: HardwareSpec, label: str
+    def shape_ms(self, op: str, shapes: Sequence[tuple], hardware: HardwareSpec, label: str, end: str = "point"
                  ) -> tuple[np.ndarray, np.ndarray]:
-        """(point durations in ms, unrounded; whether each is extrapolated) of distinct shapes of one operator class
-        on one GPU, each what :meth:`predict` gives it as a single instance (calibration included), without building
-        a workload: for callers that memoise shapes themselves (the serving simulator). ``label`` names the caller
-        in warnings."""
+        """(durations in ms, unrounded; whether each is extrapolated) of distinct shapes of one operator class on one
+        GPU, each what :meth:`predict` gives it as a single instance (calibration included; ``end`` ``"low"`` or
+        ``"high"``: the end of its interval that the output's ``interval`` block sums), without building a workload:
+        for callers that memoise shapes themselves (the serving simulator). ``label`` names the caller in
+        warnings."""
+        if end not in INTERVAL_ENDS:
+            raise ValueError(f"end must be one of {', '.join(INTERVAL_ENDS)}, got {end!r}")
         self.load_models([op])
         if op == "attn":
             self._warn_fa3(label, [shape[0] for shape in shapes], hardware)
-        ms, _, codes = self.unique_durations(op, [(hardware.stem, shape) for shape in shapes])
+        keys = [(hardware.stem, shape) for shape in shapes]
+        if end == "point":
+            ms, _, codes = self.unique_durations(op, keys)
+        else:
+            point, _, codes, fastest = self.bounded_durations(op, keys)
+            ms = physical_interval(point, *self.interval_factors(op, keys, codes), fastest)[end == "high"]
         return ms, codes > 0
 
     def unique_durations(self, op: str, keys: list[tuple[str, tuple]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

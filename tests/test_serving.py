@@ -357,6 +357,28 @@ def test_static_scheduler_reproduces_aggregator_total(engine, model, trace_name,
     assert shares["share"] == pytest.approx(expected["extrapolation"]["share"], abs=1e-4)
 
 
+@pytest.mark.parametrize("model, trace_name, tp, pp, gpu", [
+    ("Qwen2.5-14B", "arxiv_8", 1, 1, "B200"),  # attention, RMSNorm and SiLU*Mul outside their training GPUs
+    ("Llama-3.1-70B", "vllm_splitwise64", 4, 2, "H800"),  # measured collectives: at their point value
+])
+def test_static_scheduler_interval_ends_are_the_aggregators(engine, model, trace_name, tp, pp, gpu):
+    """Every kernel at the low (high) end of its interval: the static batch's makespan is the aggregator's interval
+    end of the same workload, and the collectives' note is the aggregator's."""
+    cfg, t = load_model_config(model), load_trace(trace_name)
+    workload = build_workload(cfg, list(t.prompt_tokens), t.output_tokens, tp=tp, pp=pp,
+                              prefill_attn="fa3_ragged" if gpu == "H800" else "fa2_ragged")
+    expected = engine.predict_workload(workload, gpu)["interval"]
+    makespans = []
+    for end in ("low", "high"):
+        cost = KernelStepCost(engine, cfg, gpu, tp, pp, interval_end=end)
+        makespans.append(simulate(make_requests(t), StaticScheduler(), cost, pp=pp).makespan_ms)
+        assert makespans[-1] == pytest.approx(expected[end]["total_duration_ms"], rel=1e-5)
+        assert cost.collectives_at_point == ("note" in expected)
+    assert makespans[0] < makespans[1]
+    with pytest.raises(ValueError, match="interval_end must be one of point, low, high, got 'mid'"):
+        KernelStepCost(engine, cfg, gpu, tp, pp, interval_end="mid")
+
+
 def test_step_cost_memo_is_exact_and_split_attention_is_two_launches(engine):
     cfg = load_model_config("Llama-3.1-8B")
     cost = KernelStepCost(engine, cfg, "H100")
@@ -931,13 +953,18 @@ def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
 
     out = tmp_path / "s.json"
     flags = ["--model_config", "Qwen3-30B-A3B", "--trace", "splitwise_48", "--hardware", "H100", "--tp", "2", "--ep",
-             "2", "--qps", "10", "--num_requests", "6", "--collective_estimate", "analytical"]
+             "2", "--qps", "10", "--num_requests", "6", "--collective_estimate", "analytical", "--interval"]
     result = run_script("serve_sim.py", *flags, "--model_dir", engine.model_dir, "--output", out)
     assert result.returncode == 0, result.stderr
     written = json.loads(out.read_text())
     got = pipeweave.simulate_serving("Qwen3-30B-A3B", "splitwise_48", "H100", tp=2, ep=2, qps=10, num_requests=6,
-                                     collective_estimate="analytical", model_dir=engine.model_dir, requests=True)
+                                     collective_estimate="analytical", model_dir=engine.model_dir, requests=True,
+                                     interval=True)
     assert got["summary"] == written["summary"] and got["settings"] == written["settings"]
+    assert got["interval"] == written["interval"] and got["interval"]["levels"] == [0.1, 0.9]
+    for key in ("ttft_ms", "tpot_ms"):  # each end is its own simulation, every kernel at that end
+        assert got["interval"]["low"][key]["p50"] <= got["summary"][key]["p50"] <= got["interval"]["high"][key]["p50"]
+    assert "80 % interval (every kernel at the low / high end" in result.stdout
     assert got["unmeasured_gpu"] == written["unmeasured_gpu"] and got["extrapolation"] == written["extrapolation"]
     assert got["config"] == written["config"]  # folders as given, null for the default, as the command line
     assert got["requests"]["request"] == list(range(6)) and len(got["requests"]["ttft_ms"]) == 6

@@ -11,7 +11,7 @@ from pipeweave.moe import EP_NOTE
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
 from pipeweave.report import extrapolated_note
 from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION
-from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, simulate_config
+from pipeweave.serving.run import SCHEDULERS, USAGES, ServingConfig, check, serving_interval, simulate_config
 from pipeweave.serving.simulator import request_metrics, summarize
 from pipeweave.serving.step_cost import MIXED_ATTENTION
 from pipeweave.workload import ATTENTION_BACKENDS, DECODE_ATTN_DEFAULT, DTYPES, load_model_config
@@ -102,6 +102,9 @@ def build_parser():
     parser.add_argument("--output", required=True,
                         help="output JSON (summary); the per-request CSV is written beside it (same stem, .csv)")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write CDFs of TTFT and TPOT as a PNG")
+    parser.add_argument("--interval", action="store_true",
+                        help="also simulate with every kernel at the low and at the high end of its measured 80 %% "
+                             "interval (output 'interval': their summaries; three simulations instead of one)")
     return parser
 
 
@@ -269,6 +272,17 @@ def plot_cdfs(metrics: dict, path: Path, title: str) -> None:
     save_figure(fig, path)
 
 
+def interval_line(interval: dict) -> str:
+    """The console's line of an ``interval`` block (:func:`pipeweave.serving.run.serving_interval`)."""
+    low, high = interval["low"], interval["high"]
+    parts = [f"{key[:-3].upper()} p50 {low[key]['p50']:.3f}–{high[key]['p50']:.3f} ms"
+             for key in ("ttft_ms", "tpot_ms", "e2e_ms") if None not in (low[key]["p50"], high[key]["p50"])]
+    parts.append(f"output {high['output_tokens_per_s']:.1f}–{low['output_tokens_per_s']:.1f} tokens/s")
+    return (f"{round((interval['levels'][1] - interval['levels'][0]) * 100)} % interval (every kernel at the low / "
+            f"high end of its held-out error interval): {', '.join(parts)}"
+            + (" (some collectives at their point value: interval.note)" if "note" in interval else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
@@ -296,13 +310,17 @@ def main(argv: list[str] | None = None) -> int:
                       [args.dtype])
     with tqdm(desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
         run = simulate_config(config, engine, progress=bar.update)
+        interval = serving_interval(config, engine, bar.update) if args.interval else None
     metrics = request_metrics(run.simulation.requests)
     summary = summarize(run.simulation)
     # the calibration's digest beside its path, as search_config records it: the file may be rewritten later
     digest = {"calibration_digest": calibration_key(args.calibration)[1] if args.calibration else None}
-    result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS} | digest,
+    result = {"config": config.as_dict() | {flag: getattr(args, flag) for flag in ENGINE_FLAGS} | digest
+              | {"interval": args.interval},
               "settings": run.settings, "unmeasured_gpu": run.unmeasured_gpu, "extrapolation": run.extrapolation,
               "summary": summary}
+    if interval is not None:
+        result["interval"] = interval
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))
@@ -318,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key[:-3].upper()} p50 / p90 / p99: {p['p50']:.3f} / {p['p90']:.3f} / {p['p99']:.3f} ms")
     print(f"Throughput: {summary['throughput_tokens_per_s']:.1f} tokens/s "
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
+    if interval is not None:
+        print(interval_line(interval))
     gpu = engine.gpu(args.hardware)
     zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, engine.calibration_record(gpu))
     if zero_shot:

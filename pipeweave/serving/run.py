@@ -64,6 +64,8 @@ class ServingRun:
     unmeasured_gpu: list  # kernel categories whose model has no measurement of the GPU (zero-shot)
     #: share of the simulated kernel time that is extrapolated, overall and per category (KernelStepCost.extrapolation)
     extrapolation: dict
+    #: with ``interval_end`` low or high: whether a collective entered at its point value (not in the interval)
+    collectives_at_point: bool = False
 
 
 def _positive(value, flag: str) -> None:
@@ -182,8 +184,10 @@ def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = Non
                         f"vLLM refuses")
 
 
-def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> ServingRun:
-    """Build requests, scheduler and step cost from ``config`` and run the simulation."""
+def simulate_config(config: ServingConfig, engine: Engine, progress=None, interval_end: str = "point"
+                    ) -> ServingRun:
+    """Build requests, scheduler and step cost from ``config`` and run the simulation (``interval_end`` ``"low"`` or
+    ``"high"``: every kernel at that end of its measured interval, :class:`KernelStepCost`)."""
     check(config)
     cfg = load_model_config(config.model_config)
     if config.pp > cfg.num_hidden_layers:
@@ -203,7 +207,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
                           collective_hardware=config.collective_hardware, prefill_attn=config.prefill_attn,
                           decode_attn=config.decode_attn, qk_norm_rmsnorm=config.qk_norm_rmsnorm,
                           mixed_attention=config.mixed_attention, decode_bucket=config.decode_bucket, dtype=dtype,
-                          ep=config.ep)
+                          ep=config.ep, interval_end=interval_end)
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
     check_model_and_requests(cfg, requests, dtype)
@@ -235,4 +239,20 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None) -> Ser
     except SimulationStuck as exc:
         raise UserError(str(exc)) from None
     return ServingRun(config, simulation, settings, cost.engine_calls,
-                      engine.unmeasured(hardware, kernel_categories(cfg, dtype)), cost.extrapolation())
+                      engine.unmeasured(hardware, kernel_categories(cfg, dtype)), cost.extrapolation(),
+                      cost.collectives_at_point)
+
+
+def serving_interval(config: ServingConfig, engine: Engine, progress=None) -> dict:
+    """The output's ``interval`` block: the summaries of the simulation with every kernel at the low and at the high
+    end of its measured 80 % interval (``levels``), as the aggregator's ``interval`` block sums a workload's kernels
+    (perfectly correlated errors); ``note`` where a collective entered at its point value. Each end is simulated
+    afresh: a faster step also changes what the scheduler batches next."""
+    from pipeweave.intervals import COMMUNICATION_NOTE, LEVELS
+    from pipeweave.serving.simulator import summarize
+
+    runs = [simulate_config(config, engine, progress, end) for end in ("low", "high")]
+    block = {"levels": list(LEVELS), "low": summarize(runs[0].simulation), "high": summarize(runs[1].simulation)}
+    if any(run.collectives_at_point for run in runs):
+        block["note"] = COMMUNICATION_NOTE
+    return block

@@ -11,6 +11,10 @@ backend runs); with ``"single"``, one prefill-backend launch over the whole batc
 backend). ``benchmarks/serving.py`` reports how much the two differ and how much slower "single" is (its
 compositions never repeat).
 
+``interval_end`` ``"low"`` or ``"high"`` costs every kernel at that end of its measured 80 % interval (the ends the
+aggregator's ``interval`` block sums, :meth:`pipeweave.engine.Engine.shape_ms`) instead of its point prediction:
+the serving simulator's interval runs (``serve_sim.py --interval``).
+
 ``decode_bucket`` (default 0: exact) is the one approximation offered for very long runs: a decode launch is
 predicted as if every request had the batch's mean context rounded up to a multiple of ``decode_bucket``, so
 launches repeat and the memo hits; ``benchmarks/serving.py`` measures what it costs in TTFT/TPOT.
@@ -40,7 +44,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pipeweave.engine import Engine, Job
+from pipeweave.engine import INTERVAL_ENDS, Engine, Job
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload
 from pipeweave.report import round6, share
 from pipeweave.schema import CollectiveOp, Iteration, Workload
@@ -74,9 +78,15 @@ class KernelStepCost:
     def __init__(self, engine: Engine, cfg: ModelConfig, hardware: str, tp: int = 1, pp: int = 1,
                  collective_hardware: str | None = None, prefill_attn: str | None = None,
                  decode_attn: str = DECODE_ATTN_DEFAULT, qk_norm_rmsnorm: bool = False,
-                 mixed_attention: str = "split", decode_bucket: int = 0, dtype: str = "bf16", ep: int = 1):
+                 mixed_attention: str = "split", decode_bucket: int = 0, dtype: str = "bf16", ep: int = 1,
+                 interval_end: str = "point"):
         if mixed_attention not in MIXED_ATTENTION:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, got {mixed_attention!r}")
+        if interval_end not in INTERVAL_ENDS:
+            raise ValueError(f"interval_end must be one of {', '.join(INTERVAL_ENDS)}, got {interval_end!r}")
+        self.interval_end = interval_end
+        #: whether a collective entered an interval run at its point value (the aggregator's ``interval.note``)
+        self.collectives_at_point = False
         self.engine = engine
         self.cfg = cfg
         self.hardware = engine.gpu(hardware)
@@ -231,7 +241,8 @@ class KernelStepCost:
         if not todo:
             return
         shapes = list(todo)
-        ms, extrapolated = self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving")
+        ms, extrapolated = self.engine.shape_ms("attn", shapes, self.hardware, f"{self.cfg.stem} serving",
+                                                self.interval_end)
         ms = round6(ms)
         self.engine_calls += 1
         self.attention_memo.update((shape, [value, bool(flag), 0])
@@ -288,6 +299,11 @@ class KernelStepCost:
         prediction = self.engine.predict([Job(workload, self.hardware, self.collective_hardware)])[0]
         self.engine_calls += 1
         # one instance per iteration: the flattened instances are the iterations, in order
-        for key, iteration, extrapolated in zip(todo, prediction.result["iterations"], prediction.extrapolated):
-            self.single_ms[key] = iteration["total_duration_ms"]
+        if self.interval_end == "point":
+            ms = [iteration["total_duration_ms"] for iteration in prediction.result["iterations"]]
+        else:
+            ms = round6(prediction.interval[self.interval_end == "high"])
+            self.collectives_at_point |= "note" in prediction.result["interval"]
+        for key, value, extrapolated in zip(todo, ms, prediction.extrapolated):
+            self.single_ms[key] = value
             self.single_extrapolated[key] = bool(extrapolated)
