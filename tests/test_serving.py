@@ -1026,6 +1026,9 @@ def test_search_finds_each_candidates_capacity(tmp_path, engine):
     assert found.config.qps == pytest.approx(table.set_index(["hardware", "tp"]).loc[("A100", 1), "qps"], rel=1e-5)
     above = simulate_config(replace(config, qps=found.config.qps * (1 + CAPACITY_PRECISION) ** 2), engine)
     assert judge(found, targets)[0] and not judge(above, targets)[0]
+    # conservative sizing: every kernel at the high end of its interval serves less than at its point prediction
+    slow, note = capacity(config, engine, {**targets, "interval_end": "high"})
+    assert note == "" and slow.config.qps < found.config.qps
     # a target no rate meets
     _, note = capacity(config, engine, {**targets, "ttft_ms": 1e-3})
     assert note.startswith("misses the targets even at")

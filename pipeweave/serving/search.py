@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
-from pipeweave.engine import uncalibrated
+from pipeweave.engine import INTERVAL_ENDS, uncalibrated
 from pipeweave.moe import EP_NOTE
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, arrivals_note, check_paths,
                                   config_from_args, engine_from_settings)
@@ -112,7 +112,7 @@ def capacity(config: ServingConfig, engine, targets: dict) -> tuple[object, str]
     from pipeweave.serving.run import simulate_config
 
     def attempt(qps: float):
-        run = simulate_config(replace(config, qps=qps), engine)
+        run = simulate_config(replace(config, qps=qps), engine, interval_end=targets.get("interval_end", "point"))
         return judge(run, targets)[0], run
 
     rate = config.qps or CAPACITY_START_QPS
@@ -159,7 +159,7 @@ def evaluate(config: ServingConfig, engine: tuple, targets: dict) -> dict:
         if targets.get("capacity"):
             run, note = capacity(config, _ENGINES[engine], targets)
         else:
-            run, note = simulate_config(config, _ENGINES[engine]), ""
+            run, note = simulate_config(config, _ENGINES[engine], interval_end=targets.get("interval_end", "point")), ""
     except (UserError, ValueError, FileNotFoundError) as exc:
         return row | {"feasible": False, "meets_targets": False, "reason": str(exc.args[0] if exc.args else exc)}
     summary = summarize(run.simulation)
@@ -341,6 +341,10 @@ def build_parser():
                              "--num_requests requests) at which it meets the targets, starting from --qps (default "
                              f"{CAPACITY_START_QPS:g}) to within {CAPACITY_PRECISION * 100:g} %%, and rank by capacity per "
                              "GPU (needs --ttft_ms: without it, requests may queue without limit)")
+    parser.add_argument("--interval_end", choices=INTERVAL_ENDS, default="point",
+                        help="simulate every candidate with each kernel at its point prediction (default) or at the "
+                             "low or high end of its measured 80 %% interval; high: conservative sizing, the ranking "
+                             "and capacities if every kernel runs as slowly as the held-out errors allow")
     parser.add_argument("--gpu_cost", default=None, metavar="GPU=USD,...",
                         help="price of each --hardware GPU per hour (e.g. H100=2.5,L40S=0.9): rank by the cost of a "
                              "million output tokens instead of per GPU (GPUs of different kinds cost differently)")
@@ -446,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         print("Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets, ranked by "
               "output tokens/s per GPU at the offered load")
     targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
-               "tpot_percentile": args.tpot_percentile, "capacity": args.capacity}
+               "tpot_percentile": args.tpot_percentile, "capacity": args.capacity, "interval_end": args.interval_end}
     engine = engine_settings(args)
     with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update, prices)
