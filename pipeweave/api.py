@@ -441,6 +441,108 @@ def simulate_serving(
     return result
 
 
+@_warnings_at_caller
+def search_configurations(
+    model_config: str | Path,
+    trace: str | Path,
+    hardware: str | Sequence[str],
+    gpu_budget: int,
+    *,
+    calibration: str | Path | None = None,
+    model_dir: str | Path | None = None,
+    hardware_dir: str | Path | None = None,
+    **options,
+):
+    """``search_config.py`` as a function: its ranked table (a pandas DataFrame, the CSV's columns and rows).
+
+    ``hardware`` is one GPU name or a list of them, ``gpu_budget`` the most GPUs per replica. ``options`` are
+    search_config.py's flags under their own names, a flag not given taking its command-line default: lists as Python
+    lists (``tp=[1, 2]``, ``pp``, ``max_num_seqs``, ``ep``, ``dtype=["bf16", "fp8"]``), ``gpu_cost`` as a dict (GPU
+    name -> USD per GPU-hour), targets (``ttft_ms``, ``ttft_percentile``, ``tpot_ms``, ``tpot_percentile``),
+    ``capacity``, ``interval_end``, ``workers``, ``scheduler_address`` (``--scheduler``: a Dask scheduler),
+    ``collective_estimate``
+    and serve_sim.py's request-stream and scheduler settings (``qps``, ``num_requests``, ``per_request_outputs``...).
+    An error names the option as search_config.py's flag. The console's notes are not repeated; its WARNING lines are
+    Python warnings. Raises ``FileNotFoundError`` / ``ValueError``.
+
+    >>> table = search_configurations("Llama-3.1-8B", "splitwise_48", ["H100", "A100"], 1, pp=[1], max_num_seqs=[32],
+    ...                               num_requests=8, ttft_ms=1000)
+    >>> list(table["hardware"]), bool(table["meets_targets"].all())
+    (['H100', 'A100'], True)
+    """
+    from pipeweave.cli import UserError, positive_float
+    from pipeweave.serving import search
+
+    parser = search.build_parser()
+    flags = {action.dest: action for action in parser._actions if action.option_strings}
+    excluded = {"help", "model_config", "trace", "hardware", "gpu_budget", "calibration", "model_dir", "hardware_dir",
+                "output", "plot"}
+    known = sorted(set(flags) - excluded)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; search_config.py's are {', '.join(known)}")
+    for name, value in (("model_config", model_config), ("trace", trace)):
+        if not isinstance(value, (str, Path)) or not str(value).strip():
+            raise ValueError(f"{name} must be a path or the stem of a shipped one, got {value!r}")
+    gpus = [hardware] if isinstance(hardware, str) else hardware
+    if not isinstance(gpus, (list, tuple)) or not gpus:
+        raise ValueError(f"hardware must be a GPU name or a non-empty list of them, got {hardware!r}")
+    argv = ["--model_config", str(model_config), "--trace", str(trace),
+            "--hardware", ",".join(_gpu_name(gpu) for gpu in gpus),
+            "--gpu_budget", str(_setting_value("gpu_budget", gpu_budget, int)), "--output", "unwritten.csv"]
+    for name, value in (("calibration", calibration), ("model_dir", model_dir), ("hardware_dir", hardware_dir)):
+        if value is not None:
+            if not isinstance(value, (str, Path)):
+                raise ValueError(f"{name} must be a path, got {type(value).__name__}")
+            argv += [f"--{name}", str(value)]
+    for name, value in options.items():
+        action = flags[name]
+        if value is None:
+            continue
+        if action.nargs == 0:  # a true/false flag
+            if _flag(name, value):
+                argv.append(action.option_strings[0])
+            continue
+        if name == "gpu_cost":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"gpu_cost must be a dict of GPU name -> USD per GPU-hour, got {value!r}")
+            text = ",".join(f"{_gpu_name(gpu, 'a gpu_cost key')}={_setting_value('gpu_cost', price, float)!r}"
+                            for gpu, price in value.items())
+        elif name in LIST_OPTIONS:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            kind = str if name == "dtype" else int
+            text = ",".join(str(_setting_value(name, item, kind)) for item in items)
+        else:
+            kind = int if action.type is int else float if action.type in (float, positive_float) else str
+            text = repr(_setting_value(name, value, kind)) if kind is float else str(_setting_value(name, value, kind))
+        argv += [action.option_strings[0], text]
+    try:
+        args = parser.parse_args(argv)
+        search._ENGINES.clear()  # a folder edited since an earlier call is read again
+        sweep = search.plan(args, say=_warn_of_warnings, log=_warn_of_warnings)
+        return search.execute(sweep, args.workers, args.scheduler_address)
+    except UserError as exc:  # the command line's error class; a library caller catches ValueError
+        raise ValueError(str(exc)) from None
+
+
+#: search_config.py's comma-separated list flags (a Python list, or one value, in :func:`search_configurations`)
+LIST_OPTIONS = ("tp", "pp", "max_num_seqs", "ep", "dtype")
+
+
+def _setting_value(name: str, value, kind: type):
+    """``value`` as ``kind`` (int, float or str) would be typed on the command line: numpy scalars as plain ones,
+    no bool for a number, no float for an integer."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if kind is str and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return float(value) if kind is float else value
+
+
 #: serve_sim.py's integer, number and true/false options (argparse types them on the command line; a caller may not)
 INTEGER_SETTINGS = ("tp", "pp", "ep", "num_requests", "seed", "max_num_seqs", "max_num_batched_tokens",
                     "max_concurrent_batches", "decode_bucket")

@@ -874,6 +874,37 @@ def test_search_config_cli_ranks_and_plots(tmp_path, engine):
     assert bad.returncode == 2 and "known" in bad.stderr and not (tmp_path / "bad.csv").exists()
 
 
+def test_the_python_api_searches_as_search_config_does(tmp_path, engine):
+    """pipeweave.search_configurations: search_config.py's table for the same options (lists as lists, prices as a
+    dict), ValueErrors naming the option for what the command line refuses."""
+    import pipeweave
+
+    out = tmp_path / "search.csv"
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100,A100", "--gpu_budget",
+                        "2", "--tp", "1,2", "--pp", "1", "--max_num_seqs", "8", "--trace", "splitwise_48",
+                        "--num_requests", "6", "--qps", "20", "--ttft_ms", "500", "--gpu_cost", "H100=2.5,A100=1.25",
+                        "--interval_end", "high", "--collective_estimate", "analytical", "--model_dir",
+                        engine.model_dir, "--output", out)
+    assert result.returncode == 0, result.stderr
+    table = pipeweave.search_configurations(
+        "Llama-3.1-8B", "splitwise_48", ["H100", "A100"], 2, tp=[1, 2], pp=[1], max_num_seqs=8, num_requests=6,
+        qps=20, ttft_ms=500, gpu_cost={"H100": 2.5, "A100": 1.25}, interval_end="high",
+        collective_estimate="analytical", model_dir=engine.model_dir)
+    assert table.to_csv(index=False, float_format="%.6g") == out.read_text()
+    assert list(table["rank"]) == [1, 2, 3, 4]
+    for options, message in ((dict(tp="1,2"), "tp must be an integer, got '1,2'"),
+                             (dict(gpu_cost=[2.5]), "gpu_cost must be a dict of GPU name -> USD per GPU-hour"),
+                             (dict(capacity=1), "capacity must be True or False, got 1"),
+                             (dict(tpp=2), "unknown option.* tpp; search_config.py's are capacity, "),
+                             (dict(interval_end="mid"), "argument --interval_end: invalid choice: 'mid'"),
+                             (dict(capacity=True), "--capacity needs --ttft_ms")):
+        with pytest.raises(ValueError, match=message):
+            pipeweave.search_configurations("Llama-3.1-8B", "splitwise_48", "H100", 1, model_dir=engine.model_dir,
+                                            **options)
+    with pytest.raises(ValueError, match="hardware must be a GPU name or a non-empty list"):
+        pipeweave.search_configurations("Llama-3.1-8B", "splitwise_48", [], 1)
+
+
 def test_search_config_tries_each_weight_dtype(tmp_path, engine):
     """--dtype bf16,fp8 is one more dimension of the sweep; a GPU without an FP8 rate stays as infeasible for fp8."""
     out = tmp_path / "search.csv"

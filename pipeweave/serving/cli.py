@@ -185,7 +185,7 @@ def make_engine(args, log=None):
 
 
 def check_calibration(engine, gpus: list[str], model_config: str, communicates: bool,
-                      collective_hardware: str | None = None, dtypes=(None,)) -> None:
+                      collective_hardware: str | None = None, dtypes=(None,), say=print) -> None:
     """A calibration for none of the simulated GPUs is refused, and one fitted against other kernel models (of the
     operators the model runs with weights in each of ``dtypes``) or, where the simulated deployments communicate,
     other collective models says so (as aggregator.py does)."""
@@ -193,26 +193,26 @@ def check_calibration(engine, gpus: list[str], model_config: str, communicates: 
     if calibration is None:
         return
     calibration.check_hardware([engine.gpu(gpu).stem for gpu in gpus])
-    print(f"Calibration: {calibration.path} ({calibration.hardware})")
+    say(f"Calibration: {calibration.path} ({calibration.hardware})")
     for warning in calibration_warnings(engine, model_config, communicates, collective_hardware, dtypes):
-        print(warning)
+        say(warning)
 
 
-def qk_norm_note(args) -> None:
+def qk_norm_note(args, say=print) -> None:
     """The generator's note on a Qwen3 model costed without its q/k RMSNorms (flag not given)."""
     from pipeweave.workload import QK_NORM_NOTE, load_model_config
 
     if not args.qk_norm_rmsnorm and load_model_config(args.model_config).has_qk_norm:
-        print(QK_NORM_NOTE)
+        say(QK_NORM_NOTE)
 
 
-def arrivals_note(trace: str, qps: float | None, searched: bool = False) -> None:
+def arrivals_note(trace: str, qps: float | None, searched: bool = False, say=print) -> None:
     """A note where a request rate replaces the arrival times the trace recorded (Poisson arrivals instead)."""
     from pipeweave.serving.requests import ARRIVAL_COLUMN, load_serving_trace
 
     if (qps is not None or searched) and load_serving_trace(trace).arrivals_s is not None:
         rate = "the searched rates" if searched else f"--qps {qps:g} requests/s"
-        print(f"Note: the trace's recorded {ARRIVAL_COLUMN} are replaced by Poisson arrivals at {rate}")
+        say(f"Note: the trace's recorded {ARRIVAL_COLUMN} are replaced by Poisson arrivals at {rate}")
 
 
 def calibration_warnings(engine, model_config: str, communicates: bool, collective_hardware: str | None = None,

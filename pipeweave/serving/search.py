@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -360,12 +360,21 @@ def build_parser():
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    import sys
+@dataclass
+class SweepPlan:
+    """What :func:`plan` checked and built from the flags: the candidates, the targets they are judged by, the
+    engine settings the workers load, the prices (None without --gpu_cost) and this process's engine."""
 
-    from tqdm import tqdm
+    configs: list[ServingConfig]
+    targets: dict
+    engine: tuple
+    prices: dict[str, float] | None
+    local: object
 
-    args = build_parser().parse_args(argv)
+
+def plan(args, say=print, log=None) -> SweepPlan:
+    """Check the parsed flags of search_config.py (everything but the output paths) and list the candidates;
+    ``say`` receives the notes, ``log`` the engine's lines (default: standard error)."""
     gpus = [g.strip() for g in args.hardware.split(",") if g.strip()]
     if not gpus:
         raise UserError("--hardware lists no GPU")
@@ -388,24 +397,17 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--scheduler {args.scheduler_address}: here it is the address of a Dask scheduler to run the "
                         f"sweep on (tcp://host:8786); every candidate is simulated with vLLM's scheduler (serve_sim.py "
                         f"--scheduler static simulates the static batch)")
-    output = Path(args.output)
-    if output.suffix != ".csv":
-        raise UserError(f"--output {output}: expected a .csv file")
-    plot = Path(args.plot) if args.plot else None
-    record = output.with_suffix(".json")  # the sweep's settings, so that the table can be reproduced
-    check_paths(args, {"--output": output, "the settings JSON of --output": record}
-                | ({"--plot": plot} if plot else {}))
     from pipeweave.serving.cli import check_calibration, engine_settings, make_engine, qk_norm_note
     from pipeweave.serving.requests import load_serving_trace, make_requests
     from pipeweave.workload import load_model_config, rmsnorm_launches
 
-    local = make_engine(args)
+    local = make_engine(args, log)
     gpus = list(dict.fromkeys(local.registry.get(g).stem for g in gpus))  # unknown GPU: error listing the known ones
     if args.collective_hardware is not None:
         local.gpu(args.collective_hardware)
     prices = None if args.gpu_cost is None else gpu_prices(args.gpu_cost, local.registry, gpus)
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
-                      args.collective_hardware, requested_dtypes)
+                      args.collective_hardware, requested_dtypes, say)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
     # and requests are built once: their errors would otherwise only mark every candidate infeasible
     if args.max_concurrent_batches is not None and args.max_concurrent_batches > min(pps):
@@ -415,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                             dtype=None, ep=1)
     cfg = load_model_config(base.model_config)
     rmsnorm_launches(cfg, base.qk_norm_rmsnorm)  # a flag the model refuses: one error, not every row infeasible
-    qk_norm_note(args)
-    arrivals_note(base.trace, base.qps, args.capacity)
+    qk_norm_note(args, say)
+    arrivals_note(base.trace, base.qps, args.capacity, say)
     requests = make_requests(load_serving_trace(base.trace), base.num_requests, base.qps or CAPACITY_START_QPS,
                              base.seed, base.per_request_outputs)
     # one candidate per weight dtype, kept as asked (None: the checkpoint's), so that errors name what was given; a
@@ -438,42 +440,67 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.moe is None and eps != [1]:
         raise UserError(f"--ep {args.ep}: {cfg.stem} is dense: expert parallelism needs a mixture-of-experts model")
     if any(ep > 1 for ep in eps):
-        print(EP_NOTE)
+        say(EP_NOTE)
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
     beyond = [tp for tp in tps if tp * min(pps) > args.gpu_budget]
     if beyond:
-        print(f"Note: --tp {', '.join(map(str, beyond))}: above --gpu_budget {args.gpu_budget} with every --pp, not "
-              f"simulated")
+        say(f"Note: --tp {', '.join(map(str, beyond))}: above --gpu_budget {args.gpu_budget} with every --pp, not "
+            f"simulated")
     if args.ttft_ms is None and args.tpot_ms is None:
-        print("Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets, ranked by "
-              "output tokens/s per GPU at the offered load")
+        say("Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets, ranked by "
+            "output tokens/s per GPU at the offered load")
     targets = {"ttft_ms": args.ttft_ms, "ttft_percentile": args.ttft_percentile, "tpot_ms": args.tpot_ms,
                "tpot_percentile": args.tpot_percentile, "capacity": args.capacity, "interval_end": args.interval_end}
-    engine = engine_settings(args)
-    with tqdm(total=len(configs), desc="candidates", disable=None, file=sys.stderr) as bar:
-        table = run_sweep(configs, engine, targets, args.workers, args.scheduler_address, bar.update, prices)
-    if local.calibration is not None:  # which rows were corrected, by which file
-        table["calibration"] = [str(local.calibration.path) if gpu == local.calibration.hardware else ""
+    return SweepPlan(configs, targets, engine_settings(args), prices, local)
+
+
+def execute(sweep: SweepPlan, workers: int = 1, scheduler_address: str | None = None, progress=None
+            ) -> pd.DataFrame:
+    """Simulate every candidate of ``sweep`` (:func:`run_sweep`) and rank them; with a calibration, its
+    ``calibration`` column names the file on the rows it corrected."""
+    table = run_sweep(sweep.configs, sweep.engine, sweep.targets, workers, scheduler_address, progress, sweep.prices)
+    calibration = sweep.local.calibration
+    if calibration is not None:
+        table["calibration"] = [str(calibration.path) if gpu == calibration.hardware else ""
                                 for gpu in table["hardware"]]
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from tqdm import tqdm
+
+    args = build_parser().parse_args(argv)
+    output = Path(args.output)
+    if output.suffix != ".csv":
+        raise UserError(f"--output {output}: expected a .csv file")
+    plot = Path(args.plot) if args.plot else None
+    record = output.with_suffix(".json")  # the sweep's settings, so that the table can be reproduced
+    check_paths(args, {"--output": output, "the settings JSON of --output": record}
+                | ({"--plot": plot} if plot else {}))
+    sweep = plan(args)
+    with tqdm(total=len(sweep.configs), desc="candidates", disable=None, file=sys.stderr) as bar:
+        table = execute(sweep, args.workers, args.scheduler_address, bar.update)
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
-    model_dir, hardware_dir, estimate, calibration = engine
+    model_dir, hardware_dir, estimate, calibration = sweep.engine
     settings = {"config": {name: value for name, value in vars(args).items() if name not in ("output", "plot")},
                 "engine": {"model_dir": model_dir, "hardware_dir": hardware_dir, "collective_estimate": estimate,
                            "calibration": None if calibration is None else {"file": calibration[0],
                                                                             "digest": calibration[1]}},
-                "candidates": len(configs)}
+                "candidates": len(sweep.configs)}
     write_atomically(record, lambda tmp: tmp.write_text(json.dumps(settings, indent=2) + "\n"))
     written = [output, record]
     if plot and not table["feasible"].any():
         print(f"No candidate is feasible: {plot} not written")
     elif plot:
-        plot_pareto(table, plot, targets)
+        plot_pareto(table, plot, sweep.targets)
         written.append(plot)
     best = table[table["meets_targets"]]
     print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
-    zero_shot = zero_shot_gpus(table, local)
+    zero_shot = zero_shot_gpus(table, sweep.local)
     if zero_shot:
         print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "
               f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
@@ -486,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     for _, row in best.head(5).iterrows():
         load = (f"capacity {row['qps']:.3g} requests/s ({row['qps_per_gpu']:.3g} per GPU), " if args.capacity
                 else "")
-        if prices is not None:
+        if sweep.prices is not None:
             load += f"${row['usd_per_million_output_tokens']:.3g} per million output tokens, "
         print(f"  {int(row['rank'])}. {row['hardware']} {row['dtype'].upper()} TP{row['tp']} PP{row['pp']}"
               f"{f' EP{row.ep}' if row.ep > 1 else ''} max_num_seqs "
