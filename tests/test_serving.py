@@ -950,6 +950,14 @@ def test_serving_says_which_step_times_are_zero_shot(tmp_path):
     assert "Note: no kernel of NVIDIA RTX A6000 is in the training data of gemm" in result.stdout
 
 
+def test_search_notes_gpus_whose_rows_are_mostly_extrapolated():
+    from pipeweave.serving.search import mostly_extrapolated_gpus
+
+    table = pd.DataFrame({"hardware": ["B200", "B200", "H100", "L4"], "feasible": [True, True, True, False],
+                          "extrapolated_share": [0.2, 0.6, 0.5, float("nan")]})
+    assert mostly_extrapolated_gpus(table) == ["B200"]  # above half only, feasible rows only
+
+
 def test_expert_parallelism_is_a_serving_setting_and_a_search_dimension(tmp_path, engine):
     """serve_sim and search_config take --ep and check it against the model and TP; an expert-parallel rank costs
     what the TP shard of its layer costs (pipeweave/moe.py: measured so), so EP 4 and EP 1 give the same steps."""

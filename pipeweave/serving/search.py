@@ -29,6 +29,7 @@ import pandas as pd
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.engine import INTERVAL_ENDS, uncalibrated
 from pipeweave.moe import EP_NOTE
+from pipeweave.report import EXTRAPOLATED_NOTE_SHARE
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, arrivals_note, check_paths,
                                   config_from_args, engine_from_settings)
 from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
@@ -270,6 +271,13 @@ def zero_shot_gpus(table: pd.DataFrame, engine) -> list[str]:
     return sorted(found)
 
 
+def mostly_extrapolated_gpus(table: pd.DataFrame) -> list[str]:
+    """The GPUs of feasible rows more than :data:`EXTRAPOLATED_NOTE_SHARE` of whose simulated kernel time is
+    extrapolated (column ``extrapolated_share``), as the aggregator and serve_sim note it."""
+    feasible = table[table["feasible"]]
+    return sorted(set(feasible.loc[feasible["extrapolated_share"] > EXTRAPOLATED_NOTE_SHARE, "hardware"]))
+
+
 def fp8_slower_than_bf16(table: pd.DataFrame) -> list[str]:
     """The GPUs on which a feasible FP8 row has a longer TPOT than the BF16 row of the same (TP, PP, EP,
     max_num_seqs): against the physics of halved weight bytes, so worth a word."""
@@ -504,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     if zero_shot:
         print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "
               f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
+    extrapolated = mostly_extrapolated_gpus(table)
+    if extrapolated:
+        print(f"Note: {', '.join(extrapolated)}: more than {EXTRAPOLATED_NOTE_SHARE * 100:.0f} % of some rows' simulated "
+              f"kernel time is extrapolated (column extrapolated_share: GPU architecture or shapes outside the models' "
+              f"training data, or ensemble members that disagree); treat those rows as rough estimates")
     slower = fp8_slower_than_bf16(table)
     if slower:
         print(f"Note: {', '.join(slower)}: FP8 rows have a longer TPOT than the BF16 rows of the same setup; the FP8 "
