@@ -514,9 +514,9 @@ def main(argv: list[str] | None = None) -> int:
               f"operators' training data (column unmeasured_gpu; docs/ACCURACY.md for their leave-one-GPU-out errors)")
     extrapolated = mostly_extrapolated_gpus(table)
     if extrapolated:
-        print(f"Note: {', '.join(extrapolated)}: more than {EXTRAPOLATED_NOTE_SHARE * 100:.0f} % of some rows' simulated "
-              f"kernel time is extrapolated (column extrapolated_share: GPU architecture or shapes outside the models' "
-              f"training data, or ensemble members that disagree); treat those rows as rough estimates")
+        print(f"Note: {', '.join(extrapolated)}: more than {EXTRAPOLATED_NOTE_SHARE * 100:.0f} % of some rows' "
+              f"simulated kernel time is extrapolated (column extrapolated_share: GPU architecture or shapes outside "
+              f"the models' training data, or ensemble members that disagree); treat those rows as rough estimates")
     slower = fp8_slower_than_bf16(table)
     if slower:
         print(f"Note: {', '.join(slower)}: FP8 rows have a longer TPOT than the BF16 rows of the same setup; the FP8 "
