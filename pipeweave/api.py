@@ -368,8 +368,8 @@ def simulate_serving(
 ) -> dict:
     """``serve_sim.py`` as a function: the object it writes (``config``, ``settings``, ``unmeasured_gpu``,
     ``extrapolation``, ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README
-    "Serving simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's columns),
-    with ``interval`` its ``interval`` block (serve_sim.py ``--interval``: the summaries with every kernel at the low
+    "Serving simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's
+    columns), with ``interval`` its ``interval`` block (serve_sim.py ``--interval``: the summaries with every kernel at the low
     and at the high end of its measured 80 % interval; three simulations instead of one).
 
     ``model_config`` and ``trace`` are paths or shipped stems, ``hardware`` a GPU name. ``settings`` are
@@ -441,6 +441,10 @@ def simulate_serving(
     return result
 
 
+#: search_config.py's comma-separated list flags (a Python list, or one value, in :func:`search_configurations`)
+LIST_OPTIONS = ("tp", "pp", "max_num_seqs", "ep", "dtype")
+
+
 @_warnings_at_caller
 def search_configurations(
     model_config: str | Path,
@@ -456,14 +460,15 @@ def search_configurations(
     """``search_config.py`` as a function: its ranked table (a pandas DataFrame, the CSV's columns and rows).
 
     ``hardware`` is one GPU name or a list of them, ``gpu_budget`` the most GPUs per replica. ``options`` are
-    search_config.py's flags under their own names, a flag not given taking its command-line default: lists as Python
-    lists (``tp=[1, 2]``, ``pp``, ``max_num_seqs``, ``ep``, ``dtype=["bf16", "fp8"]``), ``gpu_cost`` as a dict (GPU
-    name -> USD per GPU-hour), targets (``ttft_ms``, ``ttft_percentile``, ``tpot_ms``, ``tpot_percentile``),
-    ``capacity``, ``interval_end``, ``workers``, ``scheduler_address`` (``--scheduler``: a Dask scheduler),
-    ``collective_estimate``
-    and serve_sim.py's request-stream and scheduler settings (``qps``, ``num_requests``, ``per_request_outputs``...).
-    An error names the option as search_config.py's flag. The console's notes are not repeated; its WARNING lines are
-    Python warnings. Raises ``FileNotFoundError`` / ``ValueError``.
+    search_config.py's flags under their own names, a flag not given (or None) taking its command-line default:
+    lists as Python lists, tuples or arrays (``tp=[1, 2]``, ``pp``, ``max_num_seqs``, ``ep``, ``dtype=["bf16",
+    "fp8"]``), ``gpu_cost`` as a dict (GPU name -> USD per GPU-hour), targets (``ttft_ms``, ``ttft_percentile``,
+    ``tpot_ms``, ``tpot_percentile``), ``capacity``, ``interval_end``, ``workers``, ``scheduler`` (the address of a
+    Dask scheduler), ``collective_estimate`` and serve_sim.py's request-stream and scheduler settings (``qps``,
+    ``num_requests``, ``per_request_outputs``...). An error names the option as search_config.py's flag. The
+    console's notes are not repeated; its WARNING lines are Python warnings. With ``workers`` above 1, Dask starts
+    worker processes that import the calling script again: call it under ``if __name__ == "__main__":``. Raises
+    ``FileNotFoundError`` / ``ValueError``.
 
     >>> table = search_configurations("Llama-3.1-8B", "splitwise_48", ["H100", "A100"], 1, pp=[1], max_num_seqs=[32],
     ...                               num_requests=8, ttft_ms=1000)
@@ -474,7 +479,9 @@ def search_configurations(
     from pipeweave.serving import search
 
     parser = search.build_parser()
-    flags = {action.dest: action for action in parser._actions if action.option_strings}
+    # argparse lists its flags only in ``_actions``; each option is keyed by its flag's name (--scheduler: scheduler)
+    flags = {option[2:]: action for action in parser._actions for option in action.option_strings
+             if option.startswith("--")}
     excluded = {"help", "model_config", "trace", "hardware", "gpu_budget", "calibration", "model_dir", "hardware_dir",
                 "output", "plot"}
     known = sorted(set(flags) - excluded)
@@ -484,38 +491,36 @@ def search_configurations(
     for name, value in (("model_config", model_config), ("trace", trace)):
         if not isinstance(value, (str, Path)) or not str(value).strip():
             raise ValueError(f"{name} must be a path or the stem of a shipped one, got {value!r}")
-    gpus = [hardware] if isinstance(hardware, str) else hardware
-    if not isinstance(gpus, (list, tuple)) or not gpus:
-        raise ValueError(f"hardware must be a GPU name or a non-empty list of them, got {hardware!r}")
-    argv = ["--model_config", str(model_config), "--trace", str(trace),
-            "--hardware", ",".join(_gpu_name(gpu) for gpu in gpus),
-            "--gpu_budget", str(_setting_value("gpu_budget", gpu_budget, int)), "--output", "unwritten.csv"]
+    gpus = [hardware] if isinstance(hardware, str) else _option_list("hardware", hardware)
+    argv = [f"--model_config={model_config}", f"--trace={trace}",
+            "--hardware=" + ",".join(_list_item("hardware", _gpu_name(gpu)) for gpu in gpus),
+            f"--gpu_budget={_setting_value('gpu_budget', gpu_budget, int)}", "--output=unwritten.csv"]
     for name, value in (("calibration", calibration), ("model_dir", model_dir), ("hardware_dir", hardware_dir)):
         if value is not None:
             if not isinstance(value, (str, Path)):
                 raise ValueError(f"{name} must be a path, got {type(value).__name__}")
-            argv += [f"--{name}", str(value)]
+            argv.append(f"--{name}={value}")
     for name, value in options.items():
         action = flags[name]
         if value is None:
             continue
         if action.nargs == 0:  # a true/false flag
             if _flag(name, value):
-                argv.append(action.option_strings[0])
+                argv.append(f"--{name}")
             continue
         if name == "gpu_cost":
             if not isinstance(value, Mapping):
                 raise ValueError(f"gpu_cost must be a dict of GPU name -> USD per GPU-hour, got {value!r}")
-            text = ",".join(f"{_gpu_name(gpu, 'a gpu_cost key')}={_setting_value('gpu_cost', price, float)!r}"
-                            for gpu, price in value.items())
+            text = ",".join(f"{_list_item('gpu_cost', _gpu_name(gpu, 'a gpu_cost key'))}="
+                            f"{_setting_value('gpu_cost', price, float)!r}" for gpu, price in value.items())
         elif name in LIST_OPTIONS:
-            items = value if isinstance(value, (list, tuple)) else [value]
             kind = str if name == "dtype" else int
-            text = ",".join(str(_setting_value(name, item, kind)) for item in items)
+            text = ",".join(_list_item(name, str(_setting_value(name, item, kind)))
+                            for item in _option_list(name, value))
         else:
             kind = int if action.type is int else float if action.type in (float, positive_float) else str
             text = repr(_setting_value(name, value, kind)) if kind is float else str(_setting_value(name, value, kind))
-        argv += [action.option_strings[0], text]
+        argv.append(f"--{name}={text}")  # with "=": a value beginning with "-" is not read as a flag
     try:
         args = parser.parse_args(argv)
         search._ENGINES.clear()  # a folder edited since an earlier call is read again
@@ -525,8 +530,23 @@ def search_configurations(
         raise ValueError(str(exc)) from None
 
 
-#: search_config.py's comma-separated list flags (a Python list, or one value, in :func:`search_configurations`)
-LIST_OPTIONS = ("tp", "pp", "max_num_seqs", "ep", "dtype")
+def _option_list(name: str, value) -> list:
+    """A list option of :func:`search_configurations`: one value, or a non-empty list, tuple, range or 1-D array (a
+    set has no order, and the table's order follows the list's)."""
+    if isinstance(value, (str, int, float, np.generic)):
+        return [value]
+    if not isinstance(value, (list, tuple, range, np.ndarray)) or np.ndim(value) != 1:
+        raise ValueError(f"{name} must be a value or a list of values, got {value!r}")
+    if len(value) == 0:
+        raise ValueError(f"{name} must list at least one value, got an empty {type(value).__name__}")
+    return list(value)
+
+
+def _list_item(name: str, text: str) -> str:
+    """One item of a comma-separated flag: a comma (or an equals sign) in it would be read as more than one."""
+    if "," in text or "=" in text:
+        raise ValueError(f"{name}: give a list instead of the command line's comma-separated text, got {text!r}")
+    return text
 
 
 def _setting_value(name: str, value, kind: type):

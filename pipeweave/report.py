@@ -105,9 +105,10 @@ def extrapolation_shares(workload, weighted: np.ndarray, extrapolated: np.ndarra
     phase_flag = {"prefill": flagged_time[prefill].sum(), "decode": flagged_time[~prefill].sum()}
 
     return {
-        "share": share(flagged.sum(), by_category.sum()),
-        "by_operator": {CATEGORIES[c]: share(flagged[c], by_category[c]) for c in np.flatnonzero(by_category > 0)},
-        "by_phase": {phase: share(phase_flag[phase], phase_time[phase]) for phase in phase_time
+        "share": rounded_share(flagged.sum(), by_category.sum()),
+        "by_operator": {CATEGORIES[c]: rounded_share(flagged[c], by_category[c])
+                        for c in np.flatnonzero(by_category > 0)},
+        "by_phase": {phase: rounded_share(phase_flag[phase], phase_time[phase]) for phase in phase_time
                      if phase_time[phase] > 0},
     }
 
@@ -123,7 +124,7 @@ def extrapolated_note(extrapolation: dict, what: str = "predicted kernel time") 
             f"as a rough estimate")
 
 
-def share(part: float, whole: float) -> float:
+def rounded_share(part: float, whole: float) -> float:
     """``part / whole`` rounded to 6 decimals (0 for an empty whole): an ``extrapolation`` share."""
     return round(float(part / whole), 6) if whole > 0 else 0.0
 

@@ -275,12 +275,13 @@ def plot_cdfs(metrics: dict, path: Path, title: str) -> None:
 def interval_line(interval: dict) -> str:
     """The console's line of an ``interval`` block (:func:`pipeweave.serving.run.serving_interval`)."""
     low, high = interval["low"], interval["high"]
-    parts = [f"{key[:-3].upper()} p50 {low[key]['p50']:.3f}–{high[key]['p50']:.3f} ms"
+    parts = [f"{key[:-3].upper()} p50 {low[key]['p50']:.3f} / {high[key]['p50']:.3f} ms"
              for key in ("ttft_ms", "tpot_ms", "e2e_ms") if None not in (low[key]["p50"], high[key]["p50"])]
-    parts.append(f"output {high['output_tokens_per_s']:.1f}–{low['output_tokens_per_s']:.1f} tokens/s")
-    return (f"{round((interval['levels'][1] - interval['levels'][0]) * 100)} % interval (every kernel at the low / "
-            f"high end of its held-out error interval): {', '.join(parts)}"
-            + (" (some collectives at their point value: interval.note)" if "note" in interval else ""))
+    parts.append(f"output {low['output_tokens_per_s']:.1f} / {high['output_tokens_per_s']:.1f} tokens/s")
+    return (f"Every kernel at the low / high end of its {round((interval['levels'][1] - interval['levels'][0]) * 100)} "
+            f"% interval (held-out kernel errors; two more simulations, whose batching may differ): "
+            f"{', '.join(parts)}" + (" (some collectives at their point value: interval.note)" if "note" in interval
+                                     else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -247,7 +247,8 @@ def serving_interval(config: ServingConfig, engine: Engine, progress=None) -> di
     """The output's ``interval`` block: the summaries of the simulation with every kernel at the low and at the high
     end of its measured 80 % interval (``levels``), as the aggregator's ``interval`` block sums a workload's kernels
     (perfectly correlated errors); ``note`` where a collective entered at its point value. Each end is simulated
-    afresh: a faster step also changes what the scheduler batches next."""
+    afresh: a faster step also changes what the scheduler batches next, so a latency percentile of an end may lie
+    on the other side of the point simulation's (a scenario, not a bound: README "Serving simulation")."""
     from pipeweave.intervals import COMMUNICATION_NOTE, LEVELS
     from pipeweave.serving.simulator import summarize
 

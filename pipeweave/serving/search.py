@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analytical_model.hardware import UnknownHardwareError
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.engine import INTERVAL_ENDS, uncalibrated
 from pipeweave.moe import EP_NOTE
@@ -33,6 +34,8 @@ from pipeweave.report import EXTRAPOLATED_NOTE_SHARE
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, arrivals_note, check_paths,
                                   config_from_args, engine_from_settings)
 from pipeweave.serving.run import ServingConfig, check_model_and_requests, weight_dtype
+from pipeweave.serving.step_cost import default_prefill_attention
+from pipeweave.validation import attention_warnings
 from pipeweave.workload import DTYPES
 
 DEFAULT_MAX_NUM_SEQS = (32, 128, 512)
@@ -248,7 +251,10 @@ def gpu_prices(text: str, registry, gpus: list[str]) -> dict[str, float]:
             price = math.nan
         if not (math.isfinite(price) and price > 0):
             raise UserError(f"--gpu_cost {part}: the price per GPU-hour must be a finite number > 0, got {value!r}")
-        stem = registry.get(name.strip()).stem  # unknown GPU: error listing the known ones
+        try:
+            stem = registry.get(name.strip()).stem
+        except UnknownHardwareError as exc:  # the error lists the known GPUs
+            raise UserError(f"--gpu_cost {part}: {exc}") from None
         if prices.get(stem, price) != price:
             raise UserError(f"--gpu_cost prices {stem} twice ({prices[stem]:g} and {price:g}); give one")
         prices[stem] = price
@@ -256,7 +262,13 @@ def gpu_prices(text: str, registry, gpus: list[str]) -> dict[str, float]:
     if missing:
         raise UserError(f"--gpu_cost has no price for {', '.join(missing)}: every --hardware GPU needs one, or "
                         f"none (rank per GPU)")
-    return prices
+    return {gpu: prices[gpu] for gpu in gpus}
+
+
+def unsearched_prices(text: str, registry, gpus: list[str]) -> list[str]:
+    """The GPUs ``--gpu_cost`` prices that are not among ``gpus`` (a price sheet may list more; the note says so)."""
+    named = (part.rpartition("=")[0].strip() for part in text.split(",") if part.strip())
+    return sorted({registry.get(name).stem for name in named} - set(gpus))
 
 
 def zero_shot_gpus(table: pd.DataFrame, engine) -> list[str]:
@@ -414,6 +426,9 @@ def plan(args, say=print, log=None) -> SweepPlan:
     if args.collective_hardware is not None:
         local.gpu(args.collective_hardware)
     prices = None if args.gpu_cost is None else gpu_prices(args.gpu_cost, local.registry, gpus)
+    if prices is not None and unsearched_prices(args.gpu_cost, local.registry, gpus):
+        say(f"Note: --gpu_cost also prices {', '.join(unsearched_prices(args.gpu_cost, local.registry, gpus))}, "
+            f"not among --hardware: not used")
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
                       args.collective_hardware, requested_dtypes, say)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
@@ -449,6 +464,12 @@ def plan(args, say=print, log=None) -> SweepPlan:
         raise UserError(f"--ep {args.ep}: {cfg.stem} is dense: expert parallelism needs a mixture-of-experts model")
     if any(ep > 1 for ep in eps):
         say(EP_NOTE)
+    for gpu in gpus:  # the workers' engines log nothing: an attention kernel a GPU cannot run is said here
+        spec = local.gpu(gpu)
+        for _, warning in attention_warnings(f"{cfg.stem} search", [args.prefill_attn or
+                                                                    default_prefill_attention(spec), args.decode_attn],
+                                             spec):
+            local.log(warning)
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
@@ -467,8 +488,11 @@ def plan(args, say=print, log=None) -> SweepPlan:
 def execute(sweep: SweepPlan, workers: int = 1, scheduler_address: str | None = None, progress=None
             ) -> pd.DataFrame:
     """Simulate every candidate of ``sweep`` (:func:`run_sweep`) and rank them; with a calibration, its
-    ``calibration`` column names the file on the rows it corrected."""
+    ``calibration`` column names the file on the rows it corrected, and with kernels at an end of their interval
+    (``--interval_end``), an ``interval_end`` column says which."""
     table = run_sweep(sweep.configs, sweep.engine, sweep.targets, workers, scheduler_address, progress, sweep.prices)
+    if sweep.targets["interval_end"] != "point":
+        table["interval_end"] = sweep.targets["interval_end"]
     calibration = sweep.local.calibration
     if calibration is not None:
         table["calibration"] = [str(calibration.path) if gpu == calibration.hardware else ""
@@ -507,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
         plot_pareto(table, plot, sweep.targets)
         written.append(plot)
     best = table[table["meets_targets"]]
-    print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets")
+    print(f"{len(table)} candidates, {int(table['feasible'].sum())} feasible, {len(best)} meet the targets"
+          + ("" if args.interval_end == "point" else f", every kernel at the {args.interval_end} end of its measured "
+                                                     f"80 % interval (--interval_end)"))
     zero_shot = zero_shot_gpus(table, sweep.local)
     if zero_shot:
         print(f"Note: {', '.join(zero_shot)}: some step times are zero-shot, no kernel of the GPU being in those "

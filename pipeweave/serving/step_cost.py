@@ -46,13 +46,11 @@ import numpy as np
 
 from pipeweave.engine import INTERVAL_ENDS, Engine, Job
 from pipeweave.flatten import CATEGORIES, KERNEL_CATEGORIES, FlatWorkload
-from pipeweave.report import round6, share
+from pipeweave.report import round6, rounded_share
 from pipeweave.schema import CollectiveOp, Iteration, Workload
 from pipeweave.workload import DECODE_ATTN_DEFAULT, ModelConfig, RankShapes, iteration_operators, rmsnorm_launches
 
 TOKEN_BLOCK = 256
-#: positions in a memo entry of :attr:`KernelStepCost.token_terms` and of :attr:`KernelStepCost.attention_memo`
-KERNEL_TERMS, USES, ATTENTION_USES = 3, 4, 2
 EMPTY_ITERATION = Iteration("decode")  # which operator categories an iteration lists
 ESTIMATOR_ROWS = 8  # predicted launches of a backend from which estimate() fits its linear model
 #: the operators sized by the step's number of sequences, not of tokens (the last token of each sequence)
@@ -65,6 +63,25 @@ def default_prefill_attention(hardware) -> str:
 
 
 MIXED_ATTENTION = ("split", "single")
+
+
+class TokenTerms:
+    """The memo of one (tokens, sequences): the sum of the terms before attention, the terms after it, the sum of all
+    terms, (category, term, extrapolated) of each kernel term, and the simulated steps it served."""
+
+    __slots__ = ("before", "after", "every", "kernels", "uses")
+
+    def __init__(self, before: float, after: tuple[float, ...], every: float, kernels: tuple):
+        self.before, self.after, self.every, self.kernels, self.uses = before, after, every, kernels, 0
+
+
+class Launch:
+    """The memo of one attention launch: its single duration, whether it is extrapolated, the steps it served."""
+
+    __slots__ = ("ms", "extrapolated", "uses")
+
+    def __init__(self, ms: float, extrapolated: bool):
+        self.ms, self.extrapolated, self.uses = ms, extrapolated, 0
 
 
 def _work(shape: tuple) -> int:
@@ -103,11 +120,8 @@ class KernelStepCost:
         self.heads = (self.shard.nh, self.shard.nkv, cfg.head_dim)
         self.single_ms: dict[tuple, float] = {}  # non-attention operator key -> single duration
         self.single_extrapolated: dict[tuple, bool] = {}  # non-attention kernel key -> extrapolated
-        #: (tokens, sequences) -> [sum of the terms before attention, terms after it, sum of all terms,
-        #: (category, term, extrapolated) of each kernel term, steps it served]
-        self.token_terms: dict[tuple[int, int], list] = {}
-        #: attention shape -> [single duration, extrapolated, steps it served]
-        self.attention_memo: dict[tuple, list] = {}
+        self.token_terms: dict[tuple[int, int], TokenTerms] = {}  # (tokens, sequences) -> its terms
+        self.attention_memo: dict[tuple, Launch] = {}  # attention shape -> its launch
         self._estimator: dict[str, tuple[float, float, float]] = {}  # per backend: ms ≈ a + b·batch + c·Σ q·kv
         self.engine_calls = 0
 
@@ -167,10 +181,10 @@ class KernelStepCost:
         if None in launches:
             return None
         terms = self._token_terms(sum(new_tokens), len(new_tokens))
-        terms[USES] += 1
+        terms.uses += 1
         for launch in launches:
-            launch[ATTENTION_USES] += 1
-        return self._sum(terms, [launch[0] for launch in launches])
+            launch.uses += 1
+        return self._sum(terms, [launch.ms for launch in launches])
 
     def estimate(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         """The step's duration, an unknown attention launch estimated from its batch size and Σ q·kv by a linear fit
@@ -183,22 +197,21 @@ class KernelStepCost:
                 a, b, c = self._estimator.get(shape[0], (0.0, 0.0, 0.0))
                 attention.append(a + b * shape[1] + c * _work(shape))
             else:
-                attention.append(launch[0])
+                attention.append(launch.ms)
         return self._sum(self._token_terms(sum(new_tokens), len(new_tokens)), attention)
 
-    def _sum(self, terms: list, attention: list[float]) -> float:
+    def _sum(self, terms: TokenTerms, attention: list[float]) -> float:
         """Σ count × single over the generator's operator order: the terms before attention, attention, the rest;
         a split step's two launches come after every other operator (as they did when listed as instances)."""
-        before, after, every = terms[:3]
         layers = self.cfg.num_hidden_layers
         if len(attention) == 1:
-            total = before + attention[0] * layers
-            for term in after:
+            total = terms.before + attention[0] * layers
+            for term in terms.after:
                 total += term
             return total
-        return every + attention[0] * layers + attention[1] * layers
+        return terms.every + attention[0] * layers + attention[1] * layers
 
-    def _token_terms(self, tokens: int, seqs: int) -> list:
+    def _token_terms(self, tokens: int, seqs: int) -> TokenTerms:
         found = self.token_terms.get((tokens, seqs))
         if found is None:
             new = [1] * (seqs - 1) + [tokens - seqs + 1]
@@ -211,8 +224,8 @@ class KernelStepCost:
             kernels = tuple((category, term, self.single_extrapolated[key])
                             for (key, _, category, _), term in zip(instances, terms)
                             if category in KERNEL_CATEGORIES and category != "attention")
-            found = self.token_terms[(tokens, seqs)] = [sum(terms[:cut]), after, sum(terms[:cut] + list(after)),
-                                                        kernels, 0]
+            found = self.token_terms[(tokens, seqs)] = TokenTerms(sum(terms[:cut]), after,
+                                                                  sum(terms[:cut] + list(after)), kernels)
         return found
 
     def extrapolation(self) -> dict:
@@ -222,17 +235,17 @@ class KernelStepCost:
         time: dict[str, float] = defaultdict(float)
         flagged: dict[str, float] = defaultdict(float)
         for terms in self.token_terms.values():
-            if terms[USES]:
-                for category, term, extrapolated in terms[KERNEL_TERMS]:
-                    time[category] += term * terms[USES]
-                    flagged[category] += term * terms[USES] * extrapolated
+            if terms.uses:
+                for category, term, extrapolated in terms.kernels:
+                    time[category] += term * terms.uses
+                    flagged[category] += term * terms.uses * extrapolated
         layers = self.cfg.num_hidden_layers
-        for ms, extrapolated, uses in self.attention_memo.values():
-            time["attention"] += ms * layers * uses
-            flagged["attention"] += ms * layers * uses * extrapolated
+        for launch in self.attention_memo.values():
+            time["attention"] += launch.ms * layers * launch.uses
+            flagged["attention"] += launch.ms * layers * launch.uses * launch.extrapolated
         order = [category for category in CATEGORIES if time.get(category, 0.0) > 0]
-        return {"share": share(sum(flagged[c] for c in order), sum(time[c] for c in order)),
-                "by_operator": {category: share(flagged[category], time[category]) for category in order}}
+        return {"share": rounded_share(sum(flagged[c] for c in order), sum(time[c] for c in order)),
+                "by_operator": {category: rounded_share(flagged[category], time[category]) for category in order}}
 
     def prefetch(self, steps: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
         """Predict the unknown attention shapes of the ``(new_tokens, context_lens)`` steps in one engine call."""
@@ -245,8 +258,8 @@ class KernelStepCost:
                                                 self.interval_end)
         ms = round6(ms)
         self.engine_calls += 1
-        self.attention_memo.update((shape, [value, bool(flag), 0])
-                                   for shape, value, flag in zip(shapes, ms, extrapolated))
+        for shape, value, flag in zip(shapes, ms, extrapolated):
+            self.attention_memo[shape] = Launch(value, bool(flag))
         for backend in dict.fromkeys(shape[0] for shape in shapes):
             rows = np.array([(1.0, shape[1], _work(shape), value) for shape, value in zip(shapes, ms)
                              if shape[0] == backend])
