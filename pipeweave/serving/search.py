@@ -426,9 +426,9 @@ def plan(args, say=print, log=None) -> SweepPlan:
     if args.collective_hardware is not None:
         local.gpu(args.collective_hardware)
     prices = None if args.gpu_cost is None else gpu_prices(args.gpu_cost, local.registry, gpus)
-    if prices is not None and unsearched_prices(args.gpu_cost, local.registry, gpus):
-        say(f"Note: --gpu_cost also prices {', '.join(unsearched_prices(args.gpu_cost, local.registry, gpus))}, "
-            f"not among --hardware: not used")
+    unused = [] if prices is None else unsearched_prices(args.gpu_cost, local.registry, gpus)
+    if unused:
+        say(f"Note: --gpu_cost also prices {', '.join(unused)}, not among --hardware: not used")
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
                       args.collective_hardware, requested_dtypes, say)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
