@@ -466,9 +466,8 @@ def plan(args, say=print, log=None) -> SweepPlan:
         say(EP_NOTE)
     for gpu in gpus:  # the workers' engines log nothing: an attention kernel a GPU cannot run is said here
         spec = local.gpu(gpu)
-        for _, warning in attention_warnings(f"{cfg.stem} search", [args.prefill_attn or
-                                                                    default_prefill_attention(spec), args.decode_attn],
-                                             spec):
+        backends = [args.prefill_attn or default_prefill_attention(spec), args.decode_attn]
+        for _, warning in attention_warnings(f"{cfg.stem} search", backends, spec):
             local.log(warning)
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
