@@ -1077,7 +1077,7 @@ def test_search_finds_each_candidates_capacity(tmp_path, engine):
     above = simulate_config(replace(config, qps=found.config.qps * (1 + CAPACITY_PRECISION) ** 2), engine)
     assert judge(found, targets)[0] and not judge(above, targets)[0]
     # conservative sizing: every kernel at the high end of its interval serves less than at its point prediction
-    slow, note = capacity(config, engine, {**targets, "interval_end": "high"})
+    slow, note = capacity(replace(config, qps=found.config.qps), engine, {**targets, "interval_end": "high"})
     assert note == "" and slow.config.qps < found.config.qps
     # a target no rate meets
     _, note = capacity(config, engine, {**targets, "ttft_ms": 1e-3})
