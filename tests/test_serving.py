@@ -1086,7 +1086,7 @@ def test_search_finds_each_candidates_capacity(tmp_path, engine):
     priced = tmp_path / "priced.csv"
     result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100,A100",
                         "--gpu_budget", "1", "--max_num_seqs", "32", "--trace", "splitwise_48", "--per_request_outputs",
-                        "--num_requests", "24", "--ttft_ms", "400", "--tpot_ms", "60", "--capacity", "--gpu_cost",
+                        "--num_requests", "24", "--ttft_ms", "400", "--tpot_ms", "60", "--qps", "4", "--gpu_cost",
                         "H100=1e3,A100=1", "--model_dir", engine.model_dir, "--output", priced)
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(priced)
