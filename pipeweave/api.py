@@ -435,6 +435,9 @@ def simulate_serving(
               "summary": summarize(run.simulation)}
     if interval_block is not None:
         result["interval"] = interval_block
+    record = engine.calibration_record(spec)
+    if record:
+        result["calibration"] = record
     if requests:
         result["requests"] = {column: values.tolist() for column, values in request_metrics(run.simulation.requests)
                               .items()}

@@ -480,6 +480,9 @@ def load_calibration(path: str | Path) -> Calibration:
         missing.append("the weights of its fine_tuned models")
     if missing:
         raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
+    unknown = sorted(set(parameters) - set(PARAMS)) if version == FORMAT_VERSION else []
+    if unknown:  # an edited or foreign file: such a parameter would be ignored without a word
+        raise ValueError(f"{path}: unknown parameter(s) {', '.join(unknown)}; refit the file with calibrate.py")
     theta, std = (np.array([parameter_value(path, f"parameters.{p}", parameters[p], key) if p in expected else 0.0
                             for p in PARAMS])
                   for key in ("log_factor", "posterior_std"))

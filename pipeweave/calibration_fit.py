@@ -130,6 +130,17 @@ def resolve_run_workload(name: str, csv_path: Path) -> Path:
     return resolve_workload_path(name)
 
 
+def run_workloads(e2e: str | None) -> list[Path]:
+    """The workload files the runs of ``e2e`` name, for the output check before the fit; a problem with the CSV or a
+    workload gives none here, and the fit's own error (naming its line) instead."""
+    if e2e is None:
+        return []
+    try:
+        return [resolve_run_workload(name, Path(e2e)) for _, name, _ in read_e2e_csv(e2e)]
+    except (UserError, FileNotFoundError, ValueError):
+        return []
+
+
 def check_fits(workload, spec: HardwareSpec, where: str) -> None:
     """Refuse a measured run whose weights and KV cache alone (pipeweave.memory: per pipeline stage, MoE experts
     and the workload's dtype included) exceed the GPU's memory: it cannot have run there. Activations and vLLM's
@@ -424,17 +435,29 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
         problem = f"unknown column(s) {', '.join(unknown)}" if unknown else f"missing column(s) {', '.join(missing)}"
         raise UserError(f"--kernels {path}: {problem}; expected the profiler's {op} columns {','.join(allowed)}")
     check_kernel_shapes(op, frame, path)
-    if "hardware" in frame.columns:  # before the re-measured rows are dropped, which could hide one
-        names = frame["hardware"].str.strip()
-        for name in pd.unique(names):
-            try:
-                measured_on = registry.get(name)
-            except ValueError as exc:
-                line = int(frame.index[np.flatnonzero((names == name).to_numpy())[0]]) + 2
-                raise UserError(f"--kernels {path}: line {line}: column hardware: {exc}; a spec JSON's 'aliases' "
-                                f"can hold the name the driver reports") from None
-            if measured_on.stem != spec.stem:
-                raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
+    if "hardware" not in frame.columns:  # a hand-made file: no row could be checked to be of this GPU
+        raise UserError(f"--kernels {path}: no hardware column; the profiler writes the GPU of every row: add it "
+                        f"({spec.name}) so that rows of another GPU cannot pass unseen")
+    if op == "attn":  # as for runs: a kernel the GPU cannot run was not measured there
+        from pipeweave.validation import fa3_mismatch
+
+        kinds = frame["attention_type"].str.strip()
+        cannot = kinds.map(lambda kind: fa3_mismatch(kind, spec.architecture)).to_numpy(bool)
+        if cannot.any():
+            row = int(np.flatnonzero(cannot)[0])
+            raise UserError(f"--kernels {path}: line {int(frame.index[row]) + 2}: {kinds.iloc[row]} is "
+                            f"FlashAttention-3 (Hopper only), which {spec.stem} ({spec.architecture}) cannot run: "
+                            f"not a kernel measured there")
+    names = frame["hardware"].str.strip()  # before the re-measured rows are dropped, which could hide one
+    for name in pd.unique(names):
+        try:
+            measured_on = registry.get(name)
+        except ValueError as exc:
+            line = int(frame.index[np.flatnonzero((names == name).to_numpy())[0]]) + 2
+            raise UserError(f"--kernels {path}: line {line}: column hardware: {exc}; a spec JSON's 'aliases' "
+                            f"can hold the name the driver reports") from None
+        if measured_on.stem != spec.stem:
+            raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
     # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt; 16 and 16.0
     # are one size)
@@ -767,13 +790,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.output, hardware_dir=args.hardware_dir)  # before minutes of fitting, not after
     refuse_overwriting_inputs(args.output, {"the --e2e file": args.e2e, "the --prior file": args.prior,
-                                            **{f"the --kernels file {path}": path for path in args.kernels or ()}})
+                                            **{f"the --kernels file {path}": path for path in args.kernels or ()},
+                                            **{f"the workload {path} of a run": path
+                                               for path in run_workloads(args.e2e)}})
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune,
                             collective_dir=args.collective_dir)
-    refuse_overwriting_inputs(args.output, {f"the workload {path} of a run": path
-                                            for path in (calibration.fitted_from.get("e2e") or {}).get("runs", [])})
     calibration.save(args.output)
     summary = calibration.summary()
     for name, value in summary["factors"].items():

@@ -646,6 +646,14 @@ def test_memory_check_counts_pipeline_stages_and_experts(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "cannot have run on this GPU" in err[0] and not out.exists()
 
 
+def test_an_output_that_is_a_runs_workload_is_refused_before_fitting(tmp_path, capsys, monkeypatch):
+    tp1 = small(TP1, tmp_path)
+    monkeypatch.setattr(calibration_fit, "calibrate", lambda *a, **k: pytest.fail("fitted before the check"))
+    code, _ = calibrate(tmp_path, f"{tp1},100,20,200\n", name=tp1.name)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"would overwrite the workload {tp1} of a run" in err[0], err
+
+
 @pytest.mark.parametrize("content,needle", [
     ("{tp1},13878.9\n", "row 1 (CSV line 2) has 2 fields, the header 4"),
     ("{tp1},100,20,200,\n", "row 1 (CSV line 2) has 5 fields, the header 4"),
@@ -675,6 +683,13 @@ def test_e2e_rows_that_cannot_be_read_as_given_are_errors(tmp_path, capsys, cont
                           'attn,fa2_paged,1,[1],[100000000],32,8,128,A100,50.0\n', "exceeds the limit"),
     ("measured_attn.csv", 'op,attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware,avg_duration\n'
                           'attn,fa2_paged,1,[1],[1000],32,8,100,A100,50.0\n', "hd = 100 is not a head size"),
+    # as for runs: a FlashAttention-3 kernel cannot have been measured on an Ampere GPU
+    ("measured_attn.csv", 'op,attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware,avg_duration\n'
+                          'attn,fa3_ragged,1,[512],[512],32,8,128,A100,50.0\n',
+     "line 2: fa3_ragged is FlashAttention-3 (Hopper only), which A100 (ampere) cannot run"),
+    # a hand-made file without the GPU of its rows: another GPU's rows would pass unseen
+    ("measured_gemm.csv", "op,M,N,K,avg_duration\ngemm,16,4096,4096,40.0\n",
+     "no hardware column; the profiler writes the GPU of every row"),
 ])
 def test_kernel_rows_no_prediction_can_be_made_for_are_errors(tmp_path, capsys, name, content, needle):
     path = tmp_path / name
@@ -702,6 +717,8 @@ def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsy
     (lambda d: d["standardisation"]["gemm"].update(scale=[0, 0]), "standardisation.gemm.scale must be 2 finite "
                                                                   "positive numbers"),
     (lambda d: d.update(fitted_from=[1]), "fitted_from must be an object"),
+    (lambda d: d["parameters"].update({"gemm.bogus": d["parameters"]["gemm.memory"]}),
+     "unknown parameter(s) gemm.bogus; refit the file with calibrate.py"),
 ])
 def test_a_damaged_calibration_file_names_the_field(a100_calibration, tmp_path, edit, needle):
     data = json.loads(a100_calibration.read_text())

@@ -741,7 +741,8 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
         runs[name] = json.loads(out.read_text())
     assert runs["calibrated"]["config"]["calibration"] == str(calibration)
     assert runs["calibrated"]["config"]["calibration_digest"] == file_digest(calibration)
-    assert runs["plain"]["config"]["calibration_digest"] is None
+    assert runs["plain"]["config"]["calibration_digest"] is None and "calibration" not in runs["plain"]
+    assert runs["calibrated"]["calibration"]["hardware"] == "NVIDIA H100"  # the aggregator's record of it
     assert runs["calibrated"]["summary"]["tpot_ms"]["p50"] > 1.3 * runs["plain"]["summary"]["tpot_ms"]["p50"]
     assert run_cli(serve_main, [*flags, "--hardware", "A100", "--output", str(tmp_path / "a100.json"),
                                 "--calibration", str(calibration)]) == 2

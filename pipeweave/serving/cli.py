@@ -322,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
               "summary": summary}
     if interval is not None:
         result["interval"] = interval
+    record = engine.calibration_record(engine.gpu(args.hardware))
+    if record:  # what the aggregator records: the file, its GPU and what it was fitted from
+        result["calibration"] = record
     text = json.dumps(result, indent=2) + "\n"
     write_atomically(csv_path, lambda tmp: tmp.write_text(requests_csv(metrics)))
     write_atomically(output, lambda tmp: tmp.write_text(text))

@@ -493,9 +493,9 @@ def execute(sweep: SweepPlan, workers: int = 1, scheduler_address: str | None = 
     if sweep.targets["interval_end"] != "point":
         table["interval_end"] = sweep.targets["interval_end"]
     calibration = sweep.local.calibration
-    if calibration is not None:
-        table["calibration"] = [str(calibration.path) if gpu == calibration.hardware else ""
-                                for gpu in table["hardware"]]
+    if calibration is not None:  # the rows it corrected: its GPU's feasible ones
+        table["calibration"] = [str(calibration.path) if gpu == calibration.hardware and feasible else ""
+                                for gpu, feasible in zip(table["hardware"], table["feasible"])]
     return table
 
 
