@@ -1120,7 +1120,7 @@ def test_repeats_of_one_run_count_once_and_impossible_runs_are_caught(tmp_path, 
     assert calibrate(tmp_path, f"{tp1},{prefill},{decode},{(prefill + 3 * decode) * 2}\n", name="twice.json")[0] == 0
     assert "is far from prefill_ms + 3 decode steps" in capsys.readouterr().out
     fa3 = small(REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa3_tp1_pp1.json", tmp_path, name="fa3.json")
-    assert calibrate(tmp_path, f"{fa3},{prefill},{decode},\n", name="fa3.json")[0] == 2
+    assert calibrate(tmp_path, f"{fa3},{prefill},{decode},\n", name="fa3_calibration.json")[0] == 2
     assert "FlashAttention-3, Hopper only" in capsys.readouterr().err
     measured = tmp_path / "k.csv"
     measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,L40,40.0\n"
