@@ -803,6 +803,25 @@ def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, ca
     assert "profile_operators.py --quick" in capsys.readouterr().err
 
 
+def test_crosscheck_says_why_a_gpu_has_no_matched_row(tmp_path, capsys):
+    import pandas as pd
+
+    from pipeweave.profiler import crosscheck
+    from pipeweave.profiler.csvio import columns_for
+
+    pd.DataFrame([{"M": 16, "N": 4096, "K": 4096, "hardware": "NVIDIA H200", "dtype": "bfloat16", "avg_duration": 10.0,
+                   "source": "aiconfigurator-core 0.12.0 x"}]).to_csv(tmp_path / "gemm_train.csv", index=False)
+    for folder, name, m in (("H200", "NVIDIA H200", 32), ("L40", "NVIDIA L40", 16)):
+        (tmp_path / "measured" / folder).mkdir(parents=True)
+        pd.DataFrame([{**dict.fromkeys(columns_for("gemm"), ""), "op": "gemm", "M": m, "N": 4096, "K": 4096,
+                       "hardware": name, "dtype": "bfloat16", "avg_duration": 12.0}]).to_csv(
+            tmp_path / "measured" / folder / "gemm.csv", index=False)
+    assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "measured"), "--dataset_dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| gemm | NVIDIA H200 | 0 of 1 (no shape in common) |" in out
+    assert "| gemm | NVIDIA L40 | 0 of 1 (aiconfigurator-core has no gemm rows of this GPU) |" in out
+
+
 def test_crosscheck_skips_a_gpu_without_hardware_json(tmp_path, capsys):
     """A GPU just measured, whose hardware JSON is not written yet, must not stop the report of the others."""
     import pandas as pd

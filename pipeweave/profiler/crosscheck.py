@@ -102,8 +102,10 @@ def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str) -> list[di
         entries = summary(op, matched_rows(op, frame, known)) if len(known) else []
         matched = {entry["hardware"] for entry in entries}
         for gpu in sorted(set(frame["hardware"]) - matched):
+            why = ("no shape in common" if (known["hardware"] == gpu).any()
+                   else f"{reference} has no {op} rows of this GPU")
             entries.append({"op": op, "hardware": gpu, "rows": 0,
-                            "measured_rows": int((frame["hardware"] == gpu).sum())})
+                            "measured_rows": int((frame["hardware"] == gpu).sum()), "why": why})
         out += entries
     for name in sorted(skipped):
         print(f"note: measured rows of {name!r} skipped: no hardware JSON describes it; {ADD_HARDWARE_JSON}",
@@ -122,7 +124,7 @@ def render(entries: list[dict], reference: str) -> str:
              "|---|---|---|---|---|---|---|"]
     for e in entries:
         if not e["rows"]:
-            lines.append(f"| {e['op']} | {e['hardware']} | 0 of {e['measured_rows']} | — | — | — | — |")
+            lines.append(f"| {e['op']} | {e['hardware']} | 0 of {e['measured_rows']} ({e['why']}) | — | — | — | — |")
             continue
         decades = "; ".join(f"{interval} µs: {ratio:.3f} ({n})" for interval, (n, ratio) in e["per_decade"].items())
         lines.append(f"| {e['op']} | {e['hardware']} | {e['rows']} | {e['median']:.3f} "
