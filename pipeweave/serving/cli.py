@@ -322,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
               "summary": summary}
     if interval is not None:
         result["interval"] = interval
-    record = engine.calibration_record(engine.gpu(args.hardware))
+    gpu = engine.gpu(args.hardware)
+    record = engine.calibration_record(gpu)
     if record:  # what the aggregator records: the file, its GPU and what it was fitted from
         result["calibration"] = record
     text = json.dumps(result, indent=2) + "\n"
@@ -342,8 +343,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({summary['output_tokens_per_s']:.1f} output tokens/s)")
     if interval is not None:
         print(interval_line(interval))
-    gpu = engine.gpu(args.hardware)
-    zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, engine.calibration_record(gpu))
+    zero_shot, calibrated = uncalibrated(run.unmeasured_gpu, record)
     if zero_shot:
         print(unmeasured_note(gpu.name, zero_shot, "step times", calibrated))
     note = extrapolated_note(run.extrapolation, "simulated kernel time")
