@@ -438,16 +438,6 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     if "hardware" not in frame.columns:  # a hand-made file: no row could be checked to be of this GPU
         raise UserError(f"--kernels {path}: no hardware column; the profiler writes the GPU of every row: add it "
                         f"({spec.name}) so that rows of another GPU cannot pass unseen")
-    if op == "attn":  # as for runs: a kernel the GPU cannot run was not measured there
-        from pipeweave.validation import fa3_mismatch
-
-        kinds = frame["attention_type"].str.strip()
-        cannot = kinds.map(lambda kind: fa3_mismatch(kind, spec.architecture)).to_numpy(bool)
-        if cannot.any():
-            row = int(np.flatnonzero(cannot)[0])
-            raise UserError(f"--kernels {path}: line {int(frame.index[row]) + 2}: {kinds.iloc[row]} is "
-                            f"FlashAttention-3 (Hopper only), which {spec.stem} ({spec.architecture}) cannot run: "
-                            f"not a kernel measured there")
     names = frame["hardware"].str.strip()  # before the re-measured rows are dropped, which could hide one
     for name in pd.unique(names):
         try:
@@ -458,6 +448,16 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
                             f"can hold the name the driver reports") from None
         if measured_on.stem != spec.stem:
             raise UserError(f"--kernels {path}: rows measured on {name}, not on {spec.stem} ({spec.name})")
+    if op == "attn":  # as for runs: a kernel the GPU cannot run was not measured there
+        from pipeweave.validation import fa3_mismatch
+
+        kinds = frame["attention_type"].str.strip()
+        cannot = kinds.map(lambda kind: fa3_mismatch(kind, spec.architecture)).to_numpy(bool)
+        if cannot.any():
+            row = int(np.flatnonzero(cannot)[0])
+            raise UserError(f"--kernels {path}: line {int(frame.index[row]) + 2}: {kinds.iloc[row]} is "
+                            f"FlashAttention-3 (Hopper only), which {spec.stem} ({spec.architecture}) cannot run: "
+                            f"not a kernel measured there")
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
     # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt; 16 and 16.0
     # are one size)
