@@ -141,6 +141,14 @@ def run_workloads(e2e: str | None) -> list[Path]:
         return []
 
 
+def run_lines(e2e: str) -> dict[Path, list[int]]:
+    """The CSV lines of each run's workload file (a run's repeats are several lines), to name them in errors."""
+    lines: dict[Path, list[int]] = {}
+    for line, name, _ in read_e2e_csv(e2e):
+        lines.setdefault(resolve_run_workload(name, Path(e2e)).resolve(), []).append(line)
+    return lines
+
+
 def check_fits(workload, spec: HardwareSpec, where: str) -> None:
     """Refuse a measured run whose weights and KV cache alone (pipeweave.memory: per pipeline stage, MoE experts
     and the workload's dtype included) exceed the GPU's memory: it cannot have run there. Activations and vLLM's
@@ -736,8 +744,11 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
                                                       "digest": file_digest(path)})
     kernel_count = sum(len(part.measured) for part in parts)
+    lines = run_lines(e2e) if e2e else {}
     for workload, measured in runs:
-        parts.append(run_equations(aggregator, workload, spec, measured, prior, workload.stem))
+        where = lines.get(Path(workload.path).resolve())
+        label = f"--e2e {e2e}: line{'s' if len(where) > 1 else ''} {', '.join(map(str, where))}: " if where else ""
+        parts.append(run_equations(aggregator, workload, spec, measured, prior, label + workload.stem))
     if runs or measured_all_reduce:  # the communication factors were fitted
         fitted_from["collective_models"] = collective_models_record(aggregator.collective_dir, spec.stem)
     equations = Equations.concat(parts)
