@@ -893,7 +893,8 @@ def test_the_python_api_searches_as_search_config_does(tmp_path, engine):
         collective_estimate="analytical", model_dir=engine.model_dir)
     assert table.to_csv(index=False, float_format="%.6g") == out.read_text()
     assert list(table["rank"]) == [1, 2, 3, 4] and (table["interval_end"] == "high").all()  # the sweep says so
-    with pytest.warns(UserWarning, match="Llama-3.1-8B search uses fa3_ragged .FlashAttention-3, Hopper only. but A100 is ampere"):
+    with pytest.warns(UserWarning, match="Llama-3.1-8B search uses fa3_ragged .FlashAttention-3, Hopper only. "
+                                         "but A100 is ampere"):
         pipeweave.search_configurations("Llama-3.1-8B", "splitwise_48", "A100", 1, pp=1, max_num_seqs=8,
                                         num_requests=2, prefill_attn="fa3_ragged", model_dir=engine.model_dir)
     for options, message in ((dict(tp="1,2"), "tp must be an integer, got '1,2'"),
