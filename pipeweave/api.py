@@ -369,8 +369,8 @@ def simulate_serving(
     """``serve_sim.py`` as a function: the object it writes (``config``, ``settings``, ``unmeasured_gpu``,
     ``extrapolation``, ``summary`` with ``ttft_ms`` / ``tpot_ms`` / ``e2e_ms`` percentiles and throughputs; README
     "Serving simulation"), with ``requests`` also its per-request table (``requests``: column -> list, the CSV's
-    columns), with ``interval`` its ``interval`` block (serve_sim.py ``--interval``: the summaries with every kernel at the low
-    and at the high end of its measured 80 % interval; three simulations instead of one).
+    columns), with ``interval`` its ``interval`` block (serve_sim.py ``--interval``: the summaries with every kernel
+    at the low and at the high end of its measured 80 % interval; three simulations instead of one).
 
     ``model_config`` and ``trace`` are paths or shipped stems, ``hardware`` a GPU name. ``settings`` are
     serve_sim.py's options under their own names (``tp``, ``pp``, ``ep``, ``dtype``, ``scheduler``, ``qps``,
@@ -515,14 +515,15 @@ def search_configurations(
             if not isinstance(value, Mapping):
                 raise ValueError(f"gpu_cost must be a dict of GPU name -> USD per GPU-hour, got {value!r}")
             text = ",".join(f"{_list_item('gpu_cost', _gpu_name(gpu, 'a gpu_cost key'))}="
-                            f"{_setting_value('gpu_cost', price, float)!r}" for gpu, price in value.items())
+                            f"{float(_setting_value('gpu_cost', price, float))!r}" for gpu, price in value.items())
         elif name in LIST_OPTIONS:
             kind = str if name == "dtype" else int
             text = ",".join(_list_item(name, str(_setting_value(name, item, kind)))
                             for item in _option_list(name, value))
         else:
             kind = int if action.type is int else float if action.type in (float, positive_float) else str
-            text = repr(_setting_value(name, value, kind)) if kind is float else str(_setting_value(name, value, kind))
+            checked = _setting_value(name, value, kind)
+            text = repr(float(checked)) if kind is float else str(checked)
         argv.append(f"--{name}={text}")  # with "=": a value beginning with "-" is not read as a flag
     try:
         args = parser.parse_args(argv)
@@ -553,8 +554,8 @@ def _list_item(name: str, text: str) -> str:
 
 
 def _setting_value(name: str, value, kind: type):
-    """``value`` as ``kind`` (int, float or str) would be typed on the command line: numpy scalars as plain ones,
-    no bool for a number, no float for an integer."""
+    """``value`` checked as ``kind`` (int, float or str) would be typed on the command line, numpy scalars as plain
+    ones: no bool for a number, no float for an integer."""
     if isinstance(value, np.generic):
         value = value.item()
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -563,7 +564,7 @@ def _setting_value(name: str, value, kind: type):
         raise ValueError(f"{name} must be a number, got {value!r}")
     if kind is str and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return float(value) if kind is float else value
+    return value
 
 
 #: serve_sim.py's integer, number and true/false options (argparse types them on the command line; a caller may not)
@@ -580,10 +581,4 @@ def _setting(name: str, value):
         return _flag(name, value)
     if value is None or (name not in INTEGER_SETTINGS and name not in NUMBER_SETTINGS):
         return value
-    if isinstance(value, np.generic):
-        value = value.item()
-    if name in INTEGER_SETTINGS and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if name in NUMBER_SETTINGS and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    return value
+    return _setting_value(name, value, int if name in INTEGER_SETTINGS else float)

@@ -130,23 +130,23 @@ def resolve_run_workload(name: str, csv_path: Path) -> Path:
     return resolve_workload_path(name)
 
 
-def run_workloads(e2e: str | None) -> list[Path]:
-    """The workload files the runs of ``e2e`` name, for the output check before the fit; a problem with the CSV or a
-    workload gives none here, and the fit's own error (naming its line) instead."""
-    if e2e is None:
-        return []
-    try:
-        return [resolve_run_workload(name, Path(e2e)) for _, name, _ in read_e2e_csv(e2e)]
-    except (UserError, FileNotFoundError, ValueError):
-        return []
-
-
 def run_lines(e2e: str) -> dict[Path, list[int]]:
     """The CSV lines of each run's workload file (a run's repeats are several lines), to name them in errors."""
     lines: dict[Path, list[int]] = {}
     for line, name, _ in read_e2e_csv(e2e):
         lines.setdefault(resolve_run_workload(name, Path(e2e)).resolve(), []).append(line)
     return lines
+
+
+def run_workloads(e2e: str | None) -> list[Path]:
+    """The workload files the runs of ``e2e`` name (:func:`run_lines`), for the output check before the fit; a
+    problem with the CSV or a workload gives none here, and the fit's own error (naming its line) instead."""
+    if e2e is None:
+        return []
+    try:
+        return list(run_lines(e2e))
+    except (UserError, FileNotFoundError, ValueError):
+        return []
 
 
 def check_fits(workload, spec: HardwareSpec, where: str) -> None:

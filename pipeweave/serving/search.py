@@ -239,7 +239,8 @@ def rank(table: pd.DataFrame, by_capacity: bool = False, prices: dict[str, float
 
 
 def gpu_prices(text: str, registry, gpus: list[str]) -> dict[str, float]:
-    """``--gpu_cost GPU=USD,...``: USD per GPU-hour by GPU stem, one for each of ``gpus``."""
+    """``--gpu_cost GPU=USD,...``: USD per GPU-hour by GPU stem, one for each of ``gpus`` at least (a price sheet
+    may list more)."""
     prices = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.rpartition("=")
@@ -262,13 +263,7 @@ def gpu_prices(text: str, registry, gpus: list[str]) -> dict[str, float]:
     if missing:
         raise UserError(f"--gpu_cost has no price for {', '.join(missing)}: every --hardware GPU needs one, or "
                         f"none (rank per GPU)")
-    return {gpu: prices[gpu] for gpu in gpus}
-
-
-def unsearched_prices(text: str, registry, gpus: list[str]) -> list[str]:
-    """The GPUs ``--gpu_cost`` prices that are not among ``gpus`` (a price sheet may list more; the note says so)."""
-    named = (part.rpartition("=")[0].strip() for part in text.split(",") if part.strip())
-    return sorted({registry.get(name).stem for name in named} - set(gpus))
+    return prices
 
 
 def zero_shot_gpus(table: pd.DataFrame, engine) -> list[str]:
@@ -426,9 +421,10 @@ def plan(args, say=print, log=None) -> SweepPlan:
     if args.collective_hardware is not None:
         local.gpu(args.collective_hardware)
     prices = None if args.gpu_cost is None else gpu_prices(args.gpu_cost, local.registry, gpus)
-    unused = [] if prices is None else unsearched_prices(args.gpu_cost, local.registry, gpus)
-    if unused:
-        say(f"Note: --gpu_cost also prices {', '.join(unused)}, not among --hardware: not used")
+    if prices is not None and set(prices) - set(gpus):
+        say(f"Note: --gpu_cost also prices {', '.join(sorted(set(prices) - set(gpus)))}, not among --hardware: not "
+            f"used")
+        prices = {gpu: prices[gpu] for gpu in gpus}
     check_calibration(local, gpus, args.model_config, any(tp * pp > 1 for tp in tps for pp in pps),
                       args.collective_hardware, requested_dtypes, say)
     # a flag every candidate shares is checked once here (the smallest PP bounds --max_concurrent_batches), and model
