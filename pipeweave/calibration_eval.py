@@ -578,7 +578,7 @@ def main(argv=None) -> int:
     parser.add_argument("--many_kernels_k", type=positive_int, default=MANY_KERNELS, metavar="K",
                         help=f"kernels drawn per held-out GPU for --many_kernels (default: {MANY_KERNELS}; the "
                              "profiler's full grid measures 3,790 of each GEMM class and 1,608 attention kernels, its "
-                             "quick grid 239 and 32)")
+                             "quick grid 239 and 240)")
     args = parser.parse_args(argv)
     if args.many_kernels:
         op, k = args.many_kernels, args.many_kernels_k
