@@ -504,6 +504,8 @@ class _Reader:
                       f"holds at least one layer)")
         parsed = [self.iteration(it, position) for position, it in enumerate(iterations)]
         self.consistent(parsed, sizes["tp_size"], dtype)
+        if params is not None:
+            self.consistent_experts(parsed, params)
         return Workload(parsed, model=model, model_params=params, dtype=dtype, **sizes)
 
     def consistent(self, iterations: list[Iteration], tp_size: int, dtype: str) -> None:
@@ -523,6 +525,23 @@ class _Reader:
         if dtype == "fp8" and not any(iteration.gemm_fp8 for iteration in iterations):
             self.fail("dtype is 'fp8' but no iteration has an operators.gemm_fp8 entry: the memory check would count "
                       "BF16 weights at one byte (workload_generator.py --dtype fp8 writes both)")
+
+    def consistent_experts(self, iterations: list[Iteration], params: dict) -> None:
+        """Refuse ``model_params`` whose experts contradict the fused-MoE entries (hand edits): the memory check reads
+        the experts from model_params, so without ``num_experts`` an MoE model's expert weights went uncounted."""
+        experts, top_k = params.get("num_experts"), params.get("num_experts_per_tok")
+        for position, iteration in enumerate(iterations):
+            for index, op in enumerate(iteration.moe):
+                at = f"iteration {position + 1}: operators.moe[{index}]"
+                if experts is None:
+                    self.fail(f"{at} is a fused-MoE layer, but model_params has no num_experts (the memory check "
+                              f"would count a dense model's weights): add the model's MoE keys or regenerate it")
+                if (op.E, op.topk) != (experts, top_k):
+                    self.fail(f"{at} routes top-{op.topk} of E = {op.E} experts, but model_params says "
+                              f"num_experts {experts!r}, num_experts_per_tok {top_k!r}")
+        if experts is not None and not any(iteration.moe for iteration in iterations):
+            self.fail(f"model_params.num_experts is {experts!r}, but no iteration has an operators.moe entry (the "
+                      f"experts would not be predicted): remove the MoE keys or regenerate the workload")
 
     def iteration(self, iteration, position: int) -> Iteration:
         where = f"iteration {position + 1}"

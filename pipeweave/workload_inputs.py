@@ -160,7 +160,7 @@ def _fp8_variant(quantization: dict) -> str | None:
     return None
 
 
-def _checkpoint_dtype(cfg: dict, stem: str) -> str | None:
+def _checkpoint_dtype(cfg: dict, stem: str, moe: bool) -> str | None:
     quantization = cfg.get("quantization_config")
     if quantization is None:
         return None
@@ -174,6 +174,9 @@ def _checkpoint_dtype(cfg: dict, stem: str) -> str | None:
                             f"other quantisations are not modelled; pipeweave predicts BF16 and FP8 (W8A8) linear "
                             f"layers (--dtype fp8)")
     variant = _fp8_variant(quantization)
+    if variant and moe:  # dropping the variant would only meet the refusal of FP8 MoE layers (workload.py)
+        raise WorkloadError(f"config {stem}: {source} is {variant}, and FP8 mixture-of-experts layers are not "
+                            f"modelled: remove the quantization to predict its BF16 version")
     if variant:
         raise WorkloadError(f"config {stem}: {source} is {variant}, whose kernels are not the per-tensor FP8 GEMMs "
                             f"pipeweave's FP8 model was trained on; remove that setting to predict it as per-tensor "
@@ -280,7 +283,7 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
             raise WorkloadError(f"config {stem}: unknown key '{key}'; did you mean '{close[0]}'?")
     max_sequence, max_source = _max_sequence(cfg, stem)
     return ModelConfig(stem=stem, model=model, head_dim=head_dim, tie_word_embeddings=tie, moe=moe,
-                       checkpoint_dtype=_checkpoint_dtype(cfg, stem), max_sequence=max_sequence,
+                       checkpoint_dtype=_checkpoint_dtype(cfg, stem, moe is not None), max_sequence=max_sequence,
                        max_sequence_source=max_source,
                        quantization_source=cfg.get(QUANT_SOURCE_KEY, "quantization_config"),
                        architecture=archs[0] if archs else None, **values)

@@ -686,6 +686,29 @@ def test_top_level_fields_that_contradict_the_entries_are_refused(tmp_path, edit
         Workload.from_dict(data, "w.json")
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["model_params"].pop("num_experts"),
+     r"iteration 1: operators.moe\[0\] is a fused-MoE layer, but model_params has no num_experts"),
+    (lambda d: d["model_params"].update(num_experts=4),
+     r"iteration 1: operators.moe\[0\] routes top-2 of E = 8 experts, but model_params says num_experts 4, "
+     r"num_experts_per_tok 2"),
+    (lambda d: [it["operators"].pop("moe") for it in d["iterations"]],
+     r"model_params.num_experts is 8, but no iteration has an operators.moe entry"),
+])
+def test_model_params_that_contradict_the_fused_moe_entries_are_refused(edit, message):
+    """A user audit (2026-12-05): without num_experts in model_params the memory check counted an MoE model as
+    dense (Qwen3-235B-A22B passed on one H100 at 44 GB of weights instead of 470 GB); without the MoE entries its
+    experts would not be predicted."""
+    from pipeweave.schema import Workload, WorkloadFormatError
+    from pipeweave.workload import build_workload, load_model_config
+
+    data = build_workload(load_model_config("Mixtral-8x7B"), [10], 2, tp=2).to_dict()
+    Workload.from_dict(data, "w.json")
+    edit(data)
+    with pytest.raises(WorkloadFormatError, match=rf"^w.json: {message}"):
+        Workload.from_dict(data, "w.json")
+
+
 def test_fp8_on_fused_moe_layers_is_refused():
     from pipeweave.schema import Workload, WorkloadFormatError
     from pipeweave.workload import build_workload, load_model_config

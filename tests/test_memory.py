@@ -332,6 +332,12 @@ def test_fp8_moe_checkpoint_is_told_the_one_fix_that_works():
     moe = model_config_from_dict({**json_config("Qwen3-30B-A3B"), "quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(WorkloadError, match="FP8 mixture-of-experts layers are not modelled: remove quantization"):
         build_workload(moe, [512], 4)
+    # Qwen's own FP8 MoE checkpoints are block-scaled: the message said to drop the block size for per-tensor FP8,
+    # which then met the refusal above
+    block = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    with pytest.raises(WorkloadError, match=r"block-scaled FP8 \(weight_block_size \[128, 128\]\), and FP8 "
+                                            r"mixture-of-experts layers are not modelled: remove the quantization"):
+        model_config_from_dict({**json_config("Qwen3-30B-A3B"), "quantization_config": block})
     # asked for as FP8, the same fix (it said "use --dtype bf16", which the first check then refuses)
     with pytest.raises(WorkloadError, match="not modelled .*; remove quantization_config to predict its BF16 version"):
         build_workload(moe, [512], 4, dtype="fp8")
