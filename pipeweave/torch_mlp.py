@@ -138,6 +138,10 @@ def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple
     architecture = metadata["model_info"].get("architecture", "MLP")
     model = build_model(architecture, int(params["input_dim"]), dropout=float(params.get("dropout_rate", DROPOUT)))
     path = checkpoint_path(model_dir, op)
+    if not path.is_file() and weights_path(model_dir, op).is_file():
+        load_exported(model, weights_path(model_dir, op), op)
+        model.to(device).eval()
+        return model, metadata
     try:
         model.load_state_dict(torch.load(path, map_location=device, weights_only=True)["model_state_dict"])
     except (pickle.UnpicklingError, EOFError, RuntimeError) as exc:  # torch's errors for a damaged checkpoint
@@ -145,6 +149,32 @@ def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple
                          f"it or retrain with train_mlp.py --op {op}") from None
     model.to(device).eval()
     return model, metadata
+
+
+def load_exported(model: nn.Module, path: Path, op: str) -> None:
+    """Set ``model``'s weights from its numpy weight file (:func:`exported_arrays`), for a model directory without
+    its torch checkpoint: an installed package ships the ensemble members' weight files only (no pickles), and
+    fine-tuning starts from them. The file holds every weight and running statistic an evaluation reads, in the
+    checkpoint's float32; only batch norm's update counter, which its fixed momentum never reads, starts at 0."""
+    linears = [m for m in model.network if isinstance(m, nn.Linear)]
+    norms = [m for m in model.network if isinstance(m, nn.BatchNorm1d)]
+    try:
+        with np.load(path, allow_pickle=False) as arrays, torch.no_grad():
+            if str(arrays["architecture"]) != type(model).__name__ or int(arrays["num_layers"]) != len(linears):
+                raise ValueError("another architecture")
+            for i, linear in enumerate(linears):
+                linear.weight.copy_(torch.from_numpy(arrays[f"linear{i}.weight"]))
+                linear.bias.copy_(torch.from_numpy(arrays[f"linear{i}.bias"]))
+            for i, norm in enumerate(norms):
+                for name, tensor in (("mean", norm.running_mean), ("var", norm.running_var), ("weight", norm.weight),
+                                     ("bias", norm.bias)):
+                    tensor.copy_(torch.from_numpy(arrays[f"bn{i}.{name}"]))
+                norm.eps = float(arrays[f"bn{i}.eps"])
+            if hasattr(model, "log_bounds"):
+                model.log_bounds.copy_(torch.from_numpy(arrays["log_bounds"]))
+    except (KeyError, ValueError, RuntimeError, OSError) as exc:
+        raise ValueError(f"{path}: damaged or not the weights of this model ({exc}); restore it or retrain with "
+                         f"train_mlp.py --op {op}") from None
 
 
 @torch.no_grad()

@@ -537,3 +537,34 @@ def test_bad_kernel_files_name_the_file(tmp_path, capsys, body, message):
     code = run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(path), "--output", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"--kernels {path}: {message}" in err[0] and not out.exists()
+
+
+def test_members_without_torch_checkpoints_fine_tune_from_their_weight_files(tmp_path):
+    """An installed package ships the members' numpy weight files, not their torch checkpoints (a user audit,
+    2026-12-05: calibrate.py --kernels stopped there whenever it fine-tuned). Fine-tuning from the weight files gives
+    the same model, to the bit, as from the checkpoints."""
+    pytest.importorskip("torch", reason="fine-tuning needs the training extras")
+    from analytical_model.hardware import hardware_registry
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.finetune import fine_tune
+    from pipeweave.mlp import checkpoint_path
+    from pipeweave.paths import DEFAULT_MODEL_DIR
+    from pipeweave.predictor import KernelPredictor
+
+    members = member_dirs(KernelPredictor().model("gemm")[2])[:2]
+    copies = []
+    for directory in members:
+        copy = tmp_path / Path(directory).name
+        shutil.copytree(directory, copy)
+        checkpoint_path(copy, "gemm").unlink()
+        copies.append(copy)
+    hw = hardware_registry().get("L40")
+    operator = get_operator("gemm")
+    shapes = {"M": np.array([16, 128, 1024, 4096]), "N": np.array([4096, 8192, 2048, 14336]),
+              "K": np.array([4096, 8192, 8192, 4096])}
+    rows = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    efficiency = np.array([0.3, 0.5, 0.6, 0.7])
+    tuned = [fine_tune("gemm", dirs, rows, efficiency, rows, 4, hw.sm_freq) for dirs in (members, copies)]
+    assert tuned[0].keys() == tuned[1].keys()
+    assert all(np.array_equal(tuned[0][key], tuned[1][key]) for key in tuned[0])
+    assert str(DEFAULT_MODEL_DIR) in str(members[0])

@@ -336,6 +336,14 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
                            "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert not list(target.rglob("*.pth")), "torch checkpoints must not be installed"
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.finetune import FINE_TUNABLE
+    from pipeweave.mlp import latest_model_dir
+
+    for op in FINE_TUNABLE:  # fine-tuning (calibrate.py --kernels) starts from the members' weight files
+        for member in member_dirs(latest_model_dir(REPO / "mlp_models", op)):
+            installed = target / "pipeweave" / "_data" / member.relative_to(REPO)
+            assert (installed / "metadata.json").is_file() and (installed / f"{op}_mlp_weights.npz").is_file(), member
     # every file prediction reads at run time comes with it (a missing one would change numbers silently)
     for name in ("pipeweave/_data/collective_models/serving.json", "pipeweave/calibration_prior.json",
                  "pipeweave/efficiency_band.json", "pipeweave/error_intervals.json", "pipeweave/quantize_bandwidth.json",
