@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from analytical_model.registry import workload_operators
-from pipeweave.paths import DEFAULT_WORKLOAD_DIR
+from pipeweave.paths import DEFAULT_WORKLOAD_DIR, workload_stem_dirs
 from pipeweave.schema import NO_OPERATORS, Category, Workload, WorkloadFormatError, read_workload
 
 #: workload operator key → registry operator class, in output order
@@ -129,13 +129,16 @@ def resolve_workload_path(name: str | Path, workload_dir: Path = DEFAULT_WORKLOA
     path = Path(name)
     if path.is_file():
         return path
+    folders = workload_stem_dirs(workload_dir)
     if "/" not in str(name):
-        candidate = workload_dir / (str(name) if str(name).endswith(".json") else f"{name}.json")
-        if candidate.is_file():
-            return candidate
+        for folder in folders:
+            candidate = folder / (str(name) if str(name).endswith(".json") else f"{name}.json")
+            if candidate.is_file():
+                return candidate
     if path.is_dir():
         raise FileNotFoundError(f"workload {name} is a directory, not a workload JSON file")
-    raise FileNotFoundError(f"workload file not found: {name}")
+    searched = "" if "/" in str(name) else f" (a stem is looked up in {' and '.join(map(str, folders))})"
+    raise FileNotFoundError(f"workload file not found: {name}{searched}")
 
 
 def load_workload(name: str | Path, workload_dir: Path = DEFAULT_WORKLOAD_DIR) -> FlatWorkload:

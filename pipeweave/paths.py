@@ -7,11 +7,13 @@ carries the same folders as package data under ``pipeweave/_data/`` (see ``pypro
 present. ``PIPEWEAVE_DATA_ROOT`` overrides both, e.g. to point an installed copy at a checkout with retrained
 models.
 
-**Checkout-only folders** (datasets, docs, end-to-end results) are under the repository root.
+**Checkout-only folders** (datasets, docs, end-to-end results, evaluation runs) are under the repository root; for
+an installed copy, which has no repository, under the working directory (never inside the installed package). So are
+the workloads the generator writes there, which a workload stem also names (:func:`workload_stem_dirs`).
 
-The shared data folder is ``$PIPEWEAVE_SHARED_DATA`` if set, else ``shared/data`` beside the repository; it holds
-the public measurements the dataset builder, the collective models and the end-to-end comparison read in place
-(see docs/DATA.md).
+The shared data folder is ``$PIPEWEAVE_SHARED_DATA`` if set, else ``shared/data`` beside the repository (for an
+installed copy: beside the working directory); it holds the public measurements the dataset builder, the collective
+models and the end-to-end comparison read in place (see docs/DATA.md).
 """
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
 INSTALLED_DATA_ROOT = PACKAGE_DIR / "_data"
+#: whether this code runs from a repository checkout (an editable install included) rather than an installed copy
+CHECKOUT = not INSTALLED_DATA_ROOT.is_dir()
+#: where the checkout-only folders are: the repository root, or for an installed copy the working directory
+WORK_ROOT = REPO_ROOT if CHECKOUT else Path(".")
 
 
 def data_root() -> Path:
@@ -41,19 +47,28 @@ DEFAULT_COLLECTIVE_DIR = DATA_ROOT / "collective_models"
 # the generator writes beside the shipped workloads in a checkout; never into an installed package
 DEFAULT_WORKLOAD_OUTPUT_DIR = Path("workload") if DATA_ROOT == INSTALLED_DATA_ROOT else DEFAULT_WORKLOAD_DIR
 
-DATASET_DIR = REPO_ROOT / "dataset"
+DATASET_DIR = WORK_ROOT / "dataset"
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
 #: evaluation runs (leave-one-GPU-out models): never read by the predictor, so they cannot replace a shipped model
-DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
-DOCS_DIR = REPO_ROOT / "docs"
-E2E_DIR = REPO_ROOT / "e2e"
+DEFAULT_RUNS_DIR = WORK_ROOT / "runs"
+DOCS_DIR = WORK_ROOT / "docs"
+E2E_DIR = WORK_ROOT / "e2e"
 SHARED_DATA_ENV = "PIPEWEAVE_SHARED_DATA"
+
+
+def workload_stem_dirs(workload_dir: Path) -> list[Path]:
+    """The folders a workload stem is looked up in, in order: ``workload_dir``; for the default folder of an
+    installed copy, first the folder the generator writes to (``./workload``), so that a generated workload is found
+    by the stem it was written under, as in a checkout."""
+    if Path(workload_dir) == DEFAULT_WORKLOAD_DIR and DEFAULT_WORKLOAD_OUTPUT_DIR != DEFAULT_WORKLOAD_DIR:
+        return [DEFAULT_WORKLOAD_OUTPUT_DIR, DEFAULT_WORKLOAD_DIR]
+    return [Path(workload_dir)]
 
 
 def shared_data_dir() -> Path:
     """The configured shared data folder (it may not exist: see :func:`existing_shared_data_dir`)."""
     env = os.environ.get(SHARED_DATA_ENV)
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+    return Path(env) if env else WORK_ROOT.resolve().parent / "shared" / "data"
 
 
 def existing_shared_data_dir() -> Path | None:

@@ -364,6 +364,19 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
                           .read_text())["summary"]
     for key, value in expected.items():
         assert got["summary"][key] == pytest.approx(value, rel=1e-6)
+    # a user audit (2026-12-05): a workload the installed generator wrote into ./workload was not found by its stem,
+    # and the checkout-only folders (e2e/, docs/, the shared data) were placed in or beside site-packages
+    (work / "workload").mkdir()
+    shutil.copy(REPO / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json", work / "workload" / "mine.json")
+    script = ("import json, pipeweave, pipeweave.paths as p; r = pipeweave.predict_workload('mine', 'A100'); "
+              "print(json.dumps({'found': r['summary']['total_duration_ms'] > 0, 'e2e': str(p.E2E_DIR.resolve()), "
+              "'shared': str(p.shared_data_dir())}))")
+    run = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got == {"found": True, "e2e": str(work.resolve() / "e2e"),
+                   "shared": str(tmp_path.resolve() / "shared" / "data")}
 
 
 @pytest.mark.parametrize("module, command, extra", [
