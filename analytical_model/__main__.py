@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, run_cli, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, program_name, run_cli, write_atomically
 from pipeweave.validation import check_shape_table
 
 from .hardware import DEFAULT_HARDWARE_DIR
@@ -37,7 +37,7 @@ def list_operators(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python3 -m analytical_model", description="Analytical pipe features of GPU kernels.")
+    parser = ArgumentParser(prog=program_name(), description="Analytical pipe features of GPU kernels.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     features = sub.add_parser("features", help="compute analytical features for a CSV of shapes")
     features.add_argument("--op", required=True, choices=list(OPERATORS),

@@ -20,7 +20,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from pipeweave.paths import DEFAULT_HARDWARE_DIR
+from pipeweave.paths import DEFAULT_HARDWARE_DIR, data_root_note
 
 from .pipes import (ARCHITECTURES, KNOWN_CAPABILITIES, LINK_TYPES, MEMORY_TYPES, HardwareSpec, architecture_for,
                     resident_threads_per_sm)
@@ -192,7 +192,8 @@ class HardwareRegistry:
     def __init__(self, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR):
         self.hardware_dir = Path(hardware_dir)
         if not self.hardware_dir.is_dir():
-            raise FileNotFoundError(f"hardware directory not found: {self.hardware_dir}")
+            raise FileNotFoundError(f"hardware directory not found: {self.hardware_dir}"
+                                    f"{data_root_note(self.hardware_dir)}")
         self.specs: dict[str, HardwareSpec] = {}
         self._index: dict[str, str] = {}
         claimed: dict[str, str] = {}  # normalised name -> which file claims it, and as what

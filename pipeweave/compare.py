@@ -30,7 +30,8 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.baselines import ARTIFACT_METHODS, artifact_baselines_dir, read_artifact_baselines, shape_roofline_prediction
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, keep_marked_sections, write_atomically
+from pipeweave.cli import (ArgumentParser, UserError, check_output_path, keep_marked_sections, program_name,
+                           write_atomically)
 from pipeweave.e2e_report import document, markdown_static, markdown_summary, markdown_vllm, plot, table_csv
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
                                      artifact_real_dir, error_summary, format_summary_csv, gpu_stem, load_real,
@@ -244,6 +245,13 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
     return pd.DataFrame(rows)
 
 
+def _prog(command: str, script_flag: str = "") -> str:
+    """The command as the user typed it: the script (compare_pred_real.py [--summarize_real]), or the module or
+    console script with its subcommand (pipeweave-compare static)."""
+    name = program_name()
+    return f"{name} {script_flag}".strip() if name.endswith(".py") else f"{name} {command}"
+
+
 def _common_parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--pred_dir", default=str(DEFAULT_PRED_DIR),
@@ -292,7 +300,7 @@ def _real_source(real_dir: str) -> str:
 
 
 def main_static(argv: list[str] | None = None) -> int:
-    parser = _common_parser("compare_pred_real.py", "Compare static-batch predictions with measured runs "
+    parser = _common_parser(_prog("static"), "Compare static-batch predictions with measured runs "
                                                     "(median of the repetitions), roofline and artifact baselines. "
                                                     "With --summarize_real instead: rebuild the measured-run summary "
                                                     "e2e/real/measured_runs.csv (compare_pred_real.py "
@@ -347,7 +355,7 @@ def main_static(argv: list[str] | None = None) -> int:
 
 
 def main_vllm(argv: list[str] | None = None) -> int:
-    parser = _common_parser("compare_vllm_pred_real.py", "Compare the vLLM TP4xPP2 predictions (total latency) with "
+    parser = _common_parser(_prog("vllm"), "Compare the vLLM TP4xPP2 predictions (total latency) with "
                                                          "the median of the measured latencies.")
     parser.add_argument("--output", default=str(E2E_DIR / "vllm_comparison.csv"),
                         help="output CSV (default: e2e/vllm_comparison.csv)")
@@ -375,7 +383,7 @@ def main_vllm(argv: list[str] | None = None) -> int:
 
 
 def main_summarize(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python3 -m pipeweave.compare summarize-real",
+    parser = ArgumentParser(prog=_prog("summarize-real", "--summarize_real"),
                             description="Summarise the artifact's measured runs into this project's CSV "
                                         "(median, min, max over the repetitions).")
     parser.add_argument("--source", default=None,
@@ -412,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeweave.run_scores import main as main_runs
 
     commands = {"summarize-real": main_summarize, "static": main_static, "vllm": main_vllm, "runs": main_runs}
-    usage = f"usage: python3 -m pipeweave.compare {{{','.join(commands)}}} [options] (each command has --help)"
+    usage = f"usage: {program_name()} {{{','.join(commands)}}} [options] (each command has --help)"
     if argv and argv[0] in ("-h", "--help"):
         print(usage)
         return 0

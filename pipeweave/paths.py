@@ -37,6 +37,15 @@ def data_root() -> Path:
 
 
 DATA_ROOT = data_root()
+
+
+def data_root_note(path: str | Path) -> str:
+    """For an error about a missing ``path`` of the shipped data: that ``PIPEWEAVE_DATA_ROOT`` chose it, when it did."""
+    override = os.environ.get("PIPEWEAVE_DATA_ROOT")
+    if override and Path(path).is_relative_to(DATA_ROOT):
+        return f" (PIPEWEAVE_DATA_ROOT is {override})"
+    return ""
+
 DEFAULT_HARDWARE_DIR = DATA_ROOT / "hardware"
 DEFAULT_CONFIG_DIR = DATA_ROOT / "config"
 DEFAULT_WORKLOAD_DIR = DATA_ROOT / "workload"

@@ -450,6 +450,34 @@ def test_program_name_of_a_module():
     assert proc.stderr == "python3 -m pipeweave.serving.report: error: unrecognized arguments: --bogus\n"
 
 
+@pytest.mark.parametrize("command, argv, usage", [
+    ("features", ["--help"], "usage: pipeweave-features [-h] {features,list}"),
+    ("compare", ["static", "--help"], "usage: pipeweave-compare static [-h]"),
+    ("compare", ["summarize-real", "--help"], "usage: pipeweave-compare summarize-real [-h]"),
+])
+def test_console_scripts_name_themselves(monkeypatch, capsys, command, argv, usage):
+    """An installed user's help said `python3 -m analytical_model` and `python3 -m pipeweave.compare` (a user audit,
+    2026-12-05); the scripts compare_pred_real.py and compare_vllm_pred_real.py keep their own names."""
+    from pipeweave import commands
+
+    monkeypatch.setattr(sys, "argv", [f"/usr/bin/pipeweave-{command}", *argv])
+    with pytest.raises(SystemExit):
+        getattr(commands, command)()
+    assert capsys.readouterr().out.startswith(usage)
+    proc = subprocess.run([sys.executable, "compare_pred_real.py", "--summarize_real", "--help"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.stdout.startswith("usage: compare_pred_real.py --summarize_real [-h]")
+
+
+def test_a_missing_data_root_names_the_variable_that_chose_it():
+    proc = subprocess.run([sys.executable, "aggregator.py", "--workload", "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1",
+                           "--hardware", "H100"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PIPEWEAVE_DATA_ROOT": "/nonexistent"})
+    assert proc.returncode == 2
+    assert proc.stderr.endswith("hardware directory not found: /nonexistent/hardware (PIPEWEAVE_DATA_ROOT is "
+                                "/nonexistent)\n")
+
+
 # ---------------------------------------------------------------------------------------------------
 # 4. friction
 # ---------------------------------------------------------------------------------------------------
