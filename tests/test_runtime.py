@@ -336,6 +336,7 @@ def test_installed_copy_predicts_outside_the_checkout(tmp_path):
                            "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert not list(target.rglob("*.pth")), "torch checkpoints must not be installed"
+    assert not (target / "dataset").exists(), "a top-level dataset package would replace PyPI's of that name"
     from pipeweave.ensemble import member_dirs
     from pipeweave.finetune import FINE_TUNABLE
     from pipeweave.mlp import latest_model_dir
