@@ -7,8 +7,8 @@ Every grid is a list of *rows*: dicts holding the operator's shape columns in th
   count gives the per-rank GEMM, attention, RMSNorm, SiLU*Mul and all-reduce shapes;
 * a log-spaced sweep that covers the space between and around them (full grid only).
 
-``--quick`` keeps a handful of token counts and no sweep, so it finishes in minutes on one GPU. Its attention rows
-are the workloads' batches plus a seeded sample of the full grid's (:data:`QUICK_ATTENTION_ROWS`).
+``--quick`` keeps a handful of token counts and no sweep, so it finishes in minutes on one GPU. Its attention,
+RMSNorm and SiLU*Mul rows are the workloads' shapes plus a seeded draw from the full grid (:data:`QUICK_DRAWN_ROWS`).
 """
 from __future__ import annotations
 
@@ -42,12 +42,16 @@ PREFILL_TOKENS = (384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288
 # Σ prompt tokens of the shipped traces (docs/METHOD.md §6.1): the exact prefill M of the paper's workloads.
 PAPER_PREFILL_TOKENS = (16266, 27966, 32350, 33950, 35152, 57664, 60296, 84891, 89471)
 QUICK_TOKENS = (1, 16, 128, 1024, 8192)
-#: attention rows of the quick grid. Its four workload batches give only 32 rows (one per head layout), too few for
+#: rows of the quick grid per class of :data:`QUICK_DRAWN_OPS`: the workloads' shapes, then a seeded draw from the
+#: full grid up to this many. Attention's four workload batches give 32 rows (one per head layout), too few for
 #: calibrate.py's held-out-fifth choice between the corrections and fine-tuning, which needs 200 kernels of a class
-#: (pipeweave.finetune.MIN_SELECTION_KERNELS); the 240 leave a margin for rows a backend cannot run. The rest are drawn
-#: at random from the full grid, the condition the many-kernel evaluation measured (leave-one-GPU-out attention,
-#: 239 random kernels: mean error 7.5 %; 32: 10.1 %; README, "Calibrating for your GPU").
-QUICK_ATTENTION_ROWS = 240
+#: (pipeweave.finetune.MIN_SELECTION_KERNELS); 240 leave a margin for rows a backend cannot run. Random rows of the
+#: full grid are the condition the evaluation measured (leave-one-GPU-out, 239 random attention kernels: mean error
+#: 7.5 %, 32: 10.1 %; README, "Calibrating for your GPU"). RMSNorm's 10 and SiLU*Mul's 60 workload rows are topped up
+#: likewise: their kernels take microseconds, and more kernels still help (RMSNorm with 8, 32, 128 kernels: A100 8.4,
+#: 7.4, 7.2 %; docs/ACCURACY.md, k-shot table).
+QUICK_DRAWN_ROWS = 240
+QUICK_DRAWN_OPS = ("attn", "rmsnorm", "siluandmul")
 QUICK_SAMPLE_SEED = 20261205
 
 # Memory guards: keep single problems within a few GiB so they fit any GPU worth profiling.
@@ -205,51 +209,38 @@ def attn_grid(models, tps, *, quick: bool, prefill_type: str = "fa2_ragged", dec
         h = attention_heads(model, tp)
         if h not in heads:
             heads.append(h)
-    full = _attention_rows(heads, _full_attention_batches(prefill_type, decode_type, traces))
-    if not quick:
-        return full
-    workload_batches = [(prefill_type, [length] * bs, [length] * bs) for bs, length in ((1, 1024), (4, 4096))]
-    workload_batches += [(decode_type, [1] * bs, [kv] * bs) for bs, kv in ((16, 1024), (64, 4096))]
-    rows = _attention_rows(heads, workload_batches)
-    chosen = {_attention_key(r) for r in rows}
-    others = [r for r in full if _attention_key(r) not in chosen]
-    wanted = max(0, QUICK_ATTENTION_ROWS - len(rows))
-    picked = sorted(random.Random(QUICK_SAMPLE_SEED).sample(range(len(others)), min(wanted, len(others))))
-    return rows + [others[i] for i in picked]
-
-
-def _full_attention_batches(prefill_type: str, decode_type: str, traces) -> list[tuple[str, list[int], list[int]]]:
-    """(type, q lengths, kv lengths) of the full grid's attention batches."""
-    batches = []
-    for length in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
-        for bs in (1, 2, 4, 8, 16, 32, 64):
-            if bs * length <= ATTN_PREFILL_MAX_TOKENS:
-                batches.append((prefill_type, [length] * bs, [length] * bs))
-    for kv in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
-        for bs in (1, 2, 4, 8, 16, 32, 48, 64, 72, 128):
-            if bs * kv <= ATTN_DECODE_MAX_KV:
-                batches.append((decode_type, [1] * bs, [kv] * bs))
-    # Heterogeneous (ragged) batches with a fixed seed: what real traces look like.
-    rng = random.Random(20260101)
-    for bs in (4, 8, 16, 32, 64):
-        for _ in range(2):
-            lengths = _log_uniform_lengths(rng, bs, 64, 8192)
-            if sum(lengths) <= ATTN_PREFILL_MAX_TOKENS:
-                batches.append((prefill_type, lengths, lengths))
-            kvs = _log_uniform_lengths(rng, bs, 128, 16384)
-            batches.append((decode_type, [1] * bs, kvs))
-    # The paper's traces: prefill q = kv = prompts; decode after 1 step, half-way, and at the last step.
-    for prompts, output in (traces or {}).values():
-        if sum(prompts) <= ATTN_PREFILL_MAX_TOKENS:
-            batches.append((prefill_type, list(prompts), list(prompts)))
-        for step in sorted({1, max(1, (output - 1) // 2), max(1, output - 1)}):
-            kvs = [p + step for p in prompts]
-            if sum(kvs) <= ATTN_DECODE_MAX_KV:
-                batches.append((decode_type, [1] * len(prompts), kvs))
-    return batches
-
-
-def _attention_rows(heads, batches) -> list[dict]:
+    batches: list[tuple[str, list[int], list[int]]] = []  # (type, q, kv)
+    if quick:
+        for bs, length in ((1, 1024), (4, 4096)):
+            batches.append((prefill_type, [length] * bs, [length] * bs))
+        for bs, kv in ((16, 1024), (64, 4096)):
+            batches.append((decode_type, [1] * bs, [kv] * bs))
+    else:
+        for length in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+            for bs in (1, 2, 4, 8, 16, 32, 64):
+                if bs * length <= ATTN_PREFILL_MAX_TOKENS:
+                    batches.append((prefill_type, [length] * bs, [length] * bs))
+        for kv in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+            for bs in (1, 2, 4, 8, 16, 32, 48, 64, 72, 128):
+                if bs * kv <= ATTN_DECODE_MAX_KV:
+                    batches.append((decode_type, [1] * bs, [kv] * bs))
+        # Heterogeneous (ragged) batches with a fixed seed: what real traces look like.
+        rng = random.Random(20260101)
+        for bs in (4, 8, 16, 32, 64):
+            for _ in range(2):
+                lengths = _log_uniform_lengths(rng, bs, 64, 8192)
+                if sum(lengths) <= ATTN_PREFILL_MAX_TOKENS:
+                    batches.append((prefill_type, lengths, lengths))
+                kvs = _log_uniform_lengths(rng, bs, 128, 16384)
+                batches.append((decode_type, [1] * bs, kvs))
+        # The paper's traces: prefill q = kv = prompts; decode after 1 step, half-way, and at the last step.
+        for prompts, output in (traces or {}).values():
+            if sum(prompts) <= ATTN_PREFILL_MAX_TOKENS:
+                batches.append((prefill_type, list(prompts), list(prompts)))
+            for step in sorted({1, max(1, (output - 1) // 2), max(1, output - 1)}):
+                kvs = [p + step for p in prompts]
+                if sum(kvs) <= ATTN_DECODE_MAX_KV:
+                    batches.append((decode_type, [1] * len(prompts), kvs))
     rows = []
     for nh, nkv, hd in heads:
         for kind, q, kv in batches:
@@ -263,10 +254,6 @@ def _attention_rows(heads, batches) -> list[dict]:
                 "hd": hd,
             })
     return _unique(rows, SHAPE_COLUMNS["attn"])
-
-
-def _attention_key(row: dict) -> tuple:
-    return tuple(row[c] for c in SHAPE_COLUMNS["attn"])
 
 
 def _elementwise_grid(llm_dims: Sequence[int], sweep_dims: Sequence[int], tokens, *, sweep: bool) -> list[dict]:
@@ -404,4 +391,19 @@ def build_grid(
         else:  # registered as profiled, but nothing here says which shapes to measure or how to run them
             notes.append(f"{op}: no shape grid to measure (a registered operator needs one here, in "
                          f"pipeweave/profiler/grids.py, and a runner in pipeweave/profiler/runners.py)")
+    drawn = [op for op in QUICK_DRAWN_OPS if op in rows]
+    if quick and drawn:
+        full = build_grid(models, tps, ops=drawn, prefill_attention_type=prefill_attention_type,
+                          decode_attention_type=decode_attention_type, traces=traces)
+        for op in drawn:
+            rows[op] = quick_draw(rows[op], full.rows[op], SHAPE_COLUMNS[op])
     return Grid(rows=rows, notes=notes)
+
+
+def quick_draw(rows: list[dict], full: list[dict], columns: Sequence[str]) -> list[dict]:
+    """``rows``, then a seeded random draw of the other rows of ``full`` up to :data:`QUICK_DRAWN_ROWS` (all of them
+    when fewer), in the full grid's order."""
+    chosen = {tuple(r[c] for c in columns) for r in rows}
+    others = [r for r in full if tuple(r[c] for c in columns) not in chosen]
+    wanted = min(max(0, QUICK_DRAWN_ROWS - len(rows)), len(others))
+    return rows + [others[i] for i in sorted(random.Random(QUICK_SAMPLE_SEED).sample(range(len(others)), wanted))]
