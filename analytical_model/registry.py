@@ -89,6 +89,10 @@ class OperatorClass:
     #: the pipeweave recipe's MLP reads each pipe's cycles as a share of the busiest pipe's, the busiest pipe's
     #: cycles and the shape, not log1p of every feature (pipeweave.mlp.PIPE_SHARES; docs/METHOD.md §4.1)
     pipe_share_inputs: bool = False
+    #: descriptors whose values are discrete design choices of a model (MoE: the expert count and top-k): a
+    #: combination of them that no training row had is extrapolation even where each lies inside its training range
+    #: (pipeweave.predictor.coverage_codes; the combinations seen are in the model's metadata)
+    discrete_inputs: tuple[str, ...] = ()
     #: measurement harnesses (:func:`source_family`) the pipeweave recipe's MLP tells apart from the reference one,
     #: one 0/1 input each, the last of ``descriptor_names`` (:func:`with_harness_inputs`); a prediction is 0
     harness_families: tuple[str, ...] = ()
@@ -316,6 +320,7 @@ register(OperatorClass(
     cold_bytes=moe_cold_bytes,
     tensor_rate="tc_bf16",
     pipe_share_inputs=True,
+    discrete_inputs=("experts", "top_k"),
 ))
 # The BF16 -> FP8 activation pass before an FP8 GEMM reads a row, reduces it to a scale and writes it scaled:
 # the structure of RMSNorm, whose features describe it. It is predicted by the bandwidth model fitted on

@@ -31,7 +31,8 @@ from typing import Callable
 import numpy as np
 
 from analytical_model.registry import get_operator
-from pipeweave.mlp import PIPE_SHARES, metadata_transform, model_inputs, transformed_names
+from pipeweave.mlp import (DISCRETE_INPUTS_KEY, PIPE_SHARES, discrete_inputs_entry, metadata_transform, model_inputs,
+                           transformed_names)
 
 METADATA_KEY = "network_input_ranges"
 
@@ -132,14 +133,17 @@ def model_edges(op: str, metadata: dict, where: str) -> TrainingEdges | None:
 
 def write_ranges(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dict:
     """(Re)write ``network_input_ranges`` into a pipe-share model's metadata.json from the training split of the
-    GPUs it trained on; the split must be the one it trained on (its ``feature_ranges`` are checked)."""
+    GPUs it trained on, and for an operator with discrete inputs (registry ``discrete_inputs``) the combinations of
+    them it held (:data:`pipeweave.mlp.DISCRETE_INPUTS_KEY`); the split must be the one it trained on (its digest,
+    or for older models its ``feature_ranges``, is checked). Returns the edges."""
     from pipeweave.modeling import dataset_paths, feature_ranges, read_dataset
 
     path = Path(model_dir) / "metadata.json"
     metadata = json.loads(path.read_text())
     if "model_info" not in metadata or "data_info" not in metadata:
         raise ValueError(f"{path} is not a trained model's metadata (no model_info or data_info)")
-    if metadata_transform(metadata) != PIPE_SHARES:
+    discrete = list(get_operator(op).discrete_inputs)
+    if metadata_transform(metadata) != PIPE_SHARES and not discrete:
         raise ValueError(f"{model_dir} does not read pipe shares ({metadata_transform(metadata)}): it has no edges")
     names = metadata["model_info"]["features"]
     train_path = dataset_paths(op, dataset_dir)[0]
@@ -156,9 +160,12 @@ def write_ranges(model_dir: str | Path, op: str, dataset_dir: str | Path) -> dic
     if not same:
         raise ValueError(f"{train_path} is not the training split {model_dir} was trained on (its row count or "
                          f"input ranges differ); rebuild the dataset (python3 -m dataset.build) or retrain")
-    metadata[METADATA_KEY] = ranges_entry(names, train[names].to_numpy(np.float64))
+    if metadata_transform(metadata) == PIPE_SHARES:
+        metadata[METADATA_KEY] = ranges_entry(names, train[names].to_numpy(np.float64))
+    if discrete:
+        metadata[DISCRETE_INPUTS_KEY] = discrete_inputs_entry(discrete, train[discrete].to_numpy(np.float64))
     path.write_text(json.dumps(metadata, indent=2, ensure_ascii=False))
-    return metadata[METADATA_KEY]
+    return metadata.get(METADATA_KEY, {})
 
 
 def main(argv=None) -> int:
@@ -167,7 +174,8 @@ def main(argv=None) -> int:
 
     parser = ArgumentParser(prog="python3 -m pipeweave.edges",
                             description="(Re)write the training edges (network_input_ranges) of pipe-share model "
-                                        "directories from the dataset they were trained on.")
+                                        "directories, and the combinations of an operator's discrete inputs "
+                                        f"({DISCRETE_INPUTS_KEY}), from the dataset they were trained on.")
     parser.add_argument("model_dirs", nargs="+", type=Path, help="model directories <root>/<op>/<timestamp>")
     parser.add_argument("--dataset_dir", type=Path, default=DATASET_DIR,
                         help="folder of <op>_train.csv (default: dataset/)")
@@ -175,7 +183,8 @@ def main(argv=None) -> int:
     for model_dir in args.model_dirs:
         op = model_dir.resolve().parent.name
         ranges = write_ranges(model_dir, op, args.dataset_dir)
-        print(f"{model_dir}: {METADATA_KEY} of {len(ranges)} inputs written")
+        discrete = f" and {DISCRETE_INPUTS_KEY}" if get_operator(op).discrete_inputs else ""
+        print(f"{model_dir}: {METADATA_KEY} of {len(ranges)} inputs{discrete} written")
     return 0
 
 

@@ -82,6 +82,16 @@ def work_efficiency(efficiency: np.ndarray, ideal_us: np.ndarray, fixed_time_us:
     return np.asarray(ideal_us, dtype=np.float64) / (duration - fixed_time_us)
 
 
+#: metadata key of the combinations of an operator's discrete inputs (registry ``discrete_inputs``) its training
+#: rows hold: {"inputs": names, "seen": [[value, ...], ...]}
+DISCRETE_INPUTS_KEY = "discrete_input_values"
+
+
+def discrete_inputs_entry(names, rows: np.ndarray) -> dict:
+    """The :data:`DISCRETE_INPUTS_KEY` entry of training ``rows`` (one column per name of ``names``)."""
+    return {"inputs": list(names), "seen": sorted(list(row) for row in {tuple(map(float, r)) for r in rows})}
+
+
 def checkpoint_path(model_dir: str | Path, op: str) -> Path:
     """The torch checkpoint a training run writes (read only by the training extras)."""
     return Path(model_dir) / f"{op}{CHECKPOINT_SUFFIX}"

@@ -20,8 +20,8 @@ from analytical_model.hardware import hardware_registry, DEFAULT_HARDWARE_DIR
 from pipeweave import edges, memory_model
 from pipeweave.calibration import file_digest
 from pipeweave.cli import batch_size, nonnegative_int, positive_float, positive_int
-from pipeweave.mlp import (LOG1P, PIPE_SHARES, checkpoint_path, model_inputs, total_efficiency, transformed_names,
-                           weights_path, work_efficiency)
+from pipeweave.mlp import (DISCRETE_INPUTS_KEY, LOG1P, PIPE_SHARES, checkpoint_path, discrete_inputs_entry,
+                           model_inputs, total_efficiency, transformed_names, weights_path, work_efficiency)
 from pipeweave.paths import DATASET_DIR
 from pipeweave.torch_mlp import HIDDEN_DIMS, count_parameters, export_weights, predict_efficiency, training_machine
 from pipeweave.splits import shape_keys
@@ -287,6 +287,9 @@ def write_model_dir(
     }
     if transform == PIPE_SHARES and len(train):
         metadata[edges.METADATA_KEY] = edges.ranges_entry(names, train[names].to_numpy(np.float64))
+    discrete = list(get_operator(op).discrete_inputs)
+    if discrete and len(train):
+        metadata[DISCRETE_INPUTS_KEY] = discrete_inputs_entry(discrete, train[discrete].to_numpy(np.float64))
     if quantile:
         metadata["model_info"].update(
             loss_function=f"Quantile Loss (q={config.quantile})",

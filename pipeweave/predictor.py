@@ -19,7 +19,7 @@ from analytical_model.registry import compute_features, get_operator
 from pipeweave import memory_model, quantize_model
 from pipeweave.bounds import clip_efficiency, fastest_us, has_regime_medians, l2_cycles, regime_efficiency
 from pipeweave.edges import model_edges
-from pipeweave.mlp import NumpyMLP, latest_model_dir, load_model_dir
+from pipeweave.mlp import DISCRETE_INPUTS_KEY, NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.moe import pass_shares
 from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
@@ -64,10 +64,11 @@ def training_gpus(names, hardware) -> list:
     return specs
 
 
-def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
-    """(SM designs: the compute capabilities, input minima, input maxima) of a model's training data from its
-    metadata (``hardware``: the registry that names the training GPUs' compute capabilities, :func:`training_gpus`;
-    ``where`` names the file in errors)."""
+def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple:
+    """(SM designs: the compute capabilities, input minima, input maxima, discrete combinations) of a model's
+    training data from its metadata (``hardware``: the registry that names the training GPUs' compute capabilities,
+    :func:`training_gpus`; ``where`` names the file in errors). The last is None for an operator without discrete
+    inputs (registry ``discrete_inputs``), else (their positions among the inputs, the set of combinations seen)."""
     names = metadata.get("data_info", {}).get("train_hardware_distribution")
     ranges = metadata.get("feature_ranges")
     if not names or not ranges:
@@ -76,7 +77,21 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple[fr
     sm_designs = frozenset(spec.compute_capability for spec in training_gpus(names, hardware))
     inputs = metadata["model_info"]["features"]
     return (sm_designs, *_tolerant_range([ranges[name]["min"] for name in inputs],
-                                         [ranges[name]["max"] for name in inputs]))
+                                         [ranges[name]["max"] for name in inputs]),
+            discrete_coverage(metadata, inputs, where, op))
+
+
+def discrete_coverage(metadata: dict, inputs: list[str], where: str, op: str) -> tuple[list[int], frozenset] | None:
+    """(positions of the operator's discrete inputs among ``inputs``, the combinations of them the training rows
+    held), from the model's metadata; None for an operator without discrete inputs."""
+    discrete = list(get_operator(op).discrete_inputs)
+    if not discrete:
+        return None
+    entry = metadata.get(DISCRETE_INPUTS_KEY)
+    if entry is None or entry.get("inputs") != discrete or not set(discrete) <= set(inputs):
+        raise ValueError(f"{where} lacks {DISCRETE_INPUTS_KEY} for {', '.join(discrete)}; write it with: "
+                         f"python3 -m pipeweave.edges {Path(where).parent}")
+    return [inputs.index(name) for name in discrete], frozenset(tuple(map(float, row)) for row in entry["seen"])
 
 
 def _tolerant_range(low, high) -> tuple[np.ndarray, np.ndarray]:
@@ -92,10 +107,10 @@ def stored_bandwidth_fit(op: str) -> dict | None:
     return None if stored is None else quantize_model.load(stored)
 
 
-def stored_coverage(record: dict) -> tuple[frozenset, np.ndarray, np.ndarray]:
+def stored_coverage(record: dict) -> tuple:
     """:func:`training_coverage` of a stored bandwidth fit's ``coverage`` (:mod:`pipeweave.quantize_model`)."""
     return (frozenset(tuple(c) for c in record["compute_capabilities"]),
-            *_tolerant_range(record["min"], record["max"]))
+            *_tolerant_range(record["min"], record["max"]), None)
 
 
 def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:
@@ -106,12 +121,16 @@ def disagreement_codes(spread: np.ndarray, threshold: float) -> np.ndarray:
 def coverage_codes(coverage: tuple, features: np.ndarray, described: np.ndarray | None,
                    compute_capability: tuple[int, int]) -> np.ndarray:
     """UNSEEN_ARCHITECTURE | OUTSIDE_RANGE per row of a GPU of ``compute_capability`` against a
-    :func:`training_coverage`."""
-    sm_designs, low, high = coverage
+    :func:`training_coverage`: OUTSIDE_RANGE where an input lies outside its training range or the combination of
+    the discrete inputs is not one the training rows held."""
+    sm_designs, low, high, discrete = coverage
     inputs = features
     if len(low) > features.shape[1]:
         inputs = np.concatenate([features, described], axis=1)
     outside = ((inputs < low) | (inputs > high)).any(axis=1)
+    if discrete is not None:
+        positions, seen = discrete
+        outside |= np.array([tuple(map(float, row)) not in seen for row in inputs[:, positions]], dtype=bool)
     codes = np.where(outside, OUTSIDE_RANGE, 0).astype(np.int8)
     if tuple(compute_capability) not in sm_designs:
         codes |= UNSEEN_ARCHITECTURE
@@ -336,8 +355,9 @@ class KernelPredictor:
                                                                              self.hardware.get(name))
         return efficiency, codes
 
-    def coverage(self, op: str) -> tuple[frozenset, np.ndarray, np.ndarray]:
-        """(compute capabilities, input minima, input maxima) of the model's training data, from its metadata."""
+    def coverage(self, op: str) -> tuple:
+        """(compute capabilities, input minima, input maxima, discrete combinations) of the model's training data,
+        from its metadata (:func:`training_coverage`)."""
         if op not in self._coverage:
             stored = stored_bandwidth_fit(op)
             if stored is not None:

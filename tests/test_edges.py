@@ -7,9 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
+from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
 from pipeweave.edges import METADATA_KEY, TrainingEdges, model_edges, share_groups
-from pipeweave.mlp import PIPE_SHARES, latest_model_dir, total_efficiency, transformed_names
+from pipeweave.mlp import DISCRETE_INPUTS_KEY, PIPE_SHARES, latest_model_dir, total_efficiency, transformed_names
 from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.predictor import KernelPredictor
 
@@ -124,5 +125,18 @@ def test_shipped_edges_are_those_of_the_training_split(tmp_path):
         target = tmp_path / op / source.name
         target.mkdir(parents=True)
         shutil.copy(source / "metadata.json", target / "metadata.json")
-        stored = json.loads((source / "metadata.json").read_text())[METADATA_KEY]
-        assert write_ranges(target, op, DATASET_DIR) == stored
+        stored = json.loads((source / "metadata.json").read_text())
+        assert write_ranges(target, op, DATASET_DIR) == stored[METADATA_KEY]
+        if op == "moe":  # and the combinations of its discrete inputs (expert count, top-k)
+            written = json.loads((target / "metadata.json").read_text())[DISCRETE_INPUTS_KEY]
+            assert written == stored[DISCRETE_INPUTS_KEY] and written["inputs"] == ["experts", "top_k"]
+
+
+def test_a_moe_model_without_its_discrete_combinations_names_the_command_that_writes_them(tmp_path):
+    from pipeweave.predictor import training_coverage
+
+    metadata = json.loads((latest_model_dir(DEFAULT_MODEL_DIR, "moe") / "metadata.json").read_text())
+    del metadata[DISCRETE_INPUTS_KEY]
+    with pytest.raises(ValueError, match=f"m/metadata.json lacks {DISCRETE_INPUTS_KEY} for experts, top_k; write it "
+                                         f"with: python3 -m pipeweave.edges m"):
+        training_coverage(metadata, hardware_registry(), "m/metadata.json", "moe")

@@ -235,3 +235,15 @@ def test_a_workload_moe_entry_with_topk_above_e_names_iteration_and_field():
         Workload.from_dict(data, "w.json")
     with pytest.raises(WorkloadFormatError, match=r"^MoeOp\('experts_w13'\).topk = 99 exceeds E = 8"):
         MoeOp("experts_w13", "w13", 10, 8, 99, 4096, 14336, 32)
+
+
+def test_an_expert_count_and_top_k_no_training_row_had_are_flagged_as_extrapolated():
+    """Issue 13: Qwen2-57B-A14B (64 experts, top-8) and Qwen1.5-MoE-A2.7B (60, top-4) lie inside the training range of
+    each input (8-512 experts, top-1 to 22) but in no combination the MoE model was trained on (a user audit,
+    2026-12-05): the flag says so on a trained GPU, and a trained combination stays unflagged."""
+    from pipeweave.predictor import KernelPredictor
+
+    shapes = pd.DataFrame({"weight_type": "layer", "M": 8, "E": [64, 60, 128, 8], "topk": [8, 4, 8, 2],
+                           "H": [3584, 2048, 2048, 4096], "N": [1280, 1408, 384, 7168], "hardware": "H100"})
+    flags = KernelPredictor().predict_frame("moe", shapes)["extrapolation"].tolist()
+    assert flags == [2, 2, 0, 0]  # OUTSIDE_RANGE: "range"
