@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analytical_model.registry import get_operator
 from pipeweave.cli import write_atomically
 from pipeweave.ensemble import SHIPPED_SEEDS, median_of_members
 from pipeweave.mlp import LOG1P
@@ -56,6 +57,9 @@ def _fingerprint(op: str, dataset_dir: Path) -> str:
     fixed = fixed_time_us(op, logo_config())
     if fixed:  # likewise caches of models without a fixed time
         digest.update(f"fixed_time_us={fixed!r}".encode())
+    discrete = get_operator(op).discrete_inputs
+    if discrete:  # their metadata records the combinations the extrapolation flag reads (caches before it lack them)
+        digest.update(f"discrete_inputs={discrete!r}".encode())
     return digest.hexdigest()
 
 
