@@ -89,13 +89,6 @@ def test_extrapolated_kernels_fine_tune_the_model(l40):
     assert "weights" not in calibration.summary()["fine_tuned"]["gemm"]
 
 
-def test_fine_tuning_is_deterministic(l40, hardware_dir, tmp_path):
-    again = tmp_path / "again.json"
-    assert run_cli(calibration_fit.main, ["--hardware", GPU, "--kernels", str(l40[0] / "gemm.csv"),
-                                          "--hardware_dir", str(hardware_dir), "--output", str(again)]) == 0
-    assert again.read_bytes() == l40[1].read_bytes()
-
-
 def test_fine_tuned_model_follows_the_measurements_on_its_gpu_only(l40, hardware_dir):
     """Unseen shapes on the test GPU move toward the planted truth; the same shapes on H100 do not move at all."""
     tmp, calibration = l40
@@ -539,10 +532,10 @@ def test_bad_kernel_files_name_the_file(tmp_path, capsys, body, message):
     assert code == 2 and len(err) == 1 and f"--kernels {path}: {message}" in err[0] and not out.exists()
 
 
-def test_members_without_torch_checkpoints_fine_tune_from_their_weight_files(tmp_path):
-    """An installed package ships the members' numpy weight files, not their torch checkpoints (a user audit,
-    2026-12-05: calibrate.py --kernels stopped there whenever it fine-tuned). Fine-tuning from the weight files gives
-    the same model, to the bit, as from the checkpoints."""
+def test_fine_tuning_is_deterministic_and_starts_from_the_members_weight_files_alike(tmp_path):
+    """Two fine-tunings of the same members on the same kernels give the same model, to the bit, whether the members
+    are read from their torch checkpoints or from their numpy weight files: an installed package ships only the
+    latter (a user audit, 2026-12-05: calibrate.py --kernels stopped there whenever it fine-tuned)."""
     pytest.importorskip("torch", reason="fine-tuning needs the training extras")
     from analytical_model.hardware import hardware_registry
     from pipeweave.ensemble import member_dirs
