@@ -301,10 +301,10 @@ def _real_source(real_dir: str) -> str:
 
 def main_static(argv: list[str] | None = None) -> int:
     parser = _common_parser(_prog("static"), "Compare static-batch predictions with measured runs "
-                                                    "(median of the repetitions), roofline and artifact baselines. "
-                                                    "With --summarize_real instead: rebuild the measured-run summary "
-                                                    "e2e/real/measured_runs.csv (compare_pred_real.py "
-                                                    "--summarize_real --help).")
+                                             "(median of the repetitions), roofline and artifact baselines. "
+                                             "With --summarize_real instead: rebuild the measured-run summary "
+                                             "e2e/real/measured_runs.csv (compare_pred_real.py "
+                                             "--summarize_real --help).")
     parser.add_argument("--output", default=str(E2E_DIR / "pipeweave_comparison.csv"),
                         help="output CSV (default: e2e/pipeweave_comparison.csv)")
     parser.add_argument("--plot", default=str(E2E_DIR / "pipeweave_comparison.png"),
@@ -356,7 +356,7 @@ def main_static(argv: list[str] | None = None) -> int:
 
 def main_vllm(argv: list[str] | None = None) -> int:
     parser = _common_parser(_prog("vllm"), "Compare the vLLM TP4xPP2 predictions (total latency) with "
-                                                         "the median of the measured latencies.")
+                                           "the median of the measured latencies.")
     parser.add_argument("--output", default=str(E2E_DIR / "vllm_comparison.csv"),
                         help="output CSV (default: e2e/vllm_comparison.csv)")
     parser.add_argument("--plot", default=str(E2E_DIR / "vllm_comparison.png"),

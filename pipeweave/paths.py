@@ -27,25 +27,17 @@ INSTALLED_DATA_ROOT = PACKAGE_DIR / "_data"
 CHECKOUT = not INSTALLED_DATA_ROOT.is_dir()
 #: where the checkout-only folders are: the repository root, or for an installed copy the working directory
 WORK_ROOT = REPO_ROOT if CHECKOUT else Path(".")
+DATA_ROOT_ENV = "PIPEWEAVE_DATA_ROOT"
 
 
 def data_root() -> Path:
-    override = os.environ.get("PIPEWEAVE_DATA_ROOT")
+    override = os.environ.get(DATA_ROOT_ENV)
     if override:
         return Path(override)
-    return INSTALLED_DATA_ROOT if INSTALLED_DATA_ROOT.is_dir() else REPO_ROOT
+    return REPO_ROOT if CHECKOUT else INSTALLED_DATA_ROOT
 
 
 DATA_ROOT = data_root()
-
-
-def data_root_note(path: str | Path) -> str:
-    """For an error about a missing ``path`` of the shipped data: that ``PIPEWEAVE_DATA_ROOT`` chose it, when it did."""
-    override = os.environ.get("PIPEWEAVE_DATA_ROOT")
-    if override and Path(path).is_relative_to(DATA_ROOT):
-        return f" (PIPEWEAVE_DATA_ROOT is {override})"
-    return ""
-
 DEFAULT_HARDWARE_DIR = DATA_ROOT / "hardware"
 DEFAULT_CONFIG_DIR = DATA_ROOT / "config"
 DEFAULT_WORKLOAD_DIR = DATA_ROOT / "workload"
@@ -63,6 +55,14 @@ DEFAULT_RUNS_DIR = WORK_ROOT / "runs"
 DOCS_DIR = WORK_ROOT / "docs"
 E2E_DIR = WORK_ROOT / "e2e"
 SHARED_DATA_ENV = "PIPEWEAVE_SHARED_DATA"
+
+
+def data_root_note(path: str | Path) -> str:
+    """For an error about a missing ``path`` of the shipped data: that ``PIPEWEAVE_DATA_ROOT`` chose it, when it did."""
+    override = os.environ.get(DATA_ROOT_ENV)
+    if override and Path(path).is_relative_to(DATA_ROOT):
+        return f" ({DATA_ROOT_ENV} is {override})"
+    return ""
 
 
 def workload_stem_dirs(workload_dir: Path) -> list[Path]:
