@@ -931,3 +931,34 @@ def test_onboard_scores_zero_shot_and_a_calibration_on_the_other_half(tmp_path, 
     assert run_cli(onboard.main, ["--hardware", "H100", "--kernels", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"--kernels {path}: line " in err and "times the zero-shot prediction" in err and "check the unit" in err
+
+
+def test_paged_decode_calls_flash_attention_with_its_own_table_argument_and_page():
+    """On Hopper with FlashAttention-3 the decode rows time its paged kernel (16-token pages, ``page_table``), the
+    kernels the Hopper data and the analytical model describe; FlashAttention-2 takes ``block_table`` and pages of
+    256 tokens (a review of the CUDA paths, 2026-12-05). Checked with fake modules that record the call."""
+    import torch
+
+    from pipeweave.profiler.runners import TorchRunners
+
+    calls = []
+
+    def record(q, k_cache, v_cache, **kwargs):
+        calls.append((q.shape, k_cache.shape, v_cache.shape, kwargs))
+        return q
+
+    row = {"attention_type": "fa2_paged", "bs": 2, "q_lengths": "[1,1]", "kv_lengths": "[300,40]", "nh": 8,
+           "nkv": 2, "hd": 64}
+    for backend, module, table, page in (("fa3", "fa3", "page_table", 16), ("fa2", "fa2", "block_table", 256)):
+        runners = TorchRunners("cpu", attn_backend="sdpa")
+        setattr(runners, module, SimpleNamespace(flash_attn_with_kvcache=record))
+        runners.decode_backend = backend
+        prepared = runners.prepare("attn", row)
+        prepared.fn()
+        q_shape, k_shape, v_shape, kwargs = calls[-1]
+        blocks = -(-300 // page) + -(-40 // page)
+        assert q_shape == (2, 1, 8, 64) and k_shape == v_shape == (blocks, page, 2, 64)
+        assert set(kwargs) == {"cache_seqlens", "causal", table} and kwargs["causal"] is True
+        assert kwargs["cache_seqlens"].dtype == kwargs[table].dtype == torch.int32
+        assert kwargs[table].shape == (2, -(-300 // page))
+        assert f"page={page}" in prepared.backend

@@ -11,8 +11,11 @@ Backends, in order of preference (the ``kernel`` column records which one ran):
 * attn prefill: FlashAttention-3 (``flash_attn_interface``, Hopper only) → ``fa3_ragged``;
   FlashAttention-2 ``flash_attn_varlen_func`` → ``fa2_ragged``; torch SDPA restricted to its flash backend
   (uniform lengths only) → ``fa2_ragged``.
-* attn decode: FlashAttention-2 ``flash_attn_with_kvcache`` on a paged KV cache → ``fa2_paged``; torch SDPA
-  flash backend on a contiguous cache (uniform lengths only) → ``fa2_paged``.
+* attn decode: on Hopper with FlashAttention-3 installed, its ``flash_attn_with_kvcache`` on a paged KV cache of
+  16-token pages (the split-KV kernels serving engines run there, which aiconfigurator's Hopper rows time and the
+  analytical model describes as ``fa2_paged``); else FlashAttention-2 ``flash_attn_with_kvcache`` on pages of 256
+  tokens (its smallest) → ``fa2_paged``; torch SDPA flash backend on a contiguous cache (uniform lengths only) →
+  ``fa2_paged``.
 * rmsnorm, siluandmul: FlashInfer's fused kernels when installed, else torch (``F.rms_norm``; SiLU·Mul in
   eager torch, always labelled eager). Whether ``F.rms_norm`` ran as a single fused kernel is read from the
   profiler and written into ``kernel``.
@@ -25,6 +28,7 @@ from .launch import Prepared, Unsupported, first_line, parse_lengths
 
 RMSNORM_EPS = 1e-6
 PAGE_SIZE = 256  # FlashAttention-2's paged KV cache needs blocks of a multiple of 256 tokens
+FA3_PAGE_SIZE = 16  # vLLM's block size, and the page of Hopper's fa2_paged in the analytical model (fa2.py)
 
 
 def _module_version(module) -> str:
@@ -64,7 +68,7 @@ class TorchRunners:
                              "or this is not a Hopper GPU")
         self.fa2, self.fa3 = fa2, fa3
         self.prefill_backend = "fa3" if fa3 is not None else ("fa2" if fa2 is not None else "sdpa")
-        self.decode_backend = "fa2" if fa2 is not None else "sdpa"
+        self.decode_backend = "fa3" if fa3 is not None else ("fa2" if fa2 is not None else "sdpa")
         flashinfer = self._import("flashinfer") if elementwise_backend in ("auto", "flashinfer") else None
         if elementwise_backend == "flashinfer" and flashinfer is None:
             raise ValueError("element-wise backend flashinfer: flashinfer is not installed")
@@ -174,8 +178,9 @@ class TorchRunners:
                 return None
             if self.attn_forced or self.decode_backend == "sdpa":
                 return f"decode ({self.decode_backend}): {reason}"
-            self.notes.append(f"attention decode: {self.decode_backend} failed ({reason}); using sdpa")
-            self.decode_backend = "sdpa"
+            fallback = "fa2" if (self.decode_backend == "fa3" and self.fa2 is not None) else "sdpa"
+            self.notes.append(f"attention decode: {self.decode_backend} failed ({reason}); using {fallback}")
+            self.decode_backend = fallback
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -235,8 +240,8 @@ class TorchRunners:
         if decode:
             if kind != self.decode_attention_type:
                 raise Unsupported(f"{kind}: this run measures decode with {self.decode_attention_type}")
-            if self.decode_backend == "fa2":
-                return self._fa2_decode(q_lens, kv_lens, nh, nkv, hd)
+            if self.decode_backend in ("fa3", "fa2"):
+                return self._paged_decode(q_lens, kv_lens, nh, nkv, hd)
             return self._sdpa(q_lens, kv_lens, nh, nkv, hd, decode=True)
         if kind != self.prefill_attention_type:
             raise Unsupported(f"{kind}: this run measures prefill with {self.prefill_attention_type}")
@@ -267,12 +272,14 @@ class TorchRunners:
             "flash_attn.flash_attn_varlen_func(FA2)"
         return Prepared(fn=fn, backend=name, dtype="bfloat16", keep=[q, k, v, cu_q, cu_k])
 
-    def _fa2_decode(self, q_lens, kv_lens, nh, nkv, hd) -> Prepared:
+    def _paged_decode(self, q_lens, kv_lens, nh, nkv, hd) -> Prepared:
         torch = self.torch
         if any(q != 1 for q in q_lens):
             raise Unsupported("paged decode rows must have q length 1")
+        fa3 = self.decode_backend == "fa3"
+        page = FA3_PAGE_SIZE if fa3 else PAGE_SIZE
         bs = len(kv_lens)
-        blocks_per_seq = [math.ceil(kv / PAGE_SIZE) for kv in kv_lens]
+        blocks_per_seq = [math.ceil(kv / page) for kv in kv_lens]
         num_blocks = sum(blocks_per_seq)
         max_blocks = max(blocks_per_seq)
         # Pages of one sequence are scattered over the cache, as in a serving engine.
@@ -283,17 +290,22 @@ class TorchRunners:
             table[i, :n] = order[pos:pos + n]
             pos += n
         block_table = table.to(self.device)
-        k_cache = self._randn(num_blocks, PAGE_SIZE, nkv, hd)
-        v_cache = self._randn(num_blocks, PAGE_SIZE, nkv, hd)
+        k_cache = self._randn(num_blocks, page, nkv, hd)
+        v_cache = self._randn(num_blocks, page, nkv, hd)
         q = self._randn(bs, 1, nh, hd)
         seqlens = torch.tensor(kv_lens, dtype=torch.int32, device=self.device)
-        func = self.fa2.flash_attn_with_kvcache
+        if fa3:  # FlashAttention-3 names the block table page_table
+            func, table_argument = self.fa3.flash_attn_with_kvcache, "page_table"
+            name = f"flash_attn_interface.flash_attn_with_kvcache(FA3,paged,page={page})"
+        else:
+            func, table_argument = self.fa2.flash_attn_with_kvcache, "block_table"
+            name = f"flash_attn.flash_attn_with_kvcache(FA2,paged,page={page})"
+        tables = {table_argument: block_table}
 
         def fn():
-            return func(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=block_table, causal=True)
+            return func(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, **tables)
 
-        return Prepared(fn=fn, backend=f"flash_attn.flash_attn_with_kvcache(FA2,paged,page={PAGE_SIZE})",
-                        dtype="bfloat16", keep=[q, k_cache, v_cache, seqlens, block_table])
+        return Prepared(fn=fn, backend=name, dtype="bfloat16", keep=[q, k_cache, v_cache, seqlens, block_table])
 
     def _sdpa(self, q_lens, kv_lens, nh, nkv, hd, decode: bool) -> Prepared:
         torch = self.torch
