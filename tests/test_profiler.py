@@ -962,3 +962,33 @@ def test_paged_decode_calls_flash_attention_with_its_own_table_argument_and_page
         assert kwargs["cache_seqlens"].dtype == kwargs[table].dtype == torch.int32
         assert kwargs[table].shape == (2, -(-300 // page))
         assert f"page={page}" in prepared.backend
+
+
+def test_clocks_are_read_from_the_gpu_with_the_devices_uuid(monkeypatch):
+    """CUDA numbers GPUs fastest first and NVML by PCI bus, so NVML's handle of the same index can be another GPU's
+    (a review of the CUDA paths, 2026-12-05): the handle is looked up by UUID, then PCI address, else no clocks."""
+    import torch
+
+    from pipeweave.profiler.device import nvml_handle
+
+    asked = []
+
+    def by_uuid(uuid):
+        asked.append(uuid)
+        if uuid != "GPU-1234":
+            raise RuntimeError("not found")
+        return "handle-by-uuid"
+
+    def by_pci(address):
+        asked.append(address)
+        return "handle-by-pci"
+
+    nvml = SimpleNamespace(nvmlDeviceGetHandleByUUID=by_uuid, nvmlDeviceGetHandleByPciBusId=by_pci,
+                           nvmlDeviceGetHandleByIndex=lambda index: pytest.fail("looked up by index"))
+    for uuid, expected in (("1234", "handle-by-uuid"), ("GPU-1234", "handle-by-uuid"), ("99", "handle-by-pci")):
+        props = SimpleNamespace(uuid=uuid, pci_domain_id=0, pci_bus_id=0x41, pci_device_id=0)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, props=props: props)
+        assert nvml_handle(nvml, 1) == expected
+    assert asked[-1] == "00000000:41:00.0"
+    nvml.nvmlDeviceGetHandleByPciBusId = lambda address: (_ for _ in ()).throw(RuntimeError("no"))
+    assert nvml_handle(nvml, 1) is None  # no clocks rather than another GPU's

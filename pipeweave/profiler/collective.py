@@ -57,6 +57,12 @@ def _init_process_group(torch, dist, rank: int, world: int, options: AllReduceOp
     return device
 
 
+#: GPU spin (µs) before each timed all-reduce, while the host records the start event and launches the collective:
+#: that takes 30-60 µs, more with eight processes sharing the CPU, and a spin shorter than it would put the GPU's
+#: wait for the host inside the timed interval; the spin itself is not timed
+ALLREDUCE_SPIN_US = 1000
+
+
 def _spin_cycles_per_us(torch) -> float:
     """``torch.cuda._sleep`` cycles per µs on this GPU (0.0 when torch has no ``_sleep``: no spin then)."""
     if not hasattr(torch.cuda, "_sleep"):
@@ -80,8 +86,11 @@ class _Rank:
         self.flush = None
         self.cycles_per_us = 0.0
         if self.cuda:
+            from .measure import warm_up_gpu
+
             l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
             self.flush = torch.empty(max(2 * l2, 64 * 2 ** 20), dtype=torch.int8, device=device)
+            warm_up_gpu(torch, device)  # the spin calibrated at idle clocks would run short once they rise
             self.cycles_per_us = _spin_cycles_per_us(torch)
 
     def rank0_decides(self, decision: bool) -> bool:
@@ -132,9 +141,9 @@ class _Rank:
             t0 = time.perf_counter()
             self.dist.all_reduce(tensor)
             return (time.perf_counter() - t0) * 1e6
-        if self.cycles_per_us:
-            torch.cuda._sleep(int(50 * self.cycles_per_us))  # host enqueues the events + kernel meanwhile
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self.cycles_per_us:  # the host enqueues the events and the collective meanwhile, outside the events
+            torch.cuda._sleep(int(ALLREDUCE_SPIN_US * self.cycles_per_us))
         start.record()
         self.dist.all_reduce(tensor)
         end.record()

@@ -68,6 +68,29 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def nvml_handle(pynvml, device_index: int):
+    """NVML's handle of CUDA device ``device_index``, found by the device's UUID, else its PCI address. An index
+    would do only by chance: CUDA numbers GPUs fastest first (unless CUDA_DEVICE_ORDER=PCI_BUS_ID) and NVML by PCI
+    bus, so on a machine of two kinds of GPU the clocks would be another GPU's. None where neither identifies it:
+    no clocks rather than another GPU's."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        except Exception:
+            pass
+    if getattr(props, "pci_bus_id", None) is not None:
+        address = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(address)
+        except Exception:
+            pass
+    return None
+
+
 class ClockReader:
     """Current SM and memory clocks (MHz) through NVML; empty strings when pynvml is unavailable."""
 
@@ -78,15 +101,8 @@ class ClockReader:
             import pynvml
 
             pynvml.nvmlInit()
-            index = device_index
-            try:
-                import torch
-
-                index = torch.cuda._get_nvml_device_index(device_index)  # honours CUDA_VISIBLE_DEVICES
-            except Exception:
-                pass
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._nvml = pynvml
+            self._handle = nvml_handle(pynvml, device_index)
+            self._nvml = pynvml if self._handle is not None else None
         except Exception:
             self._handle = None
 

@@ -5,15 +5,19 @@ L2 size, so every repeat starts from a cold L2 like the layer-after-layer execut
 (2) records a CUDA event, launches the kernel, records a second event. Only the GPU time between the
 two events is kept. To keep host (Python/launch) overhead out of that interval, the whole batch of
 repeats is queued behind a GPU spin (``torch.cuda._sleep``) long enough for the host to enqueue all of
-it, so the GPU never waits for the host between a start event and its kernel.
+it, so the GPU never waits for the host between a start event and its kernel. The spin is twice the probed
+enqueue time plus a millisecond (it is not timed), and Python's garbage collector is paused while the host enqueues:
+a host pause longer than the spin's margin would land inside one repeat and, through the mean, in ``avg_duration``.
 
 :class:`FakeTimer` is deterministic and needs no GPU (tests, ``--dry_run``-style plumbing).
 """
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -67,6 +71,18 @@ class FakeTimer:
             fn()
         base = self.duration_us(self.calls) if callable(self.duration_us) else float(self.duration_us)
         return [base + 0.1 * i for i in range(repeats)]
+
+
+@contextmanager
+def gc_paused():
+    """Python's garbage collector off for the block (restored as it was)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class CudaEventTimer:
@@ -135,12 +151,13 @@ class CudaEventTimer:
             # One timed probe: kernel duration (to size the repeat count) and host enqueue cost.
             start, end = self._event(), self._event()
             self._spin(2000)
-            t0 = time.perf_counter()
-            self._flush()
-            start.record()
-            fn()
-            end.record()
-            host_us = (time.perf_counter() - t0) * 1e6
+            with gc_paused():
+                t0 = time.perf_counter()
+                self._flush()
+                start.record()
+                fn()
+                end.record()
+                host_us = (time.perf_counter() - t0) * 1e6
             torch.cuda.synchronize()
             probe_us = start.elapsed_time(end) * 1000.0
 
@@ -152,11 +169,12 @@ class CudaEventTimer:
             starts = [self._event() for _ in range(n)]
             ends = [self._event() for _ in range(n)]
             # Hold the GPU while the host enqueues every repeat: no host gaps inside the timed intervals.
-            self._spin(1.5 * n * host_us + 100.0)
-            for i in range(n):
-                self._flush()
-                starts[i].record()
-                fn()
-                ends[i].record()
+            with gc_paused():
+                self._spin(2.0 * n * host_us + 1000.0)
+                for i in range(n):
+                    self._flush()
+                    starts[i].record()
+                    fn()
+                    ends[i].record()
             torch.cuda.synchronize()
             return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
