@@ -992,3 +992,31 @@ def test_clocks_are_read_from_the_gpu_with_the_devices_uuid(monkeypatch):
     assert asked[-1] == "00000000:41:00.0"
     nvml.nvmlDeviceGetHandleByPciBusId = lambda address: (_ for _ in ()).throw(RuntimeError("no"))
     assert nvml_handle(nvml, 1) is None  # no clocks rather than another GPU's
+
+
+def test_a_row_that_breaks_the_cuda_context_ends_the_run_and_is_skipped_by_the_next(models, tmp_path):
+    """An illegal memory access leaves the CUDA context unusable: the clean-up after the failed row raised again and
+    ended the run with a traceback, and every rerun met the same row first (a review of the CUDA paths, 2026-12-05).
+    The row is now recorded, the run ends with one message, and the next run skips it."""
+    from pipeweave.profiler.session import BROKEN_ROWS_FILE, ContextBroken
+
+    rows = {"gemm": [{"M": m, "N": 128, "K": 128} for m in (1, 2, 3)]}
+
+    def prepare(op, row):
+        if row["M"] == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return _fake_prepare()(op, row)
+
+    def broken_context():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(ContextBroken, match=rf"gemm M=2 N=128 K=128 failed and left the GPU unable to run anything "
+                                            rf"more \(RuntimeError: CUDA error: an illegal memory access was "
+                                            rf"encountered\); it is recorded in .*{BROKEN_ROWS_FILE}, which the next "
+                                            rf"run skips"):
+        _run(rows, tmp_path, FakeTimer(), prepare=prepare, after_error=broken_context)
+    again = _run(rows, tmp_path, FakeTimer(), prepare=prepare, after_error=broken_context)
+    s = again.ops["gemm"]
+    assert (s.already_done, s.broke_context, s.measured, s.failed) == (1, 1, 1, 0)
+    assert "1 skipped: they broke the CUDA context in an earlier run" in again.lines()[0]
+    assert len((tmp_path / "gemm.csv").read_text().splitlines()) == 3  # header + rows 1 and 3

@@ -37,7 +37,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
 
     from pipeweave.profiler.device import local_device_info, measured_dir
     from pipeweave.profiler.runners import TorchRunners
-    from pipeweave.profiler.session import measure_grid
+    from pipeweave.profiler.session import ContextBroken, measure_grid
     from pipeweave.profiler.timing import CudaEventTimer
 
     start = time.monotonic()
@@ -71,19 +71,22 @@ def measure(args, models, traces, num_gpus: int) -> int:
         torch.cuda.empty_cache()
 
     single = {op: rows for op, rows in grid.rows.items() if op in SINGLE_GPU_OPS}
-    summary = measure_grid(
-        single,
-        out_dir=out_dir,
-        device=info,
-        prepare=runners.prepare,
-        timer=timer,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        kernel_names=None if args.no_kernel_names else runners.kernel_names,
-        after_error=after_error,
-        deadline=deadline,
-        progress=not args.no_progress,
-    )
+    try:
+        summary = measure_grid(
+            single,
+            out_dir=out_dir,
+            device=info,
+            prepare=runners.prepare,
+            timer=timer,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            kernel_names=None if args.no_kernel_names else runners.kernel_names,
+            after_error=after_error,
+            deadline=deadline,
+            progress=not args.no_progress,
+        )
+    except ContextBroken as exc:
+        raise UserError(str(exc)) from None
     print(f"measured {summary.measured} rows into {out_dir}:")
     for line in summary.lines():
         print(line)

@@ -5,6 +5,7 @@ fake in tests), a timer and a :class:`~pipeweave.profiler.device.DeviceInfo`.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,16 @@ from .device import DeviceInfo
 from .launch import Prepared, Unsupported, first_line, kernel_label
 
 
+#: rows after whose failure the GPU could not run anything more (a CUDA error that breaks the context, such as an
+#: illegal memory access): one JSON object per line, the op, the row and the device; the next run skips them, so that
+#: one such shape cannot stop every rerun at the same place (delete a line to try that shape again)
+BROKEN_ROWS_FILE = "broke_context.jsonl"
+
+
+class ContextBroken(RuntimeError):
+    """The GPU could not run anything more after a row failed; the row is in :data:`BROKEN_ROWS_FILE`."""
+
+
 @dataclass
 class OpSummary:
     planned: int = 0
@@ -26,6 +37,7 @@ class OpSummary:
     still_unmodelled: int = 0  # rows of a stand-in kernel this run has no other kernel for (kept, or re-timed)
     unsupported: int = 0
     failed: int = 0
+    broke_context: int = 0  # skipped: they broke the CUDA context in an earlier run (BROKEN_ROWS_FILE)
     left: int = 0
     messages: list[str] = field(default_factory=list)
 
@@ -51,6 +63,9 @@ class RunSummary:
                 parts.append(f"{s.unsupported} unsupported")
             if s.failed:
                 parts.append(f"{s.failed} failed")
+            if s.broke_context:
+                parts.append(f"{s.broke_context} skipped: they broke the CUDA context in an earlier run "
+                             f"({BROKEN_ROWS_FILE})")
             if s.left:
                 parts.append(f"{s.left} left")
             out.append(f"  {op:<11} {s.planned:>6} rows: " + ", ".join(parts))
@@ -86,7 +101,8 @@ def measure_grid(
 
     ``deadline`` is a ``time.monotonic()`` value after which no new row is started. Rows the backend
     cannot run (:class:`Unsupported`) and rows that fail (e.g. out of memory) are reported, not written,
-    so a later run tries them again.
+    so a later run tries them again, unless ``after_error`` fails after them: then the GPU can run nothing more,
+    the row goes to :data:`BROKEN_ROWS_FILE` (the next run skips it) and :class:`ContextBroken` ends the run.
     """
     summaries, pending, writers, stale = _open_outputs(rows, Path(out_dir), device.name, log)
     record = partial(_measured_record, timer=timer, repeats=repeats, warmup=warmup, kernel_names=kernel_names,
@@ -114,7 +130,14 @@ def measure_grid(
                     if bar is not None:
                         bar.update(1)
                 if failed and after_error is not None:
-                    after_error()  # after _measure_row returned: nothing pins the failed shape's inputs any more
+                    try:
+                        after_error()  # after _measure_row returned: nothing pins the failed shape's inputs any more
+                    except Exception as exc:  # noqa: BLE001 - whatever the GPU raised, nothing more runs on it
+                        broken = _remember_broken(Path(out_dir), op, row, device.name, exc)
+                        raise ContextBroken(
+                            f"{op} {_row_text(row)} failed and left the GPU unable to run anything more "
+                            f"({first_line(exc)}); it is recorded in {broken}, which the next run skips: rerun to "
+                            f"measure the other rows") from None
             if stopped:
                 # Count what the remaining operators still have to do.
                 later = list(pending)[list(pending).index(op) + 1:]
@@ -136,17 +159,42 @@ def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, log
     pending: dict[str, list[dict]] = {}
     writers: dict[str, MeasurementCsv] = {}
     stale: dict[str, set] = {}
+    broken = _broken_keys(out_dir)
     for op, op_rows in rows.items():
         writer = MeasurementCsv(out_dir / f"{op}.csv", op)
         done, unmodelled = writer.rows_by_kind()
         if writer.repaired_bytes:
             log(f"{writer.path}: dropped a partly written last row ({writer.repaired_bytes} bytes)")
         todo = [r for r in op_rows if row_key(op, r, hardware) not in done]
-        summaries[op] = OpSummary(planned=len(op_rows), already_done=len(op_rows) - len(todo))
-        pending[op] = todo
+        runnable = [r for r in todo if row_key(op, r, hardware) not in broken]
+        summaries[op] = OpSummary(planned=len(op_rows), already_done=len(op_rows) - len(todo),
+                                  broke_context=len(todo) - len(runnable))
+        pending[op] = runnable
         writers[op] = writer
         stale[op] = unmodelled - done
     return summaries, pending, writers, stale
+
+
+def _remember_broken(out_dir: Path, op: str, row: dict, hardware: str, exc: Exception) -> Path:
+    path = out_dir / BROKEN_ROWS_FILE
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"op": op, "row": row, "hardware": hardware, "error": first_line(exc)}) + "\n")
+    return path
+
+
+def _broken_keys(out_dir: Path) -> set:
+    """The row keys of :data:`BROKEN_ROWS_FILE`, device included (a line that does not parse, e.g. cut short, is
+    ignored)."""
+    path = out_dir / BROKEN_ROWS_FILE
+    keys = set()
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                keys.add(row_key(entry["op"], entry["row"], entry["hardware"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return keys
 
 
 def _same_stand_in(op: str, row: dict, prepared: Prepared) -> bool:
