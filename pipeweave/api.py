@@ -105,7 +105,7 @@ def _calibration_key(path) -> tuple[str, str] | None:
     if path is None:
         return None
     if not isinstance(path, (str, Path)):  # pathlib's TypeError would not say what is accepted
-        raise ValueError(f"calibration must be the path of a file written by calibrate.py, got "
+        raise ValueError(f"calibration must be the path of a file written by {paths.command('calibrate.py')}, got "
                          f"{type(path).__name__}")
     return calibration_key(path)
 
@@ -395,7 +395,8 @@ def simulate_serving(
     known = [field.name for field in fields(ServingConfig)][3:]  # after model_config, trace and hardware
     unknown = sorted(set(settings) - set(known))
     if unknown:
-        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; serve_sim.py's are {', '.join(known)}")
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; {paths.command('serve_sim.py')}'s are "
+                         f"{', '.join(known)}")
     _gpu_name(hardware)
     for name, value in (("model_config", model_config), ("trace", trace)):
         if not isinstance(value, (str, Path)) or not str(value).strip():
@@ -490,7 +491,8 @@ def search_configurations(
     known = sorted(set(flags) - excluded)
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(unknown)}; search_config.py's are {', '.join(known)}")
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; {paths.command('search_config.py')}'s are "
+                         f"{', '.join(known)}")
     for name, value in (("model_config", model_config), ("trace", trace)):
         if not isinstance(value, (str, Path)) or not str(value).strip():
             raise ValueError(f"{name} must be a path or the stem of a shipped one, got {value!r}")

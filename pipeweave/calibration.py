@@ -39,6 +39,7 @@ import numpy as np
 from pipeweave.calibration_design import (BANDWIDTH, CLASSES, COMMUNICATION_PARAMS, INTERCEPTS, LATENCY, PARAMS,
                                           class_covariates, class_slice, class_terms, communication_design, design)
 from pipeweave.schema import COLLECTIVE_KINDS
+from pipeweave.paths import command
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
 FORMAT_VERSION = 4  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
@@ -337,7 +338,7 @@ class Calibration:
         calibration as the caller gave it (default ``--calibration PATH``)."""
         named = named or f"--calibration {self.path}"
         return [f"WARNING: {named} was fitted against the {op} model {Path(fitted).name}, "
-                f"this prediction uses {Path(loaded[op]).name}; recalibrate with calibrate.py"
+                f"this prediction uses {Path(loaded[op]).name}; recalibrate with {command('calibrate.py')}"
                 for op, fitted in sorted(self.base_models.items())
                 if op in loaded and Path(fitted).name != Path(loaded[op]).name]
 
@@ -357,7 +358,8 @@ class Calibration:
             return None
         named = named or f"--calibration {self.path}"
         return (f"WARNING: {named} was fitted against another spec of {hardware.name} ({', '.join(changed)}): its "
-                f"corrections were measured against the old spec's predictions; recalibrate with calibrate.py")
+                f"corrections were measured against the old spec's predictions; recalibrate with "
+                f"{command('calibrate.py')}")
 
     def stale_collectives(self, collective_dir: str | Path, gpu: str | None = None,
                           named: str | None = None) -> str | None:
@@ -378,7 +380,7 @@ class Calibration:
         named = named or f"--calibration {self.path}"
         return (f"WARNING: {named} fitted its communication factors against the collective models "
                 f"of {fitted.get('dir')} ({_models_named(fitted)}), this prediction uses {now['dir']} "
-                f"({_models_named(now)}); recalibrate with calibrate.py --collective_dir {now['dir']}")
+                f"({_models_named(now)}); recalibrate with {command('calibrate.py')} --collective_dir {now['dir']}")
 
     def check_hardware(self, stems, option: str = "--calibration") -> None:
         """A calibration for a GPU none of the predictions are for is refused (it would silently do nothing);
@@ -386,7 +388,8 @@ class Calibration:
         stems = list(dict.fromkeys(stems))
         if self.hardware not in stems:
             raise ValueError(f"{option} {self.path}: it was fitted for {self.hardware} ({self.device_name}) "
-                             f"and cannot be applied to {', '.join(stems)}; calibrate that GPU with calibrate.py")
+                             f"and cannot be applied to {', '.join(stems)}; calibrate that GPU with "
+                             f"{command('calibrate.py')}")
 
     def to_dict(self) -> dict:
         return {"format": FORMAT_VERSION, "kind": "pipeweave-calibration", "hardware": self.hardware,
@@ -415,10 +418,10 @@ def parameter_value(path: Path, where: str, entry, key: str) -> float:
     value = entry.get(key) if isinstance(entry, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
         raise ValueError(f"{path}: {where}.{key} must be a finite number, got {value!r}; "
-                         f"refit the file with calibrate.py")
+                         f"refit the file with {command('calibrate.py')}")
     if key == "log_factor" and abs(value) > MAX_LOG_FACTOR:
         raise ValueError(f"{path}: {where}.{key} = {value!r} is beyond ±{MAX_LOG_FACTOR:g} (a factor e^{value:g}); "
-                         f"refit the file with calibrate.py")
+                         f"refit the file with {command('calibrate.py')}")
     return float(value)
 
 
@@ -433,13 +436,13 @@ def check_standardisation(path: Path, standardisation: dict) -> None:
                                and v > least for v in values)):
                 raise ValueError(f"{path}: standardisation.{cls}.{key} must be {size} finite"
                                  f"{' positive' if key == 'scale' else ''} numbers, got {values!r}; refit the file "
-                                 f"with calibrate.py")
+                                 f"with {command('calibrate.py')}")
 
 
 def checked_spread(path: Path, spread) -> dict:
     """The ``spread`` record of a calibration file (absent in files written before 2026-12-04: no widening)."""
     if not isinstance(spread, dict):
-        raise ValueError(f"{path}: spread must be an object; refit the file with calibrate.py")
+        raise ValueError(f"{path}: spread must be an object; refit the file with {command('calibrate.py')}")
     for op, entry in spread.items():
         for key in ("log_low", "log_high"):
             parameter_value(path, f"spread.{op}", entry, key)  # finite numbers, or the error names the field
@@ -450,22 +453,23 @@ def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration file; errors name the file and the problem."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"calibration file not found: {path} (write one with calibrate.py)")
+        raise FileNotFoundError(f"calibration file not found: {path} (write one with {command('calibrate.py')})")
     try:
         data = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a calibration file (invalid JSON: {exc})") from None
     if not isinstance(data, dict) or data.get("kind") != "pipeweave-calibration":
-        raise ValueError(f"{path}: not a calibration file (write one with calibrate.py)")
+        raise ValueError(f"{path}: not a calibration file (write one with {command('calibrate.py')})")
     version = data.get("format")
     if version not in range(1, FORMAT_VERSION + 1):
         raise ValueError(f"{path}: calibration format {version!r}, this pipeweave reads 1 to {FORMAT_VERSION}; "
-                         f"refit it with calibrate.py")
+                         f"refit it with {command('calibrate.py')}")
     # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions
     expected = [p for p in PARAMS if p in FACTORS] if version == 1 else PARAMS
     parameters = data.get("parameters", {})
     if not isinstance(parameters, dict):
-        raise ValueError(f"{path}: parameters must be an object of named parameters; refit the file with calibrate.py")
+        raise ValueError(f"{path}: parameters must be an object of named parameters; refit the file with "
+                         f"{command('calibrate.py')}")
     parameters = dict(parameters)
     if version < 4 and "communication" in parameters:  # one factor on every collective: equal latency and bandwidth
         shared = parameters.pop("communication")
@@ -482,28 +486,30 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
     unknown = sorted(set(parameters) - set(PARAMS)) if version == FORMAT_VERSION else []
     if unknown:  # an edited or foreign file: such a parameter would be ignored without a word
-        raise ValueError(f"{path}: unknown parameter(s) {', '.join(unknown)}; refit the file with calibrate.py")
+        raise ValueError(f"{path}: unknown parameter(s) {', '.join(unknown)}; refit the file with "
+                         f"{command('calibrate.py')}")
     theta, std = (np.array([parameter_value(path, f"parameters.{p}", parameters[p], key) if p in expected else 0.0
                             for p in PARAMS])
                   for key in ("log_factor", "posterior_std"))
     if standardisation is not None:
         check_standardisation(path, standardisation)
     if not isinstance(data.get("fitted_from", {}), dict):
-        raise ValueError(f"{path}: fitted_from must be an object (as calibrate.py writes it)")
+        raise ValueError(f"{path}: fitted_from must be an object (as {command('calibrate.py')} writes it)")
     calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
                               data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
                               standardisation, path, fine_tuned, checked_spread(path, data.get("spread", {})))
     try:
         calibration.fine_tuned_models()
     except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path}: a fine-tuned model does not load ({exc}); refit it with calibrate.py") from None
+        raise ValueError(f"{path}: a fine-tuned model does not load ({exc}); refit it with "
+                         f"{command('calibrate.py')}") from None
     return calibration
 
 
 def calibration_key(path: str | Path) -> tuple[str, str]:
     """(path, digest) of a calibration file: what names one calibration in a cache or across Dask workers."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"calibration file not found: {path} (write one with calibrate.py)")
+        raise FileNotFoundError(f"calibration file not found: {path} (write one with {command('calibrate.py')})")
     return str(path), file_digest(path)
 
 

@@ -74,7 +74,7 @@ from pipeweave.collectives import NODE_GPUS, collective_workers, fallback_kind
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.intervals import physical_interval, spread_record
 from pipeweave.moe import pass_shares
-from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
+from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR, command
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
 from pipeweave.validation import attention_warnings, check_durations, load_model_checked
@@ -156,11 +156,11 @@ def unmeasured_note(gpu_name: str, categories, what: str = "predictions", calibr
     if calibrated:
         return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}, and the "
                 f"calibration measured none of theirs (it measured {', '.join(calibrated)}): those {what} are "
-                f"zero-shot, moved only by the GPU-wide part of its corrections; calibrate.py with their kernels, or "
-                f"a measured run that holds them, corrects them")
+                f"zero-shot, moved only by the GPU-wide part of its corrections; {command('calibrate.py')} with their "
+                f"kernels, or a measured run that holds them, corrects them")
     return (f"Note: no kernel of {gpu_name} is in the training data of {', '.join(categories)}: those {what} are "
-            f"zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); calibrate.py with a few measured kernels or "
-            f"one measured run corrects them")
+            f"zero-shot (leave-one-GPU-out errors in docs/ACCURACY.md); {command('calibrate.py')} with a few measured "
+            f"kernels or one measured run corrects them")
 
 
 class Engine:

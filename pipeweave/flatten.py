@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from analytical_model.registry import workload_operators
-from pipeweave.paths import DEFAULT_WORKLOAD_DIR, workload_stem_dirs
+from pipeweave.paths import DEFAULT_WORKLOAD_DIR, command, workload_stem_dirs
 from pipeweave.schema import NO_OPERATORS, Category, Workload, WorkloadFormatError, read_workload
 
 #: workload operator key → registry operator class, in output order
@@ -113,7 +113,7 @@ class FlatWorkload:
         if not missing:
             return None
         return (f"WARNING: {self.stem} has {' and '.join(missing)}: the prediction holds no such communication, while "
-                f"the memory check takes the split (workload_generator.py writes both)")
+                f"the memory check takes the split ({command('workload_generator.py')} writes both)")
 
     def collective_summary(self) -> str:
         return ", ".join(sorted({kind for kind, _ in self.collectives}))

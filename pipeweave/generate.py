@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
-from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR, command
 from pipeweave.validation import MAX_BATCH
 from pipeweave.workload import (DECODE_ATTN_DEFAULT, LM_HEAD_DEFAULT, PREFILL_ATTN_DEFAULT, Trace, WorkloadError,
                                 build_workload, load_model_config, load_trace, positive_int, serialize_workload)
@@ -131,9 +131,9 @@ def _refuse_paper_name_clash(spec: WorkloadSpec, generated: GeneratedWorkload, c
                                         (f"--lm_head {paper.lm_head}", paper.lm_head != spec.lm_head)) if differs]
     flag = f" (the paper's was generated with {' and '.join(flags)})" if flags else ""
     own = f" (the paper's own: add {' '.join(flags)} --name {paper.name})" if flags else ""
-    raise WorkloadError(f"{generated.file_name} is the name of a paper workload (workload_generator.py --paper_set "
-                        f"writes it) and this workload differs from it{flag}; give --name with another label to "
-                        f"write it under another name{own}")
+    raise WorkloadError(f"{generated.file_name} is the name of a paper workload "
+                        f"({command('workload_generator.py')} --paper_set writes it) and this workload differs from "
+                        f"it{flag}; give --name with another label to write it under another name{own}")
 
 
 def uniform_trace(spec: WorkloadSpec) -> Trace:

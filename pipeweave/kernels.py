@@ -29,6 +29,7 @@ from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_out
                            require_file, write_atomically)
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
+from pipeweave.paths import command
 from pipeweave.siblings import sibling_note
 from pipeweave.validation import (attention_warnings, check_shape_table, line_labels, load_model_checked,
                                   row_label)
@@ -169,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     source = "standard input" if args.input == STANDARD_STREAM else args.input  # what errors name
     written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in (cell.strip() for cell in header)]
     if written:  # a second set of them would follow the first
-        raise UserError(f"{source}: has column(s) {', '.join(written)}, which predict_kernels.py writes: give "
-                        f"the shapes without them (this looks like an output of predict_kernels.py)")
+        raise UserError(f"{source}: has column(s) {', '.join(written)}, which {command('predict_kernels.py')} "
+                        f"writes: give the shapes without them (this looks like an output of "
+                        f"{command('predict_kernels.py')})")
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
     directory = load_model_checked(predictor, args.op)[2]
     warning = other_model_warning(args.op, directory)

@@ -57,6 +57,18 @@ E2E_DIR = WORK_ROOT / "e2e"
 SHARED_DATA_ENV = "PIPEWEAVE_SHARED_DATA"
 
 
+#: the console script of each top-level script (pyproject.toml [project.scripts]), which an installed copy runs instead
+CONSOLE_SCRIPTS = {"aggregator.py": "pipeweave-aggregate", "predict_kernels.py": "pipeweave-predict-kernels",
+                   "workload_generator.py": "pipeweave-generate-workload", "calibrate.py": "pipeweave-calibrate",
+                   "serve_sim.py": "pipeweave-serve-sim", "search_config.py": "pipeweave-search-config"}
+
+
+def command(script: str) -> str:
+    """How the user runs ``script`` (e.g. calibrate.py), for messages: the script in a checkout, its console script in
+    an installed copy, which has no scripts."""
+    return script if CHECKOUT else CONSOLE_SCRIPTS[script]
+
+
 def data_root_note(path: str | Path) -> str:
     """For an error about a missing ``path`` of the shipped data: that ``PIPEWEAVE_DATA_ROOT`` chose it, when it did."""
     override = os.environ.get(DATA_ROOT_ENV)

@@ -32,6 +32,7 @@ from analytical_model.attention import resolve_attention_type
 from analytical_model.operator_features import MOE_WEIGHT_TYPES
 from pipeweave import validation
 from pipeweave.cli import UserError
+from pipeweave.paths import command
 
 
 class WorkloadFormatError(UserError):
@@ -521,7 +522,7 @@ class _Reader:
                                   f"tp_size is 1 (over one GPU it would cost nothing): set tp_size or remove it")
             if dtype == "fp8" and iteration.moe:
                 self.fail(f"{where}: dtype is 'fp8' but operators.moe holds fused-MoE layers, which pipeweave "
-                          f"models in BF16 only (workload_generator.py refuses FP8 MoE models)")
+                          f"models in BF16 only ({command('workload_generator.py')} refuses FP8 MoE models)")
         if dtype == "fp8" and not any(iteration.gemm_fp8 for iteration in iterations):
             self.fail("dtype is 'fp8' but no iteration has an operators.gemm_fp8 entry: the memory check would count "
                       "BF16 weights at one byte (workload_generator.py --dtype fp8 writes both)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from pipeweave.cli import UserError
+from pipeweave.paths import command
 
 #: tokens of one iteration: GEMM M, element-wise seq, the sum of an attention batch's query lengths
 MAX_TOKENS = 2 ** 20
@@ -150,7 +151,8 @@ def fa3_warning(workload: str, attention_types, hardware) -> str | None:
     instead = ", ".join(f"{kind.lower().replace('fa3', 'fa2')} instead of {kind}" for kind in kinds)
     return (f"WARNING: {workload} uses {', '.join(kinds)} (FlashAttention-3, Hopper only) but {hardware.stem} is "
             f"{hardware.architecture}: the prediction is for a kernel that cannot run there; for this GPU use "
-            f"{instead} (--prefill_attn / --decode_attn of workload_generator.py or serve_sim.py)")
+            f"{instead} (--prefill_attn / --decode_attn of {command('workload_generator.py')} or "
+            f"{command('serve_sim.py')})")
 
 
 def check_durations(op: str, keys: list, *durations) -> None:

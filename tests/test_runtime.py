@@ -741,3 +741,20 @@ def test_scoring_own_runs_needs_no_pandas(tmp_path):
     helped = subprocess.run([sys.executable, "-c", script.replace(argv, "['pipeweave-compare', '--help']")],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert helped.returncode == 0 and "usage: pipeweave-compare {summarize-real,static,vllm,runs}" in helped.stdout
+
+
+def test_an_installed_copys_messages_name_its_console_scripts(monkeypatch, tmp_path):
+    """An installed copy has no calibrate.py; its messages named it (a user audit, 2026-12-05). They name the console
+    script there, each one's pyproject entry, and the script in a checkout."""
+    from pipeweave import commands, paths
+    from pipeweave.calibration import load_calibration
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    for script, console in paths.CONSOLE_SCRIPTS.items():
+        assert (REPO / script).is_file() and console in scripts
+        assert f"({script}" in getattr(commands, scripts[console].split(":")[1]).__doc__
+    with pytest.raises(FileNotFoundError, match=r"\(write one with calibrate\.py\)"):
+        load_calibration(tmp_path / "missing.json")
+    monkeypatch.setattr(paths, "CHECKOUT", False)
+    with pytest.raises(FileNotFoundError, match=r"\(write one with pipeweave-calibrate\)"):
+        load_calibration(tmp_path / "missing.json")

@@ -30,6 +30,7 @@ from analytical_model.hardware import UnknownHardwareError
 from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
 from pipeweave.engine import INTERVAL_ENDS, uncalibrated
 from pipeweave.moe import EP_NOTE
+from pipeweave.paths import command
 from pipeweave.report import EXTRAPOLATED_NOTE_SHARE
 from pipeweave.serving.cli import (add_engine_arguments, add_scheduler_arguments, arrivals_note, check_paths,
                                   config_from_args, engine_from_settings)
@@ -410,8 +411,8 @@ def plan(args, say=print, log=None) -> SweepPlan:
                         "queues without limit and every rate meets a TPOT target)")
     if args.scheduler_address is not None and ":" not in args.scheduler_address:
         raise UserError(f"--scheduler {args.scheduler_address}: here it is the address of a Dask scheduler to run the "
-                        f"sweep on (tcp://host:8786); every candidate is simulated with vLLM's scheduler (serve_sim.py "
-                        f"--scheduler static simulates the static batch)")
+                        f"sweep on (tcp://host:8786); every candidate is simulated with vLLM's scheduler "
+                        f"({command('serve_sim.py')} --scheduler static simulates the static batch)")
     from pipeweave.serving.cli import check_calibration, engine_settings, make_engine, qk_norm_note
     from pipeweave.serving.requests import load_serving_trace, make_requests
     from pipeweave.workload import load_model_config, rmsnorm_launches
