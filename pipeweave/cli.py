@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import signal
 import stat
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -140,6 +142,20 @@ def program_name() -> str:
         parts.insert(0, package.name)
         package = package.parent
     return f"python3 -m {'.'.join(parts)}"
+
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for the block (restored as it was): where the block allocates many
+    objects, none of them cyclic, or where a pause would land inside a timed interval."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _LogThatOutlivesItsReader:

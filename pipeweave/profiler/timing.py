@@ -13,13 +13,13 @@ a host pause longer than the spin's margin would land inside one repeat and, thr
 """
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
+
+from pipeweave.cli import gc_paused
 
 
 @dataclass(frozen=True)
@@ -71,18 +71,6 @@ class FakeTimer:
             fn()
         base = self.duration_us(self.calls) if callable(self.duration_us) else float(self.duration_us)
         return [base + 0.1 * i for i in range(repeats)]
-
-
-@contextmanager
-def gc_paused():
-    """Python's garbage collector off for the block (restored as it was)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class CudaEventTimer:
