@@ -63,7 +63,7 @@ def parse_args(argv):
     parser.add_argument("--max_minutes", type=float, default=None,
                         help="start no new shape after this many minutes (rerun to resume)")
     parser.add_argument("--attn_backend", choices=("auto", "fa3", "fa2", "sdpa"), default="auto",
-                        help="attention kernels (default auto: FA3 prefill on Hopper if installed, else flash-attn 2, "
+                        help="attention kernels (default auto: FA3 on Hopper if installed, else flash-attn 2, "
                              "else torch SDPA's flash backend)")
     parser.add_argument("--elementwise_backend", choices=("auto", "flashinfer", "torch"), default="auto",
                         help="RMSNorm / SiLU*Mul kernels (default auto: FlashInfer if installed, else torch)")

@@ -430,7 +430,7 @@ def logo_flag_codes(op: str, gpu: str, test: pd.DataFrame, every_test: pd.DataFr
     operator = get_operator(op)
     members = member_model_dirs(op, gpu, cache)
     metadata = json.loads((members[0] / "metadata.json").read_text())
-    codes = coverage_codes(training_coverage(metadata, hardware, str(members[0]), op),
+    codes = coverage_codes(training_coverage(metadata, hardware, f"{members[0]}/metadata.json", op),
                            test[list(operator.feature_names)].to_numpy(np.float64),
                            test[list(operator.descriptor_names)].to_numpy(np.float64),
                            hardware.get(gpu).compute_capability)

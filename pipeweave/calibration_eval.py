@@ -512,7 +512,8 @@ def measured_kernels_sentence(op: str) -> str:
         return (f"The profiler does not measure {op} kernels; a user measures them with another benchmark (the "
                 f"replay grid of its fine-tuning has {replay:,} shapes).")
     models, traces = load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), load_trace_prompts(DEFAULT_TRACE_DIR)
-    full, quick = (len(build_grid(models, ops=[op], quick=q, traces=traces).rows[op]) for q in (False, True))
+    full, quick = (len(build_grid(models, ops=[op], quick=q, traces={} if q else traces).rows[op])
+                   for q in (False, True))  # as profile_operators.py: no trace batches in the quick grid
     return f"A user who runs the profiler's full grid measures {full:,} {op} kernels (its quick grid {quick:,})."
 
 

@@ -36,7 +36,7 @@ from pipeweave.e2e_report import document, markdown_static, markdown_summary, ma
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
                                      artifact_real_dir, error_summary, format_summary_csv, gpu_stem, load_real,
                                      read_artifact_repeats, summarize_repeats)
-from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, E2E_DIR, REPO_ROOT
+from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, E2E_DIR, WORK_ROOT
 
 DEFAULT_PRED_DIR = E2E_DIR / "pipeweave_pred"
 
@@ -296,7 +296,7 @@ def _real_source(real_dir: str) -> str:
     path = Path(real_dir)
     if list(path.glob("e2e_*.jsonl")) or list(path.glob("vllm_*.json")):
         return f"the artifact's files in `{path}` ({SOURCE_CITATION})"
-    return f"`{os.path.relpath(path, REPO_ROOT)}/{REAL_SUMMARY_NAME}` (this project's summary of the {SOURCE_CITATION})"
+    return f"`{os.path.relpath(path, WORK_ROOT)}/{REAL_SUMMARY_NAME}` (this project's summary of the {SOURCE_CITATION})"
 
 
 def main_static(argv: list[str] | None = None) -> int:

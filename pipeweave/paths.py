@@ -46,7 +46,7 @@ DEFAULT_MODEL_DIR = DATA_ROOT / "mlp_models"
 DEFAULT_QUANTILE_DIR = DATA_ROOT / "mlp_models_quantile"
 DEFAULT_COLLECTIVE_DIR = DATA_ROOT / "collective_models"
 # the generator writes beside the shipped workloads in a checkout; never into an installed package
-DEFAULT_WORKLOAD_OUTPUT_DIR = Path("workload") if DATA_ROOT == INSTALLED_DATA_ROOT else DEFAULT_WORKLOAD_DIR
+DEFAULT_WORKLOAD_OUTPUT_DIR = DEFAULT_WORKLOAD_DIR if CHECKOUT else WORK_ROOT / "workload"
 
 DATASET_DIR = WORK_ROOT / "dataset"
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"

@@ -90,7 +90,8 @@ def discrete_coverage(metadata: dict, inputs: list[str], where: str, op: str) ->
     entry = metadata.get(DISCRETE_INPUTS_KEY)
     if entry is None or entry.get("inputs") != discrete or not set(discrete) <= set(inputs):
         raise ValueError(f"{where} lacks {DISCRETE_INPUTS_KEY} for {', '.join(discrete)}; write it with: "
-                         f"python3 -m pipeweave.edges {Path(where).parent}")
+                         f"python3 -m pipeweave.edges {Path(where).parent} (in the checkout whose dataset trained it), "
+                         f"or retrain")
     return [inputs.index(name) for name in discrete], frozenset(tuple(map(float, row)) for row in entry["seen"])
 
 

@@ -525,7 +525,7 @@ class _Reader:
                           f"models in BF16 only ({command('workload_generator.py')} refuses FP8 MoE models)")
         if dtype == "fp8" and not any(iteration.gemm_fp8 for iteration in iterations):
             self.fail("dtype is 'fp8' but no iteration has an operators.gemm_fp8 entry: the memory check would count "
-                      "BF16 weights at one byte (workload_generator.py --dtype fp8 writes both)")
+                      f"BF16 weights at one byte ({command('workload_generator.py')} --dtype fp8 writes both)")
 
     def consistent_experts(self, iterations: list[Iteration], params: dict) -> None:
         """Refuse ``model_params`` whose experts contradict the fused-MoE entries (hand edits): the memory check reads

@@ -129,7 +129,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def load_model_dir(model_dir: str | Path, op: str, device: str = "cpu") -> tuple[nn.Module, dict]:
-    """Load a torch checkpoint and its metadata; the model is in eval mode on ``device``."""
+    """Load a torch checkpoint (or, where the directory has none, its numpy weight file: :func:`load_exported`) and
+    its metadata; the model is in eval mode on ``device``."""
     metadata = read_metadata(model_dir)
     if "ensemble" in metadata:
         raise ValueError(f"{model_dir} is an ensemble of {len(metadata['ensemble']['seeds'])} members; load one "

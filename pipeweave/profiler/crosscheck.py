@@ -24,9 +24,8 @@ import pandas as pd
 
 from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
-from dataset.sources import load_measured
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, print_report, run_cli
-from pipeweave.paths import DATASET_DIR
+from pipeweave.paths import CHECKOUT, DATASET_DIR
 
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
 DEFAULT_REFERENCE = "aiconfigurator-core"
@@ -82,6 +81,11 @@ def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str) -> list[di
     """:func:`summary` entries of every operator and GPU with measured rows (``rows`` 0: no shape in common). A GPU
     without a hardware JSON is skipped with a note (one GPU just measured must not stop the report of the others);
     an error only if no GPU is left."""
+    if not CHECKOUT:  # the dataset builder's reader and the built datasets stay in the repository
+        raise UserError("the crosscheck runs from a checkout of the repository: it reads the built datasets "
+                        "(python3 -m dataset.build), which an installed copy does not have")
+    from dataset.sources import load_measured
+
     measured = load_measured(measured_dir, log=lambda message: print(message, file=sys.stderr))
     if not measured:
         raise UserError(f"no measured kernels under {measured_dir}/<gpu>/<op>.csv: measure them with "

@@ -397,6 +397,13 @@ def build_grid(
                           decode_attention_type=decode_attention_type, traces=traces)
         for op in drawn:
             rows[op] = quick_draw(rows[op], full.rows[op], SHAPE_COLUMNS[op])
+        if "attn" in drawn:
+            from pipeweave.finetune import MIN_SELECTION_KERNELS
+
+            if len(rows["attn"]) < MIN_SELECTION_KERNELS:
+                notes.append(f"attn: the full grid of these configs and TP sizes has only {len(rows['attn'])} rows, "
+                             f"all measured; calibrate.py chooses a fine-tuning from {MIN_SELECTION_KERNELS} kernels "
+                             f"of a class (add --configs or --tp for more)")
     return Grid(rows=rows, notes=notes)
 
 

@@ -38,7 +38,7 @@ def _module_version(module) -> str:
 class TorchRunners:
     """Prepare any grid row on ``device``.
 
-    ``attn_backend``: auto (FA3 for prefill on Hopper when installed, else FA2 when installed, else SDPA),
+    ``attn_backend``: auto (FA3 on Hopper when installed, else FA2 when installed, else SDPA),
     fa3, fa2 or sdpa. ``elementwise_backend``: auto (FlashInfer when installed, else torch), flashinfer or torch.
     Call :meth:`check_op` before building the grid: it smoke-tests each backend and, in auto mode, falls back
     to the next one (see :attr:`notes`), which fixes the attention_type strings the grid must use.
