@@ -81,9 +81,9 @@ def training_coverage(metadata: dict, hardware, where: str, op: str) -> tuple:
             discrete_coverage(metadata, inputs, where, op))
 
 
-def discrete_coverage(metadata: dict, inputs: list[str], where: str, op: str) -> tuple[list[int], frozenset] | None:
+def discrete_coverage(metadata: dict, inputs: list[str], where: str, op: str) -> tuple[list[int], np.ndarray] | None:
     """(positions of the operator's discrete inputs among ``inputs``, the combinations of them the training rows
-    held), from the model's metadata; None for an operator without discrete inputs."""
+    held, one per row), from the model's metadata; None for an operator without discrete inputs."""
     discrete = list(get_operator(op).discrete_inputs)
     if not discrete:
         return None
@@ -92,7 +92,8 @@ def discrete_coverage(metadata: dict, inputs: list[str], where: str, op: str) ->
         raise ValueError(f"{where} lacks {DISCRETE_INPUTS_KEY} for {', '.join(discrete)}; write it with: "
                          f"python3 -m pipeweave.edges {Path(where).parent} (in the checkout whose dataset trained it), "
                          f"or retrain")
-    return [inputs.index(name) for name in discrete], frozenset(tuple(map(float, row)) for row in entry["seen"])
+    seen = np.array(entry["seen"], dtype=np.float64).reshape(-1, len(discrete))
+    return [inputs.index(name) for name in discrete], seen
 
 
 def _tolerant_range(low, high) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +132,7 @@ def coverage_codes(coverage: tuple, features: np.ndarray, described: np.ndarray 
     outside = ((inputs < low) | (inputs > high)).any(axis=1)
     if discrete is not None:
         positions, seen = discrete
-        outside |= np.array([tuple(map(float, row)) not in seen for row in inputs[:, positions]], dtype=bool)
+        outside |= ~(inputs[:, None, positions] == seen[None]).all(axis=2).any(axis=1)
     codes = np.where(outside, OUTSIDE_RANGE, 0).astype(np.int8)
     if tuple(compute_capability) not in sm_designs:
         codes |= UNSEEN_ARCHITECTURE
