@@ -63,20 +63,6 @@ def _init_process_group(torch, dist, rank: int, world: int, options: AllReduceOp
 ALLREDUCE_SPIN_US = 1000
 
 
-def _spin_cycles_per_us(torch) -> float:
-    """``torch.cuda._sleep`` cycles per µs on this GPU (0.0 when torch has no ``_sleep``: no spin then)."""
-    if not hasattr(torch.cuda, "_sleep"):
-        return 0.0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    torch.cuda.synchronize()
-    elapsed = start.elapsed_time(end) * 1000.0
-    return 1_000_000 / elapsed if elapsed > 0 else 0.0
-
-
 class _Rank:
     """One process of the sweep: times all-reduces on its device and shares rank 0's decisions."""
 
@@ -87,11 +73,12 @@ class _Rank:
         self.cycles_per_us = 0.0
         if self.cuda:
             from .measure import warm_up_gpu
+            from .timing import spin_cycles_per_us
 
             l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
             self.flush = torch.empty(max(2 * l2, 64 * 2 ** 20), dtype=torch.int8, device=device)
             warm_up_gpu(torch, device)  # the spin calibrated at idle clocks would run short once they rise
-            self.cycles_per_us = _spin_cycles_per_us(torch)
+            self.cycles_per_us = spin_cycles_per_us(torch, device)
 
     def rank0_decides(self, decision: bool) -> bool:
         """Rank 0's ``decision``, broadcast, so that every rank takes the same branch."""

@@ -73,6 +73,24 @@ class FakeTimer:
         return [base + 0.1 * i for i in range(repeats)]
 
 
+def spin_cycles_per_us(torch, device) -> float:
+    """``torch.cuda._sleep`` cycles per µs on ``device`` (0.0 when torch has no ``_sleep``: no spin then)."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return 0.0
+    with torch.cuda.device(device):
+        sleep(1000)  # the first launch pays module loading
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 2_000_000
+        start.record()
+        sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        elapsed_us = start.elapsed_time(end) * 1000.0
+    return cycles / elapsed_us if elapsed_us > 0 else 0.0
+
+
 class CudaEventTimer:
     """CUDA-event timer with an L2 flush before every repeat (see the module docstring).
 
@@ -94,29 +112,12 @@ class CudaEventTimer:
         self.max_row_seconds = max_row_seconds
         self.min_repeats = max(1, min_repeats)
         self._sleep = getattr(torch.cuda, "_sleep", None)
-        self.cycles_per_us = self._calibrate_sleep()
+        self.cycles_per_us = spin_cycles_per_us(torch, self.device)
 
     # -- helpers -------------------------------------------------------------------------------
 
     def _event(self):
         return self.torch.cuda.Event(enable_timing=True)
-
-    def _calibrate_sleep(self) -> float:
-        """GPU spin cycles per µs (0 when ``torch.cuda._sleep`` is unavailable)."""
-        if self._sleep is None:
-            return 0.0
-        torch = self.torch
-        with torch.cuda.device(self.device):
-            self._sleep(1000)  # first launch pays module loading
-            torch.cuda.synchronize()
-            start, end = self._event(), self._event()
-            cycles = 2_000_000
-            start.record()
-            self._sleep(cycles)
-            end.record()
-            torch.cuda.synchronize()
-            elapsed_us = start.elapsed_time(end) * 1000.0
-        return cycles / elapsed_us if elapsed_us > 0 else 0.0
 
     def _spin(self, microseconds: float) -> None:
         if self.cycles_per_us > 0 and microseconds > 0:
