@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import platform
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from pipeweave.mlp import (CHECKPOINT_SUFFIX, WEIGHTS_FORMAT, checkpoint_path, metadata_transform, read_metadata,
-                           transformed_names, weights_path)
+                           read_weight_arrays, transformed_names, weights_path)
 
 
 #: MKL chooses its matrix-multiply kernels by CPU (SSE, AVX2, AVX-512), and each sums in its own order: trained with
@@ -160,7 +161,8 @@ def load_exported(model: nn.Module, path: Path, op: str) -> None:
     linears = [m for m in model.network if isinstance(m, nn.Linear)]
     norms = [m for m in model.network if isinstance(m, nn.BatchNorm1d)]
     try:
-        with np.load(path, allow_pickle=False) as arrays, torch.no_grad():
+        arrays = read_weight_arrays(path)
+        with torch.no_grad():
             if str(arrays["architecture"]) != type(model).__name__ or int(arrays["num_layers"]) != len(linears):
                 raise ValueError("another architecture")
             for i, linear in enumerate(linears):
@@ -173,7 +175,7 @@ def load_exported(model: nn.Module, path: Path, op: str) -> None:
                 norm.eps = float(arrays[f"bn{i}.eps"])
             if hasattr(model, "log_bounds"):
                 model.log_bounds.copy_(torch.from_numpy(arrays["log_bounds"]))
-    except (KeyError, ValueError, RuntimeError, OSError) as exc:
+    except (KeyError, ValueError, RuntimeError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: damaged or not the weights of this model ({exc}); restore it or retrain with "
                          f"train_mlp.py --op {op}") from None
 

@@ -561,3 +561,8 @@ def test_fine_tuning_is_deterministic_and_starts_from_the_members_weight_files_a
     assert tuned[0].keys() == tuned[1].keys()
     assert all(np.array_equal(tuned[0][key], tuned[1][key]) for key in tuned[0])
     assert str(DEFAULT_MODEL_DIR) in str(members[0])
+    damaged = weights_path(copies[0], "gemm")
+    damaged.write_bytes(damaged.read_bytes()[:1000])  # cut short: not a zip archive any more
+    with pytest.raises(ValueError, match=r"gemm_mlp_weights.npz: damaged or not the weights of this model \(File is "
+                                         r"not a zip file\); restore it or retrain with train_mlp.py --op gemm"):
+        fine_tune("gemm", copies, rows, efficiency, rows, 4, hw.sm_freq)
