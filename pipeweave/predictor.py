@@ -88,11 +88,16 @@ def discrete_coverage(metadata: dict, inputs: list[str], where: str, op: str) ->
     if not discrete:
         return None
     entry = metadata.get(DISCRETE_INPUTS_KEY)
-    if entry is None or entry.get("inputs") != discrete or not set(discrete) <= set(inputs):
-        raise ValueError(f"{where} lacks {DISCRETE_INPUTS_KEY} for {', '.join(discrete)}; write it with: "
+    seen = None
+    if isinstance(entry, dict) and entry.get("inputs") == discrete and set(discrete) <= set(inputs):
+        try:
+            seen = np.array(entry["seen"], dtype=np.float64)
+        except (KeyError, TypeError, ValueError):  # absent, or not a table of numbers
+            pass
+    if seen is None or seen.ndim != 2 or seen.shape[1] != len(discrete) or not np.isfinite(seen).all():
+        raise ValueError(f"{where} lacks a valid {DISCRETE_INPUTS_KEY} for {', '.join(discrete)}; write it with: "
                          f"python3 -m pipeweave.edges {Path(where).parent} (in the checkout whose dataset trained it), "
                          f"or retrain")
-    seen = np.array(entry["seen"], dtype=np.float64).reshape(-1, len(discrete))
     return [inputs.index(name) for name in discrete], seen
 
 

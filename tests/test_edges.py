@@ -136,7 +136,13 @@ def test_a_moe_model_without_its_discrete_combinations_names_the_command_that_wr
     from pipeweave.predictor import training_coverage
 
     metadata = json.loads((latest_model_dir(DEFAULT_MODEL_DIR, "moe") / "metadata.json").read_text())
-    del metadata[DISCRETE_INPUTS_KEY]
-    with pytest.raises(ValueError, match=f"m/metadata.json lacks {DISCRETE_INPUTS_KEY} for experts, top_k; write it "
-                                         f"with: python3 -m pipeweave.edges m"):
-        training_coverage(metadata, hardware_registry(), "m/metadata.json", "moe")
+    # absent, not an object, or a table of another width or of non-numbers: one error naming the fix
+    for damaged in (None, 5, {"inputs": ["experts", "top_k"], "seen": [[1, 2, 3]]},
+                    {"inputs": ["experts", "top_k"], "seen": [["a", "b"]]}, {"inputs": ["experts", "top_k"]}):
+        if damaged is None:
+            metadata.pop(DISCRETE_INPUTS_KEY)
+        else:
+            metadata[DISCRETE_INPUTS_KEY] = damaged
+        with pytest.raises(ValueError, match=f"m/metadata.json lacks a valid {DISCRETE_INPUTS_KEY} for experts, "
+                                             f"top_k; write it with: python3 -m pipeweave.edges m"):
+            training_coverage(metadata, hardware_registry(), "m/metadata.json", "moe")
