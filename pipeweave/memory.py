@@ -184,9 +184,10 @@ def kv_cache_bytes_per_gpu(cfg: ModelConfig, longest_lengths: Sequence[int], tp:
     return 2 * math.ceil(cfg.num_hidden_layers / pp) * kv_heads * cfg.head_dim * BF16_BYTES * tokens
 
 
-def activation_bytes_per_gpu(cfg: ModelConfig, prompt_tokens: Sequence[int], tp: int, ep: int = 1) -> float:
-    """Peak live activations of one layer during the prefill of every prompt, plus the FP32 logits."""
-    tokens, h, hd = sum(prompt_tokens), cfg.hidden_size, cfg.head_dim
+def activation_bytes_per_gpu(cfg: ModelConfig, tokens: int, sequences: int, tp: int, ep: int = 1) -> float:
+    """Peak live activations of one layer during the prefill of ``tokens`` prompt tokens over ``sequences`` prompts,
+    plus the FP32 logits of each prompt's last token."""
+    h, hd = cfg.hidden_size, cfg.head_dim
     kv_heads = cfg.num_key_value_heads // tp if cfg.num_key_value_heads >= tp else 1
     attention = tokens * ((2 * cfg.num_attention_heads // tp + 2 * kv_heads) * hd)
     if cfg.moe is None:
@@ -197,7 +198,7 @@ def activation_bytes_per_gpu(cfg: ModelConfig, prompt_tokens: Sequence[int], tp:
         expert = moe.expert_intermediate_size // moe_tp
         mlp = (chunk * moe.top_k * (max(2 * expert, h) + expert)
                + tokens * 3 * moe.shared_expert_intermediate_size // tp)
-    logits = len(prompt_tokens) * math.ceil(cfg.vocab_size / tp) * FP32_BYTES
+    logits = sequences * math.ceil(cfg.vocab_size / tp) * FP32_BYTES
     return (2 * tokens * h + max(attention, mlp)) * BF16_BYTES + logits
 
 
@@ -211,7 +212,7 @@ def check_memory(cfg: ModelConfig, hw: HardwareSpec, prompt_tokens: Sequence[int
 
     def need(size: int) -> tuple[float, float, float]:
         return (weight_bytes_per_gpu(cfg, size, pp, ep, dtype), kv_cache_bytes_per_gpu(cfg, longest, size, pp),
-                activation_bytes_per_gpu(cfg, prompt_tokens, size, ep))
+                activation_bytes_per_gpu(cfg, sum(prompt_tokens), len(prompt_tokens), size, ep))
 
     smallest = smallest_fitting_tp(cfg, lambda size: sum(need(size)) + RUNTIME_OVERHEAD_BYTES <= available, ep)
     weights, kv_cache, activations = need(tp)

@@ -150,18 +150,18 @@ def test_moe_prefill_activations_hold_the_routed_token_copies():
     tokens = 8192
     moe_layer = tokens * 2 * (2 * 14336 + 14336)  # 86,016 per token, attention's Q, O, K, V: (2·32 + 2·8)·128 = 10,240
     expected = (2 * tokens * 4096 + moe_layer) * 2 + 32000 * 4
-    assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [tokens], tp=1) == expected
+    assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), tokens, 1, tp=1) == expected
     # Two prompts of 40,000 tokens in all at TP2 x EP2: the fused MoE holds one chunk of 32,768 tokens' copies with
     # whole experts (TP2 / EP2 leaves them unsplit); each prompt's last token has the half vocabulary's FP32 logits.
     chunk_layer = 32768 * 2 * (2 * 14336 + 14336)
     expected = (2 * 40000 * 4096 + chunk_layer) * 2 + 2 * 16000 * 4
-    assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), [30000, 10000], tp=2, ep=2) == expected
+    assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), 40000, 2, tp=2, ep=2) == expected
     # Qwen3-30B-A3B (hidden 2048, 128 experts of width 768, top 8; 32 query / 4 KV heads of 128): the w2 output (2048)
     # is wider than the w13 output (2 x 768), so the shared buffer is the hidden width; the routed copies beat the
     # attention projections (2 x 32 + 2 x 4) x 128 = 9,216 per token
     qwen = load_model_config("Qwen3-30B-A3B")
     moe_layer = tokens * 8 * (2048 + 768)
-    assert activation_bytes_per_gpu(qwen, [tokens], tp=1) == (2 * tokens * 2048 + moe_layer) * 2 + qwen.vocab_size * 4
+    assert activation_bytes_per_gpu(qwen, tokens, 1, tp=1) == (2 * tokens * 2048 + moe_layer) * 2 + qwen.vocab_size * 4
 
 
 def test_every_measured_run_fits_its_gpu(repo_root):

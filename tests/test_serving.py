@@ -283,6 +283,9 @@ def test_no_kv_cache_message_names_every_term_in_gb():
     assert f"weights {weight_bytes_per_gpu(cfg, 1, 1) / 1e9:.1f}, activations " in message
     assert "runtime 1.1 GB per GPU" in message and "in the 77.3 GB available (0.9 x totalGlobalMem)" in message
     assert "GiB" not in message
+    # a budget and a sequence limit of 10^12 are two numbers, not a list of 10^12 prompts (a MemoryError traceback)
+    with pytest.raises(WorkloadError, match="does not fit"):
+        kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 10**12, 10**12)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -14,14 +14,6 @@ BLOCK_SIZE = memory.KV_BLOCK_TOKENS
 GPU_MEMORY_UTILIZATION = memory.GPU_MEMORY_UTILIZATION
 
 
-def profile_batch(max_num_batched_tokens: int, max_num_seqs: int) -> list[int]:
-    """The prompts of vLLM's profiling pass: the token budget spread over up to ``max_num_seqs`` sequences."""
-    seqs = min(max_num_seqs, max_num_batched_tokens)
-    prompts = [max_num_batched_tokens // seqs] * seqs
-    prompts[0] += max_num_batched_tokens - sum(prompts)
-    return prompts
-
-
 def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, max_num_batched_tokens: int,
                     max_num_seqs: int, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                     block_size: int = BLOCK_SIZE, dtype: str = "bf16", ep: int = 1) -> int:
@@ -29,18 +21,19 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
     in ``ep`` groups, which changes the activation peak, not the weights per GPU); an error if weights,
     activations and runtime leave no room, naming the smallest TP (same PP) that leaves some, as the aggregator's
     memory check does."""
-    prompts = profile_batch(max_num_batched_tokens, max_num_seqs)
+    # vLLM's profiling pass: the token budget spread over up to max_num_seqs sequences
+    sequences = min(max_num_seqs, max_num_batched_tokens)
     available = gpu_memory_utilization * gpu_memory_bytes
 
     def blocks_at(size: int) -> int:
         free = (available - memory.weight_bytes_per_gpu(cfg, size, pp, dtype=dtype)
-                - memory.activation_bytes_per_gpu(cfg, prompts, size, ep) - memory.RUNTIME_OVERHEAD_BYTES)
+                - memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, size, ep) - memory.RUNTIME_OVERHEAD_BYTES)
         return int(free // memory.kv_cache_bytes_per_gpu(cfg, [block_size], size, pp))
 
     blocks = blocks_at(tp)
     if blocks < 1:
         weights = memory.weight_bytes_per_gpu(cfg, tp, pp, dtype=dtype)
-        activations = memory.activation_bytes_per_gpu(cfg, prompts, tp, ep)
+        activations = memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, tp, ep)
         smallest = memory.smallest_fitting_tp(cfg, lambda size: blocks_at(size) >= 1, ep)
         hint = (f"the smallest TP that fits at PP{pp} is {smallest}" if smallest is not None
                 else f"no TP up to {memory.TP_CANDIDATES[-1]} fits at PP{pp}")
