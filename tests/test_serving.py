@@ -1115,9 +1115,10 @@ def test_serving_notes_what_a_user_may_not_expect(tmp_path, engine):
     dense = run_script("serve_sim.py", *common, "--trace", recorded, "--tp", "2", "--ep", "2", "--output", out)
     assert dense.returncode == 2 and "is dense" in dense.stderr and "expert-parallel rank" not in dense.stdout
     search = run_script("search_config.py", *common, "--trace", recorded, "--gpu_budget", "2", "--tp", "1,4", "--pp",
-                        "1", "--max_num_seqs", "8", "--output", tmp_path / "s.csv")
+                        "1,4", "--max_num_seqs", "8", "--output", tmp_path / "s.csv")
     assert search.returncode == 0, search.stderr
     assert "Note: --tp 4: above --gpu_budget 2 with every --pp, not simulated" in search.stdout
+    assert "Note: --pp 4: TP x PP is above --gpu_budget 2 with every --tp that an --ep divides" in search.stdout
     assert "Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets" in search.stdout
     moe = run_script("search_config.py", "--model_config", "Qwen3-30B-A3B", "--hardware", "H100", "--model_dir",
                      engine.model_dir, "--trace", recorded, "--gpu_budget", "1", "--max_num_seqs", "8", "--dtype",
@@ -1126,6 +1127,22 @@ def test_serving_notes_what_a_user_may_not_expect(tmp_path, engine):
     table = pd.read_csv(tmp_path / "moe.csv", keep_default_na=False).set_index("dtype")
     assert table.loc["bf16", "feasible"] and not table.loc["fp8", "feasible"]
     assert "FP8 mixture-of-experts layers are not modelled" in table.loc["fp8", "reason"]
+
+
+def test_search_names_every_tp_pp_and_ep_value_it_drops():
+    """--pp and --ep values that no candidate took were dropped unsaid (only --tp was named)."""
+    from pipeweave.serving.search import candidates, unused_values_notes
+
+    base = ServingConfig("Qwen3-30B-A3B", "splitwise_48", "H100")
+    tps, pps, eps = [1, 2, 8], [1, 4], [1, 3, 8]
+    configs = candidates(base, ["H100"], 4, tps, pps, [8], eps=eps)
+    assert {(c.tp, c.pp, c.ep) for c in configs} == {(1, 1, 1), (2, 1, 1), (1, 4, 1)}
+    assert unused_values_notes(configs, tps, pps, eps, 4) == [
+        "Note: --tp 8: above --gpu_budget 4 with every --pp, not simulated",
+        "Note: --ep 3: it divides no --tp within --gpu_budget 4 (1, 2, 8), not simulated",
+        "Note: --ep 8: it divides no --tp within --gpu_budget 4 (1, 2, 8), not simulated"]
+    assert unused_values_notes(candidates(base, ["H100"], 8, [4, 6], [1], [8], eps=[4]), [4, 6], [1], [4], 8) == [
+        "Note: --tp 6: no --ep divides it (4), not simulated"]
 
 
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):

@@ -92,6 +92,25 @@ def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[
             for pp in pps if tp * pp <= gpu_budget for seqs in max_num_seqs]
 
 
+def unused_values_notes(configs: list[ServingConfig], tps: list[int], pps: list[int], eps: list[int],
+                        gpu_budget: int) -> list[str]:
+    """A note per value of --tp, --pp or --ep that no candidate takes, saying why (nothing asked for is dropped
+    unsaid)."""
+    used = {key: {getattr(config, key) for config in configs} for key in ("tp", "pp", "ep")}
+    notes = []
+    for tp in (tp for tp in tps if tp not in used["tp"]):
+        why = (f"above --gpu_budget {gpu_budget} with every --pp" if tp * min(pps) > gpu_budget
+               else f"no --ep divides it ({', '.join(map(str, eps))})")
+        notes.append(f"Note: --tp {tp}: {why}, not simulated")
+    for pp in (pp for pp in pps if pp not in used["pp"]):
+        notes.append(f"Note: --pp {pp}: TP x PP is above --gpu_budget {gpu_budget} with every --tp that an --ep "
+                     f"divides, not simulated")
+    for ep in (ep for ep in eps if ep not in used["ep"]):
+        notes.append(f"Note: --ep {ep}: it divides no --tp within --gpu_budget {gpu_budget} "
+                     f"({', '.join(map(str, tps))}), not simulated")
+    return notes
+
+
 def _percentile(simulation, key: str, q: float) -> float | None:
     from pipeweave.serving.simulator import request_metrics
 
@@ -469,10 +488,8 @@ def plan(args, say=print, log=None) -> SweepPlan:
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
-    beyond = [tp for tp in tps if tp * min(pps) > args.gpu_budget]
-    if beyond:
-        say(f"Note: --tp {', '.join(map(str, beyond))}: above --gpu_budget {args.gpu_budget} with every --pp, not "
-            f"simulated")
+    for note in unused_values_notes(configs, tps, pps, eps, args.gpu_budget):
+        say(note)
     if args.ttft_ms is None and args.tpot_ms is None:
         say("Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets, ranked by "
             "output tokens/s per GPU at the offered load")
