@@ -610,17 +610,50 @@ def test_a_config_without_max_position_embeddings_takes_any_length():
 
 
 def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monkeypatch):
-    """A request never holds KV for its last output token: 60 prompt + 5 output tokens fit 4 blocks of 16."""
+    """A request never holds KV for its last output token: 60 prompt + 5 output tokens fit 4 blocks of 16. (A config
+    without max_position_embeddings, whose max_model_len is unknown: with one, vLLM's start-up check comes first.)"""
     monkeypatch.setattr(serving_run, "kv_cache_blocks", lambda *args, **kwargs: 4)
+    config = json.loads((DEFAULT_CONFIG_DIR / "Llama-3.1-8B.json").read_text())
+    del config["max_position_embeddings"]
+    model = tmp_path / "Llama-3.1-8B-no-length.json"
+    model.write_text(json.dumps(config))
     path = tmp_path / "one.csv"
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,60,5,5\n")
-    run = simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
+    run = simulate_config(ServingConfig(str(model), str(path), "H100"), engine)
     assert run.settings["kv_cache_tokens"] == 64 and run.simulation.requests[0].num_output == 5
+    assert run.settings["max_model_len"] is None
     path.write_text("request,prompt_tokens,decode_tokens,output_tokens\n1,61,5,5\n")
     with pytest.raises(UserError, match=r"request 0 of the stream \(from 0, as in the per-request CSV\) needs 65 "
                                         r"tokens of KV cache \(61 prompt \+ 5 output tokens, less the last, whose KV "
                                         r"is never stored\) but H100 TP1 x PP1 holds 64"):
-        simulate_config(ServingConfig("Llama-3.1-8B", str(path), "H100"), engine)
+        simulate_config(ServingConfig(str(model), str(path), "H100"), engine)
+
+
+def test_vllm_refuses_to_start_when_one_request_of_max_model_len_does_not_fit(engine):
+    """vLLM checks at start-up that one request of max_model_len (by default the config's max_position_embeddings)
+    fits in the KV cache: Llama-3.1-70B on two H100s leaves room for about 22,000 tokens, not 131,072 (80 layers x
+    8 KV heads / 2 x 128 x K,V x 2 B = 160 KiB per token, about 21.5 GB for one such request)."""
+    config = ServingConfig("Llama-3.1-70B", "splitwise_48", "H100", tp=2, num_requests=8)
+    with pytest.raises(UserError) as error:
+        simulate_config(config, engine)
+    message = str(error.value)
+    capacity = int(re.search(r"give --max_model_len (\d+) or less, or more GPUs$", message).group(1))
+    assert message.startswith("vLLM would not start: max_model_len (by default max_position_embeddings) 131072 needs "
+                              "8192 KV blocks for one request, but H100 TP2 x PP1 holds ")
+    assert 15_000 < capacity < 30_000 and capacity % 16 == 0
+    run = simulate_config(replace(config, max_model_len=capacity), engine)
+    assert run.settings["max_model_len"] == capacity and run.settings["kv_cache_tokens"] == capacity
+    with pytest.raises(UserError, match=rf"needs {capacity // 16 + 1} KV blocks for one request"):
+        simulate_config(replace(config, max_model_len=capacity + 1), engine)
+    assert simulate_config(replace(config, tp=4), engine).settings["max_model_len"] == 131_072
+    with pytest.raises(UserError, match=r"^--max_model_len 200000 exceeds max_position_embeddings 131072 of config "
+                                        r"Llama-3.1-70B, which vLLM refuses at start-up$"):
+        simulate_config(replace(config, tp=4, max_model_len=200_000), engine)
+    with pytest.raises(UserError, match=r"; \d+ prompt \+ 143 output tokens\) exceeds --max_model_len 256, which "
+                                        r"vLLM refuses$"):
+        simulate_config(replace(config, tp=4, max_model_len=256), engine)
+    with pytest.raises(UserError, match=r"^--max_model_len applies to --scheduler vllm"):
+        simulate_config(replace(config, scheduler="static", max_model_len=4096), engine)
 
 
 @pytest.fixture
@@ -669,7 +702,8 @@ def test_gpu_memory_utilization_sizes_the_kv_cache_that_binds(engine, scheduled)
     exceed the cache the settings report."""
     from pipeweave.memory import kv_cache_bytes_per_gpu
 
-    config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", num_requests=16)
+    # vLLM starts on so small a cache only with a max_model_len it holds
+    config = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", num_requests=16, max_model_len=2048)
     default = simulate_config(config, engine)
     assert summarize(default.simulation)["preemptions"] == 0
     block_bytes = kv_cache_bytes_per_gpu(load_model_config("Llama-3.1-8B"), [16], 1, 1)

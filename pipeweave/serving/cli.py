@@ -72,6 +72,10 @@ def add_scheduler_arguments(parser) -> None:
     parser.add_argument("--max_concurrent_batches", type=int, default=None,
                         help="micro-batches in flight, 1 to --pp (vllm only; default: --pp, as vLLM V1's batch "
                              "queue; 1 = no pipelining)")
+    parser.add_argument("--max_model_len", type=int, default=None,
+                        help="longest request (prompt + output tokens) the engine serves, as vLLM's flag (vllm only; "
+                             "default: the config's max_position_embeddings, with its rope scaling, as vLLM's); vLLM "
+                             "refuses to start when one request of that length does not fit in the KV cache")
     parser.add_argument("--qk_norm_rmsnorm", action="store_true",
                         help="Qwen3 QK-norm approximation of the workload generator (RMSNorm count 4L + 1)")
 
@@ -119,7 +123,8 @@ def config_from_args(args, **overrides) -> ServingConfig:
         mixed_attention=args.mixed_attention, decode_bucket=args.decode_bucket, prefill_attn=args.prefill_attn,
         decode_attn=args.decode_attn,
         qk_norm_rmsnorm=args.qk_norm_rmsnorm, collective_hardware=args.collective_hardware,
-        max_concurrent_batches=args.max_concurrent_batches, dtype=get("dtype"), ep=get("ep"))
+        max_concurrent_batches=args.max_concurrent_batches, dtype=get("dtype"), ep=get("ep"),
+        max_model_len=args.max_model_len)
     check(config)
     return config
 

@@ -50,6 +50,7 @@ class ServingConfig:
     max_concurrent_batches: int | None = None  # vllm: micro-batches in flight (vLLM V1: pp)
     dtype: str | None = None  # of the linear layers; None: the checkpoint's (quantization_config), else bf16
     ep: int = 1  # expert groups of an MoE model's TP ranks (the workload generator's --ep)
+    max_model_len: int | None = None  # vllm: the longest request served; None: the config's (vLLM's default)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +81,7 @@ VLLM_ONLY = {
     "gpu_memory_utilization": "the static batch is held to the aggregator's memory check, "
                               f"{GPU_MEMORY_UTILIZATION:g} x totalGlobalMem",
     "max_concurrent_batches": "the static batch runs one micro-batch at a time",
+    "max_model_len": "the static batch is held to the aggregator's memory check",
 }
 
 
@@ -91,7 +93,8 @@ def check(config: ServingConfig) -> None:
     for value, flag in ((config.tp, "--tp"), (config.pp, "--pp"), (config.num_requests, "--num_requests"),
                         (config.max_num_seqs, "--max_num_seqs"),
                         (config.max_num_batched_tokens, "--max_num_batched_tokens"),
-                        (config.max_concurrent_batches, "--max_concurrent_batches"), (config.ep, "--ep")):
+                        (config.max_concurrent_batches, "--max_concurrent_batches"), (config.ep, "--ep"),
+                        (config.max_model_len, "--max_model_len")):
         _positive(value, flag)
     if config.num_requests is not None and config.num_requests > MAX_NUM_REQUESTS:
         raise UserError(f"--num_requests must be at most {MAX_NUM_REQUESTS:,}, got {config.num_requests:,}: every "
@@ -172,16 +175,21 @@ def kernel_categories(cfg: ModelConfig, dtype: str) -> list[str]:
     return [category for category in KERNEL_CATEGORIES if operators.get(category)]
 
 
-def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = None) -> None:
+def check_model_and_requests(cfg: ModelConfig, requests, dtype: str | None = None,
+                             max_model_len: int | None = None) -> None:
     """What the simulator cannot run for any GPU or parallelism: weights in a dtype it cannot model for ``cfg``
-    (:func:`weight_dtype`), a request longer than the model serves."""
+    (:func:`weight_dtype`), a ``max_model_len`` beyond the config's, a request longer than the model serves."""
     weight_dtype(cfg, dtype)
+    limit, source = cfg.max_sequence, f"{cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}"
+    if max_model_len is not None:
+        if limit is not None and max_model_len > limit:
+            raise UserError(f"--max_model_len {max_model_len} exceeds {source}, which vLLM refuses at start-up")
+        limit, source = max_model_len, f"--max_model_len {max_model_len}"
     longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
-    if cfg.max_sequence is not None and longest.prompt_tokens + longest.output_tokens > cfg.max_sequence:
+    if limit is not None and longest.prompt_tokens + longest.output_tokens > limit:
         raise UserError(f"request {longest.rid} of the stream (from 0, as in the per-request CSV; "
                         f"{longest.prompt_tokens} prompt + {longest.output_tokens} output tokens) exceeds "
-                        f"{cfg.max_sequence_source} {cfg.max_sequence} of config {cfg.stem}, which "
-                        f"vLLM refuses")
+                        f"{source}, which vLLM refuses")
 
 
 def simulate_config(config: ServingConfig, engine: Engine, progress=None, interval_end: str = "point"
@@ -210,7 +218,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
                           ep=config.ep, interval_end=interval_end)
     requests = make_requests(load_serving_trace(config.trace), config.num_requests, config.qps, config.seed,
                              config.per_request_outputs)
-    check_model_and_requests(cfg, requests, dtype)
+    check_model_and_requests(cfg, requests, dtype, config.max_model_len)
     if config.scheduler == "static":
         scheduler = StaticScheduler(config.max_num_seqs, admit=static_memory_check(cfg, hardware, config))
         settings = {"max_num_seqs": config.max_num_seqs, "dtype": dtype}
@@ -222,6 +230,15 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
                                  settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization, dtype=dtype,
                                  ep=config.ep)
         manager = BlockManager(blocks)
+        model_len = config.max_model_len or cfg.max_sequence
+        if model_len is not None and manager.blocks_for(model_len) > blocks:
+            # vLLM's start-up check (v1/core/kv_cache_utils.check_enough_kv_cache_memory): one request of the
+            # longest length the engine serves must fit in the KV cache
+            given = "--max_model_len" if config.max_model_len else f"max_model_len (by default {cfg.max_sequence_source})"
+            raise UserError(f"vLLM would not start: {given} {model_len} needs {manager.blocks_for(model_len)} KV blocks "
+                            f"for one request, but {config.hardware} TP{config.tp} x PP{config.pp} holds {blocks} "
+                            f"({blocks * manager.block_size} tokens); give --max_model_len "
+                            f"{blocks * manager.block_size} or less, or more GPUs")
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)
         needed = largest.prompt_tokens + largest.output_tokens - 1
@@ -232,7 +249,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
                             f"{config.hardware} TP{config.tp} x PP{config.pp} holds {blocks * manager.block_size}")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(dtype=dtype, gpu_memory_utilization=utilization, kv_cache_blocks=blocks,
-                        kv_cache_tokens=blocks * manager.block_size)
+                        kv_cache_tokens=blocks * manager.block_size, max_model_len=model_len)
     try:
         simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress,
                               max_in_flight=config.max_concurrent_batches)

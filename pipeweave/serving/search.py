@@ -465,7 +465,7 @@ def plan(args, say=print, log=None) -> SweepPlan:
     dtypes, refused = {}, []
     for dtype in requested_dtypes:
         try:
-            check_model_and_requests(cfg, requests, dtype)
+            check_model_and_requests(cfg, requests, dtype, base.max_model_len)
         except UserError as exc:
             refused.append(exc)
             if dtype is None or len(requested_dtypes) == 1:
