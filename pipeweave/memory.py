@@ -228,10 +228,11 @@ def smallest_fitting_tp(cfg: ModelConfig, fits: Callable[[int], bool], ep: int =
 
 def config_from_model_params(params: dict, model: str = "model") -> ModelConfig:
     """The ModelConfig a generated workload's ``model_params`` describe (MoE keys included)."""
-    def need(key: str, default=None) -> int:
+    def need(key: str, default=None, least: int = 1) -> int:
         value = params.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise WorkloadError(f"model_params.{key} must be a non-negative integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a positive integer" if least == 1 else "a non-negative integer"
+            raise WorkloadError(f"model_params.{key} must be {kind}, got {value!r}")
         return value
 
     tied = params.get("tie_word_embeddings", False)
@@ -239,11 +240,14 @@ def config_from_model_params(params: dict, model: str = "model") -> ModelConfig:
         raise WorkloadError(f"model_params.tie_word_embeddings must be true or false, got {tied!r}")
     moe = None
     if "num_experts" in params:
-        shared = need("shared_expert_intermediate_size", 0)
+        shared = need("shared_expert_intermediate_size", 0, least=0)
         moe = MoeConfig(need("num_experts"), need("num_experts_per_tok"), need("moe_intermediate_size"), shared,
                         shared_expert_gate=shared > 0)  # Qwen2-MoE, the one modelled architecture with one
-    return ModelConfig(stem=model, model=model, hidden_size=need("hidden_size"),
-                       num_attention_heads=need("num_attention_heads"), num_key_value_heads=need("num_key_value_heads"),
-                       head_dim=need("head_dim"), intermediate_size=need("intermediate_size"),
-                       vocab_size=need("vocab_size"), num_hidden_layers=need("num_hidden_layers"),
-                       tie_word_embeddings=tied, moe=moe)
+    heads, kv_heads = need("num_attention_heads"), need("num_key_value_heads")
+    if heads % kv_heads:
+        raise WorkloadError(f"model_params.num_attention_heads {heads} is not a multiple of "
+                            f"model_params.num_key_value_heads {kv_heads} (each KV head serves a group of query heads)")
+    return ModelConfig(stem=model, model=model, hidden_size=need("hidden_size"), num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, head_dim=need("head_dim"),
+                       intermediate_size=need("intermediate_size"), vocab_size=need("vocab_size"),
+                       num_hidden_layers=need("num_hidden_layers"), tie_word_embeddings=tied, moe=moe)

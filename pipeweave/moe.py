@@ -71,6 +71,11 @@ class MoeConfig:
 #: runs MistralForCausalLM with its Llama model; Mistral's sliding window (v0.1) is refused as any other.
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+#: transformers' sliding window of a config without the key (MistralConfig: 4096; MixtralConfig: none)
+SLIDING_WINDOW_DEFAULTS = {"MistralForCausalLM": 4096}
+#: architectures whose config class turns the window off unless ``use_sliding_window`` says otherwise (Qwen2, Qwen3
+#: and their MoE configs: use_sliding_window=False, whatever sliding_window says)
+SLIDING_WINDOW_OFF_BY_DEFAULT = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 #: architectures whose attention is MLA (DeepSeek-V2/V3; the first DeepSeek-MoE is refused as an architecture)
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 #: transformers' ``model_type`` of each architecture, which names the model in a config without ``architectures``
@@ -95,8 +100,10 @@ def moe_config_from_dict(cfg: dict) -> MoeConfig | None:
     if arch is not None and arch not in DENSE_ARCHITECTURES + MOE_ARCHITECTURES:  # before the keys it names
         raise ValueError(f"architecture {arch} is not modelled (modelled: "
                          f"{', '.join(DENSE_ARCHITECTURES + MOE_ARCHITECTURES)})")
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
-        raise ValueError(f"sliding-window attention (sliding_window {cfg['sliding_window']}) is not modelled; the "
+    window = cfg.get("sliding_window", SLIDING_WINDOW_DEFAULTS.get(arch))
+    if window and cfg.get("use_sliding_window", arch not in SLIDING_WINDOW_OFF_BY_DEFAULT):
+        default = "" if "sliding_window" in cfg else f", {arch}'s default where the config has no such key"
+        raise ValueError(f"sliding-window attention (sliding_window {window}{default}) is not modelled; the "
                          "attention calculators attend to the whole context")
     moe_keys = ", ".join(key for key in MOE_KEYS if key in cfg)
     if arch is None:

@@ -29,6 +29,9 @@ MAX_COUNT = 2 ** 20
 MAX_VOLUME_BYTES = 2 ** 40
 #: iterations of one workload (one prefill + output_tokens - 1 decode steps)
 MAX_ITERATIONS = 2 ** 16
+#: requests x iterations of one workload, the entries of its per-iteration length lists (2^22: ~300 MB of JSON; 256
+#: requests x 65,536 output tokens wrote 1.1 GB and took 8.4 GB of memory)
+MAX_REQUEST_ITERATIONS = 2 ** 22
 #: tensor / pipeline parallel degree
 MAX_PARALLEL = 1024
 
@@ -104,6 +107,10 @@ def batch_problem(prompts, output_tokens: int) -> str | None:
         return f"output_tokens = {output_tokens} exceeds the limit {MAX_ITERATIONS:,} (one iteration per output token)"
     if len(prompts) > MAX_BATCH:
         return f"{len(prompts)} requests exceed the limit {MAX_BATCH:,} per batch"
+    if len(prompts) * output_tokens > MAX_REQUEST_ITERATIONS:
+        return (f"{len(prompts)} requests x output_tokens = {output_tokens} is {len(prompts) * output_tokens:,} "
+                f"request-iterations, above the limit {MAX_REQUEST_ITERATIONS:,} (the workload lists each request's "
+                f"length in every iteration: about 70 bytes each in the JSON, several times that in memory)")
     problem = lengths_problem(prompts, [p + output_tokens - 1 for p in prompts])
     return f"prompt_tokens: {problem}" if problem else None
 

@@ -15,6 +15,8 @@ from these inputs and re-exports them.
 """
 from __future__ import annotations
 
+import re
+
 import csv
 import io
 import json
@@ -105,6 +107,11 @@ def positive_int(value, what: str) -> int:
     return value
 
 
+#: transformers' head_dim of an architecture whose config class has its own default instead of hidden_size /
+#: num_attention_heads, for a config without the key (Qwen3Config: 128, where Qwen3-32B's 5120 / 64 would give 80;
+#: Qwen3MoeConfig has none, and its model takes hidden_size / num_attention_heads)
+HEAD_DIM_DEFAULTS = {"Qwen3ForCausalLM": 128}
+
 #: every key the reader acts on; an unknown key one edit away from one of them is taken for a misspelling
 READ_KEYS = (*_MODEL_KEYS, "head_dim", "tie_word_embeddings", "architectures", "model_type", "hidden_act",
              "_name_or_path", *MOE_KEYS,
@@ -160,11 +167,69 @@ def _fp8_variant(quantization: dict) -> str | None:
     return None
 
 
+def _check_config_groups(quantization: dict, source: str, stem: str) -> None:
+    """compressed-tensors' ``config_groups``: an object of groups, each an object whose ``weights`` and
+    ``input_activations`` are objects (or absent)."""
+    groups = quantization.get("config_groups")
+    if groups is None:
+        return
+    if not isinstance(groups, dict):
+        raise WorkloadError(f"config {stem}: {source}.config_groups must be an object of quantisation groups, "
+                            f"got {groups!r}")
+    for name, group in groups.items():
+        if not isinstance(group, dict):
+            raise WorkloadError(f"config {stem}: {source}.config_groups.{name} must be an object, got {group!r}")
+        for part in ("weights", "input_activations"):
+            if group.get(part) is not None and not isinstance(group[part], dict):
+                raise WorkloadError(f"config {stem}: {source}.config_groups.{name}.{part} must be an object, got "
+                                    f"{group[part]!r}")
+
+
+#: where FP8 formats list the modules they leave unquantised: fbgemm_fp8 and transformers' fp8
+#: (modules_to_not_convert), compressed-tensors (ignore), vLLM's fp8 (ignored_layers), modelopt (exclude_modules)
+UNQUANTISED_KEYS = ("modules_to_not_convert", "ignore", "ignored_layers", "exclude_modules")
+#: names of the decoder's linear layers (Llama / Qwen projections, Mixtral's expert w1 / w2 / w3) and of the modules
+#: that hold them; lm_head, the embeddings and an MoE router (mlp.gate) are BF16 in pipeweave's FP8 workloads too
+DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                   "gate_up_proj", "w1", "w2", "w3")
+DECODER_MODULES = ("self_attn", "mlp", "block_sparse_moe", "experts", "shared_expert", "layers")
+
+
+def names_decoder_linear(entry: str) -> bool:
+    """Whether a module name (or compressed-tensors ``re:`` pattern) of an unquantised list covers a decoder linear
+    layer: it names one, or ends at a module holding some (``model.layers.0.mlp``, ``re:.*self_attn.*``,
+    ``model.layers.3``)."""
+    text = entry[3:] if entry.startswith("re:") else entry
+    tokens = [token for token in re.split(r"[^A-Za-z0-9_]+", text) if token]
+    if not tokens:
+        return False
+    if any(token in DECODER_LINEARS for token in tokens):
+        return True
+    last = tokens[-1]
+    return last in DECODER_MODULES or (last.isdigit() and len(tokens) > 1 and tokens[-2] == "layers")
+
+
+def _unquantised_linears(quantization: dict, source: str, stem: str) -> tuple[str, list[str]] | None:
+    """(key, entries) of the first unquantised-module list that keeps decoder linear layers in BF16, else None."""
+    for key in UNQUANTISED_KEYS:
+        entries = quantization.get(key)
+        if entries is None:
+            continue
+        if not isinstance(entries, list) or not all(isinstance(entry, str) for entry in entries):
+            raise WorkloadError(f"config {stem}: {source}.{key} must be a list of module names, got {entries!r}")
+        linear = [entry for entry in entries if names_decoder_linear(entry)]
+        if linear:
+            return key, linear
+    return None
+
+
 def _checkpoint_dtype(cfg: dict, stem: str, moe: bool) -> str | None:
     quantization = cfg.get("quantization_config")
     if quantization is None:
         return None
     source = cfg.get(QUANT_SOURCE_KEY, "quantization_config")
+    if isinstance(quantization, dict):
+        _check_config_groups(quantization, source, stem)
     if not isinstance(quantization, dict) or not _is_fp8(quantization):
         method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
         algo = f", quant_algo {quantization['quant_algo']!r}" if isinstance(quantization, dict) and \
@@ -181,6 +246,13 @@ def _checkpoint_dtype(cfg: dict, stem: str, moe: bool) -> str | None:
         raise WorkloadError(f"config {stem}: {source} is {variant}, whose kernels are not the per-tensor FP8 GEMMs "
                             f"pipeweave's FP8 model was trained on; remove that setting to predict it as per-tensor "
                             f"FP8 (W8A8), or the quantization to predict its BF16 version")
+    kept = _unquantised_linears(quantization, source, stem)
+    if kept:  # Meta's Llama-3.1-405B-FP8 keeps every attention projection and two layers' MLPs in BF16
+        key, linear = kept
+        shown = ", ".join(linear[:2]) + (f" and {len(linear) - 2} more" if len(linear) > 2 else "")
+        raise WorkloadError(f"config {stem}: {source}.{key} keeps decoder linear layers in BF16 ({shown}); "
+                            f"a mixture of BF16 and FP8 linear layers is not modelled: remove {key} to predict every "
+                            f"linear layer as FP8, or the quantization to predict the BF16 version")
     return "fp8"
 
 
@@ -247,9 +319,9 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     values = {}
     for key in _MODEL_KEYS:
         typo = [found for found in cfg if one_edit_apart(found, key)] if key not in cfg else []
-        if key == "num_key_value_heads" and key not in cfg and not typo and "num_attention_heads" in cfg:
-            # transformers' default (LlamaConfig and its descendants): multi-head attention, as in the configs
-            # written before grouped-query attention (Llama-2-7B, Vicuna)
+        if key == "num_key_value_heads" and cfg.get(key) is None and not typo and "num_attention_heads" in cfg:
+            # transformers' default, absent or null (LlamaConfig and its descendants): multi-head attention, as in
+            # the configs written before grouped-query attention (Llama-2-7B, Vicuna)
             values[key] = positive_int(cfg["num_attention_heads"], f"config {stem}: num_attention_heads")
             continue
         if key not in cfg:
@@ -257,8 +329,11 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
                                 + (f" (found '{typo[0]}': a misspelling?)" if typo else ""))
         values[key] = positive_int(cfg[key], f"config {stem}: {key}")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    default_head_dim = HEAD_DIM_DEFAULTS.get(archs[0]) if archs else None
     if cfg.get("head_dim") is not None:
         head_dim = positive_int(cfg["head_dim"], f"config {stem}: head_dim")
+    elif default_head_dim is not None:
+        head_dim = default_head_dim
     else:
         if hidden % heads:
             raise WorkloadError(f"config {stem}: no head_dim and hidden_size {hidden} is not divisible by "

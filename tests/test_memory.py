@@ -270,7 +270,7 @@ def test_tied_embeddings_survive_the_workload():
      r"quantization_config \(quant_method 'awq'\) is not an FP8 format pipeweave recognises"),
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "is not an FP8 format"),
     ({"head_dim": 72}, "head_dim 72 is not a head size the attention kernels and their model support"),
-    ({"head_dim": None, "hidden_size": 2400, "num_attention_heads": 32},
+    ({"head_dim": None, "hidden_size": 2400, "num_attention_heads": 32, "architectures": ["LlamaForCausalLM"]},
      r"head_dim 75 .* \(hidden_size / num_attention_heads\)"),
 ])
 def test_config_mistakes_are_named(edit, message):
@@ -304,6 +304,67 @@ def test_missing_kv_heads_mean_multi_head_attention_as_in_transformers():
     assert model_config_from_dict(cfg).num_key_value_heads == 32
     with pytest.raises(WorkloadError, match=r"missing key 'num_key_value_heads' \(found 'num_key_value_head'"):
         model_config_from_dict({**cfg, "num_key_value_head": 8})
+
+
+def test_keys_a_config_leaves_out_take_transformers_defaults():
+    """A hand-written or trimmed config is read as transformers reads it: Qwen3Config's head_dim is 128 (Qwen3-32B's
+    5120 / 64 would give 80, 30.5 B parameters instead of 32.8 B; Qwen3MoeConfig has no default, its model takes
+    hidden / heads), a null num_key_value_heads is one per query head, MistralConfig's window is 4096 where the key
+    is absent (vLLM applies it), and the Qwen configs leave their window off unless use_sliding_window says so."""
+    qwen3 = {key: value for key, value in json_config("Qwen3-32B").items() if key != "head_dim"}
+    assert model_config_from_dict(qwen3).head_dim == 128
+    qwen3_moe = {key: value for key, value in json_config("Qwen3-30B-A3B").items() if key != "head_dim"}
+    assert model_config_from_dict(qwen3_moe).head_dim == 2048 // 32
+    assert model_config_from_dict({**QWEN3_4B, "num_key_value_heads": None}).num_key_value_heads == 32
+    with pytest.raises(WorkloadError, match=r"sliding-window attention \(sliding_window 4096, MistralForCausalLM's "
+                                            r"default where the config has no such key\) is not modelled"):
+        model_config_from_dict({**BASE, "architectures": ["MistralForCausalLM"]})
+    for arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):  # Qwen2.5-7B's config: sliding_window 131072, no switch
+        assert model_config_from_dict({**BASE, "architectures": [arch], "sliding_window": 131072}).moe is None
+    with pytest.raises(WorkloadError, match="sliding-window attention"):
+        model_config_from_dict({**BASE, "architectures": ["LlamaForCausalLM"], "sliding_window": 4096})
+
+
+def test_unquantised_linear_layers_of_an_fp8_checkpoint_are_refused():
+    """Meta's Llama-3.1-405B-FP8 keeps every attention projection (and layers 0 and 125's MLP) in BF16
+    (fbgemm_fp8's modules_to_not_convert): it was predicted, and memory-checked, as FP8 throughout. Lists that keep
+    only lm_head, the embeddings or an MoE router stay FP8 checkpoints."""
+    from pipeweave.workload_inputs import names_decoder_linear
+
+    meta = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": [
+        "model.layers.0.mlp.down_proj", "model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.k_proj",
+        "lm_head"]}
+    with pytest.raises(WorkloadError, match=r"^config model: quantization_config.modules_to_not_convert keeps decoder "
+                                            r"linear layers in BF16 \(model.layers.0.mlp.down_proj, "
+                                            r"model.layers.0.self_attn.q_proj and 1 more\); a mixture of BF16 and "
+                                            r"FP8 linear layers is not modelled"):
+        model_config_from_dict({**QWEN3_4B, "quantization_config": meta})
+    for key in ("ignore", "ignored_layers", "exclude_modules"):
+        with pytest.raises(WorkloadError, match=rf"quantization_config.{key} keeps decoder linear layers"):
+            model_config_from_dict({**QWEN3_4B, "quantization_config": {"quant_method": "fp8",
+                                                                         key: ["re:.*self_attn.*"]}})
+    kept = {"quant_method": "fp8", "modules_to_not_convert": ["lm_head", "model.embed_tokens", "re:.*mlp.gate$"]}
+    assert model_config_from_dict({**QWEN3_4B, "quantization_config": kept}).checkpoint_dtype == "fp8"
+    assert [names_decoder_linear(name) for name in (
+        "model.layers.3", "model.layers.0.mlp", "model.layers.2.block_sparse_moe.experts.1.w2", "layers.7.mlp.gate",
+        "lm_head", "re:.*mlp.gate$", "model.layers.0.mlp.shared_expert_gate")] == [
+        True, True, True, False, False, False, False]
+    with pytest.raises(WorkloadError, match=r"quantization_config.ignore must be a list of module names, got 'lm_head'"):
+        model_config_from_dict({**QWEN3_4B, "quantization_config": {"quant_method": "fp8", "ignore": "lm_head"}})
+
+
+@pytest.mark.parametrize("groups, field", [
+    ({"g": "x"}, r"config_groups.g must be an object, got 'x'"),
+    ({"g": {"weights": "fp8"}}, r"config_groups.g.weights must be an object, got 'fp8'"),
+    ({"g": {"weights": {"num_bits": 8, "type": "float"}, "input_activations": 8}},
+     r"config_groups.g.input_activations must be an object, got 8"),
+    (["g"], r"config_groups must be an object of quantisation groups"),
+])
+def test_a_malformed_compressed_tensors_group_is_one_error(groups, field):
+    """An AttributeError traceback before."""
+    with pytest.raises(WorkloadError, match=rf"^config model: quantization_config.{field}"):
+        model_config_from_dict({**QWEN3_4B, "quantization_config": {"quant_method": "compressed-tensors",
+                                                                     "config_groups": groups}})
 
 
 def test_real_hf_keys_next_to_read_ones_are_not_misspellings():
@@ -462,3 +523,37 @@ def test_a_malformed_modelopt_file_beside_a_config_is_one_error(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": "FP8"}))
     with pytest.raises(WorkloadError, match="hf_quant_config.json beside its config.json .quant_method 'modelopt'"):
         load_model_config(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                 "intermediate_size", "vocab_size", "num_hidden_layers", "num_experts",
+                                 "num_experts_per_tok", "moe_intermediate_size"])
+def test_a_workloads_model_params_of_size_zero_are_refused(key):
+    """A user audit (2026-12-05): num_key_value_heads 0 raised ZeroDivisionError; hidden_size, num_hidden_layers or
+    head_dim 0 let the memory check pass on 0 GB of weights or KV cache. A shared expert of width 0 is no shared
+    expert (Qwen3-MoE)."""
+    from pipeweave.memory import config_from_model_params
+
+    params = load_model_config("Qwen3-30B-A3B").model_params()
+    assert config_from_model_params(params).moe.shared_expert_intermediate_size == 0
+    with pytest.raises(WorkloadError, match=rf"^model_params.{key} must be a positive integer, got 0$"):
+        config_from_model_params({**params, key: 0})
+
+
+def test_a_workloads_query_heads_must_group_over_its_kv_heads():
+    from pipeweave.memory import config_from_model_params
+
+    params = load_model_config("Llama-3.1-8B").model_params()
+    with pytest.raises(WorkloadError, match=r"^model_params.num_attention_heads 32 is not a multiple of "
+                                            r"model_params.num_key_value_heads 5"):
+        config_from_model_params({**params, "num_key_value_heads": 5})
+
+
+def test_requests_times_iterations_are_bounded():
+    """256 requests x 65,536 output tokens passed both separate limits, wrote a 1.1 GB workload and took 8.4 GB of
+    memory; 1,024 of them died with a MemoryError traceback."""
+    from pipeweave.workload import build_workload
+
+    with pytest.raises(WorkloadError, match=r"256 requests x output_tokens = 65536 is 16,777,216 request-iterations, "
+                                            r"above the limit 4,194,304"):
+        build_workload(load_model_config("Llama-3.1-8B"), [16] * 256, 65536)
