@@ -27,7 +27,7 @@ from pathlib import Path
 from pipeweave.cli import UserError
 from pipeweave.moe import MODEL_TYPES, MOE_KEYS, MoeConfig, moe_config_from_dict
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
-from pipeweave.validation import HEAD_DIM_STEP, MAX_HEAD_DIM
+from pipeweave.validation import HEAD_DIM_STEP, MAX_COUNT, MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH
 
 #: Column layouts of a trace CSV: name -> (prompt column, decode column, output column).
 TRACE_FORMATS = {
@@ -328,6 +328,14 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
             raise WorkloadError(f"config {stem}: missing key '{key}'"
                                 + (f" (found '{typo[0]}': a misspelling?)" if typo else ""))
         values[key] = positive_int(cfg[key], f"config {stem}: {key}")
+    limits = {"hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "vocab_size": MAX_WIDTH,
+              "num_attention_heads": MAX_HEADS, "num_key_value_heads": MAX_HEADS, "num_hidden_layers": MAX_COUNT}
+    sizes = {**values, **({} if moe is None else {"num_experts": moe.num_experts,
+                                                   "moe_intermediate_size": moe.expert_intermediate_size})}
+    for key, value in sizes.items():  # named as the config's key, not as the workload field it would become
+        limit = limits.get(key, MAX_WIDTH)
+        if value > limit:
+            raise WorkloadError(f"config {stem}: {key} = {value} exceeds the limit {limit:,}")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     default_head_dim = HEAD_DIM_DEFAULTS.get(archs[0]) if archs else None
     if cfg.get("head_dim") is not None:

@@ -557,3 +557,11 @@ def test_requests_times_iterations_are_bounded():
     with pytest.raises(WorkloadError, match=r"256 requests x output_tokens = 65536 is 16,777,216 request-iterations, "
                                             r"above the limit 4,194,304"):
         build_workload(load_model_config("Llama-3.1-8B"), [16] * 256, 65536)
+
+
+@pytest.mark.parametrize("key, value", [("hidden_size", 10**12), ("num_hidden_layers", 10**9), ("vocab_size", 10**9),
+                                        ("num_key_value_heads", 4096), ("num_experts", 10**9)])
+def test_oversized_config_values_are_named_by_their_config_key(key, value):
+    """They were refused as the workload field they became (GemmOp('qkv_proj').K, GemmOp('router').N)."""
+    with pytest.raises(WorkloadError, match=rf"^config model: {key} = {value} exceeds the limit "):
+        model_config_from_dict({**json_config("Qwen3-30B-A3B"), key: value})
