@@ -206,6 +206,21 @@ def test_vllm_preempts_when_kv_is_full_and_recomputes():
     assert resumed, "a preempted request recomputes its prompt and generated tokens"
 
 
+@pytest.mark.parametrize("output_tokens, recomputed", [(40, 33), (56, 49), (80, 65)])
+def test_a_preempted_request_recomputes_only_what_its_cache_lost(output_tokens, recomputed):
+    """vLLM's prefix cache keeps a preempted request's freed blocks until new allocations take them, its last block
+    first. Two 64-token prompts in 10 blocks of 16: both decode into a fifth block, then A needs a sixth and B (80
+    tokens computed, 5 full blocks) is preempted. A takes one block of B's per 16 tokens it grows: finishing at
+    104 tokens (7 blocks) it took 2, at 120 (8) 3, at 144 (9) 4 of them, so B, readmitted at 81 tokens, finds 3, 2
+    or 1 of its blocks and recomputes 81 - 48, - 32 or - 16 tokens (it recomputed all 81 before)."""
+    cost = LinearCost()
+    sim = simulate(make_requests(trace([64, 64], output_tokens=output_tokens)), vllm(blocks=10), cost)
+    assert [r.preemptions for r in sim.requests] == [0, 1]
+    assert all(r.num_output == output_tokens for r in sim.requests)
+    assert [(new, context) for new, context in cost.steps if max(new) > 1] == [
+        ([64, 64], [64, 64]), ([recomputed], [81])]
+
+
 def test_pipeline_keeps_micro_batches_in_flight():
     def run(pp):
         cost = LinearCost()

@@ -7,6 +7,9 @@ bytes of one block (K and V of 16 tokens for the layers of one pipeline stage an
 """
 from __future__ import annotations
 
+import copy
+from collections import deque
+
 from pipeweave import memory
 from pipeweave.workload import ModelConfig, WorkloadError
 
@@ -47,15 +50,45 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
 
 
 class BlockManager:
-    """Free-block accounting of a paged KV cache (no prefix sharing: trace requests carry no token ids)."""
+    """A paged KV cache with vLLM V1's prefix cache as far as a trace can use it (its requests carry no token ids,
+    so no two share a block): a preempted request's own full blocks.
+
+    vLLM frees a request's blocks into the tail of a free queue, its last block first, and takes new blocks from the
+    head; a freed full block keeps its content (and hash) until it is taken. So a preempted request, readmitted,
+    finds the prefix of its blocks that no allocation has reached yet and recomputes only the rest
+    (``KVCacheManager.get_computed_blocks``, at most ``num_tokens - 1`` tokens). The queue is kept as segments
+    ``[rid or None, blocks, full blocks]`` in queue order; a segment's blocks are taken from its front, where the
+    preempted request's tail lies, so ``min(full, blocks)`` of its prefix blocks are still cached."""
 
     def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free = num_blocks
+        self.queue: deque = deque([[None, num_blocks, 0]])
+        self.cached: dict = {}  # rid of a preempted request -> its segment of the queue
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
+
+    def copy(self) -> "BlockManager":
+        """An independent copy (the simulator's look-ahead)."""
+        other = copy.copy(self)
+        other.queue = deque(list(segment) for segment in self.queue)
+        other.cached = {segment[0]: segment for segment in other.queue if segment[0] is not None}
+        return other
+
+    def _take(self, blocks: int) -> None:
+        """Take ``blocks`` free blocks from the head of the queue (evicting what they cached)."""
+        queue = self.queue
+        while blocks:
+            segment = queue[0]
+            taken = min(blocks, segment[1])
+            segment[1] -= taken
+            blocks -= taken
+            if not segment[1]:
+                queue.popleft()
+                if segment[0] is not None:
+                    del self.cached[segment[0]]
 
     def allocate(self, request, new_tokens: int) -> bool:
         """Reserve blocks so ``request`` can hold ``num_computed + new_tokens`` tokens; False if they are lacking."""
@@ -66,11 +99,52 @@ class BlockManager:
         if needed > self.free:
             return False
         self.free -= needed
+        self._take(needed)
         request.blocks += needed
         return True
 
-    def release(self, request) -> None:
-        self.free += request.blocks
+    def cached_tokens(self, request) -> int:
+        """Tokens of a waiting ``request`` whose KV its still cached blocks hold (0 if none): whole blocks, at most
+        ``num_tokens - 1`` (vLLM recomputes at least the last token, whose logits it needs)."""
+        segment = self.cached.get(request.rid)
+        if segment is None:
+            return 0
+        blocks = min(segment[2], segment[1], (request.num_tokens - 1) // self.block_size)
+        return blocks * self.block_size
+
+    def admit(self, request, new_tokens: int) -> bool:
+        """Admit a waiting ``request`` to compute ``new_tokens`` after its cached prefix (:meth:`cached_tokens`,
+        which becomes its ``num_computed``); False, changing nothing, if the blocks are lacking. As in vLLM, the
+        cached blocks it touches count against the free blocks too (they leave the free queue)."""
+        hit = self.cached_tokens(request)
+        total = self.blocks_for(hit + new_tokens)
+        if total > self.free:
+            return False
+        segment = self.cached.pop(request.rid, None)
+        if segment is not None:  # its prefix blocks leave the queue; the rest of the segment caches nothing now
+            segment[1] -= hit // self.block_size
+            segment[0], segment[2] = None, 0
+        self.free -= total
+        self._take(total - hit // self.block_size)
+        request.blocks, request.num_computed = total, hit
+        return True
+
+    def release(self, request, cached_tokens: int = 0) -> None:
+        """Free the blocks of ``request``, of which ``cached_tokens`` (a preempted request's computed tokens) stay
+        cached in its whole blocks until taken."""
+        blocks = request.blocks
+        full = min(cached_tokens // self.block_size, blocks)
+        if full:
+            segment = [request.rid, blocks, full]
+            self.queue.append(segment)
+            self.cached[request.rid] = segment
+        elif blocks:
+            tail = self.queue[-1] if self.queue else None
+            if tail is not None and tail[0] is None:
+                tail[1] += blocks
+            else:
+                self.queue.append([None, blocks, 0])
+        self.free += blocks
         request.blocks = 0
 
 
@@ -83,5 +157,5 @@ class UnlimitedBlocks(BlockManager):
     def allocate(self, request, new_tokens: int) -> bool:
         return True
 
-    def release(self, request) -> None:
+    def release(self, request, cached_tokens: int = 0) -> None:
         pass

@@ -13,11 +13,13 @@ yields a generated token. ``complete()`` applies a finished micro-batch and retu
   requests first, in order, each taking ``num_tokens - num_computed_tokens`` tokens (a decode: 1; a partial
   prefill: its remainder) within the step's ``max_num_batched_tokens`` budget; when KV blocks run out the last
   running request is preempted (recompute: its blocks are freed, it returns to the front of the queue and later
-  recomputes prompt and generated tokens). Then, if nothing was preempted, waiting requests are admitted in order
+  recomputes prompt and generated tokens, less the prefix its blocks still cache when it is readmitted:
+  :class:`pipeweave.serving.kv_cache.BlockManager`). Then, if nothing was preempted, waiting requests are admitted in order
   while budget, ``max_num_seqs`` and free blocks allow, their prompts chunked to the remaining budget (chunked
   prefill mixes with decodes). ``num_computed_tokens`` advances when a request is scheduled, so with pipeline
   parallelism a request whose token is still in flight is skipped (decode) or gets its next chunk (prefill).
-  Prefix caching is on in vLLM but has nothing to share here (trace requests have no token ids).
+  Prefix caching (on in vLLM) shares nothing between requests here (trace requests have no token ids), only a
+  preempted request's own cached blocks.
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ class Scheduler:
         queue is cut to its first ``SPECULATIVE_WAITING`` requests: the look-ahead only chooses what to predict, and
         one that would admit more simply foresees less."""
         other = copy.copy(self)
-        other.blocks = copy.copy(self.blocks)
+        other.blocks = self.blocks.copy()
         other.waiting = deque(map(copy_of, itertools.islice(self.waiting, SPECULATIVE_WAITING)))
         other.running = list(map(copy_of, self.running))
         return other
@@ -122,7 +124,7 @@ class VllmScheduler(Scheduler):
         self.max_num_batched_tokens = max_num_batched_tokens
 
     def _preempt(self, request) -> None:
-        self.blocks.release(request)
+        self.blocks.release(request, min(request.num_computed, request.num_tokens))
         request.num_computed = 0
         request.epoch += 1
         request.preemptions += 1
@@ -160,8 +162,8 @@ class VllmScheduler(Scheduler):
         if not preempted:
             while self.waiting and budget > 0 and len(running) < self.max_num_seqs:
                 request = self.waiting[0]
-                new = min(request.num_tokens - request.num_computed, budget)
-                if not allocate(request, new):
+                new = min(request.num_tokens - self.blocks.cached_tokens(request), budget)
+                if not self.blocks.admit(request, new):
                     break
                 self.waiting.popleft()
                 running.append(request)
