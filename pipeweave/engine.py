@@ -545,7 +545,7 @@ class Engine:
         with its SM design trained, outside it altogether, or calibrated on the GPU's measured kernels)."""
         from pipeweave.intervals import row_factors
 
-        return row_factors(op, self.predictor.trained_on(get_operator(op).model_op),
+        return row_factors(op, self.predictor.trained_on(op),
                            [self.registry.get(stem) for stem, _ in keys], codes, self.calibration)
 
     def forget_warnings(self) -> None:

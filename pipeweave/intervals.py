@@ -116,7 +116,9 @@ class IntervalTable:
         least the smallest evaluated k of them take the interval of the calibrated state (:meth:`calibrated_shots`),
         widened to the calibration's own cross-validated ``spread`` (log low, log high) where that is wider."""
         model_op = get_operator(op).model_op
-        quantiles = self._quantiles.get(model_op)
+        quantiles = stored_fit_quantiles(op)
+        if quantiles is None:
+            quantiles = self._quantiles.get(model_op)
         if quantiles is None:  # an operator registered after the table was measured (other_model_warning says so)
             measured = np.stack(list(self._quantiles.values()))
             quantiles = np.stack([measured[..., 0].min(axis=0), measured[..., 1].max(axis=0)], axis=-1)
@@ -129,6 +131,20 @@ class IntervalTable:
                 low, high = min(low, spread[0]), max(high, spread[1])
             chosen = np.where((states != TRAINED)[:, None], np.array([low, high]), chosen)
         return np.exp(chosen[:, 0]), np.exp(chosen[:, 1])
+
+
+def stored_fit_quantiles(op: str) -> np.ndarray | None:
+    """Per state (log low, log high) of an operator predicted by a stored bandwidth fit (the quantisation), measured
+    with the fit (:func:`pipeweave.quantize_model.interval_entries`); None for an operator its MLP predicts."""
+    file = get_operator(op).bandwidth_model_file
+    if file is None:
+        return None
+    from pipeweave import quantize_model
+
+    states = quantize_model.load(file).get("intervals")
+    if states is None:
+        raise ValueError(f"{file} has no intervals: rewrite it with {quantize_model.REWRITE}")
+    return np.array([[states[s]["log_low"], states[s]["log_high"]] for s in STATES])
 
 
 def other_model_warning(op: str, model_dir) -> str | None:

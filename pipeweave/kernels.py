@@ -103,7 +103,7 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
                 extrapolation: np.ndarray, fastest_us: np.ndarray, calibration=None) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) ends of each row's measured interval (:mod:`pipeweave.intervals`) around ``predicted_us``, the
     low end no faster than ``fastest_us`` (:meth:`KernelPredictor.predict_columns_bounded`)."""
-    low, high = row_factors(op, predictor.trained_on(get_operator(op).model_op),
+    low, high = row_factors(op, predictor.trained_on(op),
                             [predictor.hardware.get(name) for name in gpu_names], extrapolation, calibration)
     return physical_interval(predicted_us, low, high, fastest_us)
 

@@ -83,18 +83,55 @@ def coverage(frame) -> dict:
             "min": inputs.min(axis=0).tolist(), "max": inputs.max(axis=0).tolist()}
 
 
-def logo_table(frame) -> list[dict]:
-    """Per GPU: duration errors (%) of the bandwidth model fitted on the other GPUs and of the RMSNorm model
-    (the prediction before, as the shipped RMSNorm predictor gives the same shapes)."""
+def held_out_predictions(frame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per GPU: (its rows, as a mask of ``frame``; their durations by the fit on the other GPUs)."""
+    out = {}
+    for gpu in sorted(frame["hardware"].unique()):
+        held = (frame["hardware"] == gpu).to_numpy()
+        out[gpu] = held, predict_us(fit(frame[~held]), frame[held])
+    return out
+
+
+def interval_entries(frame, held_out: dict) -> dict:
+    """The fit's 80 % intervals per state, measured as :mod:`pipeweave.interval_eval` measures the MLPs'
+    (:func:`pipeweave.interval_eval.table_entry` of log(measured / predicted) per GPU): ``trained`` by the fit on
+    every GPU (three parameters over thousands of rows: its in-sample errors are its errors on new shapes),
+    ``unseen_gpu`` / ``unseen_architecture`` by the fit without the GPU (``held_out``:
+    :func:`held_out_predictions`), by whether one of the other GPUs shares its compute capability. Before, a
+    quantisation took RMSNorm's intervals and training GPUs: A100, outside the fit, had the narrowest interval."""
+    from pipeweave.interval_eval import table_entry
+    from pipeweave.intervals import TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
+
+    measured = frame["avg_duration"].to_numpy(np.float64)
+    everywhere = predict_us(fit(frame), frame)
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    capability = {gpu: registry.get(gpu).compute_capability for gpu in held_out}
+    ratios = {TRAINED: {}, UNSEEN_GPU: {}, UNSEEN_ARCHITECTURE: {}}
+    for gpu, (held, predicted) in held_out.items():
+        ratios[TRAINED][gpu] = np.log(measured[held] / everywhere[held])
+        sibling = any(capability[other] == capability[gpu] for other in held_out if other != gpu)
+        ratios[UNSEEN_GPU if sibling else UNSEEN_ARCHITECTURE][gpu] = np.log(measured[held] / predicted)
+    entry = table_entry(ratios)
+    # a GPU outside the fit is no better known than one inside it: the fit's per-GPU biases (three parameters for
+    # every GPU) are the trained state's spread, which the six sibling GPUs' held-out errors alone undercut
+    trained = entry["trained"]
+    for state in ("unseen_gpu", "unseen_architecture"):
+        entry[state]["log_low"] = min(entry[state]["log_low"], trained["log_low"])
+        entry[state]["log_high"] = max(entry[state]["log_high"], trained["log_high"])
+    return entry
+
+
+def logo_table(frame, held_out: dict | None = None) -> list[dict]:
+    """Per GPU: duration errors (%) of the bandwidth model fitted on the other GPUs (``held_out``:
+    :func:`held_out_predictions`, computed when not given) and of the RMSNorm model (the prediction before, as the
+    shipped RMSNorm predictor gives the same shapes)."""
     from pipeweave.predictor import KernelPredictor
 
     before = KernelPredictor().predict_frame("rmsnorm", frame[["seq", "dim", "hardware"]])["predicted_us"].to_numpy()
     measured = frame["avg_duration"].to_numpy(np.float64)
     rows = []
-    for gpu in sorted(frame["hardware"].unique()):
-        held = (frame["hardware"] == gpu).to_numpy()
-        parameters = fit(frame[~held])
-        errors = np.abs(predict_us(parameters, frame[held]) / measured[held] - 1) * 100
+    for gpu, (held, predicted) in (held_out or held_out_predictions(frame)).items():
+        errors = np.abs(predicted / measured[held] - 1) * 100
         old = np.abs(before[held] / measured[held] - 1) * 100
         rows.append({"gpu": gpu, "n": int(held.sum()), "mean": float(errors.mean()),
                      "median": float(np.median(errors)), "before_mean": float(old.mean()),
@@ -139,9 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     frame = quantize_rows(log=lambda line: None)
     if frame.empty:
         raise UserError("no quantisation measurements: install aiconfigurator-core (pip install '.[train]')")
+    held_out = held_out_predictions(frame)
     record = {"parameters": fit(frame), "fitted_on": {g: int(n) for g, n in frame["hardware"].value_counts(
                   sort=False).sort_index().items()},
-              "source": sorted(frame["source"].unique()), "coverage": coverage(frame), "logo": logo_table(frame)}
+              "source": sorted(frame["source"].unique()), "coverage": coverage(frame),
+              "logo": logo_table(frame, held_out), "intervals": interval_entries(frame, held_out)}
     write_atomically(Path(args.output), lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
     write_marked_section(args.markdown, "quantize", render(record))
     print(f"wrote {args.output} and the quantize section of {args.markdown}")
