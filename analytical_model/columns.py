@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -50,8 +50,8 @@ def int_column(columns: Columns, column: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def bool_column(columns: Columns, column: str) -> np.ndarray:
-    """Booleans from bools, 0/1 or true/false text."""
+def bool_column(columns: Columns, column: str, label: Callable[[int], str] | None = None) -> np.ndarray:
+    """Booleans from bools, 0/1 or true/false text; an error names its row by ``label(position)`` where given."""
     raw = column_values(columns, column)
     if raw.dtype == bool:
         return raw
@@ -60,7 +60,8 @@ def bool_column(columns: Columns, column: str) -> np.ndarray:
     bad = ~(truthy | falsy)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"column {column!r} must be 0/1 or true/false; row {row + 1} has {_plain(raw[row])!r}")
+        where = label(row) if label is not None else f"row {row + 1}"
+        raise ValueError(f"column {column!r} must be 0/1 or true/false; {where} has {_plain(raw[row])!r}")
     return truthy
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import descriptors, fa2_batch
+from . import descriptors, fa2_batch, siluandmul
 from .attention import attention_problem, resolve_attention_type
 from .columns import Columns, bool_column, column_values, int_column, length_lists, present, take
 from .pipes import ElementwiseProblem, GemmProblem, HardwareSpec, MoeProblem
@@ -74,7 +74,16 @@ def _attention_arrays(columns: Columns, label: Callable[[int], str] | None = Non
     """(kinds, bs, q lists, kv lists, nh, nkv, hd) of attention rows, validated as AttentionProblem would; an error
     names its row by ``label(position)`` where given."""
     bs, nh, nkv, hd = (int_column(columns, c) for c in ("bs", "nh", "nkv", "hd"))
-    kinds = [str(v) for v in column_values(columns, "attention_type")]
+    raw_kinds = column_values(columns, "attention_type")
+    kinds = [str(v) for v in raw_kinds]
+    if label is not None:  # an unknown type was refused later, where the row's position is no longer known
+        for i, (raw, kind) in enumerate(zip(raw_kinds, kinds)):
+            if raw is None or raw != raw or not kind.strip():
+                raise ValueError(f"{label(i)}: the attention_type cell is empty (e.g. fa2_ragged, fa2_paged)")
+            try:
+                resolve_attention_type(kind)
+            except ValueError as exc:
+                raise ValueError(f"{label(i)}: {exc}") from None
     q, kv = length_lists(columns, "q_lengths"), length_lists(columns, "kv_lengths")
     q_count = np.fromiter(map(len, q), dtype=np.int64, count=len(q))
     kv_count = np.fromiter(map(len, kv), dtype=np.int64, count=len(kv))
@@ -103,6 +112,18 @@ def check_rows(key: str, columns: Columns, label: Callable[[int], str]) -> None:
     position in its group is not its position in the input."""
     if key == "attn":
         _attention_arrays(columns, label)
+    elif key in ("gemm", "gemm_fp8") and "is_split_k" in columns:  # empty cells: the tile rule chooses
+        values = column_values(columns, "is_split_k")
+        given = np.flatnonzero(present(columns, "is_split_k") & (np.char.strip(values.astype(str)) != ""))
+        bool_column({"is_split_k": values[given]}, "is_split_k",
+                    lambda position: label(int(given[position])))
+    elif key == "siluandmul":
+        dim = int_column(columns, "dim")
+        small = np.flatnonzero(dim < siluandmul.VEC)
+        if small.size:
+            row = int(small[0])
+            raise ValueError(f"{label(row)}: dim = {dim[row]} is below {siluandmul.VEC}, the values SiLU*Mul's "
+                             f"kernel reads at a time")
     elif key == "moe":
         _moe_kinds(columns, label)
         experts, topk = int_column(columns, "E"), int_column(columns, "topk")

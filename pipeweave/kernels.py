@@ -43,11 +43,11 @@ def read_shapes(path: str | Path, expected: str = "expected a header row"
     try:
         if str(path) == STANDARD_STREAM:  # the bytes, so that invalid UTF-8 is refused as it is in a file
             path = "standard input"
-            lines = list(csv.reader(io.StringIO(sys.stdin.buffer.read().decode("utf-8-sig"))))
+            lines = list(csv.reader(io.StringIO(sys.stdin.buffer.read().decode("utf-8-sig")), strict=True))
         else:
             path = require_file(path, "input CSV")
             with open(path, newline="", encoding="utf-8-sig") as handle:  # a byte-order mark is not a column name
-                lines = list(csv.reader(handle))
+                lines = list(csv.reader(handle, strict=True))  # an unclosed quote swallowed the rows after it
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
@@ -73,11 +73,12 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
     columns are errors naming the row/column. A ``calibration`` (pipeweave.calibration) corrects the rows on its
     GPU and is refused if no row is on it."""
     operator = get_operator(op)
-    missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
+    names = [name.strip() for name in header]  # "M, N, K, hardware" names the columns M, N, K and hardware
+    missing = [c for c in (*operator.shape_columns, "hardware") if c not in names]
     if missing:
         raise UserError(f"input lacks column(s) {', '.join(missing)} needed by --op {op} "
                         f"(shape columns: {', '.join(operator.shape_columns)}, plus hardware)")
-    index = {name: i for i, name in enumerate(header)}
+    index = {name: i for i, name in enumerate(names)}
     try:
         check_shape_table({name: [row[i] for row in rows] for name, i in index.items()}, operator, label)
     except ValueError as exc:
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     to_stdout = args.output == STANDARD_STREAM
     if not to_stdout:
-        check_output_path(args.output)
+        check_output_path(args.output, hardware_dir=args.hardware_dir)  # a JSON there would break every later run
         refuse_overwriting_inputs(args.output, {"the --input file": args.input,
                                                 "the --calibration file": args.calibration})
     say = (lambda line: print(line, file=sys.stderr)) if to_stdout else print
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             say(line)
     predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, source,
                                                        line_labels(line_numbers))
-    index = header.index("hardware")
+    index = [name.strip() for name in header].index("hardware")
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]

@@ -276,6 +276,27 @@ def pass_shares(keys: list[tuple[str, tuple]], registry) -> np.ndarray:
     return out
 
 
+def pass_exact_us(keys: list[tuple[str, tuple]], registry) -> np.ndarray:
+    """Per (GPU stem, (weight_type, M, E, topk, H, N)) key, the FLOPs of the pass itself at the spec peak in µs (0
+    for a whole layer, which its band bounds): a pass's share of its layer's bound follows FLOPs and DRAM bytes, so
+    where the bytes weigh (H = N = 64) it fell below the pass's own work."""
+    from analytical_model.registry import get_operator
+    from pipeweave.bounds import EXACT_WORK_DESCRIPTOR
+
+    operator = get_operator("moe")
+    out = np.zeros(len(keys))
+    stems = [stem for stem, shape in keys]
+    for stem in dict.fromkeys(stems):
+        rows = [i for i, s in enumerate(stems) if s == stem and keys[i][1][0] != "layer"]
+        if not rows:
+            continue
+        hw = registry.get(stem)
+        columns = {name: [keys[i][1][j] for i in rows] for j, name in enumerate(operator.shape_columns)}
+        work = operator.descriptors(columns, hw)[:, operator.descriptor_names.index(EXACT_WORK_DESCRIPTOR)]
+        out[rows] = work / hw.sm_freq
+    return out
+
+
 def pass_choice_errors(test: pd.DataFrame, predictor) -> pd.DataFrame:
     """Per GPU, duration errors (%) on measured layer rows of: the layer prediction, and the sum of separate
     w13 and w2 predictions (the rejected alternative); plus the w2 share the split gives."""

@@ -347,6 +347,48 @@ def test_bad_shape_csv_is_one_line(rows, fragment, entry, models, tmp_path, caps
     assert "np.int64" not in err and not out.exists()
 
 
+@pytest.mark.parametrize("op, text, fragment", [
+    # a user audit (2026-12-05): an unclosed quote swallowed the rows after it (exit 0, "Predicted 1 kernels")
+    ("gemm", 'M,N,K,hardware,note\n16,4096,4096,H100,"open\n32,4096,4096,H100,x\n', "unexpected end of data"),
+    # errors raised after the rows were grouped by GPU named another row, or none
+    ("gemm", "M,N,K,tile_M,tile_N,tile_K,is_split_k,hardware\n16,4096,4096,,,,,H100\n16,4096,4096,,,,,A100\n"
+             "16,4096,4096,64,64,64,maybe,H100\n", "is_split_k' must be 0/1 or true/false; row 3 (CSV line 4) has 'maybe'"),
+    ("siluandmul", "seq,dim,hardware\n4,128,H100\n4,128,A100\n4,4,H100\n", "row 3 (CSV line 4): dim = 4 is below 8"),
+    ("attn", "attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware\nfa2_ragged,1,[4],[4],8,8,128,H100\n"
+             "fa2_ragged,1,[4],[4],8,8,128,A100\nfoo,1,[4],[4],8,8,128,H100\n",
+     "row 3 (CSV line 4): unknown attention_type 'foo'"),
+    ("attn", "attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware\nfa2_ragged,1,[4],[4],8,8,128,H100\n"
+             ",1,[4],[4],8,8,128,H100\n", "row 2 (CSV line 3): the attention_type cell is empty"),
+])
+def test_shape_errors_name_their_row(op, text, fragment, models, tmp_path, capsys):
+    source, out = tmp_path / "in.csv", tmp_path / "out.csv"
+    source.write_text(text)
+    code, _, err = cli(kernels.main, "--op", op, "--input", source, "--output", out, "--model_dir", models,
+                       capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    assert not out.exists()
+
+
+def test_header_names_with_spaces_and_an_output_among_the_specs(models, tmp_path, capsys):
+    """"M, N, K, hardware" was refused as lacking N, K and hardware; a JSON written into --hardware_dir broke every
+    later command that reads the folder."""
+    import shutil
+
+    source = tmp_path / "in.csv"
+    source.write_text("M, N, K, hardware\n16, 4096, 4096, H100\n")
+    code, _, err = cli(kernels.main, "--op", "gemm", "--input", source, "--output", tmp_path / "out.csv",
+                       "--model_dir", models, capsys=capsys)
+    assert code == 0, err
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+
+    shutil.copy(DEFAULT_HARDWARE_DIR / "H100.json", specs)
+    code, _, err = cli(kernels.main, "--op", "gemm", "--input", source, "--output", specs / "pred.json",
+                       "--model_dir", models, "--hardware_dir", specs, capsys=capsys)
+    assert code == 2 and "holds the GPU spec JSONs" in err and not (specs / "pred.json").exists()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "empty", "metadata"])
 def test_damaged_model_file_is_one_line(damage, models, tmp_path, capsys):
     import shutil
