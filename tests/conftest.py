@@ -3,9 +3,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from pipeweave.paths import REPO_ROOT as REPO
 from pipeweave.paths import shared_data_dir  # the location the code reads
+
+
+# the same examples on every run: a property test that found a failure once finds it again (deterministic suite)
+settings.register_profile("pipeweave", derandomize=True, database=None)
+settings.load_profile("pipeweave")
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +34,22 @@ def shared_data() -> Path:
     if not (path / "pipeweave").is_dir():
         pytest.skip(f"shared measurement data not found at {path} (set PIPEWEAVE_SHARED_DATA)")
     return path
+
+
+@pytest.fixture(scope="session")
+def built_datasets(shared_data) -> Path:
+    """The built operator datasets (dataset/<op>_{train,test}.csv); a test that reads them skips where they are not
+    built (the shared data without aiconfigurator-core, whose tables are one of their sources), as it does without
+    the shared data."""
+    from analytical_model.registry import operator_keys
+    from pipeweave.paths import DATASET_DIR
+
+    missing = [f"{op}_{part}.csv" for op in operator_keys(trainable=True) for part in ("train", "test")
+               if not (DATASET_DIR / f"{op}_{part}.csv").is_file()]
+    if missing:
+        pytest.skip(f"dataset/{missing[0]} not built (python3 -m dataset.build; needs the shared data and "
+                    f"aiconfigurator-core)")
+    return DATASET_DIR
 
 
 def pytest_sessionstart(session):

@@ -6,10 +6,11 @@ import csv
 import json
 import math
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from analytical_model.__main__ import main as features_main
 from pipeweave import aggregate
@@ -65,10 +66,11 @@ def test_fuzz_workload(path, value, iteration, models, tmp_path, capsys):
 @SETTINGS
 @given(key=st.sampled_from(["numSms", "memBandwidth", "l2CacheBandwidth", "tcBf16", "smFreq", "FmaFp32", "tcFp8"]),
        value=numbers)
+@example(key="numSms", value=108)  # a valid file: the success branch runs at least once
 def test_fuzz_hardware_json(key, value, models, tmp_path, capsys):
-    directory = tmp_path / "hw"
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir()
+    # a folder per example: the CLI's hardware registry is cached by path within a process, so one folder rewritten
+    # served every later example the first valid example's spec
+    directory = Path(tempfile.mkdtemp(dir=tmp_path))
     data = json.loads((REPO / "hardware" / "A100.json").read_text())
     data[key] = value
     (directory / "A100.json").write_text(json.dumps(data))
@@ -82,6 +84,7 @@ def test_fuzz_hardware_json(key, value, models, tmp_path, capsys):
 @given(cells=st.lists(st.one_of(st.integers(-5, 2 ** 64).map(str), st.sampled_from(["", "abc", "1e30", "nan", "7.5"])),
                       min_size=3, max_size=3),
        gpu=st.sampled_from(["H100", "", "nope", "A100"]))
+@example(cells=["16", "4096", "4096"], gpu="H100")  # a valid row: the success branch runs at least once
 def test_fuzz_shape_csv(cells, gpu, tmp_path, capsys):
     source = tmp_path / "in.csv"
     source.write_text("M,N,K,hardware\n" + ",".join([*cells, gpu]) + "\n")

@@ -321,7 +321,7 @@ def test_predict_kernels_writes_the_interval_columns(tmp_path):
 
 
 @pytest.mark.data
-def test_shipped_table_matches_the_shipped_models_on_held_out_shapes(shared_data):
+def test_shipped_table_matches_the_shipped_models_on_held_out_shapes(built_datasets):
     """The ``trained`` entries are a function of the shipped models and the test split alone: a retrained model
     without a rewritten table fails here (the unseen entries need the leave-one-GPU-out cache)."""
     table = json.loads(DEFAULT_PATH.read_text())["operators"]
@@ -335,7 +335,7 @@ def test_shipped_table_matches_the_shipped_models_on_held_out_shapes(shared_data
 
 
 @pytest.mark.data
-def test_write_trained_rewrites_only_the_trained_entries(shared_data, tmp_path):
+def test_write_trained_rewrites_only_the_trained_entries(built_datasets, tmp_path):
     """``--write_trained`` (after retraining a shipped model, without the leave-one-GPU-out cache) restores the
     trained entry of the operators asked for from the shipped model, and keeps every other entry as it was."""
     from pipeweave.interval_eval import main
@@ -362,7 +362,7 @@ def test_write_trained_rewrites_only_the_trained_entries(shared_data, tmp_path):
 
 
 @pytest.mark.data
-def test_write_trained_with_unseen_rewrites_the_unseen_states_from_the_held_out_rows(shared_data, tmp_path,
+def test_write_trained_with_unseen_rewrites_the_unseen_states_from_the_held_out_rows(built_datasets, tmp_path,
                                                                                    monkeypatch):
     """``--with_unseen`` takes the unseen states of the operators asked for from their leave-one-GPU-out rows
     (here stand-ins, so no model is trained) and leaves the calibrated states, which pool every operator."""

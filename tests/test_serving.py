@@ -310,6 +310,29 @@ def test_no_kv_cache_message_names_every_term_in_gb():
 prompts_st = st.lists(st.integers(1, 3000), min_size=1, max_size=12)
 
 
+def test_request_metrics_and_summary_by_hand():
+    """The metrics on two requests worked out by hand (a user audit, 2026-12-05, found TPOT over all outputs instead
+    of all but the first, output-only throughput, every percentile the median and E2E from the first token each
+    passing every test). A: arrives at 100 ms, first token at 250, finishes at 650 after 5 tokens: TTFT 150, TPOT
+    400 / 4 = 100, E2E 550. B: arrives at 0, one token at 50: TTFT 50, no TPOT, E2E 50."""
+    from pipeweave.serving.simulator import Simulation
+
+    a = Request(0, 100.0, 30, 5, first_token_ms=250.0, finish_ms=650.0)
+    b = Request(1, 0.0, 70, 1, first_token_ms=50.0, finish_ms=50.0)
+    metrics = request_metrics([b, a])
+    assert metrics["request"].tolist() == [0, 1] and metrics["ttft_ms"].tolist() == [150.0, 50.0]
+    assert metrics["e2e_ms"].tolist() == [550.0, 50.0]
+    assert metrics["tpot_ms"][0] == 100.0 and np.isnan(metrics["tpot_ms"][1])
+    summary = summarize(Simulation([a, b], steps=7))
+    assert summary["makespan_ms"] == 650.0
+    assert summary["ttft_ms"] == {"p50": 100.0, "p90": pytest.approx(140.0), "p99": pytest.approx(149.0),
+                                  "mean": 100.0}  # np.percentile's linear interpolation, as vLLM's benchmark
+    assert summary["tpot_ms"]["p50"] == summary["tpot_ms"]["mean"] == 100.0
+    assert summary["throughput_tokens_per_s"] == pytest.approx((30 + 70 + 5 + 1) / 0.65)  # prompt + output
+    assert summary["output_tokens_per_s"] == pytest.approx(6 / 0.65)
+    assert summary["requests_per_s"] == pytest.approx(2 / 0.65)
+
+
 @settings(max_examples=40, deadline=None)
 @given(prompts=prompts_st, outputs=st.integers(1, 30), qps=st.floats(0.5, 200), seed=st.integers(0, 99),
        blocks=st.integers(400, 5000), pp=st.integers(1, 3), budget=st.integers(256, 4096))
