@@ -524,7 +524,8 @@ class Engine:
         l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
         fastest = fastest_us(op, features, described, freq, l2=l2) / 1000.0
         if op == "moe":
-            fastest = np.maximum(fastest * pass_shares(keys, self.registry), pass_exact_us(keys, self.registry) / 1000.0)
+            fastest = np.maximum(fastest * pass_shares(keys, self.registry),
+                                 pass_exact_us(keys, self.registry) / 1000.0)
         return np.maximum(fastest, self.cold_floor_ms(op, keys))
 
     def cold_floor_ms(self, op: str, keys: list[tuple[str, tuple]]) -> np.ndarray:

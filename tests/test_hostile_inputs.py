@@ -352,7 +352,8 @@ def test_bad_shape_csv_is_one_line(rows, fragment, entry, models, tmp_path, caps
     ("gemm", 'M,N,K,hardware,note\n16,4096,4096,H100,"open\n32,4096,4096,H100,x\n', "unexpected end of data"),
     # errors raised after the rows were grouped by GPU named another row, or none
     ("gemm", "M,N,K,tile_M,tile_N,tile_K,is_split_k,hardware\n16,4096,4096,,,,,H100\n16,4096,4096,,,,,A100\n"
-             "16,4096,4096,64,64,64,maybe,H100\n", "is_split_k' must be 0/1 or true/false; row 3 (CSV line 4) has 'maybe'"),
+             "16,4096,4096,64,64,64,maybe,H100\n",
+     "is_split_k' must be 0/1 or true/false; row 3 (CSV line 4) has 'maybe'"),
     ("siluandmul", "seq,dim,hardware\n4,128,H100\n4,128,A100\n4,4,H100\n", "row 3 (CSV line 4): dim = 4 is below 8"),
     ("attn", "attention_type,bs,q_lengths,kv_lengths,nh,nkv,hd,hardware\nfa2_ragged,1,[4],[4],8,8,128,H100\n"
              "fa2_ragged,1,[4],[4],8,8,128,A100\nfoo,1,[4],[4],8,8,128,H100\n",

@@ -349,7 +349,8 @@ def test_unquantised_linear_layers_of_an_fp8_checkpoint_are_refused():
         "model.layers.3", "model.layers.0.mlp", "model.layers.2.block_sparse_moe.experts.1.w2", "layers.7.mlp.gate",
         "lm_head", "re:.*mlp.gate$", "model.layers.0.mlp.shared_expert_gate")] == [
         True, True, True, False, False, False, False]
-    with pytest.raises(WorkloadError, match=r"quantization_config.ignore must be a list of module names, got 'lm_head'"):
+    with pytest.raises(WorkloadError, match=r"quantization_config.ignore must be a list of module names, "
+                                            r"got 'lm_head'"):
         model_config_from_dict({**QWEN3_4B, "quantization_config": {"quant_method": "fp8", "ignore": "lm_head"}})
 
 

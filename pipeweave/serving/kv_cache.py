@@ -30,7 +30,8 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
 
     def blocks_at(size: int) -> int:
         free = (available - memory.weight_bytes_per_gpu(cfg, size, pp, dtype=dtype)
-                - memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, size, ep) - memory.RUNTIME_OVERHEAD_BYTES)
+                - memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, size, ep)
+                - memory.RUNTIME_OVERHEAD_BYTES)
         return int(free // memory.kv_cache_bytes_per_gpu(cfg, [block_size], size, pp))
 
     blocks = blocks_at(tp)

@@ -234,10 +234,11 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
         if model_len is not None and manager.blocks_for(model_len) > blocks:
             # vLLM's start-up check (v1/core/kv_cache_utils.check_enough_kv_cache_memory): one request of the
             # longest length the engine serves must fit in the KV cache
-            given = "--max_model_len" if config.max_model_len else f"max_model_len (by default {cfg.max_sequence_source})"
-            raise UserError(f"vLLM would not start: {given} {model_len} needs {manager.blocks_for(model_len)} KV blocks "
-                            f"for one request, but {config.hardware} TP{config.tp} x PP{config.pp} holds {blocks} "
-                            f"({blocks * manager.block_size} tokens); give --max_model_len "
+            given = ("--max_model_len" if config.max_model_len
+                     else f"max_model_len (by default {cfg.max_sequence_source})")
+            raise UserError(f"vLLM would not start: {given} {model_len} needs {manager.blocks_for(model_len)} KV "
+                            f"blocks for one request, but {config.hardware} TP{config.tp} x PP{config.pp} holds "
+                            f"{blocks} ({blocks * manager.block_size} tokens); give --max_model_len "
                             f"{blocks * manager.block_size} or less, or more GPUs")
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)

@@ -14,7 +14,8 @@ yields a generated token. ``complete()`` applies a finished micro-batch and retu
   prefill: its remainder) within the step's ``max_num_batched_tokens`` budget; when KV blocks run out the last
   running request is preempted (recompute: its blocks are freed, it returns to the front of the queue and later
   recomputes prompt and generated tokens, less the prefix its blocks still cache when it is readmitted:
-  :class:`pipeweave.serving.kv_cache.BlockManager`). Then, if nothing was preempted, waiting requests are admitted in order
+  :class:`pipeweave.serving.kv_cache.BlockManager`). Then, if nothing was preempted, waiting requests are admitted
+  in order
   while budget, ``max_num_seqs`` and free blocks allow, their prompts chunked to the remaining budget (chunked
   prefill mixes with decodes). ``num_computed_tokens`` advances when a request is scheduled, so with pipeline
   parallelism a request whose token is still in flight is skipped (decode) or gets its next chunk (prefill).
