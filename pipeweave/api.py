@@ -571,7 +571,7 @@ def _setting_value(name: str, value, kind: type):
 
 #: serve_sim.py's integer, number and true/false options (argparse types them on the command line; a caller may not)
 INTEGER_SETTINGS = ("tp", "pp", "ep", "num_requests", "seed", "max_num_seqs", "max_num_batched_tokens",
-                    "max_concurrent_batches", "decode_bucket")
+                    "max_concurrent_batches", "decode_bucket", "max_model_len")
 NUMBER_SETTINGS = ("qps", "gpu_memory_utilization")
 FLAG_SETTINGS = ("per_request_outputs", "qk_norm_rmsnorm")
 

@@ -605,8 +605,9 @@ class Engine:
         point = self._calibrated(op, stems, duration_us(ideal, efficiency, freq) / 1000.0 * share, features, shapes)
         if self.calibration is not None:  # a correction cannot make the kernel beat its physical bound either
             fastest = self.fastest_ms(op, keys, features, described) if fastest is None else fastest
-        elif fastest is None:  # without a correction the band holds the point; only the cold operands are left
-            fastest = self.cold_floor_ms(op, keys)
+        elif fastest is None:  # without a correction the band holds the point (but for an MoE pass, whose floor is
+            # its own FLOPs above its share of the layer's band); the cold operands are left
+            fastest = self.fastest_ms(op, keys, features, described) if op == "moe" else self.cold_floor_ms(op, keys)
         point = np.maximum(point, fastest)
         if self.quantile_predictor is None:
             return point, point, codes

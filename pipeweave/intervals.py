@@ -10,7 +10,8 @@ A prediction is in one of three states, and the error it can be expected to have
   capability: H20 beside H100, L40 beside L40S); the errors are the leave-one-GPU-out ones of such GPUs;
 * ``unseen_architecture``: no training GPU shares its SM design; the leave-one-GPU-out errors of such GPUs.
 
-Per operator class (the model that predicts it: quantisation takes RMSNorm's) and state, the table holds the
+Per operator class (the model that predicts it; quantisation, predicted by its bandwidth fit, takes that fit's own
+intervals, :func:`stored_fit_quantiles`) and state, the table holds the
 10th and 90th percentiles of log(measured / predicted duration) on a GPU that is not among the evaluated ones:
 its bias drawn from the spread of the evaluated GPUs' biases (a Student t predictive distribution), plus their
 residuals around their biases (:func:`pipeweave.interval_eval.predictive_quantiles`). So the interval
@@ -150,6 +151,8 @@ def stored_fit_quantiles(op: str) -> np.ndarray | None:
 def other_model_warning(op: str, model_dir) -> str | None:
     """A WARNING line when ``op`` is predicted by another model than the one the shipped interval table was measured
     for (a model trained by the user): its intervals describe that model's errors, not this one's. None otherwise."""
+    if get_operator(op).bandwidth_model_file is not None:  # its stored fit predicts it, with its own intervals
+        return None
     model_op = get_operator(op).model_op
     if model_op not in shipped_table().operators():
         return (f"WARNING: no 80 % intervals were measured for the {model_op} model ({shipped_table().path.name}): "

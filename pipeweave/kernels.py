@@ -35,6 +35,18 @@ from pipeweave.validation import (attention_warnings, check_shape_table, line_la
                                   row_label)
 
 
+def _csv_lines(handle, path) -> list[tuple[int, list[str]]]:
+    """(the line a row starts on, its cells) per row of a CSV. A cell running over lines is refused, naming the line
+    it starts on: shape cells never hold a line break, and an unclosed quote swallowed every row after it."""
+    reader, out, start = csv.reader(handle), [], 1
+    for row in reader:
+        if any("\n" in cell or "\r" in cell for cell in row):
+            raise UserError(f"{path}: line {start}: a quoted cell runs over several lines (an unclosed quote?)")
+        out.append((start, row))
+        start = reader.line_num + 1
+    return out
+
+
 def read_shapes(path: str | Path, expected: str = "expected a header row"
                 ) -> tuple[list[str], list[list[str]], list[int]]:
     """(header, rows, the CSV line of each row) of a CSV (``-``: standard input), as text (so that pass-through
@@ -43,17 +55,17 @@ def read_shapes(path: str | Path, expected: str = "expected a header row"
     try:
         if str(path) == STANDARD_STREAM:  # the bytes, so that invalid UTF-8 is refused as it is in a file
             path = "standard input"
-            lines = list(csv.reader(io.StringIO(sys.stdin.buffer.read().decode("utf-8-sig")), strict=True))
+            lines = _csv_lines(io.StringIO(sys.stdin.buffer.read().decode("utf-8-sig")), path)
         else:
             path = require_file(path, "input CSV")
             with open(path, newline="", encoding="utf-8-sig") as handle:  # a byte-order mark is not a column name
-                lines = list(csv.reader(handle, strict=True))  # an unclosed quote swallowed the rows after it
+                lines = _csv_lines(handle, path)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
         raise UserError(f"{path}: empty file ({expected})")
-    header = lines[0]
-    numbered = [(number, row) for number, row in enumerate(lines[1:], start=2) if row]  # blank lines are skipped
+    header = lines[0][1]
+    numbered = [(number, row) for number, row in lines[1:] if row]  # blank lines are skipped
     rows, line_numbers = [row for _, row in numbered], [number for number, _ in numbered]
     names = [name.strip() for name in header]
     repeated = sorted({name for name in names if names.count(name) > 1})

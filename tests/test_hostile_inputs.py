@@ -349,7 +349,8 @@ def test_bad_shape_csv_is_one_line(rows, fragment, entry, models, tmp_path, caps
 
 @pytest.mark.parametrize("op, text, fragment", [
     # a user audit (2026-12-05): an unclosed quote swallowed the rows after it (exit 0, "Predicted 1 kernels")
-    ("gemm", 'M,N,K,hardware,note\n16,4096,4096,H100,"open\n32,4096,4096,H100,x\n', "unexpected end of data"),
+    ("gemm", 'M,N,K,hardware,note\n16,4096,4096,H100,"open\n32,4096,4096,H100,x\n',
+     "line 2: a quoted cell runs over several lines (an unclosed quote?)"),
     # errors raised after the rows were grouped by GPU named another row, or none
     ("gemm", "M,N,K,tile_M,tile_N,tile_K,is_split_k,hardware\n16,4096,4096,,,,,H100\n16,4096,4096,,,,,A100\n"
              "16,4096,4096,64,64,64,maybe,H100\n",

@@ -431,5 +431,14 @@ def test_the_interval_table_is_of_the_shipped_models_and_warns_for_another():
         directory = predictor.model(op)[2]
         assert shipped_table().models[op] == Path(directory).name, op
         assert other_model_warning(op, directory) is None
-    warning = other_model_warning("quantize", "mlp_models/rmsnorm/20991231_000000")  # predicted by RMSNorm's model
+    warning = other_model_warning("rmsnorm", "mlp_models/rmsnorm/20991231_000000")
     assert warning.startswith("WARNING: the 80 % intervals of the rmsnorm model were measured for 20261129_202402")
+
+
+def test_no_other_model_warning_for_the_quantisation(tmp_path):
+    """Its intervals and point come from its stored bandwidth fit: a user's RMSNorm model has no part in them, yet
+    the warning said low/high described that model's errors."""
+    from pipeweave.intervals import other_model_warning
+
+    assert other_model_warning("quantize", tmp_path / "rmsnorm" / "20270101_000000") is None
+    assert other_model_warning("rmsnorm", tmp_path / "rmsnorm" / "20270101_000000") is not None

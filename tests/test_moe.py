@@ -263,3 +263,16 @@ def test_no_pass_is_faster_than_its_own_flops_at_the_peak():
     flops = np.array([2 * 65536 * 16 * 64 * 2 * 64, 2 * 65536 * 16 * 64 * 64], dtype=np.float64)
     peak = hw.tc_bf16 * hw.num_sms * hw.sm_freq * 1e6  # FLOP/s
     assert (predicted >= flops / peak * 1e6 * (1 - 1e-9)).all()
+
+
+def test_the_engine_holds_a_pass_at_its_own_flops_on_every_path():
+    """The engine's point durations without a calibration were held only at the cold operands' DRAM time, below a
+    pass's own FLOPs, while its interval's low end was above them."""
+    from pipeweave.engine import Engine
+
+    engine = Engine(collective_estimate="analytical", log=None)
+    keys = [("H100", ("w13", 65536, 16, 16, 64, 64))]
+    point = engine.unique_durations("moe", keys)[0]
+    bounded = engine.bounded_durations("moe", keys)[0]
+    np.testing.assert_allclose(point, bounded, rtol=1e-12)
+    assert point[0] >= 2 * 65536 * 16 * 64 * 2 * 64 / (4096 * 132 * 1830e6) * 1e3 * (1 - 1e-9)

@@ -1101,6 +1101,7 @@ def test_the_python_api_simulates_as_serve_sim_does(tmp_path, engine):
         pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", tp=2, ep=2, model_dir=engine.model_dir)
     # what argparse would have typed: "2" or 2.0 was a TypeError inside the simulation
     for setting, message in (({"tp": "2"}, "tp must be an integer, got '2'"), ({"tp": 2.0}, "tp must be an integer"),
+                             ({"max_model_len": "4096"}, "max_model_len must be an integer"),
                              ({"qps": "10"}, "qps must be a number"), ({"decode_attn": "bogus"}, "decode_attn must "
                                                                                                  "be one of")):
         with pytest.raises(ValueError, match=message):
@@ -1190,7 +1191,7 @@ def test_serving_notes_what_a_user_may_not_expect(tmp_path, engine):
                         "1,4", "--max_num_seqs", "8", "--output", tmp_path / "s.csv")
     assert search.returncode == 0, search.stderr
     assert "Note: --tp 4: above --gpu_budget 2 with every --pp, not simulated" in search.stdout
-    assert "Note: --pp 4: TP x PP is above --gpu_budget 2 with every --tp that an --ep divides" in search.stdout
+    assert "Note: --pp 4: TP x PP is above --gpu_budget 2 with every --tp, not simulated" in search.stdout
     assert "Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets" in search.stdout
     moe = run_script("search_config.py", "--model_config", "Qwen3-30B-A3B", "--hardware", "H100", "--model_dir",
                      engine.model_dir, "--trace", recorded, "--gpu_budget", "1", "--max_num_seqs", "8", "--dtype",
@@ -1215,6 +1216,8 @@ def test_search_names_every_tp_pp_and_ep_value_it_drops():
         "Note: --ep 8: it divides no --tp within --gpu_budget 4 (1, 2, 8), not simulated"]
     assert unused_values_notes(candidates(base, ["H100"], 8, [4, 6], [1], [8], eps=[4]), [4, 6], [1], [4], 8) == [
         "Note: --tp 6: no --ep divides it (4), not simulated"]
+    # a default list is not the user's ask: --pp 1,2 on one GPU said nothing before and says nothing now
+    assert unused_values_notes(candidates(base, ["H100"], 1, [1], [1, 2], [8]), [1], [1, 2], [1], 1, given=["tp"]) == []
 
 
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):

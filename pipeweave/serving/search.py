@@ -82,6 +82,10 @@ def _dtype_list(text: str | None) -> list[str | None]:
     return list(dict.fromkeys(values))
 
 
+#: the --pp and --ep lists tried when not given
+DEFAULT_PP, DEFAULT_EP = "1,2", "1"
+
+
 def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[int], pps: list[int],
                max_num_seqs: list[int], dtypes: list[str | None] = (None,), eps: list[int] = (1,)
                ) -> list[ServingConfig]:
@@ -93,19 +97,22 @@ def candidates(base: ServingConfig, gpus: list[str], gpu_budget: int, tps: list[
 
 
 def unused_values_notes(configs: list[ServingConfig], tps: list[int], pps: list[int], eps: list[int],
-                        gpu_budget: int) -> list[str]:
+                        gpu_budget: int, given=("tp", "pp", "ep")) -> list[str]:
     """A note per value of --tp, --pp or --ep that no candidate takes, saying why (nothing asked for is dropped
-    unsaid)."""
+    unsaid); only for the flags in ``given`` (a default list, such as --pp 1,2 on one GPU, is not the user's ask)."""
     used = {key: {getattr(config, key) for config in configs} for key in ("tp", "pp", "ep")}
+    unused = {key: [value for value in values if value not in used[key] and key in given]
+              for key, values in (("tp", tps), ("pp", pps), ("ep", eps))}
     notes = []
-    for tp in (tp for tp in tps if tp not in used["tp"]):
+    for tp in unused["tp"]:
         why = (f"above --gpu_budget {gpu_budget} with every --pp" if tp * min(pps) > gpu_budget
                else f"no --ep divides it ({', '.join(map(str, eps))})")
         notes.append(f"Note: --tp {tp}: {why}, not simulated")
-    for pp in (pp for pp in pps if pp not in used["pp"]):
-        notes.append(f"Note: --pp {pp}: TP x PP is above --gpu_budget {gpu_budget} with every --tp that an --ep "
-                     f"divides, not simulated")
-    for ep in (ep for ep in eps if ep not in used["ep"]):
+    divided = "" if eps == [1] else " that an --ep divides"
+    for pp in unused["pp"]:
+        notes.append(f"Note: --pp {pp}: TP x PP is above --gpu_budget {gpu_budget} with every --tp{divided}, not "
+                     f"simulated")
+    for ep in unused["ep"]:
         notes.append(f"Note: --ep {ep}: it divides no --tp within --gpu_budget {gpu_budget} "
                      f"({', '.join(map(str, tps))}), not simulated")
     return notes
@@ -358,10 +365,10 @@ def build_parser():
     parser.add_argument("--hardware", required=True, help="candidate GPUs, comma-separated")
     parser.add_argument("--gpu_budget", type=int, required=True, help="most GPUs per replica (TP x PP)")
     parser.add_argument("--tp", default=None, help="TP sizes to try (default: powers of two up to the budget)")
-    parser.add_argument("--pp", default="1,2", help="PP sizes to try (default 1,2)")
+    parser.add_argument("--pp", default=DEFAULT_PP, help=f"PP sizes to try (default {DEFAULT_PP})")
     parser.add_argument("--max_num_seqs", default=",".join(map(str, DEFAULT_MAX_NUM_SEQS)),
                         help="max_num_seqs values to try (default %(default)s)")
-    parser.add_argument("--ep", default="1", help="expert-parallel sizes of an MoE model to try, each with the TP "
+    parser.add_argument("--ep", default=DEFAULT_EP, help="expert-parallel sizes of an MoE model to try, each with the TP "
                                                   "sizes it divides (default 1)")
     parser.add_argument("--dtype", default=None, metavar="LIST",
                         help="weight dtypes of the linear layers to try, comma-separated among "
@@ -488,7 +495,9 @@ def plan(args, say=print, log=None) -> SweepPlan:
     configs = candidates(base, gpus, args.gpu_budget, tps, pps, seqs, dtypes, eps)
     if not configs:
         raise UserError(f"no candidate has TP x PP <= --gpu_budget {args.gpu_budget} and a TP that --ep divides")
-    for note in unused_values_notes(configs, tps, pps, eps, args.gpu_budget):
+    given = [key for key, default in (("tp", None), ("pp", DEFAULT_PP), ("ep", DEFAULT_EP))
+             if getattr(args, key) != default]
+    for note in unused_values_notes(configs, tps, pps, eps, args.gpu_budget, given):
         say(note)
     if args.ttft_ms is None and args.tpot_ms is None:
         say("Note: no --ttft_ms or --tpot_ms: every feasible candidate counts as meeting the targets, ranked by "
