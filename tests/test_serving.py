@@ -1217,7 +1217,8 @@ def test_search_names_every_tp_pp_and_ep_value_it_drops():
     assert unused_values_notes(candidates(base, ["H100"], 8, [4, 6], [1], [8], eps=[4]), [4, 6], [1], [4], 8) == [
         "Note: --tp 6: no --ep divides it (4), not simulated"]
     # a default list is not the user's ask: --pp 1,2 on one GPU said nothing before and says nothing now
-    assert unused_values_notes(candidates(base, ["H100"], 1, [1], [1, 2], [8]), [1], [1, 2], [1], 1, given=["tp"]) == []
+    one_gpu = candidates(base, ["H100"], 1, [1], [1, 2], [8])
+    assert unused_values_notes(one_gpu, [1], [1, 2], [1], 1, given=["tp"]) == []
 
 
 def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):

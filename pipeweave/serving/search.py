@@ -368,8 +368,8 @@ def build_parser():
     parser.add_argument("--pp", default=DEFAULT_PP, help=f"PP sizes to try (default {DEFAULT_PP})")
     parser.add_argument("--max_num_seqs", default=",".join(map(str, DEFAULT_MAX_NUM_SEQS)),
                         help="max_num_seqs values to try (default %(default)s)")
-    parser.add_argument("--ep", default=DEFAULT_EP, help="expert-parallel sizes of an MoE model to try, each with the TP "
-                                                  "sizes it divides (default 1)")
+    parser.add_argument("--ep", default=DEFAULT_EP,
+                        help="expert-parallel sizes of an MoE model to try, each with the TP sizes it divides (default 1)")
     parser.add_argument("--dtype", default=None, metavar="LIST",
                         help="weight dtypes of the linear layers to try, comma-separated among "
                              f"{', '.join(DTYPES)} (default: the checkpoint's quantization_config, else bf16); a GPU "
