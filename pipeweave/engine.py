@@ -71,7 +71,7 @@ from pipeweave.cli import UserError, gc_paused
 from pipeweave.collectives import NODE_GPUS, collective_workers, fallback_kind
 from pipeweave.flatten import CATEGORY_CODE, COMMUNICATION_CODE, KERNEL_CATEGORIES, FlatWorkload, load_workload
 from pipeweave.intervals import physical_interval, spread_record
-from pipeweave.moe import pass_exact_us, pass_shares
+from pipeweave.moe import pass_fastest_us, pass_shares
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR, command
 from pipeweave.report import build_result
 from pipeweave.schema import COLLECTIVE_KINDS, Iteration, Workload
@@ -522,11 +522,10 @@ class Engine:
         specs = [self.registry.get(stem) for stem, _ in keys]
         freq = np.array([spec.sm_freq for spec in specs], dtype=np.float64)
         l2 = np.array([l2_cycles(spec) for spec in specs], dtype=np.float64)
-        fastest = fastest_us(op, features, described, freq, l2=l2) / 1000.0
+        fastest = fastest_us(op, features, described, freq, l2=l2)
         if op == "moe":
-            fastest = np.maximum(fastest * pass_shares(keys, self.registry),
-                                 pass_exact_us(keys, self.registry) / 1000.0)
-        return np.maximum(fastest, self.cold_floor_ms(op, keys))
+            fastest = pass_fastest_us(keys, self.registry, fastest)
+        return np.maximum(fastest / 1000.0, self.cold_floor_ms(op, keys))
 
     def cold_floor_ms(self, op: str, keys: list[tuple[str, tuple]]) -> np.ndarray:
         """The DRAM time (ms) of the unique (GPU stem, shape) rows' cold operands, weights and cached KV, which a

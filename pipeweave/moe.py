@@ -276,10 +276,18 @@ def pass_shares(keys: list[tuple[str, tuple]], registry) -> np.ndarray:
     return out
 
 
-def pass_exact_us(keys: list[tuple[str, tuple]], registry) -> np.ndarray:
-    """Per (GPU stem, (weight_type, M, E, topk, H, N)) key, the FLOPs of the pass itself at the spec peak in µs (0
-    for a whole layer, which its band bounds): a pass's share of its layer's bound follows FLOPs and DRAM bytes, so
-    where the bytes weigh (H = N = 64) it fell below the pass's own work."""
+def pass_fastest_us(keys: list[tuple[str, tuple]], registry, layer_fastest_us: np.ndarray,
+                    shares: np.ndarray | None = None) -> np.ndarray:
+    """The fastest each (GPU stem, (weight_type, M, E, topk, H, N)) key may run, in µs, given the fastest its whole
+    layer may (``layer_fastest_us``, the physical band's): its share of that (``shares``, :func:`pass_shares` of the
+    keys where not given), and no less than the pass's own FLOPs at the spec peak, since the share follows FLOPs and
+    DRAM bytes and, where the bytes weigh (H = N = 64), fell below them."""
+    shares = pass_shares(keys, registry) if shares is None else shares
+    return np.maximum(np.asarray(layer_fastest_us) * shares, _pass_exact_us(keys, registry))
+
+
+def _pass_exact_us(keys: list[tuple[str, tuple]], registry) -> np.ndarray:
+    """Per key, the FLOPs of the pass itself at the spec peak in µs (0 for a whole layer, which its band bounds)."""
     from analytical_model.registry import get_operator
     from pipeweave.bounds import EXACT_WORK_DESCRIPTOR
 

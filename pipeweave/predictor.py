@@ -20,7 +20,7 @@ from pipeweave import memory_model, quantize_model
 from pipeweave.bounds import clip_efficiency, fastest_us, has_regime_medians, l2_cycles, regime_efficiency
 from pipeweave.edges import model_edges
 from pipeweave.mlp import DISCRETE_INPUTS_KEY, NumpyMLP, latest_model_dir, load_model_dir
-from pipeweave.moe import pass_exact_us, pass_shares
+from pipeweave.moe import pass_fastest_us, pass_shares
 from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
 
@@ -442,10 +442,10 @@ class KernelPredictor:
             ideal = operator.ideal_cycles(features.astype(np.float32))
             efficiency, codes[rows] = self.kernel_efficiency_and_codes(op, features, described, hw)
             out[rows] = duration_us(ideal, efficiency, hw.sm_freq) * share
-            fastest[rows] = fastest_us(op, features, described, hw.sm_freq, l2=l2_cycles(hw)) * share
-            if op == "moe":  # nor a pass faster than its own FLOPs at the peak
-                fastest[rows] = np.maximum(fastest[rows], pass_exact_us([(hw.stem, shape) for shape in shapes],
-                                                                        self.hardware))
+            fastest[rows] = fastest_us(op, features, described, hw.sm_freq, l2=l2_cycles(hw))
+            if op == "moe":  # a pass's share of its layer's bound, and no faster than its own FLOPs at the peak
+                fastest[rows] = pass_fastest_us([(hw.stem, shape) for shape in shapes], self.hardware, fastest[rows],
+                                                share)
                 out[rows] = np.maximum(out[rows], fastest[rows])
             if calibration is not None:  # a correction cannot make the kernel beat its physical bound either
                 out[rows] = np.maximum(calibration.apply(op, hw, out[rows], features, shapes), fastest[rows])

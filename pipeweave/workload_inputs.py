@@ -15,12 +15,11 @@ from these inputs and re-exports them.
 """
 from __future__ import annotations
 
-import re
-
 import csv
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
