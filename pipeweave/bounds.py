@@ -48,8 +48,8 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   - ``L``, the operator's latency allowance (:func:`latency_allowance_us`): the 99.9th percentile of ``t − R`` over
     its measured kernels whose ``R`` is under :data:`LATENCY_BOUND_ROOF_US` (1 µs: all fixed cost), or over its
     :data:`MIN_BIN_ROWS` kernels of smallest ``R`` where fewer are (no MoE layer is under 1 µs). Measured: GEMM
-    18 µs, FP8 GEMM 123 µs (Blackwell's small FP8 GEMMs: up to 240 µs), attention 45 µs, RMSNorm 8 µs, SiLU*Mul
-    23 µs, MoE layer 101 µs.
+    18 µs, FP8 GEMM 123 µs (M = 16,384 with N, K ≤ 256 take ~120 µs on Hopper and Blackwell), attention
+    45 µs, RMSNorm 8 µs, SiLU*Mul 23 µs, MoE layer 101 µs.
   - ``floor``: the :data:`FLOOR_PERCENTILE`-th percentile of the measured ``R / (t − L)`` over the rows of every
     GPU (``dataset/<op>_{train,test}.csv``) in the same regime bin. The regime is GPU-independent: the roofline time
     in half decades (:data:`SIZE_EDGES`: latency and tails dominate small kernels) and the intensity relative to
