@@ -15,6 +15,9 @@ from pipeweave.workload import ModelConfig, WorkloadError
 
 BLOCK_SIZE = memory.KV_BLOCK_TOKENS
 GPU_MEMORY_UTILIZATION = memory.GPU_MEMORY_UTILIZATION
+#: vLLM V1's block pool takes one block as its null block (the placeholder of skipped and padded block-table
+#: entries) before any request arrives (v1/core/block_pool.py), so a cache of N blocks serves requests from N - 1
+NULL_BLOCKS = 1
 
 
 def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, max_num_batched_tokens: int,
@@ -48,6 +51,12 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
             f"sequences) and runtime {memory.RUNTIME_OVERHEAD_BYTES / 1e9:.1f} GB per GPU leave no KV cache in the "
             f"{available / 1e9:.1f} GB available ({gpu_memory_utilization:g} x totalGlobalMem); {hint}")
     return blocks
+
+
+def vllm_block_manager(kv_cache_blocks: int) -> "BlockManager":
+    """The block manager of a vLLM KV cache of ``kv_cache_blocks`` blocks (the size vLLM reports): every block but
+    its null block."""
+    return BlockManager(kv_cache_blocks - NULL_BLOCKS)
 
 
 class BlockManager:

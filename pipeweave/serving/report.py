@@ -96,7 +96,7 @@ def online_side_by_side(engine: Engine) -> tuple[pd.DataFrame | None, str]:
                                       ONLINE.tp)
     except ImportError as exc:
         return None, f"aiconfigurator-core is not installed ({exc}); no peer column."
-    from pipeweave.serving.kv_cache import BlockManager
+    from pipeweave.serving.kv_cache import vllm_block_manager
     from pipeweave.serving.requests import load_serving_trace, make_requests
     from pipeweave.serving.schedulers import VllmScheduler
 
@@ -107,7 +107,7 @@ def online_side_by_side(engine: Engine) -> tuple[pd.DataFrame | None, str]:
         requests = make_requests(load_serving_trace(config.trace), config.num_requests, qps, config.seed,
                                  config.per_request_outputs)
         settings = ours.settings
-        scheduler = VllmScheduler(BlockManager(settings["kv_cache_blocks"]), settings["max_num_seqs"],
+        scheduler = VllmScheduler(vllm_block_manager(settings["kv_cache_blocks"]), settings["max_num_seqs"],
                                   settings["max_num_batched_tokens"])
         theirs = simulate(requests, scheduler, peer)
         for name, simulation in (("pipeweave", ours.simulation), ("AIConfigurator", theirs)):

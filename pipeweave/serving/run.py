@@ -11,7 +11,7 @@ from pipeweave.engine import Engine
 from pipeweave.flatten import KERNEL_CATEGORIES
 from pipeweave.memory import check_memory
 from pipeweave.moe import expert_parallel_problem
-from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, BlockManager, kv_cache_blocks
+from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, kv_cache_blocks, vllm_block_manager
 from pipeweave.serving.requests import MAX_NUM_REQUESTS, load_serving_trace, make_requests
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
@@ -229,7 +229,7 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
         blocks = kv_cache_blocks(cfg, hardware.total_global_mem, config.tp, config.pp,
                                  settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization, dtype=dtype,
                                  ep=config.ep)
-        manager = BlockManager(blocks)
+        manager = vllm_block_manager(blocks)
         model_len = config.max_model_len or cfg.max_sequence
         if model_len is not None and manager.blocks_for(model_len) > blocks:
             # vLLM's start-up check (v1/core/kv_cache_utils.check_enough_kv_cache_memory): one request of the
@@ -243,11 +243,12 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)
         needed = largest.prompt_tokens + largest.output_tokens - 1
-        if manager.blocks_for(needed) > blocks:
+        if manager.blocks_for(needed) > manager.num_blocks:
             raise UserError(f"request {largest.rid} of the stream (from 0, as in the per-request CSV) needs {needed} "
                             f"tokens of KV cache ({largest.prompt_tokens} prompt + {largest.output_tokens} output "
                             f"tokens, less the last, whose KV is never stored) but "
-                            f"{config.hardware} TP{config.tp} x PP{config.pp} holds {blocks * manager.block_size}")
+                            f"{config.hardware} TP{config.tp} x PP{config.pp} holds "
+                            f"{manager.num_blocks * manager.block_size} (vLLM's null block aside)")
         scheduler = VllmScheduler(manager, settings["max_num_seqs"], settings["max_num_batched_tokens"])
         settings.update(dtype=dtype, gpu_memory_utilization=utilization, kv_cache_blocks=blocks,
                         kv_cache_tokens=blocks * manager.block_size, max_model_len=model_len)
