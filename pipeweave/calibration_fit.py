@@ -56,7 +56,7 @@ def csv_text_rows(path: Path, flag: str, expected: str) -> tuple[list[str], list
         header, rows, lines = read_shapes(path, expected)
     except UserError as exc:
         raise UserError(f"{flag} {exc}") from None
-    return [cell.strip() for cell in header], rows, lines
+    return header, rows, lines
 
 
 def csv_text_frame(path: Path, flag: str, expected: str) -> pd.DataFrame:

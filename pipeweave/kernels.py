@@ -50,8 +50,9 @@ def _csv_lines(handle, path) -> list[tuple[int, list[str]]]:
 def read_shapes(path: str | Path, expected: str = "expected a header row"
                 ) -> tuple[list[str], list[list[str]], list[int]]:
     """(header, rows, the CSV line of each row) of a CSV (``-``: standard input), as text (so that pass-through
-    columns are written back exactly as read); blank lines are skipped, so errors name a row by its line
-    (:func:`line_labels`); an empty file's error says what was ``expected``; a column named twice is an error."""
+    columns are written back exactly as read); the header's names are stripped ("M, N, K, hardware" names the
+    columns M, N, K and hardware); blank lines are skipped, so errors name a row by its line (:func:`line_labels`);
+    an empty file's error says what was ``expected``; a column named twice is an error."""
     try:
         if str(path) == STANDARD_STREAM:  # the bytes, so that invalid UTF-8 is refused as it is in a file
             path = "standard input"
@@ -64,11 +65,10 @@ def read_shapes(path: str | Path, expected: str = "expected a header row"
         raise UserError(f"{path}: not a readable CSV ({exc})") from None
     if not lines:
         raise UserError(f"{path}: empty file ({expected})")
-    header = lines[0][1]
+    header = [name.strip() for name in lines[0][1]]
     numbered = [(number, row) for number, row in lines[1:] if row]  # blank lines are skipped
     rows, line_numbers = [row for _, row in numbered], [number for number, _ in numbered]
-    names = [name.strip() for name in header]
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    repeated = sorted({name for name in header if header.count(name) > 1})
     if repeated:  # which of the two holds the shape would be a guess
         raise UserError(f"{path}: repeated column(s) {', '.join(repeated)}")
     label = line_labels(line_numbers)
@@ -81,16 +81,15 @@ def read_shapes(path: str | Path, expected: str = "expected a header row"
 def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor: KernelPredictor,
                    calibration=None, source: str = "input", label=row_label
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(``predicted_us``, extrapolation bits, the fastest µs physics allows) per row; unknown GPUs and missing
-    columns are errors naming the row/column. A ``calibration`` (pipeweave.calibration) corrects the rows on its
-    GPU and is refused if no row is on it."""
+    """(``predicted_us``, extrapolation bits, the fastest µs physics allows) per row of a table read by
+    :func:`read_shapes`; unknown GPUs and missing columns are errors naming the row/column. A ``calibration``
+    (pipeweave.calibration) corrects the rows on its GPU and is refused if no row is on it."""
     operator = get_operator(op)
-    names = [name.strip() for name in header]  # "M, N, K, hardware" names the columns M, N, K and hardware
-    missing = [c for c in (*operator.shape_columns, "hardware") if c not in names]
+    missing = [c for c in (*operator.shape_columns, "hardware") if c not in header]
     if missing:
         raise UserError(f"input lacks column(s) {', '.join(missing)} needed by --op {op} "
                         f"(shape columns: {', '.join(operator.shape_columns)}, plus hardware)")
-    index = {name: i for i, name in enumerate(names)}
+    index = {name: i for i, name in enumerate(header)}
     try:
         check_shape_table({name: [row[i] for row in rows] for name, i in index.items()}, operator, label)
     except ValueError as exc:
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if to_stdout else print
     header, rows, line_numbers = read_shapes(args.input)
     source = "standard input" if args.input == STANDARD_STREAM else args.input  # what errors name
-    written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in (cell.strip() for cell in header)]
+    written = [name for name in (*OUTPUT_COLUMNS, "calibration") if name in header]
     if written:  # a second set of them would follow the first
         raise UserError(f"{source}: has column(s) {', '.join(written)}, which {command('predict_kernels.py')} "
                         f"writes: give the shapes without them (this looks like an output of "
@@ -204,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             say(line)
     predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, source,
                                                        line_labels(line_numbers))
-    index = [name.strip() for name in header].index("hardware")
+    index = header.index("hardware")
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]

@@ -381,6 +381,14 @@ def test_header_names_with_spaces_and_an_output_among_the_specs(models, tmp_path
     code, _, err = cli(kernels.main, "--op", "gemm", "--input", source, "--output", tmp_path / "out.csv",
                        "--model_dir", models, capsys=capsys)
     assert code == 0, err
+    assert (tmp_path / "out.csv").read_text().startswith("M,N,K,hardware,predicted_us,")  # names written stripped
+    # attention's warnings look its type column up by name too (they failed after writing the output)
+    attention = tmp_path / "attention.csv"
+    attention.write_text("bs, attention_type, q_lengths, kv_lengths, nh, nkv, hd, hardware\n"
+                         "1, fa2_paged, [1], [1024], 32, 8, 128, H100\n")
+    code, _, err = cli(kernels.main, "--op", "attn", "--input", attention, "--output", tmp_path / "attention_out.csv",
+                       "--model_dir", models, capsys=capsys)
+    assert code == 0, err
     specs = tmp_path / "specs"
     specs.mkdir()
     from analytical_model.hardware import DEFAULT_HARDWARE_DIR
