@@ -61,12 +61,19 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   - ``A``, the allowance: each bin's ``R / floor`` at its centre (:data:`SIZE_CENTRES`, :data:`INTENSITY_CENTRES`),
     made non-decreasing in size and in intensity, interpolated bilinearly in ``log10 R`` and the log intensity
     (beyond the outer size centres at the outer bins' floor, beyond the outer intensity centres constant),
-    :func:`slowest_us`. Doubling a GEMM's M, N or K, or an attention batch, length or head count, raises ``R`` and
-    does not lower the intensity, so more work is never allowed less time, except where ``R`` itself falls (the
-    analytical model's tile or split choice: 0.2–1.2 % of doublings of measured attention shapes, by as much as
-    ``R``; none of random power-of-two GEMMs from 128 on).
+    :func:`slowest_us`. ``A`` is never below the fastest time physics allows the kernel (the ceiling's,
+    :func:`physical_us`), and for GEMM, attention and MoE, whose DRAM feature is not their bytes, it is also the
+    allowance of their regime at that time: a GEMM whose output spills the L2 can need 13x its feature roofline
+    (L40S, M = 32,768, N = 65,536, K = 32), and the band had collapsed to the ceiling there (10 measured rows,
+    predicted 2x too fast whatever the model said).
+  - Doubling a GEMM's M, N or K, or an attention batch, length or head count, raises ``R`` and, where the padded
+    work grows with it, does not lower the intensity, so more work is not allowed less time. Exceptions: off powers
+    of two the padded work can grow less than the DRAM feature, so the intensity falls (157 of 1.07 M doublings of
+    the measured BF16 GEMM shapes, by up to 25 %: A40, M = 328, N = 4,096, K 1,376 -> 2,752; none of the 0.93 M FP8
+    ones); and where ``R`` itself falls (the analytical model's tile or split choice: 0.2–3.3 % of doublings of
+    measured attention shapes), the allowed time falls with it, by up to 1.1x more.
 
-  So at most 0.1 % of the measured kernels are slower than the floor allows (0.005–0.08 % per operator), and a
+  So at most 0.1 % of the measured kernels are slower than the floor allows (0.005–0.07 % per operator), and a
   kernel whose roofline time is large cannot be predicted many times slower than the measured kernels of its
   regime ran. Until 2026-12-05 ``L`` was 5 µs for every operator and ``A`` was ``R / floor`` of the kernel's own
   bin, a step. 5 µs is below what the slowest small kernels take (attention's sub-µs ones: median 12 µs), so the
@@ -76,7 +83,7 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   measured attention shapes, by up to 19x (FP8 GEMM on B200, N = 128, K = 32: 212 µs at M = 32,768, 109 µs at
   65,536). Measured kernels outside the band
   were 0.11–0.29 % per operator. The price of the monotone band is width: the median allowed / measured time goes
-  from 2.4 to 4.0 (GEMM), 10.5 to 12.8 (FP8 GEMM), 7.7 to 14.0 (attention; its memory-bound bins' loose floors now
+  from 2.4 to 4.0 (GEMM), 10.5 to 12.8 (FP8 GEMM), 7.7 to 14.2 (attention; its memory-bound bins' loose floors now
   carry to the balanced ones), 1.4 to 1.5 (RMSNorm), 1.7 to 1.9 (SiLU*Mul) and 2.9 to 3.4 (MoE).
   The bins' floors and medians (used by :func:`regime_efficiency`), and ``L``, are in
   ``pipeweave/efficiency_band.json`` (``python3 -m pipeweave.bounds --write`` recomputes it; a data test checks it
@@ -214,41 +221,48 @@ def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_
     """{"latency_us": L, "floor": [[...]], "median": [[...]], "fastest_us": t}: the latency allowance, per size bin
     (rows) and intensity bin (columns) the floor and median efficiency, and the shortest measured duration, from
     measured rows (feature rows, clock, duration)."""
-    _, roof, bins = regime_bins(op, features, sm_freq_mhz)
     measured_us = np.asarray(measured_us, dtype=np.float64)
-    roof_us = roof / np.asarray(sm_freq_mhz, dtype=np.float64)
+    if not len(measured_us):
+        raise ValueError(f"{op}: no measured rows to derive the band from")
+    sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
+    _, roof, bins = regime_bins(op, features, sm_freq_mhz)
+    roof_us = roof / sm_freq_mhz
     latency = latency_allowance_us(roof_us, measured_us)
-    efficiency = roof_us / measured_us  # the median: a kernel's typical speed, latency included
     slow = measured_us > latency  # faster kernels are inside the band for any floor
     latency_free = np.where(slow, roof_us / np.maximum(measured_us - latency, 1e-9), np.inf)
+
+    def floor_of(rows: np.ndarray) -> float:
+        if not (rows & slow).any():
+            return np.inf
+        floor = np.percentile(np.minimum(latency_free[rows], BIGGEST), FLOOR_PERCENTILE)
+        # beyond every kernel slower than L, the percentile lies among those within it (interpolated towards
+        # BIGGEST it was a huge finite number, e.g. 8.4e307)
+        return np.inf if floor > latency_free[rows & slow].max() else floor
+
+    efficiency = roof_us / measured_us  # the median: a kernel's typical speed, latency included
+    return {"latency_us": float(f"{latency:.4g}"), "floor": per_bin(bins, floor_of),
+            "median": per_bin(bins, lambda rows: np.median(efficiency[rows])), "fastest_us": float(measured_us.min())}
+
+
+def per_bin(bins: np.ndarray, statistic) -> list[list[float]]:
+    """``statistic(rows)`` per size bin (rows) and intensity bin (columns) of the flat regime-bin indices ``bins``:
+    a bin with fewer than :data:`MIN_BIN_ROWS` rows takes its size row's, a size row with fewer the nearest size
+    row's that has them (beyond the measured sizes), and without any such row the statistic of all rows."""
     width = len(INTENSITY_EDGES) + 1
     sizes = bins // width
     row_counts = np.bincount(sizes, minlength=len(SIZE_EDGES) + 1)
     measured_sizes = np.flatnonzero(row_counts >= MIN_BIN_ROWS)
-
-    def statistics(rows: np.ndarray) -> tuple[float, float]:
-        if not (rows & slow).any():
-            return np.inf, np.median(efficiency[rows])
-        # inf stands for "faster than the launch latency"; interpolating between two infs would give NaN
-        floor = np.percentile(np.minimum(latency_free[rows], BIGGEST), FLOOR_PERCENTILE)
-        return (np.inf if floor >= BIGGEST else floor), np.median(efficiency[rows])
-
-    pooled = statistics(np.ones(len(bins), dtype=bool))
-    floor, median = [], []
+    table = []
     for size in range(len(SIZE_EDGES) + 1):
-        if row_counts[size] < MIN_BIN_ROWS and len(measured_sizes):  # beyond the measured sizes: the nearest's
+        if row_counts[size] < MIN_BIN_ROWS:
+            if not len(measured_sizes):
+                table.append([float(f"{statistic(np.ones(len(bins), dtype=bool)):.4g}")] * width)
+                continue
             size = int(measured_sizes[np.argmin(np.abs(measured_sizes - size))])
-        floor.append([])
-        median.append([])
-        in_size = sizes == size
-        fallback = statistics(in_size) if in_size.sum() >= MIN_BIN_ROWS else pooled
-        for intensity in range(width):
-            rows = bins == size * width + intensity
-            low, middle = statistics(rows) if rows.sum() >= MIN_BIN_ROWS else fallback
-            floor[-1].append(float(f"{low:.4g}"))
-            median[-1].append(float(f"{middle:.4g}"))
-    return {"latency_us": float(f"{latency:.4g}"), "floor": floor, "median": median,
-            "fastest_us": float(measured_us.min())}
+        row_value = statistic(sizes == size)
+        table.append([float(f"{statistic(rows) if rows.sum() >= MIN_BIN_ROWS else row_value:.4g}")
+                      for rows in (bins == size * width + intensity for intensity in range(width))])
+    return table
 
 
 def frame_band_table(op: str, frame) -> dict:
@@ -294,28 +308,47 @@ def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None,
     table = table_for(op, table)
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
     ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
-    high = ideal / (fastest_us(op, features, described, sm_freq_mhz, table, l2=l2) * sm_freq_mhz)
-    low = ideal / (slowest_us(op, features, sm_freq_mhz, table) * sm_freq_mhz)
+    physical = physical_us(op, features, described, sm_freq_mhz, l2=l2)
+    high = ideal / (np.maximum(physical, table["fastest_us"]) * sm_freq_mhz)
+    low = ideal / (slowest_us(op, features, sm_freq_mhz, table, physical) * sm_freq_mhz)
     return np.minimum(low, high), high
 
 
-def slowest_us(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None) -> np.ndarray:
+def slowest_us(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = None,
+               physical: np.ndarray | None = None) -> np.ndarray:
     """The longest duration (µs) the floor allows each feature row on GPUs clocked at ``sm_freq_mhz``:
     ``L + A``, the allowance ``A`` interpolated (bilinearly in log10 R and log10 intensity) between the bins'
     ``R / floor`` at their :data:`SIZE_CENTRES` and :data:`INTENSITY_CENTRES`, made non-decreasing in both first;
     beyond the outer size centres at the outer bins' floor, beyond the outer intensity centres constant (module
-    docstring: more work is never allowed less time)."""
+    docstring). ``physical``: the fastest time physics allows each row (:func:`physical_us`). ``A`` is never below
+    it, and for GEMM, attention and MoE, whose DRAM feature is not their bytes, ``A`` is also the allowance of their
+    regime at that time where it is longer than ``R``: a GEMM whose exact bytes spill the L2 can need far more time
+    than ``R`` (L40S, M = 32,768, N = 65,536, K = 32: R = 375 µs, its bytes at the DRAM bandwidth 4,978 µs, measured
+    9,972 µs), and the band had collapsed to that ceiling, whatever the model said."""
     table = table_for(op, table)
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
     tiny = np.finfo(np.float64).tiny
     ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
     dram = dram_cycles(op, features)
-    log_roof_us = np.log10(np.maximum(np.maximum(ideal, dram), tiny) / sm_freq_mhz)
     log_intensity = np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny))
     knots = 10.0 ** SIZE_CENTRES[:, None] / np.asarray(table["floor"], dtype=np.float64)  # R / inf = 0: all latency
     knots = np.maximum.accumulate(np.maximum.accumulate(knots, axis=0), axis=1)
+    allowance = interpolated_allowance(knots, np.maximum(np.maximum(ideal, dram), tiny) / sm_freq_mhz, log_intensity)
+    if physical is None:
+        return table["latency_us"] + allowance
+    if not get_operator(op).dram_bound:
+        # at the datasheet's GB/s the feature's bytes take 7.4 % longer than the feature says (SPEC_GB_CYCLES),
+        # which the floors already hold: the physical time goes back to the features' unit
+        allowance = np.maximum(allowance, interpolated_allowance(knots, physical / SPEC_GB_CYCLES, log_intensity))
+    return table["latency_us"] + np.maximum(allowance, physical)
+
+
+def interpolated_allowance(knots: np.ndarray, roof_us: np.ndarray, log_intensity: np.ndarray) -> np.ndarray:
+    """The allowance of :func:`slowest_us` at roofline times ``roof_us`` (µs) and log10 intensities, from the
+    non-decreasing ``knots`` (size centres x intensity centres)."""
+    log_roof_us = np.log10(roof_us)
     below, above = log_roof_us < SIZE_CENTRES[0], log_roof_us > SIZE_CENTRES[-1]
-    by_column = np.empty((len(ideal), knots.shape[1]))
+    by_column = np.empty((len(log_roof_us), knots.shape[1]))
     for column in range(knots.shape[1]):
         by_column[:, column] = np.where(
             below, knots[0, column] * 10.0 ** (log_roof_us - SIZE_CENTRES[0]),
@@ -324,18 +357,20 @@ def slowest_us(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = 
     right = np.clip(np.searchsorted(INTENSITY_CENTRES, log_intensity), 1, len(INTENSITY_CENTRES) - 1)
     weight = np.clip((log_intensity - INTENSITY_CENTRES[right - 1])
                      / (INTENSITY_CENTRES[right] - INTENSITY_CENTRES[right - 1]), 0.0, 1.0)
-    rows = np.arange(len(ideal))
-    allowance = (1 - weight) * by_column[rows, right - 1] + weight * by_column[rows, right]
-    return table["latency_us"] + allowance
+    rows = np.arange(len(log_roof_us))
+    return (1 - weight) * by_column[rows, right - 1] + weight * by_column[rows, right]
 
 
 def fastest_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz, table: dict | None = None,
                *, l2) -> np.ndarray:
     """The shortest duration (µs) the ceiling allows each row (arguments as :func:`efficiency_band`'s): no
     prediction, nor the low end of its interval, may be faster."""
-    sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
-    ceiling = ceiling_cycles(op, features, described, l2)[1]
-    return np.maximum(ceiling, table_for(op, table)["fastest_us"] * sm_freq_mhz) / sm_freq_mhz
+    return np.maximum(physical_us(op, features, described, sm_freq_mhz, l2=l2), table_for(op, table)["fastest_us"])
+
+
+def physical_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz, *, l2) -> np.ndarray:
+    """The fastest time (µs) physics allows each row: the ceiling's cycles (:func:`ceiling_cycles`) at the clock."""
+    return ceiling_cycles(op, features, described, l2)[1] / np.asarray(sm_freq_mhz, dtype=np.float64)
 
 
 def cold_fastest_us(op: str, columns, mem_bandwidth_gb_s) -> np.ndarray:
