@@ -495,6 +495,12 @@ def load_calibration(path: str | Path) -> Calibration:
         check_standardisation(path, standardisation)
     if not isinstance(data.get("fitted_from", {}), dict):
         raise ValueError(f"{path}: fitted_from must be an object (as {command('calibrate.py')} writes it)")
+    e2e = data.get("fitted_from", {}).get("e2e")
+    if e2e is not None and not (isinstance(e2e, dict) and all(
+            isinstance(e2e.get(key, []), list) and all(isinstance(item, str) for item in e2e.get(key, []))
+            for key in ("runs", "run_digests"))):
+        raise ValueError(f"{path}: fitted_from.e2e must be an object whose runs and run_digests are lists of text "
+                         f"(as {command('calibrate.py')} writes it)")
     calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
                               data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
                               standardisation, path, fine_tuned, checked_spread(path, data.get("spread", {})))

@@ -74,13 +74,18 @@ def not_a_positive_number(values: pd.Series) -> pd.Series:
     return ~(np.isfinite(values) & (values > 0))
 
 
+#: the range of a measured time in ms: beyond it a cell is a unit error or garbage (1e308 ms overflowed the median)
+MEASURED_MS_RANGE = (1e-6, 1e9)
+
+
 def positive_ms(text: str) -> float | None:
-    """A cell's finite positive number, None for anything else (text, 0, inf, nan)."""
+    """A cell's positive number of ms within :data:`MEASURED_MS_RANGE`, None for anything else (text, 0, inf,
+    nan, 1e308)."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) and value > 0 else None
+    return value if MEASURED_MS_RANGE[0] <= value <= MEASURED_MS_RANGE[1] else None
 
 
 def read_e2e_csv(path: str | Path, flag: str = "--e2e") -> list[tuple[int, str, dict[str, float]]]:
@@ -105,8 +110,8 @@ def read_e2e_csv(path: str | Path, flag: str = "--e2e") -> list[tuple[int, str, 
                 continue
             value = positive_ms(text)
             if value is None:
-                raise UserError(f"{flag} {path}: line {lines[position]}: {metric} must be a positive number of ms, "
-                                f"got {cells[metric]!r}")
+                raise UserError(f"{flag} {path}: line {lines[position]}: {metric} must be a positive number of ms "
+                                f"from {MEASURED_MS_RANGE[0]:g} to {MEASURED_MS_RANGE[1]:g}, got {cells[metric]!r}")
             measured[metric] = value
         workload = cells["workload"].strip()
         if not workload or not measured:
@@ -154,10 +159,14 @@ def check_fits(workload, spec: HardwareSpec, where: str) -> None:
     and the workload's dtype included) exceed the GPU's memory: it cannot have run there. Activations and vLLM's
     memory share are left out, unlike the aggregator's check: the run was measured, so it did fit with the
     settings it ran under."""
+    from analytical_model.gemm_fp8 import missing_rate
     from pipeweave.aggregate import workload_memory
     from pipeweave.schema import WorkloadFormatError
     from pipeweave.validation import fa3_mismatches
 
+    missing = missing_rate(spec) if "gemm_fp8" in workload.ops() else None
+    if missing:
+        raise UserError(f"{where}: {workload.stem} has FP8 GEMMs: {missing}")
     try:
         check = workload_memory(workload, spec)
     except WorkloadFormatError as exc:
@@ -205,11 +214,26 @@ def read_runs(path: str | Path, spec: HardwareSpec, flag: str = "--e2e") -> list
             raise UserError(f"{where}: {exc.args[0]}") from None
         check_fits(workload, spec, where)
         check_consistent(workload, measured, where)
-        if "decode_step_ms" in measured and all(phase == "prefill" for phase in workload.phases):
-            raise UserError(f"{where}: decode_step_ms was given, but the workload has no decode iteration to "
-                            f"predict it from; leave that cell empty")
-        grouped.setdefault(Path(workload.path).resolve(), (workload, []))[1].append(measured)
-    return list(grouped.values())
+        for metric, phase in (("decode_step_ms", "decode"), ("prefill_ms", "prefill")):
+            if metric in measured and not any((p == "prefill") == (phase == "prefill") for p in workload.phases):
+                raise UserError(f"{where}: {metric} was given, but the workload has no {phase} iteration to predict "
+                                f"it from; leave that cell empty")
+        grouped.setdefault(Path(workload.path).resolve(), (workload, [], []))
+        grouped[Path(workload.path).resolve()][1].append(measured)
+        grouped[Path(workload.path).resolve()][2].append(line)
+    runs = []
+    for workload, repeats, lines in grouped.values():
+        if len(repeats) > 1:  # repeats split over rows: their medians must agree as one row's cells must
+            check_consistent(workload, median_metrics(repeats),
+                             f"{flag} {path}: lines {', '.join(map(str, lines))} (medians)")
+        runs.append((workload, repeats))
+    return runs
+
+
+def median_metrics(repeats: list[dict]) -> dict[str, float]:
+    """{metric: the median of the repeats that measured it} of one run's repeats."""
+    metrics = dict.fromkeys(metric for measured in repeats for metric in measured)
+    return {metric: float(np.median([m[metric] for m in repeats if metric in m])) for metric in metrics}
 
 
 def merged_repeats(runs: list) -> list:
@@ -218,11 +242,11 @@ def merged_repeats(runs: list) -> list:
     about the model)."""
     merged = []
     for workload, repeats in runs:
-        metrics = dict.fromkeys(metric for measured in repeats for metric in measured)
-        merged.append((workload, {metric: float(np.median([m[metric] for m in repeats if metric in m]))
-                                  for metric in metrics}))
+        merged.append((workload, median_metrics(repeats)))
         if len(repeats) > 1:
-            print(f"Note: {len(repeats)} rows of {workload.stem}: calibrated on the median of each metric")
+            counts = ", ".join(f"{metric} {sum(metric in m for m in repeats)}" for metric in merged[-1][1])
+            print(f"Note: {len(repeats)} rows of {workload.stem}: calibrated on the median of each metric "
+                  f"(repeats: {counts})")
     return merged
 
 
@@ -727,6 +751,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         runs = merged_repeats(read_runs(e2e, spec))
         fitted_from["e2e"] = {"file": str(e2e), "digest": file_digest(e2e),
                               "runs": [str(Path(w.path).resolve()) for w, _ in runs],
+                              # by content too: a copy of a run's workload elsewhere is the same run
+                              "run_digests": [file_digest(w.path) for w, _ in runs],
                               # the operators the runs executed: a run says nothing of an operator it did not hold
                               "ops": sorted({op for workload, _ in runs for op in workload.ops()})}
     kernels, kernel_frames = read_kernel_csvs(distinct_files(kernels or []), spec, registry, runs=bool(runs))

@@ -11,43 +11,57 @@ is scored against the median of its repeats, as docs/E2E.md scores the project's
 median| / median, and a run's error is the mean over its measured metrics.
 
 With ``--calibration`` the calibrated prediction is scored; a calibration fitted from these very runs is scored
-in-sample, which says nothing about other runs, so it gets a WARNING (``calibrate.py`` one run at a time and this
-command on the others is the honest test: docs/E2E.md, leave-one-run-out).
+in-sample, which says nothing about other runs, so it gets a WARNING, its rows are marked ``in_sample`` and the
+summary gives the mean of the other runs apart (``calibrate.py`` one run at a time and this command on the others
+is the honest test: docs/E2E.md, leave-one-run-out). A run is the calibration's own when its file is one the
+calibration recorded, by path or, for files written since 2026-12-05, by content (a copy elsewhere is the same run).
 """
 from __future__ import annotations
 
 import csv
 import io
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from pipeweave.calibration_fit import read_runs
-from pipeweave.cli import ArgumentParser, check_output_path, refuse_overwriting_inputs, write_atomically
+from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, check_output_path, refuse_overwriting_inputs,
+                           write_atomically)
 from pipeweave.paths import DEFAULT_COLLECTIVE_DIR, DEFAULT_MODEL_DIR
 
 #: metric of the runs CSV -> the aggregator's summary field it is scored against
 SCORED = {"prefill_ms": "prefill_duration_ms", "decode_step_ms": "decode_avg_duration_ms",
           "total_ms": "total_duration_ms"}
-COLUMNS = ("workload", "repeats", *(f"{kind}_{metric}" for metric in SCORED for kind in ("measured", "predicted")),
-           *(f"error_{metric}_pct" for metric in SCORED), "mean_error_pct")
+COLUMNS = ("workload", "repeats", *(f"repeats_{metric}" for metric in SCORED),
+           *(f"{kind}_{metric}" for metric in SCORED for kind in ("measured", "predicted")),
+           *(f"error_{metric}_pct" for metric in SCORED), "mean_error_pct", "calibration", "in_sample")
 
 
-def score(runs: list, engine, spec) -> list[dict]:
-    """One row per run: repeats, the median of each measured metric, the prediction and the errors (%)."""
+def score(runs: list, engine, spec, calibration=None, in_sample: frozenset = frozenset()) -> list[dict]:
+    """One row per run: repeats (rows, and per metric), the median of each measured metric, the prediction, the
+    errors (%), the calibration applied and whether the run is one it was fitted from (a path of ``in_sample``).
+    A run is named by its file's stem, or by its path where two scored files share a stem."""
+    from collections import Counter
+
     from pipeweave.engine import Job
 
+    stems = Counter(workload.stem for workload, _ in runs)
     rows = []
     for workload, repeats in runs:
         summary = engine.predict([Job(workload, spec)])[0].result["summary"]
-        row = {"workload": workload.stem, "repeats": len(repeats)}
+        name = workload.stem if stems[workload.stem] == 1 else str(workload.path)
+        row = {"workload": name, "repeats": len(repeats),
+               "calibration": "" if calibration is None else str(calibration.path),
+               "in_sample": "" if calibration is None else ("yes" if run_key(workload) in in_sample else "no")}
         errors = []
         for metric, field in SCORED.items():
             values = [measured[metric] for measured in repeats if metric in measured]
             median = float(np.median(values)) if values else None
             predicted = float(summary[field])
             error = abs(predicted - median) / median * 100 if median is not None else None
-            row |= {f"measured_{metric}": median, f"predicted_{metric}": predicted, f"error_{metric}_pct": error}
+            row |= {f"repeats_{metric}": len(values), f"measured_{metric}": median,
+                    f"predicted_{metric}": predicted, f"error_{metric}_pct": error}
             if error is not None:
                 errors.append(error)
         row["mean_error_pct"] = float(np.mean(errors))
@@ -55,21 +69,34 @@ def score(runs: list, engine, spec) -> list[dict]:
     return rows
 
 
-def in_sample_warning(calibration, runs_csv: str | Path, runs: list) -> str | None:
-    """A WARNING when ``calibration`` was fitted from ``runs_csv`` itself or from one of the scored workloads."""
+def run_key(workload) -> str:
+    return str(Path(workload.path).resolve())
+
+
+def in_sample_runs(calibration, runs_csv: str | Path, runs: list) -> tuple[bool, frozenset]:
+    """(whether ``calibration`` was fitted from ``runs_csv`` itself, the :func:`run_key` of the scored runs it was
+    fitted from): by the recorded paths (resolved; an older file's paths as given or stems, compared by stem) and by
+    the recorded contents of the runs' workload files (a copy elsewhere is the same run)."""
     from pipeweave.calibration import file_digest
 
     fitted = calibration.fitted_from.get("e2e") or {}
     same_file = fitted.get("digest") == file_digest(runs_csv)
     recorded = [p for p in fitted.get("runs", []) if isinstance(p, str)]
-    # calibrate.py records resolved paths; an older file, the paths as given or stems: compared by stem
     paths = {Path(p) for p in recorded if Path(p).is_absolute()}
     stems = {Path(p).stem for p in recorded if not Path(p).is_absolute()}
-    shared = sorted(w.stem for w, _ in runs if w.path is not None
-                    and (Path(w.path).resolve() in paths or w.stem in stems))
+    digests = set(fitted.get("run_digests", []))
+    shared = frozenset(run_key(w) for w, _ in runs if w.path is not None
+                       and (Path(w.path).resolve() in paths or w.stem in stems or file_digest(w.path) in digests))
+    return same_file, shared
+
+
+def in_sample_warning(calibration, runs_csv: str | Path, runs: list) -> str | None:
+    """A WARNING when ``calibration`` was fitted from ``runs_csv`` itself or from one of the scored workloads."""
+    same_file, shared = in_sample_runs(calibration, runs_csv, runs)
     if not same_file and not shared:
         return None
-    what = f"this file {runs_csv}" if same_file else f"the run(s) {', '.join(shared)}"
+    names = sorted(w.stem for w, _ in runs if run_key(w) in shared)
+    what = f"this file {runs_csv}" if same_file else f"the run(s) {', '.join(names)}"
     return (f"WARNING: --calibration {calibration.path} was fitted from {what}: these errors are in-sample and say "
             f"nothing about other runs (calibrate on one run, score the others)")
 
@@ -80,7 +107,7 @@ def table_text(rows: list[dict]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
     for row in rows:
-        writer.writerow(["" if row[c] is None else (f"{row[c]:.6g}" if isinstance(row[c], float) else row[c])
+        writer.writerow(["" if row[c] is None else (f"{row[c]:.3f}" if isinstance(row[c], float) else row[c])
                          for c in COLUMNS])
     return out.getvalue()
 
@@ -89,19 +116,31 @@ def markdown(rows: list[dict], gpu: str) -> str:
     def cell(value, digits: int) -> str:
         return "—" if value is None else f"{value:,.{digits}f}"
 
-    lines = [f"| run on {gpu} | repeats | measured prefill / decode step / total ms (median) | predicted ms | "
-             f"error prefill / decode / total % | **mean error %** |", "|---|---|---|---|---|---|"]
+    calibrated = rows and rows[0]["calibration"]
+    lines = [f"| run on {gpu}{' (calibrated)' if calibrated else ''} | repeats | measured prefill / decode step / "
+             f"total ms (median) | predicted ms | error prefill / decode / total % | **mean error %** |",
+             "|---|---|---|---|---|---|"]
     for row in rows:
         measured = " / ".join(cell(row[f"measured_{m}"], 2) for m in SCORED)
         predicted = " / ".join(cell(row[f"predicted_{m}"], 2) for m in SCORED)
         errors = " / ".join(cell(row[f"error_{m}_pct"], 1) for m in SCORED)
-        lines.append(f"| {row['workload']} | {row['repeats']} | {measured} | {predicted} | {errors} | "
+        fewer = [f"{m.removesuffix('_ms')} {row[f'repeats_{m}']}" for m in SCORED
+                 if 0 < row[f"repeats_{m}"] < row["repeats"]]
+        repeats = f"{row['repeats']}" + (f" ({', '.join(fewer)})" if fewer else "")
+        mark = " (in-sample)" if row["in_sample"] == "yes" else ""
+        lines.append(f"| {row['workload']}{mark} | {repeats} | {measured} | {predicted} | {errors} | "
                      f"**{row['mean_error_pct']:.1f}** |")
     means = [row["mean_error_pct"] for row in rows]
     worst = max(rows, key=lambda row: row["mean_error_pct"])
     lines.append("")
-    lines.append(f"{len(rows)} run(s): mean error {np.mean(means):.1f} %, worst {worst['mean_error_pct']:.1f} % "
-                 f"({worst['workload']})")
+    summary = (f"{len(rows)} run(s): mean error {np.mean(means):.1f} %, worst {worst['mean_error_pct']:.1f} % "
+               f"({worst['workload']})")
+    if calibrated:
+        others = [row["mean_error_pct"] for row in rows if row["in_sample"] == "no"]
+        summary += (f"; calibrated with {rows[0]['calibration']}: "
+                    + (f"the {len(others)} run(s) it was not fitted from {np.mean(others):.1f} %" if others
+                       else "every run is one it was fitted from (in-sample)"))
+    lines.append(summary)
     return "\n".join(lines)
 
 
@@ -116,7 +155,8 @@ def build_parser() -> ArgumentParser:
                         help="workload,prefill_ms,decode_step_ms,total_ms: one row per repeat (calibrate.py --e2e)")
     parser.add_argument("--calibration", default=None, metavar="JSON",
                         help="score the calibrated prediction (a calibration written by calibrate.py for this GPU)")
-    parser.add_argument("--output", default=None, metavar="CSV", help="also write the table as CSV")
+    parser.add_argument("--output", default=None, metavar="CSV",
+                        help="also write the table as CSV ('-': to standard output, the rest to standard error)")
     parser.add_argument("--collective_estimate", choices=COLLECTIVE_ESTIMATES, default="analytical",
                         help="'analytical' (default, as aggregator.py) uses the documented analytical collective "
                              "estimate where no measured model covers a collective, with a WARNING")
@@ -133,32 +173,40 @@ def main(argv: list[str] | None = None) -> int:
     from pipeweave.engine import Engine
 
     args = build_parser().parse_args(argv)
-    if args.output:
+    to_stdout = args.output == STANDARD_STREAM
+    say = (lambda line: print(line, file=sys.stderr)) if to_stdout else print
+    if args.output and not to_stdout:
         check_output_path(args.output)
         refuse_overwriting_inputs(args.output, {"the --runs file": args.runs, "the --calibration file":
                                                 args.calibration})
     calibration = load_calibration(args.calibration) if args.calibration else None
     engine = Engine(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
                     collective_dir=args.collective_dir, collective_estimate=args.collective_estimate,
-                    calibration=calibration, log=lambda line: print(line) if line.startswith("WARNING") else None)
+                    calibration=calibration, log=lambda line: say(line) if line.startswith("WARNING") else None)
     spec = engine.gpu(args.hardware)
     if calibration is not None:
         calibration.check_hardware([spec.stem])
     runs = read_runs(args.runs, spec, "--runs")
-    if args.output:
+    if args.output and not to_stdout:
         refuse_overwriting_inputs(args.output, {f"the workload {w.path} of a run": w.path for w, _ in runs})
+    in_sample = frozenset()
     if calibration is not None:  # the aggregator's WARNINGs, and one for scoring the runs it was fitted from
         communicates = any(workload.has_communication for workload, _ in runs)
         warnings = engine.calibration_warnings([op for workload, _ in runs for op in workload.ops()],
                                                [spec.stem] if communicates else [])
         for warning in filter(None, [*warnings, in_sample_warning(calibration, args.runs, runs)]):
-            print(warning)
-    rows = score(runs, engine, spec)
-    print(markdown(rows, spec.stem))
-    single = [row["workload"] for row in rows if row["repeats"] == 1]
+            say(warning)
+        same_file, in_sample = in_sample_runs(calibration, args.runs, runs)
+        if same_file:
+            in_sample = frozenset(run_key(workload) for workload, _ in runs)
+    rows = score(runs, engine, spec, calibration, in_sample)
+    say(markdown(rows, spec.stem))
+    single = [row["workload"] for row in rows if any(row[f"repeats_{m}"] == 1 for m in SCORED)]
     if single:
-        print(f"note: one repeat only, scored as measured (no median): {', '.join(single)}")
-    if args.output:
+        say(f"note: a metric measured once, scored as measured (no median): {', '.join(single)}")
+    if to_stdout:
+        sys.stdout.write(table_text(rows))
+    elif args.output:
         write_atomically(args.output, lambda tmp: tmp.write_text(table_text(rows)))
-        print(f"Wrote {args.output}")
+        say(f"Wrote {args.output}")
     return 0

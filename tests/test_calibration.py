@@ -410,7 +410,8 @@ def unsharded(data: dict) -> None:
     ("{tp1},0,20,100\n", "prefill_ms must be a positive number"),
     ("{tp1},3176000,61600,7057500\n", "times the zero-shot prediction"),  # µs typed as ms
     ("{tp1},3176000,61600,7057500\n", "measured.csv: line 2: "),  # the run's CSV line is named
-    ("{tp1},1e300,20,100\n", "times the zero-shot prediction"),
+    ("{tp1},1e8,20,100\n", "times the zero-shot prediction"),
+    ("{tp1},1e300,20,100\n", "prefill_ms must be a positive number of ms from 1e-06 to 1e+09"),
     ("{tp1},-5,20,100\n", "prefill_ms must be a positive number"),
     ("{tp1},abc,20,100\n", "prefill_ms must be a positive number"),
     ("{tp1},100,1e400,200\n", "decode_step_ms must be a positive number"),

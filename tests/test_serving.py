@@ -809,7 +809,7 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
 
     theta = np.array([np.log(1.5) if name in INTERCEPTS else 0.0 for name in PARAMS])  # every kernel 1.5x slower
     calibration = tmp_path / "h100.json"
-    Calibration("H100", "NVIDIA H100", theta, np.zeros(len(PARAMS)), {"e2e": "test"}, {}, {},
+    Calibration("H100", "NVIDIA H100", theta, np.zeros(len(PARAMS)), {"e2e": {"runs": ["test.json"]}}, {}, {},
                 load_prior().standardisation).save(calibration)
     flags = ["--model_config", "Llama-3.1-8B", "--trace", "splitwise_48", "--qps", "30", "--num_requests", "20",
              "--model_dir", str(engine.model_dir), "--collective_estimate", "analytical"]
@@ -1274,8 +1274,8 @@ def test_serve_sim_warns_of_a_calibration_fitted_against_other_collective_models
     from pipeweave.calibration_design import PARAMS
     from pipeweave.serving.cli import main as serve_main
 
-    fitted = {"e2e": "test", "collective_models": {"dir": "elsewhere", "serving_digest": "0", "gpu": "H100",
-                                                   "models_digest": "0"}}
+    fitted = {"e2e": {"runs": ["test.json"]},
+              "collective_models": {"dir": "elsewhere", "serving_digest": "0", "gpu": "H100", "models_digest": "0"}}
     calibration = tmp_path / "h100.json"
     Calibration("H100", "NVIDIA H100", np.zeros(len(PARAMS)), np.zeros(len(PARAMS)), fitted, {}, {},
                 load_prior().standardisation).save(calibration)
