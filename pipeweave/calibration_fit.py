@@ -214,13 +214,15 @@ def read_runs(path: str | Path, spec: HardwareSpec, flag: str = "--e2e") -> list
             raise UserError(f"{where}: {exc.args[0]}") from None
         check_fits(workload, spec, where)
         check_consistent(workload, measured, where)
+        has_phase = {"prefill": "prefill" in workload.phases,
+                     "decode": any(phase != "prefill" for phase in workload.phases)}
         for metric, phase in (("decode_step_ms", "decode"), ("prefill_ms", "prefill")):
-            if metric in measured and not any((p == "prefill") == (phase == "prefill") for p in workload.phases):
+            if metric in measured and not has_phase[phase]:
                 raise UserError(f"{where}: {metric} was given, but the workload has no {phase} iteration to predict "
                                 f"it from; leave that cell empty")
-        grouped.setdefault(Path(workload.path).resolve(), (workload, [], []))
-        grouped[Path(workload.path).resolve()][1].append(measured)
-        grouped[Path(workload.path).resolve()][2].append(line)
+        run = grouped.setdefault(Path(workload.path).resolve(), (workload, [], []))
+        run[1].append(measured)
+        run[2].append(line)
     runs = []
     for workload, repeats, lines in grouped.values():
         if len(repeats) > 1:  # repeats split over rows: their medians must agree as one row's cells must
