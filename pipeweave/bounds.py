@@ -195,14 +195,21 @@ def dram_cycles(op: str, features: np.ndarray) -> np.ndarray:
     return np.asarray(features, dtype=np.float64)[:, get_operator(op).feature_names.index(DRAM_CYCLE_FEATURE)]
 
 
-def regime_bins(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(C_ideal, feature roofline cycles, flat regime-bin index) of float64 feature rows."""
+def regime(op: str, features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C_ideal, feature roofline cycles max(C_ideal, C_dram), log10 intensity C_ideal / C_dram) of float64
+    feature rows: the coordinates of the regime bins and of the floor's allowance."""
     tiny = np.finfo(np.float64).tiny
     ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
     dram = dram_cycles(op, features)
     roof = np.maximum(np.maximum(ideal, dram), tiny)
+    return ideal, roof, np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny))
+
+
+def regime_bins(op: str, features: np.ndarray, sm_freq_mhz) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C_ideal, feature roofline cycles, flat regime-bin index) of float64 feature rows."""
+    ideal, roof, log_intensity = regime(op, features)
     size = np.searchsorted(SIZE_EDGES, np.log10(roof / np.asarray(sm_freq_mhz, dtype=np.float64)))
-    intensity = np.searchsorted(INTENSITY_EDGES, np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny)))
+    intensity = np.searchsorted(INTENSITY_EDGES, log_intensity)
     return ideal, roof, size * (len(INTENSITY_EDGES) + 1) + intensity
 
 
@@ -212,8 +219,8 @@ def latency_allowance_us(roof_us: np.ndarray, measured_us: np.ndarray) -> float:
     cost), or of the :data:`MIN_BIN_ROWS` kernels of smallest ``R`` where fewer are (MoE layers: none is)."""
     latency_bound = roof_us < LATENCY_BOUND_ROOF_US
     if latency_bound.sum() < MIN_BIN_ROWS:  # ties at the last included R included
-        latency_bound = roof_us <= np.partition(roof_us, min(MIN_BIN_ROWS, len(roof_us)) - 1)[
-            min(MIN_BIN_ROWS, len(roof_us)) - 1]
+        last = min(MIN_BIN_ROWS, len(roof_us)) - 1
+        latency_bound = roof_us <= np.partition(roof_us, last)[last]
     return max(float(np.percentile((measured_us - roof_us)[latency_bound], 100 - FLOOR_PERCENTILE)), 0.0)
 
 
@@ -327,13 +334,10 @@ def slowest_us(op: str, features: np.ndarray, sm_freq_mhz, table: dict | None = 
     9,972 µs), and the band had collapsed to that ceiling, whatever the model said."""
     table = table_for(op, table)
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
-    tiny = np.finfo(np.float64).tiny
-    ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
-    dram = dram_cycles(op, features)
-    log_intensity = np.log10(np.maximum(ideal, tiny) / np.maximum(dram, tiny))
+    _, roof, log_intensity = regime(op, features)
     knots = 10.0 ** SIZE_CENTRES[:, None] / np.asarray(table["floor"], dtype=np.float64)  # R / inf = 0: all latency
     knots = np.maximum.accumulate(np.maximum.accumulate(knots, axis=0), axis=1)
-    allowance = interpolated_allowance(knots, np.maximum(np.maximum(ideal, dram), tiny) / sm_freq_mhz, log_intensity)
+    allowance = interpolated_allowance(knots, roof / sm_freq_mhz, log_intensity)
     if physical is None:
         return table["latency_us"] + allowance
     if not get_operator(op).dram_bound:

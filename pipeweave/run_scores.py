@@ -90,9 +90,10 @@ def in_sample_runs(calibration, runs_csv: str | Path, runs: list) -> tuple[bool,
     return same_file, shared
 
 
-def in_sample_warning(calibration, runs_csv: str | Path, runs: list) -> str | None:
-    """A WARNING when ``calibration`` was fitted from ``runs_csv`` itself or from one of the scored workloads."""
-    same_file, shared = in_sample_runs(calibration, runs_csv, runs)
+def in_sample_warning(calibration, runs_csv: str | Path, runs: list, same_file: bool, shared: frozenset
+                      ) -> str | None:
+    """A WARNING when ``calibration`` was fitted from ``runs_csv`` itself or from one of the scored workloads
+    (:func:`in_sample_runs`: ``same_file``, ``shared``)."""
     if not same_file and not shared:
         return None
     names = sorted(w.stem for w, _ in runs if run_key(w) in shared)
@@ -194,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         communicates = any(workload.has_communication for workload, _ in runs)
         warnings = engine.calibration_warnings([op for workload, _ in runs for op in workload.ops()],
                                                [spec.stem] if communicates else [])
-        for warning in filter(None, [*warnings, in_sample_warning(calibration, args.runs, runs)]):
-            say(warning)
         same_file, in_sample = in_sample_runs(calibration, args.runs, runs)
+        for warning in filter(None, [*warnings, in_sample_warning(calibration, args.runs, runs, same_file,
+                                                                  in_sample)]):
+            say(warning)
         if same_file:
             in_sample = frozenset(run_key(workload) for workload, _ in runs)
     rows = score(runs, engine, spec, calibration, in_sample)
