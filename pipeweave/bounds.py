@@ -401,8 +401,13 @@ def clip_efficiency(op: str, efficiency: np.ndarray, features: np.ndarray, descr
                     table: dict | None = None, *, l2) -> tuple[np.ndarray, np.ndarray]:
     """(efficiency kept inside the band, side): side is -1 where the floor bound, +1 the ceiling, 0 neither
     (arguments as :func:`efficiency_band`'s)."""
-    low, high = efficiency_band(op, features, described, sm_freq_mhz, table, l2=l2)
     efficiency = np.asarray(efficiency, dtype=np.float64)
+    bad = ~np.isfinite(efficiency)
+    if bad.any():  # np.clip would pass a NaN through as a NaN duration
+        raise ValueError(f"{op}: the model gave a non-finite efficiency for {int(bad.sum())} of {bad.size} kernel "
+                         f"rows (first: row {int(np.flatnonzero(bad)[0])}); a model file with non-finite weights "
+                         "or a shape whose features overflow would do it")
+    low, high = efficiency_band(op, features, described, sm_freq_mhz, table, l2=l2)
     side = np.where(efficiency < low, -1, np.where(efficiency > high, 1, 0)).astype(np.int8)
     return np.clip(efficiency, low, high), side
 

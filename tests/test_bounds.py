@@ -51,6 +51,19 @@ def test_memory_bound_ceiling_is_the_dram_roofline(op):
         clip_efficiency(op, np.full(len(ideal), 10.0), features, None, hw.sm_freq, l2=l2_cycles(hw))
 
 
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_efficiency_is_an_error_not_a_nan_duration(bad):
+    hw = load_hardware("H100")
+    op = "rmsnorm"
+    features = features_of(op, "H100", SHAPES)
+    efficiency = np.full(len(features), 0.5)
+    efficiency[-1] = bad
+    with pytest.raises(ValueError, match=f"non-finite efficiency for 1 of {len(features)} kernel rows \\(first: row "
+                                         f"{len(features) - 1}\\)"):
+        clip_efficiency(op, efficiency, features, get_operator(op).descriptors(SHAPES, hw), hw.sm_freq,
+                        l2=l2_cycles(hw))
+
 def test_compute_ceiling_is_the_unpadded_work_at_spec_peak():
     hw = load_hardware("H100")
     columns = {"M": [16, 257, 4096], "N": [4096, 4096, 4096], "K": [4096, 4096, 4096]}
