@@ -213,6 +213,23 @@ def test_committed_comparisons_are_of_the_committed_predictions(shared_data, tmp
     assert vllm.read_text() == (REPO / "e2e" / "vllm_comparison.csv").read_text()
 
 
+
+@pytest.mark.parametrize("script", ["tp1.sh", "tp2.sh", "tp4.sh", "tp8.sh", "vllm_tp4_pp2.sh"])
+def test_committed_predictions_are_what_the_batch_scripts_give(script, tmp_path):
+    """e2e/pipeweave_pred/ (the comparisons above and docs/E2E.md read it) is what the shipped models, band and
+    interval table give now, byte for byte: a change to any of them that was not followed by the batch scripts
+    left stale interval blocks there once (2026-12-05)."""
+    import os
+
+    run = subprocess.run(["bash", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PIPEWEAVE_PRED_DIR": str(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    written = sorted(tmp_path.iterdir())
+    assert written, f"{script} wrote no prediction"
+    stale = [path.name for path in written
+             if path.read_bytes() != (REPO / "e2e" / "pipeweave_pred" / path.name).read_bytes()]
+    assert not stale, f"regenerate with ./{script}: {stale}"
+
 @pytest.mark.data
 def test_artifact_baselines_parse(shared_data):
     static, vllm, notes = baselines.read_artifact_baselines(shared_data / "pipeweave" / "e2e" / "baselines")
