@@ -530,7 +530,7 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
     if op == "all_reduce":
         from pipeweave.collectives import DEFAULT_COLLECTIVE_DIR, CollectivePredictor
 
-        collective = CollectivePredictor(spec.stem, collective_dir or DEFAULT_COLLECTIVE_DIR, allow_analytical=True)
+        collective = CollectivePredictor(spec, collective_dir or DEFAULT_COLLECTIVE_DIR, allow_analytical=True)
         sizes = pd.to_numeric(frame["size_bytes"]).to_numpy(np.float64)
         workers = pd.to_numeric(frame["num_workers"]).to_numpy()
         base = collective.predict_ms("all_reduce", sizes, workers) * 1000.0

@@ -278,12 +278,13 @@ def collective_hardware_with_models(model_dir: str | Path = DEFAULT_COLLECTIVE_D
                   if p.is_dir() and any(find_model_file(p, k) for k in KINDS))
 
 
-def hardware_covering(needed, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR) -> list[str]:
-    """GPUs whose measured models cover every (kind, worker count) in ``needed``: what a hint may suggest."""
+def hardware_covering(needed, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR, registry=None) -> list[str]:
+    """GPUs whose measured models cover every (kind, worker count) in ``needed``: what a hint may suggest
+    (``registry``: the HardwareRegistry of the GPUs a user can name, hardware/'s by default)."""
     covering = []
     for stem in collective_hardware_with_models(model_dir):
         try:
-            predictor = CollectivePredictor(stem, model_dir)
+            predictor = CollectivePredictor(stem if registry is None else registry.get(stem), model_dir)
         except (FileNotFoundError, ValueError):
             continue
         if all(predictor.available(kind) and workers in predictor.worker_counts(kind) for kind, workers in needed):
@@ -294,9 +295,12 @@ def hardware_covering(needed, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR) ->
 class CollectivePredictor:
     """Collective times of one GPU (see the module docstring for the model, ranges and fixes)."""
 
-    def __init__(self, hardware: str, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR, allow_analytical: bool = False):
-        from analytical_model.hardware import load_hardware
-        spec = load_hardware(hardware)  # unknown names raise UnknownHardwareError (lists the known GPUs)
+    def __init__(self, hardware, model_dir: str | Path = DEFAULT_COLLECTIVE_DIR, allow_analytical: bool = False):
+        """``hardware``: a GPU name of hardware/ (unknown names raise UnknownHardwareError, which lists the known
+        GPUs) or a loaded HardwareSpec, e.g. one of another ``--hardware_dir``."""
+        from analytical_model.hardware import HardwareSpec, load_hardware
+        spec = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+        self.spec = spec
         self.hardware = spec.stem
         self.device_name = spec.name
         self.model_dir = Path(model_dir)
@@ -354,8 +358,7 @@ class CollectivePredictor:
     @cached_property
     def _custom_allreduce_params(self):
         """This GPU's NVLink generation's custom all-reduce constants, or None."""
-        from analytical_model.hardware import load_hardware
-        link_type = load_hardware(self.hardware).link_type
+        link_type = self.spec.link_type
         if not link_type.startswith("nvlink") or self._serving is None:
             return None
         return custom_allreduce_params(self._serving.get("custom_allreduce", {}), link_type)
@@ -364,8 +367,7 @@ class CollectivePredictor:
     def lacks_custom_allreduce_fit(self) -> bool:
         """Whether this NVLink GPU's analytical all-reduce estimate has no fitted custom all-reduce model for small
         messages (its model folder has nothing trained), so it is the plain ring estimate."""
-        from analytical_model.hardware import load_hardware
-        return load_hardware(self.hardware).link_type.startswith("nvlink") and self._custom_allreduce_params is None
+        return self.spec.link_type.startswith("nvlink") and self._custom_allreduce_params is None
 
     def _ring_record(self) -> dict | None:
         """``serving.json``'s ``ring_efficiency`` (None for a folder without trained models); one written by an
@@ -394,14 +396,13 @@ class CollectivePredictor:
         own left out (its estimate and interval stand for a GPU without measurements); 1 for a folder without
         trained models. The basis ends with :attr:`link_caveat` where the GPU has one, so that the estimate's
         WARNING and the output's record say it."""
-        from analytical_model.hardware import load_hardware
         ring = self._ring_record()
         if ring is None:
             factor, basis = 1.0, f"textbook ring: {self.model_dir} has no trained collective models"
         else:
             kind = fallback_kind(kind)[0]
             workers = SEND_RECV_WORKERS if kind == "send_recv" else int(num_workers)
-            factor, basis = ring_factor(ring["measured"], load_hardware(self.hardware).link_type, kind, workers,
+            factor, basis = ring_factor(ring["measured"], self.spec.link_type, kind, workers,
                                         exclude=self.hardware)
         return factor, basis if self.link_caveat is None else f"{basis}; {self.link_caveat}"
 
@@ -410,8 +411,7 @@ class CollectivePredictor:
         """Why the analytical estimate is optimistic for this GPU whatever the ring efficiency: a board without GPU
         peer-to-peer (``"p2p": false`` in its hardware JSON, GeForce) stages collectives through host memory, which
         the factors measured on P2P-capable GPUs of its link do not include. None for the others."""
-        from analytical_model.hardware import load_hardware
-        if load_hardware(self.hardware).p2p:
+        if self.spec.p2p:
             return None
         return (f"{self.hardware} has no GPU peer-to-peer, so its collectives go through host memory and this "
                 f"estimate is optimistic")
@@ -422,9 +422,8 @@ class CollectivePredictor:
         or pooled over the family's kinds and worker counts where fewer than three GPUs measured it (``serving.json``,
         ``ring_efficiency.interval``); None for a folder without trained models or a link family without
         measurements (nothing was evaluated)."""
-        from analytical_model.hardware import load_hardware
         ring = self._ring_record()
-        family = None if ring is None else ring["interval"].get(link_family(load_hardware(self.hardware).link_type))
+        family = None if ring is None else ring["interval"].get(link_family(self.spec.link_type))
         if family is None:
             return None
         kind = fallback_kind(kind)[0]
@@ -451,8 +450,7 @@ class CollectivePredictor:
 
     def _algorithm_ms(self, kind: str, size: np.ndarray, workers: np.ndarray) -> np.ndarray:
         """:meth:`analytical_ms` of the algorithm each size runs with, before the padding bound."""
-        from analytical_model.hardware import load_hardware
-        spec = load_hardware(self.hardware)
+        spec = self.spec
         latency_ms, transfer_ms = analytical_collective_terms(kind, size, workers, spec.link_gbps,
                                                               spec.link_latency_us)
         factor = np.ones(size.shape)

@@ -274,7 +274,7 @@ class Engine:
                     f"{stem} has no collective models in {self.collective_dir}; {self.covering_hint(job)}")
         if stem not in self._collective_predictors:
             try:
-                self._collective_predictors[stem] = CollectivePredictor(stem, self.collective_dir,
+                self._collective_predictors[stem] = CollectivePredictor(self.gpu(stem), self.collective_dir,
                                                                         allow_analytical=analytical)
             except FileNotFoundError as exc:
                 raise UserError(f"{exc.args[0] if exc.args else exc}; {self.flag_hint()}") from None
@@ -323,7 +323,7 @@ class Engine:
 
         needed = {(fallback_kind(kind)[0], collective_workers(kind, job.workload.tp_size))
                   for kind, _ in job.workload.collectives}  # an all-gather needs the all-reduce model
-        covering = hardware_covering(needed, self.collective_dir)
+        covering = hardware_covering(needed, self.collective_dir, self.registry)
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
         alternative = ("" if self.collective_estimate == "analytical"
                        else f" or {self.option('collective_estimate', 'analytical')}")

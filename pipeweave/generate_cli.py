@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analytical_model.gemm_fp8 import missing_rate
-from analytical_model.hardware import load_hardware
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, HardwareSpec, load_hardware
 from pipeweave.cli import ArgumentParser, UserError, check_output_folder, positive_int
 from pipeweave.generate import PAPER_SET, WorkloadSpec, generate_many, paper_set, write_workloads
 from pipeweave.validation import fa3_mismatch, unmeasured_attention_warning
@@ -39,6 +39,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--hardware", metavar="GPU",
                    help="GPU the workload is for (default: none): chooses the prefill attention family its "
                         "architecture runs (fa3_ragged on Hopper, fa2_ragged elsewhere) and refuses a mismatch")
+    p.add_argument("--hardware_dir", default=str(DEFAULT_HARDWARE_DIR),
+                   help="where --hardware is looked up (default: hardware), e.g. a folder with your own GPU's JSON")
     p.add_argument("--ep", type=positive_int,
                    help="expert-parallel size of an MoE model (default 1); must divide --tp: the TP group's GPUs form "
                         "EP groups of E/EP experts, each expert split over TP/EP ranks")
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_folder(args.output_dir, f"--output_dir {args.output_dir}", config_dir=args.config_dir)
     paper_variant = False  # the paper's workloads in another lm_head layout (written outside workload/)
+    spec = None  # the --hardware GPU
     if args.paper_set:
         given = [f"--{name}" for name in _SINGLE_FLAGS if getattr(args, name) is not None]
         if given:
@@ -100,16 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.requests is not None and args.single_sequence:
             raise UserError("--single_sequence merges a trace's requests into one; without a trace give --requests 1 "
                             "with the merged --prompt_tokens")
+        spec = load_hardware(args.hardware, args.hardware_dir) if args.hardware is not None else None
         specs = [WorkloadSpec(
             model_config=args.model_config, trace=args.trace,
             tp=1 if args.tp is None else args.tp, pp=1 if args.pp is None else args.pp,
             ep=1 if args.ep is None else args.ep, dtype=args.dtype or "bf16",
-            prefill_attn=prefill_attention(args.prefill_attn, args.hardware),
+            prefill_attn=prefill_attention(args.prefill_attn, spec),
             decode_attn=args.decode_attn or DECODE_ATTN_DEFAULT,
             qk_norm_rmsnorm=bool(args.qk_norm_rmsnorm), single_sequence=bool(args.single_sequence),
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, name=args.name,
             requests=args.requests, lm_head=args.lm_head or LM_HEAD_DEFAULT)]
-    spec = load_hardware(args.hardware) if args.hardware is not None else None
     if spec is not None and args.decode_attn and fa3_mismatch(args.decode_attn, spec.architecture):
         raise UserError(f"--decode_attn {args.decode_attn}: FlashAttention-3 runs only on Hopper GPUs, and {spec.stem} "
                         f"is {spec.architecture}; use fa2_paged (or leave --decode_attn out)")
@@ -129,11 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def prefill_attention(given: str | None, hardware: str | None) -> str:
+def prefill_attention(given: str | None, spec: HardwareSpec | None) -> str:
     """The prefill attention type: as given, else the family the --hardware GPU runs, else the default."""
-    if hardware is None:
+    if spec is None:
         return given or PREFILL_ATTN_DEFAULT
-    spec = load_hardware(hardware)
     if given is None:
         return "fa2_ragged" if fa3_mismatch("fa3_ragged", spec.architecture) else "fa3_ragged"
     if fa3_mismatch(given, spec.architecture):

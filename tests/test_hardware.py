@@ -226,3 +226,31 @@ def test_gpus_without_measurements_match_their_cited_peaks(stem):
     # the GeForce part runs BF16 with FP32 accumulate at half the rate of the professional die of its class
     if stem == "RTX 4090":
         assert hw.tc_bf16 == load_hardware("L40").tc_bf16 == load_hardware("L40S").tc_bf16 // 2
+
+
+def test_a_gpu_of_ones_own_hardware_dir_runs_tensor_parallel_workloads(tmp_path, repo_root, capsys):
+    """A GPU added with --hardware_dir predicted only TP1 workloads: the collectives looked its name up in hardware/
+    ('unknown GPU'), and workload_generator.py had no --hardware_dir for its --hardware."""
+    from pipeweave import aggregate
+    from pipeweave.cli import run_cli
+    from pipeweave.generate_cli import main as generate
+
+    hardware = tmp_path / "hardware"
+    shutil.copytree(repo_root / "hardware", hardware)
+    spec = json.loads((hardware / "H100.json").read_text())
+    spec.update(name="My GPU", aliases=[], aiconfiguratorSystem=None)
+    (hardware / "My GPU.json").write_text(json.dumps(spec))
+    assert run_cli(generate, ["--model_config", "Qwen3-32B", "--requests", "2", "--prompt_tokens", "64",
+                              "--output_tokens", "3", "--tp", "2", "--hardware", "My GPU", "--hardware_dir",
+                              str(hardware), "--output_dir", str(tmp_path)]) == 0
+    workload = next(tmp_path.glob("Qwen3-32B_*tp2*.json"))
+    assert "fa3" in workload.name  # the Hopper family, from the spec of that folder
+    for flags in (["--collective_estimate", "analytical"], ["--collective_hardware", "H100"]):
+        out = tmp_path / "pred.json"
+        assert run_cli(aggregate.main, ["--workload", str(workload), "--hardware", "My GPU", "--hardware_dir",
+                                        str(hardware), "--output", str(out), *flags]) == 0, capsys.readouterr().err
+        result = json.loads(out.read_text())
+        assert result["hardware"] == "My GPU" and result["summary"]["total_duration_ms"] > 0
+    assert run_cli(generate, ["--model_config", "Qwen3-32B", "--requests", "2", "--prompt_tokens", "64",
+                              "--output_tokens", "3", "--hardware", "My GPU", "--output_dir", str(tmp_path)]) == 2
+    assert "unknown GPU 'My GPU'" in capsys.readouterr().err
