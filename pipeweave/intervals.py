@@ -33,9 +33,12 @@ on at least k measured kernels of the operator, k = 8, 32 or 128, takes the inte
 user's count), widened where the calibration's own kernels scatter more: each is predicted by the calibration
 fitted without its fold (four folds), and the 10th / 90th percentiles of those errors, recorded in the calibration
 file (``spread``), bound the interval from outside. The pooled interval is every GPU's; a GPU whose bias varies from
-shape to shape more than the others' (L40S) would otherwise be given theirs. A calibration from end-to-end runs only,
+shape to shape more than the others' (L40S) would otherwise be given theirs. A calibration of a GPU in the training
+data keeps the trained state's interval, widened likewise to its kernels' spread (a user's harness may differ from
+the dataset's: H100's two FP8 harnesses differ by 1.14x at the median). A calibration from end-to-end runs only,
 which has no such evaluation per kernel, leaves the interval of the uncalibrated state, scaled with the corrected
-prediction; so does any calibration of a GPU in the training data.
+prediction. Quantisation keeps its fit's interval whatever the calibration: the RMSNorm kernels that correct it
+measured another kernel.
 """
 from __future__ import annotations
 
@@ -114,8 +117,9 @@ class IntervalTable:
                 ) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) multipliers of the point duration per row of operator ``op`` in ``states``, on a GPU whose
         calibration was fitted on ``calibrated_kernels`` measured kernels of that operator: outside training, at
-        least the smallest evaluated k of them take the interval of the calibrated state (:meth:`calibrated_shots`),
-        widened to the calibration's own cross-validated ``spread`` (log low, log high) where that is wider."""
+        least the smallest evaluated k of them take the interval of the calibrated state (:meth:`calibrated_shots`);
+        in any state the interval is widened to the calibration's own cross-validated ``spread`` (log low, log high)
+        where that is wider. Quantisation's interval is its fit's own: a calibration measures RMSNorm for it."""
         model_op = get_operator(op).model_op
         quantiles = stored_fit_quantiles(op)
         if quantiles is None:
@@ -125,8 +129,11 @@ class IntervalTable:
             quantiles = np.stack([measured[..., 0].min(axis=0), measured[..., 1].max(axis=0)], axis=-1)
         states = np.asarray(states, dtype=np.int64)
         chosen = quantiles[states]
-        shots = self.calibrated_shots(op, calibrated_kernels)
+        # a bandwidth fit's operator (quantisation) was measured by no calibration: its model op's kernels are others
+        shots = None if get_operator(op).bandwidth_model_file else self.calibrated_shots(op, calibrated_kernels)
         if shots is not None:
+            if spread is not None:  # the user's own kernels scatter so on any GPU, one in training included
+                chosen = np.stack([np.minimum(chosen[:, 0], spread[0]), np.maximum(chosen[:, 1], spread[1])], axis=-1)
             low, high = self._calibrated[model_op][shots]
             if spread is not None:
                 low, high = min(low, spread[0]), max(high, spread[1])
