@@ -55,6 +55,12 @@ def parse_args(argv):
     parser.add_argument("--max_row_seconds", type=float, default=None,
                         help="GPU time budget per shape; long kernels get fewer repeats, at least 5 "
                              "(default 1, quick 0.25)")
+    parser.add_argument("--timing", choices=("rotate", "flush"), default="rotate",
+                        help="rotate (default): the kernel back to back over copies of its inputs that together "
+                             "exceed twice the L2, timed in blocks, as a forward pass runs layer after layer; flush: "
+                             "an L2 flush and a pair of CUDA events around every launch (on an H100 it timed small "
+                             "GEMMs up to 1.8x the training data's harness; README, 'Measuring a new GPU'). A rerun "
+                             "with the other timing measures every row again")
     parser.add_argument("--output_dir", default=str(DEFAULT_MEASURED_DIR),
                         help="root of the measured dataset (default dataset/measured)")
     parser.add_argument("--hardware_json", metavar="PATH", default=None,

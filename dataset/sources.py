@@ -27,7 +27,7 @@ from dataset.common import (COLLECTIVE_COLUMNS, COLUMNS, DEFAULT_DTYPE, INT_COLU
                             SHAPE_COLUMNS, Log, concat_frames, finalize, normalise_dtype, wanted_ops)
 from dataset.vidur import load_vidur
 from pipeweave.paths import DEFAULT_MEASURED_DIR, REPO_ROOT, existing_shared_data_dir
-from pipeweave.profiler.csvio import unmodelled_reasons
+from pipeweave.profiler.csvio import TIMING_BEFORE_COLUMN, unmodelled_reasons
 
 #: the public entry points of the measurement loaders (the per-source modules hold the details)
 __all__ = [
@@ -92,6 +92,11 @@ def load_measured(measured_dir: Path | str | None = None, ops=None, log: Log = p
             for reason in dict.fromkeys(r for r in reasons if r):
                 log(f"[{label}] {reasons.count(reason)} {op} rows {reason}; skipped")
             rows = rows[[reason is None for reason in reasons]]
+            if "timing" in rows.columns:  # a shape measured again with another --timing: the later timing only
+                timing = rows["timing"].fillna(TIMING_BEFORE_COLUMN).astype(str)
+                latest = timing.groupby([rows[c] for c in (*SHAPE_COLUMNS[op], "hardware")], sort=False).transform(
+                    "last")
+                rows = rows[(timing == latest).to_numpy()]
             if rows.empty:
                 continue
             frame = rows[SHAPE_COLUMNS[op] + ["hardware", "avg_duration"]].copy()

@@ -501,6 +501,13 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
               f"(the first: line {int(frame.index[np.flatnonzero(superseded.to_numpy())[0]]) + 2}); the later row of "
               f"each shape is taken as its re-measurement")
     frame = frame[~superseded]
+    if op != "all_reduce" and "timing" in frame.columns:
+        flushed = int(frame["timing"].str.strip().eq("flush").sum())
+        if flushed:
+            print(f"WARNING: --kernels {path}: {flushed} row(s) timed with profile_operators.py --timing flush, which "
+                  f"on an H100 timed BF16 GEMMs a median 1.44x (under 10 µs 1.76x) the harness of the data pipeweave "
+                  f"is trained on; calibrated on such rows, H100's measured end-to-end runs were predicted 13.0 % off "
+                  f"instead of 2.8 % (README, 'Measuring a new GPU'): measure again with the default --timing rotate")
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]

@@ -4,6 +4,8 @@ The one test that needs a GPU is marked ``cuda`` and skipped (reason "no CUDA GP
 """
 from __future__ import annotations
 
+from functools import partial
+
 import csv
 import json
 import re
@@ -346,7 +348,7 @@ def test_csv_schema(models, tmp_path):
     _run(rows, gpu_dir, FakeTimer(duration_us=20.0))
     expected_tail = ["hardware", "avg_duration", "median_us", "min_us", "std_us", "repeats", "dtype", "kernel",
                      "torch_version", "cuda_version", "flash_attn_version", "sm_clock_mhz", "mem_clock_mhz",
-                     "timestamp"]
+                     "timestamp", "timing"]
     assert list(csvio.columns_for("gemm")) == ["op", "M", "N", "K", *expected_tail]
     assert list(csvio.columns_for("attn")) == ["op", "attention_type", "bs", "q_lengths", "kv_lengths", "nh", "nkv",
                                                 "hd", *expected_tail]
@@ -363,13 +365,123 @@ def test_csv_schema(models, tmp_path):
     assert float(first["std_us"]) == pytest.approx(summarize([20.0, 20.1, 20.2, 20.3]).std_us, abs=1e-4)
     assert first["repeats"] == "4" and first["dtype"] == "bfloat16" and first["kernel"] == "fake-gemm"
     assert (first["sm_clock_mhz"], first["mem_clock_mhz"], first["flash_attn_version"]) == ("1980", "2619", "")
-    assert first["timestamp"].endswith("Z")
+    assert first["timestamp"].endswith("Z") and first["timing"] == "fake"
     frames = csvio.read_all_measured(tmp_path)
     assert set(frames) == {"gemm", "attn", "rmsnorm"}
     attn = frames["attn"]
     assert attn["q_lengths"].str.startswith("[").all() and attn["bs"].dtype.kind == "i"
     assert list(csvio.iter_measured_files(tmp_path))[0][0] == gpu_dir.name
 
+
+class _FakeCuda:
+    """A simulated GPU for the CUDA-event timers: a clock in ms that launches, events and spins advance, and an
+    L2 of ``l2_bytes`` (least recently used) that decides whether a launch finds its copy's operands there."""
+
+    def __init__(self, l2_bytes: int, cold_us: float, warm_us: float, event_us: float = 0.0):
+        from collections import OrderedDict
+        from contextlib import nullcontext
+        from types import SimpleNamespace
+
+        self.now_ms, self.l2_bytes = 0.0, l2_bytes
+        self.cold_us, self.warm_us, self.event_us = cold_us, warm_us, event_us
+        self.cached, self.launched = OrderedDict(), []
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.at = None
+
+            def record(self):
+                clock.now_ms += clock.event_us / 1000
+                self.at = clock.now_ms
+
+            def elapsed_time(self, other):
+                return other.at - self.at
+
+        self.torch = SimpleNamespace(
+            device=lambda *args: args, no_grad=nullcontext, int8="int8",
+            empty=lambda n, dtype=None, device=None: SimpleNamespace(zero_=self.flush),
+            cuda=SimpleNamespace(Event=Event, synchronize=lambda *a: None, current_device=lambda: 0,
+                                 device=lambda d: nullcontext(), _sleep=self.sleep,
+                                 get_device_properties=lambda d: SimpleNamespace(L2_cache_size=l2_bytes)))
+
+    def sleep(self, cycles):
+        self.now_ms += cycles / 1980 / 1000  # a 1,980 MHz spin
+
+    def flush(self):
+        self.cached.clear()
+
+    def launch(self, copy: int, nbytes: int):
+        warm = copy in self.cached
+        self.cached.pop(copy, None)
+        self.cached[copy] = nbytes
+        while sum(self.cached.values()) > self.l2_bytes:
+            self.cached.popitem(last=False)
+        self.launched.append(copy)
+        self.now_ms += (self.warm_us if warm else self.cold_us) / 1000
+
+
+def test_rotating_timer_launches_copies_whose_operands_are_cold_and_spreads_the_events_cost():
+    """The rotate timing (the default): every launch of a block reads operands the L2 no longer holds, as a layer
+    reads its weights after the other layers', and the events' cost is spread over the block. The flush timing pays
+    the events' cost on every launch (on an H100 it timed small GEMMs up to 1.8x the training data's harness)."""
+    from pipeweave.profiler.timing import CudaEventTimer, RotatingTimer
+
+    mib = 2 ** 20
+    gpu = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, event_us=3.0)
+    timer = RotatingTimer("cuda", max_row_seconds=1.0, torch=gpu.torch)
+    assert timer.cold_bytes == 100 * mib and timer.copies(100 * mib) == 1 and timer.copies(400 * mib) == 1
+    assert timer.copies(3 * mib) == 34 and timer.copies(1) == RotatingTimer.MAX_COPIES
+    copies = timer.copies(3 * mib)
+    durations = timer.measure([partial(gpu.launch, i, 3 * mib) for i in range(copies)], repeats=20, warmup=3)
+    assert len(durations) == 20 and durations == pytest.approx([10.0 + 3.0 / 34] * 20)  # one event's cost per block
+    timed = gpu.launched[-20 * 34:]
+    assert timed == list(range(34)) * 20  # the rotation goes on across blocks
+    one = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0)
+    durations = RotatingTimer("cuda", torch=one.torch).measure([partial(one.launch, 0, 3 * mib)], 20, 3)
+    assert durations == pytest.approx([4.0] * 20)  # what a single copy would have measured: a warm L2
+    # a long kernel: fewer repeats within max_row_seconds, never fewer than five; at most MAX_LAUNCHES launches
+    slow = _FakeCuda(l2_bytes=50 * mib, cold_us=50_000.0, warm_us=50_000.0)
+    assert len(RotatingTimer("cuda", torch=slow.torch).measure([partial(slow.launch, 0, mib)], 50, 0)) == 5
+    fast = _FakeCuda(l2_bytes=50 * mib, cold_us=1.0, warm_us=1.0)
+    n = len(RotatingTimer("cuda", torch=fast.torch).measure([partial(fast.launch, i, 1) for i in range(256)], 50, 0))
+    assert n == RotatingTimer.MAX_LAUNCHES // 256
+    flushed = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, event_us=3.0)
+    durations = CudaEventTimer("cuda", torch=flushed.torch).measure([partial(flushed.launch, 0, 3 * mib)], 20, 3)
+    assert durations == pytest.approx([13.0] * 20)  # cold, but each launch pays an event
+
+
+def test_rows_record_their_timing_and_a_rerun_with_another_one_measures_them_again(models, tmp_path):
+    rows = {"gemm": _small_rows(models)["gemm"][:3]}
+
+    class Copying(FakeTimer):
+        name = "rotate"
+
+        def copies(self, input_bytes):
+            return 3
+
+        def measure(self, fns, repeats, warmup):
+            assert len(fns) == 3
+            return super().measure(fns, repeats, warmup)
+
+    calls = []
+    _run(rows, tmp_path, FakeTimer(), prepare=_fake_prepare(calls))
+    assert len(calls) == 3
+    again = _run(rows, tmp_path, Copying(), prepare=_fake_prepare(calls))
+    assert again.measured == 3 and again.ops["gemm"].replaced == 3 and len(calls) == 3 + 9  # three copies a row
+    measured = csvio.read_measured(tmp_path / "gemm.csv")
+    assert len(measured) == 3 and (measured["timing"] == "rotate").all()  # the later rows supersede
+    assert _run(rows, tmp_path, Copying(), prepare=_fake_prepare(calls)).measured == 0
+
+
+def test_a_file_written_before_the_timing_column_is_read_as_flush_and_not_appended_to(tmp_path):
+    path = tmp_path / "gemm.csv"
+    old = [c for c in csvio.columns_for("gemm") if c != "timing"]
+    path.write_text(",".join(old) + "\n" + "gemm,1,4096,4096,NVIDIA H100,10.0,10.0,9.0,0.1,20,bfloat16,k,2.11,13.0,,"
+                    "1980,2619,2026-12-05T19:31:32Z\n")
+    assert csvio.read_measured(path)["timing"].tolist() == ["flush"]
+    with pytest.raises(ValueError, match="written before the timing column"):
+        csvio.MeasurementCsv(path, "gemm", "rotate").done_keys()
 
 def test_header_mismatch_is_an_error(tmp_path):
     path = tmp_path / "gemm.csv"
@@ -386,7 +498,7 @@ def test_summarize_and_fake_timer():
         summarize([])
     ran = []
     timer = FakeTimer(duration_us=lambda call: 7.0 * call, call=True)
-    assert timer.measure(lambda: ran.append(1), 2, 10) == [7.0, 7.1] and ran == [1]
+    assert timer.measure([lambda: ran.append(1)], 2, 10) == [7.0, 7.1] and ran == [1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -684,7 +796,8 @@ def _fake_gpu(monkeypatch, runners=_FakeRunners) -> None:
     import pipeweave.profiler.timing as timing_module
 
     class Timer(FakeTimer):
-        flush_bytes = 100 * 2 ** 20
+        cold_bytes = 100 * 2 ** 20
+        MIN_BLOCK = 8
 
         def __init__(self, device, max_row_seconds):
             super().__init__()
@@ -694,7 +807,7 @@ def _fake_gpu(monkeypatch, runners=_FakeRunners) -> None:
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
     monkeypatch.setattr(device_module, "local_device_info", lambda index: FAKE_DEVICE)
     monkeypatch.setattr(runners_module, "TorchRunners", runners)
-    monkeypatch.setattr(timing_module, "CudaEventTimer", Timer)
+    monkeypatch.setattr(timing_module, "TIMERS", {"rotate": Timer, "flush": Timer})
 
 
 def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, capsys):

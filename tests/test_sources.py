@@ -98,6 +98,16 @@ def test_measured_reader(tmp_path):
     assert "nh % nkv != 0" in text and "zero, negative or non-finite latency" in text
 
 
+def test_a_shape_measured_again_with_another_timing_takes_the_later_timing_only(tmp_path):
+    base = tmp_path / "measured"
+    _write(base / "H100" / "gemm.csv", pd.DataFrame({
+        "op": ["gemm"] * 4, "M": [16, 16, 16, 32], "N": [4096] * 4, "K": [4096] * 4,
+        "hardware": ["NVIDIA H100"] * 4, "avg_duration": [30.0, 20.0, 22.0, 25.0],
+        "timing": ["flush", "rotate", "rotate", None]}))
+    gemm = load_measured(base, log=_quiet)["gemm"].sort_values("M")
+    assert gemm["avg_duration"].tolist() == pytest.approx([21.0, 25.0])  # the rotate repeats averaged; M=32 kept
+
+
 def test_load_measurements_without_shared_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEWEAVE_SHARED_DATA", str(tmp_path / "absent"))
     monkeypatch.setattr(aiconfigurator, "aiconfigurator_data_dir", lambda: None)

@@ -165,7 +165,8 @@ def _worker(rank: int, world: int, rows: list[dict], csv_path: str, hardware: st
                 break
             durations = me.measure(buffer[:max(1, int(row["size_bytes"]) // 2)])
             if writer is not None:
-                writer.append(measurement_record("all_reduce", row, info, durations, "bfloat16", kernel))
+                writer.append(measurement_record("all_reduce", row, info, durations, "bfloat16", kernel,
+                                                 "flush" if me.cuda else "host"))
         if writer is not None:
             writer.close()
     finally:

@@ -34,7 +34,10 @@ MEASUREMENT_COLUMNS = (
     "sm_clock_mhz",
     "mem_clock_mhz",
     "timestamp",
+    "timing",
 )
+#: the ``timing`` of a row written before the column existed (2026-12-05): CudaEventTimer's flush timing
+TIMING_BEFORE_COLUMN = "flush"
 
 
 def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
@@ -72,13 +75,14 @@ def key_columns(op: str) -> tuple[str, ...]:
     return ("op", *SHAPE_COLUMNS[op], "hardware")
 
 
-def measurement_record(op: str, row: dict, device, durations_us: Sequence[float], dtype: str, kernel: str) -> dict:
+def measurement_record(op: str, row: dict, device, durations_us: Sequence[float], dtype: str, kernel: str,
+                       timing: str) -> dict:
     """One CSV record: the shape ``row``, ``device.row_fields()`` (a :class:`~.device.DeviceInfo`, read now),
-    the statistics of ``durations_us``, ``dtype`` and the ``kernel`` label."""
+    the statistics of ``durations_us``, ``dtype``, the ``kernel`` label and the ``timing`` (the timer's name)."""
     stats = summarize(durations_us)
     record = {"op": op, **row, **device.row_fields()}
     record.update(avg_duration=stats.mean_us, median_us=stats.median_us, min_us=stats.min_us, std_us=stats.std_us,
-                  repeats=stats.repeats, dtype=dtype, kernel=kernel)
+                  repeats=stats.repeats, dtype=dtype, kernel=kernel, timing=timing)
     return record
 
 
@@ -130,14 +134,17 @@ def _repair_tail(path: Path) -> int:
 class MeasurementCsv:
     """Append-only CSV of one operator with resume support."""
 
-    def __init__(self, path: str | Path, op: str):
+    def __init__(self, path: str | Path, op: str, timing: str | None = None):
+        """``timing``: the timer of this run; rows of another timing count as stale (measured again, superseded)."""
         self.path = Path(path)
         self.op = op
+        self.timing = timing
         self.columns = columns_for(op)
         self.keys = key_columns(op)
         self._key_index = [self.columns.index(c) for c in self.keys]
         self._kind_index = self.columns.index("attention_type") if "attention_type" in self.columns else None
         self._kernel_index = self.columns.index("kernel")
+        self._timing_index = self.columns.index("timing")
         self._handle = None
         self.repaired_bytes = 0
 
@@ -150,6 +157,10 @@ class MeasurementCsv:
             header = next(csv.reader(handle), None)
         if header is None:
             return False
+        if tuple(header) == tuple(c for c in self.columns if c != "timing"):
+            raise ValueError(f"{self.path}: written before the timing column (2026-12-05), so this run cannot append "
+                             f"to it; measure into another --output_dir (the file stays readable: its rows are of "
+                             f"the '{TIMING_BEFORE_COLUMN}' timing)")
         if tuple(header) != self.columns:
             raise ValueError(
                 f"{self.path}: unexpected columns (written by another version?); move the file away to start over.\n"
@@ -168,9 +179,11 @@ class MeasurementCsv:
         return tuple(cells[i] for i in self._key_index)
 
     def _unmodelled(self, cells: Sequence[str]) -> bool:
-        """Whether a row timed another kernel than the one pipeweave models (calibrate's and dataset.build's test)."""
+        """Whether a row timed another kernel than the one pipeweave models (calibrate's and dataset.build's test),
+        or was timed by another timer than this run's."""
         kind = None if self._kind_index is None else cells[self._kind_index]
-        return unmodelled_kernel(self.op, kind, cells[self._kernel_index]) is not None
+        other_timing = self.timing is not None and cells[self._timing_index] != self.timing
+        return other_timing or unmodelled_kernel(self.op, kind, cells[self._kernel_index]) is not None
 
     def done_keys(self) -> set[tuple[str, ...]]:
         """Keys of the complete rows already in the file that timed the modelled kernel. A damaged row, and a row
@@ -254,6 +267,8 @@ def read_measured(path: str | Path, op: str | None = None):
                                      "flash_attn_version": str, "hardware": str},
                         keep_default_na=False, na_values={"avg_duration": [""], "sm_clock_mhz": [""],
                                                            "mem_clock_mhz": [""]})
+    if tuple(frame.columns) == tuple(c for c in expected if c != "timing"):  # written before the column
+        frame = frame.assign(timing=TIMING_BEFORE_COLUMN)
     if tuple(frame.columns) != expected:
         raise ValueError(f"{path}: columns {list(frame.columns)} differ from the raw schema {list(expected)}")
     return frame.drop_duplicates(subset=list(key_columns(op)), keep="last").reset_index(drop=True)

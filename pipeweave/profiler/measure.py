@@ -38,7 +38,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
     from pipeweave.profiler.device import local_device_info, measured_dir
     from pipeweave.profiler.runners import TorchRunners
     from pipeweave.profiler.session import ContextBroken, measure_grid
-    from pipeweave.profiler.timing import CudaEventTimer
+    from pipeweave.profiler.timing import TIMERS
 
     start = time.monotonic()
     deadline = start + 60 * args.max_minutes if args.max_minutes else None
@@ -62,9 +62,15 @@ def measure(args, models, traces, num_gpus: int) -> int:
                         + "; ".join(skipped or [f"the grid is empty ({'; '.join(grid.notes) or 'no rows'})"]))
 
     warm_up_gpu(torch, device)
-    timer = CudaEventTimer(device, max_row_seconds=args.max_row_seconds)
-    print(f"timing: CUDA events, L2 flush of {timer.flush_bytes / 2**20:.0f} MiB before each repeat, "
-          f"{args.warmup} warm-up + up to {args.repeats} repeats per shape")
+    timer = TIMERS[args.timing](device, max_row_seconds=args.max_row_seconds)
+    if args.timing == "rotate":
+        how = (f"back-to-back launches over copies of each shape's inputs (together at least "
+               f"{timer.cold_bytes / 2**20:.0f} MiB, so that every launch reads them from DRAM), timed in blocks "
+               f"of at least {timer.MIN_BLOCK} launches")
+    else:
+        how = f"L2 flush of {timer.cold_bytes / 2**20:.0f} MiB before each repeat, one launch per pair of events"
+    print(f"timing ({args.timing}): CUDA events, {how}; {args.warmup} warm-up + up to {args.repeats} repeats per "
+          f"shape")
 
     def after_error():
         torch.cuda.synchronize(device)

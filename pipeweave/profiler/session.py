@@ -104,9 +104,9 @@ def measure_grid(
     so a later run tries them again, unless ``after_error`` fails after them: then the GPU can run nothing more,
     the row goes to :data:`BROKEN_ROWS_FILE` (the next run skips it) and :class:`ContextBroken` ends the run.
     """
-    summaries, pending, writers, stale = _open_outputs(rows, Path(out_dir), device.name, log)
-    record = partial(_measured_record, timer=timer, repeats=repeats, warmup=warmup, kernel_names=kernel_names,
-                     device=device)
+    summaries, pending, writers, stale = _open_outputs(rows, Path(out_dir), device.name, timer.name, log)
+    record = partial(_measured_record, prepare=prepare, timer=timer, repeats=repeats, warmup=warmup,
+                     kernel_names=kernel_names, device=device)
     total = sum(len(v) for v in pending.values())
     bar = _progress(total, progress)
     say = bar.write if bar is not None else log
@@ -152,16 +152,17 @@ def measure_grid(
     return RunSummary(ops=summaries, stopped_early=stopped)
 
 
-def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, log):
+def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, timing: str, log):
     """Per operator: its summary, the rows not yet in ``<out_dir>/<op>.csv``, the open writer, and the keys present
-    only as rows of a stand-in kernel (:meth:`MeasurementCsv.rows_by_kind`: tried again, replaced if measured)."""
+    only as rows of a stand-in kernel or of another ``timing`` (:meth:`MeasurementCsv.rows_by_kind`: tried again,
+    replaced if measured)."""
     summaries: dict[str, OpSummary] = {}
     pending: dict[str, list[dict]] = {}
     writers: dict[str, MeasurementCsv] = {}
     stale: dict[str, set] = {}
     broken = _broken_keys(out_dir)
     for op, op_rows in rows.items():
-        writer = MeasurementCsv(out_dir / f"{op}.csv", op)
+        writer = MeasurementCsv(out_dir / f"{op}.csv", op, timing)
         done, unmodelled = writer.rows_by_kind()
         if writer.repaired_bytes:
             log(f"{writer.path}: dropped a partly written last row ({writer.repaired_bytes} bytes)")
@@ -235,12 +236,22 @@ def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, su
     return False
 
 
-def _measured_record(op: str, row: dict, prepared: Prepared, timer, repeats: int, warmup: int, kernel_names,
-                     device: DeviceInfo) -> dict:
-    """Time one prepared shape and return its CSV record (shape, device fields, statistics, kernel label)."""
-    durations = timer.measure(prepared.fn, repeats, warmup)
+def input_bytes(prepared: Prepared) -> int:
+    """Bytes of the tensors a prepared shape holds (its inputs, and an output it writes in place)."""
+    return sum(int(t.numel()) * int(t.element_size()) for t in prepared.keep
+               if hasattr(t, "numel") and hasattr(t, "element_size"))
+
+
+def _measured_record(op: str, row: dict, prepared: Prepared, prepare, timer, repeats: int, warmup: int,
+                     kernel_names, device: DeviceInfo) -> dict:
+    """Time one prepared shape, with as many more copies of its inputs as the timer launches in turn
+    (:meth:`pipeweave.profiler.timing.Timer.copies`), and return its CSV record (shape, device fields, statistics,
+    kernel label, timing)."""
+    copies = [prepared, *(prepare(op, row) for _ in range(timer.copies(input_bytes(prepared)) - 1))]
+    durations = timer.measure([copy.fn for copy in copies], repeats, warmup)
+    del copies[1:]
     names = kernel_names(prepared.fn) if kernel_names is not None else None
-    return measurement_record(op, row, device, durations, prepared.dtype, kernel_label(prepared, names))
+    return measurement_record(op, row, device, durations, prepared.dtype, kernel_label(prepared, names), timer.name)
 
 
 def _row_text(row: dict) -> str:
