@@ -285,8 +285,25 @@ def test_no_kv_cache_names_the_smallest_tp_that_fits(tmp_path):
     result = run_script("serve_sim.py", "--model_config", "Llama-3.1-70B", "--trace", "vllm_arxiv16", "--hardware",
                         "RTX 4090", "--output", tmp_path / "out.json")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.rstrip().endswith("the smallest TP that fits at PP1 is 8")
+    # TP 8 leaves KV cache, but not one request of max_model_len, which vLLM checks at start-up: both are named
+    assert result.stderr.rstrip().endswith("the smallest TP that fits at PP1 is 8, with a --max_model_len of 105936 "
+                                           "or less (one request of max_model_len 131072, which vLLM checks at "
+                                           "start-up, needs TP 16)")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_the_tp_named_for_a_model_that_does_not_fit_starts_or_says_what_else_it_needs(engine):
+    """An audit (2026-12-05): serve_sim named TP 4 for Llama-3.1-70B on L40S, where vLLM then would not start (one
+    request of max_model_len 131072 needs 8192 blocks; TP 4 holds 5290)."""
+    config = ServingConfig("Llama-3.1-70B", "arxiv_16", "L40S", num_requests=4)
+    with pytest.raises(WorkloadError, match=r"the smallest TP that fits at PP1 is 4, with a --max_model_len of 84640 "
+                                            r"or less \(.*needs TP 8\)$"):
+        simulate_config(config, engine)
+    with pytest.raises(UserError, match=r"holds 5290 \(84640 tokens\); give --max_model_len 84640 or less, or more "
+                                        r"GPUs \(it needs TP 8 at PP1\)$"):
+        simulate_config(replace(config, tp=4), engine)
+    assert simulate_config(replace(config, tp=4, max_model_len=84640), engine).settings["kv_cache_tokens"] == 84640
+    assert simulate_config(replace(config, tp=8), engine).settings["max_model_len"] == 131072
 
 
 def test_no_kv_cache_message_names_every_term_in_gb():
@@ -677,7 +694,8 @@ def test_vllm_refuses_to_start_when_one_request_of_max_model_len_does_not_fit(en
     with pytest.raises(UserError) as error:
         simulate_config(config, engine)
     message = str(error.value)
-    capacity = int(re.search(r"give --max_model_len (\d+) or less, or more GPUs$", message).group(1))
+    capacity = int(re.search(r"give --max_model_len (\d+) or less, or more GPUs \(it needs TP 4 at PP1\)$",
+                             message).group(1))
     assert message.startswith("vLLM would not start: max_model_len (by default max_position_embeddings) 131072 needs "
                               "8192 KV blocks for one request, but H100 TP2 x PP1 holds ")
     assert 15_000 < capacity < 30_000 and capacity % 16 == 0

@@ -22,11 +22,33 @@ NULL_BLOCKS = 1
 
 def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, max_num_batched_tokens: int,
                     max_num_seqs: int, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                    block_size: int = BLOCK_SIZE, dtype: str = "bf16", ep: int = 1) -> int:
+                    block_size: int = BLOCK_SIZE, dtype: str = "bf16", ep: int = 1, model_len: int | None = None) -> int:
     """Number of KV-cache blocks one replica can hold with linear-layer weights in ``dtype`` (an MoE model's experts
     in ``ep`` groups, which changes the activation peak, not the weights per GPU); an error if weights,
-    activations and runtime leave no room, naming the smallest TP (same PP) that leaves some, as the aggregator's
-    memory check does."""
+    activations and runtime leave no room, naming the smallest TP (same PP) that leaves room for one request of
+    ``model_len`` tokens (the engine's max_model_len, which vLLM checks at start-up), as the aggregator's memory
+    check does."""
+    blocks_at = _blocks_at(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
+                           block_size, dtype, ep)
+    blocks = blocks_at(tp)
+    if blocks < 1:
+        sequences = min(max_num_seqs, max_num_batched_tokens)
+        weights = memory.weight_bytes_per_gpu(cfg, tp, pp, dtype=dtype)
+        activations = memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, tp, ep)
+        available = gpu_memory_utilization * gpu_memory_bytes
+        raise WorkloadError(
+            f"{cfg.stem} with TP{tp} x PP{pp}{'' if dtype == 'bf16' else f' ({dtype.upper()})'} does not fit: weights "
+            f"{weights / 1e9:.1f}, activations "
+            f"{activations / 1e9:.1f} (the profiling pass: {max_num_batched_tokens} tokens over up to {max_num_seqs} "
+            f"sequences) and runtime {memory.RUNTIME_OVERHEAD_BYTES / 1e9:.1f} GB per GPU leave no KV cache in the "
+            f"{available / 1e9:.1f} GB available ({gpu_memory_utilization:g} x totalGlobalMem); "
+            f"{smallest_tp_hint(cfg, blocks_at, pp, ep, model_len, block_size)}")
+    return blocks
+
+
+def _blocks_at(cfg: ModelConfig, gpu_memory_bytes: int, pp: int, max_num_batched_tokens: int, max_num_seqs: int,
+               gpu_memory_utilization: float, block_size: int, dtype: str, ep: int):
+    """The KV-cache blocks of :func:`kv_cache_blocks` as a function of the TP size."""
     # vLLM's profiling pass: the token budget spread over up to max_num_seqs sequences
     sequences = min(max_num_seqs, max_num_batched_tokens)
     available = gpu_memory_utilization * gpu_memory_bytes
@@ -37,20 +59,36 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
                 - memory.RUNTIME_OVERHEAD_BYTES)
         return int(free // memory.kv_cache_bytes_per_gpu(cfg, [block_size], size, pp))
 
-    blocks = blocks_at(tp)
-    if blocks < 1:
-        weights = memory.weight_bytes_per_gpu(cfg, tp, pp, dtype=dtype)
-        activations = memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, tp, ep)
-        smallest = memory.smallest_fitting_tp(cfg, lambda size: blocks_at(size) >= 1, ep)
-        hint = (f"the smallest TP that fits at PP{pp} is {smallest}" if smallest is not None
-                else f"no TP up to {memory.TP_CANDIDATES[-1]} fits at PP{pp}")
-        raise WorkloadError(
-            f"{cfg.stem} with TP{tp} x PP{pp}{'' if dtype == 'bf16' else f' ({dtype.upper()})'} does not fit: weights "
-            f"{weights / 1e9:.1f}, activations "
-            f"{activations / 1e9:.1f} (the profiling pass: {max_num_batched_tokens} tokens over up to {max_num_seqs} "
-            f"sequences) and runtime {memory.RUNTIME_OVERHEAD_BYTES / 1e9:.1f} GB per GPU leave no KV cache in the "
-            f"{available / 1e9:.1f} GB available ({gpu_memory_utilization:g} x totalGlobalMem); {hint}")
-    return blocks
+    return blocks_at
+
+
+def smallest_tp_hint(cfg: ModelConfig, blocks_at, pp: int, ep: int, model_len: int | None,
+                     block_size: int = BLOCK_SIZE) -> str:
+    """"the smallest TP that fits at PP…", and where it differs, the smallest whose KV cache holds one request of
+    ``model_len`` tokens, which vLLM checks at start-up."""
+    fits = memory.smallest_fitting_tp(cfg, lambda size: blocks_at(size) >= 1, ep)
+    if fits is None:
+        return f"no TP up to {memory.TP_CANDIDATES[-1]} fits at PP{pp}"
+    hint = f"the smallest TP that fits at PP{pp} is {fits}"
+    if model_len is None or blocks_at(fits) * block_size >= model_len:
+        return hint
+    return (f"{hint}, with a --max_model_len of {blocks_at(fits) * block_size} or less (one request of max_model_len "
+            f"{model_len}, which vLLM checks at start-up, needs {_holding(cfg, blocks_at, ep, model_len, block_size)})")
+
+
+def _holding(cfg: ModelConfig, blocks_at, ep: int, model_len: int, block_size: int) -> str:
+    holds = memory.smallest_fitting_tp(cfg, lambda size: blocks_at(size) * block_size >= model_len, ep)
+    return f"TP {holds}" if holds is not None else f"more than TP {memory.TP_CANDIDATES[-1]}"
+
+
+def smallest_tp_holding(cfg: ModelConfig, gpu_memory_bytes: int, pp: int, max_num_batched_tokens: int,
+                        max_num_seqs: int, gpu_memory_utilization: float, model_len: int, dtype: str = "bf16",
+                        ep: int = 1, block_size: int = BLOCK_SIZE) -> str:
+    """The smallest TP (at PP ``pp``, as "TP 8") whose KV cache, sized as :func:`kv_cache_blocks` sizes it, holds
+    one request of ``model_len`` tokens."""
+    blocks_at = _blocks_at(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
+                           block_size, dtype, ep)
+    return _holding(cfg, blocks_at, ep, model_len, block_size)
 
 
 def vllm_block_manager(kv_cache_blocks: int) -> "BlockManager":

@@ -11,7 +11,8 @@ from pipeweave.engine import Engine
 from pipeweave.flatten import KERNEL_CATEGORIES
 from pipeweave.memory import check_memory
 from pipeweave.moe import expert_parallel_problem
-from pipeweave.serving.kv_cache import GPU_MEMORY_UTILIZATION, kv_cache_blocks, vllm_block_manager
+from pipeweave.serving.kv_cache import (GPU_MEMORY_UTILIZATION, kv_cache_blocks, smallest_tp_holding,
+                                        vllm_block_manager)
 from pipeweave.serving.requests import MAX_NUM_REQUESTS, load_serving_trace, make_requests
 from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_defaults
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
@@ -226,11 +227,11 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
         settings = vllm_settings(config, hardware)
         utilization = (GPU_MEMORY_UTILIZATION if config.gpu_memory_utilization is None
                        else config.gpu_memory_utilization)
+        model_len = config.max_model_len or cfg.max_sequence
         blocks = kv_cache_blocks(cfg, hardware.total_global_mem, config.tp, config.pp,
                                  settings["max_num_batched_tokens"], settings["max_num_seqs"], utilization, dtype=dtype,
-                                 ep=config.ep)
+                                 ep=config.ep, model_len=model_len)
         manager = vllm_block_manager(blocks)
-        model_len = config.max_model_len or cfg.max_sequence
         if model_len is not None and manager.blocks_for(model_len) > blocks:
             # vLLM's start-up check (v1/core/kv_cache_utils.check_enough_kv_cache_memory): one request of the
             # longest length the engine serves must fit in the KV cache
@@ -239,7 +240,10 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
             raise UserError(f"vLLM would not start: {given} {model_len} needs {manager.blocks_for(model_len)} KV "
                             f"blocks for one request, but {config.hardware} TP{config.tp} x PP{config.pp} holds "
                             f"{blocks} ({blocks * manager.block_size} tokens); give --max_model_len "
-                            f"{blocks * manager.block_size} or less, or more GPUs")
+                            f"{blocks * manager.block_size} or less, or more GPUs (it needs "
+                            + smallest_tp_holding(cfg, hardware.total_global_mem, config.pp,
+                                                  settings["max_num_batched_tokens"], settings["max_num_seqs"],
+                                                  utilization, model_len, dtype, config.ep) + f" at PP{config.pp})")
         largest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
         # the last output token is never fed back, so its KV is never stored (as pipeweave/memory.py counts)
         needed = largest.prompt_tokens + largest.output_tokens - 1
