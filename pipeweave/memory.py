@@ -33,6 +33,7 @@ room for the KV cache within that fraction. GB here are 10⁹ bytes.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -202,9 +203,24 @@ def activation_bytes_per_gpu(cfg: ModelConfig, tokens: int, sequences: int, tp: 
     return (2 * tokens * h + max(attention, mlp)) * BF16_BYTES + logits
 
 
+def check_layout(cfg: ModelConfig, tp: int, pp: int, ep: int = 1, prompt_tokens: Sequence[int] = (),
+                 output_tokens: int = 1) -> None:
+    """A WorkloadError for sizes no deployment has (the command lines check their flags before; the Python entry
+    points of this module check here): TP, PP, EP, output tokens and every prompt positive integers, PP at most
+    the layers."""
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("output_tokens", output_tokens),
+                        *(("prompt_tokens", p) for p in prompt_tokens)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise WorkloadError(f"{name} must be a positive integer, got {value!r}")
+    if pp > cfg.num_hidden_layers:
+        raise WorkloadError(f"pp {pp} exceeds the {cfg.num_hidden_layers} layers of {cfg.stem}: a stage holds at "
+                            f"least one layer")
+
+
 def check_memory(cfg: ModelConfig, hw: HardwareSpec, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1,
                  pp: int = 1, ep: int = 1, dtype: str = "bf16") -> MemoryCheck:
     """Per-GPU memory of a static batch (prompts, output_tokens) on ``hw`` and the smallest TP that fits."""
+    check_layout(cfg, tp, pp, ep, prompt_tokens, output_tokens)
     if not hw.total_global_mem:
         raise WorkloadError(f"{hw.stem}: the hardware JSON has no totalGlobalMem; the memory check needs it")
     available = GPU_MEMORY_UTILIZATION * hw.total_global_mem

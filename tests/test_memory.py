@@ -6,10 +6,11 @@ sizes, not values read back from the code.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry, load_hardware
 from pipeweave.memory import (GPU_MEMORY_UTILIZATION, check_memory, kv_cache_bytes_per_gpu, parameter_count,
                               shard_problem, weight_bytes_per_gpu, weight_bytes_read)
 from pipeweave.workload import WorkloadError, load_model_config, model_config_from_dict
@@ -566,3 +567,33 @@ def test_oversized_config_values_are_named_by_their_config_key(key, value):
     """They were refused as the workload field they became (GemmOp('qkv_proj').K, GemmOp('router').N)."""
     with pytest.raises(WorkloadError, match=rf"^config model: {key} = {value} exceeds the limit "):
         model_config_from_dict({**json_config("Qwen3-30B-A3B"), key: value})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"pp": -1}, "pp must be a positive integer, got -1"),
+    ({"pp": 200}, "pp 200 exceeds the 80 layers of Llama-3.1-70B"),
+    ({"tp": 0}, "tp must be a positive integer, got 0"),
+    ({"prompt_tokens": [-10_000_000]}, "prompt_tokens must be a positive integer, got -10000000"),
+    ({"output_tokens": 0}, "output_tokens must be a positive integer, got 0"),
+])
+def test_check_memory_refuses_sizes_no_deployment_has(kwargs, message):
+    """check_memory is offered to other tools: pp=-1 returned a negative requirement that "fits", tp=0 raised
+    ZeroDivisionError (the command lines check their flags first)."""
+    from pipeweave.serving.kv_cache import kv_cache_blocks
+
+    arguments = {"prompt_tokens": [100], "output_tokens": 10, **kwargs}
+    with pytest.raises(WorkloadError, match=re.escape(message)):
+        check_memory(load_model_config("Llama-3.1-70B"), load_hardware("H100"), **arguments)
+    layout = {k: v for k, v in kwargs.items() if k in ("tp", "pp")}
+    if layout:
+        with pytest.raises(WorkloadError, match=re.escape(message)):
+            kv_cache_blocks(load_model_config("Llama-3.1-70B"), 80 * 2**30, layout.get("tp", 1), layout.get("pp", 1),
+                            8192, 1024)
+
+
+def test_kv_blocks_of_another_block_size_hold_their_own_tokens():
+    from pipeweave.serving.kv_cache import kv_cache_blocks
+
+    cfg = load_model_config("Llama-3.1-8B")
+    sixteen = kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 8192, 1024)
+    assert kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 8192, 1024, block_size=8) in (2 * sixteen, 2 * sixteen + 1)

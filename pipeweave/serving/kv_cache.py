@@ -28,6 +28,13 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
     activations and runtime leave no room, naming the smallest TP (same PP) that leaves room for one request of
     ``model_len`` tokens (the engine's max_model_len, which vLLM checks at start-up), as the aggregator's memory
     check does."""
+    memory.check_layout(cfg, tp, pp, ep)
+    for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
+                        ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise WorkloadError(f"{name} must be a positive integer, got {value!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise WorkloadError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     blocks_at = _blocks_at(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
                            block_size, dtype, ep)
     blocks = blocks_at(tp)
@@ -57,7 +64,9 @@ def _blocks_at(cfg: ModelConfig, gpu_memory_bytes: int, pp: int, max_num_batched
         free = (available - memory.weight_bytes_per_gpu(cfg, size, pp, dtype=dtype)
                 - memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, size, ep)
                 - memory.RUNTIME_OVERHEAD_BYTES)
-        return int(free // memory.kv_cache_bytes_per_gpu(cfg, [block_size], size, pp))
+        # one block's bytes from a whole 16-token block's (the function rounds lengths up to vLLM's 16)
+        per_token = memory.kv_cache_bytes_per_gpu(cfg, [memory.KV_BLOCK_TOKENS], size, pp) / memory.KV_BLOCK_TOKENS
+        return int(free // (per_token * block_size))
 
     return blocks_at
 
