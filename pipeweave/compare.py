@@ -32,7 +32,8 @@ from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.baselines import ARTIFACT_METHODS, artifact_baselines_dir, read_artifact_baselines, shape_roofline_prediction
 from pipeweave.cli import (ArgumentParser, UserError, check_output_path, keep_marked_sections, program_name,
                            write_atomically)
-from pipeweave.e2e_report import document, markdown_static, markdown_summary, markdown_vllm, plot, table_csv
+from pipeweave.e2e_report import (document, markdown_static, markdown_summary, markdown_vllm, non_default_flags, plot,
+                                   table_csv)
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
                                      artifact_real_dir, error_summary, format_summary_csv, gpu_stem, load_real,
                                      read_artifact_repeats, summarize_repeats)
@@ -344,10 +345,11 @@ def main_static(argv: list[str] | None = None) -> int:
     print(f"\nWrote {args.output}{f', {args.vllm_output}' if vllm_predicted else ''} and {plot_path}")
     if args.markdown:
         md_path = Path(args.markdown)
-        layouts = set(preds["lm_head_layout"])
+        # a TP1 workload has no lm_head collective in either layout, so only TP > 1 ones tell the layout
+        layouts = set(preds.loc[preds["tp"] > 1, "lm_head_layout"]) or {"replicated"}
         text = document(static, vllm, plot_path, md_path.resolve(), notes, _real_source(args.real_dir),
-                        Path(args.pred_dir), Path(args.model_dir),
-                        layouts.pop() if len(layouts) == 1 else "mixed")
+                        Path(args.pred_dir), Path(args.model_dir), layouts.pop() if len(layouts) == 1 else "mixed",
+                        non_default_flags(parser, args))
         text = keep_marked_sections(text, md_path)  # e.g. the calibration section (pipeweave.calibration_e2e)
         write_atomically(md_path, lambda tmp: tmp.write_text(text))
         print(f"Wrote {md_path}")
