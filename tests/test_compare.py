@@ -395,7 +395,7 @@ def test_predictions_of_expert_parallel_or_fp8_workloads_are_left_out_saying_so(
 
 def test_a_report_of_other_predictions_says_which_command_and_layout_made_it(tmp_path):
     """README's vLLM-layout run wrote runs/vllm_layout/E2E.md saying it was docs/E2E.md of the paper's files."""
-    from pipeweave.compare import DEFAULT_PRED_DIR, lm_head_layout
+    from pipeweave.compare import lm_head_layout
     from pipeweave.e2e_report import WORKLOAD_NOTES, command_flags
     from pipeweave.paths import REPO_ROOT
 

@@ -22,7 +22,8 @@ NULL_BLOCKS = 1
 
 def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, max_num_batched_tokens: int,
                     max_num_seqs: int, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                    block_size: int = BLOCK_SIZE, dtype: str = "bf16", ep: int = 1, model_len: int | None = None) -> int:
+                    block_size: int = BLOCK_SIZE, dtype: str = "bf16", ep: int = 1,
+                    model_len: int | None = None) -> int:
     """Number of KV-cache blocks one replica can hold with linear-layer weights in ``dtype`` (an MoE model's experts
     in ``ep`` groups, which changes the activation peak, not the weights per GPU); an error if weights,
     activations and runtime leave no room, naming the smallest TP (same PP) that leaves room for one request of
