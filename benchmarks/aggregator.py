@@ -119,7 +119,8 @@ def summary_difference(output: Path, committed: Path) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.aggregator",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
     parser.add_argument("--hardware", default=None, help="default H20 (H200 with --moe)")
     parser.add_argument("--moe", action="store_true", help=f"time the generated MoE workload {MOE_WORKLOAD}")

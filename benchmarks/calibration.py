@@ -47,7 +47,8 @@ def grid_sample(op: str, n: int) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.calibration",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     predictor = KernelPredictor()

@@ -47,7 +47,8 @@ def shapes(op: str, rows: int, rng: np.random.Generator) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.features",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--attention_rows", type=int, default=400)
     args = parser.parse_args()

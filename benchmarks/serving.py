@@ -38,7 +38,7 @@ def compare(a: dict, b: dict, name_a: str, name_b: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default="2000:0,2000:16,100000:0,100000:16",
                         help="requests:decode_bucket pairs")
     parser.add_argument("--qps", type=float, default=20.0)

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from analytical_model.gemm_fp8 import missing_rate
@@ -67,7 +68,7 @@ def build_parser() -> ArgumentParser:
                    help="number of iterations: one prefill plus output_tokens - 1 decode steps (default: the trace's)")
     p.add_argument("--name", help="label used in place of the trace stem in the output file name (default: the "
                                   "trace stem plus _single, _p<prompt>, _o<output>, _qknorm, _prefill-<type> for a "
-                                  "paged prefill and _decode-<type> for the variants given, or "
+                                  "paged prefill, _decode-<type> and _lmhead-<layout> for the variants given, or "
                                   "r<requests>_p<prompt>_o<output> without a trace)")
     p.add_argument("--paper_set", action="store_true",
                    help=f"regenerate the {len(PAPER_SET)} workloads of the PipeWeave paper")
@@ -124,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         print(path)
     if not args.paper_set and not args.qk_norm_rmsnorm and load_model_config(args.model_config,
                                                                               args.config_dir).has_qk_norm:
-        print(QK_NORM_NOTE)
+        print(QK_NORM_NOTE, file=sys.stderr)  # stdout holds only the written paths, for scripts
     if not args.paper_set:  # what the aggregator will warn of, said where the attention type is chosen
         warning = unmeasured_attention_warning("the workload", [specs[0].prefill_attn, specs[0].decode_attn])
         if warning:
-            print(warning)
+            print(warning, file=sys.stderr)
     return 0
 
 

@@ -442,7 +442,9 @@ def test_cli_refuses_to_write_among_the_specs_or_configs(folder):
 def test_cli_warns_of_an_attention_type_no_gpu_measured(tmp_path):
     result = _cli("--model_config", "Llama-3.1-8B", "--trace", "splitwise_64", "--hardware", "H100", "--decode_attn",
                   "fa3_paged", "--output_dir", str(tmp_path))
-    assert result.returncode == 0 and "uses fa3_paged, which no GPU's attention measurements hold" in result.stdout
+    assert result.returncode == 0 and "uses fa3_paged, which no GPU's attention measurements hold" in result.stderr
+    # stdout is the written path alone, so that `f=$(workload_generator.py ... | tail -1)` gets the file
+    assert result.stdout.strip().endswith(".json") and len(result.stdout.splitlines()) == 1
 
 
 def test_cli_bad_trace_file_leaves_no_output(tmp_path):
@@ -524,12 +526,13 @@ def test_generator_notes_qwen3_qk_norm(tmp_path, capsys):
 
     main(["--model_config", "Qwen3-14B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
           "--output_dir", str(tmp_path)])
-    assert "Note: Qwen3 normalises q and k" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "Note: Qwen3 normalises q and k" in said.err and "Note" not in said.out  # stdout: the paths alone
     main(["--model_config", "Qwen3-14B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
           "--qk_norm_rmsnorm", "--output_dir", str(tmp_path)])
     main(["--model_config", "Llama-3.1-8B", "--requests", "1", "--prompt_tokens", "64", "--output_tokens", "2",
           "--output_dir", str(tmp_path)])
-    assert "Note" not in capsys.readouterr().out
+    assert "Note" not in capsys.readouterr().err
 
 
 def test_overrides_of_a_trace_never_take_the_traces_file_name(tmp_path):

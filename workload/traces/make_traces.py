@@ -60,7 +60,9 @@ def convert(text: str, name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--source", type=Path, default=None, help="folder with the artifact's <name>.csv traces")
+    p.add_argument("--source", type=Path, default=None,
+                   help="folder with the artifact's <name>.csv traces (default: $PIPEWEAVE_SHARED_DATA/pipeweave/"
+                        "workload/traces, the shared data beside the checkout without it)")
     p.add_argument("--dest", type=Path, default=HERE, help="output folder (default: workload/traces/)")
     args = p.parse_args(argv)
     source = args.source or shared_traces_dir()
