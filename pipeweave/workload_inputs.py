@@ -336,6 +336,9 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
         if value > limit:
             raise WorkloadError(f"config {stem}: {key} = {value} exceeds the limit {limit:,}")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    if heads % values["num_key_value_heads"]:  # before any tool sizes memory with such heads
+        raise WorkloadError(f"config {stem}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
+                            f"({values['num_key_value_heads']}) (grouped-query attention)")
     default_head_dim = HEAD_DIM_DEFAULTS.get(archs[0]) if archs else None
     if cfg.get("head_dim") is not None:
         head_dim = positive_int(cfg["head_dim"], f"config {stem}: head_dim")

@@ -336,10 +336,16 @@ def test_serialization_format():
 def test_tp_not_dividing_heads_names_the_field():
     with pytest.raises(WorkloadError, match="num_attention_heads"):
         build_workload(load_model_config("Qwen2.5-14B"), [10], 1, tp=3)
-    cfg = model_config_from_dict({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 6,
+    cfg = model_config_from_dict({"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 6,
                                   "intermediate_size": 1024, "vocab_size": 100, "num_hidden_layers": 2})
     with pytest.raises(WorkloadError, match="num_key_value_heads"):
         build_workload(cfg, [10], 1, tp=4)
+    # a query-head count that is no multiple of the KV heads is refused where the config is read, before serve_sim
+    # sized the KV cache with such heads (a memory audit, 2026-12-05)
+    with pytest.raises(WorkloadError, match=r"config model: num_attention_heads \(8\) must be a multiple of "
+                                            r"num_key_value_heads \(6\)"):
+        model_config_from_dict({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 6,
+                                "intermediate_size": 1024, "vocab_size": 100, "num_hidden_layers": 2})
     cfg = model_config_from_dict({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8,
                                   "intermediate_size": 1022, "vocab_size": 100, "num_hidden_layers": 2})
     with pytest.raises(WorkloadError, match="intermediate_size"):
