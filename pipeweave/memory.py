@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 from analytical_model.pipes import HardwareSpec
 from pipeweave.moe import MoeConfig, expert_parallel_problem
 from pipeweave.workload import ModelConfig, RankShapes, WorkloadError, padded_vocab_size
+from pipeweave.workload_inputs import one_edit_apart
 
 GPU_MEMORY_UTILIZATION = 0.9
 RUNTIME_OVERHEAD_BYTES = 2 ** 30
@@ -242,8 +243,20 @@ def smallest_fitting_tp(cfg: ModelConfig, fits: Callable[[int], bool], ep: int =
     return next((size for size in TP_CANDIDATES if shard_problem(cfg, size, ep) is None and fits(size)), None)
 
 
+#: the ``model_params`` keys :func:`config_from_model_params` reads
+MODEL_PARAMS_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                     "vocab_size", "num_hidden_layers", "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+                     "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
 def config_from_model_params(params: dict, model: str = "model") -> ModelConfig:
-    """The ModelConfig a generated workload's ``model_params`` describe (MoE keys included)."""
+    """The ModelConfig a generated workload's ``model_params`` describe (MoE keys included); a key one edit from
+    one read here is an error (``tie_word_embedding`` would have been ignored)."""
+    for key in params:
+        close = [known for known in MODEL_PARAMS_KEYS if key not in MODEL_PARAMS_KEYS and one_edit_apart(key, known)]
+        if close:
+            raise WorkloadError(f"model_params: unknown key '{key}'; did you mean '{close[0]}'?")
+
     def need(key: str, default=None, least: int = 1) -> int:
         value = params.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:

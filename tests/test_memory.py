@@ -597,3 +597,13 @@ def test_kv_blocks_of_another_block_size_hold_their_own_tokens():
     cfg = load_model_config("Llama-3.1-8B")
     sixteen = kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 8192, 1024)
     assert kv_cache_blocks(cfg, 80 * 2**30, 1, 1, 8192, 1024, block_size=8) in (2 * sixteen, 2 * sixteen + 1)
+
+
+def test_a_misspelt_model_params_key_is_named_not_ignored():
+    from pipeweave.memory import config_from_model_params
+
+    params = load_model_config("Llama-3.1-8B").model_params()
+    assert config_from_model_params(params).num_hidden_layers == 32
+    with pytest.raises(WorkloadError, match="model_params: unknown key 'tie_word_embedding'; did you mean "
+                                            "'tie_word_embeddings'"):
+        config_from_model_params({**params, "tie_word_embedding": True})
