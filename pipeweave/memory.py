@@ -22,7 +22,9 @@ deployment would lay the model out, and names the smallest TP that would fit. Ev
   activation output; for MoE the fused kernel's per-slot caches, T·top_k·(max(2·I/moe_tp, H) + I/moe_tp): vLLM's
   ``fused_experts`` keeps the w13 output (2·I) and the w2 output (H) in one buffer, since the first is dead when
   the second is written, beside the SiLU*Mul output (I); T capped at vLLM's ``VLLM_FUSED_MOE_CHUNK_SIZE`` of 32,768
-  tokens), all BF16; plus FP32 logits of one token per request.
+  tokens), all BF16; plus FP32 logits of one token per request over the whole vocabulary (vLLM V1 all-gathers the
+  TP ranks' logits, so that every rank samples; the sampler's own workspace, e.g. the sort of a top-k / top-p pass,
+  is not counted).
 * **runtime allowance** (``RUNTIME_OVERHEAD_BYTES``, 1 GiB): CUDA context, cuBLAS and NCCL workspaces and
   CUDA-graph pools, the "non-torch" memory that vLLM's start-up profiling measures (about 0.5–1.5 GB).
 
@@ -188,7 +190,7 @@ def kv_cache_bytes_per_gpu(cfg: ModelConfig, longest_lengths: Sequence[int], tp:
 
 def activation_bytes_per_gpu(cfg: ModelConfig, tokens: int, sequences: int, tp: int, ep: int = 1) -> float:
     """Peak live activations of one layer during the prefill of ``tokens`` prompt tokens over ``sequences`` prompts,
-    plus the FP32 logits of each prompt's last token."""
+    plus the FP32 logits of each prompt's last token over the whole vocabulary (gathered on every TP rank)."""
     h, hd = cfg.hidden_size, cfg.head_dim
     kv_heads = cfg.num_key_value_heads // tp if cfg.num_key_value_heads >= tp else 1
     attention = tokens * ((2 * cfg.num_attention_heads // tp + 2 * kv_heads) * hd)
@@ -200,7 +202,7 @@ def activation_bytes_per_gpu(cfg: ModelConfig, tokens: int, sequences: int, tp: 
         expert = moe.expert_intermediate_size // moe_tp
         mlp = (chunk * moe.top_k * (max(2 * expert, h) + expert)
                + tokens * 3 * moe.shared_expert_intermediate_size // tp)
-    logits = sequences * math.ceil(cfg.vocab_size / tp) * FP32_BYTES
+    logits = sequences * cfg.vocab_size * FP32_BYTES  # all-gathered: every rank samples (vLLM V1's use_all_gather)
     return (2 * tokens * h + max(attention, mlp)) * BF16_BYTES + logits
 
 

@@ -153,9 +153,10 @@ def test_moe_prefill_activations_hold_the_routed_token_copies():
     expected = (2 * tokens * 4096 + moe_layer) * 2 + 32000 * 4
     assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), tokens, 1, tp=1) == expected
     # Two prompts of 40,000 tokens in all at TP2 x EP2: the fused MoE holds one chunk of 32,768 tokens' copies with
-    # whole experts (TP2 / EP2 leaves them unsplit); each prompt's last token has the half vocabulary's FP32 logits.
+    # whole experts (TP2 / EP2 leaves them unsplit); each prompt's last token has the whole vocabulary's FP32 logits
+    # on every rank: vLLM V1 all-gathers them, so that every rank samples (half of it before 2026-12-05)
     chunk_layer = 32768 * 2 * (2 * 14336 + 14336)
-    expected = (2 * 40000 * 4096 + chunk_layer) * 2 + 2 * 16000 * 4
+    expected = (2 * 40000 * 4096 + chunk_layer) * 2 + 2 * 32000 * 4
     assert activation_bytes_per_gpu(load_model_config("Mixtral-8x7B"), 40000, 2, tp=2, ep=2) == expected
     # Qwen3-30B-A3B (hidden 2048, 128 experts of width 768, top 8; 32 query / 4 KV heads of 128): the w2 output (2048)
     # is wider than the w13 output (2 x 768), so the shared buffer is the hidden width; the routed copies beat the

@@ -286,7 +286,7 @@ def test_no_kv_cache_names_the_smallest_tp_that_fits(tmp_path):
                         "RTX 4090", "--output", tmp_path / "out.json")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     # TP 8 leaves KV cache, but not one request of max_model_len, which vLLM checks at start-up: both are named
-    assert result.stderr.rstrip().endswith("the smallest TP that fits at PP1 is 8, with a --max_model_len of 105936 "
+    assert result.stderr.rstrip().endswith("the smallest TP that fits at PP1 is 8, with a --max_model_len of 103136 "
                                            "or less (one request of max_model_len 131072, which vLLM checks at "
                                            "start-up, needs TP 16)")
     assert not (tmp_path / "out.json").exists()
@@ -294,15 +294,15 @@ def test_no_kv_cache_names_the_smallest_tp_that_fits(tmp_path):
 
 def test_the_tp_named_for_a_model_that_does_not_fit_starts_or_says_what_else_it_needs(engine):
     """An audit (2026-12-05): serve_sim named TP 4 for Llama-3.1-70B on L40S, where vLLM then would not start (one
-    request of max_model_len 131072 needs 8192 blocks; TP 4 holds 5290)."""
+    request of max_model_len 131072 needs 8192 blocks; TP 4 holds 5215)."""
     config = ServingConfig("Llama-3.1-70B", "arxiv_16", "L40S", num_requests=4)
-    with pytest.raises(WorkloadError, match=r"the smallest TP that fits at PP1 is 4, with a --max_model_len of 84640 "
+    with pytest.raises(WorkloadError, match=r"the smallest TP that fits at PP1 is 4, with a --max_model_len of 83440 "
                                             r"or less \(.*needs TP 8\)$"):
         simulate_config(config, engine)
-    with pytest.raises(UserError, match=r"holds 5290 \(84640 tokens\); give --max_model_len 84640 or less, or more "
+    with pytest.raises(UserError, match=r"holds 5215 \(83440 tokens\); give --max_model_len 83440 or less, or more "
                                         r"GPUs \(it needs TP 8 at PP1\)$"):
         simulate_config(replace(config, tp=4), engine)
-    assert simulate_config(replace(config, tp=4, max_model_len=84640), engine).settings["kv_cache_tokens"] == 84640
+    assert simulate_config(replace(config, tp=4, max_model_len=83440), engine).settings["kv_cache_tokens"] == 83440
     assert simulate_config(replace(config, tp=8), engine).settings["max_model_len"] == 131072
 
 
@@ -688,7 +688,7 @@ def test_kv_pre_check_counts_prompt_plus_output_minus_one(engine, tmp_path, monk
 
 def test_vllm_refuses_to_start_when_one_request_of_max_model_len_does_not_fit(engine):
     """vLLM checks at start-up that one request of max_model_len (by default the config's max_position_embeddings)
-    fits in the KV cache: Llama-3.1-70B on two H100s leaves room for about 22,000 tokens, not 131,072 (80 layers x
+    fits in the KV cache: Llama-3.1-70B on two H100s leaves room for about 20,000 tokens, not 131,072 (80 layers x
     8 KV heads / 2 x 128 x K,V x 2 B = 160 KiB per token, about 21.5 GB for one such request)."""
     config = ServingConfig("Llama-3.1-70B", "splitwise_48", "H100", tp=2, num_requests=8)
     with pytest.raises(UserError) as error:
