@@ -1194,6 +1194,12 @@ def test_profiler_rows_of_the_flush_timing_are_warned_of(tmp_path, capsys):
                                               str(tmp_path / "cal.json"), "--no_fine_tune"]) == 0
         out = capsys.readouterr().out
         assert ("2 row(s) timed with profile_operators.py --timing flush" in out) == warned, out
+    # a profiler file written before the timing column (2026-12-05) was timed with the flush timing, the only one
+    old = tmp_path / "gemm_flush.csv"
+    pd.read_csv(old).drop(columns="timing").to_csv(old, index=False)
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(old), "--output",
+                                          str(tmp_path / "cal.json"), "--no_fine_tune"]) == 0
+    assert "2 row(s) timed with profile_operators.py --timing flush" in capsys.readouterr().out
 
 
 def test_kernel_files_given_twice_count_once_and_unknown_gpu_names_name_the_line(tmp_path, capsys):
