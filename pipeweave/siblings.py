@@ -98,9 +98,10 @@ def sibling_band(op: str, features: np.ndarray, described: np.ndarray | None, sc
     virtual_cycles = virtual_ideal / model_efficiency(virtual_features, virtual_described)
     busiest = operator.feature_names.index(BUSIEST_TENSOR_FEATURE)
     shift = np.asarray(features, dtype=np.float64)[:, busiest] - virtual_features[:, busiest]
-    shortest = np.maximum(np.minimum(virtual_cycles, virtual_cycles + shift), np.finfo(np.float64).tiny)
+    shortest = np.minimum(virtual_cycles, virtual_cycles + shift)
     longest = np.maximum(virtual_cycles, virtual_cycles + shift)
-    return ideal / longest, ideal / shortest
+    # a target faster than its sibling by more than the kernel's virtual time has no upper bound from it
+    return ideal / longest, np.divide(ideal, shortest, out=np.full_like(ideal, np.inf), where=shortest > 0)
 
 
 def sibling_note(what: str, gpu: str, sibling: str) -> str:

@@ -206,3 +206,19 @@ def test_a_hardware_dir_of_the_users_own_gpus_keeps_the_shipped_training_gpus(tm
     features, described = gemm.features(GEMM_SHAPES, l4), gemm.descriptors(GEMM_SHAPES, l4)
     np.testing.assert_array_equal(mixed.kernel_efficiency_and_codes("gemm", features, described, l4)[0],
                                   shipped.kernel_efficiency_and_codes("gemm", features, described, l4)[0])
+
+
+def test_a_target_much_faster_than_its_sibling_has_no_upper_bound_and_no_overflow():
+    """A hypothetical target whose tensor pipe is 4x its sibling's: the sibling's time less the extra tensor time can
+    be negative, which bounds nothing (it divided by the smallest float, with an overflow warning)."""
+    import warnings
+
+    from pipeweave.siblings import sibling_band
+
+    operator, hw = get_operator("gemm"), load_hardware("H100")
+    columns = {"M": [16, 4096], "N": [4096, 4096], "K": [4096, 4096]}
+    features, described = operator.features(columns, hw), operator.descriptors(columns, hw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        low, high = sibling_band("gemm", features, described, 4.0, lambda f, d: np.full(len(f), 1e6))
+    assert np.isfinite(low).all() and np.isinf(high).all()
