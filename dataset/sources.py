@@ -93,9 +93,9 @@ def load_measured(measured_dir: Path | str | None = None, ops=None, log: Log = p
                 log(f"[{label}] {reasons.count(reason)} {op} rows {reason}; skipped")
             rows = rows[[reason is None for reason in reasons]]
             if "timing" in rows.columns:  # a shape measured again with another --timing: the later timing only
-                timing = rows["timing"].fillna(TIMING_BEFORE_COLUMN).astype(str)
-                latest = timing.groupby([rows[c] for c in (*SHAPE_COLUMNS[op], "hardware")], sort=False).transform(
-                    "last")
+                timing = rows["timing"].astype(object).where(rows["timing"].notna(), TIMING_BEFORE_COLUMN).astype(str)
+                latest = timing.groupby([rows[c] for c in (*SHAPE_COLUMNS[op], "hardware")], sort=False,
+                                        dropna=False).transform("last")  # a row missing a cell is dropped later, said
                 rows = rows[(timing == latest).to_numpy()]
             if rows.empty:
                 continue

@@ -374,42 +374,61 @@ def test_csv_schema(models, tmp_path):
 
 
 class _FakeCuda:
-    """A simulated GPU for the CUDA-event timers: a clock in ms that launches, events and spins advance, and an
-    L2 of ``l2_bytes`` (least recently used) that decides whether a launch finds its copy's operands there."""
+    """A simulated GPU for the CUDA-event timers. Every call the host makes (a launch, an event, a spin) costs it
+    ``host_us`` and enters a stream of at most ``queue`` pending entries (a host meeting a full queue waits for the
+    oldest to finish), which the GPU runs in order: a launch takes ``cold_us``, or ``warm_us`` where an LRU L2 of
+    ``l2_bytes`` still holds its copy's operands; an event ``event_us``; a spin its cycles at 1,980 MHz. The timing
+    module's ``time.perf_counter`` reads the host clock."""
 
-    def __init__(self, l2_bytes: int, cold_us: float, warm_us: float, event_us: float = 0.0):
-        from collections import OrderedDict
+    def __init__(self, l2_bytes: int, cold_us: float, warm_us: float, event_us: float = 0.0, host_us: float = 0.0,
+                 queue: int = 10 ** 9):
+        from collections import OrderedDict, deque
         from contextlib import nullcontext
-        from types import SimpleNamespace
 
-        self.now_ms, self.l2_bytes = 0.0, l2_bytes
-        self.cold_us, self.warm_us, self.event_us = cold_us, warm_us, event_us
-        self.cached, self.launched = OrderedDict(), []
-        clock = self
+        self.l2_bytes, self.cold_us, self.warm_us, self.event_us = l2_bytes, cold_us, warm_us, event_us
+        self.host_us, self.queue = host_us, queue
+        self.host = self.gpu_free = 0.0  # µs
+        self.pending, self.cached, self.launched = deque(), OrderedDict(), []
+        gpu = self
 
         class Event:
             def __init__(self, enable_timing=True):
                 self.at = None
 
             def record(self):
-                clock.now_ms += clock.event_us / 1000
-                self.at = clock.now_ms
+                self.at = gpu.enqueue(gpu.event_us)
+
+            def query(self):
+                return self.at <= gpu.host
 
             def elapsed_time(self, other):
-                return other.at - self.at
+                return (other.at - self.at) / 1000
+
+        def synchronize(*args):
+            gpu.host = max(gpu.host, gpu.gpu_free)
 
         self.torch = SimpleNamespace(
             device=lambda *args: args, no_grad=nullcontext, int8="int8",
             empty=lambda n, dtype=None, device=None: SimpleNamespace(zero_=self.flush),
-            cuda=SimpleNamespace(Event=Event, synchronize=lambda *a: None, current_device=lambda: 0,
-                                 device=lambda d: nullcontext(), _sleep=self.sleep,
+            cuda=SimpleNamespace(Event=Event, synchronize=synchronize, current_device=lambda: 0,
+                                 device=lambda d: nullcontext(), _sleep=lambda cycles: self.enqueue(cycles / 1980),
                                  get_device_properties=lambda d: SimpleNamespace(L2_cache_size=l2_bytes)))
+        self.time = SimpleNamespace(perf_counter=lambda: self.host / 1e6)
 
-    def sleep(self, cycles):
-        self.now_ms += cycles / 1980 / 1000  # a 1,980 MHz spin
+    def enqueue(self, duration_us: float) -> float:
+        """Queue one entry of the stream; the GPU time at which it ends."""
+        self.host += self.host_us
+        while self.pending and self.pending[0] <= self.host:
+            self.pending.popleft()
+        if len(self.pending) >= self.queue:  # a full queue: the host waits for the oldest entry
+            self.host = self.pending.popleft()
+        self.gpu_free = max(self.gpu_free, self.host) + duration_us
+        self.pending.append(self.gpu_free)
+        return self.gpu_free
 
     def flush(self):
         self.cached.clear()
+        self.enqueue(self.cold_us)
 
     def launch(self, copy: int, nbytes: int):
         warm = copy in self.cached
@@ -418,37 +437,67 @@ class _FakeCuda:
         while sum(self.cached.values()) > self.l2_bytes:
             self.cached.popitem(last=False)
         self.launched.append(copy)
-        self.now_ms += (self.warm_us if warm else self.cold_us) / 1000
+        self.enqueue(self.warm_us if warm else self.cold_us)
 
 
-def test_rotating_timer_launches_copies_whose_operands_are_cold_and_spreads_the_events_cost():
+def _timer(cls, gpu: _FakeCuda, monkeypatch, **kwargs):
+    import pipeweave.profiler.timing as timing_module
+
+    monkeypatch.setattr(timing_module, "time", gpu.time)
+    return cls("cuda", torch=gpu.torch, **kwargs)
+
+
+def test_rotating_timer_launches_copies_whose_operands_are_cold_and_spreads_the_events_cost(monkeypatch):
     """The rotate timing (the default): every launch of a block reads operands the L2 no longer holds, as a layer
-    reads its weights after the other layers', and the events' cost is spread over the block. The flush timing pays
-    the events' cost on every launch (on an H100 it timed small GEMMs up to 1.8x the training data's harness)."""
+    reads its weights after the other layers', and the events' cost is spread over a block of at least 200 µs. The
+    flush timing pays an event's cost on every launch (on an H100 it timed small GEMMs up to 1.8x the training
+    data's harness)."""
     from pipeweave.profiler.timing import CudaEventTimer, RotatingTimer
 
     mib = 2 ** 20
-    gpu = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, event_us=3.0)
-    timer = RotatingTimer("cuda", max_row_seconds=1.0, torch=gpu.torch)
+    gpu = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, event_us=3.0, host_us=5.0)
+    timer = _timer(RotatingTimer, gpu, monkeypatch, max_row_seconds=1.0)
     assert timer.cold_bytes == 100 * mib and timer.copies(100 * mib) == 1 and timer.copies(400 * mib) == 1
-    assert timer.copies(3 * mib) == 34 and timer.copies(1) == RotatingTimer.MAX_COPIES
-    copies = timer.copies(3 * mib)
-    durations = timer.measure([partial(gpu.launch, i, 3 * mib) for i in range(copies)], repeats=20, warmup=3)
-    assert len(durations) == 20 and durations == pytest.approx([10.0 + 3.0 / 34] * 20)  # one event's cost per block
-    timed = gpu.launched[-20 * 34:]
-    assert timed == list(range(34)) * 20  # the rotation goes on across blocks
-    one = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0)
-    durations = RotatingTimer("cuda", torch=one.torch).measure([partial(one.launch, 0, 3 * mib)], 20, 3)
+    assert timer.copies(3 * mib) == 34 and timer.copies(1) == RotatingTimer.MAX_COPIES and timer.copies(0) == 1
+    durations = timer.measure([partial(gpu.launch, i, 3 * mib) for i in range(34)], repeats=20, warmup=3)
+    # blocks of one pass (34 launches, 340 µs); the host (5 µs a launch) never shows
+    assert len(durations) == 20 and durations == pytest.approx([10.0 + 3.0 / 34] * 20)
+    assert gpu.launched[-20 * 34:] == list(range(34)) * 20  # the rotation goes on across blocks
+    one = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, host_us=5.0)
+    durations = _timer(RotatingTimer, one, monkeypatch).measure([partial(one.launch, 0, 3 * mib)], 20, 3)
     assert durations == pytest.approx([4.0] * 20)  # what a single copy would have measured: a warm L2
-    # a long kernel: fewer repeats within max_row_seconds, never fewer than five; at most MAX_LAUNCHES launches
-    slow = _FakeCuda(l2_bytes=50 * mib, cold_us=50_000.0, warm_us=50_000.0)
-    assert len(RotatingTimer("cuda", torch=slow.torch).measure([partial(slow.launch, 0, mib)], 50, 0)) == 5
-    fast = _FakeCuda(l2_bytes=50 * mib, cold_us=1.0, warm_us=1.0)
-    n = len(RotatingTimer("cuda", torch=fast.torch).measure([partial(fast.launch, i, 1) for i in range(256)], 50, 0))
-    assert n == RotatingTimer.MAX_LAUNCHES // 256
-    flushed = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, event_us=3.0)
-    durations = CudaEventTimer("cuda", torch=flushed.torch).measure([partial(flushed.launch, 0, 3 * mib)], 20, 3)
+    flushed = _FakeCuda(l2_bytes=50 * mib, cold_us=10.0, warm_us=4.0, event_us=3.0, host_us=5.0)
+    durations = _timer(CudaEventTimer, flushed, monkeypatch).measure([partial(flushed.launch, 0, 3 * mib)], 20, 3)
     assert durations == pytest.approx([13.0] * 20)  # cold, but each launch pays an event
+
+
+def test_rotating_timer_keeps_the_host_out_of_the_blocks_behind_a_finite_queue(monkeypatch):
+    """A stream holds about a thousand pending entries: a host that queued a shape's 4,000 launches behind one spin
+    would wait on the full queue and enqueue the rest inside the timed blocks (a 2 µs kernel, 10 µs of host time a
+    launch: up to 10 µs measured). Groups of at most 512 launches, each behind its own spin, keep it out, and a group
+    the spin did not cover is found by its first event and refused, not timed."""
+    from pipeweave.profiler import timing as timing_module
+    from pipeweave.profiler.timing import RotatingTimer
+
+    gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=2.0, warm_us=2.0, host_us=10.0, queue=1024)
+    durations = _timer(RotatingTimer, gpu, monkeypatch).measure([partial(gpu.launch, i, 1) for i in range(256)], 50, 3)
+    assert len(durations) == RotatingTimer.MAX_LAUNCHES // 256 and durations == pytest.approx([2.0] * len(durations))
+    monkeypatch.setattr(timing_module.RotatingTimer, "MAX_QUEUED", 4000)  # one group behind one spin
+    gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=2.0, warm_us=2.0, host_us=10.0, queue=1024)
+    with pytest.raises(RuntimeError, match="the host could not queue 3840 launches while the GPU waited"):
+        _timer(RotatingTimer, gpu, monkeypatch).measure([partial(gpu.launch, i, 1) for i in range(256)], 50, 3)
+
+
+def test_rotating_timer_keeps_a_long_kernel_within_its_budget(monkeypatch):
+    """A kernel of at least the block length is one launch a block: with a 1 s budget a 100 ms kernel gets about ten
+    repeats, after one warm-up and one probe launch (blocks of eight launches took 5.3 s)."""
+    from pipeweave.profiler.timing import RotatingTimer
+
+    gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=100_000.0, warm_us=100_000.0)
+    durations = _timer(RotatingTimer, gpu, monkeypatch, max_row_seconds=1.0).measure(
+        [partial(gpu.launch, 0, 2 ** 30)], 50, 0)
+    assert 5 <= len(durations) <= 10 and durations == pytest.approx([100_000.0] * len(durations))
+    assert len(gpu.launched) == 1 + 1 + len(durations)  # warm-up (every copy once), probe, repeats
 
 
 def test_rows_record_their_timing_and_a_rerun_with_another_one_measures_them_again(models, tmp_path):
@@ -468,10 +517,32 @@ def test_rows_record_their_timing_and_a_rerun_with_another_one_measures_them_aga
     _run(rows, tmp_path, FakeTimer(), prepare=_fake_prepare(calls))
     assert len(calls) == 3
     again = _run(rows, tmp_path, Copying(), prepare=_fake_prepare(calls))
-    assert again.measured == 3 and again.ops["gemm"].replaced == 3 and len(calls) == 3 + 9  # three copies a row
+    assert again.measured == 3 and again.ops["gemm"].retimed == 3 and len(calls) == 3 + 9  # three copies a row
+    assert "3 of them replacing rows of the other timing" in "\n".join(again.lines())
     measured = csvio.read_measured(tmp_path / "gemm.csv")
     assert len(measured) == 3 and (measured["timing"] == "rotate").all()  # the later rows supersede
     assert _run(rows, tmp_path, Copying(), prepare=_fake_prepare(calls)).measured == 0
+    # and back: a key is judged by its last row, the one every reader keeps (an earlier row of this run's timing
+    # made it count as done, so that the rows of the other timing stayed the ones read)
+    assert _run(rows, tmp_path, FakeTimer(), prepare=_fake_prepare(calls)).ops["gemm"].retimed == 3
+    assert _run(rows, tmp_path, Copying(), prepare=_fake_prepare(calls)).ops["gemm"].retimed == 3
+    assert (csvio.read_measured(tmp_path / "gemm.csv")["timing"] == "rotate").all()
+
+
+def test_a_stand_in_never_supersedes_a_modelled_row_of_the_other_timing(tmp_path):
+    """A fused SiLU*Mul row of one timing, rerun with the other where this run has only torch's two kernels: the
+    stand-in row was appended and, read as the key's last row, dropped the shape from calibrate.py."""
+    rows = {"siluandmul": [{"seq": 16, "dim": 8192}]}
+    _run(rows, tmp_path, FakeTimer(), prepare=_stand_in_prepare(True))
+
+    class Other(FakeTimer):
+        name = "rotate"
+
+    summary = _run(rows, tmp_path, Other(), prepare=_stand_in_prepare(False))
+    assert summary.measured == 0 and summary.ops["siluandmul"].kept_timing == 1
+    assert "1 kept at the other timing: this run has only a stand-in kernel for them" in "\n".join(summary.lines())
+    kept = csvio.read_measured(tmp_path / "siluandmul.csv")
+    assert kept["kernel"].tolist() == ["flashinfer silu_and_mul [fused]"] and kept["timing"].tolist() == ["fake"]
 
 
 def test_a_file_written_before_the_timing_column_is_read_as_flush_and_not_appended_to(tmp_path):
@@ -797,7 +868,7 @@ def _fake_gpu(monkeypatch, runners=_FakeRunners) -> None:
 
     class Timer(FakeTimer):
         cold_bytes = 100 * 2 ** 20
-        MIN_BLOCK = 8
+        BLOCK_US = 200.0
 
         def __init__(self, device, max_row_seconds):
             super().__init__()

@@ -101,11 +101,13 @@ def test_measured_reader(tmp_path):
 def test_a_shape_measured_again_with_another_timing_takes_the_later_timing_only(tmp_path):
     base = tmp_path / "measured"
     _write(base / "H100" / "gemm.csv", pd.DataFrame({
-        "op": ["gemm"] * 4, "M": [16, 16, 16, 32], "N": [4096] * 4, "K": [4096] * 4,
-        "hardware": ["NVIDIA H100"] * 4, "avg_duration": [30.0, 20.0, 22.0, 25.0],
-        "timing": ["flush", "rotate", "rotate", None]}))
-    gemm = load_measured(base, log=_quiet)["gemm"].sort_values("M")
+        "op": ["gemm"] * 5, "M": [16, 16, 16, 32, None], "N": [4096] * 5, "K": [4096] * 5,
+        "hardware": ["NVIDIA H100"] * 5, "avg_duration": [30.0, 20.0, 22.0, 25.0, 9.0],
+        "timing": ["flush", "rotate", "rotate", None, "rotate"]}))
+    messages: list[str] = []
+    gemm = load_measured(base, log=messages.append)["gemm"].sort_values("M")
     assert gemm["avg_duration"].tolist() == pytest.approx([21.0, 25.0])  # the rotate repeats averaged; M=32 kept
+    assert "1 missing value" in "\n".join(messages)  # the row without M is dropped with a line, not unsaid
 
 
 def test_load_measurements_without_shared_sources(tmp_path, monkeypatch):

@@ -179,25 +179,30 @@ class MeasurementCsv:
         return tuple(cells[i] for i in self._key_index)
 
     def _unmodelled(self, cells: Sequence[str]) -> bool:
-        """Whether a row timed another kernel than the one pipeweave models (calibrate's and dataset.build's test),
-        or was timed by another timer than this run's."""
+        """Whether a row timed another kernel than the one pipeweave models (calibrate's and dataset.build's test)."""
         kind = None if self._kind_index is None else cells[self._kind_index]
-        other_timing = self.timing is not None and cells[self._timing_index] != self.timing
-        return other_timing or unmodelled_kernel(self.op, kind, cells[self._kernel_index]) is not None
+        return unmodelled_kernel(self.op, kind, cells[self._kernel_index]) is not None
 
     def done_keys(self) -> set[tuple[str, ...]]:
-        """Keys of the complete rows already in the file that timed the modelled kernel. A damaged row, and a row
-        of a stand-in kernel (eager SiLU*Mul, SDPA decode), are measured again: the library the WARNING asks for may
-        have been installed since."""
+        """Keys whose last complete row timed the modelled kernel with this run's timing. A damaged row, a row of a
+        stand-in kernel (eager SiLU*Mul, SDPA decode) and one of another timing are measured again: the library
+        the WARNING asks for may have been installed since, and the readers keep a key's last row."""
         return self.rows_by_kind()[0]
 
-    def rows_by_kind(self) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
-        """(keys of modelled rows, keys of rows of a stand-in kernel) of the complete rows in the file."""
+    def rows_by_kind(self) -> tuple[set[tuple[str, ...]], dict[tuple[str, ...], str]]:
+        """(keys done, {key: why it is measured again}) by the last complete row of each key in the file, the row
+        every reader keeps: "kernel" for a stand-in kernel's row, "timing" for a modelled row of another timing."""
         if not self._check_header():
-            return set(), set()
-        done, stale = set(), set()
-        for cells in self._complete_rows():
-            (stale if self._unmodelled(cells) else done).add(self._key(cells))
+            return set(), {}
+        last = {self._key(cells): cells for cells in self._complete_rows()}
+        done, stale = set(), {}
+        for key, cells in last.items():
+            if self._unmodelled(cells):
+                stale[key] = "kernel"
+            elif self.timing is not None and cells[self._timing_index] != self.timing:
+                stale[key] = "timing"
+            else:
+                done.add(key)
         return done, stale
 
     def open(self) -> "MeasurementCsv":

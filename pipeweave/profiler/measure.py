@@ -66,7 +66,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
     if args.timing == "rotate":
         how = (f"back-to-back launches over copies of each shape's inputs (together at least "
                f"{timer.cold_bytes / 2**20:.0f} MiB, so that every launch reads them from DRAM), timed in blocks "
-               f"of at least {timer.MIN_BLOCK} launches")
+               f"of whole passes over the copies lasting at least {timer.BLOCK_US:.0f} µs")
     else:
         how = f"L2 flush of {timer.cold_bytes / 2**20:.0f} MiB before each repeat, one launch per pair of events"
     print(f"timing ({args.timing}): CUDA events, {how}; {args.warmup} warm-up + up to {args.repeats} repeats per "

@@ -35,6 +35,8 @@ class OpSummary:
     measured: int = 0
     replaced: int = 0  # rows of a stand-in kernel measured again with the modelled one (counted in measured)
     still_unmodelled: int = 0  # rows of a stand-in kernel this run has no other kernel for (kept, or re-timed)
+    retimed: int = 0  # rows of another timing measured again with this run's (counted in measured)
+    kept_timing: int = 0  # rows of another timing kept: this run has only a stand-in kernel for them
     unsupported: int = 0
     failed: int = 0
     broke_context: int = 0  # skipped: they broke the CUDA context in an earlier run (BROKEN_ROWS_FILE)
@@ -59,6 +61,10 @@ class RunSummary:
                 parts.append(f"{s.replaced} of them replacing rows of another kernel")
             if s.still_unmodelled:
                 parts.append(f"{s.still_unmodelled} still of a stand-in kernel: this run has no other kernel for them")
+            if s.retimed:
+                parts.append(f"{s.retimed} of them replacing rows of the other timing")
+            if s.kept_timing:
+                parts.append(f"{s.kept_timing} kept at the other timing: this run has only a stand-in kernel for them")
             if s.unsupported:
                 parts.append(f"{s.unsupported} unsupported")
             if s.failed:
@@ -125,7 +131,7 @@ def measure_grid(
                     break
                 try:
                     failed = _measure_row(op, row, prepare, record, writers[op], summary, say,
-                                          stale=row_key(op, row, device.name) in stale[op])
+                                          stale=stale[op].get(row_key(op, row, device.name)))
                 finally:
                     if bar is not None:
                         bar.update(1)
@@ -154,8 +160,8 @@ def measure_grid(
 
 def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, timing: str, log):
     """Per operator: its summary, the rows not yet in ``<out_dir>/<op>.csv``, the open writer, and the keys present
-    only as rows of a stand-in kernel or of another ``timing`` (:meth:`MeasurementCsv.rows_by_kind`: tried again,
-    replaced if measured)."""
+    only as rows of a stand-in kernel or of another ``timing``, with why (:meth:`MeasurementCsv.rows_by_kind`: tried
+    again, replaced if measured)."""
     summaries: dict[str, OpSummary] = {}
     pending: dict[str, list[dict]] = {}
     writers: dict[str, MeasurementCsv] = {}
@@ -163,7 +169,7 @@ def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, tim
     broken = _broken_keys(out_dir)
     for op, op_rows in rows.items():
         writer = MeasurementCsv(out_dir / f"{op}.csv", op, timing)
-        done, unmodelled = writer.rows_by_kind()
+        done, again = writer.rows_by_kind()
         if writer.repaired_bytes:
             log(f"{writer.path}: dropped a partly written last row ({writer.repaired_bytes} bytes)")
         todo = [r for r in op_rows if row_key(op, r, hardware) not in done]
@@ -172,7 +178,7 @@ def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, tim
                                   broke_context=len(todo) - len(runnable))
         pending[op] = runnable
         writers[op] = writer
-        stale[op] = unmodelled - done
+        stale[op] = again
     return summaries, pending, writers, stale
 
 
@@ -205,9 +211,10 @@ def _same_stand_in(op: str, row: dict, prepared: Prepared) -> bool:
 
 
 def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, summary: OpSummary, say,
-                 stale: bool = False) -> bool:
-    """Prepare, time and append one row, counting the outcome in ``summary``; True if it failed. A ``stale`` row
-    (in the file only as a stand-in kernel's) is timed only if this run has another kernel for it.
+                 stale: str | None = None) -> bool:
+    """Prepare, time and append one row, counting the outcome in ``summary``; True if it failed. A ``stale`` row (in
+    the file as a stand-in kernel's, "kernel", or as the modelled kernel's at another timing, "timing") is timed only
+    if this run has another kernel for it, and a stand-in never supersedes a modelled row of the other timing.
 
     The prepared inputs live only in this frame, so they are freed before the next shape allocates its own.
     """
@@ -215,15 +222,25 @@ def _measure_row(op: str, row: dict, prepare, record, writer: MeasurementCsv, su
         prepared = prepare(op, row)
         if stale and _same_stand_in(op, row, prepared):
             summary.already_done += 1
-            summary.still_unmodelled += 1
+            if stale == "kernel":
+                summary.still_unmodelled += 1
+            else:
+                summary.kept_timing += 1
             return False
         measured = record(op, row, prepared)
+        # the label before timing may not tell (F.rms_norm): the timed row's does
+        modelled = unmodelled_kernel(op, row.get("attention_type"), measured["kernel"]) is None
+        if stale == "timing" and not modelled:  # the readers keep a key's last row: never a stand-in over a modelled
+            summary.already_done += 1
+            summary.kept_timing += 1
+            return False
         writer.append(measured)
         summary.measured += 1
-        if stale:  # the label before timing may not tell (F.rms_norm): the timed row's does
-            modelled = unmodelled_kernel(op, row.get("attention_type"), measured["kernel"]) is None
+        if stale == "kernel":
             summary.replaced += int(modelled)
             summary.still_unmodelled += int(not modelled)
+        elif stale == "timing":
+            summary.retimed += 1
     except Unsupported as exc:
         summary.unsupported += 1
         if len(summary.messages) < 3:

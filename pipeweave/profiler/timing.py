@@ -157,51 +157,72 @@ class RotatingTimer(_EventTimer):
     #: copies of one shape's inputs at the most (a tiny kernel's copies then stay in a large L2 together: such a
     #: kernel's time is its fixed cost, which warm operands hardly change)
     MAX_COPIES = 256
-    #: launches per timed block at the least, so that the events' cost is spread over them
-    MIN_BLOCK = 8
+    #: a timed block is whole passes over the copies lasting at least this long (µs), so that the events' own cost
+    #: (a few µs) is spread over it; a kernel at least this long is one launch a block
+    BLOCK_US = 200.0
     #: launches per shape at the most, blocks of all repeats together
     MAX_LAUNCHES = 4000
+    #: launches queued behind one spin at the most: a stream's queue of pending work is finite (about a thousand
+    #: entries), and a host blocked on a full queue would enqueue the rest inside the timed blocks
+    MAX_QUEUED = 512
+    #: spins of a group of blocks, each four times longer, before a shape is given up
+    ATTEMPTS = 3
 
     def copies(self, input_bytes: int) -> int:
+        if input_bytes <= 0:  # nothing to rotate (a runner that holds no tensors)
+            return 1
         if input_bytes >= self.cold_bytes:
             return 1
-        return int(min(self.MAX_COPIES, math.ceil(self.cold_bytes / max(int(input_bytes), 1))))
+        return int(min(self.MAX_COPIES, math.ceil(self.cold_bytes / int(input_bytes))))
 
     def measure(self, fns, repeats, warmup):
         torch = self.torch
         fns = list(fns)
-        block = len(fns) * math.ceil(self.MIN_BLOCK / len(fns))  # whole passes over the copies
         with torch.no_grad(), torch.cuda.device(self.device):
             torch.cuda.synchronize()
             for i in range(max(len(fns), int(warmup))):  # every copy at least once
                 fns[i % len(fns)]()
             torch.cuda.synchronize()
-
-            # One timed block: the kernel's time (to size the repeat count) and the host's enqueue cost per launch.
-            start, end = self._event(), self._event()
-            self._spin(2000.0 + 20.0 * block)
-            with gc_paused():
-                t0 = time.perf_counter()
-                start.record()
-                for i in range(block):
-                    fns[i % len(fns)]()
-                end.record()
-                host_us = (time.perf_counter() - t0) * 1e6 / block
-            torch.cuda.synchronize()
-            launch_us = start.elapsed_time(end) * 1000.0 / block
-
+            # One timed pass over the copies: the kernel's time (to size the blocks) and the host's enqueue cost.
+            (pass_us,), host_us = self._blocks(fns, 1, len(fns), None)
+            launch_us = max(pass_us / len(fns), 1e-3)
+            block = len(fns) * max(1, math.ceil(self.BLOCK_US / (launch_us * len(fns))))
             n = self._rounds(repeats, launch_us * block, max(1, self.MAX_LAUNCHES // block))
-            starts = [self._event() for _ in range(n)]
-            ends = [self._event() for _ in range(n)]
+            per_group = max(1, self.MAX_QUEUED // block)
+            durations = []
+            while len(durations) < n:
+                times, _ = self._blocks(fns, min(per_group, n - len(durations)), block, host_us)
+                durations += [t / block for t in times]
+            return durations
+
+    def _blocks(self, fns, count: int, block: int, host_us: float | None) -> tuple[list[float], float]:
+        """(µs of each of ``count`` timed blocks of ``block`` launches, the host's µs per launch), queued behind one
+        spin long enough for the host to enqueue them (``host_us`` per launch; a probe's guess where None); a group
+        the spin did not cover (its first event had run before the host had queued it all) is timed again behind a
+        longer spin."""
+        torch = self.torch
+        spin_us = 2000.0 + 20.0 * block if host_us is None else 2.0 * count * block * host_us + 1000.0
+        for _ in range(self.ATTEMPTS):
+            starts = [self._event() for _ in range(count)]
+            ends = [self._event() for _ in range(count)]
             with gc_paused():
-                self._spin(2.0 * n * block * host_us + 1000.0)
-                for r in range(n):
+                self._spin(spin_us)
+                t0 = time.perf_counter()
+                for r in range(count):
                     starts[r].record()
                     for i in range(block):  # the rotation goes on across blocks: copy 0 follows the last copy
                         fns[i % len(fns)]()
                     ends[r].record()
+                queued_us = (time.perf_counter() - t0) * 1e6 / (count * block)
+                # the GPU reached the first block: host gaps may be inside the blocks (without a spin, no check)
+                late = self.cycles_per_us > 0 and starts[0].query()
             torch.cuda.synchronize()
-            return [s.elapsed_time(e) * 1000.0 / block for s, e in zip(starts, ends)]
+            if not late:
+                return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], queued_us
+            spin_us *= 4
+        raise RuntimeError(f"the host could not queue {count * block} launches while the GPU waited "
+                           f"({self.ATTEMPTS} spins, the last {spin_us / 4 / 1000:.0f} ms): the timing would include "
+                           f"host time")
 
 
 class CudaEventTimer(_EventTimer):
