@@ -353,6 +353,20 @@ def modelled_rows(frame: pd.DataFrame, reasons: list, path: Path) -> pd.DataFram
     return frame[[reason is None for reason in reasons]]  # the index keeps each row's position in the file
 
 
+def fa2_prefill_reasons(frame: pd.DataFrame, spec: HardwareSpec) -> list[str | None]:
+    """Why each FlashAttention-2 prefill row (flash-attn 2, or torch SDPA's flash backend where flash-attn is not
+    installed) cannot calibrate a GPU on which vLLM's prefill is FlashAttention-3 (Hopper): the corrections have one
+    prefill class, so those rows would correct its FA3 prefill with another kernel's speed (on an H100, 92 SDPA rows
+    put H100's measured runs 8.2 % off instead of 2.8 %)."""
+    from pipeweave.validation import fa3_mismatch
+
+    if fa3_mismatch("fa3_ragged", spec.architecture):  # vLLM runs FA2 prefill here: the rows are its kernel
+        return [None] * len(frame)
+    return ["prefill ran FlashAttention-2 (or torch SDPA), where vLLM runs FlashAttention-3 on this GPU (install "
+            "flash-attn 3 and rerun profile_operators.py)" if str(kind).strip() == "fa2_ragged" else None
+            for kind in frame["attention_type"]]
+
+
 def custom_allreduce_reasons(frame: pd.DataFrame, spec: HardwareSpec) -> list[str | None]:
     """Per all-reduce row, why it times another collective than the one pipeweave predicts: the profiler times
     NCCL, but below vLLM's custom all-reduce limit on an NVLink GPU, at the worker counts it runs at, vLLM (and so
@@ -513,6 +527,8 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]
+    if op == "attn":
+        reasons = [a or b for a, b in zip(reasons, fa2_prefill_reasons(frame, spec))]
     duration = pd.to_numeric(frame["avg_duration"].str.strip(), errors="coerce")
     bad = not_a_positive_number(duration)
     if bad.any():

@@ -1202,6 +1202,28 @@ def test_profiler_rows_of_the_flush_timing_are_warned_of(tmp_path, capsys):
     assert "2 row(s) timed with profile_operators.py --timing flush" in capsys.readouterr().out
 
 
+def test_flash_attention_2_prefill_rows_do_not_calibrate_a_gpu_whose_prefill_is_flash_attention_3(tmp_path, capsys):
+    """On a real H100 without flash-attn the profiler timed prefill with torch SDPA, labelled fa2_ragged: the
+    corrections have one prefill class, so those rows set H100's FA3 prefill ×1.76 (its runs 2.8 → 8.2 % off)."""
+    from pipeweave.profiler.csvio import columns_for
+
+    def kernels(gpu: str, name: str):
+        path = tmp_path / f"attn_{gpu}.csv"
+        pd.DataFrame([{**dict.fromkeys(columns_for("attn"), ""), "op": "attn", "attention_type": "fa2_ragged",
+                       "bs": 1, "q_lengths": f"[{n}]", "kv_lengths": f"[{n}]", "nh": 32, "nkv": 8, "hd": 128,
+                       "hardware": name, "avg_duration": 0.02 * n, "kernel": "torch.sdpa(flash backend)",
+                       "timing": "rotate"} for n in (512, 2048, 4096)]).to_csv(path, index=False)
+        return path
+
+    out = tmp_path / "cal.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "H100", "--kernels", str(kernels("H100", "NVIDIA H100")),
+                                          "--output", str(out), "--no_fine_tune"]) == 2
+    assert "3 prefill ran FlashAttention-2 (or torch SDPA), where vLLM runs FlashAttention-3 on this GPU" in \
+        capsys.readouterr().err and not out.exists()
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(kernels("A40", "NVIDIA A40")),
+                                          "--output", str(out), "--no_fine_tune"]) == 0  # FA2 is A40's prefill
+
+
 def test_kernel_files_given_twice_count_once_and_unknown_gpu_names_name_the_line(tmp_path, capsys):
     measured = tmp_path / "gemm.csv"
     measured.write_text("op,M,N,K,hardware,avg_duration\n"
