@@ -813,7 +813,20 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     after = np.log(equations.predict(theta)[0] / equations.measured)
     log(f"Calibration of {spec.stem} from {len(equations.measured)} measured quantities: "
         f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data")
-    for kind, left in (("kernels", after[:kernel_count]), ("runs", after[kernel_count:])):
+    sources = (("kernels", slice(0, kernel_count)), ("runs", slice(kernel_count, None)))
+    if kernel_count and runs:  # thousands of kernel equations can outweigh a few runs: each is said apart
+        log("  " + "; ".join(f"{kind}: {np.mean(np.abs(before[part])):.3f} -> {np.mean(np.abs(after[part])):.3f}"
+                             for kind, part in sources))
+        if np.mean(np.abs(after[kernel_count:])) > np.mean(np.abs(before[kernel_count:])):
+            log("WARNING: the measured runs are further from their predictions after the calibration than before it: "
+                "the kernels pull the corrections another way than the runs, as kernels timed by another harness "
+                "than the one the models learned from do (python3 -m pipeweave.profiler.crosscheck compares them on "
+                "a GPU aiconfigurator-core measured; profile_operators.py --timing flush rows are one such harness); "
+                "calibrate from the runs alone, or from kernels that agree with them")
+    # the classes and collectives the measurements move directly; the others move through the prior's correlations
+    fitted_from["measured_terms"] = [name for name, used in zip(PARAMS, np.abs(equations.x).sum(axis=0) > 0) if used]
+    for kind, part in sources:
+        left = after[part]
         if len(left) and np.mean(np.abs(left)) > MAX_CALIBRATED_LOG_ERROR[kind]:
             log(f"WARNING: after calibration the measured {kind} are still {np.exp(np.mean(np.abs(left))):.2f}x from "
                 f"their predictions on average (geometric), more than the corrections leave on any GPU's own "
@@ -863,8 +876,10 @@ def main(argv: list[str] | None = None) -> int:
                             collective_dir=args.collective_dir)
     calibration.save(args.output)
     summary = calibration.summary()
+    measured = set(calibration.fitted_from.get("measured_terms", PARAMS))
     for name, value in summary["factors"].items():
-        print(f"  {name}: x{value:.3f}")
+        print(f"  {name}: x{value:.3f}" + ("" if name in measured else
+                                          " (nothing of it measured: moved through the prior's correlations)"))
     for name, value in summary["slopes_per_sd"].items():
         if round(value, 3):  # slopes of classes without data move only through the prior's correlations
             print(f"  {name}: {value:+.3f} log per standard deviation")
