@@ -403,7 +403,30 @@ def read_kernel_csvs(paths: list[str], spec: HardwareSpec, registry, runs: bool 
         kept.append(path)
     if left_out and not frames and not runs:
         raise UserError(f"no measured kernel is left: {'; '.join(left_out)}")
-    return kept, frames
+    return later_files_win(kept, frames)
+
+
+def later_files_win(paths: list[str], frames: list) -> tuple[list[str], list]:
+    """``paths`` and their (operator, rows) with a shape measured by a later file of the same operator left out of
+    the earlier one, with a WARNING (e.g. a quick and a full grid, or two timings, given together): counted twice,
+    a kernel would weigh double, as a file given twice would."""
+    shape_columns = kernel_shape_columns()
+    seen: dict[str, dict] = {}
+    kept = []
+    for path, (op, frame) in reversed(list(zip(paths, frames))):
+        keys = frame[list(shape_columns[op])].apply(lambda column: column.map(same_cell)).apply(tuple, axis=1)
+        later = seen.setdefault(op, {})
+        again = keys.isin(later).to_numpy()
+        if again.any():
+            others = sorted({later[key] for key in keys[again]})
+            print(f"WARNING: --kernels {path}: {int(again.sum())} of its {len(frame)} row(s) measure shapes "
+                  f"{', '.join(others)} measures too; the later file's are taken")
+        for key in keys[~again]:
+            later[key] = str(path)
+        if (~again).any():
+            kept.append((path, (op, frame[~again])))
+    kept.reverse()
+    return [path for path, _ in kept], [entry for _, entry in kept]
 
 
 def distinct_files(paths: list[str]) -> list[str]:

@@ -1254,6 +1254,24 @@ def test_kernels_that_pull_the_runs_away_are_said_and_unmeasured_classes_are_nam
     assert "WARNING: the measured runs are further" not in capsys.readouterr().out
 
 
+def test_a_shape_two_files_measure_counts_once_from_the_later_file(tmp_path, capsys):
+    """A quick and a full grid (or two timings) given together: the quick grid's 239 GEMMs, all in the full grid,
+    were counted twice (3,691 measured quantities of 3,452 shapes)."""
+    quick, full = tmp_path / "quick.csv", tmp_path / "full.csv"
+    quick.write_text("op,M,N,K,hardware,avg_duration\n" + "".join(
+        f"gemm,{m},4096,4096,A40,{t}\n" for m, t in ((16, 44.0), (4096, 990.0))))
+    full.write_text("op,M,N,K,hardware,avg_duration\n" + "".join(
+        f"gemm,{m},4096,4096,A40,{t}\n" for m, t in ((16.0, 40.0), (4096, 900.0), (64, 45.0))))
+    out = tmp_path / "a40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "A40", "--kernels", str(quick), str(full), "--output",
+                                          str(out), "--no_fine_tune"]) == 0
+    said = capsys.readouterr().out
+    assert f"--kernels {quick}: 2 of its 2 row(s) measure shapes {full} measures too; the later file's are taken" \
+        in said and "from 3 measured quantities" in said
+    assert [(entry["file"], entry["rows"]) for entry in load_calibration(out).fitted_from["kernels"]] == \
+        [(str(full), 3)]
+
+
 def test_kernel_files_given_twice_count_once_and_unknown_gpu_names_name_the_line(tmp_path, capsys):
     measured = tmp_path / "gemm.csv"
     measured.write_text("op,M,N,K,hardware,avg_duration\n"
