@@ -1060,6 +1060,11 @@ def test_crosscheck_skips_a_gpu_without_hardware_json(tmp_path, capsys):
     assert run_cli(crosscheck.main, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "error: no measured GPU under" in err and "(NVIDIA Mystery GPU); write one with" in err
+    # one GPU's folder given instead of the folder of GPU folders
+    folder = tmp_path / "measured" / "NVIDIA_Mystery_GPU"
+    assert run_cli(crosscheck.main, ["--measured_dir", str(folder), "--dataset_dir", str(tmp_path)]) == 2
+    assert f"holds one GPU's <op>.csv; give the folder above it, --measured_dir {folder.parent}" in \
+        capsys.readouterr().err
 
 
 def test_onboard_leaves_out_a_file_of_stand_in_kernels(tmp_path, capsys):

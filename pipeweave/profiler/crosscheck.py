@@ -88,6 +88,11 @@ def crosscheck(measured_dir: Path, dataset_dir: Path, reference: str) -> list[di
 
     measured = load_measured(measured_dir, log=lambda message: print(message, file=sys.stderr))
     if not measured:
+        from pipeweave.profiler.grids import SHAPE_COLUMNS
+
+        if any((Path(measured_dir) / f"{op}.csv").is_file() for op in SHAPE_COLUMNS):  # one GPU's folder
+            raise UserError(f"no measured kernels under {measured_dir}/<gpu>/<op>.csv: {measured_dir} holds one "
+                            f"GPU's <op>.csv; give the folder above it, --measured_dir {Path(measured_dir).parent}")
         raise UserError(f"no measured kernels under {measured_dir}/<gpu>/<op>.csv: measure them with "
                         f"python3 profile_operators.py --quick")
     registry, out, skipped = hardware_registry(), [], set()
