@@ -674,7 +674,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             continue
         frame = pd.concat(frames, ignore_index=True)
         share, inputs, efficiency, base = fine_tune_inputs(op, frame, spec, predictor, corrections)
-        said = (f"{op}: the shipped model extrapolates on {share:.0%} of {len(frame)} measured kernels (flags "
+        said = (f"{op}, {len(frame)} measured kernels (the shipped model extrapolates on {share:.0%} of them: flags "
                 f"architecture, range or members; 'shares' alone does not count)")
         if not considers_fine_tuning(op, len(frame), share):
             needs = (f"at least {MIN_EXTRAPOLATED_SHARE:.0%} of at least {MIN_KERNELS}, or "
@@ -835,7 +835,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     theta, std = fit_map(equations, prior)
     after = np.log(equations.predict(theta)[0] / equations.measured)
     log(f"Calibration of {spec.stem} from {len(equations.measured)} measured quantities: "
-        f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data")
+        f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data "
+        f"with the corrections (a fine-tuning, below, is chosen on held-out kernels)")
     sources = (("kernels", slice(0, kernel_count)), ("runs", slice(kernel_count, None)))
     if kernel_count and runs:  # thousands of kernel equations can outweigh a few runs: each is said apart
         log("  " + "; ".join(f"{kind}: {np.mean(np.abs(before[part])):.3f} -> {np.mean(np.abs(after[part])):.3f}"
