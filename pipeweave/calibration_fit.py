@@ -836,7 +836,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     after = np.log(equations.predict(theta)[0] / equations.measured)
     log(f"Calibration of {spec.stem} from {len(equations.measured)} measured quantities: "
         f"mean |log error| {np.mean(np.abs(before)):.3f} -> {np.mean(np.abs(after)):.3f} on the calibration data "
-        f"with the corrections (a fine-tuning, below, is chosen on held-out kernels)")
+        f"with the corrections")
     sources = (("kernels", slice(0, kernel_count)), ("runs", slice(kernel_count, None)))
     if kernel_count and runs:  # thousands of kernel equations can outweigh a few runs: each is said apart
         log("  " + "; ".join(f"{kind}: {np.mean(np.abs(before[part])):.3f} -> {np.mean(np.abs(after[part])):.3f}"

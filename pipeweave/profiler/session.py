@@ -165,7 +165,7 @@ def _open_outputs(rows: dict[str, list[dict]], out_dir: Path, hardware: str, tim
     summaries: dict[str, OpSummary] = {}
     pending: dict[str, list[dict]] = {}
     writers: dict[str, MeasurementCsv] = {}
-    stale: dict[str, set] = {}
+    stale: dict[str, dict] = {}
     broken = _broken_keys(out_dir)
     for op, op_rows in rows.items():
         writer = MeasurementCsv(out_dir / f"{op}.csv", op, timing)
