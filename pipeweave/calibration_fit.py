@@ -538,15 +538,6 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
               f"(the first: line {int(frame.index[np.flatnonzero(superseded.to_numpy())[0]]) + 2}); the later row of "
               f"each shape is taken as its re-measurement")
     frame = frame[~superseded]
-    profiler_file = set(MEASUREMENT_COLUMNS) - {"timing"} <= set(frame.columns)
-    if op != "all_reduce" and ("timing" in frame.columns or profiler_file):
-        # a profiler file written before the timing column was timed with the flush timing, the only one then
-        flushed = int(frame["timing"].str.strip().eq("flush").sum()) if "timing" in frame.columns else len(frame)
-        if flushed:
-            print(f"WARNING: --kernels {path}: {flushed} row(s) timed with profile_operators.py --timing flush, which "
-                  f"on an H100 timed BF16 GEMMs a median 1.44x (under 10 µs 1.76x) the harness of the data pipeweave "
-                  f"is trained on; calibrated on such rows, H100's measured end-to-end runs were predicted 13.0 % off "
-                  f"instead of 2.8 % (README, 'Measuring a new GPU'): measure again with the default --timing rotate")
     reasons = unmodelled_reasons(op, frame)
     if op == "all_reduce":
         reasons = [a or b for a, b in zip(reasons, custom_allreduce_reasons(frame, spec))]
@@ -564,9 +555,30 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
             row = int(np.flatnonzero(not_layer)[0])
             raise UserError(f"--kernels {path}: line {frame.index[row] + 2}: weight_type must be 'layer' (a whole "
                             f"fused-MoE layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
+    flushed = flush_timed(op, frame)
     frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
-    return op, modelled_rows(frame, reasons, path)
+    frame = modelled_rows(frame, reasons, path)
+    if flushed[[reason is None for reason in reasons]].any():
+        print(f"WARNING: --kernels {path}: {int(flushed[[r is None for r in reasons]].sum())} row(s) timed with "
+              f"profile_operators.py --timing flush, which on an H100 timed BF16 GEMMs a median 1.44x (under 10 µs "
+              f"1.76x) the harness of the data pipeweave is trained on; calibrated on such rows, H100's measured "
+              f"end-to-end runs were predicted 13.0 % off instead of 2.8 % (README, 'Measuring a new GPU'): measure "
+              f"again with the default --timing rotate")
+    return op, frame
+
+
+def flush_timed(op: str, frame: pd.DataFrame) -> np.ndarray:
+    """Per row, whether the profiler timed it with its flush timing: its ``timing`` cell says so, or the file has
+    the profiler's columns but no ``timing`` (written before the column, when flush was the only timing).
+    All-reduce rows have only that one timing, and calibrate as measured collectives do."""
+    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS
+
+    if op == "all_reduce":
+        return np.zeros(len(frame), dtype=bool)
+    if "timing" in frame.columns:
+        return frame["timing"].str.strip().eq("flush").to_numpy()
+    return np.full(len(frame), set(MEASUREMENT_COLUMNS) - {"timing"} <= set(frame.columns))
 
 
 def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,
