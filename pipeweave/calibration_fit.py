@@ -391,42 +391,54 @@ def read_kernel_csvs(paths: list[str], spec: HardwareSpec, registry, runs: bool 
     """(paths, (operator, rows) of each) of the kernel CSVs that keep rows (:func:`read_kernel_csv`): a file whose
     rows all timed another kernel is left out with a WARNING, as its rows would be one by one, so that the
     documented ``dataset/measured/<gpu>/*.csv`` takes the files worth calibrating from; an error only if no
-    measured quantity is left (``runs``: measured end-to-end runs remain)."""
-    kept, frames, left_out = [], [], []
+    measured quantity is left (``runs``: measured end-to-end runs remain). A shape two files measure counts once
+    (:func:`newest_measurements`), and rows of the profiler's flush timing that calibrate are warned of."""
+    files, left_out = [], []
     for path in paths:
         try:
-            frames.append(read_kernel_csv(path, spec, registry))
+            files.append((path, *read_kernel_file(path, spec, registry)))
         except NothingModelled as exc:
             left_out.append(str(exc))
             print(f"WARNING: {exc}; file left out")
-            continue
-        kept.append(path)
-    if left_out and not frames and not runs:
+    if left_out and not files and not runs:
         raise UserError(f"no measured kernel is left: {'; '.join(left_out)}")
-    return later_files_win(kept, frames)
+    files = newest_measurements(files)
+    for path, _, frame, flushed, _ in files:
+        warn_of_flush_timing(path, int(flushed.sum()))
+    return [path for path, *_ in files], [(op, frame) for _, op, frame, _, _ in files]
 
 
-def later_files_win(paths: list[str], frames: list) -> tuple[list[str], list]:
-    """``paths`` and their (operator, rows) with a shape measured by a later file of the same operator left out of
-    the earlier one, with a WARNING (e.g. a quick and a full grid, or two timings, given together): counted twice,
-    a kernel would weigh double, as a file given twice would."""
+def newest_measurements(files: list) -> list:
+    """``files`` ((path, operator, rows, flush-timed mask, timestamps) each) with every shape that several files of
+    one operator measure kept once, with a WARNING: from the newest measurement where the rows carry the profiler's
+    timestamps (a quick grid and a full grid, or two timings, given in any order), else from the later file;
+    counted twice, a kernel would weigh double, as a file given twice would."""
     shape_columns = kernel_shape_columns()
-    seen: dict[str, dict] = {}
-    kept = []
-    for path, (op, frame) in reversed(list(zip(paths, frames))):
-        keys = frame[list(shape_columns[op])].apply(lambda column: column.map(same_cell)).apply(tuple, axis=1)
-        later = seen.setdefault(op, {})
-        again = keys.isin(later).to_numpy()
-        if again.any():
-            others = sorted({later[key] for key in keys[again]})
-            print(f"WARNING: --kernels {path}: {int(again.sum())} of its {len(frame)} row(s) measure shapes "
-                  f"{', '.join(others)} measures too; the later file's are taken")
-        for key in keys[~again]:
-            later[key] = str(path)
-        if (~again).any():
-            kept.append((path, (op, frame[~again])))
-    kept.reverse()
-    return [path for path, _ in kept], [entry for _, entry in kept]
+    winner: dict[tuple, tuple] = {}  # (op, shape) -> (timestamp, file position, row position)
+    keys = []
+    for position, (_, op, frame, _, stamps) in enumerate(files):
+        shapes = frame[list(shape_columns[op])].apply(lambda column: column.map(same_cell)).apply(tuple, axis=1)
+        keys.append([(op, shape) for shape in shapes])
+        for row, (key, stamp) in enumerate(zip(keys[-1], stamps)):
+            winner[key] = max(winner.get(key, ("", -1, -1)), (stamp, position, row))
+    out = []
+    for position, (path, op, frame, flushed, stamps) in enumerate(files):
+        kept = np.array([winner[key][1:] == (position, row) for row, key in enumerate(keys[position])], dtype=bool)
+        if not kept.all():
+            others = sorted({str(files[winner[key][1]][0]) for key, keep in zip(keys[position], kept) if not keep})
+            print(f"WARNING: --kernels {path}: {int((~kept).sum())} of its {len(frame)} row(s) measure shapes "
+                  f"{', '.join(others)} measures too, newer or given later; those rows are taken")
+        if kept.any():
+            out.append((path, op, frame[kept], flushed[kept], stamps[kept]))
+    return out
+
+
+def warn_of_flush_timing(path, rows: int) -> None:
+    if rows:
+        print(f"WARNING: --kernels {path}: {rows} row(s) timed with profile_operators.py --timing flush, which on an "
+              f"H100 timed BF16 GEMMs a median 1.44x (under 10 µs 1.76x) the harness of the data pipeweave is "
+              f"trained on; calibrated on such rows, H100's measured end-to-end runs were predicted 13.0 % off "
+              f"instead of 2.8 % (README, 'Measuring a new GPU'): measure again with the default --timing rotate")
 
 
 def distinct_files(paths: list[str]) -> list[str]:
@@ -484,7 +496,16 @@ def same_cell(text: str) -> str:
 def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
     """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
     rows or MoE rows that are not whole layers are errors. Rows that timed another kernel than the one pipeweave
-    predicts are left out (:func:`modelled_rows`)."""
+    predicts are left out (:func:`modelled_rows`), and rows of the profiler's flush timing warned of."""
+    op, frame, flushed, _ = read_kernel_file(path, spec, registry)
+    warn_of_flush_timing(path, int(flushed.sum()))
+    return op, frame
+
+
+def read_kernel_file(path: str | Path, spec: HardwareSpec, registry
+                     ) -> tuple[str, pd.DataFrame, np.ndarray, np.ndarray]:
+    """:func:`read_kernel_csv`'s (operator, rows), with per row whether the profiler's flush timing timed it
+    (:func:`flush_timed`) and its ``timestamp`` ("" without one), and no warning of them."""
     import pandas as pd
 
     from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, unmodelled_reasons
@@ -556,16 +577,12 @@ def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str
             raise UserError(f"--kernels {path}: line {frame.index[row] + 2}: weight_type must be 'layer' (a whole "
                             f"fused-MoE layer, what the MoE model predicts), got {frame['weight_type'].iloc[row]!r}")
     flushed = flush_timed(op, frame)
+    stamps = (frame["timestamp"].str.strip() if "timestamp" in frame.columns
+              else pd.Series("", index=frame.index)).to_numpy(dtype=object)
     frame = frame[[c for c in shape_columns[op]]].copy()
     frame["avg_duration"] = duration.to_numpy(np.float64)
-    frame = modelled_rows(frame, reasons, path)
-    if flushed[[reason is None for reason in reasons]].any():
-        print(f"WARNING: --kernels {path}: {int(flushed[[r is None for r in reasons]].sum())} row(s) timed with "
-              f"profile_operators.py --timing flush, which on an H100 timed BF16 GEMMs a median 1.44x (under 10 µs "
-              f"1.76x) the harness of the data pipeweave is trained on; calibrated on such rows, H100's measured "
-              f"end-to-end runs were predicted 13.0 % off instead of 2.8 % (README, 'Measuring a new GPU'): measure "
-              f"again with the default --timing rotate")
-    return op, frame
+    modelled = np.array([reason is None for reason in reasons], dtype=bool)
+    return op, modelled_rows(frame, reasons, path), flushed[modelled], stamps[modelled]
 
 
 def flush_timed(op: str, frame: pd.DataFrame) -> np.ndarray:
@@ -769,6 +786,10 @@ def runs_prior(aggregator, spec: HardwareSpec, workloads, prior: Prior, log=None
 #: (19.9x, GEMM on L40S left out: docs/ACCURACY.md), so that what is refused is a unit mix-up (µs typed as ms is
 #: 1000x), not a GPU the models miss
 MAX_ZERO_SHOT_FACTOR = 30.0
+#: how much further (mean |log error|) the measured runs may end from their predictions after a calibration from runs
+#: and kernels before a WARNING that the kernels pull the corrections away from them: 1 %, about the spread of a
+#: run's repeats (the real H100's runs with its flush-timed GEMMs went 0.029 -> 0.057)
+RUNS_WORSENED_BY = 0.01
 #: mean |log error| a fitted calibration may leave on its own data before a WARNING that the measurements look like
 #: another GPU's (or another unit's), per kind of measurement: calibrated on any one of the 28 measured runs, the
 #: corrections leave at most 0.079 on that run (H20 arxiv_8), and fitted on all of a GPU's kernels at most 20.7 % mean
@@ -853,7 +874,8 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     if kernel_count and runs:  # thousands of kernel equations can outweigh a few runs: each is said apart
         log("  " + "; ".join(f"{kind}: {np.mean(np.abs(before[part])):.3f} -> {np.mean(np.abs(after[part])):.3f}"
                              for kind, part in sources))
-        if np.mean(np.abs(after[kernel_count:])) > np.mean(np.abs(before[kernel_count:])):
+        # by more than a measured run's own noise: kernels that agree with the runs move them a little too
+        if np.mean(np.abs(after[kernel_count:])) > np.mean(np.abs(before[kernel_count:])) + RUNS_WORSENED_BY:
             log("WARNING: the measured runs are further from their predictions after the calibration than before it: "
                 "the kernels pull the corrections another way than the runs, as kernels timed by another harness "
                 "than the one the models learned from do (python3 -m pipeweave.profiler.crosscheck compares them on "

@@ -327,6 +327,11 @@ class Engine:
         what = ", ".join(f"{kind} with {workers} workers" for kind, workers in sorted(needed))
         alternative = ("" if self.collective_estimate == "analytical"
                        else f" or {self.option('collective_estimate', 'analytical')}")
+        shipped = [] if covering else hardware_covering(needed, self.collective_dir)
+        if shipped:  # a hardware folder of one's own without those GPUs: --collective_hardware cannot name them yet
+            return (f"GPUs with measured models for {what}: {', '.join(shipped)}, whose JSONs are not in "
+                    f"{self.hardware_dir}: copy one of them there from hardware/ and name it with "
+                    f"{self.option('collective_hardware')}{alternative.replace(' or ', ', or give ')}")
         if not covering:  # "give one of them" of none reads as a riddle
             return (f"no GPU has measured models for {what}"
                     + (f"; give {self.option('collective_estimate', 'analytical')} for the warned estimate"

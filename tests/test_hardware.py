@@ -254,3 +254,13 @@ def test_a_gpu_of_ones_own_hardware_dir_runs_tensor_parallel_workloads(tmp_path,
     assert run_cli(generate, ["--model_config", "Qwen3-32B", "--requests", "2", "--prompt_tokens", "64",
                               "--output_tokens", "3", "--hardware", "My GPU", "--output_dir", str(tmp_path)]) == 2
     assert "unknown GPU 'My GPU'" in capsys.readouterr().err
+    # a folder of that GPU alone: the GPUs with measured collectives are named, with how to use one of them
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(hardware / "My GPU.json", alone)
+    assert run_cli(aggregate.main, ["--workload", str(workload), "--hardware", "My GPU", "--hardware_dir", str(alone),
+                                    "--collective_estimate", "model", "--output", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "GPUs with measured models for all_reduce with 2 workers: " in err and "H100" in err
+    assert f"whose JSONs are not in {alone}: copy one of them there from hardware/ and name it with " \
+           "--collective_hardware, or give --collective_estimate analytical" in err

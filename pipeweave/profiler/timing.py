@@ -186,7 +186,8 @@ class RotatingTimer(_EventTimer):
             # One timed pass over the copies: the kernel's time (to size the blocks) and the host's enqueue cost.
             (pass_us,), host_us = self._blocks(fns, 1, len(fns), None)
             launch_us = max(pass_us / len(fns), 1e-3)
-            block = len(fns) * max(1, math.ceil(self.BLOCK_US / (launch_us * len(fns))))
+            passes = max(1, math.ceil(self.BLOCK_US / (launch_us * len(fns))))
+            block = len(fns) * max(1, min(passes, self.MAX_QUEUED // len(fns)))  # a block fits behind one spin
             n = self._rounds(repeats, launch_us * block, max(1, self.MAX_LAUNCHES // block))
             per_group = max(1, self.MAX_QUEUED // block)
             durations = []
