@@ -1007,7 +1007,7 @@ def test_crosscheck_sets_measured_kernels_beside_the_reference_rows(tmp_path, ca
     row = next(line for line in report.read_text().splitlines() if line.startswith("| gemm |"))
     # the unmatched shape is left out
     assert "| gemm | NVIDIA H200 | 3 | 1.200 | 1.050–1.350 | 0.900 – 1.500 |" in row
-    assert "[10.0, 100.0) µs: 1.350 (2); [100.0, 1000.0) µs: 0.900 (1)" in row
+    assert "[10.0, 30.0) µs: 1.200 (1); [30.0, 100.0) µs: 1.500 (1); [100.0, 1000.0) µs: 0.900 (1)" in row
     assert report.read_text() == capsys.readouterr().out
     assert run_cli(crosscheck.main, ["--measured_dir", str(tmp_path / "measured"), "--dataset_dir",
                                      str(tmp_path / "absent")]) == 2

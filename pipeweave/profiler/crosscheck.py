@@ -11,7 +11,7 @@ every operator, the measured rows (``<measured_dir>/<gpu>/<op>.csv``, read as ``
 them) are joined with the rows of ``dataset/<op>_{train,test}.csv`` whose source starts with ``--reference``
 (default aiconfigurator-core: vLLM's kernels as aiconfigurator timed them) on GPU, shape columns and dtype. Per
 operator and GPU the report gives the ratio measured / reference: median, interquartile range and extremes over
-all matched rows, the median per reference duration decade (launch-bound kernels differ in other ways than
+all matched rows, the median per reference duration bin (launch-bound kernels differ in other ways than
 long ones), and the rows that differ most. Nothing is fitted.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pipeweave.paths import CHECKOUT, DATASET_DIR
 
 DEFAULT_MEASURED_DIR = DATASET_DIR / "measured"
 DEFAULT_REFERENCE = "aiconfigurator-core"
-#: reference duration decades (µs) of the per-regime medians
-DURATION_EDGES = (0.0, 10.0, 100.0, 1000.0, np.inf)
+#: reference duration bins (µs) of the per-regime medians: the harness gaps measured on an H100 lie below 100 µs
+DURATION_EDGES = (0.0, 10.0, 30.0, 100.0, 1000.0, np.inf)
 WORST_ROWS = 5
 
 
@@ -45,7 +45,7 @@ def matched_rows(op: str, measured: pd.DataFrame, reference: pd.DataFrame) -> pd
 
 
 def summary(op: str, joined: pd.DataFrame) -> list[dict]:
-    """One entry per GPU: matched rows, ratio quantiles, per-decade medians and the most different rows."""
+    """One entry per GPU: matched rows, ratio quantiles, medians per duration bin and the most different rows."""
     out = []
     shape_columns = list(get_operator(op).shape_columns)
     for gpu, rows in joined.groupby("hardware", sort=True):
