@@ -114,15 +114,17 @@ LATENCY_BOUND_ROOF_US = 1.0
 FLOOR_PERCENTILE = 0.1
 #: regime bins: edges of log10(roofline time in µs) and of log10(C_ideal / C_dram); outer bins are open
 SIZE_EDGES = (-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
-#: log10(roofline time in µs) at which each size bin's floor holds exactly: the middle of an inner bin, an outer bin
-#: half a bin width beyond its edge; between them the allowance R / floor is interpolated
-SIZE_CENTRES = np.concatenate([[SIZE_EDGES[0] - 0.25], np.add(SIZE_EDGES[:-1], SIZE_EDGES[1:]) / 2,
-                               [SIZE_EDGES[-1] + 0.25]])
 INTENSITY_EDGES = (-1.0, -0.5, 0.0, 0.5, 1.0)
-#: the same for the intensity bins
-INTENSITY_CENTRES = np.concatenate([[INTENSITY_EDGES[0] - 0.25],
-                                    np.add(INTENSITY_EDGES[:-1], INTENSITY_EDGES[1:]) / 2,
-                                    [INTENSITY_EDGES[-1] + 0.25]])
+
+
+def bin_centres(edges) -> np.ndarray:
+    """Where each bin's floor holds exactly: the middle of an inner bin, an outer bin half a bin width (0.25)
+    beyond its edge; between them the allowance R / floor is interpolated."""
+    return np.concatenate([[edges[0] - 0.25], np.add(edges[:-1], edges[1:]) / 2, [edges[-1] + 0.25]])
+
+
+#: log10(roofline time in µs) and log10 intensity at the bins' centres (:func:`bin_centres`)
+SIZE_CENTRES, INTENSITY_CENTRES = bin_centres(SIZE_EDGES), bin_centres(INTENSITY_EDGES)
 #: fewer rows than this in a bin: its floor is not trusted (a 0.1th percentile of 200 rows is below the minimum)
 MIN_BIN_ROWS = 200
 BAND_TABLE_PATH = Path(__file__).with_name("efficiency_band.json")
