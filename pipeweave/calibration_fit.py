@@ -396,7 +396,7 @@ def read_kernel_csvs(paths: list[str], spec: HardwareSpec, registry, runs: bool 
     files, left_out = [], []
     for path in paths:
         try:
-            files.append((path, *read_kernel_file(path, spec, registry)))
+            files.append((path, *read_kernel_csv(path, spec, registry)))
         except NothingModelled as exc:
             left_out.append(str(exc))
             print(f"WARNING: {exc}; file left out")
@@ -417,7 +417,7 @@ def newest_measurements(files: list) -> list:
     winner: dict[tuple, tuple] = {}  # (op, shape) -> (timestamp, file position, row position)
     keys = []
     for position, (_, op, frame, _, stamps) in enumerate(files):
-        shapes = frame[list(shape_columns[op])].apply(lambda column: column.map(same_cell)).apply(tuple, axis=1)
+        shapes = same_cells(frame, list(shape_columns[op])).apply(tuple, axis=1)
         keys.append([(op, shape) for shape in shapes])
         for row, (key, stamp) in enumerate(zip(keys[-1], stamps)):
             winner[key] = max(winner.get(key, ("", -1, -1)), (stamp, position, row))
@@ -483,6 +483,11 @@ def check_kernel_shapes(op: str, frame: pd.DataFrame, path: Path) -> None:
                             f"{most:,} (pipeweave.validation), got {frame[column].iloc[row]!r}")
 
 
+def same_cells(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``frame``'s ``columns`` as keys (:func:`same_cell`): a shape is the same however its numbers are written."""
+    return frame[columns].apply(lambda column: column.map(same_cell))
+
+
 def same_cell(text: str) -> str:
     """A cell as a key: stripped, an integral number written as an integer ("16.0", " 16" and "16" alike)."""
     text = str(text).strip()
@@ -493,19 +498,12 @@ def same_cell(text: str) -> str:
     return str(int(number)) if math.isfinite(number) and number == int(number) else text
 
 
-def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry) -> tuple[str, pd.DataFrame]:
-    """(operator, rows) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns, another GPU's
-    rows or MoE rows that are not whole layers are errors. Rows that timed another kernel than the one pipeweave
-    predicts are left out (:func:`modelled_rows`), and rows of the profiler's flush timing warned of."""
-    op, frame, flushed, _ = read_kernel_file(path, spec, registry)
-    warn_of_flush_timing(path, int(flushed.sum()))
-    return op, frame
-
-
-def read_kernel_file(path: str | Path, spec: HardwareSpec, registry
-                     ) -> tuple[str, pd.DataFrame, np.ndarray, np.ndarray]:
-    """:func:`read_kernel_csv`'s (operator, rows), with per row whether the profiler's flush timing timed it
-    (:func:`flush_timed`) and its ``timestamp`` ("" without one), and no warning of them."""
+def read_kernel_csv(path: str | Path, spec: HardwareSpec, registry
+                    ) -> tuple[str, pd.DataFrame, np.ndarray, np.ndarray]:
+    """(operator, rows, per row whether the profiler's flush timing timed it (:func:`flush_timed`), per row its
+    ``timestamp`` ("" without one)) of a kernel CSV in the profiler's format of ``spec``'s GPU; unknown columns,
+    another GPU's rows or MoE rows that are not whole layers are errors. Rows that timed another kernel than the one
+    pipeweave predicts are left out (:func:`modelled_rows`)."""
     import pandas as pd
 
     from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, unmodelled_reasons
@@ -553,7 +551,7 @@ def read_kernel_file(path: str | Path, spec: HardwareSpec, registry
     keys = [column for column in ("op", *shape_columns[op]) if column in frame.columns]
     # a re-measured row supersedes the older one (every row is of this GPU, however its name is spelt; 16 and 16.0
     # are one size)
-    superseded = frame[keys].apply(lambda column: column.map(same_cell)).duplicated(keep="last")
+    superseded = same_cells(frame, keys).duplicated(keep="last")
     if superseded.any():  # said: two runs appended to one file with different times would otherwise pass unseen
         print(f"WARNING: --kernels {path}: {int(superseded.sum())} row(s) measure a shape a later row measures again "
               f"(the first: line {int(frame.index[np.flatnonzero(superseded.to_numpy())[0]]) + 2}); the later row of "

@@ -1058,7 +1058,7 @@ def test_a_kernel_calibration_fits_what_predict_kernels_applies_where_kernels_si
                         + "".join(f"gemm,{m},{n},{k},NVIDIA A40,{t}\n" for m, n, k, t in rows))
     predictor, prior = KernelPredictor(), load_prior()
     spec = predictor.hardware.get("A40")
-    op, frame = calibration_fit.read_kernel_csv(measured, spec, predictor.hardware)
+    op, frame, *_ = calibration_fit.read_kernel_csv(measured, spec, predictor.hardware)
     equations = calibration_fit.kernel_equations(op, frame, spec, predictor, prior, "gemm.csv")
     theta, std = fit_map(equations, prior)
     calibration = Calibration(spec.stem, spec.name, theta, std, {"kernels": []}, {}, {}, prior.standardisation)
@@ -1132,7 +1132,7 @@ def test_repeats_of_one_run_count_once_and_impossible_runs_are_caught(tmp_path, 
 
     predictor = KernelPredictor()
     capsys.readouterr()
-    _, frame = calibration_fit.read_kernel_csv(measured, predictor.hardware.get("L40"), predictor.hardware)
+    _, frame, *_ = calibration_fit.read_kernel_csv(measured, predictor.hardware.get("L40"), predictor.hardware)
     assert frame["avg_duration"].tolist() == [44.0, 900.0]
     # said (a third audit: two runs appended to one file were taken row by row without a word)
     assert (f"WARNING: --kernels {measured}: 1 row(s) measure a shape a later row measures again (the first: line "
