@@ -73,10 +73,9 @@ class _Rank:
         self.cycles_per_us = 0.0
         if self.cuda:
             from .measure import warm_up_gpu
-            from .timing import spin_cycles_per_us
+            from .timing import cold_bytes, spin_cycles_per_us
 
-            l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-            self.flush = torch.empty(max(2 * l2, 64 * 2 ** 20), dtype=torch.int8, device=device)
+            self.flush = torch.empty(cold_bytes(torch, device), dtype=torch.int8, device=device)
             warm_up_gpu(torch, device)  # the spin calibrated at idle clocks would run short once they rise
             self.cycles_per_us = spin_cycles_per_us(torch, device)
 

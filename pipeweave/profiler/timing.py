@@ -113,6 +113,14 @@ def spin_cycles_per_us(torch, device) -> float:
     return cycles / elapsed_us if elapsed_us > 0 else 0.0
 
 
+def cold_bytes(torch, device, l2_bytes: int | None = None) -> int:
+    """Bytes that leave nothing of what ran before in the L2 of ``device`` (``l2_bytes``, or what the driver
+    reports): at least twice the L2, and never less than 64 MiB, should the driver report no L2 size."""
+    if l2_bytes is None:
+        l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    return max(2 * l2_bytes, 64 * 2 ** 20)
+
+
 class _EventTimer:
     """What both CUDA-event timers share: the device, the L2 size, the spin and the per-shape budget."""
 
@@ -122,10 +130,7 @@ class _EventTimer:
             import torch
         self.torch = torch
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if l2_bytes is None:
-            l2_bytes = int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or 0)
-        # At least twice the L2 (and never less than 64 MiB, should the driver report no L2 size).
-        self.cold_bytes = max(2 * l2_bytes, 64 * 2 ** 20)
+        self.cold_bytes = cold_bytes(torch, self.device, l2_bytes)
         self.max_row_seconds = max_row_seconds
         self.min_repeats = max(1, min_repeats)
         self._sleep = getattr(torch.cuda, "_sleep", None)
