@@ -27,7 +27,7 @@ from dataset.common import (COLLECTIVE_COLUMNS, COLUMNS, DEFAULT_DTYPE, INT_COLU
                             SHAPE_COLUMNS, Log, concat_frames, finalize, normalise_dtype, wanted_ops)
 from dataset.vidur import load_vidur
 from pipeweave.paths import DEFAULT_MEASURED_DIR, REPO_ROOT, existing_shared_data_dir
-from pipeweave.profiler.csvio import TIMING_BEFORE_COLUMN, unmodelled_reasons
+from pipeweave.profiler.csvio import FLUSH_TIMING_GAP, TIMING_BEFORE_COLUMN, unmodelled_reasons
 
 #: the public entry points of the measurement loaders (the per-source modules hold the details)
 __all__ = [
@@ -92,13 +92,19 @@ def load_measured(measured_dir: Path | str | None = None, ops=None, log: Log = p
             for reason in dict.fromkeys(r for r in reasons if r):
                 log(f"[{label}] {reasons.count(reason)} {op} rows {reason}; skipped")
             rows = rows[[reason is None for reason in reasons]]
-            if "timing" in rows.columns:  # a shape measured again with another --timing: the later timing only
-                timing = rows["timing"].astype(object).where(rows["timing"].notna(), TIMING_BEFORE_COLUMN).astype(str)
-                latest = timing.groupby([rows[c] for c in (*SHAPE_COLUMNS[op], "hardware")], sort=False,
-                                        dropna=False).transform("last")  # a row missing a cell is dropped later, said
-                rows = rows[(timing == latest).to_numpy()]
+            timing = (rows["timing"].astype(object).where(rows["timing"].notna(), TIMING_BEFORE_COLUMN).astype(str)
+                      if "timing" in rows.columns else pd.Series(TIMING_BEFORE_COLUMN, index=rows.index))
+            # a shape measured again with another --timing: the later timing only
+            latest = timing.groupby([rows[c] for c in (*SHAPE_COLUMNS[op], "hardware")], sort=False,
+                                    dropna=False).transform("last")  # a row missing a cell is dropped later, said
+            rows, timing = rows[(timing == latest).to_numpy()], timing[(timing == latest).to_numpy()]
             if rows.empty:
                 continue
+            flushed = int((timing == TIMING_BEFORE_COLUMN).sum())
+            if flushed:  # kept (the user measured them), but said: they train and calibrate like any other row
+                log(f"[{label}] {flushed} {op} rows timed with profile_operators.py --timing flush, "
+                    f"{FLUSH_TIMING_GAP}; kept (README, 'Measuring a new GPU'): measure them again with the default "
+                    f"--timing rotate")
             frame = rows[SHAPE_COLUMNS[op] + ["hardware", "avg_duration"]].copy()
             dtypes = rows["dtype"] if "dtype" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
             frame["dtype"] = [normalise_dtype(v, DEFAULT_DTYPE[op]) for v in dtypes]

@@ -434,10 +434,11 @@ def newest_measurements(files: list) -> list:
 
 
 def warn_of_flush_timing(path, rows: int) -> None:
+    from pipeweave.profiler.csvio import FLUSH_TIMING_GAP
+
     if rows:
-        print(f"WARNING: --kernels {path}: {rows} row(s) timed with profile_operators.py --timing flush, which on an "
-              f"H100 timed BF16 GEMMs a median 1.44x (under 10 µs 1.76x) the harness of the data pipeweave is "
-              f"trained on; calibrated on such rows, H100's measured end-to-end runs were predicted 13.0 % off "
+        print(f"WARNING: --kernels {path}: {rows} row(s) timed with profile_operators.py --timing flush, "
+              f"{FLUSH_TIMING_GAP}; calibrated on such rows, H100's measured end-to-end runs were predicted 13.0 % off "
               f"instead of 2.8 % (README, 'Measuring a new GPU'): measure again with the default --timing rotate")
 
 

@@ -108,6 +108,21 @@ def test_a_shape_measured_again_with_another_timing_takes_the_later_timing_only(
     gemm = load_measured(base, log=messages.append)["gemm"].sort_values("M")
     assert gemm["avg_duration"].tolist() == pytest.approx([21.0, 25.0])  # the rotate repeats averaged; M=32 kept
     assert "1 missing value" in "\n".join(messages)  # the row without M is dropped with a line, not unsaid
+    # the flush row of M=16 was measured again; the row without a timing (M=32) was written before the column
+    assert [m.split("] ")[1][:15] for m in messages if "--timing flush" in m] == ["1 gemm rows tim"]
+
+
+def test_flush_timed_rows_are_kept_and_said(tmp_path):
+    base = tmp_path / "measured"
+    gemm = {"op": ["gemm"] * 2, "M": [16, 32], "N": [4096] * 2, "K": [4096] * 2, "hardware": ["NVIDIA H100"] * 2,
+            "avg_duration": [30.0, 25.0]}
+    _write(base / "H100" / "old.csv", pd.DataFrame(gemm))  # before the timing column: flush
+    _write(base / "H100" / "new.csv", pd.DataFrame({**gemm, "timing": ["flush", "rotate"]}))
+    messages: list[str] = []
+    assert len(load_measured(base, log=messages.append)["gemm"]) == 4
+    said = [m for m in messages if "--timing flush" in m]
+    assert len(said) == 2 and "H100/old.csv] 2 gemm rows" in said[1] and "H100/new.csv] 1 gemm rows" in said[0]
+    assert all("--timing rotate" in m for m in said)
 
 
 def test_load_measurements_without_shared_sources(tmp_path, monkeypatch):

@@ -38,6 +38,10 @@ MEASUREMENT_COLUMNS = (
 )
 #: the ``timing`` of a row written before the column existed (2026-12-05): CudaEventTimer's flush timing
 TIMING_BEFORE_COLUMN = "flush"
+#: what the flush timing does to short kernels (measured on an H100, README "Measuring a new GPU"): said wherever
+#: such rows are read to train or calibrate
+FLUSH_TIMING_GAP = ("which on an H100 timed BF16 GEMMs a median 1.44x (under 10 µs 1.76x) the harness of the data "
+                    "pipeweave is trained on")
 
 
 def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
