@@ -104,7 +104,8 @@ def workload_memory(workload: FlatWorkload, spec: HardwareSpec):
     try:
         cfg = config_from_model_params(workload.model_params, workload.model)
         return check_memory(cfg, spec, workload.prompt_lengths, len(workload.phases), tp=workload.tp_size,
-                            pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype)
+                            pp=workload.pp_size, ep=workload.ep_size, dtype=workload.dtype,
+                            forward_lengths=workload.peak_q_lengths)
     except WorkloadError as exc:
         raise WorkloadFormatError(f"{workload.stem}: memory check: {exc}") from None
 

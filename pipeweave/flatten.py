@@ -46,11 +46,13 @@ class FlatWorkload:
     inst_code: np.ndarray  # index into CATEGORIES
     inst_local: np.ndarray  # index into shapes[op] (kernels) or collectives
     counts_int: list[int] = field(default_factory=list)
-    #: what the memory check (pipeweave.memory) reads: model_params (None if absent), EP, dtype, prompt lengths
+    #: what the memory check (pipeweave.memory) reads: model_params (None if absent), EP, dtype, prompt lengths, and
+    #: the query lengths of the iteration with the most query tokens, whose activations are the peak
     model_params: dict | None = None
     ep_size: int = 1
     dtype: str = "bf16"
     prompt_lengths: list[int] = field(default_factory=list)
+    peak_q_lengths: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, workload: Workload, stem: str = "workload", path: Path | None = None) -> "FlatWorkload":
@@ -83,6 +85,9 @@ class FlatWorkload:
             if not entries:  # an in-memory iteration (a file's are checked by its reader)
                 raise WorkloadFormatError(f"{stem}: iteration {position + 1}: {NO_OPERATORS}")
             layout.append(entries)
+        # a workload without a prefill iteration (decode steps alone) never runs a forward pass over its prompts
+        attentions = [it.attention for it in workload.iterations if it.attention is not None]
+        peak = max(attentions, key=lambda attention: sum(attention.q_lengths), default=None)
         return cls(
             path=path, stem=stem, model=workload.model, tp_size=workload.tp_size, pp_size=workload.pp_size,
             numbers=[it.iteration for it in workload.iterations], phases=[it.phase for it in workload.iterations],
@@ -91,6 +96,7 @@ class FlatWorkload:
             inst_code=np.asarray(inst_code, dtype=np.int64), inst_local=np.asarray(inst_local, dtype=np.int64),
             counts_int=inst_count, model_params=workload.model_params, ep_size=workload.ep_size,
             dtype=workload.dtype, prompt_lengths=list(first.attention.kv_lengths) if first.attention else [],
+            peak_q_lengths=list(peak.q_lengths) if peak else [],
         )
 
     @property

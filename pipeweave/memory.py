@@ -16,15 +16,15 @@ deployment would lay the model out, and names the smallest TP that would fit. Ev
 * **KV cache**: K and V in BF16 (vLLM's default ``kv_cache_dtype="auto"`` follows the activation dtype, BF16
   also for FP8 weights) for every request at its longest length, ``prompt + output_tokens − 1`` tokens (the
   last decode iteration's ``kv_lengths``), rounded up to vLLM's 16-token blocks, over the stage's layers.
-* **activations**: the largest live set of one layer during the prefill of all ``T`` prompt tokens (the
-  workload's single prefill iteration): residual and normalised hidden states (2·T·H), plus the larger of
-  the attention projections (QKV and attention output) and the MLP intermediates (gate/up output and
-  activation output; for MoE the fused kernel's per-slot caches, T·top_k·(max(2·I/moe_tp, H) + I/moe_tp): vLLM's
-  ``fused_experts`` keeps the w13 output (2·I) and the w2 output (H) in one buffer, since the first is dead when
-  the second is written, beside the SiLU*Mul output (I); T capped at vLLM's ``VLLM_FUSED_MOE_CHUNK_SIZE`` of 32,768
-  tokens), all BF16; plus FP32 logits of one token per request over the whole vocabulary (vLLM V1 all-gathers the
-  TP ranks' logits, so that every rank samples; the sampler's own workspace, e.g. the sort of a top-k / top-p pass,
-  is not counted).
+* **activations**: the largest live set of one layer during the prefill of all ``T`` prompt tokens (the workload's
+  single prefill iteration; in a workload of decode steps alone, its largest step's tokens): residual and normalised
+  hidden states (2·T·H), plus the larger of the attention projections (QKV and attention output) and the MLP
+  intermediates (gate/up output and activation output; for MoE the fused kernel's per-slot caches,
+  T·top_k·(max(2·I/moe_tp, H) + I/moe_tp): vLLM's ``fused_experts`` keeps the w13 output (2·I) and the w2 output (H)
+  in one buffer, since the first is dead when the second is written, beside the SiLU*Mul output (I); T capped at
+  vLLM's ``VLLM_FUSED_MOE_CHUNK_SIZE`` of 32,768 tokens), all BF16; plus FP32 logits of one token per request over
+  the whole vocabulary (vLLM V1 all-gathers the TP ranks' logits, so that every rank samples; the sampler's own
+  workspace, e.g. the sort of a top-k / top-p pass, is not counted).
 * **runtime allowance** (``RUNTIME_OVERHEAD_BYTES``, 1 GiB): CUDA context, cuBLAS and NCCL workspaces and
   CUDA-graph pools, the "non-torch" memory that vLLM's start-up profiling measures (about 0.5–1.5 GB).
 
@@ -221,9 +221,13 @@ def check_layout(cfg: ModelConfig, tp: int, pp: int, ep: int = 1, prompt_tokens:
 
 
 def check_memory(cfg: ModelConfig, hw: HardwareSpec, prompt_tokens: Sequence[int], output_tokens: int, tp: int = 1,
-                 pp: int = 1, ep: int = 1, dtype: str = "bf16") -> MemoryCheck:
-    """Per-GPU memory of a static batch (prompts, output_tokens) on ``hw`` and the smallest TP that fits."""
+                 pp: int = 1, ep: int = 1, dtype: str = "bf16",
+                 forward_lengths: Sequence[int] | None = None) -> MemoryCheck:
+    """Per-GPU memory of a static batch (prompts, output_tokens) on ``hw`` and the smallest TP that fits.
+    ``forward_lengths``: the query lengths of the largest forward pass, whose activations are the peak (default: the
+    prompts, the static batch's prefill; a workload of decode steps alone passes its largest step's)."""
     check_layout(cfg, tp, pp, ep, prompt_tokens, output_tokens)
+    forward = list(prompt_tokens if forward_lengths is None else forward_lengths)
     if not hw.total_global_mem:
         raise WorkloadError(f"{hw.stem}: the hardware JSON has no totalGlobalMem; the memory check needs it")
     available = GPU_MEMORY_UTILIZATION * hw.total_global_mem
@@ -231,7 +235,7 @@ def check_memory(cfg: ModelConfig, hw: HardwareSpec, prompt_tokens: Sequence[int
 
     def need(size: int) -> tuple[float, float, float]:
         return (weight_bytes_per_gpu(cfg, size, pp, ep, dtype), kv_cache_bytes_per_gpu(cfg, longest, size, pp),
-                activation_bytes_per_gpu(cfg, sum(prompt_tokens), len(prompt_tokens), size, ep))
+                activation_bytes_per_gpu(cfg, sum(forward), len(forward), size, ep))
 
     smallest = smallest_fitting_tp(cfg, lambda size: sum(need(size)) + RUNTIME_OVERHEAD_BYTES <= available, ep)
     weights, kv_cache, activations = need(tp)

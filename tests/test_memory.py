@@ -211,6 +211,28 @@ def test_aggregator_refuses_a_workload_that_does_not_fit(tmp_path, repo_root):
     assert record["fits"] is False and record["ignored"] is True and record["smallest_tp"] == 4
 
 
+def test_a_workload_of_decode_steps_alone_is_not_charged_a_prefill(tmp_path):
+    """Llama-3.1-8B, 96 requests of 4,000 prompt tokens on H100 (76.4 GB usable): the static batch's prefill of
+    384,000 tokens holds 39.4 GB of activations and does not fit, but the same workload's two decode steps alone run
+    96 tokens each; their weights (16.1 GB) and KV cache (50.5 GB) fit, and the check charged them that prefill."""
+    from pipeweave.aggregate import Job, load_workload, memory_check, workload_memory
+    from pipeweave.cli import UserError
+    from pipeweave.memory import activation_bytes_per_gpu
+    from pipeweave.workload import build_workload
+
+    cfg, h100 = load_model_config("Llama-3.1-8B"), GPUS.get("H100")
+    data = build_workload(cfg, [4000] * 96, 3).to_dict()
+    (tmp_path / "batch.json").write_text(json.dumps(data))
+    (tmp_path / "decode.json").write_text(json.dumps({**data, "iterations": data["iterations"][1:]}))
+    with pytest.raises(UserError, match="does not fit in GPU memory at TP 1"):
+        memory_check(Job(load_workload(tmp_path / "batch.json"), h100), False, log=None)
+    decode = load_workload(tmp_path / "decode.json")
+    assert memory_check(Job(decode, h100), False, log=None) is None
+    check = workload_memory(decode, h100)
+    assert check.activations == activation_bytes_per_gpu(cfg, 96, 96, tp=1)
+    assert check.kv_cache == kv_cache_bytes_per_gpu(cfg, [4002] * 96, tp=1)
+
+
 def test_fp8_on_a_gpu_without_an_fp8_rate_is_refused_for_that_alone(tmp_path):
     """Llama-3.1-70B FP8 at TP 4 on A10 or A30 (no FP8 tensor rate; too large too) was refused with "the smallest TP
     that fits is 8", a fix that would not make it run: the missing FP8 rate is the one reason given, also with
