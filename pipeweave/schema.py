@@ -304,6 +304,15 @@ class Iteration:
             raise WorkloadFormatError(f"Iteration: {problem}")
         if not _is_pos_int(self.iteration):
             raise WorkloadFormatError(f"Iteration: iteration must be a positive integer, got {self.iteration!r}")
+        bs, q, kv, tokens = self.batch_size, self.q_lengths, self.kv_lengths, self.num_tokens
+        if not ((bs is q is kv is tokens is None)  # an in-memory step (the serving simulator's) describes no batch
+                or (type(bs) is int and 0 < bs <= _BATCH and type(tokens) is int and 0 < tokens <= _TOKENS
+                    and type(q) in _SEQUENCES and type(kv) in _SEQUENCES and len(q) == bs == len(kv)
+                    and _INT.issuperset(map(type, q)) and _INT.issuperset(map(type, kv)) and min(q) > 0
+                    and min(kv) > 0)):
+            problem = batch_fields_problem(bs, q, kv, tokens)
+            if problem:
+                raise WorkloadFormatError(f"Iteration: {problem}")
 
     def kernels(self):
         """(category key, name or None, op) of every kernel entry, in output order."""
@@ -406,12 +415,31 @@ def _is_count(value) -> bool:
     return type(value) is int and value > 0
 
 
-def _int_list_problem(value, bs: int) -> str | None:
-    """None if ``value`` is a list of ``bs`` positive ints, else what is wrong."""
+def batch_fields_problem(batch_size, q_lengths, kv_lengths, num_tokens) -> str | None:
+    """None if an iteration's description of its batch (``batch_size``, ``q_lengths``, ``kv_lengths``,
+    ``num_tokens``; each may be absent, None) is well-formed, else what is wrong. Prediction does not read them, but a
+    file that holds them must not hold nonsense (a negative batch, lengths as strings) that other tools would read."""
+    for key, value, limit in (("batch_size", batch_size, _BATCH), ("num_tokens", num_tokens, _TOKENS)):
+        if value is not None and not (_is_pos_int(value) and value <= limit):
+            return f"{key} must be a positive integer up to {limit:,}, got {value!r}"
+    for key, value in (("q_lengths", q_lengths), ("kv_lengths", kv_lengths)):
+        if value is None:
+            continue
+        if type(value) not in _SEQUENCES or not value:
+            return f"{key} must be a non-empty list of positive integers"
+        size = len(value) if batch_size is None else batch_size
+        if len(value) == size and _INT.issuperset(map(type, value)) and min(value) > 0:  # at C speed
+            continue
+        return f"{key} {_int_list_problem(list(value), size, 'batch_size')}"
+    return None
+
+
+def _int_list_problem(value, bs: int, size_key: str = "bs") -> str | None:
+    """None if ``value`` is a list of ``bs`` positive ints, else what is wrong (``size_key`` names ``bs``)."""
     if type(value) is not list:
         return "must be a list of positive integers"
     if len(value) != bs:
-        return f"has {len(value)} entries but bs is {bs}"
+        return f"has {len(value)} entries but {size_key} is {bs}"
     for v in value:
         if type(v) is not int or v <= 0:
             return f"entries must be positive integers, got {v!r}"
@@ -568,9 +596,12 @@ class _Reader:
                           if unknown[0] in workload_operators() else "")
             self.fail(f"{where}: unknown operator class operators.{unknown[0]} (known: {', '.join(CATEGORY_KEYS)})"
                       + registered)
-        out = Iteration(phase=phase, iteration=number, batch_size=iteration.get("batch_size"),
-                        q_lengths=iteration.get("q_lengths"), kv_lengths=iteration.get("kv_lengths"),
-                        num_tokens=iteration.get("num_tokens"))
+        batch = [iteration.get(key) for key in ("batch_size", "q_lengths", "kv_lengths", "num_tokens")]
+        try:
+            out = Iteration(phase, number, batch_size=batch[0], q_lengths=batch[1], kv_lengths=batch[2],
+                            num_tokens=batch[3])
+        except WorkloadFormatError:  # its description of the batch; the message names the iteration
+            self.fail(f"{where}: {batch_fields_problem(*batch)}")
         for key, read in (("gemm", self.gemm), ("gemm_fp8", self.gemm), ("moe", self.moe), ("quantize", self.quantize)):
             names = set()
             setattr(out, key, [read(op, f"{where}: operators.{key}[{i}]", names)

@@ -370,6 +370,15 @@ def test_quantile_models_give_optimistic_summary(models, tmp_path):
      "iteration 1: operators.communication[0]: unknown collective 'all_to_all'"),
     (lambda d: d.update(tp_size=0), "tp_size must be a positive integer"),
     (lambda d: d.update(iterations=[]), "'iterations' must be a non-empty list"),
+    # the iteration's description of its batch is not predicted from, but nonsense there was read without a word
+    (lambda d: d["iterations"][1].update(batch_size="8"),
+     "iteration 2: batch_size must be a positive integer up to 65,536, got '8'"),
+    (lambda d: d["iterations"][0].update(num_tokens=-3), "iteration 1: num_tokens must be a positive integer"),
+    (lambda d: d["iterations"][0].update(q_lengths=[-1] * 8),
+     "iteration 1: q_lengths entries must be positive integers, got -1"),
+    (lambda d: d["iterations"][2].update(kv_lengths=[5]), "iteration 3: kv_lengths has 1 entries but batch_size is 8"),
+    (lambda d: d["iterations"][2].update(kv_lengths="5,5"),
+     "iteration 3: kv_lengths must be a non-empty list of positive integers"),
     # a misspelt or misplaced field would be ignored without a word: refused, naming it and what the entry takes
     (lambda d: d["iterations"][0]["operators"]["gemm"][0].update(dtype="fp8"),
      "iteration 1: operators.gemm[0]: unknown field 'dtype' (a typo, or a field of another level?); this entry takes "

@@ -176,3 +176,8 @@ def test_in_memory_workload_fields_are_refused_as_a_file_refuses_them(fields, me
         Workload([step], **fields)
     with pytest.raises(WorkloadFormatError, match=r"^Iteration: iteration must be a positive integer, got 0$"):
         Iteration("decode", iteration=0, rmsnorm=ElementwiseOp(8, 5120, 1))
+    with pytest.raises(WorkloadFormatError, match=r"^Iteration: batch_size must be a positive integer up to 65,536, "
+                                                  r"got -1$"):
+        Iteration("decode", batch_size=-1, rmsnorm=ElementwiseOp(8, 5120, 1))
+    with pytest.raises(WorkloadFormatError, match=r"^Iteration: q_lengths has 1 entries but batch_size is 2$"):
+        Iteration("decode", batch_size=2, q_lengths=[1], rmsnorm=ElementwiseOp(8, 5120, 1))
