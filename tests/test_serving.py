@@ -130,6 +130,16 @@ def test_arrival_column_is_read_as_parse_trace_reads_the_trace(tmp_path):
         load_serving_trace(path)
 
 
+@pytest.mark.parametrize("column", ["arrival_time", "arrival_time_ms", "arival_time_s", "Arrival_Time_s"])
+def test_an_arrival_column_under_another_name_is_refused(tmp_path, column):
+    """A trace whose arrival times sat in a column not named arrival_time_s was read as if it had none: every request
+    arrived at t = 0, with no word of the column ignored."""
+    path = tmp_path / "timed.csv"
+    path.write_text(f"request,prompt_tokens,decode_tokens,output_tokens,{column}\n1,10,5,4,0\n2,20,0,4,50\n")
+    with pytest.raises(WorkloadError, match=f"column '{column}' is not read: .* named arrival_time_s"):
+        load_serving_trace(path)
+
+
 def test_arrivals_coarser_than_the_engine_rounding_are_refused(tmp_path):
     """Beyond 2³³ ms doubles are spaced wider than the engine's 10⁻⁶ ms step times: `--qps 1e-300` gave TTFT, TPOT
     and E2E of 0.000 ms."""

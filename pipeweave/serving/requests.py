@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeweave.workload import DEFAULT_TRACE_DIR, Trace, WorkloadError, load_trace
-from pipeweave.workload_inputs import resolve_named_file, trace_table
+from pipeweave.workload_inputs import one_edit_apart, resolve_named_file, trace_table
 
 ARRIVAL_COLUMN = "arrival_time_s"
 #: the engine rounds step durations to 10⁻⁶ ms (pipeweave.report.round6): at an arrival time where doubles are
@@ -68,6 +68,12 @@ def load_serving_trace(name: str | Path, trace_dir: str | Path = DEFAULT_TRACE_D
     # the rows parse_trace read (so that arrival i is request i's), with the file's line numbers
     header, rows = trace_table(path.read_text(encoding="utf-8"))
     if ARRIVAL_COLUMN not in header:
+        # a column meant as the arrival times but named otherwise would be ignored, every request arriving at t = 0
+        meant = [cell for cell in header if cell.lower().startswith("arrival") or one_edit_apart(cell, ARRIVAL_COLUMN)]
+        if meant:
+            raise WorkloadError(f"trace {path.stem}: column {meant[0]!r} is not read: recorded arrival times go in a "
+                                f"column named {ARRIVAL_COLUMN} (seconds); rename it, or drop it for arrivals at t = 0 "
+                                f"or --qps")
         return ServingTrace(trace)
     column = header.index(ARRIVAL_COLUMN)
     arrivals = []
