@@ -258,6 +258,13 @@ def require_file(path: str | Path, what: str) -> Path:
     return path
 
 
+def require_png(path: str | Path, flag: str = "--plot") -> None:
+    """A figure is written as PNG whatever its name (through a temporary file, so matplotlib cannot take the format
+    from the name): under another suffix (``--plot cdf.pdf``) the file would hold PNG bytes."""
+    if Path(path).suffix.lower() != ".png":
+        raise UserError(f"{flag} {path}: the figure is written as PNG; give a .png file name")
+
+
 def check_output_path(path: str | Path, flag: str = "--output", hardware_dir: str | Path | None = None) -> Path:
     """``path`` if a file can be written there, else a UserError naming the flag (checked before any work, so that
     a bad second output never follows a written first one). A JSON file is refused among the GPU specs

@@ -31,7 +31,7 @@ import pandas as pd
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from pipeweave.baselines import ARTIFACT_METHODS, artifact_baselines_dir, read_artifact_baselines, shape_roofline_prediction
 from pipeweave.cli import (ArgumentParser, UserError, check_output_path, keep_marked_sections, program_name,
-                           write_atomically)
+                           require_png, write_atomically)
 from pipeweave.e2e_report import (document, markdown_static, markdown_summary, markdown_vllm, non_default_flags, plot,
                                    table_csv)
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
@@ -276,6 +276,8 @@ def check_outputs(args) -> None:
     for flag in ("output", "vllm_output", "plot", "markdown"):
         if getattr(args, flag, None):
             check_output_path(getattr(args, flag), f"--{flag}")
+    if getattr(args, "plot", None):
+        require_png(args.plot)
 
 
 def _inputs(args, kind: str):

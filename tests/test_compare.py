@@ -215,6 +215,15 @@ def test_committed_comparisons_are_of_the_committed_predictions(shared_data, tmp
     assert vllm.read_text() == (REPO / "e2e" / "vllm_comparison.csv").read_text()
 
 
+def test_a_plot_not_named_png_is_refused_before_any_output(tmp_path, capsys):
+    """The figure is PNG whatever its name: --plot comparison.pdf wrote PNG bytes under a .pdf name."""
+    from pipeweave.cli import run_cli
+
+    outputs = [tmp_path / "s.csv", tmp_path / "v.csv"]
+    assert run_cli(compare.main_static, ["--output", str(outputs[0]), "--vllm_output", str(outputs[1]), "--plot",
+                                         str(tmp_path / "p.pdf")]) == 2
+    assert "the figure is written as PNG; give a .png file name" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.data
@@ -432,7 +441,8 @@ def test_a_report_of_other_predictions_says_which_command_and_layout_made_it(tmp
             output["iterations"][0]["communication"] = {"logits_all_gather": {"count": 1}}
         (pred / name).write_text(json.dumps(output))
         shutil.copy(REPO_ROOT / "workload" / (name.rsplit("_", 1)[0] + ".json"), work)
-    outputs = {flag: tmp_path / f"out{flag}" for flag in ("--output", "--vllm_output", "--plot")}
+    outputs = {flag: tmp_path / f"out{flag}{'.png' if flag == '--plot' else ''}"
+               for flag in ("--output", "--vllm_output", "--plot")}
     argv = ["--pred_dir", str(pred), "--workload_dir", str(work), *(str(v) for pair in outputs.items() for v in pair),
             "--markdown", str(tmp_path / "E2E.md")]
     assert compare.main_static(argv) == 0

@@ -876,6 +876,7 @@ def test_serve_sim_and_search_config_apply_a_calibration_of_their_gpu_only(tmp_p
     (["--trace", "nope"], "unknown trace"),
     (["--qps", "1e-300", "--num_requests", "5"], "use a larger --qps"),
     (["--collective_hardware", "H999"], "unknown GPU 'H999'"),  # at TP 1 it was recorded in the output unchecked
+    (["--plot", "cdf.pdf"], "the figure is written as PNG; give a .png file name"),  # it held PNG bytes
 ])
 def test_serve_sim_errors_are_one_line(tmp_path, args, message):
     out = tmp_path / "out.json"
@@ -1273,6 +1274,7 @@ def test_search_with_no_feasible_candidate_writes_the_table(tmp_path, engine):
     (["--tpot_ms", "nan"], "argument --tpot_ms: must be a finite number above 0"),
     (["--output", "OUT.png"], "expected a .csv file"),
     (["--plot", "OUT.csv"], "--plot OUT.csv would overwrite the --output file"),
+    (["--plot", "OUT.svg"], "--plot OUT.svg: the figure is written as PNG"),
     (["--max_concurrent_batches", "2"], r"--max_concurrent_batches must be between 1 and the smallest --pp (1)"),
     (["--scheduler", "static"], "--scheduler static: here it is the address of a Dask scheduler"),  # serve_sim's
     (["--capacity", ""], "--capacity needs --ttft_ms"),

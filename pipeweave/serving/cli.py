@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, require_png, write_atomically
 from pipeweave.engine import uncalibrated, unmeasured_note
 from pipeweave.moe import EP_NOTE
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
@@ -300,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         outputs["--plot"] = Path(args.plot)
     check_paths(args, outputs)
+    if args.plot:
+        require_png(args.plot)
     from tqdm import tqdm
 
     from pipeweave.calibration import calibration_key

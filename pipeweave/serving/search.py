@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analytical_model.hardware import UnknownHardwareError
-from pipeweave.cli import ArgumentParser, UserError, positive_float, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, positive_float, require_png, write_atomically
 from pipeweave.engine import INTERVAL_ENDS, uncalibrated
 from pipeweave.moe import EP_NOTE
 from pipeweave.paths import command
@@ -535,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     record = output.with_suffix(".json")  # the sweep's settings, so that the table can be reproduced
     check_paths(args, {"--output": output, "the settings JSON of --output": record}
                 | ({"--plot": plot} if plot else {}))
+    if plot:
+        require_png(plot)
     sweep = plan(args)
     with tqdm(total=len(sweep.configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = execute(sweep, args.workers, args.scheduler_address, bar.update)
