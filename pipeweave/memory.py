@@ -7,8 +7,9 @@ deployment would lay the model out, and names the smallest TP that would fit. Ev
   no biases, which are < 0.01 % of these models). Linear layers are split over the TP ranks (query/output
   heads, MLP and expert widths, vocabulary padded to 64 entries as vLLM pads it); KV heads are split when there
   are at least TP of them, else one is kept per rank (vLLM replicates them). Norms and the MoE router are
-  replicated. A pipeline stage holds ceil(L / PP) layers and, when PP > 1, the larger of the embedding and
-  ``lm_head`` (both when PP = 1).
+  replicated. The stage sized is the one of most layers, ceil(L / PP) in vLLM's split
+  (:func:`pipeweave.workload.pipeline_stage_layers`), with, when PP > 1, the larger of the embedding and ``lm_head``
+  (both when PP = 1).
   Experts: EP must divide TP; each of the EP groups holds E / EP experts, each split over TP / EP ranks
   (``moe_tp × moe_ep = tp``, aiconfigurator's convention), so the expert bytes per GPU do not depend on EP.
   ``dtype="fp8"`` stores linear-layer weights in 1 byte; embeddings, ``lm_head``, norms and the router stay
@@ -41,7 +42,7 @@ from typing import Callable, Sequence
 
 from analytical_model.pipes import HardwareSpec
 from pipeweave.moe import MoeConfig, expert_parallel_problem
-from pipeweave.workload import ModelConfig, RankShapes, WorkloadError, padded_vocab_size
+from pipeweave.workload import ModelConfig, RankShapes, WorkloadError, padded_vocab_size, pipeline_stage_layers
 from pipeweave.workload_inputs import one_edit_apart
 
 GPU_MEMORY_UTILIZATION = 0.9
@@ -177,7 +178,7 @@ def weight_bytes_per_gpu(cfg: ModelConfig, tp: int, pp: int = 1, ep: int = 1, dt
     per_layer = linear * linear_bytes + (layer.norms + layer.router) * BF16_BYTES
     vocab_shard = math.ceil(padded_vocab_size(cfg) / tp) * h * BF16_BYTES
     tables = 1 if cfg.tie_word_embeddings or pp > 1 else 2
-    return math.ceil(cfg.num_hidden_layers / pp) * per_layer + tables * vocab_shard + h * BF16_BYTES
+    return max(pipeline_stage_layers(cfg.num_hidden_layers, pp)) * per_layer + tables * vocab_shard + h * BF16_BYTES
 
 
 def kv_cache_bytes_per_gpu(cfg: ModelConfig, longest_lengths: Sequence[int], tp: int, pp: int = 1) -> float:
@@ -185,7 +186,7 @@ def kv_cache_bytes_per_gpu(cfg: ModelConfig, longest_lengths: Sequence[int], tp:
     nkv = cfg.num_key_value_heads
     kv_heads = nkv // tp if nkv >= tp else 1
     tokens = sum(math.ceil(n / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS for n in longest_lengths)
-    return 2 * math.ceil(cfg.num_hidden_layers / pp) * kv_heads * cfg.head_dim * BF16_BYTES * tokens
+    return 2 * max(pipeline_stage_layers(cfg.num_hidden_layers, pp)) * kv_heads * cfg.head_dim * BF16_BYTES * tokens
 
 
 def activation_bytes_per_gpu(cfg: ModelConfig, tokens: int, sequences: int, tp: int, ep: int = 1) -> float:

@@ -117,6 +117,16 @@ def padded_vocab_size(cfg: ModelConfig) -> int:
     return -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
 
 
+def pipeline_stage_layers(num_layers: int, pp: int) -> list[int]:
+    """The decoder layers of each of ``pp`` pipeline stages as vLLM splits them (``get_pp_indices`` without
+    ``VLLM_PP_LAYER_PARTITION``): ``num_layers // pp`` each, one more on each of the ``num_layers % pp`` stages
+    before the last (which also holds ``lm_head``), e.g. 32 layers over 3 stages: 11, 11, 10."""
+    stages = [num_layers // pp] * pp
+    for extra in range(num_layers % pp):
+        stages[-2 - extra] += 1
+    return stages
+
+
 def iteration_operators(cfg: ModelConfig, shard: RankShapes, tp: int, pp: int, q: list[int], kv: list[int],
                         tokens: int, attention_type: str, rmsnorm_count: int, ep: int = 1,
                         dtype: str = "bf16", lm_head: str = LM_HEAD_DEFAULT) -> dict:

@@ -1316,3 +1316,22 @@ def test_serve_sim_warns_of_a_calibration_fitted_against_other_collective_models
     assert "fitted its communication factors" in capsys.readouterr().out
     assert run_cli(serve_main, [*flags, "--output", str(tmp_path / "tp1.json")]) == 0  # no collective at TP1
     assert "fitted its communication factors" not in capsys.readouterr().out
+
+
+def test_pipeline_stages_take_vllms_layer_split():
+    """vLLM gives the stages before the last one layer more each where PP does not divide the layers; the slowest
+    stage then sets the pace of micro-batches in flight (each stage used to take 1/PP of a step)."""
+    from pipeweave.serving.simulator import EventLoop
+    from pipeweave.workload import pipeline_stage_layers
+
+    assert pipeline_stage_layers(32, 3) == [11, 11, 10] and pipeline_stage_layers(94, 4) == [23, 24, 24, 23]
+    assert pipeline_stage_layers(80, 2) == [40, 40] and pipeline_stage_layers(5, 5) == [1] * 5
+    loop = EventLoop([], None, [11, 11, 10], max_in_flight=3)
+    for _ in range(2):
+        loop.launch([], 32.0)
+    assert sorted(t for t, _, _ in loop.in_flight) == [32.0, 43.0]  # the second waits for the first's 11-layer stages
+    even = EventLoop([], None, [1, 1, 1], max_in_flight=3)
+    even.launch([], 10.0)
+    assert even.stage_free == [10.0 / 3, 2 * (10.0 / 3), 3 * (10.0 / 3)]  # as cost / pp, to the bit
+    with pytest.raises(ValueError, match="at least one layer"):
+        simulate([], None, LinearCost(), pp=2, stage_layers=[3])

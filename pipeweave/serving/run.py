@@ -18,7 +18,7 @@ from pipeweave.serving.schedulers import StaticScheduler, VllmScheduler, vllm_de
 from pipeweave.serving.simulator import Simulation, SimulationStuck, simulate
 from pipeweave.serving.step_cost import KernelStepCost
 from pipeweave.workload import (DECODE_ATTN_DEFAULT, DTYPES, ModelConfig, RankShapes, iteration_operators,
-                                load_model_config)
+                                load_model_config, pipeline_stage_layers)
 
 SCHEDULERS = ("static", "vllm")
 USAGES = ("serve", "offline")
@@ -258,7 +258,8 @@ def simulate_config(config: ServingConfig, engine: Engine, progress=None, interv
                         kv_cache_tokens=blocks * manager.block_size, max_model_len=model_len)
     try:
         simulation = simulate(requests, scheduler, cost, pp=config.pp, progress=progress,
-                              max_in_flight=config.max_concurrent_batches)
+                              max_in_flight=config.max_concurrent_batches,
+                              stage_layers=pipeline_stage_layers(cfg.num_hidden_layers, config.pp))
     except SimulationStuck as exc:
         raise UserError(str(exc)) from None
     return ServingRun(config, simulation, settings, cost.engine_calls,

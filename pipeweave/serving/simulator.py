@@ -3,8 +3,10 @@
 Time advances from one event to the next: an arrival or the end of a micro-batch. While fewer than ``pp``
 micro-batches are in flight the scheduler is asked for another (vLLM V1's batch queue holds ``pp`` of them,
 ``max_concurrent_batches``), so with pipeline parallelism the stages work on different micro-batches at once. A micro-batch of step cost ``T``
-(the whole model, every stage) spends ``T / pp`` on each stage; a stage takes one micro-batch at a time (flow
-shop), and the micro-batch ends when its last stage does. With ``pp = 1`` steps simply follow one another.
+(the whole model, every stage) spends on each stage the share of ``T`` its decoder layers are of the model's
+(``T / pp`` where the layers divide evenly; vLLM gives the stages before the last one layer more each where they do
+not: 11, 11 and 10 of 32 over 3); a stage takes one micro-batch at a time (flow shop), and the micro-batch ends when
+its last stage does. With ``pp = 1`` steps simply follow one another.
 
 Step durations are memoised by the step cost; when one is unknown, a copy of the simulation runs ahead on
 estimated durations to find the steps that follow, and their durations are predicted together (one engine call
@@ -16,6 +18,7 @@ with one output token have none), E2E = finish − arrival.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -45,17 +48,23 @@ SPECULATION_STEPS = 64
 
 
 def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progress=None,
-             max_in_flight: int | None = None, speculation_steps: int = SPECULATION_STEPS) -> Simulation:
+             max_in_flight: int | None = None, speculation_steps: int = SPECULATION_STEPS,
+             stage_layers: Sequence[int] | None = None) -> Simulation:
     """Run ``requests`` (sorted by arrival) through ``scheduler`` with iteration durations from ``step_cost``.
 
     A step cost with ``known``, ``estimate`` and ``prefetch`` (:class:`pipeweave.serving.step_cost.KernelStepCost`)
     is memoised: when a step's cost is unknown, a copy of the simulation schedules the next
     ``speculation_steps`` steps on estimated durations and the unknown steps among them are predicted in one batch.
     The copy only chooses what to predict; every duration used is the exact one (a step the copy did not foresee is
-    predicted when it comes). ``max_in_flight`` (default ``pp``) caps the micro-batches in flight.
+    predicted when it comes). ``max_in_flight`` (default ``pp``) caps the micro-batches in flight. ``stage_layers``
+    (default: equal) are the decoder layers of each of the ``pp`` stages, whose shares of a step's cost they are.
     """
+    stage_layers = [1] * pp if stage_layers is None else list(stage_layers)
+    if len(stage_layers) != pp or min(stage_layers) < 1:
+        raise ValueError(f"stage_layers {stage_layers} must give each of the {pp} stages at least one layer")
+    common = math.gcd(*stage_layers)  # an even split is 1 of pp parts: cost * 1 / pp is cost / pp to the bit
     order = sorted(requests, key=lambda r: r.arrival_ms)
-    loop = EventLoop(order, scheduler, pp, max_in_flight or pp)
+    loop = EventLoop(order, scheduler, [layers // common for layers in stage_layers], max_in_flight or pp)
     if all(hasattr(step_cost, name) for name in ("known", "estimate", "prefetch")) and speculation_steps > 0:
         loop.cost = lambda new, context, entries: loop.exact(step_cost, new, context, entries, speculation_steps)
     else:
@@ -67,14 +76,14 @@ def simulate(requests: list, scheduler, step_cost: StepCost, pp: int = 1, progre
 class EventLoop:
     """The simulation state between events, and the loop that advances it (see the module docstring)."""
 
-    def __init__(self, order: list, scheduler, pp: int, max_in_flight: int):
+    def __init__(self, order: list, scheduler, stage_parts: list[int], max_in_flight: int):
         self.order = order
         self.scheduler = scheduler
-        self.pp = pp
+        self.stage_parts, self.parts = stage_parts, sum(stage_parts)  # stage s takes parts[s] / parts of a step
         self.max_in_flight = max_in_flight
         self.next_arrival = 0
         self.now = order[0].arrival_ms if order else 0.0
-        self.stage_free = [self.now] * pp
+        self.stage_free = [self.now] * len(stage_parts)
         self.in_flight: list = []  # heap of (finish time, sequence, entries)
         self.steps = 0
         self.done = 0
@@ -111,11 +120,10 @@ class EventLoop:
                                       f"than the GPU memory leaves (or more than the token budget allows)")
 
     def launch(self, entries: list, cost: float) -> None:
-        """Start a micro-batch of duration ``cost``: ``cost / pp`` on each stage, each stage free in turn."""
-        stage_ms = cost / self.pp
+        """Start a micro-batch of duration ``cost``: its share of ``cost`` on each stage, each stage free in turn."""
         t = self.now
-        for s in range(self.pp):
-            t = max(t, self.stage_free[s]) + stage_ms
+        for s, part in enumerate(self.stage_parts):
+            t = max(t, self.stage_free[s]) + cost * part / self.parts
             self.stage_free[s] = t
         heapq.heappush(self.in_flight, (t, self.steps, entries))
         self.steps += 1
