@@ -309,7 +309,14 @@ def predict_kernels(
     corrections = _calibration(_calibration_key(calibration))
     try:
         _check_calibration(corrections, [predictor.hardware.get(name).stem for name in names])
-        load_model_checked(predictor, operator.model_op)
+        directory = load_model_checked(predictor, operator.model_op)[2]
+        from pipeweave.kernels import prediction_warnings
+
+        # predict_kernels.py's WARNINGs (intervals measured for another model, where they are asked for; a
+        # calibration fitted against another model or spec)
+        named = None if corrections is None else f"calibration={str(corrections.path)!r}"
+        for line in prediction_warnings(op, predictor, directory, corrections, named, intervals=interval):
+            warnings.warn(line, UserWarning)
         us, codes, fastest = predictor.predict_columns_bounded(op, columns, names, corrections)
         if op == "attn":  # predict_kernels.py's warnings (FA3 where it cannot run, attention types nothing measured),
             # once the types are known to be valid

@@ -121,6 +121,19 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
 
 
 
+def prediction_warnings(op: str, predictor: KernelPredictor, directory, calibration=None, named: str | None = None,
+                        intervals: bool = True) -> list[str]:
+    """The WARNING lines of predicting ``op`` with the model in ``directory``: with ``intervals``, that they were
+    measured for another model; the aggregator's for a ``calibration`` fitted against another model or another spec
+    of its GPU (``named``: the calibration as the caller gave it, default ``--calibration PATH``)."""
+    lines = [other_model_warning(op, directory) if intervals else None]
+    if calibration is not None:
+        lines += calibration.stale_models({op: directory}, named)
+        if calibration.hardware in predictor.hardware:
+            lines.append(calibration.stale_spec(predictor.hardware.get(calibration.hardware), named))
+    return [line for line in lines if line]
+
+
 #: the columns predict_kernels.py adds (and ``calibration`` with a calibration)
 OUTPUT_COLUMNS = ("predicted_us", "low_us", "high_us", "extrapolation")
 
@@ -187,20 +200,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"{command('predict_kernels.py')})")
     predictor = KernelPredictor(args.model_dir, args.hardware_dir)
     directory = load_model_checked(predictor, args.op)[2]
-    warning = other_model_warning(args.op, directory)
-    if warning:
-        say(warning)
     calibration, calibrated = None, None
     if args.calibration:
         from pipeweave.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
-        # the aggregator's warnings of a calibration fitted against another model or another spec of its GPU
-        stale = calibration.stale_models({args.op: directory})
-        if calibration.hardware in predictor.hardware:
-            stale.append(calibration.stale_spec(predictor.hardware.get(calibration.hardware)))
-        for line in filter(None, stale):
-            say(line)
+    for line in prediction_warnings(args.op, predictor, directory, calibration):
+        say(line)
     predicted, extrapolation, fastest = predict_shapes(header, rows, args.op, predictor, calibration, source,
                                                        line_labels(line_numbers))
     index = header.index("hardware")

@@ -562,6 +562,21 @@ def test_calibration_warns_when_the_base_model_changed(a100_calibration, tmp_pat
     assert run_cli(aggregate.main, ["--workload", str(small(TP1, tmp_path)), "--hardware", "A100", "--calibration",
                                     str(a100_calibration), "--output", str(out)]) == 0
     assert "WARNING" not in capsys.readouterr().out
+    # pipeweave.predict_kernels gives predict_kernels.py's WARNING (it gave none)
+    import warnings as python_warnings
+
+    import pipeweave
+
+    def api_warnings(calibration) -> list[str]:
+        with python_warnings.catch_warnings(record=True) as caught:
+            python_warnings.simplefilter("always")
+            pipeweave.predict_kernels("gemm", {"M": [4096], "N": [4096], "K": [4096]}, "A100", calibration=calibration)
+        return [str(w.message) for w in caught if str(w.message).startswith("WARNING")]
+
+    lines = api_warnings(changed)
+    assert len(lines) == 1 and f"calibration={str(changed)!r} was fitted against the gemm model 19990101_000000" \
+        in lines[0]
+    assert api_warnings(a100_calibration) == []
 
 
 def test_small_messages_move_the_latency_factor_large_ones_the_bandwidth_factor():

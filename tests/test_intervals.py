@@ -430,6 +430,31 @@ def test_api_interval_is_the_predict_kernels_columns(tmp_path):
     assert high == pytest.approx(frame["high_us"].to_numpy(), rel=1e-12)
 
 
+def test_api_interval_of_another_model_warns_as_predict_kernels_does(tmp_path, capsys):
+    """predict_kernels.py says that low/high were measured for the shipped model when another predicts; the API
+    returned the same low/high without a word."""
+    import shutil
+    import warnings
+
+    import pipeweave
+    from pipeweave.kernels import main
+
+    shipped = KernelPredictor().model("gemm")[2]
+    shutil.copytree(shipped, tmp_path / "models" / "gemm" / "20991231_000000")
+    src = tmp_path / "in.csv"
+    src.write_text("M,N,K,hardware\n4096,4096,4096,H100\n")
+    assert main(["--op", "gemm", "--input", str(src), "--output", str(tmp_path / "out.csv"), "--model_dir",
+                 str(tmp_path / "models")]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
+    assert len(printed) == 1 and "measured for" in printed[0]
+    for interval, expected in ((True, printed), (False, [])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipeweave.predict_kernels("gemm", {"M": [4096], "N": [4096], "K": [4096]}, "H100",
+                                      model_dir=tmp_path / "models", interval=interval)
+        assert [str(w.message) for w in caught] == expected, interval
+
+
 def test_the_interval_table_is_of_the_shipped_models_and_warns_for_another():
     """The intervals are held-out errors of particular models: the table names them, they are the shipped ones,
     and a prediction by another model (one the user trained) says that the intervals are not its own."""
