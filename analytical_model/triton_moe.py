@@ -39,14 +39,17 @@ def features(problem: MoeProblem, hw: HardwareSpec) -> np.ndarray:
     p = problem
     bm, bn = block_sizes(p.m, p.experts, p.hidden, hw.shared_memory_size)
     tokens = padded_tokens(p.m, p.experts, p.top_k, bm)
+    # bytes in float64: at the shape limits (2^30 routed tokens, H = N = 2^20) CTAs x bytes per CTA pass 2^63, and
+    # int64 wrapped to negative or zero DRAM traffic
+    size = float(p.data_size_bytes)
     if p.pass_type == "w13":
         grid = ceil_div(tokens, bm) * ceil_div(2 * p.inter, bn)
         flops = 2.0 * tokens * (2 * p.inter) * p.hidden
-        cta_bytes = (bm * p.hidden + p.hidden * bn) * p.data_size_bytes
+        cta_bytes = (bm * p.hidden + p.hidden * bn) * size
     else:
         grid = ceil_div(tokens, bm) * ceil_div(p.hidden, bn)
         flops = 2.0 * tokens * p.hidden * p.inter
-        cta_bytes = (bm * p.inter + p.inter * bn) * p.data_size_bytes
+        cta_bytes = (bm * p.inter + p.inter * bn) * size
     busiest = ceil_div(grid, hw.num_sms)
     flops_per_cta = flops / grid
     return stack_features(

@@ -84,6 +84,21 @@ def test_a14_triton_moe():
     check(w2, [23622320128, 106799.41, 230686720, 112640, 540672, 356555.7, 224739.2, 5280, 376054.8, 42240, 237029.6])
 
 
+def test_moe_bytes_do_not_overflow_at_the_shape_limits():
+    """At the limits of pipeweave.validation (M = 2^20 tokens at topk = 1000, H = N near 2^20) CTAs x bytes per CTA
+    passed 2^63: int64 wrapped, and the DRAM features came out negative (w2 of 10^6 everywhere) or zero (powers of
+    two), silently, with an overflow warning from the band."""
+    hw = load_hardware("H100")
+    loaded = get_operator("moe").feature_names.index("global_in_flight")  # KiB
+    for shape in ((1000000, 1000, 1000, 1000000, 1000000), (2 ** 20, 1024, 1024, 2 ** 20, 2 ** 20)):
+        m, _, topk, h, n = shape
+        for kind, width in (("w13", h), ("w2", n)):
+            features = triton_moe.features(MoeProblem.create(*shape, kind), hw)[0]
+            assert np.isfinite(features).all() and (features > 0).all(), (shape, kind)
+            # at least every routed token's activation row, read once
+            assert features[loaded] >= m * topk * width * 2 / 1024, (shape, kind, features[loaded])
+
+
 def test_registry_gemm_uses_given_tiles():
     frame = pd.DataFrame({"M": [3], "N": [2560], "K": [8192], "tile_M": [64], "tile_N": [128], "tile_K": [64],
                           "is_split_k": [1], "cta_count": [60], "hardware": ["NVIDIA A40"]})
