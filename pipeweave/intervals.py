@@ -218,7 +218,9 @@ def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibrati
     for stem in dict.fromkeys(stems.tolist()):
         rows = np.flatnonzero(stems == stem)
         states = prediction_states(trained, [specs[rows[0]].name] * len(rows), codes[rows])
-        if get_operator(op).dram_bound:  # beyond its MLP's range the bandwidth model's trend predicts the row
+        # beyond its MLP's range the bandwidth model's trend predicts the row; a stored bandwidth fit (quantisation)
+        # predicts every row so, and its trained state holds its own errors on the GPUs it was fitted on
+        if get_operator(op).dram_bound and get_operator(op).bandwidth_model_file is None:
             states = np.where((states == TRAINED) & ((codes[rows] & OUTSIDE_RANGE) > 0), UNSEEN_GPU, states)
         low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem),
                                                         calibrated_spread(calibration, op, stem))

@@ -204,6 +204,12 @@ def test_memory_bound_rows_beyond_the_trained_range_are_continuous_and_take_the_
     unseen = shipped_table().factors("rmsnorm", np.array([UNSEEN_GPU]))
     assert low[0] / point[0] == pytest.approx(trained[0][0]) and high[0] / point[0] == pytest.approx(trained[1][0])
     assert high[1] / point[1] == pytest.approx(unseen[1][0]) and high[2] / point[2] == pytest.approx(unseen[1][0])
+    # the quantisation has no MLP: its fit predicts every row, flagged beyond its range or not, and a GPU it was
+    # fitted on keeps the fit's trained interval (it took the unseen-GPU one beyond the range)
+    point, low, high, flags = pipeweave.predict_kernels("quantize", {"seq": [4096, 131072], "dim": [4096, 8192]},
+                                                        "H100", interval=True, extrapolation=True)
+    trained = shipped_table().factors("quantize", np.array([TRAINED]))
+    assert flags == ["", "range"] and (high / point == pytest.approx(trained[1][0])), (flags, high / point)
 
 
 def test_table_errors_name_the_file_and_the_remedy(tmp_path):
