@@ -478,7 +478,9 @@ def load_calibration(path: str | Path) -> Calibration:
     standardisation = data.get("standardisation") if version > 1 else None
     if version > 1 and (not isinstance(standardisation, dict) or set(standardisation) != set(CLASSES)):
         missing.append("standardisation")
-    fine_tuned = data.get("fine_tuned", {}) if version == FORMAT_VERSION else {}
+    # fine-tuned models came with format 3; format 4 changed only the communication factors, so a format-3 file's
+    # models still apply (dropped, its GEMM corrections, fitted under them, would meet the shipped model instead)
+    fine_tuned = data.get("fine_tuned", {}) if version >= 3 else {}
     if not isinstance(fine_tuned, dict) or any(not isinstance(entry, dict) or "weights" not in entry
                                                for entry in fine_tuned.values()):
         missing.append("the weights of its fine_tuned models")

@@ -155,6 +155,22 @@ def test_damaged_fine_tuned_weights_are_refused(l40, tmp_path):
         load_calibration(bad)
 
 
+def test_a_format_3_file_keeps_its_fine_tuned_model(l40, hardware_dir, tmp_path):
+    """Format 3 brought the fine-tuned models and format 4 split the communication factor: a format-3 file read
+    without its models would apply GEMM corrections fitted under the fine-tuned model to the shipped one, unsaid."""
+    data = json.loads(l40[1].read_text())
+    parameters = dict(data["parameters"])
+    parameters["communication"] = parameters.pop("communication.latency")
+    del parameters["communication.bandwidth"]
+    old = tmp_path / "format3.json"
+    old.write_text(json.dumps({**data, "format": 3, "parameters": parameters}))
+    assert set(load_calibration(old).fine_tuned_models()) == {"gemm"}
+    shapes = l40[0] / "shapes.csv"
+    now = predicted(shapes, tmp_path / "now.csv", hardware_dir, l40[1])
+    then = predicted(shapes, tmp_path / "then.csv", hardware_dir, old)
+    assert then["predicted_us"].tolist() == now["predicted_us"].tolist()
+
+
 def test_weights_survive_the_text_encoding():
     arrays = read_weight_arrays(weights_path(latest_model_dir(REPO / "mlp_models", "gemm"), "gemm"))
     inputs = np.abs(np.random.default_rng(0).normal(size=(5, NumpyMLP(arrays).input_dim))) * 1e4
