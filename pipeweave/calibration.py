@@ -500,11 +500,22 @@ def load_calibration(path: str | Path) -> Calibration:
     e2e = data.get("fitted_from", {}).get("e2e")
     if e2e is not None and not (isinstance(e2e, dict) and all(
             isinstance(e2e.get(key, []), list) and all(isinstance(item, str) for item in e2e.get(key, []))
-            for key in ("runs", "run_digests"))):
-        raise ValueError(f"{path}: fitted_from.e2e must be an object whose runs and run_digests are lists of text "
-                         f"(as {command('calibrate.py')} writes it)")
+            for key in ("runs", "run_digests", "ops"))):
+        raise ValueError(f"{path}: fitted_from.e2e must be an object whose runs, run_digests and ops are lists of "
+                         f"text (as {command('calibrate.py')} writes it)")
+    # read by every prediction (the operators measured, the kernel counts of the intervals, the stale-model WARNING):
+    # checked here, or a damaged entry ends a command in a traceback, after its output was written
+    kernels = data.get("fitted_from", {}).get("kernels", [])
+    if not isinstance(kernels, list) or not all(isinstance(entry, dict) and isinstance(entry.get("op"), str)
+                                                and type(entry.get("rows")) is int for entry in kernels):
+        raise ValueError(f"{path}: fitted_from.kernels must be a list of objects with an op (text) and rows (an "
+                         f"integer), as {command('calibrate.py')} writes it")
+    base_models = data.get("base_models", {})
+    if not isinstance(base_models, dict) or not all(isinstance(model, str) for model in base_models.values()):
+        raise ValueError(f"{path}: base_models must be an object of model folders (text), as "
+                         f"{command('calibrate.py')} writes it")
     calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
-                              data.get("fitted_from", {}), data.get("base_models", {}), data.get("prior", {}),
+                              data.get("fitted_from", {}), base_models, data.get("prior", {}),
                               standardisation, path, fine_tuned, checked_spread(path, data.get("spread", {})))
     try:
         calibration.fine_tuned_models()

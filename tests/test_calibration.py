@@ -737,6 +737,12 @@ def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsy
     (lambda d: d.update(fitted_from=[1]), "fitted_from must be an object"),
     (lambda d: d["parameters"].update({"gemm.bogus": d["parameters"]["gemm.memory"]}),
      "unknown parameter(s) gemm.bogus; refit the file with calibrate.py"),
+    # fields every prediction reads: damaged, they ended the aggregator in a traceback (after writing its output)
+    (lambda d: d["fitted_from"]["e2e"].update(ops=5), "whose runs, run_digests and ops are lists of text"),
+    (lambda d: d["fitted_from"].update(kernels=5), "fitted_from.kernels must be a list of objects"),
+    (lambda d: d["fitted_from"].update(kernels=[{"op": "gemm", "rows": "40"}]), "rows (an integer)"),
+    (lambda d: d.update(base_models=["gemm"]), "base_models must be an object of model folders"),
+    (lambda d: d["base_models"].update(gemm=5), "base_models must be an object of model folders"),
 ])
 def test_a_damaged_calibration_file_names_the_field(a100_calibration, tmp_path, edit, needle):
     data = json.loads(a100_calibration.read_text())
