@@ -124,7 +124,30 @@ def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
         if key not in data:
             raise ValueError(f"calibration prior {path} is of an older pipeweave ({lacks}); regenerate it "
                              f"with python3 -m pipeweave.calibration_eval")
-    return Prior.from_dict(data)
+    prior = Prior.from_dict(data)
+    check_prior(path, prior)
+    return prior
+
+
+def check_prior(path: Path, prior: Prior) -> None:
+    """Finite scales (≥ 0), finite positive noise levels for every class, and each class's moments a square matrix
+    over its terms: a noise of 0 fitted a calibration of NaNs (written, and refused only when loaded), and a smaller
+    matrix was broadcast over its class's block without a word."""
+    scales = {"tau_gpu": prior.tau_gpu, "tau_pipe": prior.tau_pipe, "tau_comm_latency": prior.tau_comm_latency,
+              "tau_comm_bandwidth": prior.tau_comm_bandwidth}
+    noises = {"sigma_e2e": prior.sigma_e2e,
+              **{f"sigma_kernel.{name}": prior.sigma_kernel.get(name) for name in (*CLASSES, "communication")}}
+    for name, value in {**scales, **noises}.items():
+        if value is None or not np.isfinite(value) or value < 0 or (name in noises and value == 0):
+            kind = "positive" if name in noises else "non-negative"
+            raise ValueError(f"calibration prior {path}: {name} must be a finite {kind} number, got {value!r}; "
+                             f"regenerate it with python3 -m pipeweave.calibration_eval")
+    for cls, matrix in prior.class_moments.items():
+        size = len(class_terms(cls))
+        values = np.asarray(matrix, dtype=object)
+        if values.shape != (size, size) or not all(isinstance(v, (int, float)) and np.isfinite(v) for v in values.flat):
+            raise ValueError(f"calibration prior {path}: class_moments.{cls}.matrix must be {size} x {size} finite "
+                             f"numbers; regenerate it with python3 -m pipeweave.calibration_eval")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -506,6 +506,30 @@ def test_prior_file_is_consistent(tmp_path):
         load_prior(path)
 
 
+@pytest.mark.parametrize("edit,needle", [
+    # a noise of 0 fitted NaN factors, written with exit 0 (the file then refused when loaded)
+    (lambda d: d.update(sigma_e2e=0), "sigma_e2e must be a finite positive number, got 0.0"),
+    (lambda d: d["sigma_kernel"].update(gemm=float("nan")), "sigma_kernel.gemm must be a finite positive number"),
+    (lambda d: d["sigma_kernel"].pop("communication"), "sigma_kernel.communication must be a finite positive"),
+    (lambda d: d.update(tau_comm_latency=-1), "tau_comm_latency must be a finite non-negative number"),
+    # a smaller matrix was broadcast over the whole class block
+    (lambda d: d["class_moments"]["gemm"].update(matrix=[[0.01]]), "class_moments.gemm.matrix must be 7 x 7"),
+])
+def test_a_damaged_prior_is_one_clear_error_before_any_fit(tmp_path, capsys, edit, needle):
+    data = json.loads((REPO / "pipeweave" / "calibration_prior.json").read_text())
+    edit(data)
+    prior = tmp_path / "prior.json"
+    prior.write_text(json.dumps(data))
+    measured = tmp_path / "measured_gemm.csv"
+    measured.write_text("op,M,N,K,hardware,avg_duration\ngemm,16,4096,4096,A100,40.0\n")
+    out = tmp_path / "c.json"
+    code = run_cli(calibration_fit.main, ["--hardware", "A100", "--kernels", str(measured), "--prior", str(prior),
+                                          "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+    assert not out.exists()
+
+
 def test_engine_hook_scales_collectives_of_its_gpu_only():
     from analytical_model.hardware import load_hardware
 
