@@ -484,7 +484,8 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(data, dict) or data.get("kind") != "pipeweave-calibration":
         raise ValueError(f"{path}: not a calibration file (write one with {command('calibrate.py')})")
     version = data.get("format")
-    if version not in range(1, FORMAT_VERSION + 1):
+    # true == 1 in Python: a damaged "format": true would read as format 1, its slopes and fine-tuned models dropped
+    if isinstance(version, bool) or version not in range(1, FORMAT_VERSION + 1):
         raise ValueError(f"{path}: calibration format {version!r}, this pipeweave reads 1 to {FORMAT_VERSION}; "
                          f"refit it with {command('calibrate.py')}")
     # format 1 had the intercepts and the communication factor only: its shape slopes are 0, same predictions

@@ -766,6 +766,7 @@ def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsy
     (lambda d: d["fitted_from"].update(kernels=5), "fitted_from.kernels must be a list of objects"),
     (lambda d: d["fitted_from"].update(kernels=[{"op": "gemm", "rows": "40"}]), "rows (an integer)"),
     (lambda d: d.update(base_models=["gemm"]), "base_models must be an object of model folders"),
+    (lambda d: d.update(format=True), "calibration format True, this pipeweave reads 1 to 4"),  # was read as 1
     (lambda d: d["base_models"].update(gemm=5), "base_models must be an object of model folders"),
 ])
 def test_a_damaged_calibration_file_names_the_field(a100_calibration, tmp_path, edit, needle):
