@@ -330,7 +330,8 @@ def predict_kernels(
         if interval:
             from pipeweave.kernels import interval_us
 
-            out += interval_us(op, predictor, names, us, codes, fastest, corrections)
+            kinds = [str(kind).strip() for kind in columns["attention_type"]] if op == "attn" else None
+            out += interval_us(op, predictor, names, us, codes, fastest, corrections, kinds)
         if extrapolation:
             from pipeweave.predictor import extrapolation_label
 

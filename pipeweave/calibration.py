@@ -332,9 +332,12 @@ class Calibration:
                 **({"fine_tuned": {op: {k: v for k, v in entry.items() if k != "weights"}
                                    for op, entry in sorted(self.fine_tuned.items())}} if self.fine_tuned else {})}
 
-    def kernel_count(self, op: str) -> int:
-        """Measured kernels of operator ``op`` this calibration was fitted on (``fitted_from.kernels``)."""
-        return sum(int(entry.get("rows", 0)) for entry in self.fitted_from.get("kernels", []) if entry.get("op") == op)
+    def kernel_count(self, op: str, cls: str | None = None) -> int:
+        """Measured kernels of operator ``op`` this calibration was fitted on (``fitted_from.kernels``); with ``cls``,
+        those of that calibration class (a file written before the entries counted classes: all of them)."""
+        return sum(int(entry.get("classes", {}).get(cls, 0) if cls is not None and "classes" in entry
+                       else entry.get("rows", 0))
+                   for entry in self.fitted_from.get("kernels", []) if entry.get("op") == op)
 
     def factors(self, op: str, features: np.ndarray, shapes=None) -> np.ndarray:
         return np.exp(design(op, features, shapes, self.standardisation) @ self.theta)

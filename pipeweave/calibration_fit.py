@@ -849,8 +849,11 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
             part_models.append(op if op == "all_reduce" else get_operator(op).model_op)
         except ValueError as exc:  # a shape the operator cannot take (the predictor's own checks)
             raise UserError(f"--kernels {path}: {exc}") from None
-        fitted_from.setdefault("kernels", []).append({"file": str(path), "op": op, "rows": len(frame),
-                                                      "digest": file_digest(path)})
+        entry = {"file": str(path), "op": op, "rows": len(frame), "digest": file_digest(path)}
+        if op != "all_reduce":  # the rows of each class: their interval is calibrated where their class was measured
+            classes = kernel_classes(op, len(frame), frame["attention_type"].tolist() if op == "attn" else None)
+            entry["classes"] = {cls: int(n) for cls, n in zip(*np.unique(classes.astype(str), return_counts=True))}
+        fitted_from.setdefault("kernels", []).append(entry)
     kernel_count = sum(len(part.measured) for part in parts)
     lines = run_lines(e2e) if e2e else {}
     for workload, measured in runs:

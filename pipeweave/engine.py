@@ -551,8 +551,8 @@ class Engine:
         with its SM design trained, outside it altogether, or calibrated on the GPU's measured kernels)."""
         from pipeweave.intervals import row_factors
 
-        return row_factors(op, self.predictor.trained_on(op),
-                           [self.registry.get(stem) for stem, _ in keys], codes, self.calibration)
+        return row_factors(op, self.predictor.trained_on(op), [self.registry.get(stem) for stem, _ in keys], codes,
+                           self.calibration, [shape[0] for _, shape in keys] if op == "attn" else None)
 
     def forget_warnings(self) -> None:
         """Give each WARNING again, as a new run would: the Python API's calls share a cached engine, and each call is

@@ -188,13 +188,16 @@ def calibrated_spread(calibration, op: str, stem: str) -> tuple[float, float] | 
     return None if entry is None else (entry["log_low"], entry["log_high"])
 
 
-def calibrated_kernels(calibration, op: str, stem: str) -> int:
+def calibrated_kernels(calibration, op: str, stem: str, cls: str | None = None) -> int:
     """Measured kernels of ``op``'s model that ``calibration`` was fitted on, if it is for the GPU ``stem``
-    (0 without one, for another GPU, or for a correction without that method, e.g. a caller's own)."""
+    (0 without one, for another GPU, or for a correction without that method, e.g. a caller's own); with ``cls``,
+    those of that calibration class (attention's prefill or decode)."""
     if calibration is None or getattr(calibration, "hardware", None) != stem:
         return 0
     count = getattr(calibration, "kernel_count", None)
-    return int(count(get_operator(op).model_op)) if count is not None else 0
+    if count is None:
+        return 0
+    return int(count(get_operator(op).model_op) if cls is None else count(get_operator(op).model_op, cls))
 
 
 @lru_cache(maxsize=4)
@@ -202,14 +205,18 @@ def shipped_table(path: str = str(DEFAULT_PATH)) -> IntervalTable:
     return IntervalTable.load(path)
 
 
-def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibration=None
+def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibration=None, attention_types=None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) multipliers of the point durations of rows on the GPUs ``specs[row]`` (hardware specs with
     ``stem`` and ``name``), with the rows' extrapolation bits ``codes``: the shipped table, each GPU's rows in
     their state, calibrated where ``calibration`` was fitted on that GPU's measured kernels of ``op``. A row of
     a memory-bound operator outside its MLP's range on a trained GPU is in the unseen-GPU state: the bandwidth
     model's trend predicts it (:meth:`pipeweave.predictor.KernelPredictor.unbounded_efficiency`), and the
-    unseen-GPU errors are that model's."""
+    unseen-GPU errors are that model's. Attention rows (``attention_types`` given) count the calibration's measured
+    kernels of their own class: prefill and decode have corrections of their own, and measured decode kernels leave
+    the prefill correction to the prior (on Hopper a profiler file's prefill rows are not used: a kernel vLLM does
+    not run there)."""
+    from pipeweave.calibration_design import kernel_classes
     from pipeweave.predictor import OUTSIDE_RANGE
 
     stems = np.array([spec.stem for spec in specs], dtype=object)
@@ -222,8 +229,12 @@ def row_factors(op: str, trained: frozenset, specs, codes: np.ndarray, calibrati
         # predicts every row so, and its trained state holds its own errors on the GPUs it was fitted on
         if get_operator(op).dram_bound and get_operator(op).bandwidth_model_file is None:
             states = np.where((states == TRAINED) & ((codes[rows] & OUTSIDE_RANGE) > 0), UNSEEN_GPU, states)
-        low[rows], high[rows] = shipped_table().factors(op, states, calibrated_kernels(calibration, op, stem),
-                                                        calibrated_spread(calibration, op, stem))
+        classes = (kernel_classes(op, len(rows), [attention_types[row] for row in rows])
+                   if op == "attn" and attention_types is not None else np.full(len(rows), None, dtype=object))
+        for cls in dict.fromkeys(classes.tolist()):
+            part = classes == cls
+            low[rows[part]], high[rows[part]] = shipped_table().factors(op, states[part], calibrated_kernels(
+                calibration, op, stem, cls), calibrated_spread(calibration, op, stem))
     return low, high
 
 

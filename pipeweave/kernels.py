@@ -112,11 +112,13 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
 
 
 def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predicted_us: np.ndarray,
-                extrapolation: np.ndarray, fastest_us: np.ndarray, calibration=None) -> tuple[np.ndarray, np.ndarray]:
+                extrapolation: np.ndarray, fastest_us: np.ndarray, calibration=None, attention_types=None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) ends of each row's measured interval (:mod:`pipeweave.intervals`) around ``predicted_us``, the
-    low end no faster than ``fastest_us`` (:meth:`KernelPredictor.predict_columns_bounded`)."""
-    low, high = row_factors(op, predictor.trained_on(op),
-                            [predictor.hardware.get(name) for name in gpu_names], extrapolation, calibration)
+    low end no faster than ``fastest_us`` (:meth:`KernelPredictor.predict_columns_bounded`); attention rows need
+    their ``attention_types``."""
+    low, high = row_factors(op, predictor.trained_on(op), [predictor.hardware.get(name) for name in gpu_names],
+                            extrapolation, calibration, attention_types)
     return physical_interval(predicted_us, low, high, fastest_us)
 
 
@@ -213,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
+    kinds = ([row[header.index("attention_type")].strip() for row in rows] if args.op == "attn" else None)
     interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation,
-                           fastest, calibration)
+                           fastest, calibration, kinds)
     if to_stdout:
         write_predictions(STANDARD_STREAM, header, rows, predicted, interval, extrapolation, calibrated)
     else:

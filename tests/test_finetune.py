@@ -437,6 +437,32 @@ def attention_measurements(path: Path, rows: np.ndarray, gpu: str = "L40") -> pd
     return frame.assign(base_us=base)
 
 
+def test_measured_decode_kernels_calibrate_the_interval_of_decode_rows_only(tmp_path):
+    """Prefill and decode attention have corrections of their own: a calibration from decode kernels alone (a Hopper
+    profiler file, whose prefill rows are left out) left prefill rows with the calibrated interval too."""
+    import pipeweave
+    from pipeweave.finetune import replay_shapes
+
+    paged = np.flatnonzero(pd.DataFrame(replay_shapes("attn"))["attention_type"].str.contains("paged").to_numpy())
+    attention_measurements(tmp_path / "decode.csv", paged[:40])
+    out = tmp_path / "l40.json"
+    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp_path / "decode.csv"),
+                                          "--output", str(out)]) == 0
+    calibration = load_calibration(out)
+    assert calibration.kernel_count("attn") == 40 and calibration.fitted_from["kernels"][0]["classes"] == {
+        "attn_decode": 40}
+    assert calibration.kernel_count("attn", "attn_decode") == 40
+    assert calibration.kernel_count("attn", "attn_prefill") == 0
+    rows = {"attention_type": ["fa2_ragged", "fa2_paged"], "bs": [1, 8], "q_lengths": ["[2048]", str([1] * 8)],
+            "kv_lengths": ["[2048]", str([4096] * 8)], "nh": [32, 32], "nkv": [8, 8], "hd": [128, 128]}
+    widths = {}
+    for name, given in (("plain", None), ("calibrated", str(out))):
+        point, low, high = pipeweave.predict_kernels("attn", rows, "L40", calibration=given, interval=True)
+        widths[name] = high / point
+    assert widths["calibrated"][0] == widths["plain"][0]  # prefill: its correction is the prior's alone
+    assert widths["calibrated"][1] < widths["plain"][1]  # decode: the calibrated state's narrower interval
+
+
 def test_few_attention_kernels_fit_the_corrections_only(tmp_path, capsys):
     attention_measurements(tmp_path / "attn.csv", np.arange(40))
     out = tmp_path / "l40.json"
