@@ -122,7 +122,6 @@ def interval_us(op: str, predictor: KernelPredictor, gpu_names: list[str], predi
     return physical_interval(predicted_us, low, high, fastest_us)
 
 
-
 def prediction_warnings(op: str, predictor: KernelPredictor, directory, calibration=None, named: str | None = None,
                         intervals: bool = True) -> list[str]:
     """The WARNING lines of predicting ``op`` with the model in ``directory``: with ``intervals``, that they were
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if calibration is not None:
         calibrated = [str(calibration.path) if predictor.hardware.get(row[index].strip()).stem == calibration.hardware
                       else "" for row in rows]
-    kinds = ([row[header.index("attention_type")].strip() for row in rows] if args.op == "attn" else None)
+    kinds = [row[header.index("attention_type")].strip() for row in rows] if args.op == "attn" else None
     interval = interval_us(args.op, predictor, [row[index].strip() for row in rows], predicted, extrapolation,
                            fastest, calibration, kinds)
     if to_stdout:
