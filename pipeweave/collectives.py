@@ -347,6 +347,13 @@ class CollectivePredictor:
             return None
         return f"{base} of {'half the' if factor == 0.5 else f'{factor:g}x the'} bytes"
 
+    def estimate_floor(self, kind: str, num_workers: int) -> tuple[int, ...]:
+        """The measured worker counts whose faster time bounds the analytical estimate of ``kind`` at
+        ``num_workers`` from below (:func:`floor_counts`): its own model's, else (an all-gather this GPU did not
+        measure, estimated as its all-reduce) the all-reduce's."""
+        model = self.models.get(kind, self.models.get(fallback_kind(kind)[0]))
+        return floor_counts(sorted(model["range"]) if model is not None else [], int(num_workers))
+
     @cached_property
     def _serving(self) -> dict | None:
         """``serving.json`` of the model folder (read once); None for a folder without any trained model, which
@@ -498,6 +505,8 @@ class CollectivePredictor:
                 estimated, self.used_analytical = self.used_analytical, outer
             if estimated:
                 self.used_analytical.add(kind)
+            if model is not None:  # and not faster than this kind's own measured counts around it
+                self._hold_at_measured(out, borrowed, size, workers, model)
         rest = ~borrowed & ~trivial
         if not rest.any():
             return out.reshape(shape)
@@ -518,16 +527,37 @@ class CollectivePredictor:
                     f"to estimate the others, {ANALYTICAL_HINT}")
             self.used_analytical.add(kind)
             out[unseen] = self.analytical_ms(kind, size[unseen], workers[unseen])
-            # more GPUs of the same box than it measured: not faster than its own largest measured count (the
-            # link's median factor alone made L40S at 16 GPUs 7x faster than its measured 8)
-            above = unseen & (workers > known[-1])
-            if above.any():
-                out[above] = np.maximum(out[above], model_predict_ms(model, size[above],
-                                                                    np.full(int(above.sum()), known[-1])))
+            self._hold_at_measured(out, unseen, size, workers, model)
         seen = rest & ~unseen
         if seen.any():
             out[seen] = model_predict_ms(model, size[seen], workers[seen])
         return out.reshape(shape)
+
+    @staticmethod
+    def _hold_at_measured(out: np.ndarray, estimated: np.ndarray, size: np.ndarray, workers: np.ndarray,
+                          model: dict) -> None:
+        """Raise the ``estimated`` entries of ``out`` (worker counts ``model`` did not measure) to no less than the
+        faster of its measured counts around them (:func:`floor_counts`)."""
+        known = sorted(model["range"])
+        for count in np.unique(workers[estimated]):
+            bounds = floor_counts(known, int(count))
+            if bounds:
+                rows = estimated & (workers == count)
+                floor = np.min([model_predict_ms(model, size[rows], np.full(int(rows.sum()), bound))
+                                for bound in bounds], axis=0)
+                out[rows] = np.maximum(out[rows], floor)
+
+
+def floor_counts(known, num_workers: int) -> tuple[int, ...]:
+    """The measured worker counts (``known``, sorted) whose faster time is the least an estimate at the unmeasured
+    ``num_workers`` may take: the nearest below it and, where there is one, the nearest above; none below the
+    smallest. More GPUs of the same box do not reduce faster than fewer did: the link's median factor alone made
+    L40S at 16 GPUs 7x faster than its measured 8 (search_config ranked TP16 first), and at 6 GPUs 3.5x faster
+    than its measured 4. Between two measured counts the faster one bounds it, since some boxes do reduce faster
+    with more GPUs (H20 at 1 GiB: 8 GPUs 7 % faster than 4, NCCL's algorithms change with the count)."""
+    below = [count for count in known if count < num_workers]
+    above = [count for count in known if count > num_workers]
+    return (below[-1], *above[:1]) if below else ()
 
 
 def load_model(path: str | Path) -> dict:

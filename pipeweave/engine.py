@@ -689,7 +689,7 @@ class Engine:
                 if (predictor.hardware, kind, workers) not in self._warned:
                     self._warned.add((predictor.hardware, kind, workers))
                     factor, basis = predictor.ring_efficiency(kind, workers)
-                    largest = max(predictor.worker_counts(kind), default=None)
+                    floor = predictor.estimate_floor(kind, workers)
                     self.log(
                         f"WARNING: {kind} on {predictor.hardware} ({workers} workers) uses the ANALYTICAL collective "
                         f"estimate (pipeweave.collectives.CollectivePredictor.analytical_ms: hardware JSON link "
@@ -702,8 +702,10 @@ class Engine:
                            f"; {workers} GPUs are more than one node's {NODE_GPUS}: the estimate takes them all on "
                            f"this GPU's own link, as one NVLink domain (an NVL72 rack) would be; a network between "
                            f"nodes is not modelled")
-                        + ("" if largest is None or workers < largest
-                           else f"; it is held at no less than the measured {largest} workers' time"))
+                        + ("" if not floor else
+                           f"; it is held at no less than the measured {floor[0]} workers' time" if len(floor) == 1
+                           else f"; it is held at no less than the faster of the measured {floor[0]} and {floor[1]} "
+                                f"workers' times"))
         return out, analytical
 
 
