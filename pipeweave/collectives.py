@@ -318,7 +318,7 @@ class CollectivePredictor:
             return
         meta_path = gpu_dir / METADATA_FILE
         if meta_path.is_file():
-            self.metadata = json.loads(meta_path.read_text())
+            self.metadata = _read_json(meta_path)
         for kind in KINDS:
             path = find_model_file(gpu_dir, kind)
             if path is not None:
@@ -563,7 +563,7 @@ def floor_counts(known, num_workers: int) -> tuple[int, ...]:
 def load_model(path: str | Path) -> dict:
     path = Path(path)
     if path.suffix == ".json":
-        model = _model_from_json(json.loads(path.read_text()))
+        model = _model_from_json(_read_json(path))
     else:
         try:
             import joblib
@@ -573,6 +573,15 @@ def load_model(path: str | Path) -> dict:
     if not isinstance(model, dict) or model.get("format") != MODEL_FORMAT:
         raise ValueError(f"{path}: not a {MODEL_FORMAT} collective model (retrain with train_collective_rf.py)")
     return model
+
+def _read_json(path: Path):
+    """A model folder's JSON file; a damaged one is refused naming it (the decoder's message alone, "Expecting
+    property name enclosed in double quotes: line 1 column 2", said nothing of which file)."""
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}): retrain with train_collective_rf.py") from None
+
 
 def _model_from_json(data: dict) -> dict:
     if not isinstance(data, dict) or "range" not in data or "curves" not in data:

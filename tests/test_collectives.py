@@ -276,6 +276,20 @@ def test_analytical_estimate_refuses_a_folder_without_serving_json(tmp_path):
     assert ring.lacks_custom_allreduce_fit
 
 
+@pytest.mark.parametrize("name, damage", [("all_reduce_model.json", b"{bad"), ("metadata.json", b"\xff\xfe")])
+def test_a_damaged_model_file_is_named(synthetic_dir, tmp_path, name, damage):
+    """A damaged model or metadata.json stopped every prediction with the decoder's message alone ("Expecting
+    property name enclosed in double quotes: line 1 column 2 (char 1)"), which named no file."""
+    import re
+    import shutil
+
+    folder = shutil.copytree(synthetic_dir, tmp_path / "models")
+    (folder / "H100" / name).write_bytes(damage)
+    with pytest.raises(ValueError, match=f"{re.escape(str(folder / 'H100' / name))} is not valid JSON .*"
+                                         f"train_collective_rf.py"):
+        CollectivePredictor("H100", model_dir=folder)
+
+
 def test_interpolation_accuracy_and_linear_extrapolation(synthetic_dir):
     pred = CollectivePredictor("H100", model_dir=synthetic_dir)
     sizes = np.geomspace(4096, 128 * MiB, 37)
