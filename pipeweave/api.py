@@ -89,6 +89,16 @@ def _flag(name: str, value) -> bool:
     return value
 
 
+def _collective_estimate(value) -> str:
+    """``collective_estimate`` checked before it keys the engine cache (a list there was lru_cache's TypeError,
+    "unhashable type: 'list'")."""
+    from pipeweave.engine import COLLECTIVE_ESTIMATES
+
+    if not isinstance(value, str) or value not in COLLECTIVE_ESTIMATES:
+        raise ValueError(f"collective_estimate must be one of {', '.join(COLLECTIVE_ESTIMATES)}, got {value!r}")
+    return value
+
+
 def _gpu_name(value, what: str = "hardware") -> str:
     """One GPU name; the command line's comma-separated lists and ``all`` are the command line's."""
     if not isinstance(value, str) or not value.strip():
@@ -204,6 +214,7 @@ def predict_workload(
     if collective_hardware is not None:
         _gpu_name(collective_hardware, "collective_hardware")
     quantiles, ignore_memory = _flag("quantiles", quantiles), _flag("ignore_memory", ignore_memory)
+    _collective_estimate(collective_estimate)
     try:
         engine = _engine(_folder(model_dir), _folder(hardware_dir), _folder(collective_dir), collective_estimate,
                          _folder(quantile_dir) if quantiles else None, _calibration_key(calibration))
@@ -413,6 +424,7 @@ def simulate_serving(
         _gpu_name(settings["collective_hardware"], "collective_hardware")
     requests = _flag("requests", requests)
     interval = _flag("interval", interval)
+    _collective_estimate(collective_estimate)
     settings = {name: _setting(name, value) for name, value in settings.items()}
     for name in ("prefill_attn", "decode_attn"):
         if settings.get(name) is not None and settings[name] not in ATTENTION_BACKENDS:

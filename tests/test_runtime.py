@@ -209,6 +209,11 @@ def test_api_errors_are_value_errors_and_memory_is_checked():
     assert "collective_estimate='analytical'" in str(missing.value) and "--" not in str(missing.value)
     with pytest.raises(ValueError, match="collective_estimate must be one of model, analytical"):
         pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40", collective_estimate="Analytical")
+    # a list or dict keyed the engine cache first: lru_cache's TypeError "unhashable type: 'list'"
+    with pytest.raises(ValueError, match=r"collective_estimate must be one of model, analytical, got \['analytical'\]"):
+        pipeweave.predict_workload("Qwen3-32B_arxiv_12_fa2_tp2_pp1", "L40", collective_estimate=["analytical"])
+    with pytest.raises(ValueError, match="collective_estimate must be one of model, analytical, got {}"):
+        pipeweave.simulate_serving("Llama-3.1-8B", "splitwise_48", "H100", collective_estimate={}, num_requests=4)
     with pytest.raises(ValueError, match="does not fit in GPU memory at TP 4"):
         pipeweave.predict_workload("Llama-3.1-70B_splitwise_64_fa2_tp4_pp1", "A40")
     with pytest.raises(ValueError, match="kernel 1: M = 5000000 exceeds the limit"):
