@@ -574,6 +574,7 @@ def load_model(path: str | Path) -> dict:
         raise ValueError(f"{path}: not a {MODEL_FORMAT} collective model (retrain with train_collective_rf.py)")
     return model
 
+
 def _read_json(path: Path):
     """A model folder's JSON file; a damaged one is refused naming it (the decoder's message alone, "Expecting
     property name enclosed in double quotes: line 1 column 2", said nothing of which file)."""
