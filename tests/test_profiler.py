@@ -475,17 +475,38 @@ def test_rotating_timer_keeps_the_host_out_of_the_blocks_behind_a_finite_queue(m
     """A stream holds about a thousand pending entries: a host that queued a shape's 4,000 launches behind one spin
     would wait on the full queue and enqueue the rest inside the timed blocks (a 2 µs kernel, 10 µs of host time a
     launch: up to 10 µs measured). Groups of at most 512 launches, each behind its own spin, keep it out, and a group
-    the spin did not cover is found by its first event and refused, not timed."""
+    the spin did not cover is found by its first event and timed again with fewer blocks (a longer spin alone cannot
+    help a host blocked on the full queue), or refused, never timed."""
     from pipeweave.profiler import timing as timing_module
     from pipeweave.profiler.timing import RotatingTimer
 
     gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=2.0, warm_us=2.0, host_us=10.0, queue=1024)
     durations = _timer(RotatingTimer, gpu, monkeypatch).measure([partial(gpu.launch, i, 1) for i in range(256)], 50, 3)
     assert len(durations) == RotatingTimer.MAX_LAUNCHES // 256 and durations == pytest.approx([2.0] * len(durations))
-    monkeypatch.setattr(timing_module.RotatingTimer, "MAX_QUEUED", 4000)  # one group behind one spin
+    monkeypatch.setattr(timing_module.RotatingTimer, "MAX_QUEUED", 4000)  # one group of 15 blocks behind one spin
     gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=2.0, warm_us=2.0, host_us=10.0, queue=1024)
-    with pytest.raises(RuntimeError, match="the host could not queue 3840 launches while the GPU waited"):
+    durations = _timer(RotatingTimer, gpu, monkeypatch).measure([partial(gpu.launch, i, 1) for i in range(256)], 50, 3)
+    assert len(durations) == 15 and durations == pytest.approx([2.0] * 15)  # timed in groups of 3 blocks
+    gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=2.0, warm_us=2.0, host_us=10.0, queue=128)  # under one block
+    with pytest.raises(RuntimeError, match="the host could not queue 256 launches while the GPU waited"):
         _timer(RotatingTimer, gpu, monkeypatch).measure([partial(gpu.launch, i, 1) for i in range(256)], 50, 3)
+
+
+def test_rotating_timer_times_a_launch_of_several_kernels_behind_a_finite_queue(monkeypatch):
+    """A launch may be several kernels, each an entry of the stream's queue: cuBLAS's split-K GEMM and its reduction
+    kernel. Twenty blocks of 25 such 8 µs launches (1,041 entries with the events and the spin) overflow a queue of
+    1,024: every spin, however long, found the host blocked on the full queue, and the shape was refused. Half as
+    many blocks behind the next spin fit."""
+    from pipeweave.profiler.timing import RotatingTimer
+
+    gpu = _FakeCuda(l2_bytes=50 * 2 ** 20, cold_us=7.5, warm_us=7.5, host_us=5.0, queue=1024)
+
+    def split_k():
+        gpu.launch(0, 2 ** 30)  # the GEMM, its operands larger than twice the L2: one copy
+        gpu.enqueue(0.5)  # the split-K reduction
+
+    durations = _timer(RotatingTimer, gpu, monkeypatch, max_row_seconds=0.25).measure([split_k], 20, 3)
+    assert durations == pytest.approx([8.0] * 20)
 
 
 def test_rotating_timer_keeps_a_long_kernel_within_its_budget(monkeypatch):

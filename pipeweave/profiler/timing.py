@@ -170,7 +170,7 @@ class RotatingTimer(_EventTimer):
     #: launches queued behind one spin at the most: a stream's queue of pending work is finite (about a thousand
     #: entries), and a host blocked on a full queue would enqueue the rest inside the timed blocks
     MAX_QUEUED = 512
-    #: spins of a group of blocks, each four times longer, before a shape is given up
+    #: spins of a group of blocks, each four times longer and over half as many blocks, before a shape is given up
     ATTEMPTS = 3
 
     def copies(self, input_bytes: int) -> int:
@@ -198,17 +198,23 @@ class RotatingTimer(_EventTimer):
             durations = []
             while len(durations) < n:
                 times, _ = self._blocks(fns, min(per_group, n - len(durations)), block, host_us)
+                per_group = min(per_group, len(times))  # a group _blocks had to shrink: the next ones as small
                 durations += [t / block for t in times]
             return durations
 
     def _blocks(self, fns, count: int, block: int, host_us: float | None) -> tuple[list[float], float]:
-        """(µs of each of ``count`` timed blocks of ``block`` launches, the host's µs per launch), queued behind one
-        spin long enough for the host to enqueue them (``host_us`` per launch; a probe's guess where None); a group
-        the spin did not cover (its first event had run before the host had queued it all) is timed again behind a
-        longer spin."""
+        """(µs of each of at most ``count`` timed blocks of ``block`` launches, the host's µs per launch), queued
+        behind one spin long enough for the host to enqueue them (``host_us`` per launch; a probe's guess where None);
+        a group the spin did not cover (its first event had run before the host had queued it all) is timed again
+        behind a longer spin with half as many blocks: a host that met the stream's full queue waited for the GPU
+        whatever the spin, and a launch may take several entries of it (cuBLAS's split-K GEMM and its reduction
+        kernel, an eager op's kernels), so the number of launches alone does not say that a group fits."""
         torch = self.torch
         spin_us = 2000.0 + 20.0 * block if host_us is None else 2.0 * count * block * host_us + 1000.0
-        for _ in range(self.ATTEMPTS):
+        for attempt in range(self.ATTEMPTS):
+            if attempt:
+                spin_us *= 4
+                count = max(1, count // 2)
             starts = [self._event() for _ in range(count)]
             ends = [self._event() for _ in range(count)]
             with gc_paused():
@@ -225,9 +231,8 @@ class RotatingTimer(_EventTimer):
             torch.cuda.synchronize()
             if not late:
                 return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], queued_us
-            spin_us *= 4
         raise RuntimeError(f"the host could not queue {count * block} launches while the GPU waited "
-                           f"({self.ATTEMPTS} spins, the last {spin_us / 4 / 1000:.0f} ms): the timing would include "
+                           f"({self.ATTEMPTS} spins, the last {spin_us / 1000:.0f} ms): the timing would include "
                            f"host time")
 
 
