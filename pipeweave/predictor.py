@@ -398,10 +398,11 @@ class KernelPredictor:
         shapes + ``hardware``."""
         features = compute_features(op, frame, self.hardware_dir)
         operator = get_operator(op)
-        _, metadata, _ = self.model(op)
-        inputs = features[metadata["model_info"]["features"]].to_numpy(np.float64)
-        pipes, count = inputs[:, :len(operator.feature_names)], len(operator.feature_names)
-        efficiency, codes = self.kernel_rows(op, pipes, inputs[:, count:], frame["hardware"].tolist())
+        # every descriptor, as predict_columns passes them: the physical band reads them also for a model trained
+        # without them (the reference and quantile recipes), whose own inputs are the features alone
+        pipes = features[list(operator.feature_names)].to_numpy(np.float64)
+        described = features[list(operator.descriptor_names)].to_numpy(np.float64)
+        efficiency, codes = self.kernel_rows(op, pipes, described, frame["hardware"].tolist())
         sm_freq = frame["hardware"].map(lambda name: self.hardware.get(name).sm_freq).to_numpy(np.float64)
         features["predicted_perf"] = efficiency
         features["extrapolation"] = codes

@@ -198,6 +198,21 @@ def test_api_matches_the_aggregator_and_predict_kernels(tmp_path):
                                   pipeweave.predict_kernels("gemm", columns, ["H100"] * 6))  # one name for all rows
 
 
+@pytest.mark.parametrize("op", ["gemm", "gemm_fp8", "attn"])
+def test_the_frame_path_predicts_models_trained_without_descriptors(op):
+    """The quantile models (and the reference recipe's) read the features alone, but the physical band reads the
+    descriptors: the frame path passed only the model's inputs to it and failed with an IndexError."""
+    pd = pytest.importorskip("pandas")
+    from pipeweave.predictor import KernelPredictor
+
+    columns, gpus = SHAPES[op]
+    gpus = [gpu for gpu in gpus for _ in next(iter(columns.values()))]
+    predictor = KernelPredictor(DEFAULT_QUANTILE_DIR, quantile=True)
+    frame = pd.concat([pd.DataFrame(columns)] * len(SHAPES[op][1]), ignore_index=True).assign(hardware=gpus)
+    expected = predictor.predict_columns(op, {c: frame[c].tolist() for c in columns}, gpus)
+    np.testing.assert_allclose(predictor.predict_frame(op, frame)["predicted_us"].to_numpy(), expected, rtol=1e-12)
+
+
 def test_api_errors_are_value_errors_and_memory_is_checked():
     """A library caller catches ValueError for every input problem (the command line's UserError included), and
     the API refuses a workload that does not fit the GPU as the command line does."""
