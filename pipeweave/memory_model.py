@@ -99,8 +99,6 @@ def main(argv=None) -> int:
     import json
     import sys
 
-    import pandas as pd
-
     from analytical_model.registry import operator_keys
     from pipeweave.cli import ArgumentParser, write_atomically
     from pipeweave.mlp import latest_model_dir, read_metadata
@@ -117,11 +115,12 @@ def main(argv=None) -> int:
         metadata = read_metadata(directory)
         trained = metadata["data_info"]["train_hardware_distribution"]
         train = read_dataset(dataset_paths(op, args.dataset_dir)[0])
-        train = cap_rows_per_gpu(train[train["hardware"].isin(list(trained))],
-                                 metadata["training"].get("max_rows_per_gpu"), metadata["training"]["seed"])
-        if not isinstance(train, pd.DataFrame) or len(train) != sum(trained.values()):
-            raise ValueError(f"{op}: {len(train)} training rows in {args.dataset_dir}, the model was trained on "
+        train = train[train["hardware"].isin(list(trained))]
+        # the metadata counts the training file's rows of each GPU, before --max_rows_per_gpu drew from them
+        if len(train) != sum(trained.values()):
+            raise ValueError(f"{op}: {len(train)} training rows in {args.dataset_dir}, the model's training file had "
                              f"{sum(trained.values())}; rebuild the dataset (python3 -m dataset.build)")
+        train = cap_rows_per_gpu(train, metadata["training"].get("max_rows_per_gpu"), metadata["training"]["seed"])
         metadata["memory_model"] = fit_frame(op, train)
         text = json.dumps(metadata, indent=2, ensure_ascii=False)
         write_atomically(directory / "metadata.json", lambda tmp: tmp.write_text(text))

@@ -459,6 +459,32 @@ def test_the_saved_note_says_the_default_model_folder_now_serves_the_new_model(t
     assert "now uses it" in saved_note(newest, "rmsnorm", flag="--quantile_dir")
 
 
+def test_the_bandwidth_fit_is_rewritten_from_the_rows_a_capped_training_drew(tmp_path):
+    """python3 -m pipeweave.memory_model compared the rows left after --max_rows_per_gpu with the training file's
+    count in the metadata, so a model trained with a binding cap was refused with "rebuild the dataset"."""
+    from pipeweave import memory_model
+    from pipeweave.modeling import network_inputs, write_model_dir
+
+    rng = np.random.default_rng(0)
+    for op in ("rmsnorm", "siluandmul"):
+        raw = pd.concat([pd.DataFrame({"seq": rng.integers(1, 8192, 40), "dim": rng.choice([4096, 8192], 40),
+                                       "hardware": gpu, "source": "synthetic", "dtype": "bfloat16"})
+                         for gpu in ("H100", "A100")], ignore_index=True)
+        raw["avg_duration"] = 2.0 + raw["seq"] * raw["dim"] * 4 / 2e6
+        train = build_operator(op, raw, log=lambda *a: None)
+        train.to_csv(tmp_path / f"{op}_train.csv", index=False)
+        config = TrainConfig(max_rows_per_gpu=10, seed=3, progress=False)
+        model = MLP_v2(network_inputs(train, op, config).shape[1]).eval()
+        history = {"best_epoch": 0, "best_train_loss": 1.0, "best_val_loss": 1.0}
+        write_model_dir(tmp_path / "models" / op / "20260101_000000", op, model, history, config, train, None, None,
+                        {})
+    directory = tmp_path / "models" / "rmsnorm" / "20260101_000000"
+    fitted = json.loads((directory / "metadata.json").read_text())
+    assert sum(fitted["data_info"]["train_hardware_distribution"].values()) > 2 * 10  # the cap binds
+    memory_model.main(["--model_dir", str(tmp_path / "models"), "--dataset_dir", str(tmp_path)])
+    assert json.loads((directory / "metadata.json").read_text())["memory_model"] == fitted["memory_model"]
+
+
 @pytest.mark.parametrize("content,message", [
     ("", "not a readable CSV"),
     ("seq,dim,overall_perf\n", "no rows"),
