@@ -196,7 +196,8 @@ def fit(
     if bar is not None:
         bar.close()
     if best["state"] is None:  # NaN < inf is false: a loss never finite keeps no epoch
-        raise UserError(f"training kept no epoch: the validation loss was never finite over "
+        watched = "validation" if len(x_val) else "training"  # the quantile recipe has no validation rows
+        raise UserError(f"training kept no epoch: the {watched} loss was never finite over "
                         f"{len(history['val_loss'])} epoch(s) (learning rate {config.lr:g}); lower --lr, or check "
                         f"the dataset for non-finite inputs")
     model.load_state_dict(best["state"])

@@ -544,6 +544,18 @@ def test_training_that_never_finds_a_finite_loss_is_one_error_and_leaves_no_fold
     assert "Traceback" not in result.stderr and not any((tmp_path / "rmsnorm").iterdir())
 
 
+def test_a_quantile_training_that_never_finds_a_finite_loss_leaves_no_folder(gemm_dataset, tmp_path, repo_root):
+    """train_mlp_quantile.py stopped with the same error but left its empty model folder behind, and named a
+    validation loss that the quantile recipe (no validation split) does not have."""
+    root, _, _ = gemm_dataset
+    result = subprocess.run([sys.executable, "train_mlp_quantile.py", "--op", "gemm", "--epochs", "2", "--lr", "1e36",
+                             "--batch_size", "16", "--dataset_dir", str(root), "--output_dir", str(tmp_path),
+                             "--no_progress"], cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "training kept no epoch: the training loss was never finite over 2 epoch(s)" in result.stderr
+    assert "Traceback" not in result.stderr and not any((tmp_path / "gemm").iterdir())
+
+
 @pytest.mark.data
 def test_a_leave_one_gpu_out_ensemble_predicts(tmp_path, repo_root):
     """Its test split is the held-out GPU's rows, so the members' spread was not written, and every prediction
