@@ -49,7 +49,9 @@ def read_dataset(path: Path) -> pd.DataFrame:
         raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]}); {rebuild}") from None
     if frame.empty:
         raise ValueError(f"{path}: no rows; {rebuild}")
-    columns = [*get_operator(op).feature_names, "overall_perf"] if op in operator_keys() else []
+    # every column training reads as a number: the features, the shape descriptors the pipeweave recipe adds to
+    # them, the SM clock of the fixed time and the target
+    columns = [*get_operator(op).input_names(), "sm_freq", "overall_perf"] if op in operator_keys() else []
     missing = [column for column in columns if column not in frame]
     if missing:
         raise ValueError(f"{path}: no column {missing[0]!r}; {rebuild}")

@@ -517,6 +517,25 @@ def test_a_non_number_in_a_feature_column_names_row_and_column(tmp_path):
     assert read_dataset(DATASET_DIR / "rmsnorm_test.csv")["overall_perf"].dtype == np.float64
 
 
+@pytest.mark.parametrize("column", ["shape_dim", "sm_freq"])
+def test_a_non_number_in_a_descriptor_or_the_clock_names_row_and_column(tmp_path, column):
+    """The check covered the docs/METHOD.md features only: a damaged shape descriptor, which the default recipe
+    reads as an input, or SM clock failed in training as "could not convert string to float", naming no file."""
+    from pipeweave.modeling import read_dataset
+
+    raw = pd.DataFrame({"seq": [1, 16, 256], "dim": [4096] * 3, "hardware": "H100", "avg_duration": [2.0, 3.0, 9.0],
+                        "source": "synthetic", "dtype": "bfloat16"})
+    frame = build_operator("rmsnorm", raw, log=lambda *a: None).astype({column: object})
+    frame.loc[1, column] = "abc"
+    path = tmp_path / "rmsnorm_train.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(ValueError, match=rf"row 2 \(CSV line 3\), column '{column}': 'abc' is not a finite"):
+        read_dataset(path)
+    frame.drop(columns=[column]).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=f"no column '{column}'"):
+        read_dataset(path)
+
+
 @pytest.mark.data
 def test_a_bad_output_dir_fails_before_training(tmp_path, repo_root):
     """train_mlp_quantile.py trained for minutes before finding that --output_dir was a file."""
