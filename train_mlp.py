@@ -11,14 +11,13 @@ worst_cases_top100.csv. Needs dataset/<op>_{train,test}.csv (python3 -m dataset.
 """
 from __future__ import annotations
 
-import shutil
 import sys
 
 from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, check_device, positive_int, run_cli, seed_list
 from pipeweave.ensemble import train_ensemble, write_member_spread
-from pipeweave.modeling import (add_training_arguments, dataset_paths, load_splits, saved_note, timestamp_dir,
-                                train_and_evaluate, worst_cases, write_model_dir)
+from pipeweave.modeling import (add_training_arguments, dataset_paths, load_splits, removed_on_failure, saved_note,
+                                timestamp_dir, train_and_evaluate, worst_cases, write_model_dir)
 from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_RUNS_DIR
 from pipeweave.training import RECIPES, TrainConfig
 
@@ -55,7 +54,7 @@ def main(argv=None) -> int:
     out_dir = timestamp_dir(args.output_dir, args.op)
     train_path, test_path = dataset_paths(args.op, args.dataset_dir)
     paths = {"train_path": str(train_path), "test_path": str(test_path), "holdout_hardware": args.holdout_hardware}
-    try:
+    with removed_on_failure(out_dir):
         if args.ensemble_seeds:
             predicted, evaluation = train_ensemble(args.op, train, test, config, args.ensemble_seeds, out_dir, paths)
             if args.holdout_hardware:  # its test split is the held-out GPU: the others' held-out shapes set the
@@ -66,9 +65,6 @@ def main(argv=None) -> int:
             write_model_dir(out_dir, args.op, model, history, config, train, test, evaluation, paths)
             print(f"{args.op}: best epoch {history['best_epoch'] + 1} of {history['epochs_run']}, "
                   f"{history['train_seconds']} s")
-    except BaseException:  # a failed or interrupted run leaves no folder that looks like a model
-        shutil.rmtree(out_dir, ignore_errors=True)
-        raise
     worst_cases(test, predicted).to_csv(out_dir / "worst_cases_top100.csv", index=False)
     overall = evaluation["overall"]
     print(f"test duration error: mean {overall['duration_mean_abs_pct_error']:.2f} %, "

@@ -11,7 +11,6 @@ models for an optimistic latency.
 """
 from __future__ import annotations
 
-import shutil
 import sys
 
 import numpy as np
@@ -19,7 +18,8 @@ import numpy as np
 from analytical_model.registry import operator_keys
 from pipeweave.cli import ArgumentParser, UserError, check_device, finite_float, positive_int, run_cli
 from pipeweave.modeling import (add_training_arguments, cap_rows_per_gpu, dataset_paths, kernel_reports,
-                                network_inputs, read_dataset, saved_note, timestamp_dir, write_model_dir)
+                                network_inputs, read_dataset, removed_on_failure, saved_note, timestamp_dir,
+                                write_model_dir)
 from pipeweave.paths import DEFAULT_QUANTILE_DIR
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig, fit
@@ -53,22 +53,21 @@ def main(argv=None) -> int:
                          lr=args.lr, seed=args.seed, device=args.device, threads=args.threads,
                          max_rows_per_gpu=args.max_rows_per_gpu or None, progress=not args.no_progress)
     fitted = cap_rows_per_gpu(train, args.max_rows_per_gpu or None, args.seed)
-    try:
+    with removed_on_failure(out_dir):
         model, history = fit(network_inputs(fitted, args.op, config), fitted["overall_perf"].to_numpy(), config)
         predicted = predict_efficiency(model, network_inputs(train, args.op, config))
         files = kernel_reports(args.op, train, predicted, args.threshold, args.topk, out_dir / "kernel_reports")
         below = float(np.mean(train["overall_perf"].to_numpy() < predicted) * 100)
-        write_model_dir(out_dir, args.op, model, history, config, train, None, None,
-                        {"train_path": str(train_path), "validation": "none: fitted on the train file (at most --max_rows_per_gpu rows per GPU), best training loss kept"},
-                        extra={"kernel_reports": {
-                            "report_directory": "kernel_reports",
-                            "description": "kernels whose measured efficiency is below the predicted upper bound",
-                            "threshold": args.threshold, "topk_per_hardware": args.topk,
-                            "note": f"{below:.1f} % of training kernels lie below the predicted q={args.quantile} efficiency",
-                            "files": files}})
-    except BaseException:  # a failed or interrupted run leaves no folder that looks like a model (as train_mlp.py)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        raise
+        paths = {"train_path": str(train_path),
+                 "validation": "none: fitted on the train file (at most --max_rows_per_gpu rows per GPU), best "
+                               "training loss kept"}
+        reports = {"report_directory": "kernel_reports",
+                   "description": "kernels whose measured efficiency is below the predicted upper bound",
+                   "threshold": args.threshold, "topk_per_hardware": args.topk,
+                   "note": f"{below:.1f} % of training kernels lie below the predicted q={args.quantile} efficiency",
+                   "files": files}
+        write_model_dir(out_dir, args.op, model, history, config, train, None, None, paths,
+                        extra={"kernel_reports": reports})
     print(f"{args.op}: best training loss {history['best_train_loss']:.5f} at epoch {history['best_epoch'] + 1}; "
           f"{below:.1f} % of kernels below the predicted upper bound (target {args.quantile * 100:.0f} %)")
     print(saved_note(out_dir, args.op, flag="--quantile_dir"))

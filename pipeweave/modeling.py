@@ -7,7 +7,9 @@ read (for efficiency p and prediction p̂ it is p / p̂ − 1).
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -344,6 +346,17 @@ def timestamp_dir(root: Path, op: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"{stem}: 999 model folders of this second already exist")
+
+
+@contextmanager
+def removed_on_failure(out_dir: Path):
+    """A training run's model folder, removed if the run fails or is interrupted: none is left that looks like a
+    model (a half-written one could become the newest, the one every prediction from its folder loads)."""
+    try:
+        yield out_dir
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def saved_note(out_dir: Path, op: str, flag: str = "--model_dir") -> str:
