@@ -32,8 +32,10 @@ between steps; split across modules those arrays would become a public interface
   are summed, and optionally ``record(hardware) -> dict | None``, what a prediction on that GPU records under
   ``"calibration"`` (:class:`pipeweave.calibration.Calibration`), ``fine_tuned_models() ->
   {op: NumpyMLP}`` and ``hardware`` (a file stem): kernel models fine-tuned on that GPU, which replace the shipped
-  ones for its rows (:mod:`pipeweave.finetune`), and ``kernel_count(op) -> int``: the measured kernels of an
-  operator it was fitted on, which select the calibrated prediction interval (:mod:`pipeweave.intervals`).
+  ones for its rows (:mod:`pipeweave.finetune`), and ``kernel_count(op, cls=None) -> int``: the measured kernels
+  of an operator it was fitted on, which select the calibrated prediction interval (:mod:`pipeweave.intervals`);
+  with ``cls`` (``attn_prefill`` or ``attn_decode``), those of attention's class (a ``kernel_count(op)`` without it
+  counts every class's).
   None = no correction.
 * Every kernel efficiency is kept inside its physical band (:mod:`pipeweave.bounds`) before the calibration;
   the output's ``extrapolation`` block gives the share of predicted kernel time that is extrapolated (its GPU's

@@ -42,6 +42,7 @@ measured another kernel.
 """
 from __future__ import annotations
 
+import inspect
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -191,13 +192,15 @@ def calibrated_spread(calibration, op: str, stem: str) -> tuple[float, float] | 
 def calibrated_kernels(calibration, op: str, stem: str, cls: str | None = None) -> int:
     """Measured kernels of ``op``'s model that ``calibration`` was fitted on, if it is for the GPU ``stem``
     (0 without one, for another GPU, or for a correction without that method, e.g. a caller's own); with ``cls``,
-    those of that calibration class (attention's prefill or decode)."""
+    those of that calibration class (attention's prefill or decode), where the method takes a class: a caller's own
+    ``kernel_count(op)``, the engine's documented hook, counts every class's."""
     if calibration is None or getattr(calibration, "hardware", None) != stem:
         return 0
     count = getattr(calibration, "kernel_count", None)
     if count is None:
         return 0
-    return int(count(get_operator(op).model_op) if cls is None else count(get_operator(op).model_op, cls))
+    by_class = cls is not None and len(inspect.signature(count).parameters) > 1
+    return int(count(get_operator(op).model_op, cls) if by_class else count(get_operator(op).model_op))
 
 
 @lru_cache(maxsize=4)

@@ -136,6 +136,24 @@ def test_engine_and_predict_kernels_take_the_calibrated_interval_of_the_calibrat
     assert (low[0] / 10.0, high[0] / 10.0) == pytest.approx((after[0][0], after[1][0]))
 
 
+def test_a_callers_own_kernel_count_of_one_argument_serves_attention_rows():
+    """The engine's documented hook is kernel_count(op): attention rows, which count their class's kernels, called
+    it with the class as well, a TypeError for a caller's own correction (every class's kernels are its count)."""
+
+    class AttentionCalibration(KernelCalibration):
+        def kernel_count(self, op: str) -> int:
+            return self.kernels if op == "attn" else 0
+
+    keys = [("L40", ("fa2_ragged", 1, (2048,), (2048,), 32, 8, 128)),
+            ("L40", ("fa2_paged", 8, (1,) * 8, (4096,) * 8, 32, 8, 128))]
+    assert calibrated_kernels(AttentionCalibration("L40", 40), "attn", "L40", "attn_prefill") == 40
+    plain = Engine(log=None)
+    calibrated = Engine(log=None, calibration=AttentionCalibration("L40", 40))
+    codes = np.zeros(len(keys), dtype=np.int64)
+    before, after = plain.interval_factors("attn", keys, codes), calibrated.interval_factors("attn", keys, codes)
+    assert (after[1] - after[0] < before[1] - before[0]).all()  # both classes: the calibrated state's interval
+
+
 def test_no_interval_reaches_below_the_fastest_time_physics_allows():
     """M = 8192, N = 1, K = 8192 streams a 134 MB operand through L40S's 96 MiB L2: the point sits on the
     DRAM time at the datasheet bandwidth (bytes / 864 GB/s), and the low end may not go below it; a 16384³ GEMM
