@@ -475,6 +475,12 @@ def checked_spread(path: Path, spread) -> dict:
     return spread
 
 
+def _class_counts(classes) -> bool:
+    """``fitted_from.kernels[i].classes`` well-formed: each calibration class's rows, an integer (the intervals of
+    attention rows read their class's count)."""
+    return isinstance(classes, dict) and all(type(rows) is int for rows in classes.values())
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration file; errors name the file and the problem."""
     path = Path(path)
@@ -533,10 +539,12 @@ def load_calibration(path: str | Path) -> Calibration:
     # read by every prediction (the operators measured, the kernel counts of the intervals, the stale-model WARNING):
     # checked here, or a damaged entry ends a command in a traceback, after its output was written
     kernels = data.get("fitted_from", {}).get("kernels", [])
-    if not isinstance(kernels, list) or not all(isinstance(entry, dict) and isinstance(entry.get("op"), str)
-                                                and type(entry.get("rows")) is int for entry in kernels):
-        raise ValueError(f"{path}: fitted_from.kernels must be a list of objects with an op (text) and rows (an "
-                         f"integer), as {command('calibrate.py')} writes it")
+    if not isinstance(kernels, list) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("op"), str) and type(entry.get("rows")) is int
+            and _class_counts(entry.get("classes", {})) for entry in kernels):
+        raise ValueError(f"{path}: fitted_from.kernels must be a list of objects with an op (text), rows (an "
+                         f"integer) and, where given, classes (an object of integers), as {command('calibrate.py')} "
+                         f"writes it")
     base_models = data.get("base_models", {})
     if not isinstance(base_models, dict) or not all(isinstance(model, str) for model in base_models.values()):
         raise ValueError(f"{path}: base_models must be an object of model folders (text), as "

@@ -765,6 +765,11 @@ def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsy
     (lambda d: d["fitted_from"]["e2e"].update(ops=5), "whose runs, run_digests and ops are lists of text"),
     (lambda d: d["fitted_from"].update(kernels=5), "fitted_from.kernels must be a list of objects"),
     (lambda d: d["fitted_from"].update(kernels=[{"op": "gemm", "rows": "40"}]), "rows (an integer)"),
+    # read by the intervals of attention rows (an AttributeError, or int("many")'s ValueError, naming no file)
+    (lambda d: d["fitted_from"].update(kernels=[{"op": "attn", "rows": 40, "classes": ["attn_decode"]}]),
+     "classes (an object of integers)"),
+    (lambda d: d["fitted_from"].update(kernels=[{"op": "attn", "rows": 40, "classes": {"attn_decode": "40"}}]),
+     "classes (an object of integers)"),
     (lambda d: d.update(base_models=["gemm"]), "base_models must be an object of model folders"),
     (lambda d: d.update(format=True), "calibration format True, this pipeweave reads 1 to 4"),  # was read as 1
     (lambda d: d["base_models"].update(gemm=5), "base_models must be an object of model folders"),
