@@ -1319,8 +1319,9 @@ def test_serve_sim_warns_of_a_calibration_fitted_against_other_collective_models
 
 
 def test_pipeline_stages_take_vllms_layer_split():
-    """vLLM gives the stages before the last one layer more each where PP does not divide the layers; the slowest
-    stage then sets the pace of micro-batches in flight (each stage used to take 1/PP of a step)."""
+    """vLLM gives one layer more to each of the L mod PP stages before the last (not every one: 94 over 4 is 23, 24,
+    24, 23) where PP does not divide the layers; the slowest stage then sets the pace of micro-batches in flight
+    (each stage used to take 1/PP of a step)."""
     from pipeweave.serving.simulator import EventLoop
     from pipeweave.workload import pipeline_stage_layers
 

@@ -4,9 +4,10 @@ Time advances from one event to the next: an arrival or the end of a micro-batch
 micro-batches are in flight the scheduler is asked for another (vLLM V1's batch queue holds ``pp`` of them,
 ``max_concurrent_batches``), so with pipeline parallelism the stages work on different micro-batches at once. A micro-batch of step cost ``T``
 (the whole model, every stage) spends on each stage the share of ``T`` its decoder layers are of the model's
-(``T / pp`` where the layers divide evenly; vLLM gives the stages before the last one layer more each where they do
-not: 11, 11 and 10 of 32 over 3); a stage takes one micro-batch at a time (flow shop), and the micro-batch ends when
-its last stage does. With ``pp = 1`` steps simply follow one another.
+(``T / pp`` where the layers divide evenly; where they do not, vLLM gives one layer more to each of the ``L mod pp``
+stages before the last: 11, 11 and 10 of 32 over 3, :func:`pipeweave.workload.pipeline_stage_layers`); a stage
+takes one micro-batch at a time (flow shop), and the micro-batch ends when its last stage does. With ``pp = 1``
+steps simply follow one another.
 
 Step durations are memoised by the step cost; when one is unknown, a copy of the simulation runs ahead on
 estimated durations to find the steps that follow, and their durations are predicted together (one engine call
