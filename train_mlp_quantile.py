@@ -48,11 +48,11 @@ def main(argv=None) -> int:
 
     train_path, _ = dataset_paths(args.op, args.dataset_dir)
     train = read_dataset(train_path)
-    out_dir = timestamp_dir(args.output_dir, args.op)  # before the minutes of training: a bad --output_dir fails now
     config = TrainConfig(recipe="quantile", quantile=args.quantile, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, seed=args.seed, device=args.device, threads=args.threads,
                          max_rows_per_gpu=args.max_rows_per_gpu or None, progress=not args.no_progress)
     fitted = cap_rows_per_gpu(train, args.max_rows_per_gpu or None, args.seed)
+    out_dir = timestamp_dir(args.output_dir, args.op)  # before the minutes of training: a bad --output_dir fails now
     with removed_on_failure(out_dir):
         model, history = fit(network_inputs(fitted, args.op, config), fitted["overall_perf"].to_numpy(), config)
         predicted = predict_efficiency(model, network_inputs(train, args.op, config))

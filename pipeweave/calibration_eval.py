@@ -30,11 +30,12 @@ from analytical_model.hardware import hardware_registry
 from analytical_model.registry import get_operator
 from pipeweave.accuracy import logo_as_predicted, logo_flag_codes, other_gpus_band
 from pipeweave.bounds import clip_efficiency, frame_l2_cycles
-from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, cross_validated_log_residuals,
-                                   fit_map, spread_entry)
+from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, check_prior,
+                                   cross_validated_log_residuals, fit_map, spread_entry)
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
-from pipeweave.cli import ArgumentParser, UserError, positive_int, run_cli, write_atomically, write_marked_section
+from pipeweave.cli import (ArgumentParser, UserError, positive_int, require_png, run_cli, write_atomically,
+                           write_marked_section)
 from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
                                 SELECTION_ONLY, TRIGGER_BITS, considers_fine_tuning)
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
@@ -581,6 +582,7 @@ def main(argv=None) -> int:
                              "profiler's full grid measures 3,790 of each GEMM class and 1,608 attention kernels, its "
                              "quick grid 239 and 240)")
     args = parser.parse_args(argv)
+    require_png(args.png, "--png")
     if args.many_kernels:
         op, k = args.many_kernels, args.many_kernels_k
         many = many_kernel_results(args.dataset_dir, args.cache, k, op, log=lambda m: print(m, flush=True))
@@ -591,6 +593,7 @@ def main(argv=None) -> int:
         print(f"wrote the {op} many-kernel section (k = {k}) of {args.accuracy_md}")
         return 0
     results, prior = evaluate(args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
+    check_prior(args.prior, prior)  # one calibrate.py could not load (a noise of 0) is not written
     write_atomically(args.prior, lambda tmp: tmp.write_text(json.dumps(prior.as_dict(), indent=2) + "\n"))
     plot(results, args.png)
     write_marked_section(args.accuracy_md, SECTION, render(results, args.png, args.accuracy_md))
