@@ -103,19 +103,20 @@ def build_operator(op: str, raw: pd.DataFrame, log=print, workers: int = 1) -> p
     raw = raw.copy()
     if "dtype" not in raw.columns:
         raw["dtype"] = "bfloat16"
-    known = raw["hardware"].map(lambda name: name in registry)
+    # per GPU name, not per row (hundreds of thousands of rows, a few dozen names)
+    known = raw["hardware"].map({name: name in registry for name in raw["hardware"].unique()})
     _log_drop(log, op, "GPU without a hardware JSON", raw[~known])
     raw = raw[known]
     bad = ~np.isfinite(pd.to_numeric(raw["avg_duration"], errors="coerce")) | ~(raw["avg_duration"] > 0)
     _log_drop(log, op, "missing or non-positive duration", raw[bad])
     raw = raw[~bad]
-    raw = raw.assign(hardware=raw["hardware"].map(lambda name: registry.get(name).name))
+    raw = raw.assign(hardware=raw["hardware"].map({name: registry.get(name).name for name in raw["hardware"].unique()}))
     frame = average_repeats(raw, op).reset_index(drop=True)
     frame, features = _features_with_row_fallback(op, frame, log, workers)
     frame = frame.reset_index(drop=True)
     features = features.reset_index(drop=True)
-    specs = frame["hardware"].map(registry.get)
-    sm_freq = specs.map(lambda s: s.sm_freq).to_numpy(np.float64)
+    specs = {name: registry.get(name) for name in frame["hardware"].unique()}
+    sm_freq = frame["hardware"].map({name: spec.sm_freq for name, spec in specs.items()}).to_numpy(np.float64)
     perf = features["ideal_cycles"].to_numpy() / (frame["avg_duration"].to_numpy() * sm_freq)
     bad = ~np.isfinite(perf) | (perf <= 0)
     if bad.any():
@@ -131,8 +132,9 @@ def build_operator(op: str, raw: pd.DataFrame, log=print, workers: int = 1) -> p
         out[list(TILE_COLUMNS)] = out[list(TILE_COLUMNS)].astype(np.int64)
     out["avg_duration"] = frame["avg_duration"]
     out["hardware"] = frame["hardware"]
+    spec_columns = {name: spec.spec_columns() for name, spec in specs.items()}
     for column in HARDWARE_SPEC_COLUMNS:
-        out[column] = specs.map(lambda s, c=column: s.spec_columns()[c]).to_numpy()
+        out[column] = frame["hardware"].map({name: values[column] for name, values in spec_columns.items()}).to_numpy()
     for column in operator.feature_names + operator.descriptor_names:
         out[column] = features[column].to_numpy()
     out["overall_perf"] = perf
