@@ -64,7 +64,8 @@ def add_scheduler_arguments(parser) -> None:
                              "prefill launch + one decode launch; 'single' = one prefill-backend launch over all")
     parser.add_argument("--decode_bucket", type=int, default=0, metavar="TOKENS",
                         help="approximate each decode attention launch by the batch's mean context rounded up to a "
-                             "multiple of TOKENS (faster very long runs; error in README); default 0 = exact")
+                             "multiple of TOKENS (faster for very long runs; the error it adds: README, "
+                             "\"Serving simulation\"); default 0 = exact")
     parser.add_argument("--prefill_attn", choices=ATTENTION_BACKENDS, default=None,
                         help="prefill attention backend (default fa3_ragged on Hopper, fa2_ragged elsewhere)")
     parser.add_argument("--decode_attn", choices=ATTENTION_BACKENDS, default=DECODE_ATTN_DEFAULT,
