@@ -1336,3 +1336,13 @@ def test_pipeline_stages_take_vllms_layer_split():
     assert even.stage_free == [10.0 / 3, 2 * (10.0 / 3), 3 * (10.0 / 3)]  # as cost / pp, to the bit
     with pytest.raises(ValueError, match="at least one layer"):
         simulate([], None, LinearCost(), pp=2, stage_layers=[3])
+
+
+def test_an_arrival_waits_for_the_oldest_micro_batch_when_nothing_else_can_run():
+    """vLLM V1's engine with a batch queue (PP > 1) blocks on its oldest micro-batch when it has nothing to launch,
+    and reads new requests only once that one ends (EngineCore.step_with_batch_queue): B, arriving while A's prefill
+    is in flight, is scheduled with A's decode at 10 ms, not on the idle first stage at 2 ms (first token at 15)."""
+    requests = [Request(0, 0.0, 10, 3), Request(1, 2.0, 10, 2)]
+    sim = simulate(requests, vllm(), lambda new, context: 10.0, pp=2)
+    b = next(r for r in sim.requests if r.rid == 1)
+    assert b.first_token_ms == 20.0

@@ -2,7 +2,9 @@
 
 Time advances from one event to the next: an arrival or the end of a micro-batch. While fewer than ``pp``
 micro-batches are in flight the scheduler is asked for another (vLLM V1's batch queue holds ``pp`` of them,
-``max_concurrent_batches``), so with pipeline parallelism the stages work on different micro-batches at once. A micro-batch of step cost ``T``
+``max_concurrent_batches``), so with pipeline parallelism the stages work on different micro-batches at once. When
+it has nothing to launch and a micro-batch is in flight, the engine waits for the oldest one to end before it reads
+new requests (``EngineCore.step_with_batch_queue``): a request arriving meanwhile is first scheduled after that. A micro-batch of step cost ``T``
 (the whole model, every stage) spends on each stage the share of ``T`` its decoder layers are of the model's
 (``T / pp`` where the layers divide evenly; where they do not, vLLM gives one layer more to each of the ``L mod pp``
 stages before the last: 11, 11 and 10 of 32 over 3, :func:`pipeweave.workload.pipeline_stage_layers`); a stage
@@ -108,7 +110,9 @@ class EventLoop:
                 context = [e[2] for e in entries]
                 self.launch(entries, self.cost(new, context, entries))
                 continue
-            if in_flight and (self.next_arrival >= total or in_flight[0][0] <= order[self.next_arrival].arrival_ms):
+            # nothing to launch: vLLM V1's engine blocks on its oldest micro-batch in flight (step_with_batch_queue)
+            # and reads new requests only once it has ended, so an arrival meanwhile waits for it
+            if in_flight:
                 self.now, _, finished_entries = heapq.heappop(in_flight)
                 finished = scheduler.complete(finished_entries, self.now)
                 self.done += len(finished)
