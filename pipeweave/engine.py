@@ -417,6 +417,10 @@ class Engine:
             extrapolated = np.zeros(len(job.workload.inst_code), dtype=bool)
             low, high = np.zeros(len(job.workload.inst_code)), np.zeros(len(job.workload.inst_code))
             siblings, unmeasured = {}, []
+            warning = self.predictor.respecified_warning(job.hardware)
+            if warning and ("respecified", job.hardware.stem) not in self._warned:
+                self._warned.add(("respecified", job.hardware.stem))
+                self.log(warning)
             codes = job.workload.inst_code
             for category, op in KERNEL_CATEGORIES.items():
                 rows = np.flatnonzero(codes == CATEGORY_CODE[category])

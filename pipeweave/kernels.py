@@ -128,6 +128,7 @@ def prediction_warnings(op: str, predictor: KernelPredictor, directory, calibrat
     measured for another model; the aggregator's for a ``calibration`` fitted against another model or another spec
     of its GPU (``named``: the calibration as the caller gave it, default ``--calibration PATH``)."""
     lines = [other_model_warning(op, directory) if intervals else None]
+    lines += [predictor.respecified_warning(spec) for spec in predictor.hardware.specs.values()]
     if calibration is not None:
         lines += calibration.stale_models({op: directory}, named)
         if calibration.hardware in predictor.hardware:

@@ -157,6 +157,24 @@ def duration_us(ideal_cycles: np.ndarray, efficiency: np.ndarray, sm_freq_mhz: n
     return np.asarray(ideal_cycles, dtype=np.float64) / (np.asarray(efficiency) * np.asarray(sm_freq_mhz))
 
 
+#: the hardware JSON values the analytical features read: a JSON that gives a trained GPU's name with other values
+#: describes another GPU than the one the models were trained on
+FEATURE_SPEC_FIELDS = ("num_sms", "sm_freq", "mem_bandwidth", "l2_cache_bandwidth", "shared_memory_bandwidth",
+                       "shared_memory_size", "tc_bf16", "tc_fp8", "xu_fp32", "fma_fp32", "compute_capability")
+
+
+def respecified_fields(spec, hardware_dir: Path) -> list[str]:
+    """The :data:`FEATURE_SPEC_FIELDS` in which ``spec``, read from ``hardware_dir``, differs from the shipped JSON of
+    the GPU of its name (none for the shipped folder itself or a GPU it does not have)."""
+    if Path(hardware_dir).resolve() == Path(DEFAULT_HARDWARE_DIR).resolve():
+        return []
+    shipped = hardware_registry(DEFAULT_HARDWARE_DIR)
+    if spec.name not in shipped:
+        return []
+    reference = shipped.get(spec.name)
+    return [field for field in FEATURE_SPEC_FIELDS if getattr(spec, field) != getattr(reference, field)]
+
+
 class KernelPredictor:
     """Loads ``<model_dir>/<op>/<latest timestamp>/`` per operator on first use."""
 
@@ -170,6 +188,10 @@ class KernelPredictor:
         self.quantile = quantile  # reads the upper-efficiency models of train_mlp_quantile.py, not point models
         self.hardware_dir = Path(hardware_dir)
         self.hardware = hardware_registry(self.hardware_dir)
+        # GPUs this folder names as a trained GPU but describes otherwise (an edited copy of a shipped JSON): their
+        # kernels were never measured as described, so they are predicted as GPUs outside training
+        self.respecified = {spec.name: fields for spec in self.hardware.specs.values()
+                            if (fields := respecified_fields(spec, self.hardware_dir))}
         self._models: dict[str, tuple] = {}
         self._coverage: dict[str, tuple] = {}
         self._fine_tuned: dict[tuple[str, str], NumpyMLP] = {}
@@ -231,9 +253,19 @@ class KernelPredictor:
         operator with a stored bandwidth fit, the GPUs it was fitted on)."""
         stored = stored_bandwidth_fit(op)
         if stored is not None:
-            return frozenset(stored["fitted_on"])
+            return frozenset(stored["fitted_on"]) - set(self.respecified)
         _, metadata, _ = self.model(op)
-        return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {}))
+        return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {})) - set(self.respecified)
+
+    def respecified_warning(self, hw) -> str | None:
+        """The WARNING for a GPU :attr:`respecified` (None for any other)."""
+        fields = self.respecified.get(hw.name)
+        if not fields:
+            return None
+        return (f"WARNING: {hw.stem}.json in {self.hardware_dir} gives {hw.name!r}, a GPU the models were trained on, "
+                f"other values ({', '.join(fields)}) than pipeweave's own JSON of that GPU: it is predicted as a "
+                f"GPU outside training (zero-shot, with that state's intervals); give it a name of its own if it is "
+                f"another GPU")
 
     def kernel_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw,
                           band: dict | None = None) -> np.ndarray:

@@ -264,3 +264,41 @@ def test_a_gpu_of_ones_own_hardware_dir_runs_tensor_parallel_workloads(tmp_path,
     assert "GPUs with measured models for all_reduce with 2 workers: " in err and "H100" in err
     assert f"whose JSONs are not in {alone}: copy one of them there from hardware/ and name it with " \
            "--collective_hardware, or give --collective_estimate analytical" in err
+
+
+def test_a_copy_of_a_trained_gpu_with_other_values_is_predicted_as_outside_training(tmp_path, repo_root, capsys):
+    """A copy of L40S.json in one's own --hardware_dir that keeps the name "NVIDIA L40S" but another clock was
+    predicted as the trained L40S (its narrower interval, no zero-shot note): pipeweave knows a GPU by its name, and
+    the models never saw that GPU as described. An unchanged copy stays the trained GPU."""
+    from pipeweave import aggregate
+    from pipeweave.cli import run_cli
+    from pipeweave.kernels import main as predict_kernels
+    from pipeweave.predictor import KernelPredictor
+
+    unchanged, hardware = tmp_path / "unchanged", tmp_path / "hardware"
+    shutil.copytree(repo_root / "hardware", unchanged)
+    assert KernelPredictor(hardware_dir=unchanged).respecified == {}  # the shipped values, another folder
+    shutil.copytree(repo_root / "hardware", hardware)
+    spec = json.loads((hardware / "L40S.json").read_text())
+    spec["smFreq"] = 2000
+    (hardware / "L40S.json").write_text(json.dumps(spec))
+    predictor = KernelPredictor(hardware_dir=hardware)
+    assert predictor.respecified == {"NVIDIA L40S": ["sm_freq"]}
+    assert "NVIDIA L40S" not in predictor.trained_on("gemm") and "NVIDIA L40S" in KernelPredictor().trained_on("gemm")
+    shapes = tmp_path / "gemm.csv"
+    shapes.write_text("M,N,K,hardware\n4096,4096,4096,L40S\n")
+    widths = {}
+    for name, folder in (("shipped", repo_root / "hardware"), ("edited", hardware)):
+        out = tmp_path / f"{name}.csv"
+        assert run_cli(predict_kernels, ["--op", "gemm", "--input", str(shapes), "--output", str(out),
+                                         "--hardware_dir", str(folder)]) == 0
+        row = out.read_text().splitlines()[1].split(",")
+        widths[name] = float(row[-2]) / float(row[-3])  # high_us / low_us
+        said = capsys.readouterr().out
+        assert ("other values (sm_freq) than pipeweave's own JSON of that GPU" in said) == (name == "edited")
+    assert widths["edited"] > widths["shipped"]  # the unseen state's interval
+    workload = repo_root / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+    assert run_cli(aggregate.main, ["--workload", str(workload), "--hardware", "L40S", "--hardware_dir", str(hardware),
+                                    "--output", str(tmp_path / "p.json")]) == 0
+    said = capsys.readouterr().out
+    assert "WARNING: L40S.json" in said and "Note: no kernel of NVIDIA L40S is in the training data" in said
