@@ -16,7 +16,7 @@ from pipeweave.cli import run_cli
 from pipeweave.modeling import evaluate, input_names
 from pipeweave.paths import DATASET_DIR
 from pipeweave.paper.baselines import fit_predict, roofline_efficiency
-from pipeweave.paper import reproduce
+from pipeweave.paper import baselines as paper_baselines, reproduce
 from pipeweave.paper.experiments import OPS, QUICK, VARIANTS, feature_sets
 from pipeweave.paper.report import ablation_verdict, render
 from pipeweave.paper.reproduce import main
@@ -178,6 +178,7 @@ def test_quick_mode_writes_the_paper_and_is_deterministic(real_datasets, tmp_pat
     # three minutes on two cores): what is checked does not depend on how long each model trains
     monkeypatch.setattr(reproduce, "QUICK", replace(QUICK, rows_per_gpu=300, epochs=15, baseline_rows_per_gpu=600,
                                                     test_rows_per_gpu=300, logo_rows_per_gpu=100, logo_epochs=10))
+    monkeypatch.setattr(paper_baselines, "HGB_MAX_ITER", 50)  # 21 boosted fits were 16 of the test's 40 s
     first = tmp_path / "a" / "PAPER.md"
     assert main(["--quick", "--no_progress", "--output", str(first)]) == 0
     text = first.read_text()
