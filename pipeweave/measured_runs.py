@@ -62,6 +62,18 @@ def gpu_stem(tag: str, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> str:
 # measured runs
 # ==================================================================================================
 
+def measured_ms(seconds, where: str) -> float:
+    """A measured time in seconds as ms; anything but a finite positive number (NaN, a negative or zero time, text)
+    is an error naming ``where``: the median of the other repetitions would hide it."""
+    try:
+        value = float(seconds) if not isinstance(seconds, bool) else np.nan
+    except (TypeError, ValueError):
+        value = np.nan
+    if not (np.isfinite(value) and value > 0):
+        raise UserError(f"{where} is {seconds!r}, not a positive number of seconds")
+    return 1000.0 * value
+
+
 def read_artifact_repeats(real_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> pd.DataFrame:
     """One row per repetition from the artifact's ``e2e_*.jsonl`` and ``vllm_*.json`` files (ms)."""
     real_dir = Path(real_dir)
@@ -81,9 +93,9 @@ def read_artifact_repeats(real_dir: str | Path, hardware_dir: Path = DEFAULT_HAR
                 rows.append({
                     "gpu": gpu, "tp": tp, "pp": 1, "model": model, "trace": trace, "kind": "static",
                     "repeat": record.get("iteration", record.get("iterations", line_no - 1)),
-                    "prefill_ms": 1000.0 * float(record["prefill_latency"]),
-                    "decode_ms": 1000.0 * float(record["median_decode_latency"]),
-                    "total_ms": 1000.0 * float(record["total_latency"]),
+                    **{f"{metric}_ms": measured_ms(record[field], f"{path}:{line_no}: {field}")
+                       for metric, field in (("prefill", "prefill_latency"), ("decode", "median_decode_latency"),
+                                             ("total", "total_latency"))},
                     "source": f"e2e/real/{path.name}",
                 })
             except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
@@ -101,7 +113,8 @@ def read_artifact_repeats(real_dir: str | Path, hardware_dir: Path = DEFAULT_HAR
             rows.append({
                 "gpu": gpu_stem(tag, hardware_dir), "tp": VLLM_TP, "pp": VLLM_PP,
                 "model": MODEL_ALIASES.get(model_tag, model_tag), "trace": f"vllm_{trace}", "kind": "vllm",
-                "repeat": i, "prefill_ms": np.nan, "decode_ms": np.nan, "total_ms": 1000.0 * float(seconds),
+                "repeat": i, "prefill_ms": np.nan, "decode_ms": np.nan,
+                "total_ms": measured_ms(seconds, f"{path}: latency {i + 1}"),
                 "source": f"e2e/real/{path.name}",
             })
     return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "kind", "repeat", "prefill_ms",

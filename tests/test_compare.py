@@ -348,6 +348,35 @@ def test_a_run_summarised_twice_or_of_an_unknown_kind_is_an_error(synthetic, tmp
         measured_runs.load_real(kinds)
 
 
+@pytest.mark.parametrize("file, old, new, message", [
+    ("e2e_A100.jsonl", '"prefill_latency": 1.0,', '"prefill_latency": -1.0,',
+     r"e2e_A100.jsonl:1: prefill_latency is -1.0, not a positive number of seconds"),
+    ("e2e_A100.jsonl", '"total_latency": 2.0,', '"total_latency": NaN,',
+     r"e2e_A100.jsonl:1: total_latency is nan, not a positive number of seconds"),
+    ("vllm_arxiv16_H800_llama70B.json", "[10.0,", "[-10.0,",
+     r"vllm_arxiv16_H800_llama70B.json: latency 1 is -10.0, not a positive number of seconds"),
+])
+def test_a_repetition_with_a_negative_or_nan_time_is_an_error(synthetic, tmp_path, capsys, file, old, new, message):
+    """The artifact's files were read without a check: a negative prefill was summarised as the run's minimum and
+    left the median where the other four put it; a NaN total was dropped from the median while the run still
+    counted five repeats."""
+    from pipeweave.cli import run_cli
+
+    real, pred = synthetic
+    path = Path(real) / file
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new, 1))
+    with pytest.raises(compare.UserError, match=message):
+        measured_runs.load_real(real)
+    out = tmp_path / "out.csv"
+    assert run_cli(compare.main, ["static", "--real_dir", str(real), "--pred_dir", str(pred), "--no_roofline",
+                                  "--output", str(out), "--plot", str(tmp_path / "out.png"),
+                                  "--vllm_output", str(tmp_path / "vllm.csv")]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+    assert run_cli(compare.main, ["summarize-real", "--source", str(real), "--output", str(out)]) == 2
+    assert not out.exists()
+
+
 def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_sample_from_any_folder(tmp_path, capsys,
                                                                                                  monkeypatch):
     """A decode cell of a prefill-only workload was scored against 0 ms (100 % error); the in-sample WARNING was
