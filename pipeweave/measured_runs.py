@@ -105,10 +105,14 @@ def read_artifact_repeats(real_dir: str | Path, hardware_dir: Path = DEFAULT_HAR
         if not match:
             continue
         trace, tag, model_tag = match.groups()
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: not a JSON file ({exc})") from None
+        data = data if isinstance(data, dict) else {}
         latencies = data.get("latencies") or ([data["avg_latency"]] if "avg_latency" in data else [])
-        if not latencies:
-            raise UserError(f"{path}: no 'latencies' (or 'avg_latency') field")
+        if not isinstance(latencies, list) or not latencies:
+            raise UserError(f"{path}: no 'latencies' list (or 'avg_latency' field) of a vLLM latency benchmark")
         for i, seconds in enumerate(latencies):
             rows.append({
                 "gpu": gpu_stem(tag, hardware_dir), "tp": VLLM_TP, "pp": VLLM_PP,

@@ -377,6 +377,26 @@ def test_a_repetition_with_a_negative_or_nan_time_is_an_error(synthetic, tmp_pat
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"latencies": 11.0}', "no 'latencies' list"), ("[11.0, 12.0]", "no 'latencies' list"),
+    ('{"latencies": [11.0,', "not a JSON file"),
+])
+def test_a_vllm_result_that_is_not_a_latency_benchmark_is_an_error_naming_it(synthetic, tmp_path, capsys, text,
+                                                                             message):
+    """A vLLM result file whose latencies were one number, or that was a list, stopped the comparison with a
+    traceback (TypeError, AttributeError); a truncated one gave the JSON parser's message without the file."""
+    from pipeweave.cli import run_cli
+
+    real, pred = synthetic
+    (Path(real) / "vllm_arxiv16_H800_llama70B.json").write_text(text)
+    out = tmp_path / "out.csv"
+    assert run_cli(compare.main, ["vllm", "--real_dir", str(real), "--pred_dir", str(pred), "--no_roofline",
+                                  "--output", str(out), "--plot", str(tmp_path / "out.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"vllm_arxiv16_H800_llama70B.json: {message}" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
 def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_sample_from_any_folder(tmp_path, capsys,
                                                                                                  monkeypatch):
     """A decode cell of a prefill-only workload was scored against 0 ms (100 % error); the in-sample WARNING was
