@@ -121,8 +121,17 @@ def read_artifact_repeats(real_dir: str | Path, hardware_dir: Path = DEFAULT_HAR
                 "total_ms": measured_ms(seconds, f"{path}: latency {i + 1}"),
                 "source": f"e2e/real/{path.name}",
             })
-    return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "kind", "repeat", "prefill_ms",
-                                       "decode_ms", "total_ms", "source"])
+    repeats = pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "kind", "repeat", "prefill_ms",
+                                          "decode_ms", "total_ms", "source"])
+    key = ["gpu", "tp", "pp", "model", "trace", "kind", "repeat"]
+    twice = repeats[repeats.duplicated(subset=key, keep=False)]
+    if len(twice):  # a line pasted twice, or a copy of a file under another name of its GPU, would count it twice
+        first = twice.iloc[0]
+        files = sorted(set(twice[(twice[key] == first[key]).all(axis=1)]["source"].str.removeprefix("e2e/real/")))
+        raise UserError(f"{real_dir}: repetition {first['repeat']} of the run {first['gpu']} TP{first['tp']} "
+                        f"PP{first['pp']} {first['model']} {first['trace']} ({first['kind']}) is read more than once "
+                        f"(in {', '.join(files)}); keep one record per repetition")
+    return repeats
 
 
 def summarize_repeats(repeats: pd.DataFrame) -> pd.DataFrame:

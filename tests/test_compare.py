@@ -397,6 +397,24 @@ def test_a_vllm_result_that_is_not_a_latency_benchmark_is_an_error_naming_it(syn
     assert not out.exists()
 
 
+def test_a_repetition_read_twice_is_an_error(synthetic, tmp_path):
+    """A record pasted twice into a jsonl file moved the median (6 repeats: prefill 1200 -> 1250 ms); a copy of
+    e2e_A100.jsonl as e2e_tp1_A100.jsonl counted every repetition twice (10 repeats), where the summary CSV's
+    reader refuses a run summarised twice."""
+    real, _ = synthetic
+    path = Path(real) / "e2e_A100.jsonl"
+    text = path.read_text()
+    path.write_text(text + text.splitlines()[-1] + "\n")
+    with pytest.raises(compare.UserError, match=r"repetition 4 of the run A100 TP1 PP1 Qwen2.5-14B arxiv_8 \(static\) "
+                                                r"is read more than once \(in e2e_A100.jsonl\)"):
+        measured_runs.load_real(real)
+    path.write_text(text)
+    (Path(real) / "e2e_tp1_A100.jsonl").write_text(text)
+    with pytest.raises(compare.UserError, match=r"read more than once \(in e2e_A100.jsonl, e2e_tp1_A100.jsonl\)"):
+        compare.main_summarize(["--source", str(real), "--output", str(tmp_path / "summary.csv")])
+    assert not (tmp_path / "summary.csv").exists()
+
+
 def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_sample_from_any_folder(tmp_path, capsys,
                                                                                                  monkeypatch):
     """A decode cell of a prefill-only workload was scored against 0 ms (100 % error); the in-sample WARNING was
