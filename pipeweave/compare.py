@@ -12,7 +12,7 @@ and gives every method a different "measured" value. Here the reference value is
 repetitions**, the same for every method:
 
 * error = |pred − median(real)| / median(real), per metric: prefill, decode per step (the prediction's mean decode
-  step vs the measured median step latency, §11.4 item 26), total; ``mean`` = mean of the three;
+  step vs the measured median step latency, §11.4 item 26), total; ``mean`` = mean of the three (of those measured);
 * vLLM: total vs the median of the 5 ``latencies``.
 """
 from __future__ import annotations
@@ -183,6 +183,14 @@ def _roofline_for_row(run, pred_row, workload_dir: Path, hardware_dir: Path) -> 
     return shape_roofline_prediction(workload_path, run["gpu"], None, hardware_dir, own_collectives=True)["summary"]
 
 
+def mean_error(errors: Sequence[float]) -> float:
+    """A run's mean error over the metrics that have one (a metric not measured, or without a prediction, has
+    none; NaN if no metric has): a run measured without its decode step is scored on prefill and total, as
+    ``compare runs`` scores a user's runs, not left out of the method's mean."""
+    finite = [e for e in errors if np.isfinite(e)]
+    return float(np.mean(finite)) if finite else np.nan
+
+
 def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, roofline: bool = True,
             baselines: pd.DataFrame | None = None, workload_dir: Path = DEFAULT_WORKLOAD_DIR,
             hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> pd.DataFrame:
@@ -217,7 +225,7 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
             # 1 inside, 0 outside, NaN without an interval (or a measurement)
             row[f"in_interval_{metric}"] = (float(low <= measured <= high)
                                             if np.isfinite([low, high, measured]).all() else np.nan)
-        row["err_mean_pct"] = float(np.mean([row[f"err_{m}_pct"] for m in metrics]))
+        row["err_mean_pct"] = mean_error([row[f"err_{m}_pct"] for m in metrics])
         if roofline:
             summary = _roofline_for_row(run, pred, workload_dir, hardware_dir)
             keys = {"prefill": "prefill_duration_ms", "decode": "decode_avg_duration_ms", "total": "total_duration_ms"}
@@ -225,7 +233,7 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
                 value = summary[keys[metric]] if summary else np.nan
                 row[f"roofline_{metric}_ms"] = value
                 row[f"roofline_err_{metric}_pct"] = float(ape(value, run[f"{metric}_ms_median"]))
-            row["roofline_err_mean_pct"] = float(np.mean([row[f"roofline_err_{m}_pct"] for m in metrics]))
+            row["roofline_err_mean_pct"] = mean_error([row[f"roofline_err_{m}_pct"] for m in metrics])
         if baselines is not None and len(baselines):
             for method in sorted(set(baselines["method"]), key=lambda m: (ARTIFACT_METHODS + (m,)).index(m)):
                 sel = baselines[(baselines["method"] == method) & (baselines["gpu"] == run["gpu"])
@@ -240,8 +248,7 @@ def compare(real: pd.DataFrame, preds: pd.DataFrame, kind: str = "static", *, ro
                     error = float(ape(value, run[f"{metric}_ms_median"]))
                     row[f"artifact_{method}_err_{metric}_pct"] = error
                     errors.append(error)
-                finite = [e for e in errors if np.isfinite(e)]
-                row[f"artifact_{method}_err_mean_pct"] = float(np.mean(finite)) if finite else np.nan
+                row[f"artifact_{method}_err_mean_pct"] = mean_error(errors)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -415,6 +415,25 @@ def test_a_repetition_read_twice_is_an_error(synthetic, tmp_path):
     assert not (tmp_path / "summary.csv").exists()
 
 
+def test_a_run_measured_without_a_metric_is_scored_on_the_others_not_dropped(synthetic, tmp_path):
+    """A summary CSV row with an empty decode cell (which its reader accepts) gave the run a NaN mean error, so it
+    vanished from PipeWeave's and the roofline's mean and run count without a note, while the artifact's columns
+    counted it."""
+    real, pred = synthetic
+    summary = measured_runs.summarize_repeats(measured_runs.read_artifact_repeats(real))
+    static = summary["kind"] == "static"
+    summary.loc[static & (summary["gpu"] == "A100"), ["decode_ms_median", "decode_ms_min", "decode_ms_max"]] = np.nan
+    folder = tmp_path / "summary"
+    folder.mkdir()
+    (folder / measured_runs.REAL_SUMMARY_NAME).write_text(measured_runs.format_summary_csv(summary))
+    table = compare.compare(measured_runs.load_real(folder), compare.load_predictions(pred), "static",
+                            roofline=False)
+    row = table[table["gpu"] == "A100"].iloc[0]
+    assert np.isnan(row["err_decode_pct"])
+    assert row["err_mean_pct"] == pytest.approx(np.mean([200 / 1200, 200 / 2200]) * 100)
+    assert measured_runs.error_summary(table)[0]["runs"] == 2
+
+
 def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_sample_from_any_folder(tmp_path, capsys,
                                                                                                  monkeypatch):
     """A decode cell of a prefill-only workload was scored against 0 ms (100 % error); the in-sample WARNING was
