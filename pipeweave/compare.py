@@ -141,8 +141,17 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
     if variants:
         print(f"Note: {len(variants)} prediction(s) of expert-parallel or FP8 workloads left out (no measured run is "
               f"of one): {', '.join(variants[:3])}{', ...' if len(variants) > 3 else ''}")
-    return pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "fa", "workload", "path", "lm_head_layout",
-                                       "pred_prefill_ms", "pred_decode_ms", "pred_total_ms", *INTERVAL_COLUMNS])
+    preds = pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "fa", "workload", "path",
+                                        "lm_head_layout", "pred_prefill_ms", "pred_decode_ms", "pred_total_ms",
+                                        *INTERVAL_COLUMNS])
+    key = ["gpu", "workload"]
+    twice = preds[preds.duplicated(subset=key, keep=False)]
+    if len(twice):  # two names of one GPU (A100, NVIDIA_A100-SXM4-80GB): the comparison would take one silently
+        first = twice.iloc[0]
+        files = twice[(twice[key] == first[key]).all(axis=1)]["path"].map(lambda p: Path(p).name)
+        raise UserError(f"--pred_dir {pred_dir}: {first['workload']} is predicted more than once for {first['gpu']} "
+                        f"({', '.join(files)}); keep one prediction per workload and GPU")
+    return preds
 
 
 SUMMARY_KEY = {"prefill": "prefill_duration_ms", "decode": "decode_avg_duration_ms", "total": "total_duration_ms"}

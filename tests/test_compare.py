@@ -434,6 +434,24 @@ def test_a_run_measured_without_a_metric_is_scored_on_the_others_not_dropped(syn
     assert measured_runs.error_summary(table)[0]["runs"] == 2
 
 
+def test_a_run_predicted_twice_under_two_names_of_its_gpu_is_an_error(synthetic, tmp_path, capsys):
+    """A second prediction of the A100 run named by the GPU's driver name (NVIDIA_A100-SXM4-80GB) matched the same
+    measured run; the comparison scored whichever sorted first, without a word."""
+    from pipeweave.cli import run_cli
+
+    real, pred = synthetic
+    source = Path(pred) / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100.json"
+    (Path(pred) / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_NVIDIA_A100-SXM4-80GB.json").write_text(
+        source.read_text().replace("1000.0", "1500.0"))
+    out = tmp_path / "out.csv"
+    assert run_cli(compare.main, ["static", "--real_dir", str(real), "--pred_dir", str(pred), "--no_roofline",
+                                  "--output", str(out), "--plot", str(tmp_path / "out.png"),
+                                  "--vllm_output", str(tmp_path / "vllm.csv")]) == 2
+    assert ("Qwen2.5-14B_arxiv_8_fa2_tp1_pp1 is predicted more than once for A100 (Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_A100"
+            ".json, Qwen2.5-14B_arxiv_8_fa2_tp1_pp1_NVIDIA_A100-SXM4-80GB.json)") in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_scoring_own_runs_refuses_a_decode_time_without_decode_and_warns_in_sample_from_any_folder(tmp_path, capsys,
                                                                                                  monkeypatch):
     """A decode cell of a prefill-only workload was scored against 0 ms (100 % error); the in-sample WARNING was
