@@ -67,7 +67,11 @@ def gemm(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
 
 
 def gemm_fp8_features(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    return operator.calculator("fp8")(gemm_problem(columns, hw, dtype=operator.dtype), hw)
+    """Always the FP8 rule's 128x128x128 tiles (docs/METHOD.md §3.4): the tile columns override BF16 GEMM's rule only,
+    as the predictor reads them (an input's tile columns gave ``features --op gemm_fp8`` other features than
+    ``predict_kernels.py`` predicts from, unchecked)."""
+    shape = {column: columns[column] for column in operator.shape_columns}
+    return operator.calculator("fp8")(gemm_problem(shape, hw, dtype=operator.dtype), hw)
 
 
 def _attention_arrays(columns: Columns, label: Callable[[int], str] | None = None):

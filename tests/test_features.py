@@ -109,6 +109,17 @@ def test_registry_gemm_uses_given_tiles():
     assert out["ideal_cycles"].iloc[0] == pytest.approx(31207.619, rel=1e-6)
 
 
+def test_fp8_gemm_ignores_tile_columns_as_the_predictor_does():
+    """`features --op gemm_fp8` took an input's tile columns (unchecked: tile 7x9x3, 10^8 CTAs) where
+    predict_kernels.py and the aggregator use FP8's 128x128x128 tiles (docs/METHOD.md §3.4): the features written
+    were not the ones predicted from."""
+    shapes = {"M": [1, 300], "N": [4096, 8192], "K": [4096, 1000], "hardware": ["H100", "H100"]}
+    tiles = {"tile_M": [7, 64], "tile_N": [9, 64], "tile_K": [3, 64], "is_split_k": [0, 1], "cta_count": [10**8, 7]}
+    plain = compute_features("gemm_fp8", pd.DataFrame(shapes))
+    pd.testing.assert_frame_equal(compute_features("gemm_fp8", pd.DataFrame({**shapes, **tiles})), plain)
+    assert plain["tensor_all_ops"].iloc[0] == 2 * 128 * 4096 * 4096
+
+
 @pytest.mark.data
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_fp8_dataset_features_exact(shared_data, split):
