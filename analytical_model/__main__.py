@@ -1,7 +1,8 @@
 """python3 -m analytical_model features --op OP --input IN.csv --output OUT.csv
 python3 -m analytical_model list [--trainable | --quantile | --profiled] [--keys]
 
-Reads the operator's shape columns and ``hardware`` from IN.csv and writes every input column plus
+Reads the operator's shape columns and ``hardware`` from IN.csv (as predict_kernels.py reads it: header names
+stripped, every row with the header's number of fields) and writes every input column, as read, plus
 the feature columns (docs/METHOD.md §4.1 names and order) and ``ideal_cycles`` (``--descriptors`` adds the
 shape descriptors of analytical_model/descriptors.py before ``ideal_cycles``). For gemm, optional
 columns tile_M, tile_N, tile_K, is_split_k, cta_count override the tile rule row by row.
@@ -15,7 +16,8 @@ import sys
 from pathlib import Path
 
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, program_name, run_cli, write_atomically
-from pipeweave.validation import check_shape_table
+from pipeweave.kernels import read_shapes
+from pipeweave.validation import check_shape_table, line_labels
 
 from .hardware import DEFAULT_HARDWARE_DIR
 from .registry import OPERATORS, compute_features, get_operator, operator_keys, shape_columns_help
@@ -66,14 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("python3 -m analytical_model features needs pandas (pip install '.[train]')") from None
     if not args.input.is_file():
         raise UserError(f"input file not found: {args.input}")
-    try:
-        frame = pd.read_csv(args.input)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"{args.input}: not a readable CSV ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                        f"expected a header row with the shape columns and hardware") from None
     check_output_path(args.output)
+    # read as predict_kernels.py reads it: header names stripped, a row with more or fewer fields than the header
+    # refused (pandas took a first column without a name as the index, shifting every shape column), a repeated
+    # column refused, and the cells kept as text, so that the input columns are written back as they were read
+    header, rows, line_numbers = read_shapes(args.input, "expected a header row with the shape columns and hardware")
+    cells = {name: [row[i] for row in rows] for i, name in enumerate(header)}
+    frame = pd.DataFrame({name: [cell or None for cell in values] for name, values in cells.items()},
+                         columns=header, dtype=object)  # an empty cell is a missing value
     try:
-        check_shape_table({column: frame[column].tolist() for column in frame.columns}, get_operator(args.op))
+        check_shape_table(cells, get_operator(args.op), line_labels(line_numbers))
         result = compute_features(args.op, frame, args.hardware_dir)
     except ValueError as exc:
         raise UserError(f"{args.input}: {exc}") from None

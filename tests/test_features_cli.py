@@ -97,6 +97,28 @@ def test_partial_tile_columns_are_one_error_line(tmp_path, repo_root):
         f"is_split_k, cta_count, or none)"]
 
 
+def test_input_is_read_as_predict_kernels_reads_it(tmp_path, repo_root):
+    """pandas took a first column without a header name as the index: a row with one field more than the header
+    ("1,4096,4096,4096,H100") was computed as M=4096, N=4096, K=4096, with exit 0. Header names with spaces around
+    them ("M, N, K, hardware") were refused as lacking N, K and hardware, and a column named twice was read as its
+    first. The command now reads the CSV as predict_kernels.py does, and writes the input cells back as read."""
+    src, dst = tmp_path / "in.csv", tmp_path / "out.csv"
+    for text, message in (("M,N,K,hardware\n1,4096,4096,4096,H100\n", "row 1 (CSV line 2) has 5 fields, the header 4"),
+                          ("M,N,K,hardware,M\n1,4096,4096,H100,2\n", "repeated column(s) M")):
+        src.write_text(text)
+        result = run(repo_root, "features", "--op", "gemm", "--input", src, "--output", dst)
+        assert result.returncode == 2 and not dst.exists()
+        assert result.stderr.strip().splitlines() == [f"python3 -m analytical_model: error: {src}: {message}"]
+    src.write_text("M, N, K, hardware, tile_M, tile_N, tile_K, is_split_k, cta_count, note\n"
+                   "3,2560,8192,A40,64,128,64,1,60,x\n16,4096,4096,H100,,,,,,\n")
+    result = run(repo_root, "features", "--op", "gemm", "--input", src, "--output", dst)
+    assert result.returncode == 0, result.stderr
+    lines = dst.read_text().splitlines()
+    assert lines[0].startswith("M,N,K,hardware,tile_M,tile_N,tile_K,is_split_k,cta_count,note,tensor_all_ops,")
+    assert lines[1].startswith("3,2560,8192,A40,64,128,64,1,60,x,") and lines[2].startswith("16,4096,4096,H100,,,,,,,")
+    assert pd.read_csv(dst)["ideal_cycles"].iloc[0] == pytest.approx(31207.619, rel=1e-6)  # Appendix A.1 tiles given
+
+
 def test_list_runs_without_pandas_and_features_says_what_it_needs(monkeypatch, capsys):
     """`python3 -m analytical_model list` failed with a pandas traceback on the base install (no pandas), though it
     only prints the registry; `features` now says it needs pandas and how to install it, in one line."""
