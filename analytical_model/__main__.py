@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, program_name, run_cli, write_atomically
+from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_output_path, program_name, run_cli,
+                           write_atomically)
 from pipeweave.kernels import read_shapes
 from pipeweave.validation import check_shape_table, line_labels
 
@@ -45,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     features.add_argument("--op", required=True, choices=list(OPERATORS),
                           help="operator class, with its shape columns: " + shape_columns_help())
     features.add_argument("--input", required=True, type=Path,
-                          help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100)")
+                          help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100); '-': "
+                               "standard input")
     features.add_argument("--output", required=True, type=Path,
-                          help="output CSV: the input columns plus the features and ideal_cycles")
+                          help="output CSV: the input columns plus the features and ideal_cycles ('-': standard "
+                               "output)")
     features.add_argument("--hardware_dir", type=Path, default=DEFAULT_HARDWARE_DIR,
                           help="directory of GPU spec JSONs (default: hardware)")
     features.add_argument("--descriptors", action="store_true",
@@ -66,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         import pandas as pd
     except ImportError:
         raise UserError("python3 -m analytical_model features needs pandas (pip install '.[train]')") from None
-    if not args.input.is_file():
+    from_stdin, to_stdout = str(args.input) == STANDARD_STREAM, str(args.output) == STANDARD_STREAM
+    if not from_stdin and not args.input.is_file():
         raise UserError(f"input file not found: {args.input}")
-    check_output_path(args.output)
+    if not to_stdout:
+        check_output_path(args.output)
     # read as predict_kernels.py reads it: header names stripped, a row with more or fewer fields than the header
     # refused (pandas took a first column without a name as the index, shifting every shape column), a repeated
     # column refused, and the cells kept as text, so that the input columns are written back as they were read
@@ -80,10 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         check_shape_table(cells, get_operator(args.op), line_labels(line_numbers))
         result = compute_features(args.op, frame, args.hardware_dir)
     except ValueError as exc:
-        raise UserError(f"{args.input}: {exc}") from None
+        raise UserError(f"{'standard input' if from_stdin else args.input}: {exc}") from None
     if not args.descriptors:
         result = result.drop(columns=list(OPERATORS[args.op].descriptor_names))
     output = pd.concat([frame, result], axis=1)
+    if to_stdout:  # as predict_kernels.py: the CSV on standard output, the note on standard error
+        output.to_csv(sys.stdout, index=False)
+        print(f"wrote {len(output)} rows to standard output", file=sys.stderr)
+        return 0
     write_atomically(args.output, lambda tmp: output.to_csv(tmp, index=False))
     print(f"wrote {len(output)} rows to {args.output}")
     return 0

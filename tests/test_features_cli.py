@@ -1,6 +1,7 @@
 """python3 -m analytical_model features: output schema and user errors (one line, exit 2, no file)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -117,6 +118,21 @@ def test_input_is_read_as_predict_kernels_reads_it(tmp_path, repo_root):
     assert lines[0].startswith("M,N,K,hardware,tile_M,tile_N,tile_K,is_split_k,cta_count,note,tensor_all_ops,")
     assert lines[1].startswith("3,2560,8192,A40,64,128,64,1,60,x,") and lines[2].startswith("16,4096,4096,H100,,,,,,,")
     assert pd.read_csv(dst)["ideal_cycles"].iloc[0] == pytest.approx(31207.619, rel=1e-6)  # Appendix A.1 tiles given
+
+
+def test_dash_is_standard_input_and_output(tmp_path, repo_root):
+    """`--output -` wrote a file named '-' in the working folder (predict_kernels.py writes standard output), and
+    `--input -` was "input file not found"."""
+    text = "M,N,K,hardware\n16,4096,4096,H100\n"
+    result = subprocess.run([sys.executable, "-m", "analytical_model", "features", "--op", "gemm", "--input", "-",
+                             "--output", "-"], cwd=tmp_path, input=text, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(repo_root)})
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "-").exists() and result.stderr == "wrote 1 rows to standard output\n"
+    src, dst = tmp_path / "in.csv", tmp_path / "out.csv"
+    src.write_text(text)
+    assert run(repo_root, "features", "--op", "gemm", "--input", src, "--output", dst).returncode == 0
+    assert result.stdout == dst.read_text()
 
 
 def test_list_runs_without_pandas_and_features_says_what_it_needs(monkeypatch, capsys):
