@@ -78,16 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     # refused (pandas took a first column without a name as the index, shifting every shape column), a repeated
     # column refused, and the cells kept as text, so that the input columns are written back as they were read
     header, rows, line_numbers = read_shapes(args.input, "expected a header row with the shape columns and hardware")
+    source = "standard input" if from_stdin else args.input  # what errors name
+    operator = get_operator(args.op)
+    written = [*operator.feature_names, *(operator.descriptor_names if args.descriptors else ()), "ideal_cycles"]
+    already = [name for name in written if name in header]
+    if already:  # a second column of each name would follow the first, and a reader takes the first, the input's
+        raise UserError(f"{source}: has column(s) {', '.join(already)}, which this command writes: give the shapes "
+                        f"without them (a dataset CSV or an output of this command?)")
     cells = {name: [row[i] for row in rows] for i, name in enumerate(header)}
     frame = pd.DataFrame({name: [cell or None for cell in values] for name, values in cells.items()},
                          columns=header, dtype=object)  # an empty cell is a missing value
     try:
-        check_shape_table(cells, get_operator(args.op), line_labels(line_numbers))
+        check_shape_table(cells, operator, line_labels(line_numbers))
         result = compute_features(args.op, frame, args.hardware_dir)
     except ValueError as exc:
-        raise UserError(f"{'standard input' if from_stdin else args.input}: {exc}") from None
+        raise UserError(f"{source}: {exc}") from None
     if not args.descriptors:
-        result = result.drop(columns=list(OPERATORS[args.op].descriptor_names))
+        result = result.drop(columns=list(operator.descriptor_names))
     output = pd.concat([frame, result], axis=1)
     if to_stdout:  # as predict_kernels.py: the CSV on standard output, the note on standard error
         output.to_csv(sys.stdout, index=False)

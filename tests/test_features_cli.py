@@ -135,6 +135,24 @@ def test_dash_is_standard_input_and_output(tmp_path, repo_root):
     assert result.stdout == dst.read_text()
 
 
+def test_an_input_with_the_feature_columns_is_refused(tmp_path, repo_root):
+    """A dataset CSV or an earlier output as input wrote a second column of every feature name after the first: a
+    reader (pandas) took the input's stale values under the names and renamed the new ones tensor_all_ops.1, ..."""
+    src, dst = tmp_path / "in.csv", tmp_path / "out.csv"
+    src.write_text("M,N,K,hardware\n16,4096,4096,H100\n")
+    assert run(repo_root, "features", "--op", "gemm", "--input", src, "--output", dst).returncode == 0
+    again = tmp_path / "again.csv"
+    result = run(repo_root, "features", "--op", "gemm", "--input", dst, "--output", again)
+    assert result.returncode == 2 and not again.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"python3 -m analytical_model: error: {dst}: has column(s) {', '.join(GEMM_FEATURES)}, ideal_cycles, which "
+        f"this command writes: give the shapes without them (a dataset CSV or an output of this command?)"]
+    pd.read_csv(dst).drop(columns=[*GEMM_FEATURES, "ideal_cycles"]).assign(shape_M=7).to_csv(src, index=False)
+    assert run(repo_root, "features", "--op", "gemm", "--input", src, "--output", again).returncode == 0  # passes
+    result = run(repo_root, "features", "--op", "gemm", "--input", src, "--output", again, "--descriptors")
+    assert result.returncode == 2 and "has column(s) shape_M, which this command writes" in result.stderr
+
+
 def test_list_runs_without_pandas_and_features_says_what_it_needs(monkeypatch, capsys):
     """`python3 -m analytical_model list` failed with a pandas traceback on the base install (no pandas), though it
     only prints the registry; `features` now says it needs pandas and how to install it, in one line."""
