@@ -203,6 +203,19 @@ def read_summary_csv(path: Path, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> p
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(f"{path}: {row_label(row)}: column {column} has {frame[column].iloc[row]!r}, expected "
                             f"{'a positive number of ms' if duration else 'a positive integer'}")
+    medians = frame[[f"{metric}_ms_median" for metric in ("prefill", "decode", "total")]]
+    unmeasured = medians.isna().all(axis=1)
+    if unmeasured.any():  # it would be listed as "— / — / —" and scored nowhere, without a word
+        row = int(unmeasured.to_numpy().nonzero()[0][0])
+        raise UserError(f"{path}: {row_label(row)}: no measured median (prefill, decode or total); a run needs at "
+                        f"least one")
+    for metric in ("prefill", "decode", "total"):
+        low, mid, high = (pd.to_numeric(frame[f"{metric}_ms_{stat}"]) for stat in ("min", "median", "max"))
+        disordered = (low > mid) | (mid > high)  # NaN compares false: a cell left empty is not checked
+        if disordered.any():
+            row = int(disordered.to_numpy().nonzero()[0][0])
+            raise UserError(f"{path}: {row_label(row)}: {metric} min {low.iloc[row]:g}, median {mid.iloc[row]:g} and "
+                            f"max {high.iloc[row]:g} ms are not in order")
     kinds = frame["kind"].astype(str).str.strip()
     unknown = ~kinds.isin(RUN_KINDS)
     if unknown.any():

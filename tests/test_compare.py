@@ -322,6 +322,15 @@ def test_a_prediction_of_another_gpu_and_impossible_or_aliased_measured_runs(syn
                                                                                     index=False)
     with pytest.raises(compare.UserError, match="expected a positive number of ms"):
         measured_runs.load_real(bad)
+    # a row whose every median is empty was listed as "— / — / —" and scored nowhere; min > median was read as given
+    medians = [f"{metric}_ms_median" for metric in ("prefill", "decode", "total")]
+    summary.assign(**{column: [np.nan] + summary[column].tolist()[1:] for column in medians}).to_csv(
+        bad / "measured_runs.csv", index=False)
+    with pytest.raises(compare.UserError, match="row 1 .*no measured median"):
+        measured_runs.load_real(bad)
+    summary.assign(total_ms_min=summary["total_ms_max"] * 2).to_csv(bad / "measured_runs.csv", index=False)
+    with pytest.raises(compare.UserError, match="total min .* are not in order"):
+        measured_runs.load_real(bad)
     alias = tmp_path / "alias"
     alias.mkdir()
     summary.assign(gpu=["NVIDIA A100-SXM4-80GB" if g == "A100" else g for g in summary["gpu"]]).to_csv(
