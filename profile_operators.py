@@ -20,6 +20,7 @@ from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MEASURED_DIR, DEFAULT_TR
 from pipeweave.profiler import grids
 from pipeweave.profiler.device import cuda_device_count, no_cuda_message, no_cuda_reason
 from pipeweave.profiler.measure import print_grid, write_hardware_json
+from pipeweave.profiler.timing import TIMERS, RotatingTimer
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -55,7 +56,7 @@ def parse_args(argv):
     parser.add_argument("--max_row_seconds", type=float, default=None,
                         help="GPU time budget per shape; long kernels get fewer repeats, at least 5 "
                              "(default 1, quick 0.25)")
-    parser.add_argument("--timing", choices=("rotate", "flush"), default="rotate",
+    parser.add_argument("--timing", choices=tuple(TIMERS), default=RotatingTimer.name,
                         help="rotate (default): the kernel back to back over copies of its inputs that together "
                              "exceed twice the L2, timed in blocks, as a forward pass runs layer after layer; flush: "
                              "an L2 flush and a pair of CUDA events around every launch (on an H100 it timed small "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .grids import OPS, SHAPE_COLUMNS
-from .timing import summarize
+from .timing import CudaEventTimer, summarize
 
 MEASUREMENT_COLUMNS = (
     "hardware",
@@ -37,11 +37,16 @@ MEASUREMENT_COLUMNS = (
     "timing",
 )
 #: the ``timing`` of a row written before the column existed (2026-12-05): CudaEventTimer's flush timing
-TIMING_BEFORE_COLUMN = "flush"
+TIMING_BEFORE_COLUMN = CudaEventTimer.name
 #: what the flush timing does to short kernels (measured on an H100, README "Measuring a new GPU"): said wherever
 #: such rows are read to train or calibrate
 FLUSH_TIMING_GAP = ("which on an H100 timed BF16 GEMMs a median 1.44x (under 10 µs 1.76x) the harness of the data "
                     "pipeweave is trained on")
+
+
+def columns_before_timing(columns: Sequence[str]) -> tuple[str, ...]:
+    """A file's columns as the profiler wrote them before the ``timing`` column (2026-12-05)."""
+    return tuple(column for column in columns if column != "timing")
 
 
 def unmodelled_kernel(op: str, attention_type, kernel) -> str | None:
@@ -161,7 +166,7 @@ class MeasurementCsv:
             header = next(csv.reader(handle), None)
         if header is None:
             return False
-        if tuple(header) == tuple(c for c in self.columns if c != "timing"):
+        if tuple(header) == columns_before_timing(self.columns):
             raise ValueError(f"{self.path}: written before the timing column (2026-12-05), so this run cannot append "
                              f"to it; measure into another --output_dir (the file stays readable: its rows are of "
                              f"the '{TIMING_BEFORE_COLUMN}' timing)")
@@ -276,7 +281,7 @@ def read_measured(path: str | Path, op: str | None = None):
                                      "flash_attn_version": str, "hardware": str},
                         keep_default_na=False, na_values={"avg_duration": [""], "sm_clock_mhz": [""],
                                                            "mem_clock_mhz": [""]})
-    if tuple(frame.columns) == tuple(c for c in expected if c != "timing"):  # written before the column
+    if tuple(frame.columns) == columns_before_timing(expected):
         frame = frame.assign(timing=TIMING_BEFORE_COLUMN)
     if tuple(frame.columns) != expected:
         raise ValueError(f"{path}: columns {list(frame.columns)} differ from the raw schema {list(expected)}")

@@ -248,8 +248,7 @@ class CudaEventTimer(_EventTimer):
     def __init__(self, device=None, l2_bytes: int | None = None, *, max_row_seconds: float = 1.0,
                  min_repeats: int = 5, torch=None):
         super().__init__(device, l2_bytes, max_row_seconds=max_row_seconds, min_repeats=min_repeats, torch=torch)
-        self.flush_bytes = self.cold_bytes
-        self.flush_buffer = self.torch.empty(self.flush_bytes, dtype=self.torch.int8, device=self.device)
+        self.flush_buffer = self.torch.empty(self.cold_bytes, dtype=self.torch.int8, device=self.device)
 
     def copies(self, input_bytes: int) -> int:
         return 1
