@@ -588,13 +588,14 @@ def flush_timed(op: str, frame: pd.DataFrame) -> np.ndarray:
     """Per row, whether the profiler timed it with its flush timing: its ``timing`` cell says so, or the file has
     the profiler's columns but no ``timing`` (written before the column, when flush was the only timing).
     All-reduce rows have only that one timing, and calibrate as measured collectives do."""
-    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS
+    from pipeweave.profiler.csvio import MEASUREMENT_COLUMNS, columns_before_timing
+    from pipeweave.profiler.timing import CudaEventTimer
 
     if op == "all_reduce":
         return np.zeros(len(frame), dtype=bool)
     if "timing" in frame.columns:
-        return frame["timing"].str.strip().eq("flush").to_numpy()
-    return np.full(len(frame), set(MEASUREMENT_COLUMNS) - {"timing"} <= set(frame.columns))
+        return frame["timing"].str.strip().eq(CudaEventTimer.name).to_numpy()
+    return np.full(len(frame), set(columns_before_timing(MEASUREMENT_COLUMNS)) <= set(frame.columns))
 
 
 def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,
