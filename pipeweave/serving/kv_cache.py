@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
+from dataclasses import dataclass
 
 from pipeweave import memory
 from pipeweave.workload import ModelConfig, WorkloadError
@@ -36,40 +37,53 @@ def kv_cache_blocks(cfg: ModelConfig, gpu_memory_bytes: int, tp: int, pp: int, m
             raise WorkloadError(f"{name} must be a positive integer, got {value!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise WorkloadError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-    blocks_at = _blocks_at(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
-                           block_size, dtype, ep)
+    blocks_at = _BlocksAt(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
+                          block_size, dtype, ep)
     blocks = blocks_at(tp)
     if blocks < 1:
-        sequences = min(max_num_seqs, max_num_batched_tokens)
-        weights = memory.weight_bytes_per_gpu(cfg, tp, pp, dtype=dtype)
-        activations = memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, tp, ep)
-        available = gpu_memory_utilization * gpu_memory_bytes
         raise WorkloadError(
             f"{cfg.stem} with TP{tp} x PP{pp}{'' if dtype == 'bf16' else f' ({dtype.upper()})'} does not fit: weights "
-            f"{weights / 1e9:.1f}, activations "
-            f"{activations / 1e9:.1f} (the profiling pass: {max_num_batched_tokens} tokens over up to {max_num_seqs} "
-            f"sequences) and runtime {memory.RUNTIME_OVERHEAD_BYTES / 1e9:.1f} GB per GPU leave no KV cache in the "
-            f"{available / 1e9:.1f} GB available ({gpu_memory_utilization:g} x totalGlobalMem); "
-            f"{smallest_tp_hint(cfg, blocks_at, pp, ep, model_len, block_size)}")
+            f"{blocks_at.weights(tp) / 1e9:.1f}, activations "
+            f"{blocks_at.activations(tp) / 1e9:.1f} (the profiling pass: {max_num_batched_tokens} tokens over up to "
+            f"{max_num_seqs} sequences) and runtime {memory.RUNTIME_OVERHEAD_BYTES / 1e9:.1f} GB per GPU leave no KV "
+            f"cache in the {blocks_at.available / 1e9:.1f} GB available ({gpu_memory_utilization:g} x "
+            f"totalGlobalMem); {smallest_tp_hint(cfg, blocks_at, pp, ep, model_len, block_size)}")
     return blocks
 
 
-def _blocks_at(cfg: ModelConfig, gpu_memory_bytes: int, pp: int, max_num_batched_tokens: int, max_num_seqs: int,
-               gpu_memory_utilization: float, block_size: int, dtype: str, ep: int):
-    """The KV-cache blocks of :func:`kv_cache_blocks` as a function of the TP size."""
-    # vLLM's profiling pass: the token budget spread over up to max_num_seqs sequences
-    sequences = min(max_num_seqs, max_num_batched_tokens)
-    available = gpu_memory_utilization * gpu_memory_bytes
+@dataclass(frozen=True)
+class _BlocksAt:
+    """The KV-cache blocks of :func:`kv_cache_blocks` as a function of the TP size (called with it), and the terms
+    that leave them."""
 
-    def blocks_at(size: int) -> int:
-        free = (available - memory.weight_bytes_per_gpu(cfg, size, pp, dtype=dtype)
-                - memory.activation_bytes_per_gpu(cfg, max_num_batched_tokens, sequences, size, ep)
-                - memory.RUNTIME_OVERHEAD_BYTES)
+    cfg: ModelConfig
+    gpu_memory_bytes: int
+    pp: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    block_size: int
+    dtype: str
+    ep: int
+
+    @property
+    def available(self) -> float:
+        return self.gpu_memory_utilization * self.gpu_memory_bytes
+
+    def weights(self, size: int) -> float:
+        return memory.weight_bytes_per_gpu(self.cfg, size, self.pp, dtype=self.dtype)
+
+    def activations(self, size: int) -> float:
+        # vLLM's profiling pass: the token budget spread over up to max_num_seqs sequences
+        sequences = min(self.max_num_seqs, self.max_num_batched_tokens)
+        return memory.activation_bytes_per_gpu(self.cfg, self.max_num_batched_tokens, sequences, size, self.ep)
+
+    def __call__(self, size: int) -> int:
+        free = self.available - self.weights(size) - self.activations(size) - memory.RUNTIME_OVERHEAD_BYTES
         # one block's bytes from a whole 16-token block's (the function rounds lengths up to vLLM's 16)
-        per_token = memory.kv_cache_bytes_per_gpu(cfg, [memory.KV_BLOCK_TOKENS], size, pp) / memory.KV_BLOCK_TOKENS
-        return int(free // (per_token * block_size))
-
-    return blocks_at
+        per_token = (memory.kv_cache_bytes_per_gpu(self.cfg, [memory.KV_BLOCK_TOKENS], size, self.pp)
+                     / memory.KV_BLOCK_TOKENS)
+        return int(free // (per_token * self.block_size))
 
 
 def smallest_tp_hint(cfg: ModelConfig, blocks_at, pp: int, ep: int, model_len: int | None,
@@ -96,8 +110,8 @@ def smallest_tp_holding(cfg: ModelConfig, gpu_memory_bytes: int, pp: int, max_nu
                         ep: int = 1, block_size: int = BLOCK_SIZE) -> str:
     """The smallest TP (at PP ``pp``, as "TP 8") whose KV cache, sized as :func:`kv_cache_blocks` sizes it, holds
     one request of ``model_len`` tokens."""
-    blocks_at = _blocks_at(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
-                           block_size, dtype, ep)
+    blocks_at = _BlocksAt(cfg, gpu_memory_bytes, pp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization,
+                          block_size, dtype, ep)
     return _holding(cfg, blocks_at, ep, model_len, block_size)
 
 
