@@ -1168,14 +1168,14 @@ def test_search_finds_each_candidates_capacity(tmp_path, engine):
     from pipeweave.serving.search import CAPACITY_PRECISION, capacity, judge
 
     out = tmp_path / "search.csv"
-    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "H100,A100",
+    result = run_script("search_config.py", "--model_config", "Llama-3.1-8B", "--hardware", "A100",
                         "--gpu_budget", "2", "--pp", "1", "--max_num_seqs", "32", "--trace", "splitwise_48",
                         "--per_request_outputs", "--num_requests", "24", "--ttft_ms", "400", "--tpot_ms", "60",
                         "--capacity", "--collective_estimate", "analytical", "--model_dir", engine.model_dir,
                         "--output", out)
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(out)
-    assert table["meets_targets"].all() and (table["qps"] > 0).all()
+    assert table["meets_targets"].all() and (table["qps"] > 0).all() and sorted(table["tp"]) == [1, 2]
     assert list(table["qps_per_gpu"]) == sorted(table["qps_per_gpu"], reverse=True)
     assert (table["qps_per_gpu"] == table["qps"] / table["gpus"]).all()
     assert "capacity" in result.stdout.splitlines()[-3]
