@@ -110,6 +110,11 @@ def positive_int(value, what: str) -> int:
 #: num_attention_heads, for a config without the key (Qwen3Config: 128, where Qwen3-32B's 5120 / 64 would give 80;
 #: Qwen3MoeConfig has none, and its model takes hidden_size / num_attention_heads)
 HEAD_DIM_DEFAULTS = {"Qwen3ForCausalLM": 128}
+#: transformers' num_key_value_heads of an architecture whose config class has its own default, for a config without
+#: the key (transformers 4.55; LlamaConfig has none: one KV head per query head). A null key is one per query head in
+#: every config class that reads it.
+KV_HEADS_DEFAULTS = {"MistralForCausalLM": 8, "MixtralForCausalLM": 8, "Qwen2ForCausalLM": 32, "Qwen3ForCausalLM": 32,
+                     "Qwen2MoeForCausalLM": 16, "Qwen3MoeForCausalLM": 4}
 
 #: every key the reader acts on; an unknown key one edit away from one of them is taken for a misspelling
 READ_KEYS = (*_MODEL_KEYS, "head_dim", "tie_word_embeddings", "architectures", "model_type", "hidden_act",
@@ -316,10 +321,16 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     except ValueError as exc:
         raise WorkloadError(f"config {stem}: {exc}") from None
     values = {}
+    kv_default = KV_HEADS_DEFAULTS.get(archs[0]) if archs else None
+    kv_source = ""  # how a num_key_value_heads the config does not give was read, for messages
     for key in _MODEL_KEYS:
         typo = [found for found in cfg if one_edit_apart(found, key)] if key not in cfg else []
+        if key == "num_key_value_heads" and key not in cfg and not typo and kv_default is not None:
+            # the config class's own default (MistralConfig: 8), which vLLM serves
+            values[key], kv_source = kv_default, f", {archs[0]}'s default where the config has no such key"
+            continue
         if key == "num_key_value_heads" and cfg.get(key) is None and not typo and "num_attention_heads" in cfg:
-            # transformers' default, absent or null (LlamaConfig and its descendants): multi-head attention, as in
+            # transformers' reading of a null key, and LlamaConfig's of an absent one: multi-head attention, as in
             # the configs written before grouped-query attention (Llama-2-7B, Vicuna)
             values[key] = positive_int(cfg["num_attention_heads"], f"config {stem}: num_attention_heads")
             continue
@@ -338,7 +349,7 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if heads % values["num_key_value_heads"]:  # before any tool sizes memory with such heads
         raise WorkloadError(f"config {stem}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
-                            f"({values['num_key_value_heads']}) (grouped-query attention)")
+                            f"({values['num_key_value_heads']}{kv_source}) (grouped-query attention)")
     default_head_dim = HEAD_DIM_DEFAULTS.get(archs[0]) if archs else None
     if cfg.get("head_dim") is not None:
         head_dim = positive_int(cfg["head_dim"], f"config {stem}: head_dim")

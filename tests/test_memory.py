@@ -324,10 +324,34 @@ def test_model_type_and_activation_are_read():
 def test_missing_kv_heads_mean_multi_head_attention_as_in_transformers():
     """Configs written before grouped-query attention (Llama-2-7B's first release) have no num_key_value_heads;
     transformers reads them as one KV head per query head, and so does pipeweave. A misspelt key is still named."""
-    cfg = {key: value for key, value in QWEN3_4B.items() if key != "num_key_value_heads"}
+    llama = {**QWEN3_4B, "architectures": ["LlamaForCausalLM"]}  # LlamaConfig's reading (Qwen3Config's default: 32)
+    cfg = {key: value for key, value in llama.items() if key != "num_key_value_heads"}
     assert model_config_from_dict(cfg).num_key_value_heads == 32
     with pytest.raises(WorkloadError, match=r"missing key 'num_key_value_heads' \(found 'num_key_value_head'"):
         model_config_from_dict({**cfg, "num_key_value_head": 8})
+
+
+@pytest.mark.parametrize("arch, default", [("MistralForCausalLM", 8), ("MixtralForCausalLM", 8),
+                                           ("Qwen2ForCausalLM", 32), ("Qwen3ForCausalLM", 32),
+                                           ("Qwen2MoeForCausalLM", 16), ("Qwen3MoeForCausalLM", 4),
+                                           ("LlamaForCausalLM", 64)])
+def test_a_missing_kv_head_count_is_the_architectures_default(arch, default):
+    """A config audit: only LlamaConfig reads a missing num_key_value_heads as one per query head; MistralConfig and
+    MixtralConfig default to 8, Qwen2Config and Qwen3Config to 32, Qwen2MoeConfig to 16, Qwen3MoeConfig to 4
+    (transformers 4.55), and vLLM serves what the config class says. A hand-written Mistral-7B config without the key
+    was costed with 32 KV heads, four times its KV cache. A null one is one per query head, as before."""
+    moe = {"MixtralForCausalLM": {"num_local_experts": 8, "num_experts_per_tok": 2},
+           "Qwen2MoeForCausalLM": {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
+                                   "shared_expert_intermediate_size": 4096},
+           "Qwen3MoeForCausalLM": {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024}}
+    cfg = {"architectures": [arch], "hidden_size": 8192, "num_attention_heads": 64, "intermediate_size": 8192,
+           "vocab_size": 32000, "num_hidden_layers": 2, "sliding_window": None, **moe.get(arch, {})}
+    assert model_config_from_dict(cfg).num_key_value_heads == default
+    assert model_config_from_dict({**cfg, "num_key_value_heads": None}).num_key_value_heads == 64
+    if default != 64:  # the default that does not divide the heads is named as the default
+        with pytest.raises(WorkloadError, match=rf"num_key_value_heads \({default}, {arch}'s default where the "
+                                                r"config has no such key"):
+            model_config_from_dict({**cfg, "num_attention_heads": 30, "head_dim": 128})
 
 
 def test_keys_a_config_leaves_out_take_transformers_defaults():
