@@ -312,14 +312,14 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
                                 f"{', '.join(t for t in MODEL_TYPES if not t.startswith('deepseek'))})")
         archs = [MODEL_TYPES[model_type]]
         cfg = {**cfg, "architectures": archs}
-    activation = cfg.get("hidden_act")
-    if activation is not None and str(activation).lower() not in ("silu", "swish"):
-        raise WorkloadError(f"config {stem}: hidden_act {activation!r} is not modelled; pipeweave's MLP is the gated "
-                            f"SiLU (SiLU*Mul) of the modelled architectures")
     try:  # before the keys: an unmodelled architecture is refused as such, not for a key it names otherwise
         moe = moe_config_from_dict(cfg)
     except ValueError as exc:
         raise WorkloadError(f"config {stem}: {exc}") from None
+    activation = cfg.get("hidden_act")  # after the architecture: Gemma-2's GELU is not all that is not modelled
+    if activation is not None and str(activation).lower() not in ("silu", "swish"):
+        raise WorkloadError(f"config {stem}: hidden_act {activation!r} is not modelled; pipeweave's MLP is the gated "
+                            f"SiLU (SiLU*Mul) of the modelled architectures")
     values = {}
     kv_default = KV_HEADS_DEFAULTS.get(archs[0]) if archs else None
     kv_source = ""  # how a num_key_value_heads the config does not give was read, for messages

@@ -288,6 +288,12 @@ def test_tied_embeddings_survive_the_workload():
     # a third audit: Gemma-2 was refused for its sliding window, and without it for its architecture
     ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096},
      "architecture Gemma2ForCausalLM is not modelled"),
+    # a config audit: Gemma-2's own config.json (hidden_act gelu_pytorch_tanh) was refused for its activation, which
+    # reads as if a SiLU Gemma-2 were modelled
+    ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096, "hidden_act": "gelu_pytorch_tanh",
+      "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 256},
+     "architecture Gemma2ForCausalLM is not modelled"),
+    ({"architectures": ["PhiForCausalLM"], "hidden_act": "gelu_new"}, "architecture PhiForCausalLM is not modelled"),
     ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
     ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4}},
