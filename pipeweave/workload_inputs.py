@@ -232,10 +232,15 @@ def _checkpoint_dtype(cfg: dict, stem: str, moe: bool) -> str | None:
     if quantization is None:
         return None
     source = cfg.get(QUANT_SOURCE_KEY, "quantization_config")
-    if isinstance(quantization, dict):
-        _check_config_groups(quantization, source, stem)
-    if not isinstance(quantization, dict) or not _is_fp8(quantization):
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+    if not isinstance(quantization, dict):
+        raise WorkloadError(f"config {stem}: {source} must be an object with a quant_method (as Hugging Face writes "
+                            f"it), got {quantization!r}")
+    if quantization.get("quant_method") is None:
+        raise WorkloadError(f"config {stem}: {source} has no quant_method (fp8, awq, gptq, ...), so its "
+                            f"quantisation is not known")
+    _check_config_groups(quantization, source, stem)
+    if not _is_fp8(quantization):
+        method = quantization.get("quant_method")
         algo = f", quant_algo {quantization['quant_algo']!r}" if isinstance(quantization, dict) and \
             quantization.get("quant_algo") else ""
         raise WorkloadError(f"config {stem}: {source} (quant_method {method!r}{algo}) is not an FP8 format "

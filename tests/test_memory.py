@@ -299,6 +299,13 @@ def test_tied_embeddings_survive_the_workload():
     ({"quantization_config": {"quant_method": "awq", "bits": 4}},
      r"quantization_config \(quant_method 'awq'\) is not an FP8 format pipeweave recognises"),
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "is not an FP8 format"),
+    # a config audit: a quantization_config that is not an object was "(quant_method 'fp8') is not an FP8 format
+    # pipeweave recognises (fp8, ...)", and one without a quant_method "(quant_method None)"
+    ({"quantization_config": "fp8"}, r"^config model: quantization_config must be an object with a quant_method "
+                                     r"\(as Hugging Face writes it\), got 'fp8'$"),
+    ({"quantization_config": [{"quant_method": "fp8"}]}, "quantization_config must be an object with a quant_method"),
+    ({"quantization_config": {"activation_scheme": "static"}}, r"^config model: quantization_config has no "
+                                                               r"quant_method \(fp8, awq, gptq, \.\.\.\)"),
     ({"head_dim": 72}, "head_dim 72 is not a head size the attention kernels and their model support"),
     ({"head_dim": None, "hidden_size": 2400, "num_attention_heads": 32, "architectures": ["LlamaForCausalLM"]},
      r"head_dim 75 .* \(hidden_size / num_attention_heads\)"),
