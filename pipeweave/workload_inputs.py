@@ -271,6 +271,14 @@ def _max_sequence(cfg: dict, stem: str) -> tuple[int | None, str]:
     su and longrope types (their ``max_position_embeddings`` already is the extended length), YaRN from its
     ``original_max_position_embeddings``; with what it is. None without ``max_position_embeddings``, or for a
     scaling without a factor (not checked)."""
+    for key in ("rope_scaling", "rope_parameters"):  # a malformed one is refused, as transformers cannot read it
+        rope = cfg.get(key)
+        if rope is not None and not isinstance(rope, dict):
+            raise WorkloadError(f"config {stem}: {key} must be an object (or null), got {rope!r}")
+        factor = rope.get("factor") if rope else None
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not factor > 0):
+            raise WorkloadError(f"config {stem}: {key}.factor must be a positive number, got {factor!r}")
     source = "max_position_embeddings"
     if cfg.get("max_position_embeddings") is None:
         return None, source
@@ -279,11 +287,10 @@ def _max_sequence(cfg: dict, stem: str) -> tuple[int | None, str]:
         rope = cfg.get(key)
         if not _rope_scaled(rope):
             continue
-        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        kind = rope.get("rope_type", rope.get("type"))
         if kind in ("su", "longrope", "llama3"):
             return limit, source
-        if not isinstance(rope, dict) or isinstance(rope.get("factor"), bool) or \
-                not isinstance(rope.get("factor"), (int, float)) or not rope["factor"] > 0:
+        if rope.get("factor") is None:  # a scaling without a factor: not checked
             return None, source
         base_key = "original_max_position_embeddings" if kind == "yarn" and \
             rope.get("original_max_position_embeddings") is not None else "max_position_embeddings"
@@ -292,13 +299,11 @@ def _max_sequence(cfg: dict, stem: str) -> tuple[int | None, str]:
     return limit, source
 
 
-def _rope_scaled(rope) -> bool:
+def _rope_scaled(rope: dict | None) -> bool:
     """Whether a ``rope_scaling`` (``type`` or ``rope_type``) or transformers 5's ``rope_parameters`` (written in
     every config) extends the context: any rope type but "default"."""
     if not rope:
         return False
-    if not isinstance(rope, dict):
-        return True
     return rope.get("rope_type", rope.get("type", "default")) != "default"
 
 

@@ -509,6 +509,14 @@ def test_fp8_checkpoint_and_context_limit_reach_the_workload():
     assert model_config_from_dict({**v5, "max_position_embeddings": 131072, "rope_scaling": llama3}).max_sequence \
         == 131072  # llama3's max_position_embeddings already is the extended length
     assert model_config_from_dict({**v5, "rope_scaling": {"rope_type": "dynamic"}}).max_sequence is None
+    # a config audit: a rope scaling of the wrong type (transformers cannot read it) silently turned the length check
+    # off, as a scaling without a factor does
+    for key in ("rope_scaling", "rope_parameters"):
+        for bad in ("llama3", [8.0], {"type": "linear", "factor": "2"}, {"rope_type": "yarn", "factor": 0},
+                    {"rope_type": "yarn", "factor": True}):
+            for config in ({**v5, key: bad}, {**QWEN3_4B, key: bad}):  # with and without max_position_embeddings
+                with pytest.raises(WorkloadError, match=rf"^config model: {key}[ .]"):
+                    model_config_from_dict(config)
 
 
 def test_tensor_parallel_layouts_vllm_refuses():
