@@ -345,8 +345,11 @@ def model_config_from_dict(cfg: dict, stem: str = "model") -> ModelConfig:
             values[key] = positive_int(cfg["num_attention_heads"], f"config {stem}: num_attention_heads")
             continue
         if key not in cfg:
+            nested = isinstance(cfg.get("text_config"), dict) and key in cfg["text_config"]
             raise WorkloadError(f"config {stem}: missing key '{key}'"
-                                + (f" (found '{typo[0]}': a misspelling?)" if typo else ""))
+                                + (f" (found '{typo[0]}': a misspelling?)" if typo else "")
+                                + (" (the config nests its language model's keys under text_config: a multimodal "
+                                   "model, which is not modelled)" if nested and not typo else ""))
         values[key] = positive_int(cfg[key], f"config {stem}: {key}")
     limits = {"hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "vocab_size": MAX_WIDTH,
               "num_attention_heads": MAX_HEADS, "num_key_value_heads": MAX_HEADS, "num_hidden_layers": MAX_COUNT}

@@ -295,6 +295,11 @@ def test_tied_embeddings_survive_the_workload():
      "architecture Gemma2ForCausalLM is not modelled"),
     ({"architectures": ["PhiForCausalLM"], "hidden_act": "gelu_new"}, "architecture PhiForCausalLM is not modelled"),
     ({"head_dims": 128}, "unknown key 'head_dims'; did you mean 'head_dim'"),
+    # a config audit: a multimodal config without architectures (its language model's keys under text_config) was
+    # told only "missing key 'hidden_size'"
+    ({"architectures": None, "hidden_size": None, "text_config": {"hidden_size": 5120, "model_type": "mistral"}},
+     r"missing key 'hidden_size' \(the config nests its language model's keys under text_config: a multimodal "
+     r"model, which is not modelled\)"),
     ({"hiden_size": 2560, "hidden_size": None}, r"missing key 'hidden_size' \(found 'hiden_size': a misspelling"),
     ({"quantization_config": {"quant_method": "awq", "bits": 4}},
      r"quantization_config \(quant_method 'awq'\) is not an FP8 format pipeweave recognises"),
