@@ -71,8 +71,10 @@ class MoeConfig:
 #: runs MistralForCausalLM with its Llama model; Mistral's sliding window (v0.1) is refused as any other.
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-#: transformers' sliding window of a config without the key (MistralConfig: 4096; MixtralConfig: none)
-SLIDING_WINDOW_DEFAULTS = {"MistralForCausalLM": 4096}
+#: transformers' sliding window of a config without the key (MistralConfig: 4096; the Qwen configs' 4096, which applies
+#: only where use_sliding_window is true; MixtralConfig: none)
+SLIDING_WINDOW_DEFAULTS = {"MistralForCausalLM": 4096, "Qwen2ForCausalLM": 4096, "Qwen3ForCausalLM": 4096,
+                           "Qwen2MoeForCausalLM": 4096, "Qwen3MoeForCausalLM": 4096}
 #: architectures whose config class turns the window off unless ``use_sliding_window`` says otherwise (Qwen2, Qwen3
 #: and their MoE configs: use_sliding_window=False, whatever sliding_window says)
 SLIDING_WINDOW_OFF_BY_DEFAULT = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")

@@ -389,6 +389,16 @@ def test_keys_a_config_leaves_out_take_transformers_defaults():
         assert model_config_from_dict({**BASE, "architectures": [arch], "sliding_window": 131072}).moe is None
     with pytest.raises(WorkloadError, match="sliding-window attention"):
         model_config_from_dict({**BASE, "architectures": ["LlamaForCausalLM"], "sliding_window": 4096})
+    # a config audit: the switch on without a window key was read as no window, where the Qwen config classes default
+    # to 4096 (transformers 4.55), which vLLM applies
+    moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256}
+    for arch, extra in (("Qwen2ForCausalLM", {}), ("Qwen3ForCausalLM", {}), ("Qwen3MoeForCausalLM", moe),
+                        ("Qwen2MoeForCausalLM", {**moe, "shared_expert_intermediate_size": 512})):
+        with pytest.raises(WorkloadError, match=rf"sliding-window attention \(sliding_window 4096, {arch}'s default "
+                                                r"where the config has no such key\)"):
+            model_config_from_dict({**BASE, **extra, "architectures": [arch], "use_sliding_window": True})
+        assert model_config_from_dict({**BASE, **extra, "architectures": [arch], "use_sliding_window": True,
+                                       "sliding_window": None}).architecture == arch
 
 
 def test_unquantised_linear_layers_of_an_fp8_checkpoint_are_refused():
