@@ -241,8 +241,7 @@ def _checkpoint_dtype(cfg: dict, stem: str, moe: bool) -> str | None:
     _check_config_groups(quantization, source, stem)
     if not _is_fp8(quantization):
         method = quantization.get("quant_method")
-        algo = f", quant_algo {quantization['quant_algo']!r}" if isinstance(quantization, dict) and \
-            quantization.get("quant_algo") else ""
+        algo = f", quant_algo {quantization['quant_algo']!r}" if quantization.get("quant_algo") else ""
         raise WorkloadError(f"config {stem}: {source} (quant_method {method!r}{algo}) is not an FP8 format "
                             f"pipeweave recognises (fp8, fbgemm_fp8, modelopt FP8, compressed-tensors float8), and "
                             f"other quantisations are not modelled; pipeweave predicts BF16 and FP8 (W8A8) linear "
