@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, UnknownHardwareError
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import OPERATORS, get_operator, shape_columns_help
 from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs,
@@ -97,8 +97,10 @@ def predict_shapes(header: list[str], rows: list[list[str]], op: str, predictor:
     hardware = [row[index["hardware"]].strip() for row in rows]
     for position, name in enumerate(hardware):
         if name not in predictor.hardware:
-            raise UserError(f"{source}: {label(position)}: unknown GPU {name!r}; known GPUs: "
-                            f"{', '.join(predictor.hardware.known())}")
+            try:  # the registry's message: "did you mean" and the folder, as every other command says it
+                predictor.hardware.get(name)
+            except UnknownHardwareError as exc:
+                raise UserError(f"{source}: {label(position)}: {exc}") from None
     used = [c for c in (*operator.shape_columns, *operator.optional_columns) if c in index]
     columns = {c: [row[index[c]] or None for row in rows] for c in used}  # an empty cell is a missing value
     if not rows:

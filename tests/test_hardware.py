@@ -302,3 +302,19 @@ def test_a_copy_of_a_trained_gpu_with_other_values_is_predicted_as_outside_train
                                     "--output", str(tmp_path / "p.json")]) == 0
     said = capsys.readouterr().out
     assert "WARNING: L40S.json" in said and "Note: no kernel of NVIDIA L40S is in the training data" in said
+
+
+def test_predict_kernels_unknown_gpu_suggests_and_names_the_folder(tmp_path, capsys):
+    """predict_kernels.py built its own unknown-GPU message: "row 1: unknown GPU 'H100-PCIE'; known GPUs: ..." with
+    neither the "did you mean 'H100 PCIe'?" of every other command (and of pipeweave.predict_kernels) nor the folder
+    whose files it lists (found by a hardware audit)."""
+    from pipeweave.cli import run_cli
+    from pipeweave.kernels import main
+
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,hardware\n1,1024,1024,H100\n1,1024,1024,H100-PCIE\n")
+    out = tmp_path / "out.csv"
+    assert run_cli(main, ["--op", "gemm", "--input", str(shapes), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and not out.exists()
+    assert "row 2 (CSV line 3): unknown GPU 'H100-PCIE'; did you mean 'H100 PCIe'? known GPUs (file stems in " in err[0]
