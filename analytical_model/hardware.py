@@ -68,6 +68,10 @@ PLAUSIBLE_RANGES = {
 }
 
 
+#: the first compute capability with FP8 tensor cores (Ada; CUDA programming guide): below it a file has no tcFp8
+FP8_CAPABILITY = (8, 9)
+
+
 #: how alike (difflib ratio) an unknown GPU name and a known one must be for "did you mean" (besides the same model
 #: numbers and the letter before them, which tell GPUs apart: RTX 5090 is not an RTX 4090, nor H800 PCIe an H100 PCIe)
 SUGGEST_CUTOFF = 0.7
@@ -132,6 +136,11 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     if derived is None or resident_threads_per_sm(data["computeMajor"], data["computeMinor"]) is None:
         raise ValueError(f"{source}: compute capability {capability} is not one the analytical model describes "
                          f"({KNOWN_CAPABILITIES}: {', '.join(ARCHITECTURES)})")
+    if data.get("tcFp8") and (data["computeMajor"], data["computeMinor"]) < FP8_CAPABILITY:
+        # a copy of an FP8 part's file edited into an Ampere GPU (an A800 from H100.json) predicted FP8 GEMMs there
+        raise ValueError(f"{source}: field 'tcFp8' = {data['tcFp8']!r}, but compute capability {capability} has no "
+                         f"FP8 tensor cores (FP8 needs {'.'.join(map(str, FP8_CAPABILITY))} or later): remove the "
+                         f"field and its provenance entry")
     architecture = data.get("architecture", derived)
     if not isinstance(architecture, str) or architecture.lower() not in ARCHITECTURES:
         raise ValueError(f"{source}: field 'architecture' must be one of {', '.join(ARCHITECTURES)}, "

@@ -138,6 +138,10 @@ def test_sanity_peaks():
         (lambda d: d.pop("l2CacheSize"), "missing field 'l2CacheSize'"),
         (lambda d: d.update(sharedMemorySize=0), "field 'sharedMemorySize' must be a positive number, got 0"),
         (lambda d: d.update(boostClock=1000), "field 'boostClock' = 1000 is below smFreq = 1830"),
+        # a hardware audit: an FP8 rate on a GPU without FP8 tensor cores (an A800 written from H100.json) predicted
+        # FP8 GEMMs and served FP8 on Ampere
+        (lambda d: d.update(computeMajor=8, computeMinor=0, architecture="ampere"),
+         "field 'tcFp8' = 8192, but compute capability 8.0 has no FP8 tensor cores"),
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
