@@ -68,6 +68,10 @@ PLAUSIBLE_RANGES = {
 }
 
 
+#: the most a GPU's link of each generation carries per direction, GB/s (x16 for PCIe; NVLink: V100 6, A100 12,
+#: H100 18 links of 25 GB/s, B200 18 of 50, Rubin 3.6 TB/s bidirectional): more is the bidirectional figure or a unit slip
+LINK_MAX_GBPS = {"nvlink2": 150, "nvlink3": 300, "nvlink4": 450, "nvlink5": 900, "nvlink6": 1800,
+                 "pcie3": 16, "pcie4": 32, "pcie5": 64, "pcie6": 128}
 #: the first compute capability with FP8 tensor cores (Ada; CUDA programming guide): below it a file has no tcFp8
 FP8_CAPABILITY = (8, 9)
 
@@ -111,6 +115,7 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
         if value is not None and not low <= value <= high:
             raise ValueError(f"{source}: field {key!r} = {value!r} is outside the plausible range [{low}, {high}] "
                              f"(check the value and its unit against the other files in hardware/)")
+    _check_units(data, source)
     if data.get("boostClock") is not None and data["boostClock"] < data["smFreq"]:
         raise ValueError(f"{source}: field 'boostClock' = {data['boostClock']!r} is below smFreq = {data['smFreq']!r} "
                          f"(smFreq is the clock the tensor peak is quoted at, never above the boost clock)")
@@ -174,6 +179,26 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
     return spec
+
+
+def _check_units(data: dict, source: str) -> None:
+    """Relations every GPU satisfies, which catch a figure in the wrong unit that the plausible ranges let through: a
+    vendor TFLOPS figure as the per-SM rate, an L2 bandwidth in TB/s, the bidirectional link figure."""
+    fma, bf16, fp8 = data["FmaFp32"], data["tcBf16"], data.get("tcFp8")
+    if bf16 < 4 * fma:  # the half-rate parts (GeForce, L40, L20) sit at 4 x FmaFp32: twice the FMA pipe's 2 FLOP/lane
+        raise ValueError(f"{source}: field 'tcBf16' = {bf16!r} is below 4 x FmaFp32 = {4 * fma!r}, twice the FP32 "
+                         f"FMA pipe's FLOP rate, which every tensor core reaches: tcBf16 is dense BF16 FLOP per clock "
+                         f"per SM (the vendor's dense TFLOPS x 1e6 / (numSms x smFreq in MHz)), not the TFLOPS figure")
+    if fp8 and fp8 < bf16:
+        raise ValueError(f"{source}: field 'tcFp8' = {fp8!r} is below tcBf16 = {bf16!r}: FP8 runs at least at the BF16 "
+                         f"rate (twice it on every FP8 part); tcFp8 is dense FP8 FLOP per clock per SM, not TFLOPS")
+    if data["l2CacheBandwidth"] < data["memBandwidth"]:
+        raise ValueError(f"{source}: field 'l2CacheBandwidth' = {data['l2CacheBandwidth']!r} is below memBandwidth = "
+                         f"{data['memBandwidth']!r}: the L2 is faster than DRAM on every GPU (both in GB/s)")
+    ceiling = LINK_MAX_GBPS.get(data["linkType"])
+    if ceiling is not None and data["linkGbps"] > ceiling:
+        raise ValueError(f"{source}: field 'linkGbps' = {data['linkGbps']!r} is above the {ceiling} GB/s per GPU and "
+                         f"direction of {data['linkType']}: give half the bidirectional datasheet figure")
 
 
 def _check_provenance(data: dict, source: str) -> None:

@@ -142,6 +142,15 @@ def test_sanity_peaks():
         # FP8 GEMMs and served FP8 on Ampere
         (lambda d: d.update(computeMajor=8, computeMinor=0, architecture="ampere"),
          "field 'tcFp8' = 8192, but compute capability 8.0 has no FP8 tensor cores"),
+        # unit slips inside the plausible ranges loaded and moved every prediction: a TFLOPS figure as the per-SM
+        # rate, L2 bandwidth in TB/s, the bidirectional link figure
+        (lambda d: d.update(tcBf16=209.5), "field 'tcBf16' = 209.5 is below 4 x FmaFp32 = 512"),
+        (lambda d: d.update(tcFp8=989), "field 'tcFp8' = 989 is below tcBf16 = 4096"),
+        (lambda d: d.update(l2CacheBandwidth=19.4), "field 'l2CacheBandwidth' = 19.4 is below memBandwidth"),
+        (lambda d: d.update(linkGbps=900.0), "field 'linkGbps' = 900.0 is above the 450 GB/s per GPU and direction "
+                                             "of nvlink4"),
+        (lambda d: d.update(linkType="pcie4", linkGbps=64.0), "field 'linkGbps' = 64.0 is above the 32 GB/s per GPU "
+                                                              "and direction of pcie4"),
     ],
 )
 def test_validation_names_file_and_field(tmp_path, repo_root, edit, message):
