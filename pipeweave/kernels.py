@@ -233,12 +233,31 @@ def main(argv: list[str] | None = None) -> int:
     for hw, sibling in siblings:
         if sibling is not None:
             say(sibling_note(args.op, hw.name, sibling.name))
+    for line in unmeasured_notes(args.op, predictor, gpus, calibration):
+        say(line)
     if args.op == "attn":  # the aggregator's warnings: FA3 where it cannot run, attention types nothing measured
         kind_column = header.index("attention_type")
         for line in row_attention_warnings(source, [(row[kind_column].strip(),
                                                      predictor.hardware.get(row[index].strip())) for row in rows]):
             say(line)
     return 0
+
+
+def unmeasured_notes(op: str, predictor: KernelPredictor, gpus: list[HardwareSpec], calibration=None) -> list[str]:
+    """The aggregator's zero-shot note for each of ``gpus`` whose kernels ``op``'s model has no measurement of (in its
+    training data, or from the ``calibration``'s fine-tuning) and that the calibration measured none of either."""
+    from pipeweave.engine import uncalibrated, unmeasured_note
+    from pipeweave.flatten import KERNEL_CATEGORIES
+
+    category = next((name for name, key in KERNEL_CATEGORIES.items() if key == op), op)
+    with predictor.fine_tuned_by(calibration):
+        unmeasured = [hw for hw in gpus if not predictor.measured_on(op, hw)]
+    lines = []
+    for hw in unmeasured:
+        zero_shot, calibrated = uncalibrated([category], calibration.record(hw) if calibration is not None else None)
+        if zero_shot:
+            lines.append(unmeasured_note(hw.name, zero_shot, calibrated=calibrated))
+    return lines
 
 
 def row_attention_warnings(source: str, kinds_on: list[tuple[str, HardwareSpec]]) -> list[str]:
