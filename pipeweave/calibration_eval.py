@@ -34,7 +34,7 @@ from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior
                                    cross_validated_log_residuals, fit_map, spread_entry)
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
-from pipeweave.cli import (ArgumentParser, UserError, positive_int, require_png, run_cli, write_atomically,
+from pipeweave.cli import (ArgumentParser, UserError, positive_int, require_png, run_cli, save_png, write_atomically,
                            write_marked_section)
 from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
                                 SELECTION_ONLY, TRIGGER_BITS, considers_fine_tuning)
@@ -439,7 +439,7 @@ def plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -308,6 +308,12 @@ def refuse_overwriting_inputs(path: str | Path, inputs: dict, flag: str = "--out
             raise UserError(f"{flag} {path} would overwrite {what}; choose another path")
 
 
+def save_png(fig, path: str | Path, dpi: int) -> None:
+    """Write a matplotlib figure as PNG, atomically, without the "Software" text chunk: matplotlib writes its own
+    version there, so a committed figure's bytes would change with the installed matplotlib, not with its data."""
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None}))
+
+
 def write_atomically(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(file)`` so that a failure leaves no partial output.
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from analytical_model.registry import workload_operators
 from pipeweave.baselines import ARTIFACT_METHODS
-from pipeweave.cli import write_atomically
+from pipeweave.cli import save_png
 from pipeweave.measured_runs import METRICS, ape, error_summary
 from pipeweave.paths import E2E_DIR, WORK_ROOT
 
@@ -176,7 +176,7 @@ def plot(static: pd.DataFrame | None, vllm: pd.DataFrame | None, path: str | Pat
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return path
 

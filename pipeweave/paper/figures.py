@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.cli import write_atomically
+from pipeweave.cli import save_png
 from pipeweave.paper import published
 from pipeweave.paper.experiments import VARIANTS
 
@@ -25,7 +25,7 @@ def _pyplot():
 
 def _finish(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None}))
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, require_png, write_atomically
+from pipeweave.cli import ArgumentParser, UserError, check_output_path, require_png, save_png, write_atomically
 from pipeweave.engine import uncalibrated, unmeasured_note
 from pipeweave.moe import EP_NOTE
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_TRACE_DIR
@@ -259,7 +259,7 @@ def save_figure(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 
