@@ -2,8 +2,8 @@
 
 ``attention_type`` strings come from the workloads and datasets ("fa2_paged", "fa2_ragged", "fa3_ragged",
 …).  The calculator is chosen by substring: "fa2" → FA2, "fa3" → FA3, "ck" → FA-CK, "cutlass" →
-FA-CUTLASS.  The layout is "paged" if the string contains "paged", otherwise "ragged" (FA-CK and
-FA-CUTLASS ignore it).
+FA-CUTLASS.  The layout is "paged" if the string contains "paged", "ragged" if it contains "ragged"; FA2 and
+FA3 types must name one (docs/METHOD.md §3.5), FA-CK and FA-CUTLASS ignore it (default "ragged").
 """
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ def resolve_attention_type(attention_type: str) -> tuple[str, str]:
         )
     if "paged" in kind and "ragged" in kind:
         raise ValueError(f"attention_type {attention_type!r} names both the paged and the ragged layout")
+    if key in ("fa2", "fa3") and "paged" not in kind and "ragged" not in kind:
+        # FA2 and FA3 depend on the layout (docs/METHOD.md §3.5: else an error); a typo such as "fa2_page" was
+        # computed as ragged without a word
+        raise ValueError(f"attention_type {attention_type!r} names no layout; expected one containing 'paged' or "
+                         f"'ragged' (e.g. {key}_paged, {key}_ragged)")
     return key, "paged" if "paged" in kind else "ragged"
 
 

@@ -309,6 +309,18 @@ def test_dispatch_and_layout():
         resolve_attention_type("fa2_paged_ragged")
 
 
+@pytest.mark.parametrize("kind", ["fa2", "fa3", "fa2_page", "FA3_varlen"])
+def test_fa2_fa3_type_without_a_layout_is_an_error(kind):
+    """docs/METHOD.md §3.5 (the method specification's §7.3): the layout comes from "paged"/"ragged" in the type,
+    else an error. FA2 and FA3 depend on it (FA2's minimum KV chunk is 8 paged, 128 ragged), and a type without
+    either (a typo such as "fa2_page") was computed as ragged without a word: 10x fewer tensor ops than the paged
+    launch it named."""
+    with pytest.raises(ValueError, match=f"attention_type '{kind}' names no layout"):
+        resolve_attention_type(kind)
+    with pytest.raises(ValueError, match="names no layout"):
+        attention_features(kind, 2, [1, 1], [50, 100], 32, 8, 128, hw("H100"))
+
+
 def test_paged_and_ragged_differ_for_fa2_and_fa3():
     gpu = hw("H100")
     args = (2, [1, 1], [50, 100], 32, 8, 128, gpu)  # min chunk 8 (paged) vs 128 (ragged)
