@@ -3,8 +3,9 @@
 For every (workload, GPU) pair the predicted duration of each operator instance is
 
 * a kernel (the registry's workload operators: BF16 / FP8 GEMM, attention, RMSNorm, SiLU*Mul, fused MoE, FP8
-  activation quantisation): analytical features on that GPU → float32 → log1p → the operator's MLP →
-  efficiency → ``C_ideal / (efficiency × f_SM)`` (§4.3); a fused-MoE pass is its share of the predicted whole
+  activation quantisation): analytical features on that GPU → float32 → the model's input transform (§4.1:
+  log1p, or pipe shares for BF16 GEMM, attention and MoE) → the operator's MLP → efficiency →
+  ``C_ideal / (efficiency × f_SM)`` (§4.3); a fused-MoE pass is its share of the predicted whole
   layer (:mod:`pipeweave.moe`);
 * a collective: the collective model of a GPU (:mod:`pipeweave.collectives`); all-reduce with
   ``num_workers = tp_size``, send/recv with ``num_workers = 2`` (a pipeline-stage boundary is a two-party

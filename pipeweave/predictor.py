@@ -1,4 +1,5 @@
-"""Per-kernel duration prediction: registry features → float32 → log1p → MLP → duration (docs/METHOD.md §4.3).
+"""Per-kernel duration prediction: registry features → float32 → input transform (docs/METHOD.md §4.1: log1p, or
+pipe shares for BF16 GEMM, attention and MoE) → MLP → duration (docs/METHOD.md §4.3).
 
 ``KernelPredictor`` loads the newest model directory per operator class once (the exported numpy weights of
 :mod:`pipeweave.mlp`: no torch) and predicts whole batches of shapes in one forward pass per operator. pandas is
