@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SHAPE_COLUMNS = ("M", "E", "topk", "H", "N")
+#: the shape descriptor (analytical_model.descriptors.MOE_DESCRIPTORS) that holds each shape column
+MOE_SHAPE_DESCRIPTORS = dict(zip(SHAPE_COLUMNS, descriptors.MOE_DESCRIPTORS))
 
 
 @dataclass(frozen=True)

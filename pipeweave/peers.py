@@ -173,11 +173,14 @@ DISAGREEMENTS = [
     "(Qwen3-235B-A22B on H200) 12 % remains: the MoE model over-predicts that shape's measured layer by 14 % "
     "(192 vs 168 µs at 16 tokens, a training row) and pipeweave's two all-reduces per layer cost 4 ms per "
     "step. Which routing is right depends on the real router, which no data here measures.",
-    "* *MoE prefill*: within 10 % except Mixtral TP2 (+17 %), whose 35,152-token layer is beyond the "
-    "largest measured MoE layer (16,384 tokens): both tools extrapolate there.",
-    "* *Expert parallelism* (pipeweave's prefill up to 2.1× faster): aiconfigurator's EP prefill is dominated by "
+    "* *MoE prefill*: within 10 % except Mixtral TP2 (+11 %), whose 35,152-token layer is beyond the "
+    "largest measured MoE layer (16,384 tokens): aiconfigurator extrapolates there, and pipeweave holds its "
+    "MLP to at most the same tokens in three launches of the measured range (docs/METHOD.md §4.3, \"Fused MoE "
+    "beyond the measured tokens\"; +17 % before).",
+    "* *Expert parallelism* (pipeweave's prefill up to 2.3× faster): aiconfigurator's EP prefill is dominated by "
     "the power-law load imbalance (the rank holding the hot experts); with balanced routing pipeweave's EP "
-    "prefill is 4–19 % faster and its decode steps agree within 3 %. pipeweave describes an expert-parallel "
+    "prefill is 4–25 % faster (Mixtral's 25 % under the same token bound; 19 % before) and its decode steps "
+    "agree within 3 %. pipeweave describes an expert-parallel "
     "rank's fused-MoE layer as the TP shard of the same width (measured so: docs/ACCURACY.md) and models EP "
     "inside the TP group with the same all-reduce as TP (no all-to-all; README); before, it described the rank "
     "as a smaller layer and its EP prefill was 18–34 % faster than aiconfigurator's balanced one.",

@@ -21,7 +21,7 @@ from pipeweave import memory_model, quantize_model
 from pipeweave.bounds import clip_efficiency, fastest_us, has_regime_medians, l2_cycles, regime_efficiency
 from pipeweave.edges import model_edges
 from pipeweave.mlp import DISCRETE_INPUTS_KEY, NumpyMLP, latest_model_dir, load_model_dir
-from pipeweave.moe import pass_fastest_us, pass_shares
+from pipeweave.moe import MOE_SHAPE_DESCRIPTORS, pass_fastest_us, pass_shares
 from pipeweave.paths import DEFAULT_MODEL_DIR
 from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
 
@@ -318,7 +318,51 @@ class KernelPredictor:
 
     def _unbounded(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """(:meth:`unbounded_efficiency`, the members' disagreement; 0 where no MLP gave the efficiency)."""
+        """(:meth:`unbounded_efficiency`, the members' disagreement; 0 where no MLP gave the efficiency), a fused-MoE
+        layer over more tokens than any training row's kept within :meth:`_split_tokens`' bounds."""
+        efficiency, spread = self._model_efficiency(op, features, described, hw)
+        if op == "moe" and described is not None and len(efficiency):
+            efficiency = self._split_tokens(op, efficiency, features, described, hw)
+        return efficiency, spread
+
+    def _split_tokens(self, op: str, efficiency: np.ndarray, features: np.ndarray, described: np.ndarray, hw
+                      ) -> np.ndarray:
+        """Efficiency of fused-MoE layers whose token count M exceeds the largest of the model's training rows
+        (16,384: aiconfigurator's grid; one static prefill pass of Qwen3-30B-A3B reaches 262,144), kept between two
+        predictions made inside the trained range. The same tokens run as n = ceil(M / M_max) launches of
+        ceil(M / n) tokens each take at least as long as one launch over all of them (each launch re-reads the
+        experts' weights and pays its own tail; vLLM itself splits a large batch into chunks this way), and one
+        launch over more tokens takes no less than over M_max of them. Beyond the range the MLP's efficiency drifts
+        (L40S: 2.7x the time for twice 131,072 tokens)."""
+        operator = get_operator(op)
+        limit = math.floor(self.model(op)[1]["feature_ranges"]["shape_M"]["max"])
+        tokens = described[:, operator.descriptor_names.index("shape_M")]
+        rows = np.flatnonzero(tokens > limit)
+        if not len(rows):
+            return efficiency
+        shape = {column: np.rint(described[rows, operator.descriptor_names.index(name)]).astype(np.int64)
+                 for column, name in MOE_SHAPE_DESCRIPTORS.items()}
+        launches = np.ceil(shape["M"] / limit)
+        chunk_us = self._layer_us(op, dict(shape, M=np.ceil(shape["M"] / launches).astype(np.int64)), hw) * launches
+        edge_us = np.minimum(self._layer_us(op, dict(shape, M=np.full(len(rows), limit)), hw), chunk_us)
+        ideal = operator.ideal_cycles(features[rows].astype(np.float32)).astype(np.float64)
+        own_us = duration_us(ideal, efficiency[rows], hw.sm_freq)
+        out = np.array(efficiency, dtype=np.float64)
+        out[rows] = ideal / (np.clip(own_us, edge_us, chunk_us) * hw.sm_freq)
+        return out
+
+    def _layer_us(self, op: str, shape: dict, hw) -> np.ndarray:
+        """Predicted µs of whole fused-MoE layers of ``shape`` (M, E, topk, H, N columns) inside the band."""
+        operator = get_operator(op)
+        columns = dict(shape, weight_type=["layer"] * len(shape["M"]))
+        features, described = operator.features(columns, hw), operator.descriptors(columns, hw)
+        efficiency = self._within_band(op, self._model_efficiency(op, features, described, hw)[0], features,
+                                       described, hw)
+        return duration_us(operator.ideal_cycles(features.astype(np.float32)), efficiency, hw.sm_freq)
+
+    def _model_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`_unbounded` before the MoE token bound, the members' disagreement)."""
         tuned = self._fine_tuned.get((op, hw.stem))
         if tuned is not None:
             return tuned.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
