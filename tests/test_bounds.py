@@ -539,7 +539,7 @@ def test_bandwidth_model_recovers_its_parameters():
 def test_memory_bound_operators_transfer(op, by):
     """Issue targets: leave-one-GPU-out and leave-one-architecture-out beat the roofline on every held-out group,
     mean ≤ 20 % on every held-out group, no kernel more than 3x off either way."""
-    from pipeweave.accuracy import as_predicted, held_out_cell, held_out_groups
+    from pipeweave.accuracy import as_predicted, held_out_cell, held_out_groups, other_gpus_band
     from pipeweave.logo_cache import gpus_with_data, logo_config
     from pipeweave.modeling import load_splits
 
@@ -548,7 +548,10 @@ def test_memory_bound_operators_transfer(op, by):
     results = {}
     for label, held_out in held_out_groups(gpus_with_data(op, DATASET_DIR), by).items():
         train, test = load_splits(op, DATASET_DIR, held_out)  # the MLP is not used on GPUs outside training
-        results[label] = held_out_cell(op, test, as_predicted(op, train, test, None, logo_config()), len(train),
+        # inside the band of the other GPUs' rows, as docs/ACCURACY.md scores them: the shipped band was fitted on the
+        # held-out GPUs' rows too (A100's RMSNorm scored 13.9 % inside it, 15.9 % inside the honest one)
+        band = other_gpus_band(op, DATASET_DIR, held_out)
+        results[label] = held_out_cell(op, test, as_predicted(op, train, test, None, logo_config(), band), len(train),
                                        held_out)
     assert len(results) >= 2
     for label, cell in results.items():
