@@ -4,7 +4,8 @@ from held-out kernel errors, and measure how often they hold on GPUs they were n
 Errors, as log(measured / predicted duration), each from a model that never trained on the kernel:
 
 * ``trained``: the shipped model on the test split (held-out shapes) of each of its training GPUs, as the
-  predictor gives them (inside the physical band);
+  predictor gives them, inside the physical band of the training split (the shipped band was fitted on both splits:
+  the held-out shapes' own durations would shape the band that keeps their predictions);
 * ``unseen_gpu`` / ``unseen_architecture``: the leave-one-GPU-out models of ``pipeweave.logo_cache`` on every row
   of the held-out GPU, as the predictor gives a GPU outside training (``pipeweave.accuracy.logo_as_predicted``);
   the state is ``unseen_architecture`` when no other GPU with data shares the held-out GPU's SM design.
@@ -31,6 +32,7 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
+from pipeweave.bounds import frame_band_table
 from pipeweave.calibration_eval import (DRAWS, SEED, SHOTS, HeldOut, drawn_spread, held_out_and_priors,
                                         held_out_rows, kshot_log_errors)
 from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
@@ -53,15 +55,20 @@ WITHOUT_SPREAD = "_without_spread"
 
 
 def trained_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict[str, np.ndarray]:
-    """{training GPU: log ratios of its held-out shapes} under the shipped model, as predicted."""
+    """{training GPU: log ratios of its held-out shapes} under the shipped model, as predicted, inside the band of
+    the training split (:func:`pipeweave.bounds.frame_band_table`): the shipped band was fitted on the test split
+    too (attention's shortest measured duration, the band's launch ceiling, is a test row's), and a held-out shape
+    must not shape the band its prediction is kept in."""
     operator = get_operator(op)
-    test = read_dataset(dataset_paths(op, dataset_dir)[1])
+    train_path, test_path = dataset_paths(op, dataset_dir)
+    test = read_dataset(test_path)
+    band = frame_band_table(op, read_dataset(train_path))
     out = {}
     for gpu in sorted(predictor.trained_on(op) & set(test["hardware"])):
         rows = test[test["hardware"] == gpu]
         efficiency = predictor.kernel_efficiency(op, rows[list(operator.feature_names)].to_numpy(np.float64),
                                                  rows[list(operator.descriptor_names)].to_numpy(np.float64),
-                                                 predictor.hardware.get(gpu))
+                                                 predictor.hardware.get(gpu), band)
         out[gpu] = log_duration_ratio(rows["overall_perf"].to_numpy(np.float64), efficiency)
     return out
 
