@@ -294,6 +294,19 @@ def harness_note() -> list[str]:
             f"takes {REFERENCE_HARNESS}'s."]
 
 
+def input_twins(gpus) -> dict[str, list[str]]:
+    """{GPU: the other GPUs of ``gpus`` whose model inputs equal its own} (every hardware input of the models,
+    ``HARDWARE_SPEC_COLUMNS``: H800 and H100 are one chip), only for GPUs that have one: such a GPU's
+    leave-one-GPU-out model trains on its twin's rows, features and all, so its cell is no unseen GPU."""
+    from analytical_model.pipes import HARDWARE_SPEC_COLUMNS
+
+    registry = hardware_registry(DEFAULT_HARDWARE_DIR)
+    specs = {gpu: tuple(registry.get(gpu).spec_columns()[column] for column in HARDWARE_SPEC_COLUMNS) for gpu in gpus}
+    twins = {gpu: sorted(other for other in specs if other != gpu and specs[other] == spec)
+             for gpu, spec in specs.items()}
+    return {gpu: others for gpu, others in twins.items() if others}
+
+
 def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None) -> str:
     """The report; ``notes`` maps an operator to extra markdown lines placed after its table."""
     lines = [
@@ -325,15 +338,23 @@ def render(results: dict, logo: dict, artifact: dict, notes: dict | None = None)
                   ("| GPU | n test | shape-held-out | roofline (same rows) | LOGO | LOGO roofline | LOGO worst factor "
                    "(all / roofline ≤ 1.5x) | artifact (efficiency) |"),
                   "|---|---|---|---|---|---|---|---|"]
+        twins = input_twins(res["by_gpu"])
         for gpu, cell in res["by_gpu"].items():
             lo = logo.get(op, {}).get(gpu, {})
             art = artifact_op.get(gpu)
+            mark = " †" if gpu in twins and lo.get("model") else ""
             lines.append(
                 f"| {gpu} | {cell['model']['n']} | {fmt(cell['model'])} | {fmt(cell['roofline'])} | "
-                f"{fmt(lo.get('model'))} | {fmt(lo.get('roofline'))} | {worst_factors(lo)} | {art or '—'} |"
+                f"{fmt(lo.get('model'))}{mark} | {fmt(lo.get('roofline'))} | {worst_factors(lo)} | {art or '—'} |"
             )
         lines.append(f"| **all** | {res['overall']['model']['n']} | {fmt(res['overall']['model'])} | "
                      f"{fmt(res['overall']['roofline'])} | | | | |")
+        marked = [gpu for gpu in twins if logo.get(op, {}).get(gpu, {}).get("model")]
+        if marked:
+            lines += ["", "† Not an unseen GPU: " + "; ".join(
+                f"{gpu}'s model inputs equal {' and '.join(twins[gpu])}'s (the same chip), whose rows its "
+                f"leave-one-GPU-out model trained on" for gpu in marked)
+                + ". Leave-one-architecture-out holds them out together."]
         lines.append("")
         lines += (notes or {}).get(op, [])
     return "\n".join(lines)

@@ -39,6 +39,20 @@ def test_held_out_scoring_has_no_default_band():
     assert inspect.signature(as_predicted).parameters["band"].default is inspect.Parameter.empty
 
 
+def test_a_gpu_whose_twin_trained_its_held_out_model_is_marked():
+    """H800 has H100's model inputs (the same chip): its leave-one-GPU-out model trains on H100's rows, so its LOGO
+    cell is marked as no unseen GPU, and so is H100's; a GPU of another spec is not."""
+    summary = error_summary(np.array([0.1, 0.2]))
+    cell = {"model": summary, "roofline": summary}
+    gpus = ("NVIDIA H100", "NVIDIA H800", "NVIDIA H200")
+    results = {"gemm_fp8": {"model_dir": "x", "by_gpu": {gpu: cell for gpu in gpus}, "overall": cell}}
+    text = render(results, {"gemm_fp8": {gpu: cell for gpu in gpus}}, {})
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| NVIDIA")}
+    assert "15.0 / 15.0 † |" in rows["NVIDIA H800"] and "15.0 / 15.0 † |" in rows["NVIDIA H100"]
+    assert "†" not in rows["NVIDIA H200"]
+    assert "NVIDIA H800's model inputs equal NVIDIA H100's" in text
+
+
 def test_zero_shot_check_refuses_a_gpu_the_model_trained_on(tmp_path):
     """unseen_gpu_results scores only GPUs outside the shipped model's training data (no dataset is read first)."""
     with pytest.raises(ValueError, match="trained on NVIDIA H100: not a zero-shot check"):
