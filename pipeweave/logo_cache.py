@@ -104,6 +104,9 @@ def _member_predictions(op: str, gpu: str, seed: int, train: pd.DataFrame, test:
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info["fingerprint"] == fingerprint and info["rows"] == len(test):
+            note = other_machine_note(op, gpu, seed, directory)
+            if note:
+                log(note)
             return np.load(directory / "predicted.npy"), info["history"]
     log(f"  training LOGO {op} without {gpu} (seed {seed}) ...")
     config = replace(logo_config(), seed=seed)
@@ -116,6 +119,25 @@ def _member_predictions(op: str, gpu: str, seed: int, train: pd.DataFrame, test:
             "history": history}
     write_atomically(info_path, lambda tmp: tmp.write_text(json.dumps(info, indent=2)))
     return predicted, history
+
+
+def other_machine_note(op: str, gpu: str, seed: int, directory: Path) -> str | None:
+    """The line said when a cached member was trained on another processor or torch build than this one: the
+    fingerprint holds the data, the recipe and MKL's float path, not the machine, and the same setup trained
+    different models on an Intel and an AMD machine (README, "Deterministic across machines": up to 3.5 points), so
+    a table scored from cached members of two machines is no one machine's."""
+    from pipeweave.torch_mlp import training_machine
+
+    metadata_path = directory / "model" / "metadata.json"
+    metadata = json.loads(metadata_path.read_text()) if metadata_path.is_file() else {}
+    machine = metadata.get("training", {}).get("machine")
+    here = training_machine()
+    if machine == here:
+        return None
+    trained = "an unrecorded machine" if not machine else f"{machine.get('cpu')} ({machine.get('cpu_capability')}, " \
+                                                        f"torch {machine.get('torch')})"
+    return (f"  note: cached LOGO {op} without {gpu} (seed {seed}) was trained on {trained}, not on this machine "
+            f"({here['cpu']}, {here['cpu_capability']}, torch {here['torch']}); it is reused as it is")
 
 
 def _train_held_out(op: str, gpu: str, dataset_dir: Path, cache: Path, fingerprint: str) -> str:

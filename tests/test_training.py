@@ -348,6 +348,28 @@ def test_logo_cache_in_worker_processes_equals_the_sequential_one(tmp_path):
             np.testing.assert_array_equal(one, two)
 
 
+def test_a_cached_logo_member_of_another_machine_is_said_when_reused(tmp_path):
+    """The cache's fingerprint holds the data, recipe and float path, not the machine, and two machines train different
+    models from the same setup: a member trained elsewhere is reused with a line saying so, one of this machine
+    without it."""
+    from pipeweave.logo_cache import _member_predictions
+    from pipeweave.torch_mlp import training_machine
+
+    directory = tmp_path / "seed42"
+    (directory / "model").mkdir(parents=True)
+    np.save(directory / "predicted.npy", np.ones(3))
+    (directory / "logo.json").write_text(json.dumps({"fingerprint": "f", "rows": 3, "history": {"train_rows": 9}}))
+    test = pd.DataFrame({"hardware": ["NVIDIA A40"] * 3})
+    for machine, said in (({"cpu": "Another CPU", "torch": "0", "cpu_capability": "AVX2"}, True),
+                          (training_machine(), False)):
+        (directory / "model" / "metadata.json").write_text(json.dumps({"training": {"machine": machine}}))
+        lines = []
+        predicted, history = _member_predictions("gemm", "NVIDIA A40", 42, test, test, directory, "f", lines.append)
+        np.testing.assert_array_equal(predicted, np.ones(3))
+        assert history == {"train_rows": 9}
+        assert any("Another CPU" in line for line in lines) == said and bool(lines) == said, lines
+
+
 FLOAT_PATH_PROBE = """
 import hashlib, numpy as np, torch
 from pipeweave.training import TrainConfig, fit
