@@ -35,8 +35,8 @@ from pipeweave.cli import (ArgumentParser, UserError, check_output_path, keep_ma
 from pipeweave.e2e_report import (document, markdown_static, markdown_summary, markdown_vllm, non_default_flags, plot,
                                    table_csv)
 from pipeweave.measured_runs import (DEFAULT_REAL_DIR, METRICS, REAL_SUMMARY_NAME, SOURCE_CITATION, ape,
-                                     artifact_real_dir, error_summary, format_summary_csv, gpu_stem, load_real,
-                                     read_artifact_repeats, summarize_repeats)
+                                     artifact_real_dir, error_summary, first_repeated, format_summary_csv, gpu_stem,
+                                     load_real, read_artifact_repeats, summarize_repeats)
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_DIR, DEFAULT_WORKLOAD_DIR, E2E_DIR, WORK_ROOT
 
 DEFAULT_PRED_DIR = E2E_DIR / "pipeweave_pred"
@@ -145,10 +145,10 @@ def load_predictions(pred_dir: str | Path, hardware_dir: Path = DEFAULT_HARDWARE
                                         "lm_head_layout", "pred_prefill_ms", "pred_decode_ms", "pred_total_ms",
                                         *INTERVAL_COLUMNS])
     key = ["gpu", "workload"]
-    twice = preds[preds.duplicated(subset=key, keep=False)]
+    twice = first_repeated(preds, key)
     if len(twice):  # two names of one GPU (A100, NVIDIA_A100-SXM4-80GB): the comparison would take one silently
         first = twice.iloc[0]
-        files = twice[(twice[key] == first[key]).all(axis=1)]["path"].map(lambda p: Path(p).name)
+        files = twice["path"].map(lambda p: Path(p).name)
         raise UserError(f"--pred_dir {pred_dir}: {first['workload']} is predicted more than once for {first['gpu']} "
                         f"({', '.join(files)}); keep one prediction per workload and GPU")
     return preds

@@ -62,6 +62,15 @@ def gpu_stem(tag: str, hardware_dir: Path = DEFAULT_HARDWARE_DIR) -> str:
 # measured runs
 # ==================================================================================================
 
+def first_repeated(frame: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """The rows of the first value of ``key`` that ``frame`` holds more than once (empty if none): what an error
+    about a run, a repetition or a prediction read twice names."""
+    repeated = frame[frame.duplicated(subset=key, keep=False)]
+    if not len(repeated):
+        return repeated
+    return repeated[(repeated[key] == repeated.iloc[0][key]).all(axis=1)]
+
+
 def measured_ms(seconds, where: str) -> float:
     """A measured time in seconds as ms; anything but a finite positive number (NaN, a negative or zero time, text)
     is an error naming ``where``: the median of the other repetitions would hide it."""
@@ -124,10 +133,10 @@ def read_artifact_repeats(real_dir: str | Path, hardware_dir: Path = DEFAULT_HAR
     repeats = pd.DataFrame(rows, columns=["gpu", "tp", "pp", "model", "trace", "kind", "repeat", "prefill_ms",
                                           "decode_ms", "total_ms", "source"])
     key = ["gpu", "tp", "pp", "model", "trace", "kind", "repeat"]
-    twice = repeats[repeats.duplicated(subset=key, keep=False)]
+    twice = first_repeated(repeats, key)
     if len(twice):  # a line pasted twice, or a copy of a file under another name of its GPU, would count it twice
         first = twice.iloc[0]
-        files = sorted(set(twice[(twice[key] == first[key]).all(axis=1)]["source"].str.removeprefix("e2e/real/")))
+        files = sorted(set(twice["source"].str.removeprefix("e2e/real/")))
         raise UserError(f"{real_dir}: repetition {first['repeat']} of the run {first['gpu']} TP{first['tp']} "
                         f"PP{first['pp']} {first['model']} {first['trace']} ({first['kind']}) is read more than once "
                         f"(in {', '.join(files)}); keep one record per repetition")
@@ -169,13 +178,12 @@ def load_real(real_dir: str | Path = DEFAULT_REAL_DIR, hardware_dir: Path = DEFA
                                 f"python3 -m pipeweave.compare summarize-real")
     runs = pd.concat(frames, ignore_index=True)
     key = ["gpu", "tp", "pp", "model", "trace", "kind"]
-    repeated = runs[runs.duplicated(subset=key, keep=False)]
+    repeated = first_repeated(runs, key)
     if len(repeated):  # a backup copy beside the summary, or a row pasted twice, would count the run twice
         first = repeated.iloc[0]
         raise UserError(f"{real_dir}: the run {first['gpu']} TP{first['tp']} PP{first['pp']} {first['model']} "
                         f"{first['trace']} ({first['kind']}) is summarised more than once (in "
-                        f"{', '.join(sorted(set(repeated[(repeated[key] == first[key]).all(axis=1)]['file'])))}); "
-                        f"keep one summary per run")
+                        f"{', '.join(sorted(set(repeated['file'])))}); keep one summary per run")
     return runs[SUMMARY_COLUMNS]
 
 
