@@ -39,6 +39,19 @@ DRAM_CYCLE_FEATURE = "global_cycle"
 #: feature and descriptor columns inversely proportional to the per-SM tensor-core rate, all else (tiles,
 #: waves, bytes) fixed: a tensor operator's features on a GPU whose tensor pipe is c times faster are these / c
 TENSOR_RATE_COLUMNS = ("tensor_all_cycle", "tensor_sm_max_cycle", "exact_tensor_cycle")
+#: every cycle column of the features and descriptors: (the hardware rate it divides the kernel's work by, whether
+#: that rate is quoted per second) with the SM count fixed. "tensor" is the operator's tensor rate
+#: (``OperatorClass.tensor_rate``); a rate per second (a bandwidth in GB/s) gives cycles that grow with the SM clock
+#: (pipeweave.siblings.die_inputs: the same kernels on a GPU of the same die with other rates)
+PIPE_RATE_COLUMNS = {
+    **{name: ("tensor", False) for name in TENSOR_RATE_COLUMNS},
+    "xu_all_cycle": ("xu_fp32", False), "xu_sm_max_cycle": ("xu_fp32", False),
+    "fma_all_cycle": ("fma_fp32", False), "fma_sm_max_cycle": ("fma_fp32", False),
+    "global_cycle": ("mem_bandwidth", True), "sm_max_global_cycle": ("mem_bandwidth", True),
+    "exact_dram_cycle": ("mem_bandwidth", True),
+    "local_cycle": ("l2_cache_bandwidth", True), "sm_max_local_cycle": ("l2_cache_bandwidth", True),
+    "sm_max_shared_cycle": ("shared_memory_bandwidth", False),
+}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
 from pipeweave.moe import expert_parallel_errors, pass_choice_errors, render_expert_parallel, render_pass_choice
 from pipeweave.predictor import (BEYOND_SHARES, DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor,
                                  coverage_codes, disagreement_codes, training_coverage)
-from pipeweave.siblings import ModelEfficiency, sibling_band, sibling_scale
+from pipeweave.siblings import ModelEfficiency, die_band, die_rows, die_sibling, sibling_band, sibling_scale
 from pipeweave.torch_mlp import predict_efficiency
 from pipeweave.training import TrainConfig
 
@@ -105,14 +106,18 @@ def other_gpus_band(op: str, dataset_dir: Path, held_out: list[str]) -> dict:
 
 
 def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficiency: np.ndarray | None,
-                 config: TrainConfig, band: dict, model_efficiency: ModelEfficiency | None = None) -> np.ndarray:
+                 config: TrainConfig, band: dict, model_efficiency: ModelEfficiency | None = None,
+                 model_at: Callable[[float], ModelEfficiency] | None = None) -> np.ndarray:
     """The efficiency the predictor gives rows of GPUs outside the training data: a memory-bound operator takes
     the bandwidth model fitted on ``train`` (capped as the MLP's), an MLP trained on one GPU the median of the
     kernel's regime (``band``), the others their MLP's, kept inside the band of a trained sibling
-    (:mod:`pipeweave.siblings`; ``model_efficiency``: the MLP as a function of features and descriptors); all
-    inside the physical band ``band``, which must be derived without the held-out GPUs (:func:`other_gpus_band`):
-    there is no default, since the shipped band was fitted on every GPU's rows, the held-out ones' too (RMSNorm with
-    A100 held out scored 13.9 % inside it, 15.9 % inside the other GPUs')."""
+    (:mod:`pipeweave.siblings`; ``model_efficiency``: the MLP as a function of features and descriptors; ``model_at``:
+    the same on a GPU of a given SM clock, for the bound of a trained GPU of the same die); all inside the physical
+    band ``band``, which must be derived without the held-out GPUs (:func:`other_gpus_band`): there is no default,
+    since the shipped band was fitted on every GPU's rows, the held-out ones' too (RMSNorm with A100 held out scored
+    13.9 % inside it, 15.9 % inside the other GPUs'). A memory-bound operator's bandwidth model takes no die bound
+    here: no held-out GPU of their data has a trained GPU of its die.
+    """
     operator = get_operator(op)
     features = test[list(operator.feature_names)].to_numpy(np.float64)
     described = test[list(operator.descriptor_names)].to_numpy(np.float64)
@@ -124,26 +129,38 @@ def as_predicted(op: str, train: pd.DataFrame, test: pd.DataFrame, mlp_efficienc
     elif train["hardware"].nunique() == 1:
         mlp_efficiency = regime_efficiency(op, features, sm_freq, band)
     else:
-        mlp_efficiency = sibling_bounded(op, train, test, mlp_efficiency, features, described, model_efficiency)
+        mlp_efficiency = sibling_bounded(op, train, test, mlp_efficiency, features, described, model_efficiency,
+                                         model_at)
     return clip_efficiency(op, mlp_efficiency, features, described, sm_freq, band, l2=frame_l2_cycles(test))[0]
 
 
 def sibling_bounded(op: str, train: pd.DataFrame, test: pd.DataFrame, efficiency: np.ndarray, features: np.ndarray,
-                    described: np.ndarray, model_efficiency: ModelEfficiency | None) -> np.ndarray:
-    """``efficiency`` of each held-out GPU's rows of ``test`` kept inside the band of its trained sibling, as
-    :class:`pipeweave.predictor.KernelPredictor` keeps it (:func:`pipeweave.siblings.sibling_band`)."""
+                    described: np.ndarray, model_efficiency: ModelEfficiency | None,
+                    model_at: Callable[[float], ModelEfficiency] | None = None) -> np.ndarray:
+    """``efficiency`` of each held-out GPU's rows of ``test`` kept inside the band of its trained sibling, then within
+    the pipe-rate ratios of a trained GPU of its die, as :class:`pipeweave.predictor.KernelPredictor` keeps it
+    (:func:`pipeweave.siblings.sibling_band`, :func:`pipeweave.siblings.die_band`; ``model_at(sm_freq)``: the model on
+    a GPU of that SM clock)."""
     hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
     trained = [hardware.get(name) for name in sorted(train["hardware"].unique())]
     names = test["hardware"].to_numpy()
     efficiency = np.array(efficiency, dtype=np.float64)
     for name in pd.unique(names):
-        rows, scale = np.flatnonzero(names == name), sibling_scale(op, hardware.get(name), trained)
-        if scale is None:
-            continue
-        if model_efficiency is None:
-            raise ValueError(f"{op}: {name} has a trained sibling, so its bound needs the model itself")
-        efficiency[rows] = np.clip(efficiency[rows], *sibling_band(op, features[rows], described[rows], scale,
-                                                                   model_efficiency))
+        hw = hardware.get(name)
+        rows, scale = np.flatnonzero(names == name), sibling_scale(op, hw, trained)
+        if scale is not None:
+            if model_efficiency is None:
+                raise ValueError(f"{op}: {name} has a trained sibling, so its bound needs the model itself")
+            efficiency[rows] = np.clip(efficiency[rows], *sibling_band(op, features[rows], described[rows], scale,
+                                                                       model_efficiency))
+        die = die_sibling(op, hw, trained)
+        if die is not None:
+            if model_at is None:
+                raise ValueError(f"{op}: {name} has a trained GPU of its die ({die.name}), so its bound needs the "
+                                 f"model itself")
+            efficiency[rows] = np.clip(efficiency[rows], *die_band(
+                op, features[rows], described[rows], hw, die, model_at(die.sm_freq),
+                die_rows(op, features[rows], described[rows], hw, die)))
     return efficiency
 
 
@@ -217,6 +234,11 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
         predicted = model.within_edges(test[model.features].to_numpy(np.float64), predicted,
                                        test["sm_freq"].to_numpy(np.float64))
         efficiency = model_efficiency(op, model, hardware_registry(DEFAULT_HARDWARE_DIR).get(gpu).sm_freq)
+
+        def model_at(sm_freq: float) -> ModelEfficiency:  # on a trained GPU of the held-out GPU's die
+            return model_efficiency(op, model, sm_freq)
+
+        return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency, model_at), history
     return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency), history
 
 

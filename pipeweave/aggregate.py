@@ -28,7 +28,7 @@ from pipeweave.paths import DEFAULT_MODEL_DIR, DEFAULT_QUANTILE_DIR
 from pipeweave.report import (SUMMARY_KEYS, build_result, describe, dumps_result, extrapolated_note, output_name,
                               summarize)
 from pipeweave.schema import WorkloadFormatError
-from pipeweave.siblings import sibling_note
+from pipeweave.siblings import die_note, sibling_note
 
 __all__ = [  # the CLI, and the names code written against the single-module layout imports from here
     "main", "build_parser", "expand_hardware", "read_pairs", "Aggregator", "Engine", "Job", "Prediction",
@@ -409,4 +409,6 @@ def print_summary(prediction: Prediction, target: Path, several: bool) -> None:
         print(unmeasured_note(job.hardware.name, zero_shot, calibrated=calibrated))
     for category, sibling in extrapolation.get("sibling", {}).items():
         print(sibling_note(category, job.hardware.name, sibling))
+    for category, sibling in extrapolation.get("same_die", {}).items():
+        print(die_note(category, job.hardware.name, sibling))
     print(f"Predictions saved to {'standard output' if str(target) == STANDARD_STREAM else target}")

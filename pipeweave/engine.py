@@ -417,7 +417,7 @@ class Engine:
             best = np.zeros(len(job.workload.inst_code)) if self.quantile_predictor is not None else None
             extrapolated = np.zeros(len(job.workload.inst_code), dtype=bool)
             low, high = np.zeros(len(job.workload.inst_code)), np.zeros(len(job.workload.inst_code))
-            siblings, unmeasured = {}, []
+            siblings, same_die, unmeasured = {}, {}, []
             warning = self.predictor.respecified_warning(job.hardware)
             if warning and ("respecified", job.hardware.stem) not in self._warned:
                 self._warned.add(("respecified", job.hardware.stem))
@@ -430,6 +430,9 @@ class Engine:
                     sibling = self.predictor.sibling(op, job.hardware)
                     if sibling is not None:
                         siblings[category] = sibling.name
+                    die = self.predictor.die_sibling(op, job.hardware)
+                    if die is not None:
+                        same_die[category] = die.name
                     ids = maps[(j, op)][job.workload.inst_local[rows]]
                     single[rows] = unique_ms[op][ids]
                     extrapolated[rows] = unique_codes[op][ids] > 0
@@ -477,6 +480,8 @@ class Engine:
                 result["extrapolation"]["collective_fallback"] = {k: f"its {how}" for k, how in borrowed.items()}
             if siblings:
                 result["extrapolation"]["sibling"] = siblings
+            if same_die:  # the trained GPU of the same die that bounds the category (pipeweave.siblings.die_band)
+                result["extrapolation"]["same_die"] = same_die
             if j in coll_ms and coll_ms[j][1]:  # recorded in the output, not only in the console's WARNING
                 predictor = collective_of[id(job)]
                 result["extrapolation"]["analytical_collectives"] = {

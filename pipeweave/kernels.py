@@ -30,7 +30,7 @@ from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, UserError, check_out
 from pipeweave.intervals import other_model_warning, physical_interval, row_factors
 from pipeweave.predictor import DEFAULT_MODEL_DIR, KernelPredictor, extrapolation_label
 from pipeweave.paths import command
-from pipeweave.siblings import sibling_note
+from pipeweave.siblings import die_note, sibling_note
 from pipeweave.validation import (attention_warnings, check_shape_table, line_labels, load_model_checked,
                                   row_label)
 
@@ -229,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     gpus = list({spec.stem: spec for spec in (predictor.hardware.get(name) for name in
                                               dict.fromkeys(row[index].strip() for row in rows))}.values())
     with predictor.fine_tuned_by(calibration):
-        siblings = [(hw, predictor.sibling(args.op, hw)) for hw in gpus]
-    for hw, sibling in siblings:
+        siblings = [(hw, predictor.sibling(args.op, hw), predictor.die_sibling(args.op, hw)) for hw in gpus]
+    for hw, sibling, die in siblings:
         if sibling is not None:
             say(sibling_note(args.op, hw.name, sibling.name))
+        if die is not None:
+            say(die_note(args.op, hw.name, die.name))
     for line in unmeasured_notes(args.op, predictor, gpus, calibration):
         say(line)
     if args.op == "attn":  # the aggregator's warnings: FA3 where it cannot run, attention types nothing measured

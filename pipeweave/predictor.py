@@ -23,7 +23,7 @@ from pipeweave.edges import model_edges
 from pipeweave.mlp import DISCRETE_INPUTS_KEY, NumpyMLP, latest_model_dir, load_model_dir
 from pipeweave.moe import MOE_SHAPE_DESCRIPTORS, pass_fastest_us, pass_shares
 from pipeweave.paths import DEFAULT_MODEL_DIR
-from pipeweave.siblings import sibling_band, sibling_of, tensor_rate_ratio
+from pipeweave.siblings import die_band, die_rows, die_sibling, sibling_band, sibling_of, tensor_rate_ratio
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -313,7 +313,10 @@ class KernelPredictor:
         on the GPU: on another GPU the kernel takes the median efficiency of its regime
         (:func:`pipeweave.bounds.regime_efficiency`; only a GPU of the hardware directory counts, and only an
         operator with measured medians). On a GPU outside training whose SM design is trained at another tensor
-        rate (H20 beside H100), the MLP's efficiency is kept inside the band of :mod:`pipeweave.siblings`."""
+        rate (H20 beside H100), the MLP's efficiency is kept inside the band of :mod:`pipeweave.siblings`; on one
+        outside training whose compute capability and SM count a trained GPU has (A100 40GB beside A100 80GB, an
+        edited copy of a trained GPU's JSON), the result is then kept within the pipe-rate ratios of the same kernels
+        on that GPU (:func:`pipeweave.siblings.die_band`)."""
         return self._unbounded(op, features, described, hw)[0]
 
     def _unbounded(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
@@ -366,16 +369,32 @@ class KernelPredictor:
         tuned = self._fine_tuned.get((op, hw.stem))
         if tuned is not None:
             return tuned.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
+        efficiency, spread = self._untuned(op, features, described, hw)
+        die = self.die_sibling(op, hw)
+        if die is not None and len(efficiency):
+            # the same kernels on the trained GPU of the same die, as the predictor gives them there (its own model,
+            # not a calibration's fine-tuning of it, which corrects that GPU alone)
+            efficiency = np.clip(efficiency, *die_band(op, features, described, hw, die, lambda rows, shapes:
+                                                       self._untuned(op, rows, shapes, die, as_trained=True)[0],
+                                                       die_rows(op, features, described, hw, die)))
+        return efficiency, spread
+
+    def _untuned(self, op: str, features: np.ndarray, described: np.ndarray | None, hw, as_trained: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_unbounded` without a calibration's fine-tuned model and without the bound of the same die;
+        ``as_trained``: ``hw`` is a training GPU as the model saw it (the spec of :meth:`die_sibling`, which for a GPU
+        whose JSON this folder gives other values is the shipped one)."""
         stored = stored_bandwidth_fit(op)
         if stored is not None:  # fitted on the operator's own measurements, every GPU
             return bandwidth_efficiency(stored["parameters"], op, features, hw), np.zeros(len(features))
         _, metadata, _ = self.model(op)
         parameters = metadata.get("memory_model")
         trained = self.trained_on(op)
+        seen = as_trained or hw.name in trained
         none = np.zeros(len(features))
-        if parameters and hw.name not in trained:
+        if parameters and not seen:
             return bandwidth_efficiency(parameters, op, features, hw), none
-        if hw.name not in trained and len(training_gpus(trained, self.hardware)) == 1 and has_regime_medians(op):
+        if not seen and len(training_gpus(trained, self.hardware)) == 1 and has_regime_medians(op):
             return regime_efficiency(op, features, hw.sm_freq), none
         efficiency, spread = self.efficiency_and_spread(op, features, described, hw.sm_freq)
         if parameters and len(efficiency):
@@ -384,7 +403,7 @@ class KernelPredictor:
             if outside.any():
                 efficiency[outside] = self._beyond_range(op, parameters, features[outside], described[outside], hw)
                 spread[outside] = 0.0
-        scale = self.sibling_scale(op, hw)
+        scale = None if as_trained else self.sibling_scale(op, hw)
         if scale is not None and len(efficiency):
             efficiency = np.clip(efficiency, *sibling_band(op, features, described, scale, lambda rows, shapes:
                                                            self.efficiency_from_features(op, rows, shapes, hw.sm_freq)))
@@ -422,6 +441,33 @@ class KernelPredictor:
         """Whether ``op``'s model has measurements of ``hw``: in its training data, or through a calibration that
         fine-tuned it on ``hw``'s kernels."""
         return hw.name in self.trained_on(op) or (op, hw.stem) in self._fine_tuned
+
+    def die_sibling(self, op: str, hw):
+        """The trained GPU of ``hw``'s compute capability and SM count that bounds its predictions of ``op``
+        (:func:`pipeweave.siblings.die_sibling` among the model's training GPUs); None on a GPU with measurements of
+        ``op`` (:meth:`measured_on`), for an operator with a stored bandwidth fit (every GPU takes the same fit) and
+        without such a GPU."""
+        if self.measured_on(op, hw) or stored_bandwidth_fit(op) is not None:
+            return None
+        return die_sibling(op, hw, self.trained_specs(op))
+
+    def trained_specs(self, op: str) -> list:
+        """The specs of ``op``'s training GPUs as the model saw them: :func:`training_gpus`, and for a training GPU
+        whose JSON this folder gives other values (:attr:`respecified`) the shipped JSON of it (an edited copy of a
+        trained GPU is then bounded by that GPU, as a renamed one is)."""
+        specs = training_gpus(self.trained_on(op), self.hardware)
+        respecified = sorted(set(self.respecified) & set(self._training_names(op)))
+        if respecified:
+            shipped = hardware_registry(DEFAULT_HARDWARE_DIR)
+            specs += [shipped.get(name) for name in respecified]
+        return specs
+
+    def _training_names(self, op: str) -> frozenset:
+        """Names of the GPUs ``op``'s model was trained on, those this folder respecifies included."""
+        stored = stored_bandwidth_fit(op)
+        if stored is not None:
+            return frozenset(stored["fitted_on"])
+        return frozenset(self.model(op)[1].get("data_info", {}).get("train_hardware_distribution", {}))
 
     def sibling_scale(self, op: str, hw) -> float | None:
         """``r_target / r_sibling`` of :meth:`sibling` (None without one)."""

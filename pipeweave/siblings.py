@@ -23,6 +23,22 @@ Triton) run on the same SM with the same shared memory, issue and L1, so that on
 Of several, the one whose rate is closest (in log) to the target's; a trained GPU with the target's own rate
 means the rate is covered and no bound applies. A100 (8.0) is no sibling of A40 (8.6), nor B200 (10.0) of
 RTX PRO 6000 (12.0).
+
+**A trained GPU of the same die** (:func:`die_band`). Where a trained GPU has the target's compute capability *and*
+its SM count (A100 80GB for A100 40GB and A100 PCIe, A40 for RTX A6000, L40S for L40 and RTX 6000 Ada, H100 for
+H800, H200 and any edited copy of a trained GPU's JSON), the same kernel runs on both with the same CTAs on the
+same number of SMs, and every pipe's cycle count on one follows from the other's by the pipe's rate
+(:data:`analytical_model.registry.PIPE_RATE_COLUMNS`: :func:`die_inputs`). Each pipe's time (cycles over the clock)
+then changes by the ratio of the two rates, ``ρ_p = T_p(target) / T_p(sibling)``; a fixed part of the kernel's
+time (launch, latencies) by 1 if it is counted in seconds and by the clock ratio if in cycles. A duration that is a
+non-decreasing, degree-1 homogeneous function of those times (more time in any pipe never shortens the kernel;
+every time scaled by c scales the kernel by c) changes by a ratio in ``[min ρ, max ρ]``, the ratios of the pipes the
+kernel uses, 1 and the clock ratio included. The model's duration for the same kernels on the sibling, ``t_s``,
+bounds the target's to ``[min ρ · t_s, max ρ · t_s]``. Physically a GPU with more of one resource than its trained
+die-mate is never predicted slower than it, and a renamed copy is predicted as the trained GPU. The premise
+fails where the spec sheet is not what the chip sustains (a power limit that lowers the clock: measured GB200 BF16
+GEMMs are 1.33x B200's on large shapes although GB200's spec is faster in every rate), which no spec-derived bound
+can know.
 """
 from __future__ import annotations
 
@@ -31,7 +47,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from analytical_model.pipes import HardwareSpec
-from analytical_model.registry import TENSOR_RATE_COLUMNS, get_operator
+from analytical_model.registry import PIPE_RATE_COLUMNS, TENSOR_RATE_COLUMNS, get_operator
 
 #: the busiest SM's tensor cycles: the part of a kernel's time that a change of the tensor rate moves
 BUSIEST_TENSOR_FEATURE = "tensor_sm_max_cycle"
@@ -108,3 +124,118 @@ def sibling_note(what: str, gpu: str, sibling: str) -> str:
     """The line the command-line tools print where the bound applies (``what``: an operator or its category)."""
     return (f"Note: {what} on {gpu} is kept between the same kernels at the tensor rate of {sibling} (trained, same "
             f"SM design) and that plus the extra tensor time (docs/METHOD.md §4.3)")
+
+
+def _rate(op: str, hw: HardwareSpec, rate: str) -> float:
+    """``hw``'s value of a :data:`PIPE_RATE_COLUMNS` rate ("tensor": ``op``'s tensor rate)."""
+    return getattr(hw, get_operator(op).tensor_rate if rate == "tensor" else rate)
+
+
+def die_sibling(op: str, hw: HardwareSpec, trained: Iterable[HardwareSpec]) -> HardwareSpec | None:
+    """The trained GPU of ``hw``'s die for ``op`` (:func:`die_band`): of those with its compute capability and SM
+    count (and, for a tensor operator, a tensor rate on both), the one closest in its rates: the smallest sum of
+    |log ρ| over the pipe rates ``op`` reads and the clock (then by name), so that a copy of a trained GPU with more
+    of one resource is bounded by that GPU; None without one. The caller leaves out a GPU whose own measurements
+    trained the model."""
+    operator = get_operator(op)
+    if operator.tensor_rate and not getattr(hw, operator.tensor_rate):
+        return None
+    same_die = [spec for spec in trained if spec.compute_capability == hw.compute_capability
+                and spec.num_sms == hw.num_sms and (not operator.tensor_rate or getattr(spec, operator.tensor_rate))]
+    if not same_die:
+        return None
+
+    def distance(spec: HardwareSpec) -> float:
+        rates = {PIPE_RATE_COLUMNS[name][0]: ratio for name, ratio in pipe_time_ratios(op, hw, spec).items()}
+        return sum(abs(np.log(ratio)) for ratio in rates.values()) + abs(np.log(spec.sm_freq / hw.sm_freq))
+
+    return min(same_die, key=lambda spec: (distance(spec), spec.name))
+
+
+def pipe_time_ratios(op: str, hw: HardwareSpec, sibling: HardwareSpec) -> dict[str, float]:
+    """``T(hw) / T(sibling)`` of the same kernel's time in each of ``op``'s cycle columns
+    (:data:`PIPE_RATE_COLUMNS`), the two GPUs having the same SM count: the sibling's rate over ``hw``'s, times the
+    sibling's clock over ``hw``'s for a rate per cycle (the pipe's throughput is rate × clock)."""
+    operator = get_operator(op)
+    out = {}
+    for name in (*operator.feature_names, *operator.descriptor_names):
+        if name in PIPE_RATE_COLUMNS:
+            rate, per_second = PIPE_RATE_COLUMNS[name]
+            ratio = _rate(op, sibling, rate) / _rate(op, hw, rate)
+            out[name] = ratio if per_second else ratio * sibling.sm_freq / hw.sm_freq
+    return out
+
+
+def die_inputs(op: str, features: np.ndarray, described: np.ndarray | None, hw: HardwareSpec,
+               sibling: HardwareSpec) -> tuple[np.ndarray, np.ndarray | None]:
+    """(features, descriptors) of the same kernels (tiles, CTAs, bytes) as ``hw``'s rows on ``sibling``, a GPU of
+    the same SM count: each cycle column times ``hw``'s rate over the sibling's, and for a rate per second (a
+    bandwidth) times the sibling's clock over ``hw``'s."""
+    operator = get_operator(op)
+
+    def scaled(rows: np.ndarray | None, names: tuple[str, ...]) -> np.ndarray | None:
+        if rows is None:
+            return None
+        rows = np.array(rows, dtype=np.float64)
+        for i, name in enumerate(names):
+            if name in PIPE_RATE_COLUMNS:
+                rate, per_second = PIPE_RATE_COLUMNS[name]
+                rows[:, i] *= _rate(op, hw, rate) / _rate(op, sibling, rate) * (
+                    sibling.sm_freq / hw.sm_freq if per_second else 1.0)
+        return rows
+
+    return scaled(features, operator.feature_names), scaled(described, operator.descriptor_names)
+
+
+def die_rows(op: str, features: np.ndarray, described: np.ndarray | None, hw: HardwareSpec, sibling: HardwareSpec
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(features, descriptors) of the same kernels as ``hw``'s rows on ``sibling``, a GPU of the same compute
+    capability and SM count: where the descriptors hold the whole shape (GEMM, FP8 GEMM, RMSNorm, SiLU*Mul), the
+    features of the sibling's own kernels of it, since a library picks its kernels by SM design and SM count, which
+    the two share (the GEMM tile rule, which also weighs the rates, picked other tiles for an H100 with 30 % more L2
+    bandwidth); else, and for the descriptors (shape, rates and a harness input, kept), :func:`die_inputs`."""
+    operator = get_operator(op)
+    virtual_features, virtual_described = die_inputs(op, features, described, hw, sibling)
+    names = [f"shape_{column}" for column in operator.shape_columns]
+    if described is None or not all(name in operator.descriptor_names for name in names):
+        return virtual_features, virtual_described
+    shape = {column: np.rint(np.asarray(described)[:, operator.descriptor_names.index(name)]).astype(np.int64)
+             for column, name in zip(operator.shape_columns, names)}
+    return operator.features(shape, sibling), virtual_described
+
+
+def die_band(op: str, features: np.ndarray, described: np.ndarray | None, hw: HardwareSpec, sibling: HardwareSpec,
+             sibling_efficiency: ModelEfficiency, sibling_rows: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) efficiency of ``hw``'s feature rows from the predicted efficiency of the same kernels on
+    ``sibling`` (``sibling_efficiency(features, descriptors)``), a trained GPU of the same compute capability and SM
+    count: the durations ``min ρ · t_s`` and ``max ρ · t_s`` in ``hw``'s terms, ``ρ`` the :func:`pipe_time_ratios`
+    of the cycle columns a row uses (non-zero), 1 (a fixed time) and the clock ratio (a fixed number of cycles). The
+    sibling's rows are ``sibling_rows`` (features, descriptors: :func:`die_rows`) where the caller has them, else
+    :func:`die_inputs`'."""
+    operator = get_operator(op)
+    features = np.asarray(features, dtype=np.float64)
+    virtual_features, virtual_described = (die_inputs(op, features, described, hw, sibling) if sibling_rows is None
+                                           else sibling_rows)
+    ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
+    virtual_ideal = operator.ideal_cycles(virtual_features.astype(np.float32)).astype(np.float64)
+    sibling_us = virtual_ideal / (sibling_efficiency(virtual_features, virtual_described) * sibling.sm_freq)
+    fixed = np.array([1.0, sibling.sm_freq / hw.sm_freq])
+    low = np.full(len(features), fixed.min())
+    high = np.full(len(features), fixed.max())
+    ratios = pipe_time_ratios(op, hw, sibling)
+    for rows, names in ((features, operator.feature_names), (described, operator.descriptor_names)):
+        if rows is None:
+            continue
+        for i, name in enumerate(names):
+            if name in ratios:
+                used = np.asarray(rows)[:, i] > 0
+                low = np.where(used, np.minimum(low, ratios[name]), low)
+                high = np.where(used, np.maximum(high, ratios[name]), high)
+    # efficiency = ideal / (t × f): the longest time gives the lowest efficiency
+    return ideal / (high * sibling_us * hw.sm_freq), ideal / (low * sibling_us * hw.sm_freq)
+
+
+def die_note(what: str, gpu: str, sibling: str) -> str:
+    """The line the command-line tools print where :func:`die_band` applies (``what``: an operator or category)."""
+    return (f"Note: {what} on {gpu} is kept within the pipe-rate ratios of the same kernels on {sibling} (trained, "
+            f"same SM design and SM count; docs/METHOD.md §4.3)")
