@@ -193,7 +193,9 @@ def die_rows(op: str, features: np.ndarray, described: np.ndarray | None, hw: Ha
     capability and SM count: where the descriptors hold the whole shape (GEMM, FP8 GEMM, RMSNorm, SiLU*Mul), the
     features of the sibling's own kernels of it, since a library picks its kernels by SM design and SM count, which
     the two share (the GEMM tile rule, which also weighs the rates, picked other tiles for an H100 with 30 % more L2
-    bandwidth); else, and for the descriptors (shape, rates and a harness input, kept), :func:`die_inputs`."""
+    bandwidth); else, and for the descriptors (shape, rates and a harness input, kept), :func:`die_inputs`. A row
+    whose kernel was given rather than picked (GEMM tile columns, which override the tile rule row by row: its
+    features are not the rule's on ``hw``) is that kernel on the sibling, :func:`die_inputs`' row."""
     operator = get_operator(op)
     virtual_features, virtual_described = die_inputs(op, features, described, hw, sibling)
     names = [f"shape_{column}" for column in operator.shape_columns]
@@ -201,7 +203,12 @@ def die_rows(op: str, features: np.ndarray, described: np.ndarray | None, hw: Ha
         return virtual_features, virtual_described
     shape = {column: np.rint(np.asarray(described)[:, operator.descriptor_names.index(name)]).astype(np.int64)
              for column, name in zip(operator.shape_columns, names)}
-    return operator.features(shape, sibling), virtual_described
+    own = operator.features(shape, sibling)
+    if operator.optional_columns:  # the kernel may have been given: only the rule's own rows take the sibling's rule
+        picked = np.all(np.isclose(np.asarray(features, dtype=np.float64), operator.features(shape, hw), rtol=1e-9,
+                                   atol=0.0), axis=1)
+        own = np.where(picked[:, None], own, virtual_features)
+    return own, virtual_described
 
 
 def die_band(op: str, features: np.ndarray, described: np.ndarray | None, hw: HardwareSpec, sibling: HardwareSpec,
