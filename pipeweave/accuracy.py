@@ -405,8 +405,10 @@ def band_binding(op: str, predictor: KernelPredictor, dataset_dir: Path) -> dict
         raw = predictor.unbounded_efficiency(op, pipes, described, hw)
         _, side = clip_efficiency(op, raw, pipes, described, hw.sm_freq, l2=l2_cycles(hw))
         sibling = None
-        if predictor.sibling_scale(op, hw) is not None:
-            sibling = float(np.mean(raw != predictor.efficiency_from_features(op, pipes, described, hw.sm_freq)) * 100)
+        if predictor.sibling_scale(op, hw) is not None:  # the tensor-rate band alone, not the same-die bound after it
+            banded = predictor._untuned(op, pipes, described, hw)[0]
+            sibling = float(np.mean(banded != predictor.efficiency_from_features(op, pipes, described, hw.sm_freq))
+                            * 100)
         out[hw.name] = (float(np.mean(side < 0) * 100), float(np.mean(side > 0) * 100), sibling)
     return out
 
@@ -433,7 +435,8 @@ def render_band(binding: dict, trained: dict) -> str:
         "shipped MLP's, or on a GPU outside its training the bandwidth model's for RMSNorm and SiLU*Mul)",
         "fell below the floor / above the ceiling, on every GPU spec we ship; `*` = a GPU in that model's training;",
         "`(s x)`: on a GPU outside training with a trained sibling of its compute capability at another tensor",
-        "rate, the % of shapes whose MLP efficiency the sibling's band moved first (`pipeweave.siblings`).",
+        "rate, the % of shapes whose MLP efficiency the sibling's band moved first (`pipeweave.siblings`; not",
+        "counting the bound of a trained GPU of the same die, applied after it and before the band).",
         "",
         "| GPU | " + " | ".join(ops) + " |",
         "|---|" + "---|" * len(ops),
