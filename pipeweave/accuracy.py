@@ -228,7 +228,7 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
     train, test, predicted, history = logo_predictions(op, gpu, dataset_dir, cache, log=log)
     if band is None:
         band = other_gpus_band(op, dataset_dir, [gpu])
-    operator, efficiency = get_operator(op), None
+    operator, efficiency, model_at = get_operator(op), None, None
     if operator.tensor_rate and train["hardware"].nunique() > 1:  # the MLP is used (as_predicted)
         model = logo_mlp(op, gpu, cache, train)
         predicted = model.within_edges(test[model.features].to_numpy(np.float64), predicted,
@@ -238,8 +238,7 @@ def logo_as_predicted(op: str, gpu: str, dataset_dir: Path, cache: Path = DEFAUL
         def model_at(sm_freq: float) -> ModelEfficiency:  # on a trained GPU of the held-out GPU's die
             return model_efficiency(op, model, sm_freq)
 
-        return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency, model_at), history
-    return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency), history
+    return test, as_predicted(op, train, test, predicted, logo_config(), band, efficiency, model_at), history
 
 
 def logo_results(op: str, dataset_dir: Path, log=print) -> dict:
