@@ -88,6 +88,13 @@ def virtual_inputs(op: str, features: np.ndarray, described: np.ndarray | None, 
                    ) -> tuple[np.ndarray, np.ndarray | None]:
     """(features, descriptors) of the same kernels at a tensor rate 1 / ``scale`` times the target's (the
     tensor-cycle columns times ``scale``)."""
+    return _scaled_columns(op, features, described, lambda name: scale if name in TENSOR_RATE_COLUMNS else None)
+
+
+def _scaled_columns(op: str, features: np.ndarray, described: np.ndarray | None,
+                    factor: Callable[[str], float | None]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Copies of ``op``'s feature and descriptor rows with each column multiplied by ``factor(its name)``, those
+    whose factor is None kept."""
     operator = get_operator(op)
 
     def scaled(rows: np.ndarray | None, names: tuple[str, ...]) -> np.ndarray | None:
@@ -95,8 +102,8 @@ def virtual_inputs(op: str, features: np.ndarray, described: np.ndarray | None, 
             return None
         rows = np.array(rows, dtype=np.float64)
         for i, name in enumerate(names):
-            if name in TENSOR_RATE_COLUMNS:
-                rows[:, i] *= scale
+            if factor(name) is not None:
+                rows[:, i] *= factor(name)
         return rows
 
     return scaled(features, operator.feature_names), scaled(described, operator.descriptor_names)
@@ -171,20 +178,13 @@ def die_inputs(op: str, features: np.ndarray, described: np.ndarray | None, hw: 
     """(features, descriptors) of the same kernels (tiles, CTAs, bytes) as ``hw``'s rows on ``sibling``, a GPU of
     the same SM count: each cycle column times ``hw``'s rate over the sibling's, and for a rate per second (a
     bandwidth) times the sibling's clock over ``hw``'s."""
-    operator = get_operator(op)
-
-    def scaled(rows: np.ndarray | None, names: tuple[str, ...]) -> np.ndarray | None:
-        if rows is None:
+    def factor(name: str) -> float | None:
+        if name not in PIPE_RATE_COLUMNS:
             return None
-        rows = np.array(rows, dtype=np.float64)
-        for i, name in enumerate(names):
-            if name in PIPE_RATE_COLUMNS:
-                rate, per_second = PIPE_RATE_COLUMNS[name]
-                rows[:, i] *= _rate(op, hw, rate) / _rate(op, sibling, rate) * (
-                    sibling.sm_freq / hw.sm_freq if per_second else 1.0)
-        return rows
+        rate, per_second = PIPE_RATE_COLUMNS[name]
+        return _rate(op, hw, rate) / _rate(op, sibling, rate) * (sibling.sm_freq / hw.sm_freq if per_second else 1.0)
 
-    return scaled(features, operator.feature_names), scaled(described, operator.descriptor_names)
+    return _scaled_columns(op, features, described, factor)
 
 
 def die_rows(op: str, features: np.ndarray, described: np.ndarray | None, hw: HardwareSpec, sibling: HardwareSpec
