@@ -251,12 +251,8 @@ class KernelPredictor:
 
     def trained_on(self, op: str) -> frozenset:
         """Names of the GPUs in the model's training data (``data_info.train_hardware_distribution``; for an
-        operator with a stored bandwidth fit, the GPUs it was fitted on)."""
-        stored = stored_bandwidth_fit(op)
-        if stored is not None:
-            return frozenset(stored["fitted_on"]) - set(self.respecified)
-        _, metadata, _ = self.model(op)
-        return frozenset(metadata.get("data_info", {}).get("train_hardware_distribution", {})) - set(self.respecified)
+        operator with a stored bandwidth fit, the GPUs it was fitted on), less those this folder respecifies."""
+        return self._training_names(op) - set(self.respecified)
 
     def respecified_warning(self, hw) -> str | None:
         """The WARNING for a GPU :attr:`respecified` (None for any other)."""
@@ -463,7 +459,8 @@ class KernelPredictor:
         return specs
 
     def _training_names(self, op: str) -> frozenset:
-        """Names of the GPUs ``op``'s model was trained on, those this folder respecifies included."""
+        """Names of the GPUs ``op``'s model was trained on (``data_info.train_hardware_distribution``; for an
+        operator with a stored bandwidth fit, the GPUs it was fitted on), those this folder respecifies included."""
         stored = stored_bandwidth_fit(op)
         if stored is not None:
             return frozenset(stored["fitted_on"])

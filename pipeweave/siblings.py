@@ -102,8 +102,8 @@ def _scaled_columns(op: str, features: np.ndarray, described: np.ndarray | None,
             return None
         rows = np.array(rows, dtype=np.float64)
         for i, name in enumerate(names):
-            if factor(name) is not None:
-                rows[:, i] *= factor(name)
+            if (multiplier := factor(name)) is not None:
+                rows[:, i] *= multiplier
         return rows
 
     return scaled(features, operator.feature_names), scaled(described, operator.descriptor_names)
@@ -177,14 +177,10 @@ def die_inputs(op: str, features: np.ndarray, described: np.ndarray | None, hw: 
                sibling: HardwareSpec) -> tuple[np.ndarray, np.ndarray | None]:
     """(features, descriptors) of the same kernels (tiles, CTAs, bytes) as ``hw``'s rows on ``sibling``, a GPU of
     the same SM count: each cycle column times ``hw``'s rate over the sibling's, and for a rate per second (a
-    bandwidth) times the sibling's clock over ``hw``'s."""
-    def factor(name: str) -> float | None:
-        if name not in PIPE_RATE_COLUMNS:
-            return None
-        rate, per_second = PIPE_RATE_COLUMNS[name]
-        return _rate(op, hw, rate) / _rate(op, sibling, rate) * (sibling.sm_freq / hw.sm_freq if per_second else 1.0)
-
-    return _scaled_columns(op, features, described, factor)
+    bandwidth) times the sibling's clock over ``hw``'s: the sibling's clock over ``hw``'s, over the column's
+    :func:`pipe_time_ratios` (cycles are time × clock)."""
+    ratios, clock = pipe_time_ratios(op, hw, sibling), sibling.sm_freq / hw.sm_freq
+    return _scaled_columns(op, features, described, lambda name: clock / ratios[name] if name in ratios else None)
 
 
 def die_rows(op: str, features: np.ndarray, described: np.ndarray | None, hw: HardwareSpec, sibling: HardwareSpec
