@@ -235,6 +235,58 @@ def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.D
     return out.sort_values(["hardware", *columns[:7]], kind="mergesort").reset_index(drop=True)
 
 
+def _times_triton_moe(path: Path) -> bool:
+    table = read_parquet(path, ["kernel_source", "moe_dtype"])
+    return bool((table["kernel_source"].isin(AIC_MOE_KERNELS) & (table["moe_dtype"] == "bfloat16")).any())
+
+
+def _older_triton_moe_version(root: Path, system: str, pinned: str) -> str | None:
+    """The newest vLLM version below ``pinned`` whose fused-MoE table of ``system`` times BF16 Triton fused-MoE
+    layers, where the pinned version's table times none (None otherwise)."""
+    base = root / system / "moe" / AIC_FRAMEWORK
+    pinned_path = base / pinned / "moe_perf.parquet"
+    if not pinned_path.is_file() or _times_triton_moe(pinned_path) or not base.is_dir():
+        return None
+    older = sorted((p.name for p in base.iterdir()
+                    if (p / "moe_perf.parquet").is_file() and version_key(p.name) < version_key(pinned)),
+                   key=version_key, reverse=True)
+    return next((version for version in older if _times_triton_moe(base / version / "moe_perf.parquet")), None)
+
+
+def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
+    """Fused-MoE layers of the GPUs whose pinned vLLM table times no Triton fused-MoE layer (the Blackwell systems'
+    0.24 tables time FlashInfer's experts) but an older table of theirs does: b200_sxm's vLLM 0.22. The dataset
+    reads the pinned tables alone, so no model is trained on these (trained on, they made the MoE model transfer
+    worse to the other GPUs: README, "Zero-shot transfer"); they score the shipped MoE model on a GPU and an
+    architecture outside its training data (:func:`pipeweave.moe.unseen_gpu_errors`).
+    Columns: the MoE shape columns (``weight_type`` ``layer``), ``hardware``, ``avg_duration`` (µs) and ``source``,
+    balanced routing without expert parallelism as in the dataset. Empty without the package."""
+    root = root or aiconfigurator_data_dir()
+    registry = hardware_registry()
+    frames = []
+    if root is not None:
+        versions = _aic_query_versions(root)
+        for system in aiconfigurator_systems():
+            if not (root / system).is_dir():
+                continue
+            older = _older_triton_moe_version(root, system, versions.get(system, versions["default"]))
+            found = older and _aic_moe_rows(root, system, older, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=False)
+            if found and not found[0].empty:
+                df, source = found
+                frames.append(pd.DataFrame({
+                    "weight_type": "layer", "M": df["num_tokens"], "E": df["num_experts"], "topk": df["topk"],
+                    "H": df["hidden_size"], "N": df["inter_size"] // df["moe_tp_size"],
+                    "hardware": df["device"].map(lambda name: registry.get(name).name),
+                    "avg_duration": df["latency"] * 1000.0, "source": source}))
+    columns = ["weight_type", "M", "E", "topk", "H", "N", "hardware", "avg_duration", "source"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    out = pd.concat(frames, ignore_index=True)
+    for column in ("M", "E", "topk", "H", "N"):
+        out[column] = out[column].astype("int64")
+    return out.sort_values(["hardware", "M", "E", "topk", "H", "N"], kind="mergesort").reset_index(drop=True)
+
+
 def quantize_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     """aiconfigurator-core's vLLM BF16 -> FP8 activation quantisation kernels (``quantize/vllm/<v>``): per GPU and
     (m tokens, k width) the dynamic per-token pass, its ``scale_matrix_perf`` (``static_scaled_fp8_quant``) plus

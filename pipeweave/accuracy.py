@@ -31,7 +31,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import REFERENCE_HARNESS, get_operator, operator_keys, source_family
-from dataset.aiconfigurator import expert_parallel_moe_rows
+from dataset.aiconfigurator import expert_parallel_moe_rows, unseen_moe_rows
 from pipeweave import memory_model
 from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LATENCY_BOUND_ROOF_US, MIN_BIN_ROWS, SIZE_EDGES,
                               clip_efficiency, frame_band_table, frame_l2_cycles, l2_cycles, regime_efficiency)
@@ -46,7 +46,8 @@ from pipeweave.modeling import (cap_rows_per_gpu, dataset_paths, duration_errors
                                 hold_out, input_names, input_transform, load_splits, network_inputs, read_dataset,
                                 train_and_evaluate)
 from pipeweave.paths import DATASET_DIR, DOCS_DIR, REPO_ROOT
-from pipeweave.moe import expert_parallel_errors, pass_choice_errors, render_expert_parallel, render_pass_choice
+from pipeweave.moe import (expert_parallel_errors, pass_choice_errors, render_expert_parallel, render_pass_choice,
+                           render_unseen_gpu, unseen_gpu_errors)
 from pipeweave.predictor import (BEYOND_SHARES, DEFAULT_MODEL_DIR, EXTRAPOLATION_BITS, KernelPredictor,
                                  coverage_codes, disagreement_codes, training_coverage)
 from pipeweave.siblings import ModelEfficiency, die_band, die_rows, die_sibling, sibling_band, sibling_scale
@@ -759,6 +760,10 @@ def main(argv=None) -> int:
         expert_parallel = expert_parallel_moe_rows(log=lambda line: None)
         if not expert_parallel.empty:
             notes["moe"] += render_expert_parallel(expert_parallel_errors(expert_parallel, predictor))
+        unseen = unseen_moe_rows(log=lambda line: None)
+        if not unseen.empty:
+            tables = sorted(unseen["source"].str.replace("aiconfigurator-core ", "", regex=False).unique())
+            notes["moe"] += render_unseen_gpu(unseen_gpu_errors(unseen, args.model_dir), tables)
     text = render(results, logo, artifact_figures(existing_shared_data_dir()), notes)
     text = keep_marked_sections(text, args.output)  # e.g. the k-shot section (pipeweave.calibration_eval)
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))

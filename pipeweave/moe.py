@@ -236,6 +236,73 @@ def render_expert_parallel(table: pd.DataFrame) -> list[str]:
     return lines
 
 
+#: token ranges of the unseen-GPU table: decode-sized, mid, prefill-sized layers (tokens entering the layer)
+UNSEEN_TOKEN_RANGES = ((1, 64), (64, 1024), (1024, None))
+
+
+def unseen_gpu_errors(rows: pd.DataFrame, model_dir) -> pd.DataFrame:
+    """Per GPU of ``rows`` (:func:`dataset.aiconfigurator.unseen_moe_rows`: layers of GPUs outside the MoE model's
+    training data), the shipped model's predictions as a user gets them (:func:`pipeweave.predict_kernels`, with
+    the models of ``model_dir``): n, mean and median duration error (%), the median signed error (predicted /
+    measured - 1), the worst factor either way, the share of rows carrying an extrapolation flag, the share inside
+    the 80 % interval, the mean error per :data:`UNSEEN_TOKEN_RANGES`, and the mean error of the roofline (the
+    sum of the passes' :func:`pass_roofline_cycles`)."""
+    import pandas as pd
+
+    from analytical_model.hardware import hardware_registry
+    from pipeweave.api import predict_kernels
+
+    out = []
+    for gpu, group in rows.groupby("hardware", sort=True):
+        shapes = {column: group[column].tolist() for column in ("weight_type", "M", "E", "topk", "H", "N")}
+        us, low, high, flags = predict_kernels("moe", shapes, gpu, model_dir=model_dir, interval=True,
+                                               extrapolation=True)
+        measured = group["avg_duration"].to_numpy(np.float64)
+        error = np.abs(us / measured - 1) * 100
+        tokens = group["M"].to_numpy(np.int64)
+        hw = hardware_registry().get(gpu)
+        roofline_us = sum(pass_roofline_cycles(*(group[c] for c in ("M", "E", "topk", "H", "N")), hw)) / hw.sm_freq
+        out.append({"GPU": gpu, "n": len(group), "mean": error.mean(), "median": float(np.median(error)),
+                    "signed": float(np.median(us / measured - 1) * 100),
+                    "worst": float(np.max(np.maximum(us / measured, measured / us))),
+                    "flagged": float(np.mean([flag != "" for flag in flags]) * 100),
+                    "covered": float(np.mean((measured >= low) & (measured <= high)) * 100),
+                    **{f"tokens_{first}": error[(tokens >= first) & (tokens < (last or np.inf))].mean()
+                       for first, last in UNSEEN_TOKEN_RANGES},
+                    "roofline": float(np.mean(np.abs(roofline_us / measured - 1)) * 100)})
+    return pd.DataFrame(out)
+
+
+def render_unseen_gpu(table: pd.DataFrame, tables: list[str]) -> list[str]:
+    """Markdown lines of the unseen-GPU section of docs/ACCURACY.md (``tables``: the aiconfigurator-core tables
+    read)."""
+    ranges = " / ".join(f"{first}–{last - 1}" if last else f"≥ {first}" for first, last in UNSEEN_TOKEN_RANGES)
+    lines = [
+        "### moe: a GPU and architecture outside the training data",
+        "",
+        "Scored on fused-MoE layers the dataset leaves out: B200's Triton fused-MoE layers (vLLM, BF16, balanced",
+        "routing, no expert parallelism) from an older aiconfigurator-core table, since the one of the vLLM version",
+        f"pipeweave pins for it times FlashInfer's experts (docs/DATA.md; {', '.join(tables)}). No model was",
+        "trained on them or on any GPU of their architecture: the shipped model's predictions as `predict_kernels.py`",
+        "gives them.",
+        "Cells: duration error in % (mean / median), the median signed error (< 0: predicted too fast), the worst",
+        "factor either way, the share of rows that carry an extrapolation flag and the share inside the predicted 80 %",
+        f"interval, the mean error by the tokens entering the layer ({ranges}), and the mean error of the roofline",
+        "(the w13 and w2 passes' rooflines summed: the split's, above) on the same rows.",
+        "",
+        f"| GPU | n | error | signed | worst factor | flagged | inside the 80 % interval | tokens {ranges} | "
+        "roofline |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in table.itertuples():
+        by_tokens = " / ".join(f"{getattr(row, f'tokens_{first}'):.1f}" for first, _ in UNSEEN_TOKEN_RANGES)
+        lines.append(f"| {row.GPU} | {row.n} | {row.mean:.1f} / {row.median:.1f} | {row.signed:+.1f} | "
+                     f"{row.worst:.2f}x | {row.flagged:.0f} % | {row.covered:.0f} % | {by_tokens} | "
+                     f"{row.roofline:.1f} |")
+    lines.append("")
+    return lines
+
+
 def pass_roofline_cycles(m, experts, top_k, hidden, inter, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
     """Roofline cycles, max(FLOPs at the BF16 tensor peak, bytes at the DRAM bandwidth), of the w13 and w2 pass.
 
