@@ -195,12 +195,15 @@ def _aic_moe(root: Path, system: str, version: str, log: Log, distributions: tup
     found = _aic_moe_rows(root, system, version, log, distributions, expert_parallel=False)
     if found is None or found[0].empty:
         return None
-    df, source = found
-    frame = pd.DataFrame({"weight_type": "layer", "M": df["num_tokens"], "E": df["num_experts"], "topk": df["topk"],
-                          "H": df["hidden_size"], "N": df["inter_size"] // df["moe_tp_size"],
-                          "hardware": df["device"], "dtype": "bfloat16", "avg_duration": df["latency"] * 1000.0,
-                          "source": source})
-    return finalize("moe", frame, log, f"aiconfigurator {system}")
+    return finalize("moe", _moe_layer_frame(*found).assign(dtype="bfloat16"), log, f"aiconfigurator {system}")
+
+
+def _moe_layer_frame(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Rows of a fused-MoE table (:func:`_aic_moe_rows`) as whole layers in the dataset's MoE shape columns, with the
+    table's device name as ``hardware``, the latency in µs and the source."""
+    return pd.DataFrame({"weight_type": "layer", "M": df["num_tokens"], "E": df["num_experts"], "topk": df["topk"],
+                         "H": df["hidden_size"], "N": df["inter_size"] // df["moe_tp_size"], "hardware": df["device"],
+                         "avg_duration": df["latency"] * 1000.0, "source": source})
 
 
 def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
@@ -272,12 +275,8 @@ def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
             older = _older_triton_moe_version(root, system, versions.get(system, versions["default"]))
             found = older and _aic_moe_rows(root, system, older, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=False)
             if found and not found[0].empty:
-                df, source = found
-                frames.append(pd.DataFrame({
-                    "weight_type": "layer", "M": df["num_tokens"], "E": df["num_experts"], "topk": df["topk"],
-                    "H": df["hidden_size"], "N": df["inter_size"] // df["moe_tp_size"],
-                    "hardware": df["device"].map(lambda name: registry.get(name).name),
-                    "avg_duration": df["latency"] * 1000.0, "source": source}))
+                frame = _moe_layer_frame(*found)
+                frames.append(frame.assign(hardware=frame["hardware"].map(lambda name: registry.get(name).name)))
     columns = ["weight_type", "M", "E", "topk", "H", "N", "hardware", "avg_duration", "source"]
     if not frames:
         return pd.DataFrame(columns=columns)
