@@ -256,14 +256,25 @@ def _older_triton_moe_version(root: Path, system: str, pinned: str) -> str | Non
     return next((version for version in older if _times_triton_moe(base / version / "moe_perf.parquet")), None)
 
 
+#: the routing of the layers that stand in for balanced ones on a GPU whose table has no balanced layer (a100_sxm):
+#: the mildest skew the tables have; on the GPUs that measured both, its layers take 0.96-0.99x the balanced ones'
+#: time at the median (:func:`routing_proxy_errors` gives the spread)
+ROUTING_PROXY = "power_law_1.01"
+
+
 def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
-    """Fused-MoE layers of the GPUs whose pinned vLLM table times no Triton fused-MoE layer (the Blackwell systems'
-    0.24 tables time FlashInfer's experts) but an older table of theirs does: b200_sxm's vLLM 0.22. The dataset
-    reads the pinned tables alone, so no model is trained on these (trained on, they made the MoE model transfer
-    worse to the other GPUs: README, "Zero-shot transfer"); they score the shipped MoE model on a GPU and an
-    architecture outside its training data (:func:`pipeweave.moe.unseen_gpu_errors`).
-    Columns: the MoE shape columns (``weight_type`` ``layer``), ``hardware``, ``avg_duration`` (µs) and ``source``,
-    balanced routing without expert parallelism as in the dataset. Empty without the package."""
+    """Fused-MoE layers of GPUs the dataset has none of, which score the shipped MoE model on a GPU and an
+    architecture outside its training data (:func:`pipeweave.moe.unseen_gpu_errors`):
+
+    * where the pinned vLLM table times no Triton fused-MoE layer (the Blackwell systems' 0.24 tables time
+      FlashInfer's experts) but an older table of the system does, that table's balanced layers (b200_sxm: vLLM
+      0.22). The dataset reads the pinned tables alone, so no model is trained on them (trained on, they made the MoE
+      model transfer worse to the other GPUs: README, "Tried for MoE, not shipped");
+    * where the pinned table times Triton layers but none with balanced routing, its :data:`ROUTING_PROXY` layers
+      (a100_sxm, vLLM 0.14).
+
+    Columns: the MoE shape columns (``weight_type`` ``layer``), ``hardware``, ``avg_duration`` (µs), ``source`` and
+    ``routing``; no expert parallelism, as in the dataset. Empty without the package."""
     root = root or aiconfigurator_data_dir()
     registry = hardware_registry()
     frames = []
@@ -272,18 +283,50 @@ def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
         for system in aiconfigurator_systems():
             if not (root / system).is_dir():
                 continue
-            older = _older_triton_moe_version(root, system, versions.get(system, versions["default"]))
-            found = older and _aic_moe_rows(root, system, older, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=False)
+            pinned = versions.get(system, versions["default"])
+            older = _older_triton_moe_version(root, system, pinned)
+            found, routing = None, AIC_MOE_DISTRIBUTIONS[0]
+            if older:
+                found = _aic_moe_rows(root, system, older, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=False)
+            elif (pinned_rows := _aic_moe_rows(root, system, pinned, lambda line: None, AIC_MOE_DISTRIBUTIONS,
+                                               expert_parallel=False)) is not None and pinned_rows[0].empty:
+                found, routing = _aic_moe_rows(root, system, pinned, log, (ROUTING_PROXY,), False), ROUTING_PROXY
             if found and not found[0].empty:
                 frame = _moe_layer_frame(*found)
-                frames.append(frame.assign(hardware=frame["hardware"].map(lambda name: registry.get(name).name)))
-    columns = ["weight_type", "M", "E", "topk", "H", "N", "hardware", "avg_duration", "source"]
+                frames.append(frame.assign(hardware=frame["hardware"].map(lambda name: registry.get(name).name),
+                                           routing=routing))
+    columns = ["weight_type", "M", "E", "topk", "H", "N", "hardware", "avg_duration", "source", "routing"]
     if not frames:
         return pd.DataFrame(columns=columns)
     out = pd.concat(frames, ignore_index=True)
     for column in ("M", "E", "topk", "H", "N"):
         out[column] = out[column].astype("int64")
     return out.sort_values(["hardware", "M", "E", "topk", "H", "N"], kind="mergesort").reset_index(drop=True)
+
+
+def routing_proxy_errors(root: Path | None = None) -> dict[str, float]:
+    """Per GPU whose pinned fused-MoE table times both routings without expert parallelism, the mean |balanced /
+    :data:`ROUTING_PROXY` - 1| (%) over their common layers: the error a prediction that were exact for balanced
+    routing would have on proxy-routed layers. Empty without the package."""
+    root = root or aiconfigurator_data_dir()
+    out = {}
+    if root is None:
+        return out
+    registry, versions = hardware_registry(), _aic_query_versions(root)
+    keys = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]
+    for system in aiconfigurator_systems():
+        if not (root / system).is_dir():
+            continue
+        found = _aic_moe_rows(root, system, versions.get(system, versions["default"]), lambda line: None,
+                              (AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY), expert_parallel=False)
+        if not found or found[0].empty:
+            continue
+        by_routing = found[0].groupby(keys + ["distribution"])["latency"].median().unstack("distribution")
+        if set(by_routing.columns) >= {AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY}:
+            ratio = (by_routing[AIC_MOE_DISTRIBUTIONS[0]] / by_routing[ROUTING_PROXY]).dropna()
+            if len(ratio):
+                out[registry.get(found[0]["device"].iloc[0]).name] = float(np.mean(np.abs(ratio - 1)) * 100)
+    return out
 
 
 def quantize_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:

@@ -31,7 +31,7 @@ import pandas as pd
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import REFERENCE_HARNESS, get_operator, operator_keys, source_family
-from dataset.aiconfigurator import expert_parallel_moe_rows, unseen_moe_rows
+from dataset.aiconfigurator import expert_parallel_moe_rows, routing_proxy_errors, unseen_moe_rows
 from pipeweave import memory_model
 from pipeweave.bounds import (FLOOR_PERCENTILE, INTENSITY_EDGES, LATENCY_BOUND_ROOF_US, MIN_BIN_ROWS, SIZE_EDGES,
                               clip_efficiency, frame_band_table, frame_l2_cycles, l2_cycles, regime_efficiency)
@@ -763,7 +763,8 @@ def main(argv=None) -> int:
         unseen = unseen_moe_rows(log=lambda line: None)
         if not unseen.empty:
             tables = sorted(unseen["source"].str.replace("aiconfigurator-core ", "", regex=False).unique())
-            notes["moe"] += render_unseen_gpu(unseen_gpu_errors(unseen, args.model_dir), tables)
+            notes["moe"] += render_unseen_gpu(unseen_gpu_errors(unseen, args.model_dir), tables,
+                                              routing_proxy_errors())
     text = render(results, logo, artifact_figures(existing_shared_data_dir()), notes)
     text = keep_marked_sections(text, args.output)  # e.g. the k-shot section (pipeweave.calibration_eval)
     write_atomically(args.output, lambda tmp: tmp.write_text(text + "\n"))

@@ -253,7 +253,7 @@ def unseen_gpu_errors(rows: pd.DataFrame, model_dir) -> pd.DataFrame:
     from pipeweave.api import predict_kernels
 
     out = []
-    for gpu, group in rows.groupby("hardware", sort=True):
+    for (gpu, routing), group in rows.groupby(["hardware", "routing"], sort=True):
         shapes = {column: group[column].tolist() for column in ("weight_type", "M", "E", "topk", "H", "N")}
         us, low, high, flags = predict_kernels("moe", shapes, gpu, model_dir=model_dir, interval=True,
                                                extrapolation=True)
@@ -262,7 +262,8 @@ def unseen_gpu_errors(rows: pd.DataFrame, model_dir) -> pd.DataFrame:
         tokens = group["M"].to_numpy(np.int64)
         hw = hardware_registry().get(gpu)
         roofline_us = sum(pass_roofline_cycles(*(group[c] for c in ("M", "E", "topk", "H", "N")), hw)) / hw.sm_freq
-        out.append({"GPU": gpu, "n": len(group), "mean": error.mean(), "median": float(np.median(error)),
+        out.append({"GPU": gpu, "routing": routing, "n": len(group), "mean": error.mean(),
+                    "median": float(np.median(error)),
                     "signed": float(np.median(us / measured - 1) * 100),
                     "worst": float(np.max(np.maximum(us / measured, measured / us))),
                     "flagged": float(np.mean([flag != "" for flag in flags]) * 100),
@@ -273,30 +274,35 @@ def unseen_gpu_errors(rows: pd.DataFrame, model_dir) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def render_unseen_gpu(table: pd.DataFrame, tables: list[str]) -> list[str]:
+def render_unseen_gpu(table: pd.DataFrame, tables: list[str], routing_floor: dict[str, float]) -> list[str]:
     """Markdown lines of the unseen-GPU section of docs/ACCURACY.md (``tables``: the aiconfigurator-core tables
-    read)."""
+    read; ``routing_floor``: :func:`dataset.aiconfigurator.routing_proxy_errors`)."""
+    from dataset.aiconfigurator import ROUTING_PROXY
+
     ranges = " / ".join(f"{first}–{last - 1}" if last else f"≥ {first}" for first, last in UNSEEN_TOKEN_RANGES)
+    floor = ", ".join(f"{gpu.replace('NVIDIA ', '')} {value:.1f} %" for gpu, value in sorted(routing_floor.items()))
     lines = [
-        "### moe: a GPU and architecture outside the training data",
+        "### moe: GPUs and architectures outside the training data",
         "",
-        "Scored on fused-MoE layers the dataset leaves out: Triton fused-MoE layers (vLLM, BF16, balanced routing, no",
-        "expert parallelism) of GPUs whose table of the vLLM version pipeweave pins times FlashInfer's experts",
-        f"instead, from an older aiconfigurator-core table of theirs (docs/DATA.md; {', '.join(tables)}). No model",
-        "was trained on them or on any GPU of their architecture: the shipped model's predictions as",
-        "`predict_kernels.py` gives them.",
+        "Scored on Triton fused-MoE layers (vLLM, BF16, no expert parallelism) of GPUs the dataset has none of",
+        f"(docs/DATA.md; {', '.join(tables)}): balanced layers from an older table of a GPU whose table of the vLLM",
+        "version pipeweave pins times FlashInfer's experts instead, and, on a GPU whose table has no balanced layer,",
+        f"its `{ROUTING_PROXY}` layers against the balanced prediction (the routing's own share of the error: a",
+        f"balanced layer's measured time is this far from the `{ROUTING_PROXY}` one of the same shape on the GPUs",
+        f"that measured both: {floor or '—'}). No model was trained on them or on any GPU of their architecture: the",
+        "shipped model's predictions as `predict_kernels.py` gives them.",
         "Cells: duration error in % (mean / median), the median signed error (< 0: predicted too fast), the worst",
         "factor either way, the share of rows that carry an extrapolation flag and the share inside the predicted 80 %",
         f"interval, the mean error by the tokens entering the layer ({ranges}), and the mean error of the roofline",
         "(the w13 and w2 passes' rooflines summed: the split's, above) on the same rows.",
         "",
-        f"| GPU | n | error | signed | worst factor | flagged | inside the 80 % interval | tokens {ranges} | "
+        f"| GPU | routing | n | error | signed | worst factor | flagged | inside the 80 % interval | tokens {ranges} | "
         "roofline |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table.itertuples():
         by_tokens = " / ".join(f"{getattr(row, f'tokens_{first}'):.1f}" for first, _ in UNSEEN_TOKEN_RANGES)
-        lines.append(f"| {row.GPU} | {row.n} | {row.mean:.1f} / {row.median:.1f} | {row.signed:+.1f} | "
+        lines.append(f"| {row.GPU} | {row.routing} | {row.n} | {row.mean:.1f} / {row.median:.1f} | {row.signed:+.1f} | "
                      f"{row.worst:.2f}x | {row.flagged:.0f} % | {row.covered:.0f} % | {by_tokens} | "
                      f"{row.roofline:.1f} |")
     lines.append("")

@@ -103,25 +103,33 @@ def test_expert_parallel_ranks_are_described_as_measured():
 
 
 @pytest.mark.data
-def test_a_gpu_outside_the_moe_training_data_is_flagged_and_inside_its_interval(built_datasets):
-    """B200's Triton fused-MoE layers (its older vLLM table; the dataset leaves them out) score the shipped model on an
-    architecture it never saw: every row flagged, at least 80 % inside the 80 % interval, the duration closer than
-    the roofline's, and the committed docs/ACCURACY.md row is what the current models give."""
-    from dataset.aiconfigurator import unseen_moe_rows
+def test_gpus_outside_the_moe_training_data_are_flagged_and_scored(built_datasets):
+    """GPUs with no MoE layer in the dataset score the shipped model on architectures it never saw: B200's balanced
+    layers (its older vLLM table) and A100's power-law ones (its table has no balanced layer). Every row flagged,
+    the duration closer than the roofline's, B200's balanced layers at least 80 % inside the 80 % interval (A100's
+    carry the routing's own spread as well), and the committed docs/ACCURACY.md rows are what the current models
+    give."""
+    from dataset.aiconfigurator import ROUTING_PROXY, routing_proxy_errors, unseen_moe_rows
     from pipeweave.moe import render_unseen_gpu, unseen_gpu_errors
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
     rows = unseen_moe_rows(log=lambda line: None)
     if rows.empty:
-        pytest.skip("aiconfigurator-core (its older B200 fused-MoE table) is not installed")
+        pytest.skip("aiconfigurator-core (its B200 and A100 fused-MoE tables) is not installed")
     trained = set(pd.read_csv(DATASET_DIR / "moe_train.csv", usecols=["hardware"])["hardware"])
-    assert set(rows["hardware"]) == {"NVIDIA B200"} and not set(rows["hardware"]) & trained
-    assert rows["source"].str.contains("/moe/vllm/0.22.0/").all()
-    table = unseen_gpu_errors(rows, DEFAULT_MODEL_DIR)
-    row = table.iloc[0]
-    assert row["flagged"] == 100 and row["covered"] >= 80 and row["mean"] < row["roofline"]
+    routing = rows.groupby("hardware")["routing"].unique().map(list).to_dict()
+    assert routing == {"NVIDIA B200": ["balanced"], "NVIDIA A100-SXM4-80GB": [ROUTING_PROXY]}
+    assert not set(routing) & trained
+    assert rows.loc[rows["hardware"] == "NVIDIA B200", "source"].str.contains("/moe/vllm/0.22.0/").all()
+    table = unseen_gpu_errors(rows, DEFAULT_MODEL_DIR).set_index("GPU")
+    assert (table["flagged"] == 100).all() and (table["mean"] < table["roofline"]).all()
+    assert table.loc["NVIDIA B200", "covered"] >= 80
+    floor = routing_proxy_errors()
+    assert set(floor) == trained and all(5 < value < 30 for value in floor.values())
     committed = (REPO / "docs" / "ACCURACY.md").read_text()
-    assert render_unseen_gpu(table, [])[-2] in committed
+    lines = render_unseen_gpu(table.reset_index(), [], floor)
+    assert all(line in committed for line in lines[lines.index("") + 1:] if line.startswith("| NVIDIA"))
+    assert f"H100 {floor['NVIDIA H100']:.1f} %" in committed
 
 
 def test_shared_expert_is_a_tp_sharded_mlp_behind_a_gate():
