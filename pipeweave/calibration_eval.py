@@ -426,9 +426,11 @@ def plot(results: dict, path: Path) -> None:
     for ax in axes.ravel()[len(ops):]:
         ax.axis("off")
     for ax, op in zip(axes.ravel(), ops):
-        for gpu, cell in results[op].items():
+        for i, (gpu, cell) in enumerate(results[op].items()):
             ks = [k for k in SHOTS if str(k) in cell["shots"]]
-            ax.plot([max(k, 1) for k in ks], [cell["shots"][str(k)]["mean"] for k in ks], marker="o",
+            # the colour cycle has 10 colours and GEMM 11 GPUs: the eleventh on takes a dashed line and squares
+            ax.plot([max(k, 1) for k in ks], [cell["shots"][str(k)]["mean"] for k in ks], color=f"C{i % 10}",
+                    linestyle="-" if i < 10 else "--", marker="o" if i < 10 else "s",
                     label=gpu.removeprefix("NVIDIA ")[:14])
         ax.set_xscale("log")
         ax.set_xticks([1, 8, 32, 128], ["0", "8", "32", "128"])
