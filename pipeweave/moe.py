@@ -241,8 +241,8 @@ UNSEEN_TOKEN_RANGES = ((1, 64), (64, 1024), (1024, None))
 
 
 def unseen_gpu_errors(rows: pd.DataFrame, model_dir) -> pd.DataFrame:
-    """Per GPU of ``rows`` (:func:`dataset.aiconfigurator.unseen_moe_rows`: layers of GPUs outside the MoE model's
-    training data), the shipped model's predictions as a user gets them (:func:`pipeweave.predict_kernels`, with
+    """Per GPU and routing of ``rows`` (:func:`dataset.aiconfigurator.unseen_moe_rows`: layers of GPUs outside the MoE
+    model's training data), the shipped model's predictions as a user gets them (:func:`pipeweave.predict_kernels`, with
     the models of ``model_dir``): n, mean and median duration error (%), the median signed error (predicted /
     measured - 1), the worst factor either way, the share of rows carrying an extrapolation flag, the share inside
     the 80 % interval, the mean error per :data:`UNSEEN_TOKEN_RANGES`, and the mean error of the roofline (the
