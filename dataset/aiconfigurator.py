@@ -206,6 +206,13 @@ def _moe_layer_frame(df: pd.DataFrame, source: str) -> pd.DataFrame:
                          "avg_duration": df["latency"] * 1000.0, "source": source})
 
 
+def _pinned_systems(root: Path) -> list[tuple[str, str]]:
+    """(system, its pinned vLLM version) of every system a hardware JSON maps to that the package has a folder for."""
+    versions = _aic_query_versions(root)
+    return [(system, versions.get(system, versions["default"])) for system in aiconfigurator_systems()
+            if (root / system).is_dir()]
+
+
 def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     """aiconfigurator-core's expert-parallel fused-MoE layers (vLLM, BF16, balanced routing, ``moe_ep_size > 1``),
     which the dataset leaves out: one row per measured layer with ``tokens`` (entering the rank), ``experts`` (of
@@ -216,12 +223,8 @@ def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.D
     registry = hardware_registry()
     frames = []
     if root is not None:
-        versions = _aic_query_versions(root)
-        for system in aiconfigurator_systems():
-            if not (root / system).is_dir():
-                continue
-            found = _aic_moe_rows(root, system, versions.get(system, versions["default"]), log,
-                                  AIC_MOE_DISTRIBUTIONS, expert_parallel=True)
+        for system, pinned in _pinned_systems(root):
+            found = _aic_moe_rows(root, system, pinned, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=True)
             if found is not None and not found[0].empty:
                 df = found[0]
                 frames.append(pd.DataFrame({
@@ -279,11 +282,7 @@ def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     registry = hardware_registry()
     frames = []
     if root is not None:
-        versions = _aic_query_versions(root)
-        for system in aiconfigurator_systems():
-            if not (root / system).is_dir():
-                continue
-            pinned = versions.get(system, versions["default"])
+        for system, pinned in _pinned_systems(root):
             older = _older_triton_moe_version(root, system, pinned)
             found, routing = None, AIC_MOE_DISTRIBUTIONS[0]
             if older:
@@ -312,13 +311,11 @@ def routing_proxy_errors(root: Path | None = None) -> dict[str, float]:
     out = {}
     if root is None:
         return out
-    registry, versions = hardware_registry(), _aic_query_versions(root)
+    registry = hardware_registry()
     keys = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]
-    for system in aiconfigurator_systems():
-        if not (root / system).is_dir():
-            continue
-        found = _aic_moe_rows(root, system, versions.get(system, versions["default"]), lambda line: None,
-                              (AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY), expert_parallel=False)
+    for system, pinned in _pinned_systems(root):
+        found = _aic_moe_rows(root, system, pinned, lambda line: None, (AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY),
+                              expert_parallel=False)
         if not found or found[0].empty:
             continue
         by_routing = found[0].groupby(keys + ["distribution"])["latency"].median().unstack("distribution")
