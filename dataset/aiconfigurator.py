@@ -241,22 +241,20 @@ def expert_parallel_moe_rows(root: Path | None = None, log: Log = print) -> pd.D
     return out.sort_values(["hardware", *columns[:7]], kind="mergesort").reset_index(drop=True)
 
 
-def _times_triton_moe(path: Path) -> bool:
-    table = read_parquet(path, ["kernel_source", "moe_dtype"])
-    return bool((table["kernel_source"].isin(AIC_MOE_KERNELS) & (table["moe_dtype"] == "bfloat16")).any())
-
-
-def _older_triton_moe_version(root: Path, system: str, pinned: str) -> str | None:
-    """The newest vLLM version below ``pinned`` whose fused-MoE table of ``system`` times BF16 Triton fused-MoE
-    layers, where the pinned version's table times none (None otherwise)."""
+def _older_balanced_moe_rows(root: Path, system: str, pinned: str, log: Log) -> tuple[pd.DataFrame, str] | None:
+    """:func:`_aic_moe_rows` (balanced, no expert parallelism) of the newest vLLM version below ``pinned`` whose
+    fused-MoE table of ``system`` has such layers (None if none has)."""
     base = root / system / "moe" / AIC_FRAMEWORK
-    pinned_path = base / pinned / "moe_perf.parquet"
-    if not pinned_path.is_file() or _times_triton_moe(pinned_path) or not base.is_dir():
+    if not base.is_dir():
         return None
     older = sorted((p.name for p in base.iterdir()
                     if (p / "moe_perf.parquet").is_file() and version_key(p.name) < version_key(pinned)),
                    key=version_key, reverse=True)
-    return next((version for version in older if _times_triton_moe(base / version / "moe_perf.parquet")), None)
+    for version in older:
+        found = _aic_moe_rows(root, system, version, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=False)
+        if found is not None and not found[0].empty:
+            return found
+    return None
 
 
 #: the routing of the layers that stand in for balanced ones on a GPU whose table has no balanced layer (a100_sxm):
@@ -269,12 +267,12 @@ def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     """Fused-MoE layers of GPUs the dataset has none of, which score the shipped MoE model on a GPU and an
     architecture outside its training data (:func:`pipeweave.moe.unseen_gpu_errors`):
 
-    * where the pinned vLLM table times no Triton fused-MoE layer (the Blackwell systems' 0.24 tables time
-      FlashInfer's experts) but an older table of the system does, that table's balanced layers (b200_sxm: vLLM
-      0.22). The dataset reads the pinned tables alone, so no model is trained on them (trained on, they made the MoE
-      model transfer worse to the other GPUs: README, "Tried for MoE, not shipped");
-    * where the pinned table times Triton layers but none with balanced routing, its :data:`ROUTING_PROXY` layers
-      (a100_sxm, vLLM 0.14).
+    * where the pinned vLLM table has no balanced Triton fused-MoE layer (the Blackwell systems' 0.24 tables time
+      FlashInfer's experts) but an older table of the system has, that table's (b200_sxm: vLLM 0.22). The dataset
+      reads the pinned tables alone, so no model is trained on them (trained on, they made the MoE model transfer
+      worse to the other GPUs: README, "Tried for MoE, not shipped");
+    * failing that, the pinned table's :data:`ROUTING_PROXY` layers (a100_sxm, vLLM 0.14: Triton layers, none with
+      balanced routing).
 
     Columns: the MoE shape columns (``weight_type`` ``layer``), ``hardware``, ``avg_duration`` (µs), ``source`` and
     ``routing``; no expert parallelism, as in the dataset. Empty without the package."""
@@ -282,15 +280,16 @@ def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     registry = hardware_registry()
     frames = []
     if root is not None:
+        balanced = AIC_MOE_DISTRIBUTIONS[0]
         for system, pinned in _pinned_systems(root):
-            older = _older_triton_moe_version(root, system, pinned)
-            found, routing = None, AIC_MOE_DISTRIBUTIONS[0]
-            if older:
-                found = _aic_moe_rows(root, system, older, log, AIC_MOE_DISTRIBUTIONS, expert_parallel=False)
-            elif (pinned_rows := _aic_moe_rows(root, system, pinned, lambda line: None, AIC_MOE_DISTRIBUTIONS,
-                                               expert_parallel=False)) is not None and pinned_rows[0].empty:
-                found, routing = _aic_moe_rows(root, system, pinned, log, (ROUTING_PROXY,), False), ROUTING_PROXY
-            if found and not found[0].empty:
+            pinned_rows = _aic_moe_rows(root, system, pinned, lambda line: None, (balanced, ROUTING_PROXY),
+                                        expert_parallel=False)
+            if pinned_rows is None or (pinned_rows[0]["distribution"] == balanced).any():
+                continue  # no MoE table, or the dataset's own layers
+            found, routing = _older_balanced_moe_rows(root, system, pinned, log), balanced
+            if found is None:
+                found, routing = pinned_rows, ROUTING_PROXY  # the pinned table's proxy-routed layers, if any
+            if not found[0].empty:
                 frame = _moe_layer_frame(*found)
                 frames.append(frame.assign(hardware=frame["hardware"].map(lambda name: registry.get(name).name),
                                            routing=routing))
