@@ -54,6 +54,13 @@ part in the pipe shares (``launch_pipe``: a fixed 2 µs at the SM clock), and a 
 out of every duration before the network sees it (``launch_offset``: 1 µs; t = t0 + C / (p f)). Both answer one
 observation: held out, short GEMMs are predicted with a bias of the GPU (H100's 1.19x too slow), though H200's
 measured times of the same shapes are 0.98x H100's on 1.47x the bandwidth.
+
+A *drop idea* takes feature columns out of the network's inputs. ``no_l2_pipe`` drops the L2 cycles
+(``local_cycle``, ``sm_max_local_cycle``): the L2 bandwidth is the one hardware field without a vendor figure
+(estimated on every GPU from microbenchmarks or scaled from a die-mate: README, "Hardware audit"), its share beside
+the DRAM share is the GPU constant memBandwidth / l2CacheBandwidth, and it is the one field the models read
+backwards (a copy of a GPU with more L2 bandwidth predicted up to 1.5x slower: README, "Physical consistency").
+No C_ideal sums an L2 column, so without the input a prediction does not depend on the L2 bandwidth at all.
 """
 from __future__ import annotations
 
@@ -131,27 +138,45 @@ PIPE_IDEAS = {"launch_pipe": (lambda frame: LAUNCH_PIPE_US * frame["sm_freq"].to
 # operator's own (the registry's ``fixed_time_us``: BF16 and FP8 GEMM ship with 1 µs, this idea's first test).
 # ``launch_offset``: 1 µs, below every measured kernel (the smallest take 1.5 µs)
 TARGET_IDEAS = {"launch_offset": 1.0}
+# drop ideas: feature columns taken out of the network's inputs (module docstring)
+DROP_IDEAS = {"no_l2_pipe": ("local_cycle", "sm_max_local_cycle")}
 TRANSFORMS = {"log1p": LOG1P, "pipe_shares": PIPE_SHARES}  # --inputs
 IDEAS = ("power", "hbm", "l2", "boost", "balance", "energy", "sm_bandwidth", *ARCHITECTURES, *ROW_IDEAS,
-         *PIPE_IDEAS, *TARGET_IDEAS)
+         *PIPE_IDEAS, *TARGET_IDEAS, *DROP_IDEAS)
+#: ideas that add no input column of their own
+FORM_IDEAS = (*PIPE_IDEAS, *TARGET_IDEAS, *DROP_IDEAS)
 
 
 def extra_inputs(frame: pd.DataFrame, ideas: tuple[str, ...]) -> np.ndarray:
     specs = {name: load_hardware(name) for name in frame["hardware"].unique()}
     columns = [ROW_IDEAS[i](frame) if i in ROW_IDEAS else
                frame["hardware"].map({n: _spec_value(i, s) for n, s in specs.items()}).to_numpy(np.float64)
-               for i in ideas if i not in PIPE_IDEAS and i not in TARGET_IDEAS]
+               for i in ideas if i not in FORM_IDEAS]
     return np.column_stack(columns) if columns else np.zeros((len(frame), 0))
 
 
 def with_pipes(frame: pd.DataFrame, features: np.ndarray, names: tuple[str, ...],
                ideas: tuple[str, ...]) -> tuple[np.ndarray, tuple[str, ...]]:
-    """``features`` (columns ``names``) with the cycle column of each pipe idea of ``ideas`` appended."""
+    """``features`` (columns ``names``) with the cycle column of each pipe idea of ``ideas`` appended and the
+    columns of its drop ideas taken out."""
     pipes = [i for i in ideas if i in PIPE_IDEAS]
-    if not pipes:
+    if pipes:
+        features = np.column_stack([features, *(PIPE_IDEAS[i](frame) for i in pipes)])
+        names = (*names, *(f"{i}_cycle" for i in pipes))
+    return without_dropped(features, names, ideas)
+
+
+def without_dropped(features: np.ndarray, names: tuple[str, ...],
+                    ideas: tuple[str, ...]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """``features`` (columns ``names``) without the columns the drop ideas of ``ideas`` take out."""
+    dropped = {name for i in ideas if i in DROP_IDEAS for name in DROP_IDEAS[i]}
+    if not dropped:
         return features, names
-    return (np.column_stack([features, *(PIPE_IDEAS[i](frame) for i in pipes)]),
-            (*names, *(f"{i}_cycle" for i in pipes)))
+    missing = sorted(dropped - set(names))
+    if missing:
+        raise ValueError(f"a drop idea names columns the model does not read: {', '.join(missing)}")
+    kept = [j for j, name in enumerate(names) if name not in dropped]
+    return features[:, kept], tuple(names[j] for j in kept)
 
 
 def target_offset_us(op: str, ideas: tuple[str, ...], config: TrainConfig) -> float:

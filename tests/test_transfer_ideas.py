@@ -9,13 +9,13 @@ from analytical_model.registry import get_operator
 from pipeweave.cli import UserError
 from pipeweave.mlp import PIPE_SHARES, model_inputs
 from pipeweave.training import TrainConfig
-from pipeweave.transfer_ideas import (IDEAS, PIPE_IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, target_offset_us,
+from pipeweave.transfer_ideas import (FORM_IDEAS, IDEAS, ROW_IDEAS, TARGET_IDEAS, extra_inputs, target_offset_us,
                                       with_pipes)
 
 
 def test_extra_inputs_are_per_gpu_constants_from_the_hardware_json():
     frame = pd.DataFrame({"hardware": ["NVIDIA H100", "NVIDIA A40", "NVIDIA H100"]})
-    spec_ideas = tuple(idea for idea in IDEAS if idea not in (*ROW_IDEAS, *PIPE_IDEAS, *TARGET_IDEAS))
+    spec_ideas = tuple(idea for idea in IDEAS if idea not in (*ROW_IDEAS, *FORM_IDEAS))
     values = extra_inputs(frame, spec_ideas)
     assert values.shape == (3, len(spec_ideas))
     assert (values[0] == values[2]).all() and (values[0] != values[1]).any()
@@ -93,6 +93,21 @@ def test_a_pipe_idea_takes_part_in_the_pipe_shares():
     assert shares[0, 1] == pytest.approx(0.0, abs=1e-6) and shares[1, 0] == pytest.approx(0.0, abs=1e-6)
     unchanged, same_names = with_pipes(frame, features, ("global_cycle", "shape_M"), ("power",))
     assert unchanged is features and same_names == ("global_cycle", "shape_M")
+
+
+def test_a_drop_idea_takes_the_l2_cycles_out_of_the_inputs():
+    """no_l2_pipe: the two L2 cycle columns leave the features (and so the pipe shares), the rest stays in order;
+    it adds no extra input, and naming a column the model does not read is an error."""
+    names = get_operator("gemm").feature_names
+    features = np.arange(2 * len(names), dtype=np.float64).reshape(2, len(names))
+    frame = pd.DataFrame({"hardware": ["NVIDIA H100"] * 2, "sm_freq": [1830.0] * 2})
+    kept, kept_names = with_pipes(frame, features, names, ("no_l2_pipe",))
+    assert "local_cycle" in names and "sm_max_local_cycle" in names
+    assert kept_names == tuple(n for n in names if n not in ("local_cycle", "sm_max_local_cycle"))
+    assert kept.tolist() == [[row[names.index(n)] for n in kept_names] for row in features.tolist()]
+    assert extra_inputs(frame, ("no_l2_pipe",)).shape == (2, 0)
+    with pytest.raises(ValueError, match="does not read: local_cycle, sm_max_local_cycle"):
+        with_pipes(frame, features[:, :2], names[:2], ("no_l2_pipe",))
 
 
 def test_a_target_idea_adds_to_the_operator_s_own_fixed_time():
