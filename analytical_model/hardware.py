@@ -2,7 +2,9 @@
 
 A GPU can be named by its file stem ("H100", "RTX 6000 Ada" or "RTX_6000_Ada"), by the device
 name the driver reports ("NVIDIA H100", "NVIDIA H100 80GB HBM3") or by aiconfigurator's system key
-("h100_sxm"). Anything else is an error that lists the known GPUs.
+("h100_sxm"). Anything else is an error that lists the known GPUs, except the path of a JSON file (a name ending in
+``.json``): that GPU joins the registry beside the folder's (:meth:`HardwareRegistry.add_file`), so that a GPU of
+one's own needs one file and no copy of the folder.
 
 Besides the analytical model's spec fields (docs/METHOD.md §1.1), every file carries what the collective fallback
 needs (``linkType``: NVLink or PCIe generation, ``linkGbps``: per-GPU per-direction GPU-to-GPU bandwidth in GB/s,
@@ -220,52 +222,119 @@ def _normalise(key: str) -> str:
     return " ".join(key.replace("_", " ").split()).casefold()
 
 
+def read_hardware_file(path: Path) -> HardwareSpec:
+    """The validated spec of one hardware JSON file (errors name the file and the field)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_without_repeated_keys)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: invalid JSON ({type(exc).__name__}: {exc})") from None
+    except RepeatedKeyError as exc:
+        raise ValueError(f"{path}: field {exc.key!r} is given twice; JSON keeps only the last value, so one "
+                         f"of the two would be lost without a word: remove one") from None
+    return parse_hardware(data, path.stem, str(path))
+
+
+def is_hardware_file(name: str) -> bool:
+    """Whether a GPU name given on a command line is the path of a hardware JSON file."""
+    return str(name).strip().lower().endswith(".json")
+
+
+def hardware_files(names) -> tuple[str, ...]:
+    """The resolved paths of the hardware JSON files among GPU names ``names`` (a comma list or an iterable), in
+    order, each once: what a process that resolves the names elsewhere (a Dask worker) must add to its registry,
+    and what an output must not overwrite."""
+    if names is None:
+        return ()
+    if isinstance(names, str):
+        names = names.split(",")
+    return tuple(dict.fromkeys(str(Path(name.strip()).resolve()) for name in names if is_hardware_file(name)))
+
+
 class HardwareRegistry:
-    """All GPUs of one hardware directory, addressable by any of their names."""
+    """All GPUs of one hardware directory, addressable by any of their names, and the GPUs of single files added
+    to it (:meth:`add_file`)."""
 
     def __init__(self, hardware_dir: str | Path = DEFAULT_HARDWARE_DIR):
         self.hardware_dir = Path(hardware_dir)
         if not self.hardware_dir.is_dir():
             raise FileNotFoundError(f"hardware directory not found: {self.hardware_dir}"
                                     f"{data_root_note(self.hardware_dir)}")
+        #: the folder's GPUs by file stem (what ``known`` lists and ``all`` expands to)
         self.specs: dict[str, HardwareSpec] = {}
+        #: GPUs of single files added with :meth:`add_file`, by file stem, and those files (resolved) by stem
+        self.added: dict[str, HardwareSpec] = {}
+        self.added_files: dict[str, Path] = {}
+        self._file_states: dict[str, tuple[int, int]] = {}  # stem -> (mtime in ns, size) of its file when read
         self._index: dict[str, str] = {}
-        claimed: dict[str, str] = {}  # normalised name -> which file claims it, and as what
+        self._claimed: dict[str, str] = {}  # normalised name -> which file claims it, and as what
         for path in sorted(self.hardware_dir.glob("*.json")):
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_without_repeated_keys)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-                raise ValueError(f"{path}: invalid JSON ({type(exc).__name__}: {exc})") from None
-            except RepeatedKeyError as exc:
-                raise ValueError(f"{path}: field {exc.key!r} is given twice; JSON keeps only the last value, so one "
-                                 f"of the two would be lost without a word: remove one") from None
-            spec = parse_hardware(data, path.stem, str(path))
+            spec = read_hardware_file(path)
+            # both files named: the one loaded first (by sort order) is as likely to be the edited one
+            self._register(spec, path, "change one of the two files")
             self.specs[spec.stem] = spec
-            keys = [(spec.stem, "file name"), (spec.name, "name"), *((alias, "alias") for alias in spec.aliases)]
-            if spec.aiconfigurator_system:
-                keys.append((spec.aiconfigurator_system, "aiconfiguratorSystem"))
-            for key, field in keys:
-                norm = _normalise(key)
-                if self._index.get(norm, spec.stem) != spec.stem:
-                    # both files named: the one loaded first (by sort order) is as likely to be the edited one
-                    raise ValueError(f"{path}: its {field} {key!r} is also {claimed[norm]}; a name may belong to one "
-                                     f"GPU only: change one of the two files")
-                self._index[norm] = spec.stem
-                claimed.setdefault(norm, f"the {field} {key!r} of {path.name}")
         if not self.specs:
             raise FileNotFoundError(f"no hardware JSON files in {self.hardware_dir}")
+
+    def _register(self, spec: HardwareSpec, path: Path, remedy: str) -> None:
+        """Index ``spec`` (read from ``path``) by every name it has; a name another GPU has is an error."""
+        keys = [(spec.stem, "file name"), (spec.name, "name"), *((alias, "alias") for alias in spec.aliases)]
+        if spec.aiconfigurator_system:
+            keys.append((spec.aiconfigurator_system, "aiconfiguratorSystem"))
+        for key, field in keys:
+            norm = _normalise(key)
+            if self._index.get(norm, spec.stem) != spec.stem:
+                raise ValueError(f"{path}: its {field} {key!r} is also {self._claimed[norm]}; a name may belong to one "
+                                 f"GPU only: {remedy}")
+        for key, field in keys:
+            norm = _normalise(key)
+            self._index[norm] = spec.stem
+            self._claimed.setdefault(norm, f"the {field} {key!r} of {path.name}")
+
+    def add_file(self, path: str | Path) -> HardwareSpec:
+        """The GPU of the hardware JSON file ``path`` (any folder), added to this registry beside the folder's GPUs
+        under its names, as a GPU of the folder would be: a GPU of one's own needs that one file. A name of another
+        GPU (a copy of a shipped file, its ``aliases`` or ``aiconfiguratorSystem`` kept) is an error: the models
+        know a GPU by its name. Adding the same file again returns its GPU, read again if the file changed since."""
+        path = Path(str(path).strip())
+        if not path.is_file():
+            raise UnknownHardwareError(f"hardware file {path} not found (a GPU name ending in .json is read as the "
+                                       f"path of a hardware JSON file)")
+        resolved, state = path.resolve(), (path.stat().st_mtime_ns, path.stat().st_size)
+        for stem, added in list(self.added_files.items()):
+            if added == resolved:
+                if self._file_states[stem] == state:
+                    return self.added[stem]
+                self._forget(stem)  # edited since: its names may have changed too
+        spec = read_hardware_file(path)
+        remedy = (f"give {path.name} a file name, 'name' and aliases of its own (an unchanged copy of a GPU of "
+                  f"{self.hardware_dir} is that GPU: name it instead; an edited one is another GPU)")
+        if spec.stem in self.specs or spec.stem in self.added:  # a file stem names one GPU, as a name does
+            owner = self.specs.get(spec.stem) or self.added[spec.stem]
+            raise ValueError(f"{path}: its file name {spec.stem!r} is also the file name {owner.stem!r} of "
+                             f"{owner.stem}.json; a name may belong to one GPU only: {remedy}")
+        self._register(spec, path, remedy)
+        self.added[spec.stem], self.added_files[spec.stem], self._file_states[spec.stem] = spec, resolved, state
+        return spec
+
+    def _forget(self, stem: str) -> None:
+        """Take the added GPU ``stem`` and its names out of the registry."""
+        for norm in [norm for norm, owner in self._index.items() if owner == stem]:
+            del self._index[norm], self._claimed[norm]
+        del self.added[stem], self.added_files[stem], self._file_states[stem]
 
     def known(self) -> list[str]:
         return sorted(self.specs)
 
     def get(self, name: str) -> HardwareSpec:
         stem = self._index.get(_normalise(str(name)))
+        if stem is None and is_hardware_file(name):
+            return self.add_file(name)
         if stem is None:
             raise UnknownHardwareError(
                 f"unknown GPU {name!r}; {self._did_you_mean(str(name))}known GPUs (file stems in "
-                f"{self.hardware_dir}): " + ", ".join(self.known())
+                f"{self.hardware_dir}; a GPU of one's own: the path of its JSON file): " + ", ".join(self.known())
             )
-        return self.specs[stem]
+        return self.specs[stem] if stem in self.specs else self.added[stem]
 
     def _did_you_mean(self, name: str) -> str:
         """The clause "did you mean 'RTX 4090'? " naming the GPUs (at most three) whose names are close to ``name``

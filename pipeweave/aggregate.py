@@ -49,8 +49,9 @@ def build_parser():
     parser.add_argument("--workload", nargs="+", action="extend", default=[], metavar="JSON",
                         help="workload JSON file(s) (docs/METHOD.md §6.4), or stems of files in workload/; repeatable")
     parser.add_argument("--hardware", action="append", default=[], metavar="GPU",
-                        help="GPU name (hardware file stem such as 'H100' or 'RTX 6000 Ada', or the device name), "
-                             "a comma-separated list, or 'all' (every GPU in --hardware_dir); repeatable")
+                        help="GPU name (hardware file stem such as 'H100' or 'RTX 6000 Ada', or the device name) or "
+                             "the path of a GPU's JSON file (one of your own, beside the shipped ones), a "
+                             "comma-separated list, or 'all' (every GPU in --hardware_dir); repeatable")
     parser.add_argument("--pairs", metavar="CSV",
                         help="sweep matrix instead of --workload x --hardware: CSV with header "
                              "'workload,hardware[,collective_hardware]', one pair per line ('#' lines ignored; "
@@ -256,6 +257,7 @@ def predict_and_write(args, stdout) -> int:
     inputs = {f"the workload {job.workload.path}": job.workload.path for job in jobs}
     inputs.update({"the --pairs file": None if args.pairs in (None, "-") else args.pairs,
                    "the --calibration file": args.calibration})
+    inputs.update({f"the hardware file {path}": path for path in registry.added_files.values()})
     for target in targets:
         if str(target) != STANDARD_STREAM:
             check_output_path(target, hardware_dir=args.hardware_dir)

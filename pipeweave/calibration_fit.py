@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_files, hardware_registry, is_hardware_file
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.bounds import fastest_us, l2_cycles
@@ -647,7 +647,8 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="calibrate.py", description=(
         "Fit a calibration of pipeweave's predictions for one GPU from measured end-to-end runs and/or measured "
         "kernels; apply it with aggregator.py / predict_kernels.py --calibration FILE."))
-    parser.add_argument("--hardware", required=True, help="the GPU the measurements are from")
+    parser.add_argument("--hardware", required=True,
+                        help="the GPU the measurements are from (a name, or the path of its JSON file)")
     parser.add_argument("--e2e", metavar="CSV", help="measured runs: workload,prefill_ms,decode_step_ms,total_ms")
     parser.add_argument("--kernels", nargs="+", action="extend", default=[], metavar="CSV",
                         help="measured kernels in the profiler's format (dataset/measured/<gpu>/<op>.csv)")
@@ -928,6 +929,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.output, hardware_dir=args.hardware_dir)  # before minutes of fitting, not after
     refuse_overwriting_inputs(args.output, {"the --e2e file": args.e2e, "the --prior file": args.prior,
+                                            "the --hardware file": hardware_files(args.hardware)[0]
+                                            if is_hardware_file(args.hardware) else None,
                                             **{f"the --kernels file {path}": path for path in args.kernels or ()},
                                             **{f"the workload {path} of a run": path
                                                for path in run_workloads(args.e2e)}})

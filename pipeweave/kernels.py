@@ -172,8 +172,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--op", required=True, choices=list(OPERATORS),
                         help="operator class, with its shape columns: " + shape_columns_help())
     parser.add_argument("--input", required=True,
-                        help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100); '-': "
-                             "standard input")
+                        help="CSV with the operator's shape columns and 'hardware' (a GPU name such as H100, or the "
+                             "path of a GPU's JSON file); '-': standard input")
     parser.add_argument("--output", required=True,
                         help="output CSV: the input columns plus predicted_us, low_us, high_us and extrapolation "
                              "('-': standard output)")
@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if to_stdout:
         write_predictions(STANDARD_STREAM, header, rows, predicted, interval, extrapolation, calibrated)
     else:
+        refuse_overwriting_inputs(args.output, {f"the hardware file {path} of column hardware": path
+                                                for path in predictor.hardware.added_files.values()})
         write_atomically(args.output, lambda tmp: write_predictions(tmp, header, rows, predicted, interval,
                                                                     extrapolation, calibrated))
     say(f"Predicted {len(rows)} {args.op} kernels -> {'standard output' if to_stdout else args.output}")

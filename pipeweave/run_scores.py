@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analytical_model.hardware import is_hardware_file
 from pipeweave.calibration_fit import read_runs
 from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, check_output_path, refuse_overwriting_inputs,
                            write_atomically)
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and not to_stdout:
         check_output_path(args.output)
         refuse_overwriting_inputs(args.output, {"the --runs file": args.runs, "the --calibration file":
-                                                args.calibration})
+                                                args.calibration, "the --hardware file": args.hardware
+                                                if is_hardware_file(args.hardware) else None})
     calibration = load_calibration(args.calibration) if args.calibration else None
     engine = Engine(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
                     collective_dir=args.collective_dir, collective_estimate=args.collective_estimate,

@@ -317,6 +317,129 @@ def test_a_copy_of_a_trained_gpu_with_other_values_is_predicted_as_outside_train
     assert "WARNING: L40S.json" in said and "Note: no kernel of NVIDIA L40S is in the training data" in said
 
 
+def own_gpu_file(repo_root, folder, name="My File GPU", stem="own_gpu", **changes):
+    """A hardware JSON of one's own outside hardware/: H100's with another name (no alias, no aiconfigurator key)
+    and ``changes``."""
+    spec = json.loads((repo_root / "hardware" / "H100.json").read_text())
+    spec.update(name=name, aliases=[], **changes)
+    del spec["aiconfiguratorSystem"], spec["provenance"]["aiconfiguratorSystem"]
+    path = folder / f"{stem}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.fixture
+def fresh_registries():
+    """Each test here adds a file to the cached registry of hardware/; the next starts from the folder alone."""
+    from analytical_model.hardware import hardware_registry
+
+    hardware_registry.cache_clear()
+    yield
+    hardware_registry.cache_clear()
+
+
+def test_a_hardware_file_joins_the_registry_beside_the_folder(tmp_path, repo_root):
+    """A GPU of one's own needed a copy of the whole hardware folder (--hardware_dir replaces it): now its JSON's
+    path is a GPU name, and the GPU is then known by its names too; ``all`` stays the folder's GPUs."""
+    folder = tmp_path / "hardware"
+    folder.mkdir()
+    for stem in ("H100", "A40"):
+        shutil.copy(repo_root / "hardware" / f"{stem}.json", folder)
+    registry = HardwareRegistry(folder)
+    path = own_gpu_file(repo_root, tmp_path, memBandwidth=4000.0)
+    spec = registry.get(str(path))
+    assert (spec.name, spec.stem, spec.mem_bandwidth) == ("My File GPU", "own_gpu", 4000.0)
+    assert registry.get("My File GPU") is spec and registry.get("own_gpu") is spec
+    assert registry.get(f" {path} ") is spec and registry.add_file(path) is spec  # the same file once
+    assert registry.known() == ["A40", "H100"] and registry.added_files == {"own_gpu": path.resolve()}
+    with pytest.raises(UnknownHardwareError, match="hardware file .*missing.json not found"):
+        registry.get(str(tmp_path / "missing.json"))
+    with pytest.raises(UnknownHardwareError, match="a GPU of one's own: the path of its JSON file"):
+        registry.get("RTX 9090")
+    shutil.copy(repo_root / "hardware" / "A40.json", tmp_path / "copy.json")  # the folder's A40 under its names
+    with pytest.raises(ValueError, match=r"copy.json: its name 'NVIDIA A40' is also the name 'NVIDIA A40' of "
+                                         r"A40.json; .* give copy.json a file name, 'name' and aliases of its own"):
+        registry.get(str(tmp_path / "copy.json"))
+    renamed = own_gpu_file(repo_root, tmp_path, name="Another GPU", stem="A40")  # a new name, A40's file stem
+    with pytest.raises(ValueError, match="its file name 'A40' is also the file name 'A40' of A40.json"):
+        registry.get(str(renamed))
+    with pytest.raises(UnknownHardwareError):  # nothing of a refused file was indexed
+        registry.get("Another GPU")
+    edited = json.loads(path.read_text()) | {"name": "My Edited GPU", "memBandwidth": 4100.0}
+    path.write_text(json.dumps(edited, indent=1))  # edited in a long-lived process (the Python API's)
+    again = registry.get(str(path))
+    assert (again.name, again.mem_bandwidth) == ("My Edited GPU", 4100.0) and registry.get("own_gpu") is again
+    with pytest.raises(UnknownHardwareError):
+        registry.get("My File GPU")  # its old name went with it
+
+
+def test_commands_take_a_hardware_file_as_they_take_a_gpu_of_the_folder(tmp_path, repo_root, capsys,
+                                                                           fresh_registries):
+    """aggregator.py --hardware FILE.json predicts what a --hardware_dir folder holding that file beside the shipped
+    ones predicts; no output may overwrite the file; calibrate.py fits that GPU and its calibration applies."""
+    from pipeweave import aggregate
+    from pipeweave.calibration_fit import main as calibrate
+    from pipeweave.cli import run_cli
+    from pipeweave.kernels import main as predict_kernels
+
+    path = own_gpu_file(repo_root, tmp_path, memBandwidth=4000.0)
+    folder = tmp_path / "hardware"
+    shutil.copytree(repo_root / "hardware", folder)
+    shutil.copy(path, folder)
+    workload = repo_root / "workload" / "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1.json"
+    totals = {}
+    for name, flags in (("file", ["--hardware", str(path)]),
+                        ("folder", ["--hardware", "My File GPU", "--hardware_dir", str(folder)])):
+        out = tmp_path / f"{name}.json"
+        assert run_cli(aggregate.main, ["--workload", str(workload), "--output", str(out), *flags]) == 0
+        result = json.loads(out.read_text())
+        assert result["hardware"] == "My File GPU"
+        totals[name] = result["summary"]["total_duration_ms"]
+        assert "Note: no kernel of My File GPU is in the training data" in capsys.readouterr().out
+    assert totals["file"] == totals["folder"]
+    shipped = tmp_path / "h100.json"
+    assert run_cli(aggregate.main, ["--workload", str(workload), "--hardware", "H100", "--output", str(shipped)]) == 0
+    assert totals["file"] < json.loads(shipped.read_text())["summary"]["total_duration_ms"]  # more DRAM bandwidth
+    written = path.read_bytes()
+    shapes = tmp_path / "gemm.csv"
+    shapes.write_text(f"M,N,K,hardware\n4096,4096,4096,{path}\n")
+    for main, flags in ((aggregate.main, ["--workload", str(workload), "--hardware", str(path)]),
+                        (predict_kernels, ["--op", "gemm", "--input", str(shapes)])):
+        capsys.readouterr()
+        assert run_cli(main, [*flags, "--output", str(path)]) == 2
+        assert f"--output {path} would overwrite the hardware file {path.resolve()}" in capsys.readouterr().err
+    runs = tmp_path / "runs.csv"
+    runs.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{workload},1250,13.0,2900\n")
+    assert run_cli(calibrate, ["--hardware", str(path), "--e2e", str(runs), "--output", str(path)]) == 2
+    assert f"--output {path} would overwrite the --hardware file" in capsys.readouterr().err
+    assert path.read_bytes() == written
+    calibration = tmp_path / "cal.json"
+    assert run_cli(calibrate, ["--hardware", str(path), "--e2e", str(runs), "--output", str(calibration)]) == 0
+    assert json.loads(calibration.read_text())["hardware"] == "own_gpu"
+    out = tmp_path / "calibrated.json"
+    assert run_cli(aggregate.main, ["--workload", str(workload), "--hardware", str(path), "--calibration",
+                                    str(calibration), "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["summary"]["total_duration_ms"] != totals["file"]
+
+
+def test_a_dask_worker_knows_the_hardware_files_of_the_sweep(tmp_path, repo_root, fresh_registries):
+    """search_config.py's candidates carry a GPU's stem, and a Dask worker builds its engine afresh: a GPU given as a
+    file was 'unknown GPU' on every worker. The engine settings carry the files, and a worker adds them."""
+    from argparse import Namespace
+
+    from analytical_model.hardware import hardware_registry
+    from pipeweave.serving.cli import engine_from_settings, engine_settings
+
+    path = own_gpu_file(repo_root, tmp_path)
+    args = Namespace(model_dir=None, hardware_dir=None, hardware=f"H100, {path}", collective_estimate="analytical",
+                     calibration=None)
+    settings = engine_settings(args)
+    assert settings[2] == (str(path.resolve()),)
+    with pytest.raises(UnknownHardwareError):
+        hardware_registry(settings[1]).get("own_gpu")  # a worker's registry holds the folder alone
+    assert engine_from_settings(settings).gpu("own_gpu").name == "My File GPU"
+
+
 def test_predict_kernels_unknown_gpu_suggests_and_names_the_folder(tmp_path, capsys):
     """predict_kernels.py built its own unknown-GPU message: "row 1: unknown GPU 'H100-PCIE'; known GPUs: ..." with
     neither the "did you mean 'H100 PCIe'?" of every other command (and of pipeweave.predict_kernels) nor the folder

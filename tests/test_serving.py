@@ -928,7 +928,7 @@ def test_search_on_a_dask_local_cluster_matches_in_process(engine):
 
     base = ServingConfig("Llama-3.1-8B", "splitwise_48", "H100", qps=20.0, num_requests=12)
     configs = candidates(base, ["H100"], 2, [1, 2, 3], [1], [4, 64])
-    engine = (str(engine.model_dir), str(engine.hardware_dir), "analytical", None)
+    engine = (str(engine.model_dir), str(engine.hardware_dir), (), "analytical", None)
     targets = {"ttft_ms": 1e9, "ttft_percentile": 90, "tpot_ms": None, "tpot_percentile": 90}
     local = run_sweep(configs, engine, targets)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,

@@ -86,7 +86,9 @@ def build_parser():
         prog="serve_sim.py",
         description="Simulate LLM serving (continuous batching) with iteration durations from pipeweave's kernel "
                     "predictor: TTFT, TPOT, end-to-end latency and throughput.")
-    parser.add_argument("--hardware", required=True, help="GPU name (hardware file stem, driver or aiconfigurator name)")
+    parser.add_argument("--hardware", required=True,
+                        help="GPU name (hardware file stem, driver or aiconfigurator name) or the path of a GPU's JSON "
+                             "file")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     parser.add_argument("--scheduler", choices=SCHEDULERS, default="vllm",
@@ -134,7 +136,7 @@ def check_paths(args, outputs: dict) -> None:
     """Before any work: each output (what names it -> path) writable, and none the same file as an input or as
     another output (serve_sim's per-request CSV takes --output's stem, so --output trace.json would replace trace.csv).
     Unknown --model_config or --trace names are reported here too."""
-    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_files
     from pipeweave.workload_inputs import QUANT_SIDECARS
 
     model = resolve_model_config(args.model_config, DEFAULT_CONFIG_DIR)
@@ -145,6 +147,8 @@ def check_paths(args, outputs: dict) -> None:
     seen |= {(model.parent / name).resolve(): f"the quantisation file {name} of --model_config"
              for name in QUANT_SIDECARS if (model.parent / name).is_file()}
     hardware_dir = Path(getattr(args, "hardware_dir", None) or DEFAULT_HARDWARE_DIR)
+    seen |= {Path(path): f"the hardware file {path} of --hardware"
+             for path in hardware_files(getattr(args, "hardware", None))}
     if getattr(args, "calibration", None):
         seen[Path(args.calibration).resolve()] = "the --calibration file"
     for name, path in outputs.items():
@@ -160,30 +164,34 @@ def check_paths(args, outputs: dict) -> None:
 ENGINE_FLAGS = ("model_dir", "hardware_dir", "collective_estimate", "calibration")
 
 
-def engine_settings(args) -> tuple[str, str, str, tuple[str, str] | None]:
-    """(model_dir, hardware_dir, collective_estimate, (calibration file, its digest)) in force: the flags given,
-    else the defaults (a Dask worker builds its engine from them)."""
-    from analytical_model.hardware import DEFAULT_HARDWARE_DIR
+def engine_settings(args) -> tuple[str, str, tuple[str, ...], str, tuple[str, str] | None]:
+    """(model_dir, hardware_dir, the hardware JSON files among --hardware, collective_estimate, (calibration file,
+    its digest)) in force: the flags given, else the defaults (a Dask worker builds its engine from them)."""
+    from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_files
     from pipeweave.calibration import calibration_key
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
     # with its digest, so that a worker never reuses the corrections of a rewritten file
     calibration = calibration_key(args.calibration) if args.calibration else None
     return (str(args.model_dir or DEFAULT_MODEL_DIR), str(args.hardware_dir or DEFAULT_HARDWARE_DIR),
-            args.collective_estimate, calibration)
+            hardware_files(args.hardware), args.collective_estimate, calibration)
 
 
 def engine_from_settings(settings: tuple, log=None):
-    """The kernel predictor of :func:`engine_settings`, with the calibration file's corrections where given."""
+    """The kernel predictor of :func:`engine_settings`, with its hardware files' GPUs and the calibration file's
+    corrections where given."""
     from pipeweave.calibration import file_digest, load_calibration
     from pipeweave.engine import Engine
 
-    model_dir, hardware_dir, collective_estimate, calibration = settings
+    model_dir, hardware_dir, files, collective_estimate, calibration = settings
     if calibration and (not Path(calibration[0]).is_file() or file_digest(calibration[0]) != calibration[1]):
         raise ValueError(f"--calibration {calibration[0]}: not the file the sweep was started with here (digest "
                          f"{calibration[1]}); give every Dask worker the same file at the same path")
-    return Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate, log=log,
-                  calibration=load_calibration(calibration[0]) if calibration else None)
+    engine = Engine(model_dir=model_dir, hardware_dir=hardware_dir, collective_estimate=collective_estimate, log=log,
+                    calibration=load_calibration(calibration[0]) if calibration else None)
+    for path in files:  # a worker knows such a GPU by the stem the sweep's candidates carry
+        engine.registry.add_file(path)
+    return engine
 
 
 def make_engine(args, log=None):

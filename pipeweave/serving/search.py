@@ -362,7 +362,8 @@ def build_parser():
         prog="search_config.py",
         description="Simulate every (GPU, weight dtype, TP, PP, EP, max_num_seqs) within a GPU budget on a request "
                     "stream and rank those meeting TTFT/TPOT targets by output tokens/s per GPU.")
-    parser.add_argument("--hardware", required=True, help="candidate GPUs, comma-separated")
+    parser.add_argument("--hardware", required=True,
+                        help="candidate GPUs, comma-separated (names, or paths of GPU JSON files)")
     parser.add_argument("--gpu_budget", type=int, required=True, help="most GPUs per replica (TP x PP)")
     parser.add_argument("--tp", default=None, help="TP sizes to try (default: powers of two up to the budget)")
     parser.add_argument("--pp", default=DEFAULT_PP, help=f"PP sizes to try (default {DEFAULT_PP})")
@@ -541,9 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(total=len(sweep.configs), desc="candidates", disable=None, file=sys.stderr) as bar:
         table = execute(sweep, args.workers, args.scheduler_address, bar.update)
     write_atomically(output, lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
-    model_dir, hardware_dir, estimate, calibration = sweep.engine
+    model_dir, hardware_dir, files, estimate, calibration = sweep.engine
     settings = {"config": {name: value for name, value in vars(args).items() if name not in ("output", "plot")},
-                "engine": {"model_dir": model_dir, "hardware_dir": hardware_dir, "collective_estimate": estimate,
+                "engine": {"model_dir": model_dir, "hardware_dir": hardware_dir, "hardware_files": list(files),
+                           "collective_estimate": estimate,
                            "calibration": None if calibration is None else {"file": calibration[0],
                                                                             "digest": calibration[1]}},
                 "candidates": len(sweep.configs)}
