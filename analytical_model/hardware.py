@@ -300,6 +300,8 @@ class HardwareRegistry:
             raise UnknownHardwareError(f"hardware file {path} not found (a GPU name ending in .json is read as the "
                                        f"path of a hardware JSON file)")
         resolved, state = path.resolve(), (path.stat().st_mtime_ns, path.stat().st_size)
+        if resolved.parent == self.hardware_dir.resolve() and resolved.stem in self.specs:
+            return self.specs[resolved.stem]  # a file of the folder itself
         for stem, added in list(self.added_files.items()):
             if added == resolved:
                 if self._file_states[stem] == state:

@@ -352,6 +352,7 @@ def test_a_hardware_file_joins_the_registry_beside_the_folder(tmp_path, repo_roo
     assert registry.get("My File GPU") is spec and registry.get("own_gpu") is spec
     assert registry.get(f" {path} ") is spec and registry.add_file(path) is spec  # the same file once
     assert registry.known() == ["A40", "H100"] and registry.added_files == {"own_gpu": path.resolve()}
+    assert registry.get(str(folder / "A40.json")) is registry.get("A40")  # a file of the folder is its GPU
     with pytest.raises(UnknownHardwareError, match="hardware file .*missing.json not found"):
         registry.get(str(tmp_path / "missing.json"))
     with pytest.raises(UnknownHardwareError, match="a GPU of one's own: the path of its JSON file"):
