@@ -102,8 +102,8 @@ def _collective_estimate(value) -> str:
 def _gpu_name(value, what: str = "hardware") -> str:
     """One GPU name; the command line's comma-separated lists and ``all`` are the command line's."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{what} must be a GPU name (a file stem such as 'H100', a driver name or an aiconfigurator "
-                         f"key), got {value!r}")
+        raise ValueError(f"{what} must be a GPU name (a file stem such as 'H100', a driver name, an aiconfigurator "
+                         f"key or the path of a GPU's JSON file), got {value!r}")
     return value
 
 
@@ -183,7 +183,8 @@ def predict_workload(
 
     ``workload`` is a workload JSON file, the stem of a shipped workload (``workload/<stem>.json``), the parsed JSON
     object (a dict) or a :class:`pipeweave.schema.Workload`. ``hardware`` is a GPU name (file stem such as
-    ``"H100"``, driver name, or aiconfigurator key). ``collective_hardware``, ``collective_estimate`` (``"model"``
+    ``"H100"``, driver name, or aiconfigurator key) or the path of a GPU's JSON file (one of your own, beside the
+    shipped GPUs). ``collective_hardware``, ``collective_estimate`` (``"model"``
     or ``"analytical"``) and ``quantiles`` (adds ``summary.optimistic_*``) are the aggregator's flags of the same
     names. Unlike the command line, which prints a WARNING and uses the analytical estimate where no collective
     model covers a worker count, the API defaults to ``"model"``: a library call has no console for the warning,

@@ -1,7 +1,6 @@
 """Workload generator (docs/METHOD.md section 6): byte identity with the artifact, committed files, facts, errors."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
