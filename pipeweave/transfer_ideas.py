@@ -57,7 +57,7 @@ measured times of the same shapes are 0.98x H100's on 1.47x the bandwidth.
 
 A *drop idea* takes feature columns out of the network's inputs. ``no_l2_pipe`` drops the L2 cycles
 (``local_cycle``, ``sm_max_local_cycle``): the L2 bandwidth is the one hardware field without a vendor figure
-(estimated on every GPU from microbenchmarks or scaled from a die-mate: README, "Hardware audit"), its share beside
+(an estimate on every GPU, its provenance says which: README, "Hardware audit"), its share beside
 the DRAM share is the GPU constant memBandwidth / l2CacheBandwidth, and it is the one field the models read
 backwards (a copy of a GPU with more L2 bandwidth predicted up to 1.5x slower: README, "Physical consistency").
 No C_ideal sums an L2 column, so without the input a prediction does not depend on the L2 bandwidth at all.
