@@ -7,6 +7,7 @@ context and generation rows become prefill and decode shapes, and how MoE widths
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Iterable
@@ -263,6 +264,20 @@ def _older_balanced_moe_rows(root: Path, system: str, pinned: str, log: Log) -> 
 ROUTING_PROXY = "power_law_1.01"
 
 
+@lru_cache(maxsize=2)
+def _pinned_routing_rows(root: Path) -> tuple[tuple[str, str, tuple[pd.DataFrame, str]], ...]:
+    """(system, its pinned vLLM version, :func:`_aic_moe_rows` of balanced and :data:`ROUTING_PROXY` layers without
+    expert parallelism) of every system with a pinned fused-MoE table: read once for :func:`unseen_moe_rows` and
+    :func:`routing_proxy_errors` (the accuracy report calls both; callers must not modify the frames)."""
+    out = []
+    for system, pinned in _pinned_systems(root):
+        found = _aic_moe_rows(root, system, pinned, lambda line: None, (AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY),
+                              expert_parallel=False)
+        if found is not None:
+            out.append((system, pinned, found))
+    return tuple(out)
+
+
 def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     """Fused-MoE layers of GPUs the dataset has none of, which score the shipped MoE model on a GPU and an
     architecture outside its training data (:func:`pipeweave.moe.unseen_gpu_errors`):
@@ -281,11 +296,9 @@ def unseen_moe_rows(root: Path | None = None, log: Log = print) -> pd.DataFrame:
     frames = []
     if root is not None:
         balanced = AIC_MOE_DISTRIBUTIONS[0]
-        for system, pinned in _pinned_systems(root):
-            pinned_rows = _aic_moe_rows(root, system, pinned, lambda line: None, (balanced, ROUTING_PROXY),
-                                        expert_parallel=False)
-            if pinned_rows is None or (pinned_rows[0]["distribution"] == balanced).any():
-                continue  # no MoE table, or the dataset's own layers
+        for system, pinned, pinned_rows in _pinned_routing_rows(root):
+            if (pinned_rows[0]["distribution"] == balanced).any():
+                continue  # the dataset's own layers
             found, routing = _older_balanced_moe_rows(root, system, pinned, log), balanced
             if found is None:
                 found, routing = pinned_rows, ROUTING_PROXY  # the pinned table's proxy-routed layers, if any
@@ -312,10 +325,8 @@ def routing_proxy_errors(root: Path | None = None) -> dict[str, float]:
         return out
     registry = hardware_registry()
     keys = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]
-    for system, pinned in _pinned_systems(root):
-        found = _aic_moe_rows(root, system, pinned, lambda line: None, (AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY),
-                              expert_parallel=False)
-        if not found or found[0].empty:
+    for _, _, found in _pinned_routing_rows(root):
+        if found[0].empty:
             continue
         by_routing = found[0].groupby(keys + ["distribution"])["latency"].median().unstack("distribution")
         if set(by_routing.columns) >= {AIC_MOE_DISTRIBUTIONS[0], ROUTING_PROXY}:
