@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_files, hardware_registry, is_hardware_file
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_files, hardware_registry
 from analytical_model.pipes import HardwareSpec
 from analytical_model.registry import get_operator
 from pipeweave.bounds import fastest_us, l2_cycles
@@ -929,8 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.output, hardware_dir=args.hardware_dir)  # before minutes of fitting, not after
     refuse_overwriting_inputs(args.output, {"the --e2e file": args.e2e, "the --prior file": args.prior,
-                                            "the --hardware file": hardware_files(args.hardware)[0]
-                                            if is_hardware_file(args.hardware) else None,
+                                            **{"the --hardware file": path for path in hardware_files(args.hardware)},
                                             **{f"the --kernels file {path}": path for path in args.kernels or ()},
                                             **{f"the workload {path} of a run": path
                                                for path in run_workloads(args.e2e)}})

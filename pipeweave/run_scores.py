@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analytical_model.hardware import is_hardware_file
+from analytical_model.hardware import hardware_files
 from pipeweave.calibration_fit import read_runs
 from pipeweave.cli import (STANDARD_STREAM, ArgumentParser, check_output_path, refuse_overwriting_inputs,
                            write_atomically)
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and not to_stdout:
         check_output_path(args.output)
         refuse_overwriting_inputs(args.output, {"the --runs file": args.runs, "the --calibration file":
-                                                args.calibration, "the --hardware file": args.hardware
-                                                if is_hardware_file(args.hardware) else None})
+                                                args.calibration, **{"the --hardware file": path
+                                                                     for path in hardware_files(args.hardware)}})
     calibration = load_calibration(args.calibration) if args.calibration else None
     engine = Engine(model_dir=args.model_dir, hardware_dir=args.hardware_dir or DEFAULT_HARDWARE_DIR,
                     collective_dir=args.collective_dir, collective_estimate=args.collective_estimate,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry, is_hardware_file
+from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_files, hardware_registry
 from pipeweave.calibration import DEFAULT_PRIOR_PATH, Equations, fit_map, load_prior
 from pipeweave.calibration_fit import check_plausible, kernel_equations, read_kernel_csvs
 from pipeweave.cli import (ArgumentParser, UserError, check_output_path, print_report, refuse_overwriting_inputs,
@@ -99,9 +99,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.output:
         check_output_path(args.output)
-        refuse_overwriting_inputs(args.output, {"the --hardware file": args.hardware
-                                                if is_hardware_file(args.hardware) else None,
-                                                **{f"the --kernels file {path}": path for path in args.kernels}})
+        inputs = {f"the --kernels file {path}": path for path in args.kernels}
+        refuse_overwriting_inputs(args.output, inputs | {"the --hardware file": path
+                                                         for path in hardware_files(args.hardware)})
     rows = onboard(args.hardware, args.kernels, args.model_dir, args.hardware_dir, args.prior)
     text = render(hardware_registry(Path(args.hardware_dir)).get(args.hardware).name, rows)
     print_report(text, args.output)
