@@ -37,7 +37,7 @@ from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_t
 from pipeweave.cli import (ArgumentParser, UserError, positive_int, require_png, run_cli, save_png, write_atomically,
                            write_marked_section)
 from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
-                                SELECTION_ONLY, TRIGGER_BITS, considers_fine_tuning)
+                                SELECTION_ONLY, TRIGGER_BITS, VALIDATION_FOLDS, considers_fine_tuning)
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
@@ -72,16 +72,17 @@ class FineTunable:
     clip: Callable[[np.ndarray], np.ndarray]  # efficiency of every kernel -> kept inside the physical band
     sm_freq: float  # the GPU's SM clock (MHz)
 
-    def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray, base: np.ndarray
-                              ) -> np.ndarray | None:
+    def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray, base: np.ndarray,
+                              target_without: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
         """Every kernel's efficiency from the members fine-tuned on the ``drawn`` ones (``target``: the efficiency
-        they must give them under the corrections, ``base``: the LOGO model's) as ``calibrate.py`` fine-tunes
+        they must give them under the corrections, ``base``: the LOGO model's, ``target_without(fold)``: ``target``
+        under the corrections fitted without the drawn kernels ``fold``) as ``calibrate.py`` fine-tunes
         (:func:`pipeweave.finetune.fine_tune_selected`); None where that keeps the corrections alone."""
         from pipeweave.finetune import fine_tune_selected
         from pipeweave.mlp import NumpyMLP
 
         arrays = fine_tune_selected(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target,
-                                    self.sm_freq, base)[0]
+                                    self.sm_freq, base, target_without)[0]
         return None if arrays is None else self.clip(NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq))
 
 
@@ -222,6 +223,18 @@ def fitted_corrections(held: HeldOut, x: np.ndarray, prior: Prior, rows: np.ndar
     return fit_map(drawn_equations(held, x, prior, rows), prior)[0]
 
 
+def target_without(held: HeldOut, x: np.ndarray, prior: Prior, drawn: np.ndarray
+                   ) -> Callable[[np.ndarray], np.ndarray]:
+    """fold -> the efficiency the drawn kernels must get under the corrections fitted on the drawn kernels but the
+    fold's (positions in ``drawn``): what a fine-tuning choice compares on kernels the corrections did not see
+    (:func:`pipeweave.finetune.fine_tune_selected`)."""
+    def target(fold: np.ndarray) -> np.ndarray:
+        theta = fitted_corrections(held, x, prior, np.delete(drawn, fold))
+        return held.fine_tunable.efficiency[drawn] * np.exp(x[drawn] @ theta)
+
+    return target
+
+
 def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float]:
     """(log low, log high) of the spread ``calibrate.py`` records for the k kernels :func:`kshot_log_errors` draws
     with ``seed`` (pipeweave.calibration.cross_validated_log_residuals)."""
@@ -247,7 +260,8 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
     # the model learns what the corrections leave unexplained on the drawn kernels
     correction = np.exp(x @ theta)
     efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
-                                            tune.efficiency[drawn] * np.exp(y[drawn]))
+                                            tune.efficiency[drawn] * np.exp(y[drawn]),
+                                            target_without(held, x, prior, drawn))
     if efficiency is None:
         return log_error[rest], False
     return np.log(tune.efficiency / efficiency * correction)[rest], True
@@ -326,15 +340,19 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "GPU never sets its own prior or standardisation). k = 0 is the uncalibrated LOGO prediction. Cells: "
              f"duration error `mean / median` in %, averaged over {DRAWS} draws (seeds {SEED}…{SEED + DRAWS - 1}).",
              "",
-             "**Fine-tuning where the model extrapolates** (`pipeweave.finetune`, as `calibrate.py --kernels` does it). "
+             "**Fine-tuning where the model extrapolates** (`pipeweave.finetune`, as `calibrate.py --kernels` does "
+             "it). "
              f"For {' and '.join(op for op in FINE_TUNABLE if op not in SELECTION_ONLY)}, when at least "
              f"{MIN_EXTRAPOLATED_SHARE:.0%} of the k drawn kernels "
              f"(k ≥ {MIN_KERNELS}) carry the LOGO model's extrapolation flag (its SM design unseen, inputs outside "
              "its training range or its members disagreeing: the section \"What the extrapolation flag means\"), "
-             "each LOGO member is also trained further on what the fitted corrections leave unexplained on those "
+             "each LOGO member may also be trained further on what the fitted corrections leave unexplained on those "
              "kernels, anchored by a replay of the profiler's shape grid on its own training GPUs labelled with its "
-             "own output; the corrections apply on top. `(ft n/m)` marks a cell where that happened in n of its m "
-             "draws. Tried on the GEMM LOGO models (2 draws, k = 32, before the rule): fine-tuning on every GPU, "
+             "own output; the corrections apply on top. Whether the fine-tuned members are kept is chosen by "
+             f"{VALIDATION_FOLDS}-fold cross-validation on the k kernels, each fold predicted by the corrections "
+             "refitted without it, alone and with the members fine-tuned without it (since 2026-12-06; before, the "
+             "flag alone decided); `(ft n/m)` marks a cell where they were kept in n of its m draws. Tried on the "
+             "GEMM LOGO models (2 draws, k = 32, before the rule): fine-tuning on every GPU, "
              "also where the model is not extrapolating, raised the mean over the eleven GPUs from 8.0 to 8.6 % "
              "(B200 5.8 → 8.4 %, B300 6.0 → 8.5 %, GB300 5.8 → 8.0 %; H20 6.8 → 3.6 %); fine-tuning alone, without "
              "the corrections, 3.0 % on H20 but 12.1 % on H100 against 9.7 %; replaying the other GPUs' measured "
@@ -487,8 +505,10 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
         target = tune.efficiency[drawn] * correction[drawn]
         standard = tuned(fine_tune_for_gpu(op, tune.member_dirs, registry, tune.inputs[drawn], target,
                                            tune.sm_freq, recipe=STANDARD))
-        arrays, recipe, validation = fine_tune_selected(op, tune.member_dirs, registry, tune.inputs[drawn], target,
-                                                        tune.sm_freq, tune.efficiency[drawn] * np.exp(held.y[drawn]))
+        arrays, recipe, validation = fine_tune_selected(
+            op, tune.member_dirs, registry, tune.inputs[drawn], target, tune.sm_freq,
+            tune.efficiency[drawn] * np.exp(held.y[drawn]),
+            target_without(held, x, prior, drawn))
         zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
         cell = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
                 "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},

@@ -663,8 +663,9 @@ def build_parser() -> ArgumentParser:
                         help="prior scales (default: pipeweave/calibration_prior.json)")
     parser.add_argument("--no_fine_tune", action="store_true",
                         help="fit the corrections only (by default a GEMM or FP8 GEMM model is also fine-tuned on "
-                             "the measured kernels where it extrapolates on them, and from 200 kernels of a GEMM, FP8 "
-                             "GEMM, attention or MoE class on, where a held-out fifth of them prefers it; needs torch)")
+                             "the measured kernels where it extrapolates on them and cross-validation on them prefers "
+                             "it, and from 200 kernels of a GEMM, FP8 GEMM, attention or MoE class on, where a "
+                             "held-out fifth of them prefers it; needs torch)")
     return parser
 
 
@@ -687,16 +688,19 @@ def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
 
 
 def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor, registry,
-                     corrections: Calibration, log=print) -> dict:
+                     corrections: Calibration, equations: Equations, prior: Prior, log=print) -> dict:
     """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` that
     :func:`pipeweave.finetune.considers_fine_tuning` and whose held-out measured kernels (with enough of them) do
     not prefer the corrections alone: its members fine-tuned on what ``corrections`` (the fitted calibration)
-    leaves unexplained (:mod:`pipeweave.finetune`)."""
+    leaves unexplained (:mod:`pipeweave.finetune`). ``equations`` (the kernel files' in ``kernel_frames`` order,
+    then the runs') and ``prior`` are what ``corrections`` was fitted from: the choice refits it without the
+    kernels it holds out."""
     import pandas as pd
 
     from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
                                     SELECTION_ONLY, considers_fine_tuning, encode_arrays)
 
+    kinds = np.concatenate([np.full(len(frame), kind, dtype=object) for kind, frame in kernel_frames])
     entries = {}
     for op in FINE_TUNABLE:
         frames = [frame for kind, frame in kernel_frames if kind == op]
@@ -719,7 +723,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             raise UserError(f"{said}; fine-tuning it on them needs torch (pip install '.[train]'), or pass "
                             f"--no_fine_tune to fit the corrections only")
         from pipeweave.ensemble import member_dirs
-        from pipeweave.finetune import above_fixed_time, fine_tune_selected
+        from pipeweave.finetune import above_fixed_time, fine_tune_selected, selection_method
 
         model, metadata, directory = predictor.model(op)
         above = above_fixed_time(op, inputs, efficiency, spec.sm_freq, model.fixed_time_us)
@@ -730,8 +734,17 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
                 log(f"{said}: corrections only (fine-tuning needs at least {MIN_KERNELS} kernels)")
                 continue
         members = member_dirs(directory) if "ensemble" in metadata else [directory]
-        arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base)
-        chosen = (" chosen on a held-out fifth of them, mean |log error| "
+        rows = np.flatnonzero(kinds == op)  # the equations of these kernels, in their order
+
+        def efficiency_without(fold: np.ndarray, rows=rows, efficiency=efficiency) -> np.ndarray:
+            kept = np.ones(len(equations.measured), dtype=bool)
+            kept[rows[fold]] = False
+            theta = fit_map(equations.subset(kept), prior)[0]
+            return efficiency * np.exp(equations.x[rows] @ (theta - corrections.theta))
+
+        arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
+                                                    efficiency_without)
+        chosen = (f" chosen {selection_method(len(inputs))}, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
         if arrays is None:
             log(f"{said}: corrections only ({chosen.strip()})")
@@ -909,7 +922,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     # where the shipped model extrapolates
     if fine_tune and kernel_frames:
         calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry, calibration,
-                                                  log)
+                                                  equations, prior, log)
     return calibration
 
 

@@ -33,19 +33,25 @@ that many kernels: on 1,024 kernels the thorough recipe also beat the correction
 them). Which one suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on
 the kernels decide (:func:`fine_tune_selected`): each recipe is fine-tuned on all but a seeded fifth of them
 (:data:`VALIDATION_SHARE`), and of the corrections alone (:data:`CORRECTIONS_ONLY`) and the two recipes the one
-with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them). Below that too
-few kernels are held out to tell them apart, and the flag decides (:func:`considers_fine_tuning`).
+with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them). Below that a
+fifth is too few kernels to choose on; where the flag calls for fine-tuning (:func:`considers_fine_tuning`), the
+standard recipe is kept only if it predicts the kernels better than the corrections alone under
+:data:`VALIDATION_FOLDS`-fold cross-validation, each fold scored against the corrections refitted without it
+(since 2026-12-06: on the flag alone, leave-one-GPU-out with 32 kernels, the fine-tuning made H20's, L40S's and RTX
+PRO 6000's GEMMs worse than the corrections alone).
 
-When. ``calibrate.py --kernels`` fine-tunes an operator class in :data:`FINE_TUNABLE` with the standard recipe
-when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation flags of
-:data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them; from :data:`MIN_SELECTION_KERNELS` on,
-as the held-out fifth chooses. With fewer kernels where the model does not extrapolate, the corrections alone are the
-better calibration (docs/ACCURACY.md, "Few-shot calibration"). Attention and MoE (:data:`SELECTION_ONLY`) are
-fine-tuned only from :data:`MIN_SELECTION_KERNELS` kernels on: a few kernels cannot hold the attention model in
-place against a replay grid that does not cover them (every GPU got worse on 32), while on the profiler's full
-attention grid the kernels themselves do, and the thorough recipe won on every held-out GPU. MoE, whose replay grid
-(the MoE layers of the MoE model configs, :func:`pipeweave.profiler.grids.moe_grid`) was never tried on a few
-kernels, takes the same rule. Needs torch (``pip install '.[train]'``).
+When. ``calibrate.py --kernels`` considers fine-tuning an operator class in :data:`FINE_TUNABLE` with the
+standard recipe when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation
+flags of :data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them, and keeps it as the
+cross-validation chooses; from :data:`MIN_SELECTION_KERNELS` on, as the held-out fifth chooses (scored, as the
+many-kernel sections of docs/ACCURACY.md measured it, against the corrections fitted on all the kernels). With fewer
+kernels where the model does not extrapolate, the corrections alone are the better calibration (docs/ACCURACY.md,
+"Few-shot calibration"). Attention and MoE (:data:`SELECTION_ONLY`) are fine-tuned only from
+:data:`MIN_SELECTION_KERNELS` kernels on: a few kernels cannot hold the attention model in place against a replay
+grid that does not cover them (every GPU got worse on 32), while on the profiler's full attention grid the kernels
+themselves do, and the thorough recipe won on every held-out GPU. MoE, whose replay grid (the MoE layers of the MoE
+model configs, :func:`pipeweave.profiler.grids.moe_grid`) was never tried on a few kernels, takes the same rule.
+Needs torch (``pip install '.[train]'``).
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -107,9 +113,9 @@ class Recipe:
 
 def considers_fine_tuning(op: str, kernels: int, extrapolated_share: float) -> bool:
     """Whether a calibration on ``kernels`` measured kernels of ``op`` (a class of :data:`FINE_TUNABLE`), of which
-    the model extrapolates on ``extrapolated_share``, may fine-tune: from :data:`MIN_SELECTION_KERNELS` kernels on
-    always (a held-out fifth of them then chooses, :func:`fine_tune_selected`), below that where the model
-    extrapolates on most of at least :data:`MIN_KERNELS`, except for a class of :data:`SELECTION_ONLY`."""
+    the model extrapolates on ``extrapolated_share``, may fine-tune (:func:`fine_tune_selected` then chooses whether
+    it does): from :data:`MIN_SELECTION_KERNELS` kernels on always, below that where the model extrapolates on most
+    of at least :data:`MIN_KERNELS`, except for a class of :data:`SELECTION_ONLY`."""
     if kernels >= MIN_SELECTION_KERNELS:
         return True
     return op not in SELECTION_ONLY and kernels >= MIN_KERNELS and extrapolated_share >= MIN_EXTRAPOLATED_SHARE
@@ -123,6 +129,9 @@ RECIPES = (STANDARD, THOROUGH)
 MIN_SELECTION_KERNELS = 200
 VALIDATION_SHARE = 0.2
 VALIDATION_SEED = 0
+#: below MIN_SELECTION_KERNELS a fifth is too few to choose on (6 kernels of 32), so each kernel is predicted once, by
+#: the standard recipe fine-tuned without its quarter of them
+VALIDATION_FOLDS = 4
 
 
 def replay_shapes(op: str, config_dir: str | Path | None = None) -> dict[str, list]:
@@ -215,32 +224,61 @@ def validation_rows(n: int) -> np.ndarray:
     return np.sort(np.random.default_rng(VALIDATION_SEED).choice(n, size=round(n * VALIDATION_SHARE), replace=False))
 
 
+def validation_folds(n: int) -> list[np.ndarray]:
+    """The :data:`VALIDATION_FOLDS` seeded folds of ``n`` measured kernels (fewer than
+    :data:`MIN_SELECTION_KERNELS`) that choose between the corrections alone and the standard recipe, each kernel in
+    one (:func:`fine_tune_selected`)."""
+    order = np.random.default_rng(VALIDATION_SEED).permutation(n)
+    return [np.sort(fold) for fold in np.array_split(order, VALIDATION_FOLDS)]
+
+
+def selection_method(kernels: int) -> str:
+    """How :func:`fine_tune_selected` chooses on ``kernels`` measured kernels, for messages."""
+    if kernels < MIN_SELECTION_KERNELS:
+        return f"by {VALIDATION_FOLDS}-fold cross-validation on them"
+    return "on a held-out fifth of them"
+
+
 def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
                        efficiency: np.ndarray, sm_freq: float, base_efficiency: np.ndarray,
-                       config_dir: str | Path | None = None
+                       efficiency_without: Callable[[np.ndarray], np.ndarray], config_dir: str | Path | None = None
                        ) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
     """(weight-file arrays, or None for the corrections alone; the recipe; mean |log error| of each choice on the
-    held-out fifth) for measured kernels (raw model inputs, the ``efficiency`` the model must give them under the
-    fitted corrections, the ``base_efficiency`` the model gives them): below :data:`MIN_SELECTION_KERNELS` kernels
-    :data:`STANDARD`, unvalidated; from it on, of :data:`CORRECTIONS_ONLY` and :data:`RECIPES` the one that predicts
-    a held-out fifth best after fine-tuning on the other kernels, a recipe then fine-tuned on all of them."""
+    kernels it did not see) for measured kernels (raw model inputs, the ``efficiency`` the model must give them under
+    the fitted corrections, the ``base_efficiency`` the model gives them): from :data:`MIN_SELECTION_KERNELS` kernels
+    on, of :data:`CORRECTIONS_ONLY` and :data:`RECIPES` the one that predicts a held-out fifth best after fine-tuning
+    on the other kernels; below it, of the corrections alone and :data:`STANDARD` the one that predicts the kernels
+    best when each is predicted without its fold (:func:`validation_folds`): by the corrections and the fine-tuning
+    fitted on the other folds, ``efficiency_without(fold)`` giving the efficiency each kernel must get under the
+    corrections fitted without the kernels ``fold`` (fitted on all of them, the corrections would score the fold
+    in-sample and the fine-tuning out of it). A recipe chosen is then fine-tuned on all of them."""
     from pipeweave.mlp import NumpyMLP
 
     inputs, efficiency = np.asarray(inputs, dtype=np.float64), np.asarray(efficiency, dtype=np.float64)
+    base_efficiency = np.asarray(base_efficiency, dtype=np.float64)
+
+    def error(predicted: np.ndarray, rows: np.ndarray) -> float:
+        return float(np.mean(np.abs(np.log(np.asarray(predicted, dtype=np.float64) / efficiency[rows]))))
+
     if len(inputs) < MIN_SELECTION_KERNELS:
-        return fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir), STANDARD, {}
-    held = np.zeros(len(inputs), bool)
-    held[validation_rows(len(inputs))] = True
-
-    def error(predicted: np.ndarray) -> float:
-        return float(np.mean(np.abs(np.log(np.asarray(predicted, dtype=np.float64) / efficiency[held]))))
-
-    errors = {CORRECTIONS_ONLY.name: error(np.asarray(base_efficiency, dtype=np.float64)[held])}
-    for recipe in RECIPES:
-        arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[~held], efficiency[~held], sm_freq,
-                                   config_dir, recipe)
-        errors[recipe.name] = error(NumpyMLP(arrays).efficiency(inputs[held], sm_freq))
-    chosen = min((CORRECTIONS_ONLY,) + RECIPES, key=lambda recipe: errors[recipe.name])
+        recipes, log_errors = (STANDARD,), np.empty((2, len(inputs)))
+        for fold in validation_folds(len(inputs)):
+            rest = np.setdiff1d(np.arange(len(inputs)), fold)
+            target = np.asarray(efficiency_without(fold), dtype=np.float64)
+            arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[rest], target[rest], sm_freq,
+                                       config_dir, STANDARD)
+            log_errors[:, fold] = np.log([base_efficiency[fold] / target[fold],
+                                          NumpyMLP(arrays).efficiency(inputs[fold], sm_freq) / target[fold]])
+        errors = dict(zip((CORRECTIONS_ONLY.name, STANDARD.name), np.mean(np.abs(log_errors), axis=1).tolist()))
+    else:
+        recipes, held = RECIPES, validation_rows(len(inputs))
+        rest = np.setdiff1d(np.arange(len(inputs)), held)
+        errors = {CORRECTIONS_ONLY.name: error(base_efficiency[held], held)}
+        for recipe in recipes:
+            arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[rest], efficiency[rest], sm_freq,
+                                       config_dir, recipe)
+            errors[recipe.name] = error(NumpyMLP(arrays).efficiency(inputs[held], sm_freq), held)
+    chosen = min((CORRECTIONS_ONLY,) + recipes, key=lambda recipe: errors[recipe.name])
     if chosen is CORRECTIONS_ONLY:
         return None, chosen, errors
     return fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir, chosen), chosen, errors

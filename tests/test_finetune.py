@@ -181,14 +181,15 @@ def test_weights_survive_the_text_encoding():
 class PerfectFineTune(FineTunable):
     """A fine-tune that learns the GPU exactly (records what it was given)."""
 
-    def fine_tuned_efficiency(self, op, drawn, target, base):
+    def fine_tuned_efficiency(self, op, drawn, target, base, target_without):
+        assert np.allclose(target_without(np.array([], dtype=int)), target)  # no kernel left out: the same fit
         self.calls.append((drawn, target))
         return self.efficiency.copy()
 
 
 def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged():
-    """calibration_eval follows calibrate.py's rule: fine-tune when at least half of k >= 8 drawn kernels are
-    flagged, or k >= 200 (where fine_tune_selected may still keep the corrections alone), on the measured
+    """calibration_eval follows calibrate.py's rule: consider fine-tuning when at least half of k >= 32 drawn
+    kernels are flagged, or k >= 200 (fine_tune_selected may still keep the corrections alone), on the measured
     efficiency times the fitted correction; otherwise the corrections alone."""
     from test_calibration import synthetic_gpu
 
@@ -296,10 +297,11 @@ def test_fine_tuning_leaves_out_kernels_not_above_the_fixed_time():
 
 
 def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
-    """Below MIN_SELECTION_KERNELS the standard recipe fine-tunes on every kernel, unvalidated; from it on, each
-    recipe is fine-tuned on the same seeded four fifths and the choice that predicts the held-out fifth best (the
-    corrections alone among them) is kept, a recipe then fine-tuned on all kernels (fine-tuning and the model
-    replaced by fakes whose error is known)."""
+    """Below MIN_SELECTION_KERNELS the corrections alone and the standard recipe are compared by cross-validation
+    (each kernel predicted by the recipe fine-tuned without its fold); from it on, each recipe is fine-tuned on the
+    same seeded four fifths and the choice that predicts the held-out fifth best (the corrections alone among them)
+    is kept; a recipe chosen is then fine-tuned on all kernels (fine-tuning and the model replaced by fakes whose
+    error is known)."""
     from pipeweave import finetune, mlp
 
     calls = []
@@ -319,15 +321,43 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     monkeypatch.setattr(mlp, "NumpyMLP", FakeModel)
     few = finetune.MIN_SELECTION_KERNELS - 1
     truth = np.linspace(0.1, 0.9, few)[:, None]
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0, truth[:, 0])
-    assert (arrays, recipe, errors, calls) == ({"recipe": "standard"}, finetune.STANDARD, {}, [("standard", few)])
+    folds = finetune.validation_folds(few)
+    assert len(folds) == finetune.VALIDATION_FOLDS and np.array_equal(np.sort(np.concatenate(folds)), np.arange(few))
+    cross_validated = [("standard", few - len(fold)) for fold in folds]
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                         truth[:, 0] * 1.20,  # the corrections alone: 20 % off
+                                                         lambda fold: truth[:, 0])
+    assert (arrays, recipe) == ({"recipe": "standard"}, finetune.STANDARD)
+    assert calls == cross_validated + [("standard", few)]
+    assert errors == pytest.approx({"corrections_only": np.log(1.20), "standard": np.log(1.10)})
+    calls.clear()
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                         truth[:, 0] * 1.05, lambda fold: truth[:, 0])
+    assert (arrays, recipe, calls) == (None, finetune.CORRECTIONS_ONLY, cross_validated)
+    # each fold is scored against the corrections refitted without it: here they explain the fold's kernels exactly
+    # (they lie 1.20x from the corrections fitted on all), so the fine-tuning's 10 % error loses to them
+    calls.clear()
+    refits = []
+
+    def refitted(fold):
+        refits.append(fold)
+        return truth[:, 0] * 1.20
+
+    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                         truth[:, 0] * 1.20, refitted)
+    assert [list(fold) for fold in refits] == [list(fold) for fold in folds]
+    assert recipe is finetune.CORRECTIONS_ONLY and errors["corrections_only"] == pytest.approx(0.0)
+    assert errors["standard"] == pytest.approx(abs(np.log(1.10 / 1.20)))
+    assert "cross-validation" in finetune.selection_method(few)
+    assert "fifth" in finetune.selection_method(finetune.MIN_SELECTION_KERNELS)
 
     calls.clear()
     many = 2 * finetune.MIN_SELECTION_KERNELS
     truth = np.linspace(0.1, 0.9, many)[:, None]
     held = round(many * finetune.VALIDATION_SHARE)
     arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.05)  # the corrections alone: 5 % off
+                                                         truth[:, 0] * 1.05,  # the corrections alone: 5 % off
+                                                         lambda fold: truth[:, 0])
     assert recipe is finetune.THOROUGH and arrays == {"recipe": "thorough"}
     assert calls == [("standard", many - held), ("thorough", many - held), ("thorough", many)]
     assert errors == pytest.approx({"corrections_only": np.log(1.05), "standard": np.log(1.10),
@@ -336,7 +366,8 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
 
     calls.clear()
     arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.01)  # the corrections alone: 1 % off
+                                                         truth[:, 0] * 1.01,  # the corrections alone: 1 % off
+                                                         lambda fold: truth[:, 0])
     assert (arrays, recipe) == (None, finetune.CORRECTIONS_ONLY)
     assert calls == [("standard", many - held), ("thorough", many - held)]
 

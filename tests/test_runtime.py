@@ -514,7 +514,7 @@ def test_pipe_shares_model_exports_and_runs_as_torch_does(tmp_path):
 
 
 def test_unknown_input_transform_is_refused(tmp_path):
-    torch = pytest.importorskip("torch", reason="exporting needs the training extras")
+    pytest.importorskip("torch", reason="exporting needs the training extras")
     from pipeweave.torch_mlp import build_model, exported_arrays
 
     names = [f"f{i}" for i in range(5)]
