@@ -355,6 +355,7 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     many = 2 * finetune.MIN_SELECTION_KERNELS
     truth = np.linspace(0.1, 0.9, many)[:, None]
     held = round(many * finetune.VALIDATION_SHARE)
+
     def not_refitted(rows):  # the fifth is scored under the corrections fitted on all kernels, which are kept
         pytest.fail("from MIN_SELECTION_KERNELS kernels on the corrections are not refitted without the fifth")
 
