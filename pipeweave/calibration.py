@@ -33,6 +33,7 @@ import json
 import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -265,6 +266,23 @@ def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.n
         predicted = equations.subset(held).predict(theta)[0]
         out[fold == f] = np.log(equations.measured[held] / predicted)
     return out
+
+
+def refitted_without(equations: Equations, prior: Prior, rows: np.ndarray, theta: np.ndarray,
+                     values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """fold -> ``values`` (one per kernel equation ``rows``, one term each, under the corrections ``theta`` fitted on
+    ``equations``) under the corrections refitted without the kernels ``fold`` (positions in ``rows``): what a
+    fine-tuning choice scores on kernels the corrections did not see (:func:`pipeweave.finetune.fine_tune_selected`;
+    ``calibrate.py`` and its evaluation call the same)."""
+    rows = np.asarray(rows)
+
+    def without(fold: np.ndarray) -> np.ndarray:
+        kept = np.ones(len(equations.measured), dtype=bool)
+        kept[rows[fold]] = False
+        refitted = fit_map(equations.subset(kept), prior)[0]
+        return values * np.exp(equations.x[rows] @ (refitted - theta))
+
+    return without
 
 
 def spread_entry(residuals: np.ndarray) -> dict:

@@ -31,7 +31,7 @@ from analytical_model.registry import get_operator
 from pipeweave.accuracy import logo_as_predicted, logo_flag_codes, other_gpus_band
 from pipeweave.bounds import clip_efficiency, frame_l2_cycles
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_TAU, Equations, Prior, check_prior,
-                                   cross_validated_log_residuals, fit_map, spread_entry)
+                                   cross_validated_log_residuals, fit_map, refitted_without, spread_entry)
 from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_types, class_slice,
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import (ArgumentParser, UserError, positive_int, require_png, run_cli, save_png, write_atomically,
@@ -223,16 +223,13 @@ def fitted_corrections(held: HeldOut, x: np.ndarray, prior: Prior, rows: np.ndar
     return fit_map(drawn_equations(held, x, prior, rows), prior)[0]
 
 
-def target_without(held: HeldOut, x: np.ndarray, prior: Prior, drawn: np.ndarray
+def target_without(held: HeldOut, x: np.ndarray, prior: Prior, drawn: np.ndarray, theta: np.ndarray
                    ) -> Callable[[np.ndarray], np.ndarray]:
-    """fold -> the efficiency the drawn kernels must get under the corrections fitted on the drawn kernels but the
-    fold's (positions in ``drawn``): what a fine-tuning choice compares on kernels the corrections did not see
-    (:func:`pipeweave.finetune.fine_tune_selected`)."""
-    def target(fold: np.ndarray) -> np.ndarray:
-        theta = fitted_corrections(held, x, prior, np.delete(drawn, fold))
-        return held.fine_tunable.efficiency[drawn] * np.exp(x[drawn] @ theta)
-
-    return target
+    """fold -> the efficiency the drawn kernels must get under the corrections ``theta`` fitted on them refitted
+    without the fold's (positions in ``drawn``), as ``calibrate.py`` refits them
+    (:func:`pipeweave.calibration.refitted_without`)."""
+    target = held.fine_tunable.efficiency[drawn] * np.exp(x[drawn] @ theta)
+    return refitted_without(drawn_equations(held, x, prior, drawn), prior, np.arange(len(drawn)), theta, target)
 
 
 def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float]:
@@ -261,7 +258,7 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
     correction = np.exp(x @ theta)
     efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
                                             tune.efficiency[drawn] * np.exp(y[drawn]),
-                                            target_without(held, x, prior, drawn))
+                                            target_without(held, x, prior, drawn, theta))
     if efficiency is None:
         return log_error[rest], False
     return np.log(tune.efficiency / efficiency * correction)[rest], True
@@ -508,7 +505,7 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
         arrays, recipe, validation = fine_tune_selected(
             op, tune.member_dirs, registry, tune.inputs[drawn], target, tune.sm_freq,
             tune.efficiency[drawn] * np.exp(held.y[drawn]),
-            target_without(held, x, prior, drawn))
+            target_without(held, x, prior, drawn, theta))
         zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
         cell = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
                 "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},

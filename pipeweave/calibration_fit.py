@@ -28,7 +28,7 @@ from analytical_model.registry import get_operator
 from pipeweave.bounds import fastest_us, l2_cycles
 from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calibration, Equations, Prior,
                                    collective_models_record, cross_validated_log_residuals, file_digest, fit_map,
-                                   load_prior, spec_record, spread_entry)
+                                   load_prior, refitted_without, spec_record, spread_entry)
 from pipeweave.calibration_design import PARAMS, attention_types, communication_design, design, kernel_classes
 from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file
 from pipeweave.collectives import collective_workers
@@ -735,15 +735,9 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
                 continue
         members = member_dirs(directory) if "ensemble" in metadata else [directory]
         rows = np.flatnonzero(kinds == op)  # the equations of these kernels, in their order
-
-        def efficiency_without(fold: np.ndarray, rows=rows, efficiency=efficiency) -> np.ndarray:
-            kept = np.ones(len(equations.measured), dtype=bool)
-            kept[rows[fold]] = False
-            theta = fit_map(equations.subset(kept), prior)[0]
-            return efficiency * np.exp(equations.x[rows] @ (theta - corrections.theta))
-
         arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
-                                                    efficiency_without)
+                                                    refitted_without(equations, prior, rows, corrections.theta,
+                                                                     efficiency))
         chosen = (f" chosen {selection_method(len(inputs))}, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
         if arrays is None:
