@@ -36,8 +36,9 @@ from pipeweave.calibration_design import (CLASSES, HINGES, assemble, attention_t
                                           class_terms, fit_standardisation, kernel_classes, pipe_split, raw_covariates)
 from pipeweave.cli import (ArgumentParser, UserError, positive_int, require_png, run_cli, save_png, write_atomically,
                            write_marked_section)
-from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
-                                SELECTION_ONLY, TRIGGER_BITS, VALIDATION_FOLDS, considers_fine_tuning)
+from pipeweave.finetune import (FINE_TUNABLE, MAX_DEFAULT_WORKERS, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS,
+                                MIN_SELECTION_KERNELS, SELECTION_ONLY, TRIGGER_BITS, VALIDATION_FOLDS,
+                                considers_fine_tuning, default_workers, fine_tuning_pool)
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
@@ -73,16 +74,17 @@ class FineTunable:
     sm_freq: float  # the GPU's SM clock (MHz)
 
     def fine_tuned_efficiency(self, op: str, drawn: np.ndarray, target: np.ndarray, base: np.ndarray,
-                              target_without: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+                              target_without: Callable[[np.ndarray], np.ndarray], pool=None) -> np.ndarray | None:
         """Every kernel's efficiency from the members fine-tuned on the ``drawn`` ones (``target``: the efficiency
         they must give them under the corrections, ``base``: the LOGO model's, ``target_without(fold)``: ``target``
         under the corrections fitted without the drawn kernels ``fold``) as ``calibrate.py`` fine-tunes
-        (:func:`pipeweave.finetune.fine_tune_selected`); None where that keeps the corrections alone."""
+        (:func:`pipeweave.finetune.fine_tune_selected`, its members trained at once in ``pool`` where one is
+        given); None where that keeps the corrections alone."""
         from pipeweave.finetune import fine_tune_selected
         from pipeweave.mlp import NumpyMLP
 
         arrays = fine_tune_selected(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target,
-                                    self.sm_freq, base, target_without)[0]
+                                    self.sm_freq, base, target_without, pool=pool)[0]
         return None if arrays is None else self.clip(NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq))
 
 
@@ -241,9 +243,11 @@ def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) 
     return entry["log_low"], entry["log_high"]
 
 
-def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[np.ndarray, bool]:
+def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int, pool=None
+                     ) -> tuple[np.ndarray, bool]:
     """(log(calibrated / measured duration) of every kernel not drawn, after calibrating on k drawn ones as
-    ``calibrate.py --kernels`` does; whether that fine-tuned the model, :mod:`pipeweave.finetune`)."""
+    ``calibrate.py --kernels`` does; whether that fine-tuned the model, :mod:`pipeweave.finetune`, in ``pool``
+    where one is given: :func:`pipeweave.finetune.fine_tuning_pool`)."""
     y = held.y
     if k == 0:
         return -y, False
@@ -258,15 +262,16 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
     correction = np.exp(x @ theta)
     efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
                                             tune.efficiency[drawn] * np.exp(y[drawn]),
-                                            target_without(held, x, prior, drawn, theta))
+                                            target_without(held, x, prior, drawn, theta), pool)
     if efficiency is None:
         return log_error[rest], False
     return np.log(tune.efficiency / efficiency * correction)[rest], True
 
 
-def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float, bool]:
+def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int, pool=None
+                 ) -> tuple[float, float, bool]:
     """(mean, median) duration error in % of :func:`kshot_log_errors`, and whether it fine-tuned."""
-    log_error, fine_tuned = kshot_log_errors(held, x, prior, k, seed)
+    log_error, fine_tuned = kshot_log_errors(held, x, prior, k, seed, pool)
     errors = np.abs(np.exp(log_error) - 1)
     return float(errors.mean() * 100), float(np.median(errors) * 100), fine_tuned
 
@@ -296,7 +301,8 @@ def in_sample_errors(held: HeldOut, x: np.ndarray, prior: Prior) -> dict:
     return {"mean": float(errors.mean()), "median": float(np.median(errors))}
 
 
-def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=print) -> tuple[dict, Prior]:
+def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=print, pool=None
+             ) -> tuple[dict, Prior]:
     rows, prior, priors = held_out_and_priors(dataset_dir, cache, ops)
     results = {}
     for held in rows:
@@ -305,7 +311,7 @@ def evaluate(dataset_dir: Path, cache: Path, draws: int = DRAWS, ops=OPS, log=pr
         for k in SHOTS:
             if k >= len(held.y):
                 continue
-            runs = [kshot_errors(held, x, priors[held.gpu], k, SEED + d) for d in range(1 if k == 0 else draws)]
+            runs = [kshot_errors(held, x, priors[held.gpu], k, SEED + d, pool) for d in range(1 if k == 0 else draws)]
             means, medians, tuned = zip(*runs)
             cell[str(k)] = {"mean": float(np.mean(means)), "median": float(np.mean(medians)),
                             "fine_tuned": int(sum(tuned)), "draws": len(runs)}
@@ -465,13 +471,13 @@ MANY_KERNELS = 1024
 
 
 def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, op: str = "gemm",
-                        log=print) -> dict:
+                        log=print, pool=None) -> dict:
     """Per held-out GPU of ``op`` with more than ``k`` kernels: the error on all its other kernels of a calibration
     on ``k`` drawn ones (seed :data:`SEED`) with the corrections alone, with the standard fine-tuning, and as
     ``calibrate.py --kernels`` now calibrates with that many (:func:`pipeweave.finetune.fine_tune_selected`: the
     choice of a held-out fifth of them, with its validation errors). The prior is estimated from the other GPUs'
     kernels of ``op`` only (this evaluation needs no other operator's LOGO models); the held-out GPU never sets
-    it."""
+    it. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None."""
     from pipeweave.finetune import STANDARD, fine_tune_for_gpu, fine_tune_selected
     from pipeweave.mlp import NumpyMLP
 
@@ -501,11 +507,11 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
 
         target = tune.efficiency[drawn] * correction[drawn]
         standard = tuned(fine_tune_for_gpu(op, tune.member_dirs, registry, tune.inputs[drawn], target,
-                                           tune.sm_freq, recipe=STANDARD))
+                                           tune.sm_freq, recipe=STANDARD, pool=pool))
         arrays, recipe, validation = fine_tune_selected(
             op, tune.member_dirs, registry, tune.inputs[drawn], target, tune.sm_freq,
             tune.efficiency[drawn] * np.exp(held.y[drawn]),
-            target_without(held, x, prior, drawn, theta))
+            target_without(held, x, prior, drawn, theta), pool=pool)
         zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
         cell = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
                 "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},
@@ -600,18 +606,28 @@ def main(argv=None) -> int:
                         help=f"kernels drawn per held-out GPU for --many_kernels (default: {MANY_KERNELS}; the "
                              "profiler's full grid measures 3,790 of each GEMM class and 1,608 attention kernels, its "
                              "quick grid 239 and 240)")
+    parser.add_argument("--workers", type=positive_int, default=default_workers(),
+                        help="processes that fine-tune ensemble members at once (default: the usable cores, at most "
+                             f"{MAX_DEFAULT_WORKERS}; any number gives the same results)")
     args = parser.parse_args(argv)
     require_png(args.png, "--png")
+    with fine_tuning_pool(args.workers) as pool:
+        return evaluate_and_write(args, pool)
+
+
+def evaluate_and_write(args, pool) -> int:
+    """:func:`main` once its arguments are read."""
     if args.many_kernels:
         op, k = args.many_kernels, args.many_kernels_k
-        many = many_kernel_results(args.dataset_dir, args.cache, k, op, log=lambda m: print(m, flush=True))
+        many = many_kernel_results(args.dataset_dir, args.cache, k, op, log=lambda m: print(m, flush=True),
+                                   pool=pool)
         if not many:
             raise UserError(f"no GPU has more than {k} {op} kernels in {args.dataset_dir}; choose a smaller "
                             "--many_kernels_k")
         write_marked_section(args.accuracy_md, f"{MANY_SECTION}-{op}-{k}", render_many(many, op, k))
         print(f"wrote the {op} many-kernel section (k = {k}) of {args.accuracy_md}")
         return 0
-    results, prior = evaluate(args.dataset_dir, args.cache, log=lambda m: print(m, flush=True))
+    results, prior = evaluate(args.dataset_dir, args.cache, log=lambda m: print(m, flush=True), pool=pool)
     check_prior(args.prior, prior)  # one calibrate.py could not load (a noise of 0) is not written
     write_atomically(args.prior, lambda tmp: tmp.write_text(json.dumps(prior.as_dict(), indent=2) + "\n"))
     plot(results, args.png)

@@ -30,9 +30,10 @@ from pipeweave.calibration import (DEFAULT_PRIOR_PATH, MIN_SPREAD_KERNELS, Calib
                                    collective_models_record, cross_validated_log_residuals, file_digest, fit_map,
                                    load_prior, refitted_without, spec_record, spread_entry)
 from pipeweave.calibration_design import PARAMS, attention_types, communication_design, design, kernel_classes
-from pipeweave.cli import ArgumentParser, UserError, check_output_path, refuse_overwriting_inputs, require_file
+from pipeweave.cli import (ArgumentParser, UserError, check_output_path, positive_int, refuse_overwriting_inputs,
+                           require_file)
 from pipeweave.collectives import collective_workers
-from pipeweave.finetune import TRIGGER_BITS
+from pipeweave.finetune import MAX_DEFAULT_WORKERS, TRIGGER_BITS, default_workers
 from pipeweave.schema import COLLECTIVE_KINDS
 
 if TYPE_CHECKING:  # the kernel CSVs are read with pandas (training extras); the end-to-end runs without it
@@ -666,6 +667,9 @@ def build_parser() -> ArgumentParser:
                              "the measured kernels where it extrapolates on them and cross-validation on them prefers "
                              "it, and from 200 kernels of a GEMM, FP8 GEMM, attention or MoE class on, where a "
                              "held-out fifth of them prefers it; needs torch)")
+    parser.add_argument("--workers", type=positive_int, default=default_workers(),
+                        help="processes that fine-tune the ensemble members at once (default: the usable cores, at "
+                             f"most {MAX_DEFAULT_WORKERS}; any number gives the same calibration, bit for bit)")
     return parser
 
 
@@ -688,13 +692,13 @@ def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
 
 
 def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor, registry,
-                     corrections: Calibration, equations: Equations, prior: Prior, log=print) -> dict:
+                     corrections: Calibration, equations: Equations, prior: Prior, log=print, pool=None) -> dict:
     """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` that
     :func:`pipeweave.finetune.considers_fine_tuning` and whose held-out measured kernels (with enough of them) do
     not prefer the corrections alone: its members fine-tuned on what ``corrections`` (the fitted calibration)
     leaves unexplained (:mod:`pipeweave.finetune`). ``equations`` (the kernel files' in ``kernel_frames`` order,
     then the runs') and ``prior`` are what ``corrections`` was fitted from: the choice refits it without the
-    kernels it holds out."""
+    kernels it holds out. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None."""
     import pandas as pd
 
     from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
@@ -737,7 +741,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         rows = np.flatnonzero(kinds == op)  # the equations of these kernels, in their order
         arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
                                                     refitted_without(equations, prior, rows, corrections.theta,
-                                                                     efficiency))
+                                                                     efficiency), pool=pool)
         chosen = (f" chosen {selection_method(len(inputs))}, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
         if arrays is None:
@@ -822,8 +826,10 @@ def check_plausible(equations: Equations, zero_shot_log_error: np.ndarray) -> No
 
 def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=None,
               hardware_dir=DEFAULT_HARDWARE_DIR, prior: Prior | None = None, fine_tune: bool = True,
-              collective_dir=None, log=print) -> Calibration:
-    """Validate every input, build the equations and fit; nothing is written here."""
+              collective_dir=None, workers: int = 1, log=print) -> Calibration:
+    """Validate every input, build the equations and fit; nothing is written here. ``workers``: processes that
+    fine-tune ensemble members at once (:func:`pipeweave.finetune.fine_tuning_pool`; the same weights for any
+    number)."""
     from pipeweave.engine import Engine
     from pipeweave.paths import DEFAULT_MODEL_DIR
 
@@ -915,8 +921,11 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     # on the measured kernels (end-to-end runs alone fine-tune nothing): what the corrections leave unexplained,
     # where the shipped model extrapolates
     if fine_tune and kernel_frames:
-        calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry, calibration,
-                                                  equations, prior, log)
+        from pipeweave.finetune import fine_tuning_pool
+
+        with fine_tuning_pool(workers) as pool:
+            calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry,
+                                                      calibration, equations, prior, log, pool)
     return calibration
 
 
@@ -943,7 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     prior = load_prior(args.prior)
     calibration = calibrate(args.hardware, args.e2e, args.kernels, model_dir=args.model_dir,
                             hardware_dir=args.hardware_dir, prior=prior, fine_tune=not args.no_fine_tune,
-                            collective_dir=args.collective_dir)
+                            collective_dir=args.collective_dir, workers=args.workers)
     calibration.save(args.output)
     summary = calibration.summary()
     measured = set(calibration.fitted_from.get("measured_terms", PARAMS))

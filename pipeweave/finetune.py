@@ -56,8 +56,11 @@ Needs torch (``pip install '.[train]'``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import math
+import os
+from concurrent.futures import FIRST_EXCEPTION, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -158,23 +161,70 @@ def above_fixed_time(op: str, inputs: np.ndarray, efficiency: np.ndarray, sm_fre
     return get_operator(op).ideal_us(inputs, sm_freq) / np.asarray(efficiency, dtype=np.float64) > fixed_time_us
 
 
-def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
-              replay: np.ndarray, replay_rows_per_gpu: int, sm_freq: float, recipe: Recipe = STANDARD
-              ) -> dict[str, np.ndarray]:
-    """The weight-file arrays (:mod:`pipeweave.mlp`) of the ensemble of ``member_dirs`` (torch checkpoints)
-    fine-tuned with ``recipe`` on measured kernels (raw model inputs and measured ``overall_perf`` on a GPU of
-    SM clock ``sm_freq``, MHz; those not above the model's fixed time left out, :func:`above_fixed_time`), with
-    the replay inputs ``replay`` labelled by each member itself."""
+#: most processes a calibration fine-tunes in by default: one fine-tuning choice trains at most 20 members at once
+#: (4 folds x 5), and each process holds torch and the replay set (a few hundred MB)
+MAX_DEFAULT_WORKERS = 8
+
+
+def default_workers() -> int:
+    """The cores this process may use, at most :data:`MAX_DEFAULT_WORKERS`."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(usable, MAX_DEFAULT_WORKERS))
+
+
+def fine_tuning_pool(workers: int):
+    """A context giving the processes that fine-tune ensemble members at once (:func:`fine_tune`'s ``pool``), or
+    None to fine-tune them one after the other here (``workers`` < 2). Each member trains single-threaded with its
+    own seed, so a pool gives the same weights, bit for bit; processes start at the first member."""
+    if workers < 2:
+        return contextlib.nullcontext(None)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: a forked child inherits torch's thread pools in an undefined state
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def fine_tune_member(op: str, directory: str | Path, x_replay: np.ndarray, x_measured: np.ndarray,
+                     y_measured: np.ndarray, recipe: Recipe) -> dict[str, np.ndarray]:
+    """The weight-file arrays of one ensemble member (torch checkpoint in ``directory``) fine-tuned with ``recipe``
+    on the measured rows (network inputs, repeated; log work efficiency) and the replay rows ``x_replay`` labelled
+    by the member itself: :func:`fine_tune`'s unit of work."""
     import torch
 
-    from pipeweave.mlp import metadata_transform, model_inputs, read_metadata, work_efficiency
+    from pipeweave.mlp import metadata_transform
     from pipeweave.torch_mlp import exported_arrays, fixed_time_of, load_model_dir
     from pipeweave.training import TrainConfig, loss_function, train_epoch
 
-    if len(inputs) == 0:
-        raise ValueError(f"{op}: no measured kernels to fine-tune on")
     config = TrainConfig(progress=False)
     torch.set_num_threads(config.threads)
+    model, metadata = load_model_dir(directory, op)
+    seed = int(metadata["training"]["seed"])
+    x_replay, x_measured = torch.as_tensor(x_replay), torch.as_tensor(x_measured)
+    with torch.no_grad():
+        y_replay = model(x_replay)
+    x, y = torch.cat([x_replay, x_measured]), torch.cat([y_replay, torch.as_tensor(y_measured)])
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=config.weight_decay)
+    for epoch in range(recipe.epochs):
+        if recipe.anneal:
+            optimizer.param_groups[0]["lr"] = LEARNING_RATE * (1 + math.cos(math.pi * epoch / recipe.epochs)) / 2
+        train_epoch(model, optimizer, loss_function(config), x, y, torch.randperm(len(x), generator=generator),
+                    config.batch_size)
+    model.eval()
+    return exported_arrays(model, list(metadata["model_info"]["features"]), metadata_transform(metadata),
+                           *fixed_time_of(metadata, op))
+
+
+def member_trainings(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
+                     replay: np.ndarray, replay_rows_per_gpu: int, sm_freq: float, recipe: Recipe) -> list[tuple]:
+    """The :func:`fine_tune_member` arguments of each member of :func:`fine_tune`."""
+    from pipeweave.mlp import metadata_transform, model_inputs, read_metadata, work_efficiency
+    from pipeweave.torch_mlp import fixed_time_of
+
+    if len(inputs) == 0:
+        raise ValueError(f"{op}: no measured kernels to fine-tune on")
     measured = np.asarray(inputs, dtype=np.float64)
     info = read_metadata(member_dirs[0])  # the members share features and transform (pipeweave.mlp.ensemble_arrays)
     names, transform = list(info["model_info"]["features"]), metadata_transform(info)
@@ -185,38 +235,66 @@ def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, ef
     measured, efficiency = measured[above], np.asarray(efficiency, dtype=np.float64)[above]
     # what the members predict: the efficiency of the time above the fixed one (pipeweave.mlp)
     target = np.log(work_efficiency(efficiency, get_operator(op).ideal_us(measured, sm_freq), fixed[0]))
-    x_replay = torch.as_tensor(model_inputs(replay, names, transform))
     repeats = max(1, recipe.measured_rows(len(replay), replay_rows_per_gpu) // len(measured))
-    x_measured = torch.as_tensor(np.repeat(model_inputs(measured, names, transform), repeats, axis=0))
-    y_measured = torch.as_tensor(np.repeat(target, repeats).astype(np.float32))
-    members = []
-    for directory in member_dirs:
-        model, metadata = load_model_dir(directory, op)
-        seed = int(metadata["training"]["seed"])
-        with torch.no_grad():
-            y_replay = model(x_replay)
-        x, y = torch.cat([x_replay, x_measured]), torch.cat([y_replay, y_measured])
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=config.weight_decay)
-        for epoch in range(recipe.epochs):
-            if recipe.anneal:
-                optimizer.param_groups[0]["lr"] = LEARNING_RATE * (1 + math.cos(math.pi * epoch / recipe.epochs)) / 2
-            train_epoch(model, optimizer, loss_function(config), x, y, torch.randperm(len(x), generator=generator),
-                        config.batch_size)
-        model.eval()
-        members.append(exported_arrays(model, names, transform, *fixed))
-    return ensemble_arrays(members) if len(members) > 1 else members[0]
+    rows = (model_inputs(replay, names, transform),
+            np.repeat(model_inputs(measured, names, transform), repeats, axis=0),
+            np.repeat(target, repeats).astype(np.float32))
+    return [(op, str(directory), *rows, recipe) for directory in member_dirs]
+
+
+def trained_ensembles(fine_tunings: list[list[tuple]], pool=None) -> list[dict[str, np.ndarray]]:
+    """The weight-file arrays of each fine-tuning (its :func:`member_trainings`); with a ``pool``
+    (:func:`fine_tuning_pool`) the members of all of them train at once, and the first that fails stops those not
+    started."""
+    if pool is None:
+        tuned = [[fine_tune_member(*member) for member in members] for members in fine_tunings]
+    else:
+        futures = [[pool.submit(fine_tune_member, *member) for member in members] for members in fine_tunings]
+        every = [future for started in futures for future in started]
+        try:
+            wait(every, return_when=FIRST_EXCEPTION)
+        finally:  # a member failed (or the wait was interrupted): the members not started never will be
+            for future in every:
+                future.cancel()
+        failed = [future.exception() for future in every if future.done() and not future.cancelled()
+                  and future.exception() is not None]
+        if failed:
+            raise failed[0]
+        tuned = [[future.result() for future in started] for started in futures]
+    return [ensemble_arrays(members) if len(members) > 1 else members[0] for members in tuned]
+
+
+def fine_tune(op: str, member_dirs: Sequence[str | Path], inputs: np.ndarray, efficiency: np.ndarray,
+              replay: np.ndarray, replay_rows_per_gpu: int, sm_freq: float, recipe: Recipe = STANDARD,
+              pool=None) -> dict[str, np.ndarray]:
+    """The weight-file arrays (:mod:`pipeweave.mlp`) of the ensemble of ``member_dirs`` (torch checkpoints)
+    fine-tuned with ``recipe`` on measured kernels (raw model inputs and measured ``overall_perf`` on a GPU of
+    SM clock ``sm_freq``, MHz; those not above the model's fixed time left out, :func:`above_fixed_time`), with
+    the replay inputs ``replay`` labelled by each member itself; the members trained at once in ``pool``
+    (:func:`fine_tuning_pool`) where one is given."""
+    return trained_ensembles([member_trainings(op, member_dirs, inputs, efficiency, replay, replay_rows_per_gpu,
+                                               sm_freq, recipe)], pool)[0]
+
+
+def fine_tunes_for_gpu(op: str, member_dirs: Sequence[str | Path], registry,
+                       fine_tunings: list[tuple[np.ndarray, np.ndarray, Recipe]], sm_freq: float,
+                       config_dir: str | Path | None = None, pool=None) -> list[dict[str, np.ndarray]]:
+    """:func:`fine_tune` on each (inputs, efficiency, recipe) of ``fine_tunings``, with the replay set of the
+    members' training GPUs; with a ``pool``, all at once."""
+    shapes = replay_shapes(op, config_dir)
+    trained = read_metadata(member_dirs[0]).get("data_info", {}).get("train_hardware_distribution", {})
+    replay = model_input_rows(op, shapes, training_gpus(trained, registry))
+    per_gpu = len(next(iter(shapes.values())))
+    return trained_ensembles([member_trainings(op, member_dirs, inputs, efficiency, replay, per_gpu, sm_freq, recipe)
+                              for inputs, efficiency, recipe in fine_tunings], pool)
 
 
 def fine_tune_for_gpu(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
                       efficiency: np.ndarray, sm_freq: float, config_dir: str | Path | None = None,
-                      recipe: Recipe = STANDARD) -> dict[str, np.ndarray]:
+                      recipe: Recipe = STANDARD, pool=None) -> dict[str, np.ndarray]:
     """:func:`fine_tune` with the replay set of the members' training GPUs."""
-    shapes = replay_shapes(op, config_dir)
-    trained = read_metadata(member_dirs[0]).get("data_info", {}).get("train_hardware_distribution", {})
-    replay = model_input_rows(op, shapes, training_gpus(trained, registry))
-    return fine_tune(op, member_dirs, inputs, efficiency, replay, len(next(iter(shapes.values()))), sm_freq, recipe)
+    return fine_tunes_for_gpu(op, member_dirs, registry, [(inputs, efficiency, recipe)], sm_freq, config_dir,
+                              pool)[0]
 
 
 def validation_rows(n: int) -> np.ndarray:
@@ -241,8 +319,8 @@ def selection_method(kernels: int) -> str:
 
 def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
                        efficiency: np.ndarray, sm_freq: float, base_efficiency: np.ndarray,
-                       efficiency_without: Callable[[np.ndarray], np.ndarray], config_dir: str | Path | None = None
-                       ) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
+                       efficiency_without: Callable[[np.ndarray], np.ndarray], config_dir: str | Path | None = None,
+                       pool=None) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
     """(weight-file arrays, or None for the corrections alone; the recipe; mean |log error| of each choice on the
     kernels its fine-tuning did not see) for measured kernels (raw model inputs, the ``efficiency`` the model must give
     them under the fitted corrections, the ``base_efficiency`` the model gives them): from
@@ -256,7 +334,8 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     corrections and the fine-tuning fitted on the other folds, ``efficiency_without(fold)`` giving the efficiency each
     kernel must get under the corrections fitted without the kernels ``fold`` (fitted on all of them, the corrections
     would score the fold in-sample and the fine-tuning out of it). A recipe chosen is then fine-tuned on all of
-    them."""
+    them. With a ``pool`` (:func:`fine_tuning_pool`) the members of the fine-tunings a choice compares train at
+    once."""
     from pipeweave.mlp import NumpyMLP
 
     inputs, efficiency = np.asarray(inputs, dtype=np.float64), np.asarray(efficiency, dtype=np.float64)
@@ -265,13 +344,16 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     def error(predicted: np.ndarray, rows: np.ndarray) -> float:
         return float(np.mean(np.abs(np.log(np.asarray(predicted, dtype=np.float64) / efficiency[rows]))))
 
+    def fits(fine_tunings: list[tuple[np.ndarray, np.ndarray, Recipe]]) -> list[dict[str, np.ndarray]]:
+        return fine_tunes_for_gpu(op, member_dirs, registry, fine_tunings, sm_freq, config_dir, pool)
+
     if len(inputs) < MIN_SELECTION_KERNELS:
         recipes, log_errors = (STANDARD,), np.empty((2, len(inputs)))
-        for fold in validation_folds(len(inputs)):
-            rest = np.setdiff1d(np.arange(len(inputs)), fold)
-            target = np.asarray(efficiency_without(fold), dtype=np.float64)
-            arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[rest], target[rest], sm_freq,
-                                       config_dir, STANDARD)
+        folds = validation_folds(len(inputs))
+        targets = [np.asarray(efficiency_without(fold), dtype=np.float64) for fold in folds]
+        rests = [np.setdiff1d(np.arange(len(inputs)), fold) for fold in folds]
+        tuned = fits([(inputs[rest], target[rest], STANDARD) for rest, target in zip(rests, targets)])
+        for fold, target, arrays in zip(folds, targets, tuned):
             log_errors[:, fold] = np.log([base_efficiency[fold] / target[fold],
                                           NumpyMLP(arrays).efficiency(inputs[fold], sm_freq) / target[fold]])
         errors = dict(zip((CORRECTIONS_ONLY.name, STANDARD.name), np.mean(np.abs(log_errors), axis=1).tolist()))
@@ -279,14 +361,13 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
         recipes, held = RECIPES, validation_rows(len(inputs))
         rest = np.setdiff1d(np.arange(len(inputs)), held)
         errors = {CORRECTIONS_ONLY.name: error(base_efficiency[held], held)}
-        for recipe in recipes:
-            arrays = fine_tune_for_gpu(op, member_dirs, registry, inputs[rest], efficiency[rest], sm_freq,
-                                       config_dir, recipe)
+        tuned = fits([(inputs[rest], efficiency[rest], recipe) for recipe in recipes])
+        for recipe, arrays in zip(recipes, tuned):
             errors[recipe.name] = error(NumpyMLP(arrays).efficiency(inputs[held], sm_freq), held)
     chosen = min((CORRECTIONS_ONLY,) + recipes, key=lambda recipe: errors[recipe.name])
     if chosen is CORRECTIONS_ONLY:
         return None, chosen, errors
-    return fine_tune_for_gpu(op, member_dirs, registry, inputs, efficiency, sm_freq, config_dir, chosen), chosen, errors
+    return fits([(inputs, efficiency, chosen)])[0], chosen, errors
 
 
 def encode_arrays(arrays: dict[str, np.ndarray]) -> str:

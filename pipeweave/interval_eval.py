@@ -35,9 +35,10 @@ from analytical_model.registry import get_operator, operator_keys
 from pipeweave.bounds import frame_band_table
 from pipeweave.calibration_eval import (DRAWS, SEED, SHOTS, HeldOut, drawn_spread, held_out_and_priors,
                                         held_out_rows, kshot_log_errors)
-from pipeweave.cli import ArgumentParser, run_cli, trainable_operator_list, write_atomically, write_marked_section
+from pipeweave.cli import (ArgumentParser, positive_int, run_cli, trainable_operator_list, write_atomically,
+                           write_marked_section)
 from pipeweave.intervals import DEFAULT_PATH, FORMAT, LEVELS, STATES, TRAINED, UNSEEN_ARCHITECTURE, UNSEEN_GPU
-from pipeweave.finetune import FINE_TUNABLE
+from pipeweave.finetune import FINE_TUNABLE, MAX_DEFAULT_WORKERS, default_workers, fine_tuning_pool
 from pipeweave.logo_cache import DEFAULT_CACHE, gpus_with_data
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR, DOCS_DIR
@@ -148,17 +149,17 @@ def coverage(ratios: dict[int, dict[str, np.ndarray]]) -> dict[str, dict[str, di
     return out
 
 
-def calibrated_ratios(rows: list[HeldOut], priors: dict, ops) -> dict[str, dict[int, dict[str, list]]]:
+def calibrated_ratios(rows: list[HeldOut], priors: dict, ops, pool=None) -> dict[str, dict[int, dict[str, list]]]:
     """{op: {k: {held-out GPU: [(log ratios of its kernels not drawn, the spread the calibration records) per
     draw]}}} after calibrating its leave-one-GPU-out prediction on k drawn kernels, exactly the k-shot evaluation
     of :mod:`pipeweave.calibration_eval` (its ``rows`` and per-GPU ``priors`` estimated without the GPU, draws,
-    seeds and fine-tuning rule)."""
+    seeds and fine-tuning rule; ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None)."""
     out: dict[str, dict[int, dict[str, list]]] = {}
     for held in (held for held in rows if held.op in ops):
         x = held.design(priors[held.gpu].standardisation)
         for k in CALIBRATED_SHOTS:
             if k < len(held.y):
-                draws = [(-kshot_log_errors(held, x, priors[held.gpu], k, SEED + d)[0],
+                draws = [(-kshot_log_errors(held, x, priors[held.gpu], k, SEED + d, pool)[0],
                           drawn_spread(held, x, priors[held.gpu], k, SEED + d)) for d in range(DRAWS)]
                 out.setdefault(held.op, {}).setdefault(k, {})[held.gpu] = draws
         print(f"  calibrated {held.op} / {held.gpu}", flush=True)
@@ -336,6 +337,9 @@ def main(argv=None) -> int:
     parser.add_argument("--without_calibrated", action="store_true",
                         help="skip the calibrated states (the k-shot calibrations, ~20 min of CPU with their "
                              "fine-tuning); only without --write (default: evaluate them)")
+    parser.add_argument("--workers", type=positive_int, default=default_workers(),
+                        help="processes that fine-tune ensemble members at once in the calibrated states (default: "
+                             f"the usable cores, at most {MAX_DEFAULT_WORKERS}; any number gives the same table)")
     args = parser.parse_args(argv)
     if args.with_unseen and not args.write_trained:
         parser.error("--with_unseen goes with --write_trained")
@@ -351,7 +355,11 @@ def main(argv=None) -> int:
     # every operator's held-out rows, once: the unseen states' errors, and the priors pool every operator, as a
     # calibration's does
     rows, _, priors = held_out_and_priors(args.dataset_dir, args.cache)
-    calibrated = {} if args.without_calibrated else calibrated_ratios(rows, priors, args.ops)
+    if args.without_calibrated:
+        calibrated = {}
+    else:
+        with fine_tuning_pool(args.workers) as pool:
+            calibrated = calibrated_ratios(rows, priors, args.ops, pool)
     for op in args.ops:
         ratios = operator_ratios(op, predictor, args.dataset_dir, rows)
         entries[op], covered[op] = table_entry(ratios), coverage(ratios)

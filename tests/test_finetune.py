@@ -181,7 +181,7 @@ def test_weights_survive_the_text_encoding():
 class PerfectFineTune(FineTunable):
     """A fine-tune that learns the GPU exactly (records what it was given)."""
 
-    def fine_tuned_efficiency(self, op, drawn, target, base, target_without):
+    def fine_tuned_efficiency(self, op, drawn, target, base, target_without, pool=None):
         assert np.allclose(target_without(np.array([], dtype=int)), target)  # no kernel left out: the same fit
         self.calls.append((drawn, target))
         return self.efficiency.copy()
@@ -306,9 +306,9 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
 
     calls = []
 
-    def fake_fine_tune(op, members, registry, inputs, efficiency, sm_freq, config_dir=None, recipe=finetune.STANDARD):
-        calls.append((recipe.name, len(inputs)))
-        return {"recipe": recipe.name}
+    def fake_fine_tunes(op, members, registry, fine_tunings, sm_freq, config_dir=None, pool=None):
+        calls.extend((recipe.name, len(inputs)) for inputs, _, recipe in fine_tunings)
+        return [{"recipe": recipe.name} for _, _, recipe in fine_tunings]
 
     class FakeModel:  # the thorough recipe is off by 2 %, the standard one by 10 %
         def __init__(self, arrays):
@@ -317,7 +317,7 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
         def efficiency(self, inputs, sm_freq):
             return inputs[:, 0] * self.factor
 
-    monkeypatch.setattr(finetune, "fine_tune_for_gpu", fake_fine_tune)
+    monkeypatch.setattr(finetune, "fine_tunes_for_gpu", fake_fine_tunes)
     monkeypatch.setattr(mlp, "NumpyMLP", FakeModel)
     few = finetune.MIN_SELECTION_KERNELS - 1
     truth = np.linspace(0.1, 0.9, few)[:, None]
@@ -643,3 +643,32 @@ def test_fine_tuning_is_deterministic_and_starts_from_the_members_weight_files_a
     with pytest.raises(ValueError, match=r"gemm_mlp_weights.npz: damaged or not the weights of this model \(File is "
                                          r"not a zip file\); restore it or retrain with train_mlp.py --op gemm"):
         fine_tune("gemm", copies, rows, efficiency, rows, 4, hw.sm_freq)
+
+
+def test_members_fine_tuned_in_a_pool_of_processes_are_the_ones_fine_tuned_here():
+    """calibrate.py --workers: members fine-tuned at once in two processes give the weights fine-tuned one after the
+    other in this one, to the bit (each trains single-threaded with its own seed), in member order; a member that
+    fails there fails the fine-tuning with its own error."""
+    pytest.importorskip("torch", reason="fine-tuning needs the training extras")
+    from analytical_model.hardware import hardware_registry
+    from pipeweave.ensemble import member_dirs
+    from pipeweave.finetune import default_workers, fine_tune, fine_tuning_pool
+    from pipeweave.predictor import KernelPredictor
+
+    members = member_dirs(KernelPredictor().model("gemm")[2])[:3]
+    hw = hardware_registry().get("L40")
+    operator = get_operator("gemm")
+    shapes = {"M": np.array([16, 128, 1024, 4096]), "N": np.array([4096, 8192, 2048, 14336]),
+              "K": np.array([4096, 8192, 8192, 4096])}
+    rows = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    efficiency = np.array([0.3, 0.5, 0.6, 0.7])
+    here = fine_tune("gemm", members, rows, efficiency, rows, 4, hw.sm_freq)
+    with fine_tuning_pool(2) as pool:
+        pooled = fine_tune("gemm", members, rows, efficiency, rows, 4, hw.sm_freq, pool=pool)
+        with pytest.raises(FileNotFoundError, match="metadata.json is missing"):
+            fine_tune("gemm", [members[0], members[0].parent / "seed999"], rows, efficiency, rows, 4, hw.sm_freq,
+                      pool=pool)
+    assert here.keys() == pooled.keys() and all(np.array_equal(here[key], pooled[key]) for key in here)
+    assert 1 <= default_workers() <= 8
+    with fine_tuning_pool(1) as none:
+        assert none is None
