@@ -1,13 +1,15 @@
 """Time to fit a calibration (calibrate.py) on this machine, per kind of measurement.
 
-    python3 -m benchmarks.calibration [--repeats 1]
+    python3 -m benchmarks.calibration [--repeats 1] [--workers N]
 
 Each case calibrates L40 (a GPU without kernel data) from "measurements" written here: the shipped prediction
 of shapes of the profiler's grids times a planted factor. What it times is the work a user waits for: one
 end-to-end run (the corrections alone); the profiler's quick GEMM grid (239 kernels: a held-out fifth chooses
 between the corrections and two fine-tunings); 200 attention kernels and 200 fused-MoE layers (the same choice).
 Fine-tuning needs torch; the time of a case is the wall time of :func:`pipeweave.calibration_fit.calibrate`,
-inputs read and validated included, models loaded excluded (a first call warms them).
+inputs read and validated included, models loaded excluded (a first call warms them). ``--workers``: processes
+that fine-tune the ensemble members at once, as calibrate.py's flag (default: the same default); the start of the
+processes is timed where a case first needs them.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pandas as pd
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipeweave.calibration_fit import calibrate  # noqa: E402
-from pipeweave.finetune import replay_shapes  # noqa: E402
+from pipeweave.finetune import default_workers, replay_shapes  # noqa: E402
 from pipeweave.predictor import KernelPredictor  # noqa: E402
 from pipeweave.profiler.grids import DEFAULT_CONFIGS, build_grid, load_models  # noqa: E402
 from pipeweave.paths import DEFAULT_CONFIG_DIR  # noqa: E402
@@ -50,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks.calibration",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=default_workers())
     args = parser.parse_args()
     predictor = KernelPredictor()
     quiet = lambda message: None  # noqa: E731
@@ -64,13 +67,14 @@ def main() -> None:
                  ("attention, 200 kernels", None, [kernel_csv(tmp, "attn", grid_sample("attn", 200), predictor)]),
                  ("MoE, 200 layers", None, [kernel_csv(tmp, "moe", grid_sample("moe", 200), predictor)])]
         calibrate(GPU, str(e2e), [], log=quiet)  # loads the models
-        print("| measurements | fine-tuned | seconds |")
+        print(f"| measurements | fine-tuned | seconds ({args.workers} worker{'s' if args.workers > 1 else ''}) |")
         print("|---|---|---|")
         for name, runs, kernels in cases:
             times = []
             for _ in range(args.repeats):
                 started = time.perf_counter()
-                calibration = calibrate(GPU, str(runs) if runs else None, [str(k) for k in kernels], log=quiet)
+                calibration = calibrate(GPU, str(runs) if runs else None, [str(k) for k in kernels],
+                                        workers=args.workers, log=quiet)
                 times.append(time.perf_counter() - started)
             tuned = ", ".join(f"{op} ({entry['recipe']})" for op, entry in calibration.fine_tuned.items()) or "no"
             print(f"| {name} | {tuned} | {min(times):.2f} |")
