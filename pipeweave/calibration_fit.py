@@ -727,7 +727,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             raise UserError(f"{said}; fine-tuning it on them needs torch (pip install '.[train]'), or pass "
                             f"--no_fine_tune to fit the corrections only")
         from pipeweave.ensemble import member_dirs
-        from pipeweave.finetune import above_fixed_time, fine_tune_selected, selection_method
+        from pipeweave.finetune import above_fixed_time, compared_fine_tunings, fine_tune_selected, selection_method
 
         model, metadata, directory = predictor.model(op)
         above = above_fixed_time(op, inputs, efficiency, spec.sm_freq, model.fixed_time_us)
@@ -739,6 +739,9 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
                 continue
         members = member_dirs(directory) if "ensemble" in metadata else [directory]
         rows = np.flatnonzero(kinds == op)  # the equations of these kernels, in their order
+        log(f"{op}, {len(frame)} measured kernels: choosing whether to fine-tune its {len(members)} member(s) on them "
+            f"({compared_fine_tunings(len(inputs))} fine-tunings to compare, then the chosen one on all the kernels: "
+            f"minutes of CPU; --workers sets how many members train at once)")
         arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
                                                     refitted_without(equations, prior, rows, corrections.theta,
                                                                      efficiency), pool=pool)

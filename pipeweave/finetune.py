@@ -317,6 +317,11 @@ def selection_method(kernels: int) -> str:
     return "on a held-out fifth of them"
 
 
+def compared_fine_tunings(kernels: int) -> int:
+    """How many fine-tunings :func:`fine_tune_selected` trains to choose on ``kernels`` measured kernels."""
+    return VALIDATION_FOLDS if kernels < MIN_SELECTION_KERNELS else len(RECIPES)
+
+
 def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
                        efficiency: np.ndarray, sm_freq: float, base_efficiency: np.ndarray,
                        efficiency_without: Callable[[np.ndarray], np.ndarray], config_dir: str | Path | None = None,

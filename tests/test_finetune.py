@@ -510,9 +510,10 @@ def test_few_attention_kernels_fit_the_corrections_only(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_many_attention_kernels_fine_tune_where_a_held_out_fifth_prefers_it(tmp_path):
+def test_many_attention_kernels_fine_tune_where_a_held_out_fifth_prefers_it(tmp_path, capsys):
     """200 attention kernels with a slowdown the corrections cannot express: the held-out fifth chooses a
-    fine-tuning, recorded in the file; unseen grid shapes on L40 move toward the planted truth, H100's do not move."""
+    fine-tuning, recorded in the file (the log says before the minutes it takes); unseen grid shapes on L40 move
+    toward the planted truth, H100's do not move."""
     pytest.importorskip("torch", reason="fine-tuning needs the training extras")
     from pipeweave.finetune import MIN_SELECTION_KERNELS, replay_shapes
 
@@ -521,6 +522,8 @@ def test_many_attention_kernels_fine_tune_where_a_held_out_fifth_prefers_it(tmp_
     out = tmp_path / "l40.json"
     assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(tmp_path / "attn.csv"),
                                           "--output", str(out)]) == 0
+    assert (f"attn, {MIN_SELECTION_KERNELS} measured kernels: choosing whether to fine-tune its 5 member(s) on them "
+            "(2 fine-tunings to compare") in capsys.readouterr().out
     entry = load_calibration(out).fine_tuned["attn"]
     assert entry["kernels"] == MIN_SELECTION_KERNELS and entry["recipe"] in ("standard", "thorough")
     errors = entry["validation_errors"]
