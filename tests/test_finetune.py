@@ -612,12 +612,23 @@ def test_bad_kernel_files_name_the_file(tmp_path, capsys, body, message):
     assert code == 2 and len(err) == 1 and f"--kernels {path}: {message}" in err[0] and not out.exists()
 
 
+def four_l40_gemms() -> tuple:
+    """(L40's spec, the raw model inputs of four GEMMs on it, an efficiency for each): kernels to fine-tune on."""
+    from analytical_model.hardware import hardware_registry
+
+    hw = hardware_registry().get("L40")
+    operator = get_operator("gemm")
+    shapes = {"M": np.array([16, 128, 1024, 4096]), "N": np.array([4096, 8192, 2048, 14336]),
+              "K": np.array([4096, 8192, 8192, 4096])}
+    rows = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
+    return hw, rows, np.array([0.3, 0.5, 0.6, 0.7])
+
+
 def test_fine_tuning_is_deterministic_and_starts_from_the_members_weight_files_alike(tmp_path):
     """Two fine-tunings of the same members on the same kernels give the same model, to the bit, whether the members
     are read from their torch checkpoints or from their numpy weight files: an installed package ships only the
     latter (a user audit, 2026-12-05: calibrate.py --kernels stopped there whenever it fine-tuned)."""
     pytest.importorskip("torch", reason="fine-tuning needs the training extras")
-    from analytical_model.hardware import hardware_registry
     from pipeweave.ensemble import member_dirs
     from pipeweave.finetune import fine_tune
     from pipeweave.mlp import checkpoint_path
@@ -631,12 +642,7 @@ def test_fine_tuning_is_deterministic_and_starts_from_the_members_weight_files_a
         shutil.copytree(directory, copy)
         checkpoint_path(copy, "gemm").unlink()
         copies.append(copy)
-    hw = hardware_registry().get("L40")
-    operator = get_operator("gemm")
-    shapes = {"M": np.array([16, 128, 1024, 4096]), "N": np.array([4096, 8192, 2048, 14336]),
-              "K": np.array([4096, 8192, 8192, 4096])}
-    rows = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
-    efficiency = np.array([0.3, 0.5, 0.6, 0.7])
+    hw, rows, efficiency = four_l40_gemms()
     tuned = [fine_tune("gemm", dirs, rows, efficiency, rows, 4, hw.sm_freq) for dirs in (members, copies)]
     assert tuned[0].keys() == tuned[1].keys()
     assert all(np.array_equal(tuned[0][key], tuned[1][key]) for key in tuned[0])
@@ -653,18 +659,12 @@ def test_members_fine_tuned_in_a_pool_of_processes_are_the_ones_fine_tuned_here(
     other in this one, to the bit (each trains single-threaded with its own seed), in member order; a member that
     fails there fails the fine-tuning with its own error."""
     pytest.importorskip("torch", reason="fine-tuning needs the training extras")
-    from analytical_model.hardware import hardware_registry
     from pipeweave.ensemble import member_dirs
     from pipeweave.finetune import default_workers, fine_tune, fine_tuning_pool
     from pipeweave.predictor import KernelPredictor
 
     members = member_dirs(KernelPredictor().model("gemm")[2])[:3]
-    hw = hardware_registry().get("L40")
-    operator = get_operator("gemm")
-    shapes = {"M": np.array([16, 128, 1024, 4096]), "N": np.array([4096, 8192, 2048, 14336]),
-              "K": np.array([4096, 8192, 8192, 4096])}
-    rows = np.concatenate([operator.features(shapes, hw), operator.descriptors(shapes, hw)], axis=1)
-    efficiency = np.array([0.3, 0.5, 0.6, 0.7])
+    hw, rows, efficiency = four_l40_gemms()
     here = fine_tune("gemm", members, rows, efficiency, rows, 4, hw.sm_freq)
     with fine_tuning_pool(2) as pool:
         pooled = fine_tune("gemm", members, rows, efficiency, rows, 4, hw.sm_freq, pool=pool)
