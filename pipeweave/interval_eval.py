@@ -335,8 +335,9 @@ def main(argv=None) -> int:
                         help="with --write_trained: also rewrite the unseen states of --ops, from their leave-one-GPU-"
                              "out models (--cache; trained when missing)")
     parser.add_argument("--without_calibrated", action="store_true",
-                        help="skip the calibrated states (the k-shot calibrations, ~20 min of CPU with their "
-                             "fine-tuning); only without --write (default: evaluate them)")
+                        help="skip the calibrated states (the k-shot calibrations with their fine-tuning: 45 min on "
+                             "two cores with --workers 2, 78 min of CPU, 2026-12-06); only without --write (default: "
+                             "evaluate them)")
     parser.add_argument("--workers", type=positive_int, default=default_workers(),
                         help="processes that fine-tune ensemble members at once in the calibrated states (default: "
                              f"the usable cores, at most {MAX_DEFAULT_WORKERS}; any number gives the same table)")
