@@ -61,6 +61,7 @@ import io
 import math
 import os
 from concurrent.futures import FIRST_EXCEPTION, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -68,6 +69,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from analytical_model.registry import get_operator
+from pipeweave.cli import UserError
 from pipeweave.mlp import ensemble_arrays, read_metadata
 from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE, training_gpus
 
@@ -181,8 +183,11 @@ def fine_tuning_pool(workers: int):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    # spawn, not fork: a forked child inherits torch's thread pools in an undefined state
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:  # spawn, not fork: a forked child inherits torch's thread pools in an undefined state
+        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    except (OSError, ImportError) as exc:  # no POSIX semaphores here (some sandboxes and serverless runtimes)
+        raise UserError(f"cannot start {workers} worker processes to fine-tune in ({exc}); pass --workers 1 to "
+                        f"fine-tune in this process") from None
 
 
 def fine_tune_member(op: str, directory: str | Path, x_replay: np.ndarray, x_measured: np.ndarray,
@@ -258,6 +263,10 @@ def trained_ensembles(fine_tunings: list[list[tuple]], pool=None) -> list[dict[s
                 future.cancel()
         failed = [future.exception() for future in every if future.done() and not future.cancelled()
                   and future.exception() is not None]
+        if failed and isinstance(failed[0], BrokenProcessPool):
+            raise UserError("a process fine-tuning ensemble members ended abruptly (killed for memory?): each of "
+                            "the --workers processes holds torch and the replay set; pass fewer --workers, or "
+                            "--workers 1 to fine-tune in this process") from failed[0]
         if failed:
             raise failed[0]
         tuned = [[future.result() for future in started] for started in futures]

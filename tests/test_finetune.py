@@ -675,3 +675,29 @@ def test_members_fine_tuned_in_a_pool_of_processes_are_the_ones_fine_tuned_here(
     assert 1 <= default_workers() <= 8
     with fine_tuning_pool(1) as none:
         assert none is None
+
+
+def test_a_pool_that_cannot_start_or_loses_a_process_is_one_clear_error(monkeypatch):
+    """No POSIX semaphores (some sandboxes), or a fine-tuning process killed (out of memory): one line that says
+    what happened and names --workers, not a traceback from inside concurrent.futures."""
+    import concurrent.futures
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from pipeweave.finetune import fine_tuning_pool, trained_ensembles
+
+    class DyingPool:
+        def submit(self, function, *args):
+            future = Future()
+            future.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+            return future
+
+    with pytest.raises(UserError, match=r"ended abruptly \(killed for memory\?\).*pass fewer --workers"):
+        trained_ensembles([[("gemm", "member")]], DyingPool())
+
+    def no_semaphores(*args, **kwargs):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_semaphores)
+    with pytest.raises(UserError, match=r"cannot start 2 worker processes .*Function not implemented.*--workers 1"):
+        fine_tuning_pool(2)
