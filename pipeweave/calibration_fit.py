@@ -33,7 +33,7 @@ from pipeweave.calibration_design import PARAMS, attention_types, communication_
 from pipeweave.cli import (ArgumentParser, UserError, check_output_path, positive_int, refuse_overwriting_inputs,
                            require_file)
 from pipeweave.collectives import collective_workers
-from pipeweave.finetune import MAX_DEFAULT_WORKERS, TRIGGER_BITS, default_workers
+from pipeweave.finetune import MAX_DEFAULT_WORKERS, TRIGGER_BITS, default_workers, fine_tuning_pool
 from pipeweave.schema import COLLECTIVE_KINDS
 
 if TYPE_CHECKING:  # the kernel CSVs are read with pandas (training extras); the end-to-end runs without it
@@ -924,8 +924,6 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     # on the measured kernels (end-to-end runs alone fine-tune nothing): what the corrections leave unexplained,
     # where the shipped model extrapolates
     if fine_tune and kernel_frames:
-        from pipeweave.finetune import fine_tuning_pool
-
         with fine_tuning_pool(workers) as pool:
             calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry,
                                                       calibration, equations, prior, log, pool)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import os
@@ -29,6 +30,23 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401 - argparse API
         raise UserError(message)
+
+
+def process_pool(workers: int, task: str):
+    """A context giving a pool of ``workers`` processes for ``task`` (a verb phrase, for messages), or None where
+    ``workers`` < 2 (the work then runs in this process). Started by spawn, not fork: a forked child inherits
+    torch's thread pools in an undefined state. A machine that cannot start them (no POSIX semaphores: some
+    sandboxes and serverless runtimes) is one :class:`UserError` naming ``--workers 1``."""
+    if workers < 2:
+        return contextlib.nullcontext(None)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    try:
+        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    except (OSError, ImportError) as exc:
+        raise UserError(f"cannot start {workers} worker processes to {task} in ({exc}); pass --workers 1 to "
+                        f"{task} in this process") from None
 
 
 def positive_int(text: str) -> int:

@@ -56,7 +56,6 @@ Needs torch (``pip install '.[train]'``).
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import math
 import os
@@ -69,7 +68,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from analytical_model.registry import get_operator
-from pipeweave.cli import UserError
+from pipeweave.cli import UserError, process_pool
 from pipeweave.mlp import ensemble_arrays, read_metadata
 from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE, training_gpus
 
@@ -176,18 +175,10 @@ def default_workers() -> int:
 
 def fine_tuning_pool(workers: int):
     """A context giving the processes that fine-tune ensemble members at once (:func:`fine_tune`'s ``pool``), or
-    None to fine-tune them one after the other here (``workers`` < 2). Each member trains single-threaded with its
-    own seed, so a pool gives the same weights, bit for bit; processes start at the first member."""
-    if workers < 2:
-        return contextlib.nullcontext(None)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    try:  # spawn, not fork: a forked child inherits torch's thread pools in an undefined state
-        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-    except (OSError, ImportError) as exc:  # no POSIX semaphores here (some sandboxes and serverless runtimes)
-        raise UserError(f"cannot start {workers} worker processes to fine-tune in ({exc}); pass --workers 1 to "
-                        f"fine-tune in this process") from None
+    None to fine-tune them one after the other here (``workers`` < 2; :func:`pipeweave.cli.process_pool`). Each
+    member trains single-threaded with its own seed, so a pool gives the same weights, bit for bit; processes start
+    at the first member."""
+    return process_pool(workers, "fine-tune")
 
 
 def fine_tune_member(op: str, directory: str | Path, x_replay: np.ndarray, x_measured: np.ndarray,

@@ -158,11 +158,9 @@ def train_all(ops, dataset_dir: Path, cache: Path = DEFAULT_CACHE, log=print, wo
         for op, gpu, dataset, root, fingerprint in jobs:
             logo_predictions(op, gpu, dataset, root, fingerprint, log)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from pipeweave.cli import process_pool
 
-    # spawn, not fork: a forked child inherits torch's thread pools in an undefined state
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with process_pool(workers, "train the held-out models") as pool:
         for done in pool.map(_train_held_out, *zip(*jobs)):
             log(f"  done: {done}")
 
