@@ -32,6 +32,11 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one, as in a container)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def process_pool(workers: int, task: str):
     """A context giving a pool of ``workers`` processes for ``task`` (a verb phrase, for messages), or None where
     ``workers`` < 2 (the work then runs in this process). Started by spawn, not fork: a forked child inherits

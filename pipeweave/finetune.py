@@ -58,7 +58,6 @@ from __future__ import annotations
 import base64
 import io
 import math
-import os
 from concurrent.futures import FIRST_EXCEPTION, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from analytical_model.registry import get_operator
-from pipeweave.cli import UserError, process_pool
+from pipeweave.cli import UserError, process_pool, usable_cores
 from pipeweave.mlp import ensemble_arrays, read_metadata
 from pipeweave.predictor import MEMBERS_DISAGREE, OUTSIDE_RANGE, UNSEEN_ARCHITECTURE, training_gpus
 
@@ -169,8 +168,7 @@ MAX_DEFAULT_WORKERS = 8
 
 def default_workers() -> int:
     """The cores this process may use, at most :data:`MAX_DEFAULT_WORKERS`."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(usable, MAX_DEFAULT_WORKERS))
+    return max(1, min(usable_cores(), MAX_DEFAULT_WORKERS))
 
 
 def fine_tuning_pool(workers: int):

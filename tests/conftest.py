@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from pipeweave.cli import usable_cores
 from pipeweave.paths import REPO_ROOT as REPO
 from pipeweave.paths import shared_data_dir  # the location the code reads
 
@@ -12,6 +14,18 @@ from pipeweave.paths import shared_data_dir  # the location the code reads
 # the same examples on every run: a property test that found a failure once finds it again (deterministic suite)
 settings.register_profile("pipeweave", derandomize=True, database=None)
 settings.load_profile("pipeweave")
+
+
+MAX_TEST_PROCESSES = 4  # each holds torch and a dataset or two (up to 1.5 GB); more gain little, files are long
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: the usable cores, at most MAX_TEST_PROCESSES (xdist's own count takes psutil's physical cores,
+    half of them where a core runs two hardware threads); PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(1, min(MAX_TEST_PROCESSES, usable_cores()))
 
 
 @pytest.fixture(scope="session")
