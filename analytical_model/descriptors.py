@@ -82,7 +82,7 @@ def moe(m, experts, top_k, hidden, inter, hw: HardwareSpec, passes: np.ndarray) 
     m, e, k, h, n = (np.asarray(x, dtype=np.float64) for x in (m, experts, top_k, hidden, inter))
     w13, w2 = passes[:, 0], passes[:, 1]
     routed = m * k
-    active = np.minimum(e, routed)
+    active = e * (1 - (1 - k / e) ** m)  # experts a random routing reaches, in expectation
     flops = 2.0 * routed * h * n * (2 * w13 + w2)
     nbytes = 2.0 * (active * h * n * (2 * w13 + w2) + routed * (h * w13 + n * w2))
     return np.stack([m, e, k, h, n, tensor_cycles(flops, hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)

@@ -331,6 +331,7 @@ register(OperatorClass(
     workload_key="moe",
     quantile=True,
     cold_bytes=moe_cold_bytes,
+    exact_dram_once=True,
     tensor_rate="tc_bf16",
     pipe_share_inputs=True,
     discrete_inputs=("experts", "top_k"),

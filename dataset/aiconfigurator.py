@@ -195,14 +195,10 @@ def _aic_moe_rows(root: Path, system: str, version: str, log: Log, distributions
     df = filter_rows(df, df["distribution"].isin(distributions),
                  "routing distribution not in " + ",".join(distributions), reasons)
     df = filter_rows(df, df["inter_size"] % df["moe_tp_size"] == 0, "inter_size not divisible by moe_tp_size", reasons)
+    gated = np.array([key not in NON_GATED_MOE_MODELS for key in zip(df["hidden_size"], df["num_experts"], df["topk"])],
+                     dtype=bool)
+    df = filter_rows(df, gated, "experts not gated (Nemotron-3)", reasons)
     log_kept(log, label, "moe", len(raw), reasons)
-    non_gated = [name for name in map(NON_GATED_MOE_MODELS.get, zip(df["hidden_size"], df["num_experts"], df["topk"]))
-                 if name]
-    if non_gated:
-        log(f"WARNING: [{label}] moe: {len(non_gated)} rows of models whose experts are not gated "
-            f"({'; '.join(sorted(set(non_gated)))}) are kept as gated SiLU experts, the only kind the calculator "
-            f"models: their features count 1.5x the weights the kernel reads (known defect: README, 'Physical "
-            f"consistency of predictions')")
     return df, _aic_source(root, path)
 
 
