@@ -75,7 +75,8 @@ def elementwise(seq, dim, hw: HardwareSpec, output_fraction: float) -> np.ndarra
 
 
 def moe(m, experts, top_k, hidden, inter, hw: HardwareSpec, passes: np.ndarray) -> np.ndarray:
-    """Routed FLOPs and the weights of the experts that receive tokens, per pass (w13: 2N×H, w2: H×N).
+    """Routed FLOPs, and the weights of the experts a random routing reaches in expectation, E (1 − (1 − k/E)^M),
+    per pass (w13: 2N×H, w2: H×N), with the routed tokens' activations.
 
     ``passes`` holds, per row, how many times each of (w13, w2) runs: (1, 0), (0, 1) or (1, 1) for a layer.
     """

@@ -32,10 +32,10 @@ AIC_MOE_KERNELS = ("vllm_unquantizedfusedmoe_triton_tritonexperts", "vllm_fused_
 AIC_MOE_DISTRIBUTIONS = ("balanced",)
 #: (hidden_size, num_experts, topk) of the MoE tables' models whose experts are not gated: NVIDIA's Nemotron-3
 #: experts are squared-ReLU MLPs, an N x H up projection and an H x N down one, where the calculator models gated
-#: SiLU experts (gate and up, 2N x H). Their rows are kept as gated (a known defect, README "Physical consistency of
-#: predictions"), so their features count 1.5x the expert weights the kernel reads. The measured layers say so:
-#: beyond the L2 these run up to 1.5x faster than the DRAM time of their weights as gated experts, and within that
-#: time as non-gated ones, which every other MoE layer is (tests/test_bounds.py).
+#: SiLU experts (gate and up, 2N x H), so their features would count 1.5x the expert weights the kernel reads, and
+#: their rows are left out. The measured layers say so: beyond the L2 these run up to 1.5x faster than the DRAM time
+#: of their weights as gated experts, and within that time as non-gated ones, as every other MoE layer does (README,
+#: "Physical consistency of predictions").
 NON_GATED_MOE_MODELS = {(2688, 128, 6): "Nemotron-3 Nano", (2048, 512, 22): "Nemotron-3 Super's 512 experts, top-22"}
 AIC_CUSTOM_ALLREDUCE_BACKEND = "vllm_graph"
 AIC_ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "float16": 2, "int8": 1, "float": 4, "float32": 4}

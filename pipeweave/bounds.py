@@ -24,11 +24,10 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   0.93–0.95 of it (at the decimal GB/s). Below 1.05x the L2 size, 8 L40S GEMMs and 667 attention rows (L40S, RTX
   PRO 6000) do, up to 2.7x, and the factor leaves a margin above that. With no L2 size in a GPU's JSON the bound
   does not apply. Leave-one-GPU-out it moves L40S only: GEMM 16.8 -> 16.6 %, attention 16.7 -> 16.2 %, FP8 GEMM by
-  0.02 points (README, "Differences"). MoE takes no such bound yet. Its ``D`` counts the experts a balanced routing
-  reaches, min(E, M k), and measured layers beat it at any size. Counted at a random routing, E (1 - (1 - k/E)^M),
-  every measured layer whose weights spill the L2 keeps to their DRAM time but those of the two models whose
-  experts are not gated, which the dataset describes as gated (``dataset.aiconfigurator.NON_GATED_MOE_MODELS``):
-  the bound waits for them to be described as they are. RMSNorm's and SiLU*Mul's ``D`` is their rows read
+  0.02 points (README, "Differences"). MoE's ``D`` counts the experts a random routing reaches, E (1 - (1 - k/E)^M)
+  (a balanced routing's min(E, M k) is beaten by measured layers at any size); no measured layer beyond the spill
+  factor beats it once the layers of the models whose experts are not gated are left out of the dataset
+  (``dataset.aiconfigurator.NON_GATED_MOE_MODELS``). RMSNorm's and SiLU*Mul's ``D`` is their rows read
   and their output written (twice, 1.5x their reads): beyond :data:`ELEMENTWISE_L2_SPILL_FACTOR` times the L2 it
   binds too (a prediction of RMSNorm on 131,072 tokens had been 2.1x faster than its bytes allow).
 * **Ceiling in a workload: cold operands come from DRAM.** The benchmarks behind the models re-run one kernel, so

@@ -142,38 +142,17 @@ def test_no_measured_kernel_beats_the_dram_time_of_bytes_that_spill_the_l2(op):
 
 
 @pytest.mark.data
-def test_moe_layers_beyond_the_l2_read_their_experts_weights_except_the_non_gated_models():
-    """The premise of an MoE DRAM ceiling, and the defect that has kept it out: every measured layer whose expert
-    weights spill the L2 runs no faster than their DRAM time, counting the experts a random routing of its tokens
-    reaches, E (1 - (1 - k/E)^M), and gate, up and down projections (3 N x H), except the rows of the models whose
-    experts are not gated (dataset.aiconfigurator.NON_GATED_MOE_MODELS): as gated experts they beat that time by up
-    to 1.5x on all three GPUs; counted as the two projections they have, they too keep to it (within 2 %)."""
+def test_the_moe_dataset_leaves_out_the_models_whose_experts_are_not_gated():
+    """Their layers would count 1.5x the weights they read and beat the DRAM ceiling above by up to 1.5x (README,
+    "Physical consistency of predictions"); the other models' layers stay."""
     from dataset.aiconfigurator import NON_GATED_MOE_MODELS
 
     paths = dataset_paths("moe", DATASET_DIR)
     if not all(path.is_file() for path in paths):
         pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
     frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
-    m, e, k, h, n = (frame[c].to_numpy(np.float64) for c in ("M", "E", "topk", "H", "N"))
-    reached = e * (1 - (1 - k / e) ** m)
-    specs = {gpu: load_hardware(gpu) for gpu in frame["hardware"].unique()}
-    l2_bytes = frame["hardware"].map({gpu: hw.l2_cache_size * 1024.0 for gpu, hw in specs.items()}).to_numpy()
-    bandwidth = frame["hardware"].map({gpu: hw.mem_bandwidth * 1e9 for gpu, hw in specs.items()}).to_numpy()
-    non_gated = np.array([key in NON_GATED_MOE_MODELS for key in zip(frame["H"], frame["E"], frame["topk"])])
-    assert non_gated.any() and (~non_gated).sum() > 5000
-
-    def fastest(projections: int, rows: np.ndarray) -> tuple[int, float]:
-        """(layers whose weights spill the L2, the most any of them beat their DRAM time by)."""
-        weights = 2.0 * reached * projections * h * n
-        spills = rows & (weights > L2_SPILL_FACTOR * l2_bytes)
-        return int(spills.sum()), float((weights / bandwidth * 1e6 / frame["avg_duration"].to_numpy())[spills].max())
-
-    spilled, beaten = fastest(3, ~non_gated)
-    assert spilled > 5000 and beaten < 0.96, f"a gated MoE layer ran at {beaten:.2f}x the DRAM time of its weights"
-    for gpu in specs:
-        on_gpu = non_gated & (frame["hardware"] == gpu).to_numpy()
-        assert fastest(3, on_gpu)[1] > 1.2, f"{gpu}: the non-gated models' layers keep to gated weights' DRAM time"
-        assert fastest(2, on_gpu)[1] < 1.02
+    models = set(zip(frame["H"], frame["E"], frame["topk"]))
+    assert not models & set(NON_GATED_MOE_MODELS) and len(models) >= 14 and len(frame) > 6000
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "gemm"])
