@@ -20,11 +20,11 @@ MAX_TEST_PROCESSES = 4  # each holds torch and a dataset or two (up to 1.5 GB); 
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config) -> int:
+def pytest_xdist_auto_num_workers(config) -> int | None:
     """`-n auto`: the usable cores, at most MAX_TEST_PROCESSES (xdist's own count takes psutil's physical cores,
-    half of them where a core runs two hardware threads); PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    half of them where a core runs two hardware threads); with PYTEST_XDIST_AUTO_NUM_WORKERS set, xdist reads it."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+        return None
     return max(1, min(MAX_TEST_PROCESSES, usable_cores()))
 
 
