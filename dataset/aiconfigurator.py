@@ -197,7 +197,7 @@ def _aic_moe_rows(root: Path, system: str, version: str, log: Log, distributions
     df = filter_rows(df, df["inter_size"] % df["moe_tp_size"] == 0, "inter_size not divisible by moe_tp_size", reasons)
     gated = np.array([key not in NON_GATED_MOE_MODELS for key in zip(df["hidden_size"], df["num_experts"], df["topk"])],
                      dtype=bool)
-    df = filter_rows(df, gated, "experts not gated (Nemotron-3)", reasons)
+    df = filter_rows(df, gated, f"experts not gated ({'; '.join(NON_GATED_MOE_MODELS.values())})", reasons)
     log_kept(log, label, "moe", len(raw), reasons)
     return df, _aic_source(root, path)
 
