@@ -29,6 +29,14 @@ def predictor() -> KernelPredictor:
     return KernelPredictor()
 
 
+def measured_frame(op: str) -> pd.DataFrame:
+    """Every measured row of ``op`` (both splits of the built dataset); skips where it is not built."""
+    paths = dataset_paths(op, DATASET_DIR)
+    if not all(path.is_file() for path in paths):
+        pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
+    return pd.concat([read_dataset(path) for path in paths], ignore_index=True)
+
+
 def features_of(op: str, gpu: str, columns: dict) -> np.ndarray:
     return get_operator(op).features(columns, load_hardware(gpu))
 
@@ -130,10 +138,7 @@ def test_a_memory_bound_kernel_cannot_beat_the_dram_time_of_its_rows_read_and_wr
 def test_no_measured_kernel_beats_the_dram_time_of_bytes_that_spill_the_l2(op):
     """The L2 ceiling's premise, on every measured row of every GPU: where the problem's bytes exceed the L2 by
     its spill factor, no kernel ran faster than their DRAM time at the datasheet bandwidth (docs/METHOD.md §4.3)."""
-    paths = dataset_paths(op, DATASET_DIR)
-    if not all(path.is_file() for path in paths):
-        pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
-    frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
+    frame = measured_frame(op)
     exact_dram_us = frame[EXACT_DRAM_DESCRIPTOR].to_numpy() * SPEC_GB_CYCLES / frame["sm_freq"].to_numpy()
     spills = frame[EXACT_DRAM_DESCRIPTOR].to_numpy() > l2_spill_factor(op) * frame_l2_cycles(frame)
     assert spills.sum() > 1000 and frame.loc[spills, "hardware"].nunique() >= 3  # the premise is tested widely
@@ -147,10 +152,7 @@ def test_the_moe_dataset_leaves_out_the_models_whose_experts_are_not_gated():
     "Physical consistency of predictions"); the other models' layers stay."""
     from dataset.aiconfigurator import NON_GATED_MOE_MODELS
 
-    paths = dataset_paths("moe", DATASET_DIR)
-    if not all(path.is_file() for path in paths):
-        pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
-    frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
+    frame = measured_frame("moe")
     models = set(zip(frame["H"], frame["E"], frame["topk"]))
     assert not models & set(NON_GATED_MOE_MODELS) and len(models) >= 14 and len(frame) > 6000
 
@@ -497,10 +499,7 @@ def test_optimistic_widens_only_where_extrapolated_and_stays_below_point():
 @pytest.mark.slow
 @pytest.mark.parametrize("op", operator_keys(trainable=True))
 def test_shipped_band_is_the_measured_one(op):
-    paths = dataset_paths(op, DATASET_DIR)
-    if not all(path.is_file() for path in paths):
-        pytest.skip(f"{paths[0]} not built (python3 -m dataset.build; needs the shared data)")
-    frame = pd.concat([read_dataset(path) for path in paths], ignore_index=True)
+    frame = measured_frame(op)
     measured = frame_band_table(op, frame)
     for key in ("latency_us", "floor", "median", "fastest_us"):
         np.testing.assert_allclose(measured[key], shipped_tables()[op][key], rtol=1e-3, err_msg=key)
