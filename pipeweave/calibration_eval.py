@@ -51,6 +51,10 @@ MIN_PIPE_SHARE = 0.25  # a pipe must carry this mean share of a class's kernels 
 MIN_SHARE_SPREAD = 0.1  # standard deviation of the compute share needed to split compute from memory
 MIN_COVARIATE_SPREAD = 0.1  # standard deviations (of the pooled covariate) a GPU's kernels must span
 MIN_HINGE_SIDE = 0.05  # least fraction of a GPU's kernels on either side of a size knot
+#: the widest shared intercept scale considered (log space; a factor 1.65 at one standard deviation) and the
+#: points of the log grid from MIN_TAU up to it on which the likelihood is maximised
+MAX_SHARED_TAU = 0.5
+SHARED_TAU_GRID = 200
 RIDGE = 0.01  # per-GPU full-data fits: a direction its kernels do not identify stays near 0 (log-space units²)
 # prior scales of the communication factors, from how far the collective sources of one GPU disagree
 # (dataset/collective.csv, same GPU, worker count and size): at most 64 KiB, where latency dominates, by 1.4-5.6x
@@ -176,7 +180,26 @@ def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
             raw_by_class.setdefault(cls, []).append(held.raw[held.classes == cls])
     standardisation = fit_standardisation(raw_by_class)
     corrections, residuals = gpu_corrections(rows, standardisation)
-    same_pipe, cross_pipe = [], []
+    moments = {}
+    for cls in CLASSES:
+        samples = [theta for _, c, theta in corrections if c == cls]
+        moments[cls] = (np.mean([np.outer(t, t) for t in samples], axis=0) if samples
+                        else np.diag(fallback_variances(cls, corrections)))
+    tau_gpu, tau_pipe = shared_intercept_scales(corrections, moments)
+    every = np.concatenate([r for rs in residuals.values() for r in rs])
+    sigma = {}
+    for cls in CLASSES:
+        pooled = np.concatenate(residuals[cls]) if cls in residuals else every
+        sigma[cls] = float(1.4826 * np.median(np.abs(pooled - np.median(pooled))))
+    sigma["communication"] = SIGMA_COMM
+    return Prior(tau_gpu, tau_pipe, moments, TAU_COMM_LATENCY, TAU_COMM_BANDWIDTH, sigma, SIGMA_E2E,
+                 standardisation, source)
+
+
+def intercept_pairs(corrections: list, moments: dict) -> tuple[np.ndarray, ...]:
+    """Every pair of two classes' identified pipe intercepts on the same GPU: (first, second, their prior
+    variances (the diagonals of the class moments), whether they are of the same pipe)."""
+    first, second, var_first, var_second, same_pipe = [], [], [], [], []
     for i, (gpu_a, cls_a, theta_a) in enumerate(corrections):
         for gpu_b, cls_b, theta_b in corrections[i + 1:]:
             if gpu_a != gpu_b or cls_a == cls_b:
@@ -184,22 +207,35 @@ def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
             for pa in range(2):
                 for pb in range(2):
                     if theta_a[pa] and theta_b[pb]:
-                        (same_pipe if pa == pb else cross_pipe).append(theta_a[pa] * theta_b[pb])
-    tau_gpu2 = max(float(np.mean(cross_pipe)) if cross_pipe else 0.0, MIN_TAU ** 2)
-    tau_pipe2 = max((float(np.mean(same_pipe)) if same_pipe else 0.0) - tau_gpu2, MIN_TAU ** 2)
-    moments = {}
-    for cls in CLASSES:
-        samples = [theta for _, c, theta in corrections if c == cls]
-        moments[cls] = (np.mean([np.outer(t, t) for t in samples], axis=0) if samples
-                        else np.diag(fallback_variances(cls, corrections)))
-    every = np.concatenate([r for rs in residuals.values() for r in rs])
-    sigma = {}
-    for cls in CLASSES:
-        pooled = np.concatenate(residuals[cls]) if cls in residuals else every
-        sigma[cls] = float(1.4826 * np.median(np.abs(pooled - np.median(pooled))))
-    sigma["communication"] = SIGMA_COMM
-    return Prior(float(np.sqrt(tau_gpu2)), float(np.sqrt(tau_pipe2)), moments, TAU_COMM_LATENCY, TAU_COMM_BANDWIDTH,
-                 sigma, SIGMA_E2E, standardisation, source)
+                        first.append(theta_a[pa])
+                        second.append(theta_b[pb])
+                        var_first.append(moments[cls_a][pa][pa])
+                        var_second.append(moments[cls_b][pb][pb])
+                        same_pipe.append(pa == pb)
+    return tuple(np.asarray(v, dtype=np.float64) for v in (first, second, var_first, var_second, same_pipe))
+
+
+def shared_intercept_scales(corrections: list, moments: dict) -> tuple[float, float]:
+    """(τ_gpu, τ_pipe): the scales of the GPU-wide and the per-pipe parts that two classes' intercepts share on
+    one GPU, maximising the pairwise composite likelihood of the intercept pairs (:func:`intercept_pairs`): each
+    pair bivariate Gaussian with its classes' variances and covariance τ_gpu² (+ τ_pipe² on the same pipe), on a
+    log grid from MIN_TAU to :data:`MAX_SHARED_TAU` (deterministic). A plain mean of the products weighs every
+    pair alike, so the classes with the widest intercepts set it: with MoE's three GPUs (intercepts ±0.45 in log)
+    both scales fell to MIN_TAU, without them 0.063 and 0.088; the likelihood weighs a pair by what it tells about
+    the covariance, about 1 / (its variances' product)."""
+    first, second, var_first, var_second, same_pipe = intercept_pairs(corrections, moments)
+    if not len(first):
+        return MIN_TAU, MIN_TAU
+    grid = np.exp(np.linspace(np.log(MIN_TAU), np.log(MAX_SHARED_TAU), SHARED_TAU_GRID))
+    tau_gpu, tau_pipe = (g.ravel()[:, None] for g in np.meshgrid(grid, grid, indexing="ij"))
+    covariance = tau_gpu ** 2 + tau_pipe ** 2 * same_pipe
+    determinant = var_first * var_second - covariance ** 2
+    valid = (determinant > 0).all(axis=1)
+    determinant = np.where(determinant > 0, determinant, 1.0)
+    quadratic = (var_second * first ** 2 - 2 * covariance * first * second + var_first * second ** 2) / determinant
+    negative_log_likelihood = np.where(valid, (np.log(determinant) + quadratic).sum(axis=1), np.inf)
+    best = int(np.argmin(negative_log_likelihood))
+    return float(tau_gpu[best, 0]), float(tau_pipe[best, 0])
 
 
 def fallback_variances(cls: str, corrections: list) -> np.ndarray:
