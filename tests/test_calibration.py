@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from pipeweave import aggregate, calibration_fit, kernels
-from pipeweave.calibration import Calibration, Equations, Prior, fit_map, load_calibration, load_prior
+from pipeweave.calibration import MIN_TAU, Calibration, Equations, Prior, fit_map, load_calibration, load_prior
 from pipeweave.calibration_design import (BANDWIDTH, COMMUNICATION_PARAMS, COVARIATES, HINGES, INTERCEPTS, LATENCY,
                                           PARAMS, class_covariates, design, fit_standardisation)
-from pipeweave.calibration_eval import HeldOut, estimate_prior, kshot_errors
+from pipeweave.calibration_eval import HeldOut, estimate_prior, kshot_errors, shared_intercept_scales
 from pipeweave.cli import run_cli
 
 from workload_copies import first_iterations
@@ -140,6 +140,39 @@ def test_prior_from_synthetic_corrections():
     assert np.sqrt(moments[terms.index("log_imbalance"), terms.index("log_imbalance")]) < 0.03
     assert prior.sigma_kernel["gemm"] == pytest.approx(0.05, rel=0.15)
     assert prior.standardisation["gemm"]["center"][0] == pytest.approx(10.0, abs=0.1)
+
+
+def planted_intercepts(wide_gpus: int, n_gpus: int = 60, seed: int = 4) -> list:
+    """Per-GPU corrections (GPU, class, (compute, memory) intercepts) of two classes that share a GPU-wide part and
+    a per-pipe part (standard deviation 0.1 each, class noise 0.1), and on the first ``wide_gpus`` GPUs a third
+    class whose intercepts are wide (±0.45) and run against the others (as MoE's on its three GPUs)."""
+    rng = np.random.default_rng(seed)
+    corrections = []
+    for g in range(n_gpus):
+        shared = rng.normal(0, 0.1) + rng.normal(0, 0.1, 2)
+        for cls in ("gemm", "attn_prefill"):
+            corrections.append((f"gpu{g}", cls, shared + rng.normal(0, 0.1, 2)))
+        if g < wide_gpus:
+            corrections.append((f"gpu{g}", "moe", -np.sign(corrections[-1][2]) * 0.45))
+    return corrections
+
+
+def intercept_moments(corrections: list) -> dict:
+    return {cls: np.mean([np.outer(t, t) for _, c, t in corrections if c == cls], axis=0)
+            for cls in {c for _, c, _ in corrections}}
+
+
+def test_shared_intercept_scales_recover_the_planted_ones_and_a_wide_class_on_three_gpus_does_not_move_them():
+    """The pairwise likelihood recovers τ_gpu = τ_pipe = 0.1 from 60 GPUs; a class with wide intercepts on three of
+    them, against the others, moves neither by more than 0.005 (a plain mean of the intercepts' products fell to
+    the floor that way on the real data)."""
+    alone = planted_intercepts(wide_gpus=0)
+    tau_gpu, tau_pipe = shared_intercept_scales(alone, intercept_moments(alone))
+    assert tau_gpu == pytest.approx(0.1, abs=0.02) and tau_pipe == pytest.approx(0.1, abs=0.02)
+    with_wide = planted_intercepts(wide_gpus=3)
+    np.testing.assert_allclose(shared_intercept_scales(with_wide, intercept_moments(with_wide)), (tau_gpu, tau_pipe),
+                               atol=0.005)
+    assert shared_intercept_scales([], {}) == (MIN_TAU, MIN_TAU)
 
 
 def test_fit_recovers_a_planted_shape_dependent_bias():
