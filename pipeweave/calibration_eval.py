@@ -7,7 +7,8 @@
    log space, terms its kernels do not identify left at 0: :func:`identified_terms`). These per-GPU corrections
    are what a calibration has to learn; their second moments across GPUs are the prior (empirical Bayes:
    per class the full matrix, so shape effects that come together are learned together; across classes the
-   products of two classes' intercepts on the same GPU estimate the shared parts τ_gpu² and τ_pipe²), the
+   pairs of two classes' intercepts on the same GPU give the shared parts τ_gpu² and τ_pipe² by their pairwise
+   likelihood, :func:`shared_intercept_scales`), the
    robust spread of the remaining per-kernel residuals the observation noise per class, and the pooled kernels
    the covariates' standardisation. No end-to-end run is used.
 2. **k-shot LOGO** (a section of docs/ACCURACY.md and ``docs/calibration_kshot.png``): per operator and held-out
