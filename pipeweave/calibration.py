@@ -43,8 +43,9 @@ from pipeweave.schema import COLLECTIVE_KINDS
 from pipeweave.paths import command
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
-FORMAT_VERSION = 4  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
-# fine-tuned models (read as such); 1-3: one communication factor (read as equal latency and bandwidth factors)
+FORMAT_VERSION = 5  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
+# fine-tuned models (read as such); 1-3: one communication factor (read as equal latency and bandwidth factors); 1-4:
+# no interpolation of the measured kernels' residuals (read without it)
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
 FACTORS = INTERCEPTS + COMMUNICATION_PARAMS  # parameters that are a plain factor (the others: slopes)
 MIN_TAU = 0.02  # least prior scale of any parameter (log space): no correction is ruled out a priori
@@ -67,6 +68,9 @@ class Prior:
     sigma_e2e: float
     standardisation: dict[str, dict]
     source: str = ""
+    #: {group: pipeweave.residual_kernel.ResidualKernel}: the covariance of what the corrections leave, per kernel
+    #: group (a prior of an older pipeweave has none: no interpolation)
+    residual_kernels: dict = field(default_factory=dict)
 
     def covariance(self) -> np.ndarray:
         """Σ₀: class blocks from the moments, shared intercept parts across classes, projected to be positive
@@ -97,10 +101,14 @@ class Prior:
                                   for c, m in self.class_moments.items()},
                 "tau_comm_latency": self.tau_comm_latency, "tau_comm_bandwidth": self.tau_comm_bandwidth,
                 "sigma_kernel": dict(self.sigma_kernel), "sigma_e2e": self.sigma_e2e,
-                "standardisation": self.standardisation, "source": self.source}
+                "standardisation": self.standardisation, "source": self.source,
+                "residual_kernels": {group: kernel.as_dict()
+                                     for group, kernel in sorted(self.residual_kernels.items())}}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Prior":
+    def from_dict(cls, data: dict, where: str = "calibration prior") -> "Prior":
+        from pipeweave.residual_kernel import residual_kernels_from_dict
+
         moments = {}
         for name in CLASSES:
             entry = data["class_moments"][name]
@@ -112,7 +120,8 @@ class Prior:
         return cls(float(data["tau_gpu"]), float(data["tau_pipe"]), moments, float(data["tau_comm_latency"]),
                    float(data["tau_comm_bandwidth"]),
                    {k: float(v) for k, v in data["sigma_kernel"].items()}, float(data["sigma_e2e"]),
-                   data["standardisation"], str(data.get("source", "")))
+                   data["standardisation"], str(data.get("source", "")),
+                   residual_kernels_from_dict(data.get("residual_kernels", {}), f"{where}: residual_kernels"))
 
 
 def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
@@ -125,7 +134,7 @@ def load_prior(path: str | Path = DEFAULT_PRIOR_PATH) -> Prior:
         if key not in data:
             raise ValueError(f"calibration prior {path} is of an older pipeweave ({lacks}); regenerate it "
                              f"with python3 -m pipeweave.calibration_eval")
-    prior = Prior.from_dict(data)
+    prior = Prior.from_dict(data, f"calibration prior {path}")
     check_prior(path, prior)
     return prior
 
@@ -316,6 +325,9 @@ class Calibration:
     #: {model op: spread_entry}: the cross-validated scatter of its measured kernels around the calibration, which
     #: widens their measured interval where it exceeds it (pipeweave.intervals)
     spread: dict = field(default_factory=dict)
+    #: {group: pipeweave.residual_kernel.ResidualInterpolation}: what the corrections (and fine-tuned models) leave
+    #: on the measured kernels, interpolated over the shape to the other kernels of their group
+    residuals: dict = field(default_factory=dict)
     _models: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -327,6 +339,9 @@ class Calibration:
         if self.fine_tuned:
             method += (f"; the {', '.join(sorted(self.fine_tuned))} model fine-tuned on this GPU's measured kernels, "
                        f"where the shipped model extrapolates (pipeweave.finetune), under those corrections")
+        if self.residuals:
+            method += (f"; what remains on the measured {', '.join(sorted(self.residuals))} kernels interpolated over "
+                       f"the log shape by a Gaussian process with the prior's covariance (pipeweave.residual_kernel)")
         return method
 
     def fine_tuned_models(self) -> dict:
@@ -348,7 +363,10 @@ class Calibration:
                 "slopes_per_sd": {p: round(float(t), 4) for p, t in zip(PARAMS, self.theta)
                                   if abs(t) > 1e-9 and p not in FACTORS},
                 **({"fine_tuned": {op: {k: v for k, v in entry.items() if k != "weights"}
-                                   for op, entry in sorted(self.fine_tuned.items())}} if self.fine_tuned else {})}
+                                   for op, entry in sorted(self.fine_tuned.items())}} if self.fine_tuned else {}),
+                **({"interpolated_kernels": {group: len(interpolation.inputs)
+                                             for group, interpolation in sorted(self.residuals.items())}}
+                   if self.residuals else {})}
 
     def kernel_count(self, op: str, cls: str | None = None) -> int:
         """Measured kernels of operator ``op`` this calibration was fitted on (``fitted_from.kernels``); with ``cls``,
@@ -358,7 +376,14 @@ class Calibration:
                    for entry in self.fitted_from.get("kernels", []) if entry.get("op") == op)
 
     def factors(self, op: str, features: np.ndarray, shapes=None) -> np.ndarray:
-        return np.exp(design(op, features, shapes, self.standardisation) @ self.theta)
+        """The correction of every row of ``op`` (``shapes``: its shape columns per row; without them the interpolated
+        residuals are left out, as before any were fitted)."""
+        log_factor = design(op, features, shapes, self.standardisation) @ self.theta
+        if self.residuals and shapes is not None:
+            from pipeweave.residual_kernel import log_corrections
+
+            log_factor = log_factor + log_corrections(self.residuals, op, shapes)
+        return np.exp(log_factor)
 
     def apply(self, kind: str, hardware, durations_ms: np.ndarray, features: np.ndarray | None = None,
               shapes=None) -> np.ndarray:
@@ -442,7 +467,9 @@ class Calibration:
                                for p, t, s in zip(PARAMS, self.theta, self.std)},
                 "standardisation": self.standardisation, "fitted_from": self.fitted_from,
                 "base_models": self.base_models, "prior": self.prior, "fine_tuned": self.fine_tuned,
-                "spread": self.spread}
+                "spread": self.spread,
+                "residuals": {group: interpolation.as_dict()
+                              for group, interpolation in sorted(self.residuals.items())}}
 
     def save(self, path: str | Path) -> None:
         from pipeweave.cli import write_atomically
@@ -567,9 +594,14 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(base_models, dict) or not all(isinstance(model, str) for model in base_models.values()):
         raise ValueError(f"{path}: base_models must be an object of model folders (text), as "
                          f"{command('calibrate.py')} writes it")
+    from pipeweave.residual_kernel import interpolations_from_dict
+
+    # residuals came with format 5
+    residuals = interpolations_from_dict(data.get("residuals", {}) if version >= 5 else {}, f"{path}: residuals")
     calibration = Calibration(str(data["hardware"]), str(data.get("device_name", data["hardware"])), theta, std,
                               data.get("fitted_from", {}), base_models, data.get("prior", {}),
-                              standardisation, path, fine_tuned, checked_spread(path, data.get("spread", {})))
+                              standardisation, path, fine_tuned, checked_spread(path, data.get("spread", {})),
+                              residuals)
     try:
         calibration.fine_tuned_models()
     except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:

@@ -9,8 +9,10 @@
    per class the full matrix, so shape effects that come together are learned together; across classes the
    pairs of two classes' intercepts on the same GPU give the shared parts τ_gpu² and τ_pipe² by their pairwise
    likelihood, :func:`shared_intercept_scales`), the
-   robust spread of the remaining per-kernel residuals the observation noise per class, and the pooled kernels
-   the covariates' standardisation. No end-to-end run is used.
+   robust spread of the remaining per-kernel residuals the observation noise per class, the pooled kernels
+   the covariates' standardisation, and those residuals, per GPU an independent draw, the covariance of the Gaussian
+   process that interpolates them over the shape per kernel group (:mod:`pipeweave.residual_kernel`; its marginal
+   likelihood, :func:`residual_kernels`). No end-to-end run is used.
 2. **k-shot LOGO** (a section of docs/ACCURACY.md and ``docs/calibration_kshot.png``): per operator and held-out
    GPU, k = 0, 8, 32, 128 kernels of that GPU drawn at random (fixed seeds, several draws) calibrate its LOGO
    model (with a prior estimated without that GPU); the error is measured on all its other kernels.
@@ -43,6 +45,8 @@ from pipeweave.finetune import (FINE_TUNABLE, MAX_DEFAULT_WORKERS, MIN_EXTRAPOLA
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
+from pipeweave.residual_kernel import (ResidualInterpolation, fit_residual_kernel, residual_groups, residual_inputs,
+                                       winsorised)
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
 SHOTS = (0, 8, 32, 128)
@@ -56,6 +60,7 @@ MIN_HINGE_SIDE = 0.05  # least fraction of a GPU's kernels on either side of a s
 #: points of the log grid from MIN_TAU up to it on which the likelihood is maximised
 MAX_SHARED_TAU = 0.5
 SHARED_TAU_GRID = 200
+RESIDUAL_SAMPLE = 250  # kernels per GPU and group whose residuals estimate a group's covariance (seeded draw)
 RIDGE = 0.01  # per-GPU full-data fits: a direction its kernels do not identify stays near 0 (log-space units²)
 # prior scales of the communication factors, from how far the collective sources of one GPU disagree
 # (dataset/collective.csv, same GPU, worker count and size): at most 64 KiB, where latency dominates, by 1.4-5.6x
@@ -104,6 +109,8 @@ class HeldOut:
     raw: np.ndarray  # raw shape covariates (pipeweave.calibration_design.raw_covariates)
     y: np.ndarray  # log(measured / predicted duration)
     fine_tunable: FineTunable | None = None  # an operator of pipeweave.finetune.FINE_TUNABLE
+    groups: np.ndarray | None = None  # residual group per kernel (pipeweave.residual_kernel); None: not interpolated
+    residual_inputs: np.ndarray | None = None  # its log shape inputs
 
     def design(self, standardisation: dict | None) -> np.ndarray:
         return assemble(self.classes, self.compute_share, self.raw, standardisation)
@@ -132,7 +139,8 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
                                    lambda e: clip_efficiency(op, e, features, described, sm_freq, band, l2=l2)[0],
                                    hardware_registry().get(gpu).sm_freq)
     return HeldOut(op, gpu, kernel_classes(op, len(frame), attention_types(op, shapes)),
-                   pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio, fine_tunable)
+                   pipe_split(op, features)[0], raw_covariates(op, features, shapes), ratio, fine_tunable,
+                   residual_groups(op, shapes), residual_inputs(op, shapes))
 
 
 def identified_terms(block: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -151,11 +159,13 @@ def identified_terms(block: np.ndarray) -> tuple[np.ndarray, bool]:
     return keep, bool(keep[:2].all() and block[:, 0].std() >= MIN_SHARE_SPREAD)
 
 
-def gpu_corrections(rows: list[HeldOut], standardisation: dict) -> tuple[list, dict]:
-    """Per (GPU, class) the full-data correction (θ over the class's terms) and per class the residuals."""
-    corrections, residuals = [], {}
+def gpu_corrections(rows: list[HeldOut], standardisation: dict) -> tuple[list, dict, list]:
+    """Per (GPU, class) the full-data correction (θ over the class's terms), per class the residuals, and per row of
+    ``rows`` every kernel's residual."""
+    corrections, residuals, per_gpu = [], {}, []
     for held in rows:
         x = held.design(standardisation)
+        per_gpu.append(np.zeros(len(held.y)))
         for cls in np.unique(held.classes):
             mask = held.classes == cls
             block = x[mask][:, class_slice(cls)]
@@ -170,7 +180,44 @@ def gpu_corrections(rows: list[HeldOut], standardisation: dict) -> tuple[list, d
             theta[keep] = fitted if split else np.concatenate([np.repeat(fitted[:1], keep[:2].sum()), fitted[1:]])
             corrections.append((held.gpu, cls, theta))
             residuals.setdefault(cls, []).append(held.y[mask] - block @ theta)
-    return corrections, residuals
+            per_gpu[-1][mask] = residuals[cls][-1]
+    return corrections, residuals, per_gpu
+
+
+def residual_kernels(rows: list[HeldOut], per_gpu: list[np.ndarray]) -> dict:
+    """{group: covariance} of every residual group of ``rows`` (``per_gpu``: each row's residuals after its full-data
+    correction): the marginal likelihood of every GPU's residuals as an independent draw of one process, each
+    :func:`pipeweave.residual_kernel.winsorised` as a calibration conditions on them, on a seeded draw of
+    :data:`RESIDUAL_SAMPLE` kernels per GPU (the likelihood costs the cube of their number)."""
+    samples = {}
+    for held, left in zip(rows, per_gpu):
+        if held.groups is None:
+            continue
+        for group in np.unique(held.groups):
+            members = np.flatnonzero(held.groups == group)
+            kept = winsorised(left[members])
+            chosen = np.sort(np.random.default_rng(SEED).choice(len(members), size=min(RESIDUAL_SAMPLE, len(members)),
+                                                                replace=False))
+            samples.setdefault(str(group), []).append((held.residual_inputs[members[chosen]], kept[chosen]))
+    return {group: fit_residual_kernel(sets) for group, sets in sorted(samples.items())}
+
+
+def interpolated_residuals(held: HeldOut, prior: Prior, drawn: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Every kernel's interpolated residual, conditioned on the ``residuals`` (log measured / calibrated) of the
+    ``drawn`` ones as ``calibrate.py`` conditions on the measured kernels last (0 in a group without a covariance in
+    ``prior``)."""
+    out = np.zeros(len(held.y))
+    if held.groups is None:
+        return out
+    for group in np.unique(held.groups[drawn]):
+        if group not in prior.residual_kernels:
+            continue
+        members = held.groups[drawn] == group
+        interpolation = ResidualInterpolation.fit(prior.residual_kernels[group],
+                                                  held.residual_inputs[drawn[members]], residuals[members])
+        rows = held.groups == group
+        out[rows] = interpolation.log_correction(held.residual_inputs[rows])
+    return out
 
 
 def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
@@ -180,7 +227,7 @@ def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
         for cls in np.unique(held.classes):
             raw_by_class.setdefault(cls, []).append(held.raw[held.classes == cls])
     standardisation = fit_standardisation(raw_by_class)
-    corrections, residuals = gpu_corrections(rows, standardisation)
+    corrections, residuals, per_gpu = gpu_corrections(rows, standardisation)
     moments = {}
     for cls in CLASSES:
         samples = [theta for _, c, theta in corrections if c == cls]
@@ -194,7 +241,7 @@ def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
         sigma[cls] = float(1.4826 * np.median(np.abs(pooled - np.median(pooled))))
     sigma["communication"] = SIGMA_COMM
     return Prior(tau_gpu, tau_pipe, moments, TAU_COMM_LATENCY, TAU_COMM_BANDWIDTH, sigma, SIGMA_E2E,
-                 standardisation, source)
+                 standardisation, source, residual_kernels(rows, per_gpu))
 
 
 def intercept_pairs(corrections: list, moments: dict) -> tuple[np.ndarray, ...]:
@@ -283,26 +330,26 @@ def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) 
 def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int, pool=None
                      ) -> tuple[np.ndarray, bool]:
     """(log(calibrated / measured duration) of every kernel not drawn, after calibrating on k drawn ones as
-    ``calibrate.py --kernels`` does; whether that fine-tuned the model, :mod:`pipeweave.finetune`, in ``pool``
-    where one is given: :func:`pipeweave.finetune.fine_tuning_pool`)."""
+    ``calibrate.py --kernels`` does, its residuals interpolated last; whether that fine-tuned the model,
+    :mod:`pipeweave.finetune`, in ``pool`` where one is given: :func:`pipeweave.finetune.fine_tuning_pool`)."""
     y = held.y
     if k == 0:
         return -y, False
     drawn = np.random.default_rng(seed).choice(len(y), size=k, replace=False)
     rest = np.setdiff1d(np.arange(len(y)), drawn)
     theta = fitted_corrections(held, x, prior, drawn)
-    log_error = x @ theta - y
+    log_error, fine_tuned = x @ theta - y, False
     tune = held.fine_tunable
-    if tune is None or not considers_fine_tuning(held.op, k, tune.extrapolated[drawn].mean()):
-        return log_error[rest], False
-    # the model learns what the corrections leave unexplained on the drawn kernels
-    correction = np.exp(x @ theta)
-    efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
-                                            tune.efficiency[drawn] * np.exp(y[drawn]),
-                                            target_without(held, x, prior, drawn, theta), pool)
-    if efficiency is None:
-        return log_error[rest], False
-    return np.log(tune.efficiency / efficiency * correction)[rest], True
+    if tune is not None and considers_fine_tuning(held.op, k, tune.extrapolated[drawn].mean()):
+        # the model learns what the corrections leave unexplained on the drawn kernels
+        correction = np.exp(x @ theta)
+        efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
+                                                tune.efficiency[drawn] * np.exp(y[drawn]),
+                                                target_without(held, x, prior, drawn, theta), pool)
+        if efficiency is not None:
+            log_error, fine_tuned = np.log(tune.efficiency / efficiency * correction), True
+    log_error = log_error + interpolated_residuals(held, prior, drawn, -log_error[drawn])
+    return log_error[rest], fine_tuned
 
 
 def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int, pool=None
@@ -510,11 +557,12 @@ MANY_KERNELS = 1024
 def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, op: str = "gemm",
                         log=print, pool=None) -> dict:
     """Per held-out GPU of ``op`` with more than ``k`` kernels: the error on all its other kernels of a calibration
-    on ``k`` drawn ones (seed :data:`SEED`) with the corrections alone, with the standard fine-tuning, and as
-    ``calibrate.py --kernels`` now calibrates with that many (:func:`pipeweave.finetune.fine_tune_selected`: the
-    choice of a held-out fifth of them, with its validation errors). The prior is estimated from the other GPUs'
-    kernels of ``op`` only (this evaluation needs no other operator's LOGO models); the held-out GPU never sets
-    it. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None."""
+    on ``k`` drawn ones (seed :data:`SEED`) with the corrections alone, with the standard fine-tuning, with the
+    choice of a held-out fifth of them (:func:`pipeweave.finetune.fine_tune_selected`, with its validation errors;
+    *before*), and as ``calibrate.py --kernels`` now calibrates with that many: that choice, its residuals on the
+    drawn kernels interpolated over the shape (:func:`interpolated_residuals`). The prior is estimated from the
+    other GPUs' kernels of ``op`` only (this evaluation needs no other operator's LOGO models); the held-out GPU
+    never sets it. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None."""
     from pipeweave.finetune import STANDARD, fine_tune_for_gpu, fine_tune_selected
     from pipeweave.mlp import NumpyMLP
 
@@ -533,10 +581,14 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
         theta = fitted_corrections(held, x, prior, drawn)
         correction = np.exp(x @ theta)
 
-        def summary(efficiency: np.ndarray | None) -> dict:
-            ratio = correction[rest] * (np.exp(-held.y[rest]) if efficiency is None
-                                        else tune.efficiency[rest] / efficiency[rest])
-            errors = np.abs(ratio - 1) * 100
+        def log_errors(efficiency: np.ndarray | None) -> np.ndarray:
+            return np.log(correction) + (-held.y if efficiency is None else np.log(tune.efficiency / efficiency))
+
+        def summary(efficiency: np.ndarray | None, interpolated: bool = False) -> dict:
+            log_error = log_errors(efficiency)
+            if interpolated:
+                log_error = log_error + interpolated_residuals(held, prior, drawn, -log_error[drawn])
+            errors = np.abs(np.exp(log_error[rest]) - 1) * 100
             return {"mean": float(errors.mean()), "median": float(np.median(errors))}
 
         def tuned(arrays) -> np.ndarray:
@@ -550,14 +602,13 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
             tune.efficiency[drawn] * np.exp(held.y[drawn]),
             target_without(held, x, prior, drawn, theta), pool=pool)
         zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
-        cell = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
-                "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},
-                "corrections_only": summary(None), "standard": summary(standard),
-                "selected": summary(None if arrays is None else standard if recipe is STANDARD else tuned(arrays)),
-                "recipe": recipe.name, "validation": validation}
-        flag_decided = op not in SELECTION_ONLY and cell["flagged"] >= MIN_EXTRAPOLATED_SHARE
-        cell["before"] = cell["standard" if flag_decided else "corrections_only"]
-        results[held.gpu] = cell
+        selected = None if arrays is None else standard if recipe is STANDARD else tuned(arrays)
+        results[held.gpu] = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
+                             "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},
+                             "corrections_only": summary(None), "standard": summary(standard),
+                             "before": summary(selected), "selected": summary(selected, interpolated=True),
+                             "recipe": recipe.name, "validation": validation}
+        cell = results[held.gpu]
         log(f"  {op} / {held.gpu}: k={k} before {cell['before']['mean']:.1f} %, now ({recipe.name}) "
             f"{cell['selected']['mean']:.1f} %")
     return results
@@ -584,10 +635,8 @@ def render_many(results: dict, op: str, k: int) -> str:
     from pipeweave.finetune import CORRECTIONS_ONLY, RECIPES, STANDARD, THOROUGH, VALIDATION_SHARE
 
     names = [CORRECTIONS_ONLY.name] + [recipe.name for recipe in RECIPES]
-    before = ("Before, this class was never fine-tuned (*before*: the corrections alone)." if op in SELECTION_ONLY
-              else "Before, the extrapolation flag alone decided, as in the table above (*before*: the standard "
-                   f"fine-tuning where at least {MIN_EXTRAPOLATED_SHARE:.0%} of the kernels are flagged, else the "
-                   "corrections alone).")
+    before = ("Then what that leaves on the measured kernels is interpolated over their shapes "
+              "(`pipeweave.residual_kernel`): *now*; *before* (until 2026-12-07) is the same choice without it.")
 
     def cell(summary: dict) -> str:
         return f"{summary['mean']:.1f} / {summary['median']:.1f}"

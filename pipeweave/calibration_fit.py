@@ -34,6 +34,7 @@ from pipeweave.cli import (ArgumentParser, UserError, check_output_path, positiv
                            require_file)
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import MAX_DEFAULT_WORKERS, TRIGGER_BITS, default_workers, fine_tuning_pool
+from pipeweave.residual_kernel import RESIDUAL_INPUTS, fit_interpolations
 from pipeweave.schema import COLLECTIVE_KINDS
 
 if TYPE_CHECKING:  # the kernel CSVs are read with pandas (training extras); the end-to-end runs without it
@@ -599,6 +600,43 @@ def flush_timed(op: str, frame: pd.DataFrame) -> np.ndarray:
     return np.full(len(frame), set(columns_before_timing(MEASUREMENT_COLUMNS)) <= set(frame.columns))
 
 
+def kernel_predictions(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple]]:
+    """(predicted µs before any correction, features, the physical fastest µs, shape tuples) of measured kernels of
+    ``op`` (a kernel operator)."""
+    shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
+    predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
+    operator = get_operator(op)
+    features = predicted[list(operator.feature_names)].to_numpy(np.float64)
+    # predict_kernels keeps a calibrated kernel at its physical fastest time, so the fit holds it there too
+    floor = fastest_us(op, features, predicted[list(operator.descriptor_names)].to_numpy(np.float64),
+                       spec.sm_freq, l2=l2_cycles(spec))
+    shape_rows = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
+    return predicted["predicted_us"].to_numpy(np.float64), features, floor, shape_rows
+
+
+def residual_interpolations(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor,
+                            calibration: Calibration, prior: Prior) -> dict:
+    """{group: interpolation} of what ``calibration`` (its corrections and fine-tuned models) leaves on the measured
+    kernels, as predict_kernels.py predicts them with it (pipeweave.residual_kernel): per group with a covariance
+    in ``prior``, from all its operator's measured kernels."""
+    frames = {}
+    for op, frame in kernel_frames:
+        if op in RESIDUAL_INPUTS:
+            frames.setdefault(op, []).append(frame)
+    out = {}
+    for op, parts in frames.items():
+        import pandas as pd  # kernels are read with it; runs alone need no interpolation, nor pandas
+
+        frame = pd.concat(parts, ignore_index=True)
+        with predictor.fine_tuned_by(calibration):
+            base, features, floor, shape_rows = kernel_predictions(op, frame, spec, predictor)
+        calibrated = np.maximum(base * calibration.factors(op, features, shape_rows), floor)
+        residuals = np.log(frame["avg_duration"].to_numpy(np.float64) / calibrated)
+        out.update(fit_interpolations(prior.residual_kernels, op, shape_rows, residuals))
+    return out
+
+
 def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor, prior: Prior, label: str,
                      collective_dir=None) -> Equations:
     """One equation per measured kernel: log(measured) = log(zero-shot) + x θ."""
@@ -616,15 +654,7 @@ def kernel_equations(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
         sigma = np.full(len(frame), prior.sigma_kernel["communication"])
         floor = None  # a collective has no physical fastest time in the band
     else:
-        shapes = frame.drop(columns=["avg_duration"]).replace("", np.nan).assign(hardware=spec.stem)
-        predicted = predictor.predict_frame(op, shapes.reset_index(drop=True))
-        base = predicted["predicted_us"].to_numpy(np.float64)
-        operator = get_operator(op)
-        features = predicted[list(operator.feature_names)].to_numpy(np.float64)
-        # predict_kernels keeps a calibrated kernel at its physical fastest time, so the fit holds it there too
-        floor = fastest_us(op, features, predicted[list(operator.descriptor_names)].to_numpy(np.float64),
-                           spec.sm_freq, l2=l2_cycles(spec))
-        shape_rows = list(frame[list(operator.shape_columns)].itertuples(index=False, name=None))
+        base, features, floor, shape_rows = kernel_predictions(op, frame, spec, predictor)
         x = design(op, features, shape_rows, prior.standardisation)
         classes = kernel_classes(op, len(frame), attention_types(op, shape_rows))
         sigma = np.array([prior.sigma_kernel[c] for c in classes])
@@ -927,6 +957,12 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         with fine_tuning_pool(workers) as pool:
             calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry,
                                                       calibration, equations, prior, log, pool)
+    # last: what all of the above leaves on the kernels
+    calibration.residuals = residual_interpolations(kernel_frames, spec, aggregator.predictor, calibration, prior)
+    if calibration.residuals:
+        log("Interpolated what the calibration leaves on the measured kernels over their shapes: "
+            + ", ".join(f"{group} ({len(interpolation.inputs)} kernels)"
+                        for group, interpolation in sorted(calibration.residuals.items())))
     return calibration
 
 
