@@ -424,7 +424,10 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "compute/memory share, slopes on standardised log size (with hinges at −1, 0, +1 σ), SM imbalance and, "
              "for attention, KV length and GQA group size; MAP with a Huber likelihood and a zero-mean Gaussian "
              "prior whose covariance is the second moment of the *other* GPUs' full-data corrections (the held-out "
-             "GPU never sets its own prior or standardisation). k = 0 is the uncalibrated LOGO prediction. Cells: "
+             "GPU never sets its own prior or standardisation). What that leaves on the k kernels is then interpolated "
+             "over their log shape by a Gaussian process whose covariance the prior holds, estimated from the other "
+             "GPUs' residuals (`pipeweave.residual_kernel`, since 2026-12-07). k = 0 is the uncalibrated LOGO "
+             "prediction. Cells: "
              f"duration error `mean / median` in %, averaged over {DRAWS} draws (seeds {SEED}…{SEED + DRAWS - 1}).",
              "",
              "**Fine-tuning where the model extrapolates** (`pipeweave.finetune`, as `calibrate.py --kernels` does "
@@ -488,7 +491,8 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "12.5 against 12.3); a Gaussian-process residual smoother on top (RBF on the compute share and the "
              "standardised covariates, amplitude, noise and length scale by marginal likelihood on the other GPUs' "
              "residuals): 11.0 / 12.0, too small a gain for storing every calibration kernel in the file, and it "
-             "cannot take end-to-end equations; a gradient-boosted tree fitted on 32 kernels of one GPU without a "
+             "cannot take end-to-end equations (a prototype; the interpolation kept since 2026-12-07 takes the log "
+             "shape, a length scale per input, and winsorised residuals, and pays most from 128 kernels on); a gradient-boosted tree fitted on 32 kernels of one GPU without a "
              "prior (GEMM A100 9.6 %, A40 9.4 %); a last-layer fine-tune on top (after this calibration, a ridge "
              "regression of the remaining log error on the last hidden layer of the five LOGO members, 5 × 64 "
              "standardised units, λ by closed-form leave-one-out over 1…10⁵; current GEMM models, 3 draws): at "
@@ -503,7 +507,8 @@ def render(results: dict, png: Path, doc: Path) -> str:
              "*Corrections fitted on all* (the last column): the calibration fitted on every kernel of the GPU, as "
              "`calibrate.py --kernels` fits it but without fine-tuning (the prior weighs little against thousands of "
              "kernels), and scored on those same kernels: about the least error the corrections alone leave at any "
-             "k. Below it only fine-tuning goes (the sections \"Calibration on many kernels\").",
+             "k. Below it go fine-tuning (the sections \"Calibration on many kernels\") and the interpolation, which "
+             "it leaves out (on every kernel it would be scored on the kernels it interpolates).",
              "",
              "| operator | GPU | kernels | " + " | ".join(f"k = {k}" for k in SHOTS) + " | corrections fitted on all |",
              "|---|---|---|" + "---|" * (len(SHOTS) + 1)]
