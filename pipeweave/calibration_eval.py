@@ -45,8 +45,8 @@ from pipeweave.finetune import (FINE_TUNABLE, MAX_DEFAULT_WORKERS, MIN_EXTRAPOLA
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
-from pipeweave.residual_kernel import (ResidualInterpolation, fit_residual_kernel, residual_groups, residual_inputs,
-                                       winsorised)
+from pipeweave.residual_kernel import (conditioned, corrections_at, fit_residual_kernel, residual_groups,
+                                       residual_inputs, winsorised)
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
 SHOTS = (0, 8, 32, 128)
@@ -206,18 +206,10 @@ def interpolated_residuals(held: HeldOut, prior: Prior, drawn: np.ndarray, resid
     """Every kernel's interpolated residual, conditioned on the ``residuals`` (log measured / calibrated) of the
     ``drawn`` ones as ``calibrate.py`` conditions on the measured kernels last (0 in a group without a covariance in
     ``prior``)."""
-    out = np.zeros(len(held.y))
     if held.groups is None:
-        return out
-    for group in np.unique(held.groups[drawn]):
-        if group not in prior.residual_kernels:
-            continue
-        members = held.groups[drawn] == group
-        interpolation = ResidualInterpolation.fit(prior.residual_kernels[group],
-                                                  held.residual_inputs[drawn[members]], residuals[members])
-        rows = held.groups == group
-        out[rows] = interpolation.log_correction(held.residual_inputs[rows])
-    return out
+        return np.zeros(len(held.y))
+    interpolations = conditioned(prior.residual_kernels, held.groups[drawn], held.residual_inputs[drawn], residuals)
+    return corrections_at(interpolations, held.groups, lambda: held.residual_inputs)
 
 
 def estimate_prior(rows: list[HeldOut], source: str) -> Prior:

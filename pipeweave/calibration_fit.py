@@ -618,15 +618,11 @@ def kernel_predictions(op: str, frame: pd.DataFrame, spec: HardwareSpec, predict
 def residual_interpolations(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor,
                             calibration: Calibration, prior: Prior) -> dict:
     """{group: interpolation} of what ``calibration`` (its corrections and fine-tuned models) leaves on the measured
-    kernels, as predict_kernels.py predicts them with it (pipeweave.residual_kernel): per group with a covariance
-    in ``prior``, from all its operator's measured kernels, where ``spec`` is outside that operator's training data.
-    The covariance describes the residuals of a GPU the model never measured; on one it trained on they are its
-    held-out-shape error, with little structure to interpolate (L40S, 239 GEMMs of the test split calibrating 3,000
-    others: 6.46 % with the corrections alone, 6.61 % interpolated)."""
+    kernels of ``kernel_frames``, as predict_kernels.py predicts them with it (pipeweave.residual_kernel): per group
+    with a covariance in ``prior``, from all its operator's measured kernels."""
     frames = {}
     for op, frame in kernel_frames:
-        if op in RESIDUAL_INPUTS and spec.name not in predictor.trained_on(op):
-            frames.setdefault(op, []).append(frame)
+        frames.setdefault(op, []).append(frame)
     out = {}
     for op, parts in frames.items():
         import pandas as pd  # kernels are read with it; runs alone need no interpolation, nor pandas
@@ -960,15 +956,19 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         with fine_tuning_pool(workers) as pool:
             calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry,
                                                       calibration, equations, prior, log, pool)
-    # last: what all of the above leaves on the kernels
-    calibration.residuals = residual_interpolations(kernel_frames, spec, aggregator.predictor, calibration, prior)
-    if any(op in RESIDUAL_INPUTS and spec.name not in aggregator.predictor.trained_on(op) for op, _ in kernel_frames
-           ) and not prior.residual_kernels:
+    # last: what all of the above leaves on the kernels, where the GPU is outside the operator's training data. The
+    # prior's covariance describes the residuals of a GPU the model never measured; on one it trained on they are its
+    # held-out-shape error, with little structure to interpolate (L40S, 239 GEMMs of the test split calibrating 3,000
+    # others: 6.46 % with the corrections alone, 6.61 % interpolated)
+    interpolable = {op for op, _ in kernel_frames if op in RESIDUAL_INPUTS}
+    trained = sorted(op for op in interpolable if spec.name in aggregator.predictor.trained_on(op))
+    calibration.residuals = residual_interpolations([(op, frame) for op, frame in kernel_frames
+                                                     if op in interpolable and op not in trained],
+                                                    spec, aggregator.predictor, calibration, prior)
+    if len(trained) < len(interpolable) and not prior.residual_kernels:
         log("The prior has no covariance of the kernels' residuals (written before 2026-12-07): what the calibration "
             "leaves on the measured kernels is not interpolated over their shapes; regenerate it with "
             "python3 -m pipeweave.calibration_eval")
-    trained = sorted({op for op, _ in kernel_frames
-                      if op in RESIDUAL_INPUTS and spec.name in aggregator.predictor.trained_on(op)})
     if trained:
         log(f"Not interpolated over their shapes: the residuals of the measured {', '.join(trained)} kernels "
             f"({spec.name} is in the training data of that model: what is left there is its held-out-shape error, "

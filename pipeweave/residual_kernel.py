@@ -70,7 +70,7 @@ def residual_groups(op: str, shapes) -> np.ndarray:
     calibration class (prefill and decode are different kernels)."""
     if op == "attn":
         return kernel_classes(op, len(shapes), attention_types(op, shapes)).astype(str)
-    return np.full(len(shapes), op, dtype=object).astype(str)
+    return np.full(len(shapes), op)
 
 
 def residual_inputs(op: str, shapes) -> np.ndarray:
@@ -239,28 +239,38 @@ def interpolations_from_dict(data, where: str) -> dict[str, ResidualInterpolatio
     return {group: ResidualInterpolation.from_dict(data[group], f"{where}.{group}") for group in kernels}
 
 
-def fit_interpolations(kernels: dict[str, ResidualKernel], op: str, shapes, residuals: np.ndarray
-                       ) -> dict[str, ResidualInterpolation]:
-    """{group: interpolation} conditioned on the ``residuals`` of measured kernels of ``op`` (``shapes``: their shape
-    columns per row), for every group of them with a kernel in ``kernels`` (the prior's)."""
-    if op not in RESIDUAL_INPUTS:
-        return {}
-    groups, inputs = residual_groups(op, shapes), residual_inputs(op, shapes)
+def conditioned(kernels: dict[str, ResidualKernel], groups: np.ndarray, inputs: np.ndarray, residuals: np.ndarray
+                ) -> dict[str, ResidualInterpolation]:
+    """{group: interpolation} conditioned on the ``residuals`` of measured kernels (their ``groups`` and ``inputs``
+    per row), for every group of them with a kernel in ``kernels`` (the prior's)."""
     residuals = np.asarray(residuals, dtype=np.float64)
     return {group: ResidualInterpolation.fit(kernels[group], inputs[groups == group], residuals[groups == group])
             for group in sorted(set(groups)) if group in kernels}
 
 
-def log_corrections(interpolations: dict[str, ResidualInterpolation], op: str, shapes) -> np.ndarray:
-    """The interpolated residual of every row of ``op`` (0 where its group has no interpolation)."""
-    out = np.zeros(len(shapes))
-    if op not in RESIDUAL_INPUTS or not interpolations or not len(shapes):
-        return out
-    groups = residual_groups(op, shapes)
-    present = [group for group in set(groups) if group in interpolations]
+def corrections_at(interpolations: dict[str, ResidualInterpolation], groups: np.ndarray, inputs) -> np.ndarray:
+    """The interpolated residual of every row (its group in ``groups``; ``inputs()`` gives the rows' inputs, asked
+    only where a group has an interpolation); 0 where its group has none."""
+    out = np.zeros(len(groups))
+    present = [group for group in sorted(set(groups)) if group in interpolations]
     if present:
-        inputs = residual_inputs(op, shapes)
+        values = inputs()
         for group in present:
             rows = groups == group
-            out[rows] = interpolations[group].log_correction(inputs[rows])
+            out[rows] = interpolations[group].log_correction(values[rows])
     return out
+
+
+def fit_interpolations(kernels: dict[str, ResidualKernel], op: str, shapes, residuals: np.ndarray
+                       ) -> dict[str, ResidualInterpolation]:
+    """:func:`conditioned` on measured kernels of ``op`` (``shapes``: their shape columns per row)."""
+    if op not in RESIDUAL_INPUTS:
+        return {}
+    return conditioned(kernels, residual_groups(op, shapes), residual_inputs(op, shapes), residuals)
+
+
+def log_corrections(interpolations: dict[str, ResidualInterpolation], op: str, shapes) -> np.ndarray:
+    """The interpolated residual of every row of ``op`` (0 where its group has no interpolation)."""
+    if op not in RESIDUAL_INPUTS or not interpolations or not len(shapes):
+        return np.zeros(len(shapes))
+    return corrections_at(interpolations, residual_groups(op, shapes), lambda: residual_inputs(op, shapes))
