@@ -261,10 +261,15 @@ SPREAD_FOLDS = 4
 MIN_SPREAD_KERNELS = 8
 
 
-def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.ndarray) -> np.ndarray:
-    """log(measured / calibrated) of the equations ``rows`` (indices), each from the fit on every other equation but
-    its fold's (:data:`SPREAD_FOLDS` folds by position in ``rows``, as :func:`spread_entry` records): how far a
-    kernel the calibration did not see lies from it."""
+def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.ndarray,
+                                  interpolate: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
+                                  ) -> np.ndarray:
+    """log(measured / calibrated) of the equations ``rows`` (ascending indices), each from the fit on every other
+    equation but its fold's (:data:`SPREAD_FOLDS` folds by position in ``rows``, as :func:`spread_entry` records): how
+    far a kernel the calibration did not see lies from it. With ``interpolate``
+    (:func:`pipeweave.residual_kernel.interpolator` over ``rows``, positions in it), a fold is also corrected by
+    what its refitted corrections leave on the other folds' kernels, interpolated to it, as the calibration
+    interpolates its measured kernels' residuals to the kernels it predicts."""
     rows = np.asarray(rows)
     out = np.empty(len(rows))
     fold = np.arange(len(rows)) % SPREAD_FOLDS
@@ -274,6 +279,12 @@ def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.n
         theta = fit_map(equations.subset(~held), prior)[0]
         predicted = equations.subset(held).predict(theta)[0]
         out[fold == f] = np.log(equations.measured[held] / predicted)
+        if interpolate is not None:
+            known, query = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+            others = np.zeros(len(equations.measured), dtype=bool)
+            others[rows[known]] = True
+            left = np.log(equations.measured[others] / equations.subset(others).predict(theta)[0])
+            out[query] -= interpolate(known, left, query)
     return out
 
 

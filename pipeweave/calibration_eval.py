@@ -45,8 +45,8 @@ from pipeweave.finetune import (FINE_TUNABLE, MAX_DEFAULT_WORKERS, MIN_EXTRAPOLA
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
-from pipeweave.residual_kernel import (conditioned, corrections_at, fit_residual_kernel, residual_groups,
-                                       residual_inputs, winsorised)
+from pipeweave.residual_kernel import (conditioned, corrections_at, fit_residual_kernel, interpolator,
+                                       residual_groups, residual_inputs, winsorised)
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
 SHOTS = (0, 8, 32, 128)
@@ -314,8 +314,10 @@ def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) 
     """(log low, log high) of the spread ``calibrate.py`` records for the k kernels :func:`kshot_log_errors` draws
     with ``seed`` (pipeweave.calibration.cross_validated_log_residuals)."""
     drawn = np.random.default_rng(seed).choice(len(held.y), size=k, replace=False)
+    interpolate = (None if held.groups is None else
+                   interpolator(prior.residual_kernels, held.groups[drawn], held.residual_inputs[drawn]))
     entry = spread_entry(cross_validated_log_residuals(drawn_equations(held, x, prior, drawn), prior,
-                                                       np.arange(k)))
+                                                       np.arange(k), interpolate))
     return entry["log_low"], entry["log_high"]
 
 

@@ -34,7 +34,8 @@ from pipeweave.cli import (ArgumentParser, UserError, check_output_path, positiv
                            require_file)
 from pipeweave.collectives import collective_workers
 from pipeweave.finetune import MAX_DEFAULT_WORKERS, TRIGGER_BITS, default_workers, fine_tuning_pool
-from pipeweave.residual_kernel import RESIDUAL_INPUTS, fit_interpolations
+from pipeweave.residual_kernel import (RESIDUAL_INPUTS, fit_interpolations, interpolator, residual_groups,
+                                       residual_inputs)
 from pipeweave.schema import COLLECTIVE_KINDS
 
 if TYPE_CHECKING:  # the kernel CSVs are read with pandas (training extras); the end-to-end runs without it
@@ -944,7 +945,15 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         base_models[op] = str(aggregator.predictor._models[op][2])
     models = np.concatenate([np.full(len(part.measured), model, dtype=object)
                              for part, model in zip(parts, part_models + [None] * len(runs))])
-    spread = kernel_spread(equations, prior, models)
+    # interpolated last, where the GPU is outside the operator's training data. The prior's covariance describes the
+    # residuals of a GPU the model never measured; on one it trained on they are its held-out-shape error, with
+    # little structure to interpolate (L40S, 239 GEMMs of the test split calibrating 3,000 others: 6.46 % with the
+    # corrections alone, 6.61 % interpolated)
+    interpolable = {op for op, _ in kernel_frames if op in RESIDUAL_INPUTS}
+    trained = sorted(op for op in interpolable if spec.name in aggregator.predictor.trained_on(op))
+    interpolated = interpolable - set(trained) if prior.residual_kernels else set()
+    spread = kernel_spread(equations, prior, models,
+                           spread_interpolators(kernel_frames, part_models, interpolated, prior))
     if "all_reduce" in spread:  # the worker counts its sweep measured, which its interval stands for
         spread["all_reduce"]["workers"] = sorted({int(w) for op, frame in kernel_frames if op == "all_reduce"
                                                   for w in map(float, frame["num_workers"])})
@@ -956,15 +965,10 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
         with fine_tuning_pool(workers) as pool:
             calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry,
                                                       calibration, equations, prior, log, pool)
-    # last: what all of the above leaves on the kernels, where the GPU is outside the operator's training data. The
-    # prior's covariance describes the residuals of a GPU the model never measured; on one it trained on they are its
-    # held-out-shape error, with little structure to interpolate (L40S, 239 GEMMs of the test split calibrating 3,000
-    # others: 6.46 % with the corrections alone, 6.61 % interpolated)
-    interpolable = {op for op, _ in kernel_frames if op in RESIDUAL_INPUTS}
-    trained = sorted(op for op in interpolable if spec.name in aggregator.predictor.trained_on(op))
+    # last: what all of the above leaves on the kernels of the operators interpolated
     calibration.residuals = residual_interpolations([(op, frame) for op, frame in kernel_frames
-                                                     if op in interpolable and op not in trained],
-                                                    spec, aggregator.predictor, calibration, prior)
+                                                     if op in interpolated], spec, aggregator.predictor, calibration,
+                                                    prior)
     if len(trained) < len(interpolable) and not prior.residual_kernels:
         log("The prior has no covariance of the kernels' residuals (written before 2026-12-07): what the calibration "
             "leaves on the measured kernels is not interpolated over their shapes; regenerate it with "
@@ -980,17 +984,40 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     return calibration
 
 
-def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray) -> dict:
+def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray, interpolators: dict | None = None
+                  ) -> dict:
     """{model op: spread entry} of every model with at least MIN_SPREAD_KERNELS measured kernels (and of a
     measured all-reduce sweep, "all_reduce"): how far its kernels lie from the calibration fitted without them
-    (cross-validated; corrections only, so where a model is fine-tuned or its residuals interpolated the spread is
-    overstated, not understated)."""
+    (cross-validated), with what the refitted corrections leave on the other folds interpolated to each fold where
+    ``interpolators`` (:func:`spread_interpolators`) has the model; without its fine-tuning, so where a model is
+    fine-tuned the spread is overstated, not understated."""
     out = {}
     for model in sorted({m for m in models if m is not None}):
         rows = np.flatnonzero(models == model)
         if len(rows) >= MIN_SPREAD_KERNELS:
-            out[model] = spread_entry(cross_validated_log_residuals(equations, prior, rows))
+            out[model] = spread_entry(cross_validated_log_residuals(equations, prior, rows,
+                                                                    (interpolators or {}).get(model)))
     return out
+
+
+def spread_interpolators(kernel_frames: list[tuple[str, pd.DataFrame]], part_models: list[str],
+                         interpolated: set[str], prior: Prior) -> dict:
+    """{model op: pipeweave.residual_kernel.interpolator over its measured kernels, in equation order} of every model
+    with kernels of an operator in ``interpolated`` (a kernel of another operator it predicts, as quantisation by
+    RMSNorm's model, is in no group: not interpolated)."""
+    parts = {}
+    for (op, frame), model in zip(kernel_frames, part_models):
+        if model == "all_reduce":
+            continue
+        shapes = list(frame[list(get_operator(op).shape_columns)].itertuples(index=False, name=None))
+        if op in interpolated:
+            parts.setdefault(model, []).append((residual_groups(op, shapes), residual_inputs(op, shapes)))
+        else:
+            parts.setdefault(model, []).append((np.full(len(frame), ""),
+                                                np.zeros((len(frame), len(RESIDUAL_INPUTS.get(model, ()))))))
+    return {model: interpolator(prior.residual_kernels, np.concatenate([groups for groups, _ in blocks]),
+                                np.vstack([inputs for _, inputs in blocks]))
+            for model, blocks in parts.items() if any((groups != "").any() for groups, _ in blocks)}
 
 
 def main(argv: list[str] | None = None) -> int:

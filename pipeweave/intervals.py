@@ -27,11 +27,12 @@ Collectives with measured models enter at their point value (the output says so)
 analytical estimate enters with that estimate's leave-one-GPU-out interval on its link family
 (:meth:`pipeweave.collectives.CollectivePredictor.analytical_interval`).
 
-A fourth state, ``calibrated``: a GPU outside training whose calibration (``calibrate.py --kernels``) was fitted
-on at least k measured kernels of the operator, k = 8, 32 or 128, takes the interval of the k-shot evaluation
-(errors on the GPU's other kernels after calibrating on k drawn ones; the largest evaluated k not above the
-user's count), widened where the calibration's own kernels scatter more: each is predicted by the calibration
-fitted without its fold (four folds), and the 10th / 90th percentiles of those errors, recorded in the calibration
+A fourth state, ``calibrated``: a GPU outside training whose calibration (``calibrate.py --kernels``) was fitted on
+at least k measured kernels of the operator, k = 8, 32 or 128, takes the interval of the k-shot evaluation (errors
+on the GPU's other kernels after calibrating on k drawn ones; the largest evaluated k not above the user's count),
+widened where the calibration's own kernels scatter more: each is predicted by the calibration fitted without its
+fold (four folds; the corrections, and what they leave on the other folds interpolated to it as the calibration
+interpolates its kernels' residuals), and the 10th / 90th percentiles of those errors, recorded in the calibration
 file (``spread``), bound the interval from outside. The pooled interval is every GPU's; a GPU whose bias varies from
 shape to shape more than the others' (L40S) would otherwise be given theirs. A calibration of a GPU in the training
 data keeps the trained state's interval, widened likewise to its kernels' spread (a user's harness may differ from

@@ -26,6 +26,7 @@ measured kernels cannot over-fit them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -259,6 +260,21 @@ def corrections_at(interpolations: dict[str, ResidualInterpolation], groups: np.
             rows = groups == group
             out[rows] = interpolations[group].log_correction(values[rows])
     return out
+
+
+def interpolator(kernels: dict[str, ResidualKernel], groups: np.ndarray, inputs: np.ndarray
+                 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """``interpolate(known, residuals, query)``: the interpolated residual at the rows ``query`` of measured kernels
+    (their ``groups`` and ``inputs`` per row) conditioned on the ``residuals`` of the rows ``known`` (positions in
+    those arrays), 0 in a group without a covariance in ``kernels``: how the calibration's cross-validation predicts
+    a fold it did not see (:func:`pipeweave.calibration.cross_validated_log_residuals`)."""
+    groups, inputs = np.asarray(groups), np.asarray(inputs, dtype=np.float64)
+
+    def interpolate(known: np.ndarray, residuals: np.ndarray, query: np.ndarray) -> np.ndarray:
+        interpolations = conditioned(kernels, groups[known], inputs[known], residuals)
+        return corrections_at(interpolations, groups[query], lambda: inputs[query])
+
+    return interpolate
 
 
 def fit_interpolations(kernels: dict[str, ResidualKernel], op: str, shapes, residuals: np.ndarray

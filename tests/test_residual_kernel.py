@@ -54,6 +54,27 @@ def test_interpolation_predicts_unmeasured_shapes_from_measured_ones_and_nothing
     assert abs(far[0]) < 1e-9  # the calibration alone
 
 
+def test_the_cross_validated_spread_interpolates_each_fold_from_the_others():
+    """Kernels whose error follows a smooth function of the shape: the corrections' cross-validation leaves its
+    swing, the interpolated one only the noise; an interpolator without a covariance for the group changes
+    nothing."""
+    from pipeweave.calibration import Equations, cross_validated_log_residuals
+    from pipeweave.residual_kernel import interpolator
+
+    (inputs, residuals), = draws(PLANTED, 1, 200, seed=7)
+    prior = load_prior()
+    x = np.zeros((200, len(PARAMS)))  # no correction term: the prior alone, so the residuals are the planted ones
+    equations = Equations(np.arange(200), np.ones(200), x, np.exp(residuals), np.full(200, 0.1))
+    groups = np.full(200, "gemm")
+    plain = cross_validated_log_residuals(equations, prior, np.arange(200))
+    np.testing.assert_allclose(plain, residuals)
+    interpolated = cross_validated_log_residuals(equations, prior, np.arange(200),
+                                                 interpolator({"gemm": PLANTED}, groups, inputs))
+    assert np.std(interpolated) < 0.6 * np.std(plain)
+    unknown = cross_validated_log_residuals(equations, prior, np.arange(200), interpolator({}, groups, inputs))
+    np.testing.assert_array_equal(unknown, plain)
+
+
 def test_one_kernel_measured_far_off_does_not_pull_its_neighbours():
     """A timing spike (a factor e² on one kernel among smooth residuals) is winsorised: its neighbours move by
     less than 0.05 in log, where without it they would follow it far."""
@@ -198,6 +219,10 @@ def test_calibrate_interpolates_its_kernels_residuals_and_predict_kernels_applie
     assert load_calibration(tmp_path / "with.json").summary()["interpolated_kernels"] == {"gemm": len(m)}
     assert load_calibration(tmp_path / "without.json").residuals == {}
     assert errors["with"] < 0.5 * errors["without"], errors
+    # the spread the interval is widened to: each fold predicted with the other folds' residuals interpolated to it
+    widths = {name: np.subtract(*[load_calibration(tmp_path / f"{name}.json").spread["gemm"][end]
+                                  for end in ("log_high", "log_low")]) for name in ("with", "without")}
+    assert widths["with"] < 0.6 * widths["without"], widths
     trained = tmp_path / "measured_a40.csv"
     table(measured_ms, trained, predicted(grid) * truth_factor(m), gpu="A40")
     capsys.readouterr()
