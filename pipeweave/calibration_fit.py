@@ -780,9 +780,7 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
                                                     refitted_without(equations, prior, rows, corrections.theta,
                                                                      efficiency), pool=pool, interpolate=interpolate)
-        interpolated_note = (" (each with what it leaves on the other kernels interpolated to them)"
-                             if interpolate is not None and len(inputs) >= MIN_SELECTION_KERNELS else "")
-        chosen = (f" chosen {selection_method(len(inputs))}, mean |log error|{interpolated_note} "
+        chosen = (f" chosen {selection_method(len(inputs))}, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
         if arrays is None:
             log(f"{said}: corrections only ({chosen.strip()})")
