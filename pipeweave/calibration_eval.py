@@ -599,8 +599,8 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
                                            tune.sm_freq, recipe=STANDARD, pool=pool))
         arrays, recipe, validation = fine_tune_selected(
             op, tune.member_dirs, registry, tune.inputs[drawn], target, tune.sm_freq,
-            tune.efficiency[drawn] * np.exp(held.y[drawn]), target_without(held, x, prior, drawn, theta), pool=pool,
-            interpolate=interpolator(prior.residual_kernels, held.groups[drawn], held.residual_inputs[drawn]))
+            tune.efficiency[drawn] * np.exp(held.y[drawn]),
+            target_without(held, x, prior, drawn, theta), pool=pool)
         zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
         selected = None if arrays is None else standard if recipe is STANDARD else tuned(arrays)
         results[held.gpu] = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
@@ -636,8 +636,7 @@ def render_many(results: dict, op: str, k: int) -> str:
 
     names = [CORRECTIONS_ONLY.name] + [recipe.name for recipe in RECIPES]
     before = ("Then what that leaves on the measured kernels is interpolated over their shapes "
-              "(`pipeweave.residual_kernel`): *now*; *before* is the same choice without it. Each choice is scored "
-              "on the fifth as it will predict: what it leaves on the other four fifths interpolated to the fifth.")
+              "(`pipeweave.residual_kernel`): *now*; *before* (until 2026-12-07) is the same choice without it.")
 
     def cell(summary: dict) -> str:
         return f"{summary['mean']:.1f} / {summary['median']:.1f}"
@@ -657,7 +656,7 @@ def render_many(results: dict, op: str, k: int) -> str:
              f"k = {k} kernels drawn at random (seed {SEED}, one draw) calibrate each GPU's LOGO model; the prior is "
              "estimated from the other GPUs' corrections of this operator only; cells are the duration error "
              "`mean / median` in % on all the GPU's other kernels. *Validation*: mean |log error| of "
-             f"{', '.join(names)} on the held-out fifth, interpolated.", "",
+             f"{', '.join(names)} on the held-out fifth.", "",
              "| GPU | kernels | flagged | k = 0 | corrections only | standard fine-tuning | before | chosen "
              "(validation) | **now** |", "|---|---|---|---|---|---|---|---|---|"]
     for gpu, result in sorted(results.items()):

@@ -722,15 +722,13 @@ def fine_tune_inputs(op: str, frame: pd.DataFrame, spec: HardwareSpec, predictor
 
 
 def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: HardwareSpec, predictor, registry,
-                     corrections: Calibration, equations: Equations, prior: Prior, log=print, pool=None,
-                     interpolated: frozenset = frozenset()) -> dict:
+                     corrections: Calibration, equations: Equations, prior: Prior, log=print, pool=None) -> dict:
     """{op: calibration-file entry} for every class of :data:`pipeweave.finetune.FINE_TUNABLE` that
     :func:`pipeweave.finetune.considers_fine_tuning` and whose held-out measured kernels (with enough of them) do
     not prefer the corrections alone: its members fine-tuned on what ``corrections`` (the fitted calibration)
     leaves unexplained (:mod:`pipeweave.finetune`). ``equations`` (the kernel files' in ``kernel_frames`` order,
     then the runs') and ``prior`` are what ``corrections`` was fitted from: the choice refits it without the
-    kernels it holds out. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None. The kernels of an
-    operator in ``interpolated`` (whose residuals the calibration interpolates) score each choice interpolated."""
+    kernels it holds out. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None."""
     import pandas as pd
 
     from pipeweave.finetune import (FINE_TUNABLE, MIN_EXTRAPOLATED_SHARE, MIN_KERNELS, MIN_SELECTION_KERNELS,
@@ -774,12 +772,9 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         log(f"{op}, {len(frame)} measured kernels: choosing whether to fine-tune its {len(members)} member(s) on them "
             f"({compared_fine_tunings(len(inputs))} fine-tunings to compare, then the chosen one on all the kernels: "
             f"minutes of CPU; --workers sets how many members train at once)")
-        shapes = list(frame[list(get_operator(op).shape_columns)].itertuples(index=False, name=None))
-        interpolate = (interpolator(prior.residual_kernels, residual_groups(op, shapes), residual_inputs(op, shapes))
-                       if op in interpolated else None)
         arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
                                                     refitted_without(equations, prior, rows, corrections.theta,
-                                                                     efficiency), pool=pool, interpolate=interpolate)
+                                                                     efficiency), pool=pool)
         chosen = (f" chosen {selection_method(len(inputs))}, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
         if arrays is None:
@@ -969,8 +964,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     if fine_tune and kernel_frames:
         with fine_tuning_pool(workers) as pool:
             calibration.fine_tuned = fine_tune_models(kernel_frames, spec, aggregator.predictor, registry,
-                                                      calibration, equations, prior, log, pool,
-                                                      frozenset(interpolated))
+                                                      calibration, equations, prior, log, pool)
     # last: what all of the above leaves on the kernels of the operators interpolated
     calibration.residuals = residual_interpolations([(op, frame) for op, frame in kernel_frames
                                                      if op in interpolated], spec, aggregator.predictor, calibration,

@@ -33,10 +33,8 @@ that many kernels: on 1,024 kernels the thorough recipe also beat the correction
 them). Which one suits a GPU's kernels is not known in advance, so from :data:`MIN_SELECTION_KERNELS` kernels on
 the kernels decide (:func:`fine_tune_selected`): each recipe is fine-tuned on all but a seeded fifth of them
 (:data:`VALIDATION_SHARE`), and of the corrections alone (:data:`CORRECTIONS_ONLY`) and the two recipes the one
-with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them), each scored as
-the calibration will predict with it where it interpolates its residuals over the shape: what the choice leaves on
-the other four fifths, interpolated to that fifth (since 2026-12-07). Below that a fifth is too few kernels to
-choose on; where the flag calls for fine-tuning (:func:`considers_fine_tuning`), the
+with the smallest mean |log error| on that fifth is kept (a recipe then fine-tuned on all of them). Below that a
+fifth is too few kernels to choose on; where the flag calls for fine-tuning (:func:`considers_fine_tuning`), the
 standard recipe is kept only if it predicts the kernels better than the corrections alone under
 :data:`VALIDATION_FOLDS`-fold cross-validation, each fold scored against the corrections refitted without it
 (since 2026-12-06: on the flag alone, leave-one-GPU-out with 32 kernels, the fine-tuning made H20's, L40S's and RTX
@@ -325,8 +323,7 @@ def compared_fine_tunings(kernels: int) -> int:
 def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
                        efficiency: np.ndarray, sm_freq: float, base_efficiency: np.ndarray,
                        efficiency_without: Callable[[np.ndarray], np.ndarray], config_dir: str | Path | None = None,
-                       pool=None, interpolate: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
-                       ) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
+                       pool=None) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
     """(weight-file arrays, or None for the corrections alone; the recipe; mean |log error| of each choice on the
     kernels its fine-tuning did not see) for measured kernels (raw model inputs, the ``efficiency`` the model must give
     them under the fitted corrections, the ``base_efficiency`` the model gives them): from
@@ -341,11 +338,7 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     kernel must get under the corrections fitted without the kernels ``fold`` (fitted on all of them, the corrections
     would score the fold in-sample and the fine-tuning out of it). A recipe chosen is then fine-tuned on all of
     them. With a ``pool`` (:func:`fine_tuning_pool`) the members of the fine-tunings a choice compares train at
-    once. From :data:`MIN_SELECTION_KERNELS` kernels on, with ``interpolate``
-    (:func:`pipeweave.residual_kernel.interpolator` over the measured kernels: the calibration interpolates what it
-    leaves on them), each choice is scored as it will predict: what it leaves on the other four fifths interpolated
-    to the held-out fifth (since 2026-12-07: without it the choice compared fits before the step that follows
-    them, which gains most on the corrections alone)."""
+    once."""
     from pipeweave.mlp import NumpyMLP
 
     inputs, efficiency = np.asarray(inputs, dtype=np.float64), np.asarray(efficiency, dtype=np.float64)
@@ -370,18 +363,10 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     else:
         recipes, held = RECIPES, validation_rows(len(inputs))
         rest = np.setdiff1d(np.arange(len(inputs)), held)
-
-        def held_out_error(predicted: np.ndarray) -> float:  # predicted: every kernel's efficiency under a choice
-            if interpolate is None:
-                return error(predicted[held], held)
-            # log(measured / predicted duration) = log(predicted / measured efficiency)
-            left = np.log(predicted[rest] / efficiency[rest])
-            return error(predicted[held] * np.exp(-interpolate(rest, left, held)), held)
-
-        errors = {CORRECTIONS_ONLY.name: held_out_error(base_efficiency)}
+        errors = {CORRECTIONS_ONLY.name: error(base_efficiency[held], held)}
         tuned = fits([(inputs[rest], efficiency[rest], recipe) for recipe in recipes])
         for recipe, arrays in zip(recipes, tuned):
-            errors[recipe.name] = held_out_error(NumpyMLP(arrays).efficiency(inputs, sm_freq))
+            errors[recipe.name] = error(NumpyMLP(arrays).efficiency(inputs[held], sm_freq), held)
     chosen = min((CORRECTIONS_ONLY,) + recipes, key=lambda recipe: errors[recipe.name])
     if chosen is CORRECTIONS_ONLY:
         return None, chosen, errors

@@ -378,30 +378,6 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     assert (arrays, recipe) == (None, finetune.CORRECTIONS_ONLY)
     assert calls == [("standard", many - held), ("thorough", many - held)]
 
-    # where the calibration interpolates its residuals, each choice is scored as it will then predict: corrections
-    # whose error is smooth over the kernels (here over their order) are interpolated away, the thorough recipe's
-    # 2 % and its jitter are not
-    class JitteryModel(FakeModel):
-        def efficiency(self, inputs, sm_freq):
-            return super().efficiency(inputs, sm_freq) * np.exp(0.03 * np.sin(inputs[:, 0] * 1e4))
-
-    monkeypatch.setattr(mlp, "NumpyMLP", JitteryModel)
-    smooth = truth[:, 0] * np.exp(0.1 * np.sin(np.arange(many) / 20))
-    seen = []
-
-    def nearest(known, residuals, query):  # the residual of the nearest measured kernel, as a fake process
-        seen.append((known, query))
-        return residuals[np.abs(known[None, :] - query[:, None]).argmin(axis=1)]
-
-    plain = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0, smooth, not_refitted)
-    interpolated = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0, smooth, not_refitted,
-                                               interpolate=nearest)
-    assert plain[1] is finetune.THOROUGH and interpolated[1] is finetune.CORRECTIONS_ONLY
-    assert interpolated[2]["corrections_only"] < 0.01 < interpolated[2]["thorough"]
-    fifth = finetune.validation_rows(many)
-    assert all(np.array_equal(query, fifth) and np.array_equal(known, np.setdiff1d(np.arange(many), fifth))
-               for known, query in seen) and len(seen) == 3
-
 
 def test_fine_tuning_is_considered_where_the_model_extrapolates_or_with_many_kernels():
     from pipeweave.finetune import MIN_KERNELS, MIN_SELECTION_KERNELS, considers_fine_tuning
