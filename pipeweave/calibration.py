@@ -271,20 +271,21 @@ def cross_validated_log_residuals(equations: Equations, prior: Prior, rows: np.n
     what its refitted corrections leave on the other folds' kernels, interpolated to it, as the calibration
     interpolates its measured kernels' residuals to the kernels it predicts."""
     rows = np.asarray(rows)
+    selected = np.zeros(len(equations.measured), dtype=bool)
+    selected[rows] = True
+    of_rows = equations.subset(selected)  # in the order of rows (ascending)
     out = np.empty(len(rows))
     fold = np.arange(len(rows)) % SPREAD_FOLDS
     for f in range(min(SPREAD_FOLDS, len(rows))):
         held = np.zeros(len(equations.measured), dtype=bool)
         held[rows[fold == f]] = True
         theta = fit_map(equations.subset(~held), prior)[0]
-        predicted = equations.subset(held).predict(theta)[0]
-        out[fold == f] = np.log(equations.measured[held] / predicted)
+        log_ratio = np.log(of_rows.measured / of_rows.predict(theta)[0])
+        query = np.flatnonzero(fold == f)
+        out[query] = log_ratio[query]
         if interpolate is not None:
-            known, query = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-            others = np.zeros(len(equations.measured), dtype=bool)
-            others[rows[known]] = True
-            left = np.log(equations.measured[others] / equations.subset(others).predict(theta)[0])
-            out[query] -= interpolate(known, left, query)
+            known = np.flatnonzero(fold != f)
+            out[query] -= interpolate(known, log_ratio[known], query)
     return out
 
 

@@ -45,8 +45,8 @@ from pipeweave.finetune import (FINE_TUNABLE, MAX_DEFAULT_WORKERS, MIN_EXTRAPOLA
 from pipeweave.logo_cache import DEFAULT_CACHE, LOGO_EPOCHS, LOGO_MAX_ROWS_PER_GPU, gpus_with_data, member_model_dirs
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
-from pipeweave.residual_kernel import (conditioned, corrections_at, fit_residual_kernel, interpolator,
-                                       residual_groups, residual_inputs, winsorised)
+from pipeweave.residual_kernel import (fit_residual_kernel, interpolator, residual_groups, residual_inputs,
+                                       winsorised)
 
 OPS = ("gemm", "gemm_fp8", "attn", "rmsnorm", "siluandmul", "moe")
 SHOTS = (0, 8, 32, 128)
@@ -208,8 +208,8 @@ def interpolated_residuals(held: HeldOut, prior: Prior, drawn: np.ndarray, resid
     ``prior``)."""
     if held.groups is None:
         return np.zeros(len(held.y))
-    interpolations = conditioned(prior.residual_kernels, held.groups[drawn], held.residual_inputs[drawn], residuals)
-    return corrections_at(interpolations, held.groups, lambda: held.residual_inputs)
+    interpolate = interpolator(prior.residual_kernels, held.groups, held.residual_inputs)
+    return interpolate(drawn, residuals, np.arange(len(held.y)))
 
 
 def estimate_prior(rows: list[HeldOut], source: str) -> Prior:
