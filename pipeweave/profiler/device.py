@@ -290,9 +290,9 @@ def hardware_skeleton(props, *, max_sm_clock_mhz: int | None = None, max_mem_clo
     out.set("registerFileSize", _kb(regs * 4) if regs else None)
     out.ask("l2CacheBandwidth", "L2 bandwidth in GB/s (vendor figure or a measured L2-resident copy)")
     out.set("sharedMemoryBandwidth", 128, "32 banks × 4 bytes per clock per SM, as on every GPU in hardware/")
-    out.ask("tcBf16", "dense BF16 tensor-core FLOP per clock per SM (2 per FMA; e.g. A100 2048, H100 4096)")
+    out.ask("tcBf16", "dense BF16 tensor-core FLOP per clock per SM, a power of two (e.g. A100 2048, H100 4096)")
     if (major, minor) >= (8, 9):
-        out.ask("tcFp8", "dense FP8 tensor-core FLOP per clock per SM (usually 2 × tcBf16)")
+        out.ask("tcFp8", "dense FP8 tensor-core FLOP per clock per SM, a power of two (usually 2 × tcBf16)")
     lanes = _FMA_LANES.get((major, minor))
     if lanes is not None:
         capability = f"for compute capability {major}.{minor}"
