@@ -5,7 +5,8 @@
 Each case calibrates L40 (a GPU without kernel data) from "measurements" written here: the shipped prediction
 of shapes of the profiler's grids times a planted factor. What it times is the work a user waits for: one
 end-to-end run (the corrections alone); the profiler's quick GEMM grid (239 kernels: a held-out fifth chooses
-between the corrections and two fine-tunings); 200 attention kernels and 200 fused-MoE layers (the same choice).
+between the corrections and two fine-tunings) and its full grid (3,790); 200 attention kernels and 200 fused-MoE
+layers (the same choice).
 Fine-tuning needs torch; the time of a case is the wall time of :func:`pipeweave.calibration_fit.calibrate`,
 inputs read and validated included, models loaded excluded (a first call warms them). ``--workers``: processes
 that fine-tune the ensemble members at once, as calibrate.py's flag (default: the same default); the start of the
@@ -34,11 +35,12 @@ GPU = "L40"
 RUN = "Qwen2.5-14B_arxiv_8_fa2_tp1_pp1"
 
 
-def kernel_csv(directory: Path, op: str, shapes: pd.DataFrame, predictor: KernelPredictor) -> Path:
-    """``shapes`` "measured" on GPU: the shipped prediction, 1.3x slower for the larger half of the kernels."""
+def kernel_csv(directory: Path, op: str, shapes: pd.DataFrame, predictor: KernelPredictor, name: str = "") -> Path:
+    """``shapes`` "measured" on GPU: the shipped prediction, 1.3x slower for the larger half of the kernels (written
+    to ``<op><name>.csv``)."""
     predicted = predictor.predict_frame(op, shapes.assign(hardware=GPU))["predicted_us"].to_numpy()
     measured = predicted * np.where(predicted > np.median(predicted), 1.3, 1.0)
-    path = directory / f"{op}.csv"
+    path = directory / f"{op}{name}.csv"
     shapes.assign(op=op, hardware=GPU, avg_duration=measured).to_csv(path, index=False)
     return path
 
@@ -60,10 +62,11 @@ def main() -> None:
         tmp = Path(tmp)
         e2e = tmp / "e2e.csv"
         e2e.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{RUN},8000,50,13000\n")
-        quick = pd.DataFrame(build_grid(load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR), ops=["gemm"],
-                                        quick=True).rows["gemm"])
+        models = load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR)
+        quick, full = (pd.DataFrame(build_grid(models, ops=["gemm"], quick=q).rows["gemm"]) for q in (True, False))
         cases = [("one end-to-end run", e2e, []),
-                 ("GEMM, the quick grid (239)", None, [kernel_csv(tmp, "gemm", quick, predictor)]),
+                 ("GEMM, the quick grid (239)", None, [kernel_csv(tmp, "gemm", quick, predictor, "_quick")]),
+                 (f"GEMM, the full grid ({len(full):,})", None, [kernel_csv(tmp, "gemm", full, predictor, "_full")]),
                  ("attention, 200 kernels", None, [kernel_csv(tmp, "attn", grid_sample("attn", 200), predictor)]),
                  ("MoE, 200 layers", None, [kernel_csv(tmp, "moe", grid_sample("moe", 200), predictor)])]
         calibrate(GPU, str(e2e), [], log=quiet)  # loads the models
