@@ -183,16 +183,9 @@ def parse_hardware(data: dict, stem: str, source: str) -> HardwareSpec:
     return spec
 
 
-#: how far a tensor rate may lie from a power of two: the artifact's L20 file has tcBf16 = 516 (its 119.5 TFLOPS at
-#: 2.52 GHz, kept because the features are defined with it); a TFLOPS figure written as the rate (H100's 989.4, B200's
-#: 2250) lies 3 % or more from every power of two
-POWER_OF_TWO_TOLERANCE = 0.02
-
-
 def _check_units(data: dict, source: str) -> None:
     """Relations every GPU satisfies, which catch a figure in the wrong unit that the plausible ranges let through: a
-    vendor TFLOPS figure as the per-SM rate (below 4 x FmaFp32, or off every power of two), an L2 bandwidth in TB/s,
-    the bidirectional link figure."""
+    vendor TFLOPS figure as the per-SM rate, an L2 bandwidth in TB/s, the bidirectional link figure."""
     fma, bf16, fp8 = data["FmaFp32"], data["tcBf16"], data.get("tcFp8")
     if bf16 < 4 * fma:  # the half-rate parts (GeForce, L40, L20) sit at 4 x FmaFp32: twice the FMA pipe's 2 FLOP/lane
         raise ValueError(f"{source}: field 'tcBf16' = {bf16!r} is below 4 x FmaFp32 = {4 * fma!r}, twice the FP32 "
@@ -201,14 +194,6 @@ def _check_units(data: dict, source: str) -> None:
     if fp8 and fp8 < bf16:
         raise ValueError(f"{source}: field 'tcFp8' = {fp8!r} is below tcBf16 = {bf16!r}: FP8 runs at least at the BF16 "
                          f"rate (twice it on every FP8 part); tcFp8 is dense FP8 FLOP per clock per SM, not TFLOPS")
-    for key, rate in (("tcBf16", bf16), ("tcFp8", fp8)):
-        nearest = 2.0 ** round(math.log2(rate)) if rate else 0.0
-        if rate and abs(rate / nearest - 1) > POWER_OF_TWO_TOLERANCE:
-            raise ValueError(f"{source}: field {key!r} = {rate!r} is not a power of two ({nearest:.0f} is the "
-                             f"nearest): every tensor core's dense rate per SM and clock is one, so this looks like "
-                             f"the vendor's TFLOPS figure or a rate worked out at another clock; give the power of two "
-                             f"and set smFreq so that {key} x numSms x smFreq (MHz) x 1e6 is the vendor's dense peak "
-                             f"(docs/METHOD.md §1)")
     if data["l2CacheBandwidth"] < data["memBandwidth"]:
         raise ValueError(f"{source}: field 'l2CacheBandwidth' = {data['l2CacheBandwidth']!r} is below memBandwidth = "
                          f"{data['memBandwidth']!r}: the L2 is faster than DRAM on every GPU (both in GB/s)")
