@@ -448,6 +448,23 @@ def test_write_trained_with_unseen_rewrites_the_unseen_states_from_the_held_out_
     assert written["trained"]["gpus"] == shipped["operators"]["rmsnorm"]["trained"]["gpus"]
 
 
+def test_one_chip_under_two_names_sets_no_unseen_state():
+    """FP8 GEMM's H100 and H800 have the same analytical-model inputs: left out, each one's model trained on the
+    other's rows, so its errors (H100's 19.9 %, its harness against H800's) are no unseen GPU's; H200, the same SM
+    design with more bandwidth, and H20 stay unseen GPUs."""
+    from types import SimpleNamespace
+
+    import pipeweave.interval_eval as interval_eval
+
+    gpus = ("NVIDIA H100", "NVIDIA H800", "NVIDIA H200", "NVIDIA H20", "NVIDIA L40S")
+    assert interval_eval.chip_twins(gpus) == {"NVIDIA H100", "NVIDIA H800"}
+    assert interval_eval.chip_twins(("NVIDIA H100", "NVIDIA H200")) == set()
+    rows = [SimpleNamespace(op="gemm_fp8", gpu=gpu, y=np.full(4, i / 10)) for i, gpu in enumerate(gpus)]
+    ratios = interval_eval.unseen_ratios("gemm_fp8", rows)
+    assert set(ratios[UNSEEN_GPU]) == {"NVIDIA H200", "NVIDIA H20"}  # Hopper, whose SM design H100 shares
+    assert set(ratios[UNSEEN_ARCHITECTURE]) == {"NVIDIA L40S"}
+
+
 def test_write_trained_on_a_corrupt_table_is_one_line_naming_it(tmp_path, capsys):
     from pipeweave.cli import run_cli
     from pipeweave.interval_eval import main
