@@ -9,9 +9,9 @@ Errors, as log(measured / predicted duration), each from a model that never trai
 * ``unseen_gpu`` / ``unseen_architecture``: the leave-one-GPU-out models of ``pipeweave.logo_cache`` on every row
   of the held-out GPU, as the predictor gives a GPU outside training (``pipeweave.accuracy.logo_as_predicted``);
   the state is ``unseen_architecture`` when no other GPU with data shares the held-out GPU's SM design. A GPU
-  whose analytical-model inputs another GPU of the data shares (one chip under two names: FP8 GEMM's H100 and
-  H800, :func:`chip_twins`) is left out of both and of the calibrated states: its leave-one-GPU-out model trained
-  on the other's rows.
+  whose model inputs another GPU of the data shares (one chip under two names: FP8 GEMM's H100 and H800,
+  :func:`pipeweave.accuracy.input_twins`) is left out of both and of the calibrated states: its leave-one-GPU-out
+  model trained on the other's rows.
 
 The table (``pipeweave/error_intervals.json``) holds the 10th and 90th percentiles per operator and state, every
 GPU weighing equally. **Coverage** is measured leave-one-GPU-out a second time: each GPU's rows are scored against
@@ -35,6 +35,7 @@ import numpy as np
 
 from analytical_model.hardware import DEFAULT_HARDWARE_DIR, hardware_registry
 from analytical_model.registry import get_operator, operator_keys
+from pipeweave.accuracy import input_twins
 from pipeweave.bounds import frame_band_table
 from pipeweave.calibration_eval import (DRAWS, SEED, SHOTS, HeldOut, drawn_spread, held_out_and_priors,
                                         held_out_rows, kshot_log_errors)
@@ -45,7 +46,7 @@ from pipeweave.finetune import FINE_TUNABLE, MAX_DEFAULT_WORKERS, default_worker
 from pipeweave.logo_cache import DEFAULT_CACHE, gpus_with_data
 from pipeweave.modeling import dataset_paths, log_duration_ratio, read_dataset
 from pipeweave.paths import DATASET_DIR, DEFAULT_MODEL_DIR, DOCS_DIR
-from pipeweave.predictor import FEATURE_SPEC_FIELDS, KernelPredictor
+from pipeweave.predictor import KernelPredictor
 
 OPS = operator_keys(trainable=True)
 #: an unseen state needs this many GPUs for a spread of their biases; with fewer the other unseen state's join
@@ -77,23 +78,14 @@ def trained_ratios(op: str, predictor: KernelPredictor, dataset_dir: Path) -> di
     return out
 
 
-def chip_twins(gpus) -> set[str]:
-    """The GPUs of ``gpus`` that share every hardware value the analytical features read
-    (:data:`pipeweave.predictor.FEATURE_SPEC_FIELDS`) with another of them: one chip under two names (FP8 GEMM's H100
-    and H800). Left out, each one's model trains on the other's rows, so its errors are those of another harness or
-    measurement source on a chip the model has seen, not of an unseen GPU: they set no unseen or calibrated state."""
-    hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
-    inputs = {gpu: tuple(getattr(hardware.get(gpu), field) for field in FEATURE_SPEC_FIELDS) for gpu in gpus}
-    return {gpu for gpu in inputs if sum(other == inputs[gpu] for other in inputs.values()) > 1}
-
-
 def unseen_ratios(op: str, rows: list[HeldOut]) -> dict[int, dict[str, np.ndarray]]:
     """{UNSEEN_GPU / UNSEEN_ARCHITECTURE: {held-out GPU: log ratios of all its rows}} under leave-one-GPU-out:
     the ``y`` of ``op``'s :class:`pipeweave.calibration_eval.HeldOut` rows, the prediction of a GPU outside
-    training (``pipeweave.accuracy.logo_as_predicted``, in the other GPUs' band); :func:`chip_twins` left out."""
+    training (``pipeweave.accuracy.logo_as_predicted``, in the other GPUs' band); GPUs with an
+    :func:`pipeweave.accuracy.input_twins` twin left out."""
     hardware = hardware_registry(DEFAULT_HARDWARE_DIR)
     held = [h for h in rows if h.op == op]
-    twins = chip_twins([h.gpu for h in held])
+    twins = input_twins([h.gpu for h in held])
     out: dict[int, dict[str, np.ndarray]] = {UNSEEN_GPU: {}, UNSEEN_ARCHITECTURE: {}}
     for h in held:
         if h.gpu in twins:
@@ -169,10 +161,10 @@ def calibrated_ratios(rows: list[HeldOut], priors: dict, ops, pool=None) -> dict
     """{op: {k: {held-out GPU: [(log ratios of its kernels not drawn, the spread the calibration records) per
     draw]}}} after calibrating its leave-one-GPU-out prediction on k drawn kernels, exactly the k-shot evaluation
     of :mod:`pipeweave.calibration_eval` (its ``rows`` and per-GPU ``priors`` estimated without the GPU, draws,
-    seeds and fine-tuning rule; ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None); each operator's
-    :func:`chip_twins` left out."""
+    seeds and fine-tuning rule; ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None); each
+    operator's GPUs with an :func:`pipeweave.accuracy.input_twins` twin left out."""
     out: dict[str, dict[int, dict[str, list]]] = {}
-    twins = {op: chip_twins([held.gpu for held in rows if held.op == op]) for op in ops}
+    twins = {op: input_twins([held.gpu for held in rows if held.op == op]) for op in ops}
     for held in (held for held in rows if held.op in ops and held.gpu not in twins[held.op]):
         x = held.design(priors[held.gpu].standardisation)
         for k in CALIBRATED_SHOTS:
