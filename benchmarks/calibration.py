@@ -26,6 +26,7 @@ import pandas as pd
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipeweave.calibration_fit import calibrate  # noqa: E402
+from pipeweave.cli import positive_int  # noqa: E402
 from pipeweave.finetune import default_workers, replay_shapes  # noqa: E402
 from pipeweave.predictor import KernelPredictor  # noqa: E402
 from pipeweave.profiler.grids import DEFAULT_CONFIGS, build_grid, load_models  # noqa: E402
@@ -53,8 +54,8 @@ def grid_sample(op: str, n: int) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks.calibration",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--repeats", type=positive_int, default=1)
+    parser.add_argument("--workers", type=positive_int, default=default_workers())
     args = parser.parse_args()
     predictor = KernelPredictor()
     quiet = lambda message: None  # noqa: E731
