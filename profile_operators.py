@@ -15,11 +15,11 @@ import math
 import sys
 from pathlib import Path
 
-from pipeweave.cli import ArgumentParser, UserError, run_cli
+from pipeweave.cli import ArgumentParser, UserError, positive_int, run_cli
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MEASURED_DIR, DEFAULT_TRACE_DIR
 from pipeweave.profiler import grids
 from pipeweave.profiler.device import cuda_device_count, no_cuda_message, no_cuda_reason
-from pipeweave.profiler.measure import print_grid, write_hardware_json
+from pipeweave.profiler.measure import design_spec, print_grid, write_hardware_json
 from pipeweave.profiler.timing import TIMERS, RotatingTimer
 
 
@@ -42,6 +42,13 @@ def parse_args(argv):
     parser.add_argument("--ops", default="all",
                         help=f"comma list of operators (default all: {','.join(grids.OPS)})")
     parser.add_argument("--quick", action="store_true", help="small grid that finishes in minutes")
+    parser.add_argument("--kernels", type=positive_int, default=None, metavar="K",
+                        help="of every kernel operator's full grid, measure only the K shapes that teach "
+                             "calibrate.py --kernels most on this GPU, most informative first "
+                             "(pipeweave.kernel_design; it reads the GPU's hardware JSON)")
+    parser.add_argument("--hardware", default=None, metavar="GPU",
+                        help="the GPU whose hardware JSON --kernels reads (default: the local GPU's; needed with "
+                             "--dry_run where no GPU is visible)")
     parser.add_argument("--configs", default=",".join(grids.DEFAULT_CONFIGS),
                         help="model config stems under --config_dir (default: the paper's three)")
     parser.add_argument("--config_dir", default=str(DEFAULT_CONFIG_DIR),
@@ -91,6 +98,10 @@ def parse_args(argv):
     if not args.configs:
         raise UserError("--configs: give at least one model config stem")
     args.tp = _int_list(args.tp, "--tp")
+    if args.kernels and args.quick:
+        raise UserError("--kernels chooses from the full grid; drop --quick")
+    if args.hardware and not args.kernels:
+        raise UserError("--hardware names the GPU whose spec sheet --kernels reads; give --kernels K too")
     if args.repeats is None:
         args.repeats = 20 if args.quick else 50
     if args.warmup is None:
@@ -127,6 +138,15 @@ def main(argv=None) -> int:
 
     if args.dry_run:
         grid = grids.build_grid(models, args.tp, quick=args.quick, ops=args.ops, num_gpus=num_gpus, traces=traces)
+        if args.kernels:
+            if not args.hardware and num_gpus == 0:
+                raise UserError(f"--kernels with --dry_run: name the GPU with --hardware ({no_cuda_reason()})")
+            if not args.hardware:
+                import torch
+
+                args.hardware = torch.cuda.get_device_name(args.device)
+            grid = grids.informative_grid(grid, design_spec(args.hardware), args.kernels)
+            mode = f"designed ({args.kernels} per operator)"
         print_grid(grid,
                    f"{mode} grid for {', '.join(m.stem for m in models)} at TP {','.join(map(str, args.tp))}"
                    f" ({num_gpus} CUDA GPU{'s' if num_gpus != 1 else ''} visible"

@@ -324,17 +324,25 @@ def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) 
 def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int, pool=None
                      ) -> tuple[np.ndarray, bool]:
     """(log(calibrated / measured duration) of every kernel not drawn, after calibrating on k drawn ones as
-    ``calibrate.py --kernels`` does, its residuals interpolated last; whether that fine-tuned the model,
-    :mod:`pipeweave.finetune`, in ``pool`` where one is given: :func:`pipeweave.finetune.fine_tuning_pool`)."""
-    y = held.y
+    ``calibrate.py --kernels`` does (:func:`calibrated_log_errors`); whether that fine-tuned the model)."""
     if k == 0:
-        return -y, False
-    drawn = np.random.default_rng(seed).choice(len(y), size=k, replace=False)
-    rest = np.setdiff1d(np.arange(len(y)), drawn)
+        return -held.y, False
+    drawn = np.random.default_rng(seed).choice(len(held.y), size=k, replace=False)
+    log_error, fine_tuned = calibrated_log_errors(held, x, prior, drawn, pool)
+    return log_error[np.setdiff1d(np.arange(len(held.y)), drawn)], fine_tuned
+
+
+def calibrated_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, drawn: np.ndarray, pool=None,
+                          fine_tune: bool = True) -> tuple[np.ndarray, bool]:
+    """(log(calibrated / measured duration) of every kernel of ``held``, after calibrating on the ``drawn`` ones as
+    ``calibrate.py --kernels`` does, its residuals interpolated last; whether that fine-tuned the model,
+    :mod:`pipeweave.finetune`, in ``pool`` where one is given: :func:`pipeweave.finetune.fine_tuning_pool`; never
+    with ``fine_tune`` False)."""
+    y, k = held.y, len(drawn)
     theta = fitted_corrections(held, x, prior, drawn)
     log_error, fine_tuned = x @ theta - y, False
     tune = held.fine_tunable
-    if tune is not None and considers_fine_tuning(held.op, k, tune.extrapolated[drawn].mean()):
+    if fine_tune and tune is not None and considers_fine_tuning(held.op, k, tune.extrapolated[drawn].mean()):
         # the model learns what the corrections leave unexplained on the drawn kernels
         correction = np.exp(x @ theta)
         efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
@@ -342,8 +350,7 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
                                                 target_without(held, x, prior, drawn, theta), pool)
         if efficiency is not None:
             log_error, fine_tuned = np.log(tune.efficiency / efficiency * correction), True
-    log_error = log_error + interpolated_residuals(held, prior, drawn, -log_error[drawn])
-    return log_error[rest], fine_tuned
+    return log_error + interpolated_residuals(held, prior, drawn, -log_error[drawn]), fine_tuned
 
 
 def kshot_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int, pool=None

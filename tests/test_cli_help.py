@@ -15,9 +15,9 @@ import train_mlp_quantile
 import workload_generator
 from analytical_model.__main__ import main as features_main
 from dataset import build as dataset_build
-from pipeweave import (accuracy, aggregate, bounds, calibration_e2e, calibration_eval, calibration_fit, compare, edges,
-                       ensemble, interval_eval, kernels, logo_cache, memory_model, peers, quantize_model, torch_mlp,
-                       transfer_ideas)
+from pipeweave import (accuracy, aggregate, bounds, calibration_e2e, calibration_eval, calibration_fit, compare,
+                       design_eval, edges, ensemble, interval_eval, kernels, logo_cache, memory_model, peers,
+                       quantize_model, torch_mlp, transfer_ideas)
 from pipeweave.cli import ArgumentParser
 from pipeweave.profiler import crosscheck, onboard
 from pipeweave.serving import cli as serving_cli
@@ -38,6 +38,7 @@ SCRIPTS = {
     "pipeweave.quantize_model": quantize_model.main, "pipeweave.torch_mlp": torch_mlp.main,
     "pipeweave.transfer_ideas": transfer_ideas.main, "pipeweave.profiler.onboard": onboard.main,
     "pipeweave.profiler.crosscheck": crosscheck.main, "pipeweave.serving.report": serving_report.main,
+    "pipeweave.design_eval": design_eval.main,
 }
 
 

@@ -20,7 +20,7 @@ import pytest
 from pipeweave.cli import UserError
 
 import profile_operators
-from analytical_model.hardware import parse_hardware
+from analytical_model.hardware import hardware_registry, parse_hardware
 from pipeweave.cli import program_name, run_cli
 from pipeweave.profiler import csvio, grids
 from pipeweave.profiler.device import (NO_CUDA_MESSAGE, DeviceInfo, capability_refusal, gpu_dir_name, measured_dir,
@@ -917,6 +917,40 @@ def test_cli_measurement_path_with_fakes(config_dir, tmp_path, monkeypatch, caps
     assert run_cli(profile_operators.main, argv) == 0  # resume: nothing new
     assert "measured 0 rows" in capsys.readouterr().out
     assert len(csvio.read_measured(folder / "gemm.csv")) == 23
+
+
+def test_cli_measures_the_designed_kernels_most_informative_first(config_dir, tmp_path, monkeypatch, capsys):
+    """--kernels K measures, of each kernel operator's full grid, the K shapes pipeweave.kernel_design chooses for
+    the GPU of --hardware, in its order; a GPU without a hardware JSON is an error naming the known ones."""
+    _fake_gpu(monkeypatch)
+    argv = ["--kernels", "5", "--configs", "Llama-3.1-70B", "--tp", "8", "--config_dir", str(config_dir),
+            "--output_dir", str(tmp_path), "--no_progress", "--ops", "rmsnorm,siluandmul"]
+    assert run_cli(profile_operators.main, argv) == 2  # the fake GPU has no hardware JSON
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--kernels reads the GPU's hardware JSON: unknown GPU 'NVIDIA Fake GPU'" in err[0]
+    assert "L40S" in err[0] and "--hardware_json PATH" in err[0]
+    assert run_cli(profile_operators.main, argv + ["--hardware", "L40"]) == 0
+    out = capsys.readouterr().out
+    assert "designed (5 per operator) grid:" in out and re.search(r"^  rmsnorm +5 rows$", out, re.M)
+    full = grids.build_grid(grids.load_models(["Llama-3.1-70B"], config_dir), [8], ops=["rmsnorm", "siluandmul"])
+    designed = grids.informative_grid(full, hardware_registry().get("L40"), 5)
+    for op in ("rmsnorm", "siluandmul"):
+        measured = csvio.read_measured(tmp_path / "NVIDIA_Fake_GPU" / f"{op}.csv")
+        assert measured[["seq", "dim"]].astype(int).values.tolist() == [[r["seq"], r["dim"]]
+                                                                       for r in designed.rows[op]]
+
+
+def test_cli_kernels_flag_errors(config_dir, capsys):
+    for argv, message in ((["--kernels", "8", "--quick"], "--kernels chooses from the full grid; drop --quick"),
+                          (["--hardware", "L40", "--dry_run"], "give --kernels K too"),
+                          (["--kernels", "8", "--dry_run", "--hardware", "Nope"], "known GPUs"),
+                          (["--kernels", "0", "--dry_run"], "must be at least 1")):
+        assert run_cli(profile_operators.main, argv + ["--config_dir", str(config_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    assert run_cli(profile_operators.main, ["--dry_run", "--kernels", "7", "--hardware", "L40", "--ops", "rmsnorm",
+                                            "--config_dir", str(config_dir)]) == 0
+    assert re.search(r"^  rmsnorm +7 rows$", capsys.readouterr().out, re.M)
 
 
 class _NoKernelImage(_FakeRunners):

@@ -407,6 +407,29 @@ def build_grid(
     return Grid(rows=rows, notes=notes)
 
 
+def informative_grid(grid: Grid, spec, k: int, prior=None) -> Grid:
+    """``grid`` with every kernel operator's rows cut to the ``k`` whose measurements teach ``calibrate.py
+    --kernels`` most on the GPU of ``spec`` (:func:`pipeweave.kernel_design.informative_kernels`, under ``prior``,
+    by default the shipped calibration prior), in the order chosen: the most informative first, so a run that
+    ``--max_minutes`` stops has measured the best of them. All-reduce rows are kept (no kernel calibration)."""
+    from pipeweave.calibration import load_prior
+    from pipeweave.kernel_design import informative_kernels, kernel_terms
+
+    prior = prior or load_prior()
+    rows, notes = dict(grid.rows), list(grid.notes)
+    for op, op_rows in grid.rows.items():
+        if op == "all_reduce" or not op_rows:
+            continue
+        columns = SHAPE_COLUMNS[op]
+        features = get_operator(op).features({c: [row[c] for row in op_rows] for c in columns}, spec)
+        shapes = [tuple(row[c] for c in columns) for row in op_rows]
+        chosen = informative_kernels(*kernel_terms(op, features, shapes, prior), prior, k)
+        rows[op] = [op_rows[i] for i in chosen]
+        notes.append(f"{op}: the {len(chosen)} of its {len(op_rows)} grid shapes that teach a calibration of "
+                     f"{spec.name} most (pipeweave.kernel_design), most informative first")
+    return Grid(rows=rows, notes=notes)
+
+
 def quick_draw(rows: list[dict], full: list[dict], columns: Sequence[str]) -> list[dict]:
     """``rows``, then a seeded random draw of the other rows of ``full`` up to :data:`QUICK_DRAWN_ROWS` (all of them
     when fewer), in the full grid's order."""

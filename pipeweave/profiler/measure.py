@@ -29,6 +29,17 @@ def print_grid(grid: grids.Grid, header: str) -> None:
         print(f"  note: {note}")
 
 
+def design_spec(name: str):
+    """The hardware spec whose sheet ``--kernels`` reads; an unknown GPU is an error that says how to add it."""
+    from analytical_model.hardware import hardware_registry
+
+    try:
+        return hardware_registry().get(name)
+    except ValueError as exc:
+        raise UserError(f"--kernels reads the GPU's hardware JSON: {exc}. For a new GPU, write one with "
+                        f"--hardware_json PATH, fill it in and move it into hardware/") from None
+
+
 def measure(args, models, traces, num_gpus: int) -> int:
     """Measure the grid of the parsed ``profile_operators.py`` flags; 0, or 1 when this run measured nothing and rows
     failed. A run after which no row of the grid is in the CSVs (every operator skipped, every row unsupported or
@@ -56,7 +67,11 @@ def measure(args, models, traces, num_gpus: int) -> int:
     grid = grids.build_grid(models, args.tp, quick=args.quick, ops=ops, num_gpus=num_gpus, traces=traces,
                             prefill_attention_type=runners.prefill_attention_type,
                             decode_attention_type=runners.decode_attention_type)
-    print_grid(grid, f"{'quick' if args.quick else 'full'} grid:")
+    mode = "quick" if args.quick else "full"
+    if args.kernels:
+        grid = grids.informative_grid(grid, design_spec(args.hardware or info.name), args.kernels)
+        mode = f"designed ({args.kernels} per operator)"
+    print_grid(grid, f"{mode} grid:")
     if not grid.total:
         raise UserError(f"nothing could be measured on {info.name}: "
                         + "; ".join(skipped or [f"the grid is empty ({'; '.join(grid.notes) or 'no rows'})"]))

@@ -1,0 +1,92 @@
+"""Which kernels to measure on a GPU the models never saw: the k of a candidate grid that teach its calibration most.
+
+A calibration (:mod:`pipeweave.calibration`) corrects a kernel's zero-shot log duration by x·θ (x its design row,
+θ its corrections, Gaussian a priori with covariance Σ₀) and then interpolates what the corrections leave over the
+log shape (:mod:`pipeweave.residual_kernel`: a Gaussian process of covariance K per kernel group). Before anything
+is measured, the log errors of the candidate kernels of one operator are therefore one Gaussian vector,
+
+    C = X Σ₀ Xᵀ + K   (K between kernels of the same group only),
+
+each measured with noise σ_j² (the calibration's noise of its class plus the process's own). Measuring kernel j
+lowers the variance of kernel i by C_ij² / (C_jj + σ_j²), and the covariance left is C − c_j c_jᵀ / (C_jj + σ_j²).
+:func:`least_variance_order` picks, one at a time, the candidate whose measurement lowers the summed variance of
+all candidates most (a sequential V-optimal design), so k kernels spread over what the prior leaves uncertain: both
+ends of the size range and of the compute share, which fix the corrections' slopes, and the regions of the shape
+space that no chosen kernel covers yet. A random draw instead follows the grid's density and leaves the corners
+to chance. The design reads the shapes and the GPU's spec sheet only, never a measurement, so it can be chosen
+before the GPU runs anything, and an evaluation that scores it on the kernels not chosen stays honest.
+
+Measured leave-one-GPU-out (docs/ACCURACY.md, "Which kernels to measure"): the design lowers the error of the
+kernels not chosen below that of a random draw of the same size on every GPU and operator where it was tried, most
+for few kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeweave.calibration import Prior
+from pipeweave.calibration_design import attention_types, design, kernel_classes
+from pipeweave.residual_kernel import residual_groups, residual_inputs
+
+#: the most candidates one design weighs (a seeded draw beyond it): the (n × n) covariance takes n² doubles, 128 MB
+#: at 4,000, and the profiler's full GEMM grid holds 3,790 shapes
+MAX_CANDIDATES = 4000
+SEED = 0
+
+
+def kernel_terms(op: str, features: np.ndarray, shapes: list[tuple], prior: Prior
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(design rows, calibration classes, residual groups, residual inputs) of kernels of ``op`` (``features``: their
+    analytical features in the registry's order, ``shapes``: their shape columns), as a calibration under ``prior``
+    sees them."""
+    features = np.asarray(features, dtype=np.float64)
+    return (design(op, features, shapes, prior.standardisation),
+            kernel_classes(op, len(features), attention_types(op, shapes)),
+            residual_groups(op, shapes), residual_inputs(op, shapes))
+
+
+def log_error_covariance(x: np.ndarray, classes: np.ndarray, groups: np.ndarray, inputs: np.ndarray, prior: Prior
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(C, σ²): the prior covariance of the log errors of kernels (:func:`kernel_terms`) under the calibration of
+    ``prior``, and each one's measurement noise variance."""
+    covariance = x @ prior.covariance() @ x.T
+    noise = np.array([prior.sigma_kernel[cls] ** 2 for cls in classes])
+    for group in np.unique(groups):
+        kernel = prior.residual_kernels.get(str(group))
+        if kernel is None:  # a prior without the group's process: the corrections alone
+            continue
+        members = np.flatnonzero(groups == group)
+        covariance[np.ix_(members, members)] += kernel.covariance(inputs[members], inputs[members])
+        noise[members] += kernel.noise_sd ** 2
+    return covariance, noise
+
+
+def least_variance_order(covariance: np.ndarray, noise: np.ndarray, k: int) -> np.ndarray:
+    """The positions of ``k`` kernels, chosen one at a time, each the one whose measurement (with variance ``noise``)
+    lowers the summed variance of all kernels most given those chosen before it (``covariance``: their joint prior
+    covariance; not modified)."""
+    left = np.array(covariance, dtype=np.float64)
+    chosen: list[int] = []
+    for _ in range(min(k, len(left))):
+        gain = (left ** 2).sum(axis=0) / (np.diag(left) + noise)
+        gain[chosen] = -np.inf
+        best = int(np.argmax(gain))
+        chosen.append(best)
+        column = left[:, best].copy()
+        left -= np.outer(column, column) / (column[best] + noise[best])
+    return np.array(chosen, dtype=np.int64)
+
+
+def informative_kernels(x: np.ndarray, classes: np.ndarray, groups: np.ndarray, inputs: np.ndarray, prior: Prior,
+                        k: int, max_candidates: int = MAX_CANDIDATES, seed: int = SEED) -> np.ndarray:
+    """The positions, among candidate kernels of one operator (:func:`kernel_terms`), of the ``k`` whose measurements
+    teach a calibration under ``prior`` most (:func:`least_variance_order`), in the order chosen. Beyond
+    ``max_candidates`` a seeded draw of that many is weighed; all of them when ``k`` is at least their number."""
+    n = len(x)
+    if k >= n:
+        return np.arange(n)
+    pool = np.arange(n)
+    if n > max_candidates:
+        pool = np.sort(np.random.default_rng(seed).choice(n, size=max_candidates, replace=False))
+    covariance, noise = log_error_covariance(x[pool], classes[pool], groups[pool], inputs[pool], prior)
+    return pool[least_variance_order(covariance, noise, k)]
