@@ -64,16 +64,30 @@ def log_error_covariance(x: np.ndarray, classes: np.ndarray, groups: np.ndarray,
 def least_variance_order(covariance: np.ndarray, noise: np.ndarray, k: int) -> np.ndarray:
     """The positions of ``k`` kernels, chosen one at a time, each the one whose measurement (with variance ``noise``)
     lowers the summed variance of all kernels most given those chosen before it (``covariance``: their joint prior
-    covariance; not modified)."""
-    left = np.array(covariance, dtype=np.float64)
+    covariance; not modified).
+
+    The covariance left after t choices is C − V Vᵀ (V's columns: each chosen kernel's column of what was left,
+    over the square root of its variance plus noise), never formed: each choice takes one product C · c, and the
+    column sums of squares that rank the candidates are updated from it, so 240 choices among 4,000 kernels read C
+    240 times instead of writing it as often."""
+    covariance = np.asarray(covariance, dtype=np.float64)
+    n, k = len(covariance), min(k, len(covariance))
+    factors = np.zeros((n, k))
+    variance = np.diag(covariance).copy()
+    squares = np.einsum("ij,ij->j", covariance, covariance)  # Σ_i of each column's squared entries
     chosen: list[int] = []
-    for _ in range(min(k, len(left))):
-        gain = (left ** 2).sum(axis=0) / (np.diag(left) + noise)
+    for t in range(k):
+        gain = np.maximum(squares, 0.0) / (variance + noise)
         gain[chosen] = -np.inf
         best = int(np.argmax(gain))
+        done = factors[:, :t]
+        column = covariance[:, best] - done @ done[best]
+        scale = column[best] + noise[best]
+        product = covariance @ column - done @ (done.T @ column)
+        squares += column * (column * (column @ column) / scale - 2.0 * product) / scale
+        factors[:, t] = column / np.sqrt(scale)
+        variance -= factors[:, t] ** 2
         chosen.append(best)
-        column = left[:, best].copy()
-        left -= np.outer(column, column) / (column[best] + noise[best])
     return np.array(chosen, dtype=np.int64)
 
 
