@@ -7,6 +7,7 @@ a hardware JSON skeleton for this GPU and exits.
 
     python3 profile_operators.py --quick                 # < 5 min on one GPU
     python3 profile_operators.py --max_minutes 120       # full grid, resumable
+    python3 profile_operators.py --kernels 32            # per operator the 32 shapes that teach calibrate.py most
     python3 profile_operators.py --hardware_json "My GPU.json"    # fill it in, then move it into hardware/
 """
 from __future__ import annotations
