@@ -68,12 +68,13 @@ def render(results: dict, ops) -> str:
              "residual process of `pipeweave.residual_kernel`): it reads the shapes and the GPU's spec sheet, never "
              "a measurement (`profile_operators.py --kernels K` measures such a choice). Here the candidates are the "
              "held-out GPU's measured kernels (a seeded pool of "
-             f"{MAX_CANDIDATES:,} where it has more, {DESIGNS} pools), the random draws those of the k-shot table "
-             f"above ({RANDOM_DRAWS} draws, seeds {SEED}…{SEED + RANDOM_DRAWS - 1}), and the prior the k-shot "
+             f"{MAX_CANDIDATES:,} where it has more, {DESIGNS} pools), the random draws the k-shot table's "
+             f"({RANDOM_DRAWS} draws, seeds {SEED}…{SEED + RANDOM_DRAWS - 1}), and the prior the k-shot "
              "table's, estimated without the held-out GPU"
              + ("" if tuple(ops) == tuple(OPS) else f" from the operators {', '.join(ops)} only") + ". Both "
              "calibrate as `calibrate.py --kernels` does without fine-tuning (the corrections, then their residuals "
-             "interpolated) and are scored on all the GPU's other kernels: mean duration error in %, random → "
+             "interpolated; the random column therefore differs from the k-shot table where that table "
+             "fine-tuned) and are scored on all the GPU's other kernels: mean duration error in %, random → "
              "designed.", "",
              "| operator | GPU | kernels | " + " | ".join(f"k = {k}" for k in SHOTS) + " |",
              "|---|---|---|" + "---|" * len(SHOTS)]

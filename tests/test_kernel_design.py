@@ -94,3 +94,25 @@ def test_every_profiled_operator_can_be_designed(op):
     cut = grids.informative_grid(grid, hardware_registry().get("H200"), 6)
     assert len(cut.rows[op]) == 6 and all(row in grid.rows[op] for row in cut.rows[op])
     assert f"{op}: the 6 of its {len(grid.rows[op])} grid shapes" in cut.notes[-1]
+
+
+def test_the_evaluation_section_says_where_the_design_loses():
+    from pipeweave.design_eval import render
+
+    results = {"attn": {"GPU A": {"n": 100, "shots": {"8": {"random": 10.0, "designed": 9.0},
+                                                      "32": {"random": 8.0, "designed": 8.5}}},
+                        "GPU B": {"n": 20, "shots": {"8": {"random": 6.0, "designed": 5.0}}}}}
+    text = render(results, ["attn"])
+    assert "| attn | GPU A | 100 | 10.0 → 9.0 | 8.0 → 8.5 | — |" in text
+    assert "| attn | GPU B | 20 | 6.0 → 5.0 | — | — |" in text
+    assert "attn k = 8: 8.0 → 7.0 % (lower on 2 of 2); attn k = 32: 8.0 → 8.5 % (lower on 0 of 1)" in text
+    assert "from the operators attn only" in text
+
+
+def test_the_evaluation_refuses_an_unknown_operator(capsys):
+    from pipeweave.cli import run_cli
+    from pipeweave.design_eval import main
+
+    assert run_cli(main, ["--ops", "gemm,conv"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ops: conv; choose from gemm, gemm_fp8, attn" in err[0]
