@@ -143,6 +143,8 @@ def main(argv=None) -> int:
             if not args.hardware and num_gpus == 0:
                 raise UserError(f"--kernels with --dry_run: name the GPU with --hardware ({no_cuda_reason()})")
             if not args.hardware:
+                if args.device >= num_gpus:
+                    raise UserError(f"--device {args.device}: only {num_gpus} CUDA GPU(s) visible")
                 import torch
 
                 args.hardware = torch.cuda.get_device_name(args.device)

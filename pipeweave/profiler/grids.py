@@ -410,8 +410,9 @@ def build_grid(
 def informative_grid(grid: Grid, spec, k: int, prior=None) -> Grid:
     """``grid`` with every kernel operator's rows cut to the ``k`` whose measurements teach ``calibrate.py
     --kernels`` most on the GPU of ``spec`` (:func:`pipeweave.kernel_design.informative_kernels`, under ``prior``,
-    by default the shipped calibration prior), in the order chosen: the most informative first, so a run that
-    ``--max_minutes`` stops has measured the best of them. All-reduce rows are kept (no kernel calibration)."""
+    by default the shipped calibration prior), in the order chosen: the most informative first, so an operator that
+    ``--max_minutes`` stops part-way has its best shapes measured. All-reduce rows are kept (no kernel
+    calibration)."""
     from pipeweave.calibration import load_prior
     from pipeweave.kernel_design import informative_kernels, kernel_terms
 
