@@ -310,10 +310,15 @@ def target_without(held: HeldOut, x: np.ndarray, prior: Prior, drawn: np.ndarray
     return refitted_without(drawn_equations(held, x, prior, drawn), prior, np.arange(len(drawn)), theta, target)
 
 
+def drawn_kernels(held: HeldOut, k: int, seed: int) -> np.ndarray:
+    """The positions of the k kernels of ``held`` that the k-shot evaluation draws with ``seed``."""
+    return np.random.default_rng(seed).choice(len(held.y), size=k, replace=False)
+
+
 def drawn_spread(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: int) -> tuple[float, float]:
     """(log low, log high) of the spread ``calibrate.py`` records for the k kernels :func:`kshot_log_errors` draws
     with ``seed`` (pipeweave.calibration.cross_validated_log_residuals)."""
-    drawn = np.random.default_rng(seed).choice(len(held.y), size=k, replace=False)
+    drawn = drawn_kernels(held, k, seed)
     interpolate = (None if held.groups is None else
                    interpolator(prior.residual_kernels, held.groups[drawn], held.residual_inputs[drawn]))
     entry = spread_entry(cross_validated_log_residuals(drawn_equations(held, x, prior, drawn), prior,
@@ -327,7 +332,7 @@ def kshot_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, k: int, seed: i
     ``calibrate.py --kernels`` does (:func:`calibrated_log_errors`); whether that fine-tuned the model)."""
     if k == 0:
         return -held.y, False
-    drawn = np.random.default_rng(seed).choice(len(held.y), size=k, replace=False)
+    drawn = drawn_kernels(held, k, seed)
     log_error, fine_tuned = calibrated_log_errors(held, x, prior, drawn, pool)
     return log_error[np.setdiff1d(np.arange(len(held.y)), drawn)], fine_tuned
 

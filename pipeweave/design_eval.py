@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeweave.calibration_eval import DRAWS, OPS, SEED, calibrated_log_errors, held_out_and_priors
+from pipeweave.calibration_eval import DRAWS, OPS, SEED, calibrated_log_errors, drawn_kernels, held_out_and_priors
 from pipeweave.cli import ArgumentParser, UserError, run_cli, write_marked_section
 from pipeweave.kernel_design import MAX_CANDIDATES, informative_kernels
 from pipeweave.logo_cache import DEFAULT_CACHE
 from pipeweave.paths import DATASET_DIR, DOCS_DIR
 
 SHOTS = (8, 32, 128)
-RANDOM_DRAWS = DRAWS  # the k-shot table's draws
 DESIGNS = 3  # seeded candidate pools, where a GPU has more kernels than one design weighs
 SECTION = "kernel-design"
 
@@ -47,8 +46,7 @@ def evaluate(dataset_dir: Path, cache: Path, ops=OPS, log=print) -> dict:
         for k in SHOTS:
             if k >= n:
                 continue
-            random = [errors_on_the_rest(held, x, prior, np.random.default_rng(SEED + d).choice(n, k, replace=False))
-                      for d in range(RANDOM_DRAWS)]
+            random = [errors_on_the_rest(held, x, prior, drawn_kernels(held, k, SEED + d)) for d in range(DRAWS)]
             designs = DESIGNS if n > MAX_CANDIDATES else 1
             designed = [errors_on_the_rest(held, x, prior, informative_kernels(
                 x, held.classes, held.groups, held.residual_inputs, prior, k, seed=d)) for d in range(designs)]
@@ -69,7 +67,7 @@ def render(results: dict, ops) -> str:
              "a measurement (`profile_operators.py --kernels K` measures such a choice). Here the candidates are the "
              "held-out GPU's measured kernels (a seeded pool of "
              f"{MAX_CANDIDATES:,} where it has more, {DESIGNS} pools), the random draws the k-shot table's "
-             f"({RANDOM_DRAWS} draws, seeds {SEED}…{SEED + RANDOM_DRAWS - 1}), and the prior the k-shot "
+             f"({DRAWS} draws, seeds {SEED}…{SEED + DRAWS - 1}), and the prior the k-shot "
              "table's, estimated without the held-out GPU"
              + ("" if tuple(ops) == tuple(OPS) else f" from the operators {', '.join(ops)} only") + ". Both "
              "calibrate as `calibrate.py --kernels` does without fine-tuning (the corrections, then their residuals "
