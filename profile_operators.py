@@ -20,7 +20,7 @@ from pipeweave.cli import ArgumentParser, UserError, positive_int, run_cli
 from pipeweave.paths import DEFAULT_CONFIG_DIR, DEFAULT_MEASURED_DIR, DEFAULT_TRACE_DIR
 from pipeweave.profiler import grids
 from pipeweave.profiler.device import cuda_device_count, no_cuda_message, no_cuda_reason
-from pipeweave.profiler.measure import design_spec, print_grid, write_hardware_json
+from pipeweave.profiler.measure import designed_grid, print_grid, write_hardware_json
 from pipeweave.profiler.timing import TIMERS, RotatingTimer
 
 
@@ -148,8 +148,7 @@ def main(argv=None) -> int:
                 import torch
 
                 args.hardware = torch.cuda.get_device_name(args.device)
-            grid = grids.informative_grid(grid, design_spec(args.hardware), args.kernels)
-            mode = f"designed ({args.kernels} per operator)"
+            grid, mode = designed_grid(grid, args.kernels, args.hardware)
         print_grid(grid,
                    f"{mode} grid for {', '.join(m.stem for m in models)} at TP {','.join(map(str, args.tp))}"
                    f" ({num_gpus} CUDA GPU{'s' if num_gpus != 1 else ''} visible"

@@ -29,15 +29,17 @@ def print_grid(grid: grids.Grid, header: str) -> None:
         print(f"  note: {note}")
 
 
-def design_spec(name: str):
-    """The hardware spec whose sheet ``--kernels`` reads; an unknown GPU is an error that says how to add it."""
+def designed_grid(grid: grids.Grid, kernels: int, gpu: str) -> tuple[grids.Grid, str]:
+    """(``grid`` cut to the ``kernels`` shapes per operator that teach a calibration of ``gpu`` most, the grid's label
+    for :func:`print_grid`): ``--kernels``. An unknown GPU is an error that says how to add it."""
     from analytical_model.hardware import hardware_registry
 
     try:
-        return hardware_registry().get(name)
+        spec = hardware_registry().get(gpu)
     except ValueError as exc:
         raise UserError(f"--kernels reads the GPU's hardware JSON: {exc}. For a new GPU, write one with "
                         f"--hardware_json PATH, fill it in and move it into hardware/") from None
+    return grids.informative_grid(grid, spec, kernels), f"designed ({kernels} per operator)"
 
 
 def measure(args, models, traces, num_gpus: int) -> int:
@@ -69,8 +71,7 @@ def measure(args, models, traces, num_gpus: int) -> int:
                             decode_attention_type=runners.decode_attention_type)
     mode = "quick" if args.quick else "full"
     if args.kernels:
-        grid = grids.informative_grid(grid, design_spec(args.hardware or info.name), args.kernels)
-        mode = f"designed ({args.kernels} per operator)"
+        grid, mode = designed_grid(grid, args.kernels, args.hardware or info.name)
     print_grid(grid, f"{mode} grid:")
     if not grid.total:
         raise UserError(f"nothing could be measured on {info.name}: "
