@@ -426,8 +426,9 @@ def informative_grid(grid: Grid, spec, k: int, prior=None) -> Grid:
         shapes = [tuple(row[c] for c in columns) for row in op_rows]
         chosen = informative_kernels(*kernel_terms(op, features, shapes, prior), prior, k)
         rows[op] = [op_rows[i] for i in chosen]
-        notes.append(f"{op}: the {len(chosen)} of its {len(op_rows)} grid shapes that teach a calibration of "
-                     f"{spec.name} most (pipeweave.kernel_design), most informative first")
+        notes.append(f"{op}: all its {len(op_rows)} grid shapes (--kernels {k} is not fewer)" if k >= len(op_rows)
+                     else f"{op}: the {k} of its {len(op_rows)} grid shapes that teach a calibration of {spec.name} "
+                          f"most (pipeweave.kernel_design), most informative first")
     return Grid(rows=rows, notes=notes)
 
 
