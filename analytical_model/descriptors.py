@@ -22,7 +22,7 @@ from .pipes import HardwareSpec
 GEMM_DESCRIPTORS = ("shape_M", "shape_N", "shape_K", "exact_tensor_cycle", "exact_dram_cycle")
 ATTENTION_DESCRIPTORS = (
     "batch_size", "mean_q_length", "mean_kv_length", "num_qo_heads", "num_kv_heads", "head_dim",
-    "exact_tensor_cycle", "exact_dram_cycle",
+    "exact_tensor_cycle", "exact_dram_cycle", "varlen_gqa_copies", "varlen_split_combine",
 )
 ELEMENTWISE_DESCRIPTORS = ("shape_seq", "shape_dim", "exact_dram_cycle")
 MOE_DESCRIPTORS = ("shape_M", "experts", "top_k", "hidden", "inter", "exact_tensor_cycle", "exact_dram_cycle")

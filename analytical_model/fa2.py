@@ -128,6 +128,54 @@ def kv_chunk_size(problem: AttentionProblem, hw: HardwareSpec, cta_q: int | None
     return low
 
 
+# flash-attn's FA2 varlen entry point (``flash_api.cpp``, ``mha_varlen_fwd`` and ``set_params_splitkv``), which vLLM
+# runs off Hopper and datacenter Blackwell. Its split-KV choice is not FlashInfer's binary search above.
+VARLEN_SPLIT_BLOCK_M = 64
+VARLEN_MAX_SPLITS = 128
+
+
+def varlen_split_block_n(head_dim) -> np.ndarray:
+    """KV block of the split-KV kernel, by head dimension (``set_params_splitkv``)."""
+    head_dim = np.asarray(head_dim, dtype=np.int64)
+    return np.where(head_dim <= 64, 256, np.where(head_dim <= 128, 128, 64))
+
+
+def varlen_num_splits(ctas, num_sms: int, n_blocks) -> np.ndarray:
+    """flash-attn's ``num_splits_heuristic`` per row: 1 when the CTAs nearly fill ``num_sms`` (the caller passes
+    twice the SMs, as ``set_params_splitkv`` does), else the fewest splits whose wave efficiency is at least 0.85 of
+    the best, counting only splits that change the blocks per split."""
+    ctas = np.asarray(ctas, dtype=np.int64)
+    n_blocks = np.asarray(n_blocks, dtype=np.int64)
+    limit = np.minimum(np.minimum(VARLEN_MAX_SPLITS, num_sms), n_blocks)
+    splits = np.arange(1, VARLEN_MAX_SPLITS + 1, dtype=np.int64)[:, None]
+    changes_blocks = ceil_div(n_blocks, splits) != ceil_div(n_blocks, np.maximum(splits - 1, 1))
+    eligible = (splits <= limit) & ((splits == 1) | changes_blocks)
+    waves = ctas * splits / num_sms
+    efficiency = np.where(eligible, waves / np.ceil(waves), 0.0)
+    chosen = np.argmax(efficiency >= 0.85 * efficiency.max(axis=0), axis=0) + 1
+    return np.where(ctas >= 0.8 * num_sms, 1, chosen)
+
+
+def varlen_auxiliary_launches(bs, max_q, max_kv, nh, nkv, hd, hw: HardwareSpec) -> np.ndarray:
+    """Per row, (copies, combine) of a launch through flash-attn's FA2 varlen kernel, 1.0 where it happens.
+
+    A decode launch whose GQA group is packed into the query dimension (every q = 1, nh > nkv) reshapes q, and
+    then its output, across a transpose; with more than one request and KV head the reshape is no view, so
+    torch copies them in kernels of their own (*copies*). The packed launch alone splits the KV axis
+    (:func:`varlen_num_splits`), and a split launch is followed by a kernel that combines the splits (*combine*).
+    Measured (aiconfigurator-core, vLLM), on A100, L40S and RTX PRO 6000 each adds a few microseconds whatever
+    the work, a step from KV 128 to 256 at head dimension 128 and from 256 to 512 at 64 (one KV block more);
+    Hopper's FA3 packs the group in the kernel and shows neither step. 0 on GPUs that run FA3 (Hopper, datacenter
+    Blackwell), whose split-KV combine is not modelled."""
+    bs, max_q, max_kv, nh, nkv = (np.asarray(x, dtype=np.int64) for x in (bs, max_q, max_kv, nh, nkv))
+    packed = (max_q == 1) & (nh > nkv) & (not hw.uses_sm90_gemm)
+    copies = packed & (bs > 1) & (nkv > 1)
+    ctas = bs * nkv * ceil_div(nh // nkv, VARLEN_SPLIT_BLOCK_M)
+    n_blocks = ceil_div(np.maximum(max_kv, 1), varlen_split_block_n(hd))
+    combine = packed & (varlen_num_splits(ctas, 2 * hw.num_sms, n_blocks) > 1)
+    return np.stack([copies, combine], axis=-1).astype(np.float64)
+
+
 def cta_iterations(problem: AttentionProblem, cta_q: int, cta_kv: int, chunk: int) -> np.ndarray:
     """`it` of every CTA in launch order (step 5), zero-iteration CTAs included."""
     g = group_size(problem)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import descriptors, fa2_batch, siluandmul
+from . import descriptors, fa2, fa2_batch, siluandmul
 from .attention import attention_problem, resolve_attention_type
 from .columns import Columns, bool_column, column_values, int_column, length_lists, present, take
 from .pipes import ElementwiseProblem, GemmProblem, HardwareSpec, MoeProblem
@@ -166,10 +166,14 @@ def describe_gemm(operand_bytes: int, fp8: bool):
 
 
 def describe_attention(columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    return descriptors.attention(
-        int_column(columns, "bs"), length_lists(columns, "q_lengths"), length_lists(columns, "kv_lengths"),
-        int_column(columns, "nh"), int_column(columns, "nkv"), int_column(columns, "hd"), hw,
-    )
+    """The problem's descriptors, then the auxiliary kernels of the FA2 rows' launch (fa2.varlen_auxiliary_launches;
+    0 for the other calculators)."""
+    kinds, bs, q, kv, nh, nkv, hd = _attention_arrays(columns)
+    fa2_rows = np.array([resolve_attention_type(kind)[0] == "fa2" for kind in kinds], dtype=bool)
+    max_q = np.fromiter(map(max, q), dtype=np.int64, count=len(q))
+    max_kv = np.fromiter(map(max, kv), dtype=np.int64, count=len(kv))
+    launches = fa2.varlen_auxiliary_launches(bs, max_q, max_kv, nh, nkv, hd, hw) * fa2_rows[:, None]
+    return np.concatenate([descriptors.attention(bs, q, kv, nh, nkv, hd, hw), launches], axis=1)
 
 
 def describe_elementwise(output_fraction: float):

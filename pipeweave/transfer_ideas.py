@@ -135,7 +135,8 @@ LAUNCH_PIPE_US = 2.0
 PIPE_IDEAS = {"launch_pipe": (lambda frame: LAUNCH_PIPE_US * frame["sm_freq"].to_numpy(np.float64))}
 # target ideas: a fixed time in µs taken out of every duration before the model sees it, t = t0 + C / (p f), so
 # the network learns the efficiency p of the rest and the held-out GPU gets the fixed part exactly; on top of the
-# operator's own (the registry's ``fixed_time_us``: BF16 and FP8 GEMM ship with 1 µs, this idea's first test).
+# operator's own (the registry's ``fixed_time_us``: BF16 and FP8 GEMM ship with 1 µs, this idea's first test, and
+# attention with 6 µs).
 # ``launch_offset``: 1 µs, below every measured kernel (the smallest take 1.5 µs)
 TARGET_IDEAS = {"launch_offset": 1.0}
 # drop ideas: feature columns taken out of the network's inputs (module docstring)

@@ -724,3 +724,67 @@ def test_fa2_paged_mha_decode_does_not_split_off_hopper():
     # the batched calculator follows the same rule
     np.testing.assert_array_equal(fa2_batch.features_many([mha, gqa], hw("A100")),
                                   np.stack([fa2.features(mha, hw("A100")), fa2.features(gqa, hw("A100"))]))
+
+
+def _num_splits_heuristic(batch_nheads_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int) -> int:
+    """flash-attn's flash_api.cpp num_splits_heuristic, line by line."""
+    if batch_nheads_mblocks >= 0.8 * num_sms:
+        return 1
+    max_splits = min(max_splits, num_sms, num_n_blocks)
+    efficiency = []
+    for num_splits in range(1, max_splits + 1):
+        if num_splits > 1 and math.ceil(num_n_blocks / num_splits) == math.ceil(num_n_blocks / (num_splits - 1)):
+            efficiency.append(0.0)
+            continue
+        n_waves = batch_nheads_mblocks * num_splits / num_sms
+        efficiency.append(n_waves / math.ceil(n_waves))
+    best = max(efficiency)
+    for num_splits in range(1, max_splits + 1):
+        eligible = num_splits == 1 or efficiency[num_splits - 1] > 0
+        if eligible and efficiency[num_splits - 1] >= 0.85 * best:
+            return num_splits
+    return 1
+
+
+def test_fa2_varlen_num_splits_is_flash_attn_heuristic():
+    rng = np.random.default_rng(0)
+    ctas, blocks = rng.integers(1, 500, 2000), rng.integers(1, 700, 2000)
+    for num_sms in (2 * 84, 2 * 108, 2 * 142, 2 * 188):
+        expected = [_num_splits_heuristic(int(c), num_sms, int(b), fa2.VARLEN_MAX_SPLITS) for c, b in zip(ctas, blocks)]
+        np.testing.assert_array_equal(fa2.varlen_num_splits(ctas, num_sms, blocks), expected)
+
+
+def _launches(gpu, bs, q, kv, nh, nkv, hd):
+    return tuple(fa2.varlen_auxiliary_launches([bs], [q], [kv], [nh], [nkv], [hd], hw(gpu))[0])
+
+
+def test_fa2_varlen_auxiliary_launches():
+    """A GQA decode launch through flash-attn's FA2 varlen kernel copies q and its output across a transpose when
+    the reshape is no view, and a launch that splits the KV is followed by a combine kernel: one KV block (128
+    tokens at head dimension 128, 256 at 64) never splits, two do when the CTAs leave the SMs idle."""
+    for gpu in ("A100", "L40S", "RTX PRO 6000 S"):
+        assert _launches(gpu, 1, 1, 128, 32, 8, 128) == (0, 0)
+        assert _launches(gpu, 1, 1, 256, 32, 8, 128) == (0, 1)
+        assert _launches(gpu, 1, 1, 256, 32, 8, 64) == (0, 0)
+        assert _launches(gpu, 1, 1, 512, 32, 8, 64) == (0, 1)
+        assert _launches(gpu, 2, 1, 16, 32, 8, 128) == (1, 0)  # two requests: the transpose is no view
+        assert _launches(gpu, 16, 1, 16, 32, 1, 128) == (0, 0)  # one KV head: it is
+        assert _launches(gpu, 16, 1, 4096, 32, 32, 128) == (0, 0)  # MHA is not packed, so not split either
+        assert _launches(gpu, 16, 8, 4096, 32, 8, 128) == (0, 0)  # a prefill (q > 1) is not packed
+        assert _launches(gpu, 256, 1, 4096, 32, 8, 128) == (1, 0)  # 2048 CTAs fill the SMs: no split
+    for gpu in ("H100", "B200"):  # FA3 packs the group in the kernel
+        assert _launches(gpu, 2, 1, 4096, 32, 8, 128) == (0, 0)
+
+
+def test_attention_descriptors_carry_the_launches_of_fa2_rows_only():
+    from analytical_model.registry import get_operator
+
+    operator = get_operator("attn")
+    columns = {"attention_type": np.array(["fa2_paged", "fa2_paged", "fa3_ragged"]), "bs": np.array([2, 1, 2]),
+               "q_lengths": np.array(["[1,1]", "[1]", "[1,1]"]),
+               "kv_lengths": np.array(["[300,20]", "[64]", "[300,20]"]),
+               "nh": np.array([32, 32, 32]), "nkv": np.array([8, 8, 8]), "hd": np.array([128, 128, 128])}
+    described = operator.describe(columns, hw("A100"))
+    assert described.shape == (3, len(operator.descriptor_names))
+    launches = described[:, [operator.descriptor_names.index(n) for n in ("varlen_gqa_copies", "varlen_split_combine")]]
+    np.testing.assert_array_equal(launches, [[1, 1], [0, 0], [0, 0]])  # the longest KV (300) sets the blocks
