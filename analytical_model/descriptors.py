@@ -20,6 +20,7 @@ import numpy as np
 from .pipes import HardwareSpec
 
 GEMM_DESCRIPTORS = ("shape_M", "shape_N", "shape_K", "exact_tensor_cycle", "exact_dram_cycle")
+# the last two are no property of the problem alone but of the kernels that run it (fa2.varlen_auxiliary_launches)
 ATTENTION_DESCRIPTORS = (
     "batch_size", "mean_q_length", "mean_kv_length", "num_qo_heads", "num_kv_heads", "head_dim",
     "exact_tensor_cycle", "exact_dram_cycle", "varlen_gqa_copies", "varlen_split_combine",
