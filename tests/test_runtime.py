@@ -611,6 +611,27 @@ def test_shipped_gemms_never_take_less_than_their_fixed_time(op):
     assert checked >= 10
 
 
+@pytest.mark.parametrize("op, shapes, fixed", [
+    ("attn", {"attention_type": ["fa2_paged", "fa2_paged", "fa2_ragged"], "bs": [1, 2, 1], "q_lengths": ["[1]", "[1,1]",
+              "[8192]"], "kv_lengths": ["[2]", "[16,16]", "[8192]"], "nh": [32] * 3, "nkv": [8] * 3, "hd": [128] * 3},
+     6.0),
+    ("moe", {"weight_type": ["layer"] * 3, "M": [1, 4, 8192], "E": [8] * 3, "topk": [2] * 3, "H": [4096] * 3,
+             "N": [14336] * 3}, 20.0),
+])
+def test_shipped_attention_and_moe_never_take_less_than_their_fixed_time(op, shapes, fixed):
+    """Attention's and MoE's own fixed times (docs/METHOD.md §4.3): recorded by the shipped ensembles, and no
+    kernel on any shipped GPU is predicted below them, while a large one is dominated by its work."""
+    from analytical_model.hardware import hardware_registry
+    from pipeweave.predictor import KernelPredictor
+
+    predictor = KernelPredictor()
+    model, metadata, _ = predictor.model(op)
+    assert model.fixed_time_us == metadata["model_info"]["fixed_time_us"] == get_operator(op).fixed_time_us == fixed
+    for gpu in hardware_registry().known():
+        us = predictor.predict_columns(op, shapes, [gpu] * 3)
+        assert (us >= fixed).all() and us[2] > 5 * fixed, (gpu, us)
+
+
 def test_api_records_an_ignored_memory_check_as_the_aggregator_does(tmp_path):
     """predict_workload(..., ignore_memory=True) returned no memory_check, although the aggregator's --ignore_memory
     writes one into the same object; and a workload without model_params went unchecked without a word (the
