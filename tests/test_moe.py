@@ -326,6 +326,12 @@ def test_layers_beyond_the_measured_tokens_are_held_between_in_range_predictions
     chunks = predictor.predict_frame("moe", frame.assign(M=np.ceil(tokens / launches).astype(int)))["predicted_us"]
     chunked = launches * chunks.to_numpy()
     assert (us <= chunked * (1 + 1e-9)).all()
-    assert (np.diff(us) > -0.005 * us[:-1]).all()  # the model's own in-range times are not exactly subadditive
     beyond = tokens > limit
+    if predictor.hardware.get(gpu).name in predictor.trained_on("moe"):
+        assert (np.diff(us) > -0.005 * us[:-1]).all()  # the model's own in-range times are not exactly subadditive
+    else:  # on a GPU no MoE model trained on (A100) the in-range model may be superadditive by a few % near the
+        # limit (two launches of 8,192 tokens predicted 4 % faster than one of 16,384), so the chunked bound takes
+        # over one token later: a dip there, and growth on either side of it
+        assert (np.diff(us[~beyond]) > 0).all() and (np.diff(us[beyond]) > 0).all()
+        assert us[tokens == limit + 1][0] > 0.95 * us[tokens == limit][0]
     assert (us[beyond] >= np.minimum(us[tokens == limit][0], chunked[beyond]) * (1 - 1e-9)).all()

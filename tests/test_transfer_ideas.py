@@ -112,9 +112,10 @@ def test_a_drop_idea_takes_the_l2_cycles_out_of_the_inputs():
 
 def test_a_target_idea_adds_to_the_operator_s_own_fixed_time():
     """launch_offset takes 1 us more than the registry's fixed time out of every duration; the ``none`` baseline
-    is the shipped recipe, with the registry's alone (none for MoE)."""
+    is the shipped recipe, with the registry's alone (none for RMSNorm)."""
     config = TrainConfig()
     assert target_offset_us("gemm", (), config) == get_operator("gemm").fixed_time_us > 0
     assert target_offset_us("gemm", ("launch_offset", "l2"), config) == get_operator("gemm").fixed_time_us + 1.0
     assert target_offset_us("attn", (), config) == get_operator("attn").fixed_time_us > 0
-    assert target_offset_us("moe", ("launch_offset",), config) == TARGET_IDEAS["launch_offset"] == 1.0
+    assert target_offset_us("moe", (), config) == get_operator("moe").fixed_time_us > 0
+    assert target_offset_us("rmsnorm", ("launch_offset",), config) == TARGET_IDEAS["launch_offset"] == 1.0
