@@ -88,6 +88,13 @@ def tile_sizes(problem: AttentionProblem, hw: HardwareSpec) -> tuple[int, int]:
     return cta_q, cta_kv
 
 
+def packs_gqa_group(max_q, group):
+    """Whether flash-attn's FA2 varlen kernel packs the GQA group into the query dimension (``mha_varlen_fwd``'s
+    ``seqlenq_ngroups_swapped``): a decode launch (every q = 1) of more than one query head per KV head; per row
+    when given arrays."""
+    return (np.asarray(max_q) == 1) & (np.asarray(group) > 1)
+
+
 def splits_kv(problem: AttentionProblem, hw: HardwareSpec) -> bool:
     """Whether the launch splits the KV axis (step 4).
 
@@ -101,7 +108,7 @@ def splits_kv(problem: AttentionProblem, hw: HardwareSpec) -> bool:
     keep the template's rule, which docs/METHOD.md's worked examples fix (docs/METHOD.md §3.6, step 4)."""
     if hw.uses_sm90_gemm or problem.layout != "paged":
         return True
-    return max(problem.q_lengths) == 1 and group_size(problem) > 1
+    return bool(packs_gqa_group(max(problem.q_lengths), group_size(problem)))
 
 
 def kv_chunk_size(problem: AttentionProblem, hw: HardwareSpec, cta_q: int | None = None) -> int:
@@ -168,9 +175,10 @@ def varlen_auxiliary_launches(bs, max_q, max_kv, nh, nkv, hd, hw: HardwareSpec) 
     Hopper's FA3 packs the group in the kernel and shows neither step. 0 on GPUs that run FA3 (Hopper, datacenter
     Blackwell), whose split-KV combine is not modelled."""
     bs, max_q, max_kv, nh, nkv = (np.asarray(x, dtype=np.int64) for x in (bs, max_q, max_kv, nh, nkv))
-    packed = (max_q == 1) & (nh > nkv) & (not hw.uses_sm90_gemm)
+    group = nh // nkv
+    packed = packs_gqa_group(max_q, group) & (not hw.uses_sm90_gemm)
     copies = packed & (bs > 1) & (nkv > 1)
-    ctas = bs * nkv * ceil_div(nh // nkv, VARLEN_SPLIT_BLOCK_M)
+    ctas = bs * nkv * ceil_div(group, VARLEN_SPLIT_BLOCK_M)
     n_blocks = ceil_div(np.maximum(max_kv, 1), varlen_split_block_n(hd))
     combine = packed & (varlen_num_splits(ctas, 2 * hw.num_sms, n_blocks) > 1)
     return np.stack([copies, combine], axis=-1).astype(np.float64)

@@ -122,7 +122,7 @@ def features_from_arrays(
     cta_q, cta_kv = _tile_sizes(packed, starts, bs, hd, ds_q, ds_kv, fa2._shared_memory_kb(hw))
     q_tiles = ceil_div(packed, cta_q[req_prob])
     # fa2.splits_kv per problem: a paged launch off Hopper / datacenter Blackwell splits only a GQA decode step
-    splits = ~paged | (np.maximum.reduceat(q, starts) == 1) & (g > 1) | hw.uses_sm90_gemm
+    splits = ~paged | fa2.packs_gqa_group(np.maximum.reduceat(q, starts), g) | hw.uses_sm90_gemm
     chunk = _kv_chunk_sizes(q_tiles, kv, starts, req_prob, paged, splits, nkv, S)
     its, tasks_r = _cta_iterations(q, kv, g, nkv, causal, cta_q, cta_kv, chunk, q_tiles, req_prob)
     counts, it_sums = _per_sm_sums(its, tasks_r, req_prob, count, S)
