@@ -20,10 +20,11 @@ import numpy as np
 from .pipes import HardwareSpec
 
 GEMM_DESCRIPTORS = ("shape_M", "shape_N", "shape_K", "exact_tensor_cycle", "exact_dram_cycle")
-# the last two are no property of the problem alone but of the kernels that run it (fa2.varlen_auxiliary_launches)
+# varlen_*: no property of the problem alone but of the kernels that run it (fa2.varlen_auxiliary_launches);
+# tile_latency_cycle: a latency in time at the GPU's clock (attention_tile_latency_cycles)
 ATTENTION_DESCRIPTORS = (
     "batch_size", "mean_q_length", "mean_kv_length", "num_qo_heads", "num_kv_heads", "head_dim",
-    "exact_tensor_cycle", "exact_dram_cycle", "varlen_gqa_copies", "varlen_split_combine",
+    "exact_tensor_cycle", "exact_dram_cycle", "varlen_gqa_copies", "varlen_split_combine", "tile_latency_cycle",
 )
 ELEMENTWISE_DESCRIPTORS = ("shape_seq", "shape_dim", "exact_dram_cycle")
 MOE_DESCRIPTORS = ("shape_M", "experts", "top_k", "hidden", "inter", "exact_tensor_cycle", "exact_dram_cycle")
@@ -66,6 +67,30 @@ def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.nd
     nbytes = 2.0 * (2 * sum_kv * kv_heads * dim + 2 * sum_q * heads * dim)
     return np.stack([bs.astype(np.float64), sum_q / count, sum_kv / count, heads, kv_heads, dim,
                      tensor_cycles(flops, hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)
+
+
+#: query rows per tile of :func:`attention_tile_latency_cycles`: the query block of flash-attn's split-KV kernel
+#: (fa2.VARLEN_SPLIT_BLOCK_M), taken as a unit of work for every attention kernel, not as each kernel's own tile
+ATTENTION_LATENCY_TILE_ROWS = 64
+
+
+def attention_tile_latency_cycles(q_lengths, nh, nkv, hw: HardwareSpec) -> np.ndarray:
+    """Per row, one microsecond per query tile on the busiest SM, in SM cycles: ⌈T / S⌉ · f, T = Σ_i nkv ·
+    ⌈q_i · g / 64⌉ tiles of the GQA group's query rows (g = nh / nkv) per request and KV head.
+
+    Measured decodes of many short requests take about 4 µs per tile and SM on every GPU (bs = 1,024, KV ≤ 64,
+    nh = 32, nkv = 8: A100 4.2, L40S 4.1, RTX PRO 6000 4.5, H100 3.5 µs) at clocks from 1.41 to 2.52 GHz: a
+    latency in time, not in cycles. The pipes count cycles of throughput, so a model trained on faster clocks took
+    A100's such decodes for 1.3–1.5x longer than they are; in cycles at the GPU's own clock this pipe scales as
+    the latency does (the microsecond is a unit: the model learns the multiple).
+    """
+    heads, kv_heads = (np.asarray(x, dtype=np.int64) for x in (nh, nkv))
+    rows = np.repeat(np.arange(len(heads)), [len(q) for q in q_lengths])
+    q = np.fromiter(chain.from_iterable(q_lengths), dtype=np.int64, count=len(rows))
+    group = (heads // kv_heads)[rows]
+    tiles = np.bincount(rows, weights=-(-(q * group) // ATTENTION_LATENCY_TILE_ROWS) * kv_heads[rows],
+                        minlength=len(heads))
+    return np.ceil(tiles / hw.num_sms) * hw.sm_freq
 
 
 def elementwise(seq, dim, hw: HardwareSpec, output_fraction: float) -> np.ndarray:

@@ -166,15 +166,16 @@ def describe_gemm(operand_bytes: int, fp8: bool):
 
 
 def describe_attention(columns: Columns, hw: HardwareSpec) -> np.ndarray:
-    """The problem's descriptors, then the auxiliary kernels of the FA2 rows' launch (fa2.varlen_auxiliary_launches;
-    0 for the other calculators)."""
+    """The problem's descriptors, the auxiliary kernels of the FA2 rows' launch (fa2.varlen_auxiliary_launches;
+    0 for the other calculators), then the query tiles' latency (descriptors.attention_tile_latency_cycles)."""
     kinds, bs, q, kv, nh, nkv, hd = _attention_arrays(columns)
     calculator = {kind: resolve_attention_type(kind)[0] for kind in set(kinds)}
     fa2_rows = np.array([calculator[kind] == "fa2" for kind in kinds], dtype=bool)
     max_q = np.fromiter(map(max, q), dtype=np.int64, count=len(q))
     max_kv = np.fromiter(map(max, kv), dtype=np.int64, count=len(kv))
     launches = fa2.varlen_auxiliary_launches(bs, max_q, max_kv, nh, nkv, hd, hw) * fa2_rows[:, None]
-    return np.concatenate([descriptors.attention(bs, q, kv, nh, nkv, hd, hw), launches], axis=1)
+    latency = descriptors.attention_tile_latency_cycles(q, nh, nkv, hw)
+    return np.concatenate([descriptors.attention(bs, q, kv, nh, nkv, hd, hw), launches, latency[:, None]], axis=1)
 
 
 def describe_elementwise(output_fraction: float):

@@ -42,7 +42,9 @@ TENSOR_RATE_COLUMNS = ("tensor_all_cycle", "tensor_sm_max_cycle", "exact_tensor_
 #: every cycle column of the features and descriptors: (the hardware rate it divides the kernel's work by, whether
 #: that rate is quoted per second) with the SM count fixed. "tensor" is the operator's tensor rate
 #: (``OperatorClass.tensor_rate``); a rate per second (a bandwidth in GB/s) gives cycles that grow with the SM clock
-#: (pipeweave.siblings.die_inputs: the same kernels on a GPU of the same die with other rates)
+#: (pipeweave.siblings.die_inputs: the same kernels on a GPU of the same die with other rates). A latency in time
+#: takes :data:`TIME_RATE`, the same on every GPU: its cycles grow with the SM clock alone
+TIME_RATE = "time"
 PIPE_RATE_COLUMNS = {
     **{name: ("tensor", False) for name in TENSOR_RATE_COLUMNS},
     "xu_all_cycle": ("xu_fp32", False), "xu_sm_max_cycle": ("xu_fp32", False),
@@ -51,6 +53,7 @@ PIPE_RATE_COLUMNS = {
     "exact_dram_cycle": ("mem_bandwidth", True),
     "local_cycle": ("l2_cache_bandwidth", True), "sm_max_local_cycle": ("l2_cache_bandwidth", True),
     "sm_max_shared_cycle": ("shared_memory_bandwidth", False),
+    "tile_latency_cycle": (TIME_RATE, True),
 }
 
 

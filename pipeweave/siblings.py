@@ -47,7 +47,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from analytical_model.pipes import HardwareSpec
-from analytical_model.registry import PIPE_RATE_COLUMNS, TENSOR_RATE_COLUMNS, get_operator
+from analytical_model.registry import PIPE_RATE_COLUMNS, TENSOR_RATE_COLUMNS, TIME_RATE, get_operator
 
 #: the busiest SM's tensor cycles: the part of a kernel's time that a change of the tensor rate moves
 BUSIEST_TENSOR_FEATURE = "tensor_sm_max_cycle"
@@ -134,7 +134,9 @@ def sibling_note(what: str, gpu: str, sibling: str) -> str:
 
 
 def _rate(op: str, hw: HardwareSpec, rate: str) -> float:
-    """``hw``'s value of a :data:`PIPE_RATE_COLUMNS` rate ("tensor": ``op``'s tensor rate)."""
+    """``hw``'s value of a :data:`PIPE_RATE_COLUMNS` rate ("tensor": ``op``'s tensor rate; :data:`TIME_RATE`: 1)."""
+    if rate == TIME_RATE:
+        return 1.0
     return getattr(hw, get_operator(op).tensor_rate if rate == "tensor" else rate)
 
 

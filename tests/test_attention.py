@@ -788,3 +788,27 @@ def test_attention_descriptors_carry_the_launches_of_fa2_rows_only():
     assert described.shape == (3, len(operator.descriptor_names))
     launches = described[:, [operator.descriptor_names.index(n) for n in ("varlen_gqa_copies", "varlen_split_combine")]]
     np.testing.assert_array_equal(launches, [[1, 1], [0, 0], [0, 0]])  # the longest KV (300) sets the blocks
+
+
+def test_attention_tile_latency_is_a_microsecond_per_query_tile_on_the_busiest_sm():
+    """One µs per 64-row tile of a KV head's packed query rows, on the busiest SM, in cycles of the GPU's clock: a
+    latency in time, so a slower clock has fewer cycles of it and a GPU with more SMs fewer tiles per SM."""
+    from analytical_model.registry import get_operator
+
+    operator = get_operator("attn")
+    column = operator.descriptor_names.index("tile_latency_cycle")
+    many_decodes = "[" + ",".join(["1"] * 1024) + "]"
+    columns = {"attention_type": np.array(["fa2_paged", "fa2_paged", "fa3_ragged"]), "bs": np.array([1024, 1, 2]),
+               "q_lengths": np.array([many_decodes, "[4096]", "[1,130]"]),
+               "kv_lengths": np.array([many_decodes.replace("1", "16"), "[4096]", "[300,200]"]),
+               "nh": np.array([32, 32, 32]), "nkv": np.array([8, 8, 8]), "hd": np.array([128, 128, 128])}
+    a100 = hw("A100")  # 108 SMs
+    # 1,024 requests x 8 KV heads x one tile of 4 query rows; 8 x 4,096 x 4 / 64 tiles; 8 x (1 + 9) tiles
+    expected_tiles_per_sm = [math.ceil(8192 / 108), math.ceil(2048 / 108), 1]
+    np.testing.assert_allclose(operator.describe(columns, a100)[:, column],
+                               np.array(expected_tiles_per_sm) * a100.sm_freq)
+    slower = dataclasses.replace(a100, sm_freq=a100.sm_freq / 2)
+    np.testing.assert_allclose(operator.describe(columns, slower)[:, column],
+                               operator.describe(columns, a100)[:, column] / 2)
+    wider = dataclasses.replace(a100, num_sms=2 * 8192)
+    assert operator.describe(columns, wider)[0, column] == a100.sm_freq
