@@ -30,6 +30,16 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   (``dataset.aiconfigurator.NON_GATED_MOE_MODELS``). RMSNorm's and SiLU*Mul's ``D`` is their rows read
   and their output written (twice, 1.5x their reads): beyond :data:`ELEMENTWISE_L2_SPILL_FACTOR` times the L2 it
   binds too (a prediction of RMSNorm on 131,072 tokens had been 2.1x faster than its bytes allow).
+* **Ceiling by the share of the L2 the problem fills** (GEMM, attention, MoE: :func:`streams_through_l2`). How much
+  of a working set near the L2 size survives between two runs depends on the replacement policy and the access
+  order, which no datasheet gives (between 0.95 and 1.05x its L2, L40S runs GEMMs of neighbouring shapes at 1.0x
+  and 1.9x their DRAM time). So the band table records, per edge of :data:`L2_SHARE_EDGES`, the fastest measured
+  speed ``D`` / (t f) of the rows whose bytes fill at least that share of their GPU's L2 (``dram_speed_max``,
+  :func:`fastest_streaming_speeds`), and ``t ≥ D / (f s)`` with ``s`` that of the largest edge a kernel's share
+  reaches (:func:`speed_allowed`). Leave-one-GPU-out it comes from the other GPUs' rows: held out, L40S's skinny
+  GEMMs of about its L2's size had been predicted up to 3.6x faster than measured, as if resident, and their other
+  GPUs never streamed bytes of that share of the L2 faster than their DRAM time allows. RMSNorm and SiLU*Mul do not
+  take it: held out, A40 beats the other GPUs' speeds by up to 2x from a quarter of its 6 MB L2 on.
 * **Ceiling in a workload: cold operands come from DRAM.** The benchmarks behind the models re-run one kernel, so
   weights or a KV cache that fit in the L2 are read from it, and the bound above exempts them. In a workload a
   layer's weights and cached KV were last read a whole forward pass earlier, and every other layer's (gigabytes)
@@ -91,11 +101,13 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   ``pipeweave/efficiency_band.json`` (``python3 -m pipeweave.bounds --write`` recomputes it; a data test checks it
   against the datasets). A ceiling from the same bins was tried and rejected: the fast tail depends on
   the GPU's L2 size (an L40S holds in its 96 MB L2 weights an H100's 50 MB does not), so a ceiling derived from
-  the other architectures forced FP8 GEMM on L40S 10x too slow (leave-one-architecture-out 30.8 -> 45.0 %).
+  the other architectures forced FP8 GEMM on L40S 10x too slow (leave-one-architecture-out 30.8 -> 45.0 %). The
+  ceiling by the share of the L2 is that idea in the L2's own terms.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from functools import lru_cache
@@ -141,6 +153,10 @@ L2_SPILL_FACTOR = 1.1
 #: SiLU*Mul, 5–8 µs kernels timed to the whole µs, beats that DRAM time by up to 1.11x at 1.1–1.5x its 6 MB L2, no
 #: row beyond 1.5x reaches 0.85 of it (every GPU)
 ELEMENTWISE_L2_SPILL_FACTOR = 2.0
+#: shares of the L2 (the problem's bytes D over the L2 size) at which the band table records the fastest measured
+#: streaming speed, D's DRAM time over the kernel's (``dram_speed_max``): a GEMM, attention or MoE kernel whose bytes
+#: are at least that share of its GPU's L2 is kept at or below it (module docstring)
+L2_SHARE_EDGES = (0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05)
 #: DRAM cycles at the datasheet's decimal GB/s per cycle feature: the features divide bytes by memBandwidth × 2^30
 #: (the artifact's unit, kept for them: docs/METHOD.md §11.1.11), 7.4 % fewer cycles than the physical transfer takes
 SPEC_GB_CYCLES = 2 ** 30 / 1e9
@@ -163,11 +179,12 @@ def frame_l2_cycles(frame) -> np.ndarray:
     return frame["hardware"].map(cycles).to_numpy(np.float64)
 
 
-def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None, l2: np.ndarray | float
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None, l2: np.ndarray | float,
+                   dram_speed_max: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(C_ideal, the fewest cycles the kernel can take) of float64 feature rows (columns in the registry's feature
     order) and their shape descriptors (the registry's descriptor order) on GPUs whose L2 holds ``l2`` DRAM cycles
-    (:func:`l2_cycles`; scalar or per row)."""
+    (:func:`l2_cycles`; scalar or per row); ``dram_speed_max``: the band table's fastest streaming speed per
+    :data:`L2_SHARE_EDGES` (None: no such ceiling)."""
     operator = get_operator(op)
     ideal = operator.ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
     needed = EXACT_DRAM_DESCRIPTOR if operator.dram_bound else EXACT_WORK_DESCRIPTOR
@@ -186,7 +203,39 @@ def ceiling_cycles(op: str, features: np.ndarray, described: np.ndarray | None, 
         exact_dram = described[:, operator.descriptor_names.index(EXACT_DRAM_DESCRIPTOR)]
         spills = exact_dram > l2_spill_factor(op) * np.asarray(l2, dtype=np.float64)
         ceiling = np.where(spills, np.maximum(ceiling, exact_dram * SPEC_GB_CYCLES), ceiling)
+        if streams_through_l2(op) and dram_speed_max is not None:
+            speed = speed_allowed(exact_dram / np.asarray(l2, dtype=np.float64), dram_speed_max)
+            ceiling = np.maximum(ceiling, exact_dram * SPEC_GB_CYCLES / speed)
     return ideal, ceiling
+
+
+def streams_through_l2(op: str) -> bool:
+    """Whether the fastest measured streaming speed per L2 share bounds ``op`` (:data:`L2_SHARE_EDGES`): GEMM,
+    attention and MoE. Not RMSNorm and SiLU*Mul, whose DRAM feature bounds them at every size: held out, A40's
+    kernels beat the other GPUs' speeds by up to 2x at a quarter of its 6 MB L2 and more."""
+    operator = get_operator(op)
+    return operator.exact_dram_once and not operator.dram_bound
+
+
+def speed_allowed(l2_share: np.ndarray, dram_speed_max: list) -> np.ndarray:
+    """The fastest streaming speed (the bytes' DRAM time over the kernel's) allowed a kernel whose bytes are
+    ``l2_share`` times its GPU's L2: the band table's ``dram_speed_max`` at the largest edge of
+    :data:`L2_SHARE_EDGES` not above it (inf below the first edge, or where no measured row reached the edge)."""
+    speeds = np.array([np.inf if speed is None else speed for speed in dram_speed_max], dtype=np.float64)
+    edge = np.searchsorted(L2_SHARE_EDGES, np.nan_to_num(l2_share, nan=0.0), side="right") - 1
+    return np.where(edge >= 0, speeds[np.maximum(edge, 0)], np.inf)
+
+
+def fastest_streaming_speeds(exact_dram: np.ndarray, l2: np.ndarray, sm_freq_mhz: np.ndarray,
+                             measured_us: np.ndarray) -> list:
+    """``dram_speed_max`` of the band table: per edge of :data:`L2_SHARE_EDGES`, the largest measured ratio of the
+    bytes' DRAM time at the datasheet bandwidth to the kernel's time over the rows whose bytes ``exact_dram`` (DRAM
+    cycles) are at least that share of their GPU's L2 ``l2`` (None where there is none)."""
+    share = exact_dram / l2
+    speed = exact_dram * SPEC_GB_CYCLES / (sm_freq_mhz * measured_us)
+    # rounded up to 4 decimals, so that the table's speed is never below a measured one
+    return [math.ceil(speed[share >= edge].max() * 1e4) / 1e4 if (share >= edge).any() else None
+            for edge in L2_SHARE_EDGES]
 
 
 def l2_spill_factor(op: str) -> float:
@@ -228,10 +277,13 @@ def latency_allowance_us(roof_us: np.ndarray, measured_us: np.ndarray) -> float:
     return max(float(np.percentile((measured_us - roof_us)[latency_bound], 100 - FLOOR_PERCENTILE)), 0.0)
 
 
-def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_us: np.ndarray) -> dict:
-    """{"latency_us": L, "floor": [[...]], "median": [[...]], "fastest_us": t}: the latency allowance, per size bin
-    (rows) and intensity bin (columns) the floor and median efficiency, and the shortest measured duration, from
-    measured rows (feature rows, clock, duration)."""
+def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_us: np.ndarray,
+               described: np.ndarray | None = None, l2: np.ndarray | None = None) -> dict:
+    """{"latency_us": L, "floor": [[...]], "median": [[...]], "fastest_us": t, "dram_speed_max": [...]}: the latency
+    allowance, per size bin (rows) and intensity bin (columns) the floor and median efficiency, the shortest measured
+    duration, and for an operator :func:`streams_through_l2` with its rows' shape descriptors and L2 sizes (DRAM
+    cycles, :func:`frame_l2_cycles`) :func:`fastest_streaming_speeds`, from measured rows (feature rows, clock,
+    duration)."""
     measured_us = np.asarray(measured_us, dtype=np.float64)
     if not len(measured_us):
         raise ValueError(f"{op}: no measured rows to derive the band from")
@@ -251,8 +303,14 @@ def band_table(op: str, features: np.ndarray, sm_freq_mhz: np.ndarray, measured_
         return np.inf if floor > latency_free[rows & slow].max() else floor
 
     efficiency = roof_us / measured_us  # the median: a kernel's typical speed, latency included
-    return {"latency_us": float(f"{latency:.4g}"), "floor": per_bin(bins, floor_of),
-            "median": per_bin(bins, lambda rows: np.median(efficiency[rows])), "fastest_us": float(measured_us.min())}
+    table = {"latency_us": float(f"{latency:.4g}"), "floor": per_bin(bins, floor_of),
+             "median": per_bin(bins, lambda rows: np.median(efficiency[rows])), "fastest_us": float(measured_us.min())}
+    if streams_through_l2(op) and described is not None:
+        exact_dram = np.asarray(described, dtype=np.float64)[:, get_operator(op).descriptor_names.index(
+            EXACT_DRAM_DESCRIPTOR)]
+        table["dram_speed_max"] = fastest_streaming_speeds(exact_dram, np.asarray(l2, dtype=np.float64), sm_freq_mhz,
+                                                           measured_us)
+    return table
 
 
 def per_bin(bins: np.ndarray, statistic) -> list[list[float]]:
@@ -277,10 +335,13 @@ def per_bin(bins: np.ndarray, statistic) -> list[list[float]]:
 
 
 def frame_band_table(op: str, frame) -> dict:
-    """:func:`band_table` of a dataset frame (feature columns, ``sm_freq``, ``avg_duration``)."""
-    names = list(get_operator(op).feature_names)
-    return band_table(op, frame[names].to_numpy(np.float64), frame["sm_freq"].to_numpy(np.float64),
-                      frame["avg_duration"].to_numpy(np.float64))
+    """:func:`band_table` of a dataset frame (feature and descriptor columns, ``hardware``, ``sm_freq``,
+    ``avg_duration``)."""
+    operator = get_operator(op)
+    described = frame[list(operator.descriptor_names)].to_numpy(np.float64) if streams_through_l2(op) else None
+    return band_table(op, frame[list(operator.feature_names)].to_numpy(np.float64),
+                      frame["sm_freq"].to_numpy(np.float64), frame["avg_duration"].to_numpy(np.float64), described,
+                      frame_l2_cycles(frame) if described is not None else None)
 
 
 @lru_cache(maxsize=1)
@@ -303,7 +364,7 @@ def table_for(op: str, table: dict | None) -> dict:
         return tables[model_op]
     return {"latency_us": max(t["latency_us"] for t in tables.values()),
             "floor": np.min([t["floor"] for t in tables.values()], axis=0).tolist(), "median": None,
-            "fastest_us": min(t["fastest_us"] for t in tables.values())}
+            "fastest_us": min(t["fastest_us"] for t in tables.values()), "dram_speed_max": None}
 
 
 def has_regime_medians(op: str) -> bool:
@@ -319,7 +380,7 @@ def efficiency_band(op: str, features: np.ndarray, described: np.ndarray | None,
     table = table_for(op, table)
     sm_freq_mhz = np.asarray(sm_freq_mhz, dtype=np.float64)
     ideal = get_operator(op).ideal_cycles(np.asarray(features, dtype=np.float32)).astype(np.float64)
-    physical = physical_us(op, features, described, sm_freq_mhz, l2=l2)
+    physical = physical_us(op, features, described, sm_freq_mhz, table, l2=l2)
     high = ideal / (np.maximum(physical, table["fastest_us"]) * sm_freq_mhz)
     low = ideal / (slowest_us(op, features, sm_freq_mhz, table, physical) * sm_freq_mhz)
     return np.minimum(low, high), high
@@ -373,12 +434,16 @@ def fastest_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_f
                *, l2) -> np.ndarray:
     """The shortest duration (µs) the ceiling allows each row (arguments as :func:`efficiency_band`'s): no
     prediction, nor the low end of its interval, may be faster."""
-    return np.maximum(physical_us(op, features, described, sm_freq_mhz, l2=l2), table_for(op, table)["fastest_us"])
+    return np.maximum(physical_us(op, features, described, sm_freq_mhz, table, l2=l2),
+                      table_for(op, table)["fastest_us"])
 
 
-def physical_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz, *, l2) -> np.ndarray:
-    """The fastest time (µs) physics allows each row: the ceiling's cycles (:func:`ceiling_cycles`) at the clock."""
-    return ceiling_cycles(op, features, described, l2)[1] / np.asarray(sm_freq_mhz, dtype=np.float64)
+def physical_us(op: str, features: np.ndarray, described: np.ndarray | None, sm_freq_mhz, table: dict | None = None,
+                *, l2) -> np.ndarray:
+    """The fastest time (µs) physics and the measured streaming speeds allow each row: the ceiling's cycles
+    (:func:`ceiling_cycles`, with ``table``'s ``dram_speed_max``: the shipped one by default) at the clock."""
+    speeds = table_for(op, table).get("dram_speed_max")
+    return ceiling_cycles(op, features, described, l2, speeds)[1] / np.asarray(sm_freq_mhz, dtype=np.float64)
 
 
 def cold_fastest_us(op: str, columns, mem_bandwidth_gb_s) -> np.ndarray:

@@ -3,6 +3,7 @@ with the shipped models: RMSNorm and SiLU*Mul are trained on A100, A40 (Ampere) 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -11,9 +12,10 @@ import pytest
 from analytical_model.hardware import load_hardware
 from analytical_model.registry import get_operator, operator_keys
 from pipeweave.bounds import (EXACT_DRAM_DESCRIPTOR, INTENSITY_CENTRES, L2_SPILL_FACTOR, SIZE_CENTRES,
-                              SPEC_GB_CYCLES, clip_efficiency, dram_cycles, efficiency_band, fastest_us,
-                              frame_band_table, frame_l2_cycles, l2_cycles, l2_spill_factor, latency_allowance_us,
-                              physical_us, regime_bins, regime_efficiency, shipped_tables, slowest_us)
+                              SPEC_GB_CYCLES, clip_efficiency, dram_cycles, efficiency_band, fastest_streaming_speeds,
+                              fastest_us, frame_band_table, frame_l2_cycles, l2_cycles, l2_spill_factor,
+                              latency_allowance_us, physical_us, regime_bins, regime_efficiency, shipped_tables,
+                              slowest_us, speed_allowed)
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.modeling import dataset_paths, read_dataset
@@ -80,8 +82,13 @@ def test_compute_ceiling_is_the_unpadded_work_at_spec_peak():
     ideal = get_operator("gemm").ideal_cycles(features.astype(np.float32)).astype(np.float64)
     exact = described[:, get_operator("gemm").descriptor_names.index("exact_tensor_cycle")]
     fastest_us = np.maximum(exact / hw.sm_freq, shipped_tables()["gemm"]["fastest_us"])  # E / f, or the launch
+    # M = 16 reads 33 MB, 0.66 of H100's L2: no GEMM with bytes of half its L2 or more streamed them faster than
+    # 2.99x their DRAM time, so it takes 3.38 µs at least
+    streaming_us = (2 * (16 * 4096 + 4096 * 4096) + 2 * 16 * 4096) / (hw.mem_bandwidth * 1e9) * 1e6 / 2.9874
+    np.testing.assert_allclose(streaming_us, 3.3767, rtol=1e-4)
+    fastest_us[0] = streaming_us
     np.testing.assert_allclose(ideal / (high * hw.sm_freq), fastest_us, rtol=1e-12)
-    assert exact[0] / hw.sm_freq < fastest_us[0]  # M = 16: 0.5 µs of work at the spec peak; no GEMM ran that fast
+    assert exact[0] / hw.sm_freq < shipped_tables()["gemm"]["fastest_us"]  # M = 16: 0.5 µs of work at the spec peak
     assert high[1] > 1  # M = 257 pads to a second tile row: C_ideal counts work the kernel need not do
     assert (low > 0).all() and (low < high).all()
     with pytest.raises(ValueError, match="exact_tensor_cycle"):
@@ -90,11 +97,12 @@ def test_compute_ceiling_is_the_unpadded_work_at_spec_peak():
 
 def test_a_gemm_whose_bytes_spill_the_l2_cannot_beat_their_dram_time():
     """M = 3584, N = 32, K = 16384 reads a 117 MB operand: more than L40S's 96 MiB L2, so its DRAM time bounds it
-    there; B200's 126 MiB L2 holds it, so only its tensor work and the launch bound it there (as on a GPU without
-    an L2 size)."""
+    there, at the fastest speed measured beyond 1.05x the L2 (0.93x); B200's 126 MiB L2 holds 0.89 of it, so it may
+    run as fast as the fastest GEMM measured with bytes of 0.8 of the L2 or more (2.38x its DRAM time). Without an L2
+    size only its tensor work and the launch bound it."""
     columns = {"M": [3584], "N": [32], "K": [16384]}
     operator = get_operator("gemm")
-    for gpu, spills in (("L40S", True), ("B200", False)):
+    for gpu, spills, speed in (("L40S", True, 0.9309), ("B200", False, 2.3756)):
         hw = load_hardware(gpu)
         features, described = features_of("gemm", gpu, columns), operator.descriptors(columns, hw)
         ideal = operator.ideal_cycles(features.astype(np.float32)).astype(np.float64)
@@ -105,12 +113,25 @@ def test_a_gemm_whose_bytes_spill_the_l2_cannot_beat_their_dram_time():
         fastest_us = ideal / (high * hw.sm_freq)
         # the bytes at the datasheet's decimal GB/s (the features' cycles count GiB/s: docs/METHOD.md §11.1.11)
         dram_us = (2 * (3584 * 16384 + 32 * 16384) + 2 * 3584 * 32) / (hw.mem_bandwidth * 1e9) * 1e6
-        if spills:
-            np.testing.assert_allclose(fastest_us, dram_us, rtol=1e-12)
-            assert (high < no_l2).all()
-        else:
-            np.testing.assert_array_equal(high, no_l2)
-            assert (fastest_us < dram_us).all()
+        np.testing.assert_allclose(fastest_us, dram_us / speed, rtol=1e-12)
+        assert (high < no_l2).all()
+        assert (fastest_us < dram_us).all() != spills
+
+
+def test_the_streaming_speed_allowed_falls_with_the_share_of_the_l2():
+    """The band table's speeds hold from their edge of the L2 share up to the next; below the first edge, on a GPU
+    without an L2 size, or past an edge no measured row reached, no streaming ceiling."""
+    speeds = [3.0, 3.0, 2.5, 2.0, 1.5, 1.2, 1.1, None]
+    shares = np.array([0.1, 0.25, 0.69, 0.7, 0.99, 1.0, 1.05, 7.0, 0.0, np.nan])
+    np.testing.assert_array_equal(speed_allowed(shares, speeds),
+                                  [np.inf, 3.0, 3.0, 2.5, 1.2, 1.1, np.inf, np.inf, np.inf, np.inf])
+    exact_dram, l2 = np.array([10.0, 20.0, 30.0, 5.0]), np.array([20.0, 20.0, 20.0, np.inf])
+    measured_us, clock = np.array([1.0, 4.0, 30.0, 0.001]), np.ones(4)
+    fastest = fastest_streaming_speeds(exact_dram, l2, clock, measured_us)
+    # 0.5 of the L2 in 1 µs, 1x in 4 µs (half as fast), 1.5x in 30 µs; the row of a GPU without an L2 size, at
+    # 5,000x, never counts
+    expected = [math.ceil(speed * SPEC_GB_CYCLES * 1e4) / 1e4 for speed in [10.0] * 2 + [5.0] * 5 + [1.0]]
+    assert fastest == expected
 
 
 def test_a_memory_bound_kernel_cannot_beat_the_dram_time_of_its_rows_read_and_written():
@@ -503,6 +524,7 @@ def test_shipped_band_is_the_measured_one(op):
     measured = frame_band_table(op, frame)
     for key in ("latency_us", "floor", "median", "fastest_us"):
         np.testing.assert_allclose(measured[key], shipped_tables()[op][key], rtol=1e-3, err_msg=key)
+    assert measured.get("dram_speed_max") == shipped_tables()[op].get("dram_speed_max")
 
 
 def test_unseen_gpu_takes_the_bandwidth_model(predictor):

@@ -10,6 +10,7 @@ import pytest
 from analytical_model.hardware import load_hardware
 from analytical_model.registry import OPERATORS, get_operator
 from pipeweave import quantize_model
+from pipeweave.bounds import shipped_tables
 from pipeweave.engine import Engine, Job
 from pipeweave.flatten import load_workload
 from pipeweave.interval_eval import (MIN_GPUS, coverage, donors, pooled_quantiles, predictive_quantiles, table_entry,
@@ -154,16 +155,25 @@ def test_a_callers_own_kernel_count_of_one_argument_serves_attention_rows():
     assert (after[1] - after[0] < before[1] - before[0]).all()  # both classes: the calibrated state's interval
 
 
+def streamed_us(total_bytes: int, bandwidth: float) -> float:
+    """The fastest a GEMM whose bytes spill the L2 may run: at the datasheet ``bandwidth`` (B/s) times the fastest
+    streaming speed any measured GEMM reached beyond 1.05x its L2 (0.93, ``pipeweave/efficiency_band.json``)."""
+    speed = shipped_tables()["gemm"]["dram_speed_max"][-1]
+    assert speed == pytest.approx(0.93, abs=0.01)
+    return total_bytes / bandwidth * 1e6 / speed
+
+
 def test_no_interval_reaches_below_the_fastest_time_physics_allows():
     """M = 8192, N = 1, K = 8192 streams a 134 MB operand through L40S's 96 MiB L2: the point sits on the
-    DRAM time at the datasheet bandwidth (bytes / 864 GB/s), and the low end may not go below it; a 16384³ GEMM
-    on H20 sits on its tensor roofline. Far from any bound the low end is the table's factor."""
+    DRAM time at the fastest speed any GEMM streamed bytes beyond 1.05x its L2 (bytes / 864 GB/s / 0.93), and the
+    low end may not go below it; a 16384³ GEMM on H20 sits on its tensor roofline. Far from any bound the low end is
+    the table's factor."""
     import pipeweave
 
     shapes = {"M": [8192, 16384, 4096], "N": [1, 16384, 4096], "K": [8192, 16384, 4096]}
     gpus = ["L40S", "H20", "H100"]
     point, low, high = pipeweave.predict_kernels("gemm", shapes, gpus, interval=True)
-    dram_us = (2 * (8192 * 8192 + 8192) + 2 * 8192) / 864e9 * 1e6
+    dram_us = streamed_us(2 * (8192 * 8192 + 8192) + 2 * 8192, 864e9)
     assert point[0] == pytest.approx(dram_us, rel=1e-9) and low[0] == pytest.approx(dram_us, rel=1e-9)
     tensor_us = 2 * 16384 ** 3 / (1024 * 78 * 1830e6) * 1e6
     assert point[1] == pytest.approx(tensor_us, rel=1e-9) and low[1] == pytest.approx(tensor_us, rel=1e-9)
@@ -192,7 +202,7 @@ def test_a_calibration_cannot_move_a_kernel_past_its_physical_bound():
     GEMM far from its bounds (1024 x 1024 x 1024, 2.4x its fastest) is halved; the engine and predict_kernels agree."""
     from pipeweave.kernels import interval_us
 
-    dram_us = (2 * (8192 * 8192 + 8192) + 2 * 8192) / 864e9 * 1e6
+    dram_us = streamed_us(2 * (8192 * 8192 + 8192) + 2 * 8192, 864e9)
     calibration = HalvingCalibration("L40S", 0)
     keys = [("L40S", (8192, 1, 8192)), ("L40S", (1024, 1024, 1024))]
     plain, calibrated = Engine(log=None), Engine(log=None, calibration=calibration)
