@@ -17,6 +17,7 @@ from itertools import chain
 
 import numpy as np
 
+from .fa2 import VARLEN_SPLIT_BLOCK_M
 from .pipes import HardwareSpec
 
 GEMM_DESCRIPTORS = ("shape_M", "shape_N", "shape_K", "exact_tensor_cycle", "exact_dram_cycle")
@@ -55,8 +56,7 @@ def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.nd
     Vectorised over rows: the per-request lists are flattened once and summed per row with bincount.
     """
     bs = np.asarray(bs, dtype=np.int64)
-    rows = np.repeat(np.arange(len(bs)), [len(q) for q in q_lengths])
-    q = np.fromiter(chain.from_iterable(q_lengths), dtype=np.float64, count=len(rows))
+    rows, q = per_request(q_lengths, np.float64)
     kv = np.fromiter(chain.from_iterable(kv_lengths), dtype=np.float64, count=len(rows))
     count = np.bincount(rows, minlength=len(bs)).astype(np.float64)
     sum_q = np.bincount(rows, weights=q, minlength=len(bs))
@@ -69,9 +69,15 @@ def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.nd
                      tensor_cycles(flops, hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)
 
 
-#: query rows per tile of :func:`attention_tile_latency_cycles`: the query block of flash-attn's split-KV kernel
-#: (fa2.VARLEN_SPLIT_BLOCK_M), taken as a unit of work for every attention kernel, not as each kernel's own tile
-ATTENTION_LATENCY_TILE_ROWS = 64
+def per_request(lists, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(the row of each request, the requests' values) of per-row lists of per-request values, flattened."""
+    rows = np.repeat(np.arange(len(lists)), [len(values) for values in lists])
+    return rows, np.fromiter(chain.from_iterable(lists), dtype=dtype, count=len(rows))
+
+
+#: query rows per tile of :func:`attention_tile_latency_cycles`: the query block of flash-attn's split-KV kernel,
+#: taken as a unit of work for every attention kernel, not as each kernel's own tile
+ATTENTION_LATENCY_TILE_ROWS = VARLEN_SPLIT_BLOCK_M
 
 
 def attention_tile_latency_cycles(q_lengths, nh, nkv, hw: HardwareSpec) -> np.ndarray:
@@ -85,8 +91,7 @@ def attention_tile_latency_cycles(q_lengths, nh, nkv, hw: HardwareSpec) -> np.nd
     the latency does (the microsecond is a unit: the model learns the multiple).
     """
     heads, kv_heads = (np.asarray(x, dtype=np.int64) for x in (nh, nkv))
-    rows = np.repeat(np.arange(len(heads)), [len(q) for q in q_lengths])
-    q = np.fromiter(chain.from_iterable(q_lengths), dtype=np.int64, count=len(rows))
+    rows, q = per_request(q_lengths, np.int64)
     group = (heads // kv_heads)[rows]
     tiles = np.bincount(rows, weights=-(-(q * group) // ATTENTION_LATENCY_TILE_ROWS) * kv_heads[rows],
                         minlength=len(heads))
