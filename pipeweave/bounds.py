@@ -37,8 +37,8 @@ Duration is ``t = C_ideal / (eff × f)`` (``C_ideal``: the registry's ideal-cycl
   speed ``D`` / (t f) of the rows whose bytes fill at least that share of their GPU's L2 (``dram_speed_max``,
   :func:`fastest_streaming_speeds`), and ``t ≥ D / (f s)`` with ``s`` that of the largest edge a kernel's share
   reaches (:func:`speed_allowed`). Leave-one-GPU-out it comes from the other GPUs' rows: held out, L40S's skinny
-  GEMMs of about its L2's size had been predicted up to 3.6x faster than measured, as if resident, and their other
-  GPUs never streamed bytes of that share of the L2 faster than their DRAM time allows. RMSNorm and SiLU*Mul do not
+  GEMMs of about its L2's size had been predicted up to 3.6x faster than measured, as if resident, where no other
+  GPU streamed bytes of that share of its L2 faster than 1.01x their DRAM time. RMSNorm and SiLU*Mul do not
   take it: held out, A40 beats the other GPUs' speeds by up to 2x from a quarter of its 6 MB L2 on.
 * **Ceiling in a workload: cold operands come from DRAM.** The benchmarks behind the models re-run one kernel, so
   weights or a KV cache that fit in the L2 are read from it, and the bound above exempts them. In a workload a
