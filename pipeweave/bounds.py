@@ -355,7 +355,7 @@ def shipped_tables() -> dict:
 def table_for(op: str, table: dict | None) -> dict:
     """``table`` or the shipped one of the model predicting ``op``; an operator without measurements (a newly
     registered one) gets, per bin, the loosest floor of the measured operators, their longest latency allowance and
-    their shortest duration."""
+    their shortest duration, and no streaming speed per share of the L2."""
     if table is not None:
         return table
     tables = shipped_tables()
