@@ -50,14 +50,14 @@ def gemm(m, n, k, hw: HardwareSpec, operand_bytes: int = 2, rate: float | None =
                      dram_cycles(nbytes, hw)], axis=-1)
 
 
-def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.ndarray:
+def attention(bs, rows, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.ndarray:
     """Per row: causal (bottom-right aligned) QK^T and PV FLOPs; Q and O once, K and V once per KV head.
 
-    Vectorised over rows: the per-request lists are flattened once and summed per row with bincount.
+    Vectorised over rows: the requests' lengths come flattened (:func:`per_request`: ``rows`` the row of each) and
+    are summed per row with bincount.
     """
     bs = np.asarray(bs, dtype=np.int64)
-    rows, q = per_request(q_lengths, np.float64)
-    kv = np.fromiter(chain.from_iterable(kv_lengths), dtype=np.float64, count=len(rows))
+    q, kv = (np.asarray(x, dtype=np.float64) for x in (q_lengths, kv_lengths))
     count = np.bincount(rows, minlength=len(bs)).astype(np.float64)
     sum_q = np.bincount(rows, weights=q, minlength=len(bs))
     sum_kv = np.bincount(rows, weights=kv, minlength=len(bs))
@@ -69,10 +69,11 @@ def attention(bs, q_lengths, kv_lengths, nh, nkv, hd, hw: HardwareSpec) -> np.nd
                      tensor_cycles(flops, hw.tc_bf16, hw), dram_cycles(nbytes, hw)], axis=-1)
 
 
-def per_request(lists, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(the row of each request, the requests' values) of per-row lists of per-request values, flattened."""
-    rows = np.repeat(np.arange(len(lists)), [len(values) for values in lists])
-    return rows, np.fromiter(chain.from_iterable(lists), dtype=dtype, count=len(rows))
+def per_request(*lists_per_row) -> tuple[np.ndarray, ...]:
+    """(the row of each request, then each argument's per-request integers, flattened) of per-row lists of
+    per-request values, every argument with the first's list lengths (an attention row's q and kv lengths)."""
+    rows = np.repeat(np.arange(len(lists_per_row[0])), [len(values) for values in lists_per_row[0]])
+    return rows, *(np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=len(rows)) for lists in lists_per_row)
 
 
 #: query rows per tile of :func:`attention_tile_latency_cycles`: the query block of flash-attn's split-KV kernel,
@@ -80,7 +81,7 @@ def per_request(lists, dtype) -> tuple[np.ndarray, np.ndarray]:
 ATTENTION_LATENCY_TILE_ROWS = VARLEN_SPLIT_BLOCK_M
 
 
-def attention_tile_latency_cycles(q_lengths, nh, nkv, hw: HardwareSpec) -> np.ndarray:
+def attention_tile_latency_cycles(rows, q_lengths, nh, nkv, hw: HardwareSpec) -> np.ndarray:
     """Per row, one microsecond per query tile on the busiest SM, in SM cycles: ⌈T / S⌉ · f, T = Σ_i nkv ·
     ⌈q_i · g / 64⌉ tiles of the GQA group's query rows (g = nh / nkv) per request and KV head.
 
@@ -88,10 +89,10 @@ def attention_tile_latency_cycles(q_lengths, nh, nkv, hw: HardwareSpec) -> np.nd
     nh = 32, nkv = 8: A100 4.2, L40S 4.1, RTX PRO 6000 4.5, H100 3.5 µs) at clocks from 1.41 to 2.52 GHz: a
     latency in time, not in cycles. The pipes count cycles of throughput, so a model trained on faster clocks took
     A100's such decodes for 1.3–1.5x longer than they are; in cycles at the GPU's own clock this pipe scales as
-    the latency does (the microsecond is a unit: the model learns the multiple).
+    the latency does (the microsecond is a unit: the model learns the multiple). The requests' query lengths come
+    flattened (:func:`per_request`: ``rows`` the row of each).
     """
-    heads, kv_heads = (np.asarray(x, dtype=np.int64) for x in (nh, nkv))
-    rows, q = per_request(q_lengths, np.int64)
+    heads, kv_heads, q = (np.asarray(x, dtype=np.int64) for x in (nh, nkv, q_lengths))
     group = (heads // kv_heads)[rows]
     tiles = np.bincount(rows, weights=-(-(q * group) // ATTENTION_LATENCY_TILE_ROWS) * kv_heads[rows],
                         minlength=len(heads))

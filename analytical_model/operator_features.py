@@ -174,8 +174,10 @@ def describe_attention(columns: Columns, hw: HardwareSpec) -> np.ndarray:
     max_q = np.fromiter(map(max, q), dtype=np.int64, count=len(q))
     max_kv = np.fromiter(map(max, kv), dtype=np.int64, count=len(kv))
     launches = fa2.varlen_auxiliary_launches(bs, max_q, max_kv, nh, nkv, hd, hw) * fa2_rows[:, None]
-    latency = descriptors.attention_tile_latency_cycles(q, nh, nkv, hw)
-    return np.concatenate([descriptors.attention(bs, q, kv, nh, nkv, hd, hw), launches, latency[:, None]], axis=1)
+    rows, q_flat, kv_flat = descriptors.per_request(q, kv)
+    latency = descriptors.attention_tile_latency_cycles(rows, q_flat, nh, nkv, hw)
+    return np.concatenate([descriptors.attention(bs, rows, q_flat, kv_flat, nh, nkv, hd, hw), launches,
+                           latency[:, None]], axis=1)
 
 
 def describe_elementwise(output_fraction: float):
