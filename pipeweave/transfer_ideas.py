@@ -8,8 +8,8 @@ inputs (``--inputs``: METHOD's log1p of every input, which the GEMM model read w
 tested, or the pipe shares it reads now; docs/METHOD.md §4.1) and scored on the whole held-out GPU, once per
 GPU (leave-one-GPU-out), with a reduced, fixed budget (defaults: 2,000 rows per GPU, 30 epochs; the shipped
 models use 20,000 and 300); with several ``--seeds``, as the median of one member per seed, as the ensembles
-ship. An idea is kept only if it lowers the LOGO duration error on most GPUs and on average; the README
-("Zero-shot transfer") reports every idea tried. The extra inputs are per-GPU constants from the hardware JSON
+ship. An idea is kept only if it lowers the LOGO duration error on most GPUs and on average;
+docs/ZERO_SHOT.md reports every idea tried. The extra inputs are per-GPU constants from the hardware JSON
 (audited, with sources):
 
 * ``power``: board power per SM-cycle, tdpW / (numSms x smFreq): a small budget means the clock sags below
