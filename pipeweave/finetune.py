@@ -332,7 +332,7 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     under the corrections fitted on all kernels, the fifth's too: the choice is of a fine-tuning on top of the
     corrections the calibration keeps (refitted without the fifth, which scores the corrections alone out of sample,
     they chose worse: GEMM, 239 kernels, leave-one-GPU-out, mean 6.2 -> 6.4 %, four of eleven GPUs worse, none
-    better; README, "Calibrating for your GPU"); below it, of the corrections alone and :data:`STANDARD` the one
+    better; docs/CALIBRATION.md); below it, of the corrections alone and :data:`STANDARD` the one
     that predicts the kernels best when each is predicted without its fold (:func:`validation_folds`): by the
     corrections and the fine-tuning fitted on the other folds, ``efficiency_without(fold)`` giving the efficiency each
     kernel must get under the corrections fitted without the kernels ``fold`` (fitted on all of them, the corrections
