@@ -6,7 +6,6 @@ registers (``operator.calculator(name)``); ``describe(columns, hw)`` gives the s
 """
 from __future__ import annotations
 
-from itertools import chain
 from typing import Callable
 
 import numpy as np
@@ -94,9 +93,7 @@ def _attention_arrays(columns: Columns, label: Callable[[int], str] | None = Non
     ok = (bs > 0) & (nh > 0) & (nkv > 0) & (hd > 0) & (q_count == bs) & (kv_count == bs)
     if ok.all():
         ok = (nh % nkv == 0)
-        q_flat = np.fromiter(chain.from_iterable(q), dtype=np.int64, count=int(bs.sum()))
-        kv_flat = np.fromiter(chain.from_iterable(kv), dtype=np.int64, count=int(bs.sum()))
-        row = np.repeat(np.arange(len(bs)), bs)
+        row, q_flat, kv_flat = descriptors.per_request(q, kv)
         bad_request = (q_flat <= 0) | (q_flat > kv_flat)
         ok &= np.bincount(row[bad_request], minlength=len(bs)) == 0
     for i in np.flatnonzero(~ok):  # the per-row constructor raises the precise error
@@ -146,9 +143,7 @@ def attention(operator, columns: Columns, hw: HardwareSpec) -> np.ndarray:
     fa2_rows = np.array([resolved[kind][0] == "fa2" for kind in kinds], dtype=bool)
     if fa2_rows.any():
         sel = np.flatnonzero(fa2_rows)
-        count = int(bs[sel].sum())
-        q_flat = np.fromiter(chain.from_iterable(map(q.__getitem__, sel)), dtype=np.int64, count=count)
-        kv_flat = np.fromiter(chain.from_iterable(map(kv.__getitem__, sel)), dtype=np.int64, count=count)
+        _, q_flat, kv_flat = descriptors.per_request([q[i] for i in sel], [kv[i] for i in sel])
         paged = np.array([resolved[kinds[i]][1] == "paged" for i in sel], dtype=bool)
         out[sel] = fa2_batch.features_from_arrays(bs[sel], q_flat, kv_flat, nh[sel], nkv[sel], hd[sel], paged, hw)
     for i in np.flatnonzero(~fa2_rows):
