@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -43,9 +44,10 @@ from pipeweave.schema import COLLECTIVE_KINDS
 from pipeweave.paths import command
 
 DEFAULT_PRIOR_PATH = Path(__file__).resolve().parent / "calibration_prior.json"
-FORMAT_VERSION = 5  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
+FORMAT_VERSION = 6  # 1: intercepts and the communication factor only (read with every shape slope at 0); 2: no
 # fine-tuned models (read as such); 1-3: one communication factor (read as equal latency and bandwidth factors); 1-4:
-# no interpolation of the measured kernels' residuals (read without it)
+# no interpolation of the measured kernels' residuals (read without it); 3-5: fine-tuned models without the range of
+# their change on the measured kernels (applied unbounded, as they were chosen)
 HUBER = 1.345  # the usual Huber constant (95 % efficiency under Gaussian noise)
 FACTORS = INTERCEPTS + COMMUNICATION_PARAMS  # parameters that are a plain factor (the others: slopes)
 MIN_TAU = 0.02  # least prior scale of any parameter (log space): no correction is ruled out a priori
@@ -356,6 +358,13 @@ class Calibration:
                        f"the log shape by a Gaussian process with the prior's covariance (pipeweave.residual_kernel)")
         return method
 
+    def trusted_log_change(self, op: str) -> tuple[float, float] | None:
+        """The range of the log efficiency change that ``op``'s fine-tuned model made on the measured kernels,
+        within which its change is kept (:func:`pipeweave.finetune.trusted_efficiency`); None for a file of a format
+        before 6, whose models were chosen unbounded."""
+        log_change = self.fine_tuned[op].get("trusted_log_change")
+        return None if log_change is None else (float(log_change[0]), float(log_change[1]))
+
     def fine_tuned_models(self) -> dict:
         """{op: NumpyMLP} of the models fine-tuned on this GPU (decoded once)."""
         from pipeweave.finetune import decode_arrays
@@ -532,6 +541,12 @@ def checked_spread(path: Path, spread) -> dict:
     return spread
 
 
+def _is_log_range(value) -> bool:
+    return (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+            and value[0] <= value[1])
+
+
 def _class_counts(classes) -> bool:
     """``fitted_from.kernels[i].classes`` well-formed: each calibration class's rows, an integer (the intervals of
     attention rows read their class's count)."""
@@ -574,6 +589,8 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(fine_tuned, dict) or any(not isinstance(entry, dict) or "weights" not in entry
                                                for entry in fine_tuned.values()):
         missing.append("the weights of its fine_tuned models")
+    elif version >= 6 and not all(_is_log_range(entry.get("trusted_log_change")) for entry in fine_tuned.values()):
+        missing.append("the trusted_log_change of its fine_tuned models ([least, greatest], finite numbers)")
     if missing:
         raise ValueError(f"{path}: calibration lacks {', '.join(missing)}")
     unknown = sorted(set(parameters) - set(PARAMS)) if version == FORMAT_VERSION else []

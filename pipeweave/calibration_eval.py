@@ -79,6 +79,7 @@ class FineTunable:
     member_dirs: list[Path]
     inputs: np.ndarray  # raw model inputs of every kernel of the GPU
     efficiency: np.ndarray  # measured overall_perf
+    predicted: np.ndarray  # overall_perf as the LOGO model predicts it (in the physical band)
     extrapolated: np.ndarray  # the LOGO model's extrapolation flag per kernel (pipeweave.accuracy.logo_flag_codes)
     clip: Callable[[np.ndarray], np.ndarray]  # efficiency of every kernel -> kept inside the physical band
     sm_freq: float  # the GPU's SM clock (MHz)
@@ -91,11 +92,20 @@ class FineTunable:
         (:func:`pipeweave.finetune.fine_tune_selected`, its members trained at once in ``pool`` where one is
         given); None where that keeps the corrections alone."""
         from pipeweave.finetune import fine_tune_selected
+
+        arrays, log_change = fine_tune_selected(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target,
+                                                self.sm_freq, base, target_without, pool=pool)[:2]
+        return None if arrays is None else self.tuned(arrays, log_change)
+
+    def tuned(self, arrays: dict[str, np.ndarray], log_change: tuple[float, float]) -> np.ndarray:
+        """Every kernel's efficiency from the fine-tuned ``arrays`` as the predictor gives it: their change from
+        the LOGO model kept within ``log_change`` (:func:`pipeweave.finetune.trusted_efficiency`), inside the
+        physical band."""
+        from pipeweave.finetune import trusted_efficiency
         from pipeweave.mlp import NumpyMLP
 
-        arrays = fine_tune_selected(op, self.member_dirs, hardware_registry(), self.inputs[drawn], target,
-                                    self.sm_freq, base, target_without, pool=pool)[0]
-        return None if arrays is None else self.clip(NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq))
+        efficiency = NumpyMLP(arrays).efficiency(self.inputs, self.sm_freq)
+        return self.clip(trusted_efficiency(self.predicted, efficiency, log_change))
 
 
 @dataclass
@@ -134,7 +144,7 @@ def held_out_rows(op: str, gpu: str, dataset_dir: Path, cache: Path, test_split:
         described = frame[list(operator.descriptor_names)].to_numpy(np.float64)
         sm_freq, l2 = frame["sm_freq"].to_numpy(np.float64), frame_l2_cycles(frame)
         codes = logo_flag_codes(op, gpu, frame, test_split, cache)
-        fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured,
+        fine_tunable = FineTunable(members, np.concatenate([features, described], axis=1), measured, predicted,
                                    (codes & TRIGGER_BITS) > 0,
                                    lambda e: clip_efficiency(op, e, features, described, sm_freq, band, l2=l2)[0],
                                    hardware_registry().get(gpu).sm_freq)
@@ -351,7 +361,7 @@ def calibrated_log_errors(held: HeldOut, x: np.ndarray, prior: Prior, drawn: np.
         # the model learns what the corrections leave unexplained on the drawn kernels
         correction = np.exp(x @ theta)
         efficiency = tune.fine_tuned_efficiency(held.op, drawn, tune.efficiency[drawn] * correction[drawn],
-                                                tune.efficiency[drawn] * np.exp(y[drawn]),
+                                                tune.predicted[drawn],
                                                 target_without(held, x, prior, drawn, theta), pool)
         if efficiency is not None:
             log_error, fine_tuned = np.log(tune.efficiency / efficiency * correction), True
@@ -575,7 +585,7 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
     drawn kernels interpolated over the shape (:func:`interpolated_residuals`). The prior is estimated from the
     other GPUs' kernels of ``op`` only (this evaluation needs no other operator's LOGO models); the held-out GPU
     never sets it. ``pool``: :func:`pipeweave.finetune.fine_tuning_pool`'s, or None."""
-    from pipeweave.finetune import STANDARD, fine_tune_for_gpu, fine_tune_selected
+    from pipeweave.finetune import STANDARD, fine_tune_for_gpu, fine_tune_selected, log_change_range
     from pipeweave.mlp import NumpyMLP
 
     test_split = read_dataset(dataset_paths(op, dataset_dir)[1])
@@ -603,18 +613,16 @@ def many_kernel_results(dataset_dir: Path, cache: Path, k: int = MANY_KERNELS, o
             errors = np.abs(np.exp(log_error[rest]) - 1) * 100
             return {"mean": float(errors.mean()), "median": float(np.median(errors))}
 
-        def tuned(arrays) -> np.ndarray:
-            return tune.clip(NumpyMLP(arrays).efficiency(tune.inputs, tune.sm_freq))
-
         target = tune.efficiency[drawn] * correction[drawn]
-        standard = tuned(fine_tune_for_gpu(op, tune.member_dirs, registry, tune.inputs[drawn], target,
-                                           tune.sm_freq, recipe=STANDARD, pool=pool))
-        arrays, recipe, validation = fine_tune_selected(
-            op, tune.member_dirs, registry, tune.inputs[drawn], target, tune.sm_freq,
-            tune.efficiency[drawn] * np.exp(held.y[drawn]),
+        standard_arrays = fine_tune_for_gpu(op, tune.member_dirs, registry, tune.inputs[drawn], target,
+                                            tune.sm_freq, recipe=STANDARD, pool=pool)
+        standard = tune.tuned(standard_arrays, log_change_range(
+            tune.predicted[drawn], NumpyMLP(standard_arrays).efficiency(tune.inputs[drawn], tune.sm_freq)))
+        arrays, log_change, recipe, validation = fine_tune_selected(
+            op, tune.member_dirs, registry, tune.inputs[drawn], target, tune.sm_freq, tune.predicted[drawn],
             target_without(held, x, prior, drawn, theta), pool=pool)
         zero = np.abs(np.exp(-held.y[rest]) - 1) * 100
-        selected = None if arrays is None else standard if recipe is STANDARD else tuned(arrays)
+        selected = None if arrays is None else standard if recipe is STANDARD else tune.tuned(arrays, log_change)
         results[held.gpu] = {"n": int(len(held.y)), "k": k, "flagged": float(tune.extrapolated[drawn].mean()),
                              "k0": {"mean": float(zero.mean()), "median": float(np.median(zero))},
                              "corrections_only": summary(None), "standard": summary(standard),

@@ -772,9 +772,9 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         log(f"{op}, {len(frame)} measured kernels: choosing whether to fine-tune its {len(members)} member(s) on them "
             f"({compared_fine_tunings(len(inputs))} fine-tunings to compare, then the chosen one on all the kernels: "
             f"minutes of CPU; --workers sets how many members train at once)")
-        arrays, recipe, errors = fine_tune_selected(op, members, registry, inputs, efficiency, spec.sm_freq, base,
-                                                    refitted_without(equations, prior, rows, corrections.theta,
-                                                                     efficiency), pool=pool)
+        arrays, log_change, recipe, errors = fine_tune_selected(
+            op, members, registry, inputs, efficiency, spec.sm_freq, base,
+            refitted_without(equations, prior, rows, corrections.theta, efficiency), pool=pool)
         chosen = (f" chosen {selection_method(len(inputs))}, mean |log error| "
                   + ", ".join(f"{name} {error:.3f}" for name, error in errors.items()) if errors else "")
         if arrays is None:
@@ -785,7 +785,8 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
             f"{recipe.epochs} epochs at learning rate {described['learning_rate']:g}, "
             f"{described['learning_rate_schedule']}{';' if chosen else ''}{chosen})")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
-                       **described, "validation_errors": errors, "weights": encode_arrays(arrays)}
+                       **described, "validation_errors": errors, "trusted_log_change": list(log_change),
+                       "weights": encode_arrays(arrays)}
     return entries
 
 

@@ -40,6 +40,17 @@ standard recipe is kept only if it predicts the kernels better than the correcti
 (since 2026-12-06: on the flag alone, leave-one-GPU-out with 32 kernels, the fine-tuning made H20's, L40S's and RTX
 PRO 6000's GEMMs worse than the corrections alone).
 
+Where. A fine-tuned model changes the shipped model's efficiency on every kernel, but the measured kernels show
+only the changes it makes on them. A fine-tuned model's log efficiency change from the shipped model's is therefore
+kept within the range of the changes it made on the measured kernels (:func:`trusted_efficiency`; the range is
+stored with the model, :func:`log_change_range`), and the choice below scores the fine-tuning so kept. Without it
+(leave-one-GPU-out, five draws of 32 kernels each of A100, A40, L40S and RTX PRO 6000, the corrections and the
+interpolation applied to both), BF16 GEMM's fine-tuning changed 0.04-3.6 % of the kernels it did not see by more
+than any measured one, some by up to 2.2 in log (9x), and RTX PRO 6000's error rose 9.5 -> 15.5 % and 10.1 -> 16.7
+% in two draws (kept in range: 10.9 and 11.9 %), L40S's 13.3 -> 15.6 % in one (13.3 %). Where the fine-tuning
+helped, the range kept the gain: A40's GEMMs by 0.1-0.6 points in every draw, the same kept; RTX PRO 6000's FP8
+GEMMs 13.3-15.3 -> 10.4-13.3 %, kept within 0.3 points of it.
+
 When. ``calibrate.py --kernels`` considers fine-tuning an operator class in :data:`FINE_TUNABLE` with the
 standard recipe when at least :data:`MIN_EXTRAPOLATED_SHARE` of its measured kernels carry one of the extrapolation
 flags of :data:`TRIGGER_BITS` and there are at least :data:`MIN_KERNELS` of them, and keeps it as the
@@ -320,12 +331,32 @@ def compared_fine_tunings(kernels: int) -> int:
     return VALIDATION_FOLDS if kernels < MIN_SELECTION_KERNELS else len(RECIPES)
 
 
+def log_change_range(base: np.ndarray, tuned: np.ndarray) -> tuple[float, float]:
+    """(least, greatest) log(``tuned`` / ``base``) over kernels: the change of efficiency from the shipped model's
+    (``base``) that a fine-tuned model (``tuned``) makes on the kernels it was fine-tuned on."""
+    change = np.log(np.asarray(tuned, dtype=np.float64) / np.asarray(base, dtype=np.float64))
+    return float(change.min()), float(change.max())
+
+
+def trusted_efficiency(base: np.ndarray, tuned: np.ndarray, log_change: tuple[float, float] | None) -> np.ndarray:
+    """A fine-tuned model's efficiency ``tuned`` with its log change from the shipped model's ``base`` kept within
+    ``log_change`` (:func:`log_change_range` on its measured kernels; None: as it is): only the measured kernels
+    tell a fine-tuned model's change from what it makes up (module docstring, "Where")."""
+    tuned = np.asarray(tuned, dtype=np.float64)
+    if log_change is None or not len(tuned):
+        return tuned
+    base = np.asarray(base, dtype=np.float64)
+    return base * np.exp(np.clip(np.log(tuned / base), *log_change))
+
+
 def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inputs: np.ndarray,
                        efficiency: np.ndarray, sm_freq: float, base_efficiency: np.ndarray,
                        efficiency_without: Callable[[np.ndarray], np.ndarray], config_dir: str | Path | None = None,
-                       pool=None) -> tuple[dict[str, np.ndarray] | None, Recipe, dict[str, float]]:
-    """(weight-file arrays, or None for the corrections alone; the recipe; mean |log error| of each choice on the
-    kernels its fine-tuning did not see) for measured kernels (raw model inputs, the ``efficiency`` the model must give
+                       pool=None) -> tuple[dict[str, np.ndarray] | None, tuple[float, float] | None, Recipe,
+                                           dict[str, float]]:
+    """(weight-file arrays, or None for the corrections alone; their :func:`log_change_range` on the measured
+    kernels (None with no arrays); the recipe; mean |log error| of each choice on the kernels its fine-tuning did not
+    see) for measured kernels (raw model inputs, the ``efficiency`` the model must give
     them under the fitted corrections, the ``base_efficiency`` the model gives them): from
     :data:`MIN_SELECTION_KERNELS` kernels on, of :data:`CORRECTIONS_ONLY` and :data:`RECIPES` the one that predicts a
     held-out fifth best after fine-tuning on the other kernels, every choice scored against ``efficiency``, that is
@@ -336,9 +367,10 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     that predicts the kernels best when each is predicted without its fold (:func:`validation_folds`): by the
     corrections and the fine-tuning fitted on the other folds, ``efficiency_without(fold)`` giving the efficiency each
     kernel must get under the corrections fitted without the kernels ``fold`` (fitted on all of them, the corrections
-    would score the fold in-sample and the fine-tuning out of it). A recipe chosen is then fine-tuned on all of
-    them. With a ``pool`` (:func:`fine_tuning_pool`) the members of the fine-tunings a choice compares train at
-    once."""
+    would score the fold in-sample and the fine-tuning out of it). A fine-tuning is scored as it is applied, its
+    change kept within the range it made on the kernels it was fine-tuned on (:func:`trusted_efficiency`). A recipe
+    chosen is then fine-tuned on all of them. With a ``pool`` (:func:`fine_tuning_pool`) the members of the
+    fine-tunings a choice compares train at once."""
     from pipeweave.mlp import NumpyMLP
 
     inputs, efficiency = np.asarray(inputs, dtype=np.float64), np.asarray(efficiency, dtype=np.float64)
@@ -350,15 +382,21 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
     def fits(fine_tunings: list[tuple[np.ndarray, np.ndarray, Recipe]]) -> list[dict[str, np.ndarray]]:
         return fine_tunes_for_gpu(op, member_dirs, registry, fine_tunings, sm_freq, config_dir, pool)
 
+    def kept(arrays: dict[str, np.ndarray], trained: np.ndarray, scored: np.ndarray) -> np.ndarray:
+        """The efficiency of the kernels ``scored`` by the fine-tuning ``arrays`` of the kernels ``trained``."""
+        model = NumpyMLP(arrays)
+        trust = log_change_range(base_efficiency[trained], model.efficiency(inputs[trained], sm_freq))
+        return trusted_efficiency(base_efficiency[scored], model.efficiency(inputs[scored], sm_freq), trust)
+
     if len(inputs) < MIN_SELECTION_KERNELS:
         recipes, log_errors = (STANDARD,), np.empty((2, len(inputs)))
         folds = validation_folds(len(inputs))
         targets = [np.asarray(efficiency_without(fold), dtype=np.float64) for fold in folds]
         rests = [np.setdiff1d(np.arange(len(inputs)), fold) for fold in folds]
         tuned = fits([(inputs[rest], target[rest], STANDARD) for rest, target in zip(rests, targets)])
-        for fold, target, arrays in zip(folds, targets, tuned):
+        for fold, rest, target, arrays in zip(folds, rests, targets, tuned):
             log_errors[:, fold] = np.log([base_efficiency[fold] / target[fold],
-                                          NumpyMLP(arrays).efficiency(inputs[fold], sm_freq) / target[fold]])
+                                          kept(arrays, rest, fold) / target[fold]])
         errors = dict(zip((CORRECTIONS_ONLY.name, STANDARD.name), np.mean(np.abs(log_errors), axis=1).tolist()))
     else:
         recipes, held = RECIPES, validation_rows(len(inputs))
@@ -366,11 +404,13 @@ def fine_tune_selected(op: str, member_dirs: Sequence[str | Path], registry, inp
         errors = {CORRECTIONS_ONLY.name: error(base_efficiency[held], held)}
         tuned = fits([(inputs[rest], efficiency[rest], recipe) for recipe in recipes])
         for recipe, arrays in zip(recipes, tuned):
-            errors[recipe.name] = error(NumpyMLP(arrays).efficiency(inputs[held], sm_freq), held)
+            errors[recipe.name] = error(kept(arrays, rest, held), held)
     chosen = min((CORRECTIONS_ONLY,) + recipes, key=lambda recipe: errors[recipe.name])
     if chosen is CORRECTIONS_ONLY:
-        return None, chosen, errors
-    return fits([(inputs, efficiency, chosen)])[0], chosen, errors
+        return None, None, chosen, errors
+    arrays = fits([(inputs, efficiency, chosen)])[0]
+    trust = log_change_range(base_efficiency, NumpyMLP(arrays).efficiency(inputs, sm_freq))
+    return arrays, trust, chosen, errors
 
 
 def encode_arrays(arrays: dict[str, np.ndarray]) -> str:

@@ -195,7 +195,8 @@ class KernelPredictor:
                             if (fields := respecified_fields(spec, self.hardware_dir))}
         self._models: dict[str, tuple] = {}
         self._coverage: dict[str, tuple] = {}
-        self._fine_tuned: dict[tuple[str, str], NumpyMLP] = {}
+        #: (op, hardware stem) -> (fine-tuned model, the range its log change is kept within or None)
+        self._fine_tuned: dict[tuple[str, str], tuple[NumpyMLP, tuple[float, float] | None]] = {}
 
     def model(self, op: str):
         """(model, metadata, directory) for ``op``; a missing model is an error naming the file."""
@@ -236,7 +237,7 @@ class KernelPredictor:
         """Predict the GPU of ``calibration`` (:class:`pipeweave.calibration.Calibration`) with the models it
         fine-tuned on that GPU's kernels (:mod:`pipeweave.finetune`); every other GPU keeps the shipped models."""
         for op, model in calibration.fine_tuned_models().items():
-            self._fine_tuned[(op, calibration.hardware)] = model
+            self._fine_tuned[(op, calibration.hardware)] = (model, calibration.trusted_log_change(op))
 
     @contextmanager
     def fine_tuned_by(self, calibration):
@@ -361,10 +362,9 @@ class KernelPredictor:
 
     def _model_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
                           ) -> tuple[np.ndarray, np.ndarray]:
-        """(:meth:`_unbounded` before the MoE token bound, the members' disagreement)."""
-        tuned = self._fine_tuned.get((op, hw.stem))
-        if tuned is not None:
-            return tuned.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
+        """(:meth:`_unbounded` before the MoE token bound, the members' disagreement). A calibration's fine-tuned
+        model changes the shipped model's efficiency, kept within the physical band, only within the range of the
+        change it made on the measured kernels (:func:`pipeweave.finetune.trusted_efficiency`)."""
         efficiency, spread = self._untuned(op, features, described, hw)
         die = self.die_sibling(op, hw)
         if die is not None and len(efficiency):
@@ -373,6 +373,13 @@ class KernelPredictor:
             efficiency = np.clip(efficiency, *die_band(op, features, described, hw, die, lambda rows, shapes:
                                                        self._untuned(op, rows, shapes, die, as_trained=True)[0],
                                                        die_rows(op, features, described, hw, die)))
+        if (op, hw.stem) in self._fine_tuned:
+            from pipeweave.finetune import trusted_efficiency
+
+            model, log_change = self._fine_tuned[(op, hw.stem)]
+            tuned, spread = model.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
+            base = self._within_band(op, efficiency, features, described, hw)
+            efficiency = trusted_efficiency(base, tuned, log_change)
         return efficiency, spread
 
     def _untuned(self, op: str, features: np.ndarray, described: np.ndarray | None, hw, as_trained: bool = False

@@ -498,8 +498,8 @@ def test_calibration_file_validation(tmp_path, a100_calibration):
     with pytest.raises(ValueError, match="not a calibration file"):
         load_calibration(bad)
     data = json.loads(a100_calibration.read_text())
-    bad.write_text(json.dumps({**data, "format": 6}))
-    with pytest.raises(ValueError, match="calibration format 6, this pipeweave reads 1 to 5; refit"):
+    bad.write_text(json.dumps({**data, "format": 7}))
+    with pytest.raises(ValueError, match="calibration format 7, this pipeweave reads 1 to 6; refit"):
         load_calibration(bad)
     bad.write_text(json.dumps({key: value for key, value in data.items() if key != "standardisation"}))
     with pytest.raises(ValueError, match="lacks standardisation"):
@@ -804,7 +804,7 @@ def test_output_that_cannot_be_written_is_refused_before_fitting(tmp_path, capsy
     (lambda d: d["fitted_from"].update(kernels=[{"op": "attn", "rows": 40, "classes": {"attn_decode": "40"}}]),
      "classes (an object of integers)"),
     (lambda d: d.update(base_models=["gemm"]), "base_models must be an object of model folders"),
-    (lambda d: d.update(format=True), "calibration format True, this pipeweave reads 1 to 5"),  # was read as 1
+    (lambda d: d.update(format=True), "calibration format True, this pipeweave reads 1 to 6"),  # was read as 1
     (lambda d: d["base_models"].update(gemm=5), "base_models must be an object of model folders"),
 ])
 def test_a_damaged_calibration_file_names_the_field(a100_calibration, tmp_path, edit, needle):

@@ -174,6 +174,81 @@ def test_a_format_3_file_keeps_its_fine_tuned_model(l40, hardware_dir, tmp_path)
     assert then["predicted_us"].tolist() == now["predicted_us"].tolist()
 
 
+def with_log_change(l40, tmp_path: Path, name: str, log_change, version: int = 6) -> Path:
+    """The test GPU's calibration file with the fine-tuned GEMM model's trusted_log_change replaced (None: dropped)
+    and the file format ``version``."""
+    data = json.loads(l40[1].read_text())
+    entry = data["fine_tuned"]["gemm"]
+    entry.pop("trusted_log_change")
+    if log_change is not None:
+        entry["trusted_log_change"] = log_change
+    path = tmp_path / name
+    path.write_text(json.dumps({**data, "format": version}))
+    return path
+
+
+def test_the_fine_tuned_change_is_kept_within_its_range_on_the_measured_kernels(l40, hardware_dir, tmp_path):
+    """calibrate.py stores the range of the fine-tuned model's log efficiency change on the measured kernels; the
+    predictor keeps the change within it: the measured kernels predict as without the range, a narrower range bounds
+    the changes beyond it and leaves the others, a range of [0, 0] gives the shipped model's efficiency (the
+    calibration's corrections and interpolation alike), and a format-5 file, whose models were chosen unbounded,
+    applies its model unbounded."""
+    tmp, calibration = l40
+    low, high = load_calibration(calibration).trusted_log_change("gemm")
+    assert low <= high and high - low > 0.01  # the planted slowdown moves some kernels more than others
+    unbounded = with_log_change(l40, tmp_path, "wide.json", [-50.0, 50.0])
+    measured = tmp / "shapes.csv"
+    assert (predicted(measured, tmp_path / "m_cal.csv", hardware_dir, calibration)["predicted_us"].tolist()
+            == pytest.approx(predicted(measured, tmp_path / "m_wide.csv", hardware_dir, unbounded)["predicted_us"]
+                             .tolist(), rel=1e-12))
+    unseen = tmp_path / "unseen.csv"  # shapes unlike the measured ones (M 512-32768, N and K 5,120-27,648)
+    unseen.write_text("M,N,K,hardware\n" + "".join(f"{m},{n},{k},{GPU}\n" for m in (1, 16, 128, 512, 65536)
+                                                   for n in (1024, 5120, 65536) for k in (256, 5120, 32768)))
+    free = predicted(unseen, tmp_path / "wide.csv", hardware_dir, unbounded)["predicted_us"].to_numpy()
+    format5 = with_log_change(l40, tmp_path, "format5.json", None, version=5)
+    assert predicted(unseen, tmp_path / "f5.csv", hardware_dir, format5)["predicted_us"].tolist() == pytest.approx(
+        free.tolist(), rel=1e-12)
+    frozen = with_log_change(l40, tmp_path, "frozen.json", [0.0, 0.0])
+    data = json.loads(frozen.read_text())
+    del data["fine_tuned"]
+    untuned = tmp_path / "untuned.json"
+    untuned.write_text(json.dumps(data))
+    base = predicted(unseen, tmp_path / "frozen.csv", hardware_dir, frozen)["predicted_us"].to_numpy()
+    assert base.tolist() == predicted(unseen, tmp_path / "untuned.csv", hardware_dir, untuned)["predicted_us"].tolist()
+    # the same corrections and interpolation multiply every file's predictions: their ratios are the models' changes
+    # of efficiency; a range narrower than this fine-tuning's changes keeps some of them and bounds the others
+    change_free = np.log(base / free)
+    low, high = np.quantile(change_free, [0.25, 0.75])
+    narrow = with_log_change(l40, tmp_path, "narrow.json", [low, high])
+    kept = predicted(unseen, tmp_path / "narrow.csv", hardware_dir, narrow)["predicted_us"].to_numpy()
+    change_kept = np.log(base / kept)
+    inside = (change_free >= low) & (change_free <= high)
+    assert 0 < inside.sum() < len(inside)
+    assert kept[inside] == pytest.approx(free[inside], rel=1e-12)
+    assert change_kept[~inside] == pytest.approx(np.clip(change_free[~inside], low, high), abs=1e-9)
+
+
+@pytest.mark.parametrize("log_change, version", [(None, 6), ([0.1, -0.1], 6), ([0.0, float("inf")], 6),
+                                                 (["a", 0.0], 6), ([0.0], 6), (True, 6)])
+def test_a_damaged_trusted_log_change_is_refused(l40, tmp_path, log_change, version):
+    path = with_log_change(l40, tmp_path, "bad.json", log_change, version)
+    with pytest.raises(ValueError, match="trusted_log_change"):
+        load_calibration(path)
+
+
+def test_trusted_efficiency_keeps_the_log_change_within_its_range():
+    from pipeweave.finetune import log_change_range, trusted_efficiency
+
+    base = np.array([1.0, 1.0, 1.0, 0.5])
+    tuned = np.array([2.0, 1.1, 0.5, 0.5])
+    assert log_change_range(base[1:3], tuned[1:3]) == pytest.approx((np.log(0.5), np.log(1.1)))
+    kept = trusted_efficiency(base, tuned, log_change_range(base[1:3], tuned[1:3]))
+    assert kept == pytest.approx([1.1, 1.1, 0.5, 0.5])
+    assert trusted_efficiency(base, tuned, (0.05, 0.2)) == pytest.approx([np.exp(0.2), 1.1, np.exp(0.05),
+                                                                          0.5 * np.exp(0.05)])
+    assert trusted_efficiency(base, tuned, None).tolist() == tuned.tolist()
+
+
 def test_weights_survive_the_text_encoding():
     arrays = read_weight_arrays(weights_path(latest_model_dir(REPO / "mlp_models", "gemm"), "gemm"))
     inputs = np.abs(np.random.default_rng(0).normal(size=(5, NumpyMLP(arrays).input_dim))) * 1e4
@@ -203,7 +278,8 @@ def test_kshot_evaluation_fine_tunes_only_where_most_drawn_kernels_are_flagged()
 
     def with_flags(share: float) -> PerfectFineTune:
         flagged = np.random.default_rng(0).uniform(size=len(held.y)) < share
-        tune = PerfectFineTune([], np.zeros((len(held.y), 1)), efficiency, flagged, lambda e: e, 1755.0)
+        tune = PerfectFineTune([], np.zeros((len(held.y), 1)), efficiency, efficiency * np.exp(held.y), flagged,
+                               lambda e: e, 1755.0)
         tune.calls = []
         return tune
 
@@ -327,16 +403,17 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     folds = finetune.validation_folds(few)
     assert len(folds) == finetune.VALIDATION_FOLDS and np.array_equal(np.sort(np.concatenate(folds)), np.arange(few))
     cross_validated = [("standard", few - len(fold)) for fold in folds]
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.20,  # the corrections alone: 20 % off
-                                                         lambda fold: truth[:, 0])
+    arrays, log_change, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                                     truth[:, 0] * 1.20,  # the corrections: 20 % off
+                                                                     lambda fold: truth[:, 0])
     assert (arrays, recipe) == ({"recipe": "standard"}, finetune.STANDARD)
+    assert log_change == pytest.approx((np.log(1.10 / 1.20),) * 2)  # its change on the measured kernels
     assert calls == cross_validated + [("standard", few)]
     assert errors == pytest.approx({"corrections_only": np.log(1.20), "standard": np.log(1.10)})
     calls.clear()
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.05, lambda fold: truth[:, 0])
-    assert (arrays, recipe, calls) == (None, finetune.CORRECTIONS_ONLY, cross_validated)
+    arrays, log_change, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                                     truth[:, 0] * 1.05, lambda fold: truth[:, 0])
+    assert (arrays, log_change, recipe, calls) == (None, None, finetune.CORRECTIONS_ONLY, cross_validated)
     # each fold is scored against the corrections refitted without it: here they explain the fold's kernels exactly
     # (they lie 1.20x from the corrections fitted on all), so the fine-tuning's 10 % error loses to them
     calls.clear()
@@ -346,8 +423,8 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
         refits.append(fold)
         return truth[:, 0] * 1.20
 
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.20, refitted)
+    arrays, log_change, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                                     truth[:, 0] * 1.20, refitted)
     assert [list(fold) for fold in refits] == [list(fold) for fold in folds]
     assert recipe is finetune.CORRECTIONS_ONLY and errors["corrections_only"] == pytest.approx(0.0)
     assert errors["standard"] == pytest.approx(abs(np.log(1.10 / 1.20)))
@@ -362,9 +439,9 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     def not_refitted(rows):  # the fifth is scored under the corrections fitted on all kernels, which are kept
         pytest.fail("from MIN_SELECTION_KERNELS kernels on the corrections are not refitted without the fifth")
 
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.05,  # the corrections alone: 5 % off
-                                                         not_refitted)
+    arrays, log_change, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                                     truth[:, 0] * 1.05,  # the corrections: 5 % off
+                                                                     not_refitted)
     assert recipe is finetune.THOROUGH and arrays == {"recipe": "thorough"}
     assert calls == [("standard", many - held), ("thorough", many - held), ("thorough", many)]
     assert errors == pytest.approx({"corrections_only": np.log(1.05), "standard": np.log(1.10),
@@ -372,9 +449,9 @@ def test_many_kernels_choose_the_recipe_on_a_held_out_fifth(monkeypatch):
     assert np.array_equal(finetune.validation_rows(many), finetune.validation_rows(many))  # seeded
 
     calls.clear()
-    arrays, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
-                                                         truth[:, 0] * 1.01,  # the corrections alone: 1 % off
-                                                         lambda fold: truth[:, 0])
+    arrays, log_change, recipe, errors = finetune.fine_tune_selected("gemm", [], None, truth, truth[:, 0], 1000.0,
+                                                                     truth[:, 0] * 1.01,  # the corrections: 1 % off
+                                                                     lambda fold: truth[:, 0])
     assert (arrays, recipe) == (None, finetune.CORRECTIONS_ONLY)
     assert calls == [("standard", many - held), ("thorough", many - held)]
 
