@@ -352,7 +352,10 @@ class Calibration:
                   "Gaussian prior toward the zero-shot model (pipeweave.calibration)")
         if self.fine_tuned:
             method += (f"; the {', '.join(sorted(self.fine_tuned))} model fine-tuned on this GPU's measured kernels, "
-                       f"where the shipped model extrapolates (pipeweave.finetune), under those corrections")
+                       f"where the shipped model extrapolates or many kernels choose it (pipeweave.finetune), under "
+                       f"those corrections")
+            if all("trusted_log_change" in entry for entry in self.fine_tuned.values()):
+                method += ", its change of the shipped model's efficiency kept within its range on those kernels"
         if self.residuals:
             method += (f"; what remains on the measured {', '.join(sorted(self.residuals))} kernels interpolated over "
                        f"the log shape by a Gaussian process with the prior's covariance (pipeweave.residual_kernel)")

@@ -783,7 +783,9 @@ def fine_tune_models(kernel_frames: list[tuple[str, pd.DataFrame]], spec: Hardwa
         described = recipe.as_dict()
         log(f"{said}: fine-tuned its {len(members)} member(s) on {int(above.sum())} of them ({recipe.name} recipe: "
             f"{recipe.epochs} epochs at learning rate {described['learning_rate']:g}, "
-            f"{described['learning_rate_schedule']}{';' if chosen else ''}{chosen})")
+            f"{described['learning_rate_schedule']}{';' if chosen else ''}{chosen}); its change of the shipped "
+            f"model's efficiency is kept within x{np.exp(log_change[0]):.3g} to x{np.exp(log_change[1]):.3g}, "
+            f"its range on them")
         entries[op] = {"kernels": int(len(frame)), "extrapolated_share": round(share, 4), "base_model": str(directory),
                        **described, "validation_errors": errors, "trusted_log_change": list(log_change),
                        "weights": encode_arrays(arrays)}

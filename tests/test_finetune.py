@@ -84,7 +84,9 @@ def test_extrapolated_kernels_fine_tune_the_model(l40):
     assert entry["kernels"] == 40 and entry["extrapolated_share"] >= 0.5
     assert Path(entry["base_model"]).name == latest_model_dir(REPO / "mlp_models", "gemm").name
     assert set(calibration.fine_tuned_models()) == {"gemm"}
-    assert "fine-tuned" in calibration.method
+    assert "fine-tuned" in calibration.method and "kept within its range" in calibration.method
+    recorded = calibration.summary()["fine_tuned"]["gemm"]["trusted_log_change"]  # outputs record the range
+    assert recorded == list(calibration.trusted_log_change("gemm"))
     assert calibration.summary()["fine_tuned"]["gemm"]["kernels"] == 40  # outputs record it, without the weights
     assert "weights" not in calibration.summary()["fine_tuned"]["gemm"]
 
@@ -206,6 +208,7 @@ def test_the_fine_tuned_change_is_kept_within_its_range_on_the_measured_kernels(
                                                    for n in (1024, 5120, 65536) for k in (256, 5120, 32768)))
     free = predicted(unseen, tmp_path / "wide.csv", hardware_dir, unbounded)["predicted_us"].to_numpy()
     format5 = with_log_change(l40, tmp_path, "format5.json", None, version=5)
+    assert "kept within" not in load_calibration(format5).method
     assert predicted(unseen, tmp_path / "f5.csv", hardware_dir, format5)["predicted_us"].tolist() == pytest.approx(
         free.tolist(), rel=1e-12)
     frozen = with_log_change(l40, tmp_path, "frozen.json", [0.0, 0.0])
