@@ -363,8 +363,8 @@ class KernelPredictor:
     def _model_efficiency(self, op: str, features: np.ndarray, described: np.ndarray | None, hw
                           ) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`_unbounded` before the MoE token bound, the members' disagreement). A calibration's fine-tuned
-        model changes the shipped model's efficiency, kept within the physical band, only within the range of the
-        change it made on the measured kernels (:func:`pipeweave.finetune.trusted_efficiency`)."""
+        model changes the shipped model's efficiency (inside the physical band) only within the range of the changes
+        it made on the measured kernels (:func:`pipeweave.finetune.trusted_efficiency`)."""
         efficiency, spread = self._untuned(op, features, described, hw)
         die = self.die_sibling(op, hw)
         if die is not None and len(efficiency):

@@ -47,7 +47,7 @@ QUICK_TOKENS = (1, 16, 128, 1024, 8192)
 #: calibrate.py's held-out-fifth choice between the corrections and fine-tuning, which needs 200 kernels of a class
 #: (pipeweave.finetune.MIN_SELECTION_KERNELS); 240 leave a margin for rows a backend cannot run. Random rows of the
 #: full grid are the condition the evaluation measured (leave-one-GPU-out, mean over the five attention GPUs: 239
-#: random kernels 5.8 %, 32 7.2 %; docs/ACCURACY.md, "Calibration on many kernels: attn, k = 239" and the k-shot
+#: random kernels 5.7 %, 32 7.2 %; docs/ACCURACY.md, "Calibration on many kernels: attn, k = 239" and the k-shot
 #: table). RMSNorm's 10 and SiLU*Mul's 60 workload rows are topped up likewise: their kernels take microseconds, and
 #: more kernels still help (RMSNorm with 8, 32, 128 kernels: A100 8.4, 5.2, 3.1 %; the k-shot table).
 QUICK_DRAWN_ROWS = 240
