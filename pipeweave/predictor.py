@@ -365,6 +365,9 @@ class KernelPredictor:
         """(:meth:`_unbounded` before the MoE token bound, the members' disagreement). A calibration's fine-tuned
         model changes the shipped model's efficiency (inside the physical band) only within the range of the changes
         it made on the measured kernels (:func:`pipeweave.finetune.trusted_efficiency`)."""
+        model, log_change = self._fine_tuned.get((op, hw.stem), (None, None))
+        if model is not None and log_change is None:  # a file before format 6: its model was chosen unbounded
+            return model.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
         efficiency, spread = self._untuned(op, features, described, hw)
         die = self.die_sibling(op, hw)
         if die is not None and len(efficiency):
@@ -373,10 +376,9 @@ class KernelPredictor:
             efficiency = np.clip(efficiency, *die_band(op, features, described, hw, die, lambda rows, shapes:
                                                        self._untuned(op, rows, shapes, die, as_trained=True)[0],
                                                        die_rows(op, features, described, hw, die)))
-        if (op, hw.stem) in self._fine_tuned:
+        if model is not None:
             from pipeweave.finetune import trusted_efficiency
 
-            model, log_change = self._fine_tuned[(op, hw.stem)]
             tuned, spread = model.efficiency_and_spread(self.model_inputs(op, features, described), hw.sm_freq)
             base = self._within_band(op, efficiency, features, described, hw)
             efficiency = trusted_efficiency(base, tuned, log_change)
