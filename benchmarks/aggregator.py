@@ -3,6 +3,7 @@
     python3 -m benchmarks.aggregator [--workload W.json] [--hardware H20] [--runs 15] [--model_dir mlp_models]
     python3 -m benchmarks.aggregator --python /path/to/venv/bin/python    # whole process of an installed copy
     python3 -m benchmarks.aggregator --moe       # the largest MoE workload (MOE_WORKLOAD) on H200
+    python3 -m benchmarks.aggregator --hardware L40 --workload W.json --calibration CAL.json   # calibrated
 
 Loads the models once, then times the in-process prediction of one workload (default: the 403-iteration
 ``Llama-3.1-70B_vllm_arxiv16_fa3_tp4_pp2``) — everything from the parsed workload to the finished
@@ -15,6 +16,11 @@ output), interleaved with ``python3 -c "import numpy"`` as the baseline, medians
 ``--python``, both children run that interpreter in a scratch directory, importing its installed pipeweave
 (``pipeweave-aggregate``) and its shipped models. The summary of the output is compared with the committed
 prediction of the same pair in ``e2e/pipeweave_pred/`` when there is one.
+
+``--calibration``: every prediction, in process and whole process, applies that calibration file (its GPU must be
+``--hardware``); a calibration that fine-tuned a class runs that class's shipped and fine-tuned ensembles.
+``python3 -m benchmarks.calibration --keep DIR`` writes some. The summary is then not compared with the committed
+(zero-shot) prediction.
 
 If ``--model_dir`` lacks a model for an operator class, untrained models of the same architecture are
 written to a temporary directory and used instead (timing does not depend on the weights); the
@@ -129,9 +135,11 @@ def main(argv=None) -> None:
     parser.add_argument("--process_runs", type=int, default=5)
     parser.add_argument("--python", help="interpreter of an installed pipeweave for the whole-process runs "
                                          "(default: this one, running the checkout's aggregator.py)")
+    parser.add_argument("--calibration", metavar="JSON", help="a calibration file of --hardware to apply")
     args = parser.parse_args(argv)
 
     from pipeweave.aggregate import Aggregator, Job, dumps_result, load_workload
+    from pipeweave.calibration import load_calibration
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.moe:
@@ -146,7 +154,10 @@ def main(argv=None) -> None:
             print(f"note: {args.model_dir} lacks a model for some operator class; timing with untrained models "
                   f"of the same architecture in {model_dir} (speed does not depend on the weights)")
         started = time.perf_counter()
-        aggregator = Aggregator(model_dir=model_dir, log=None)
+        calibration = load_calibration(args.calibration) if args.calibration else None
+        if calibration is not None:
+            calibration.check_hardware([args.hardware])
+        aggregator = Aggregator(model_dir=model_dir, log=None, calibration=calibration)
         workload = load_workload(args.workload)
         job = Job(workload, aggregator.gpu(args.hardware))
         aggregator.predict([job])  # loads the models, warms caches of the hardware registry
@@ -167,6 +178,9 @@ def main(argv=None) -> None:
         dump_s = time.perf_counter() - t0
         in_process_ms = statistics.median(times) * 1000
         print(f"workload: {Path(args.workload).name} ({len(workload.numbers)} iterations) on {job.hardware.stem}")
+        if calibration is not None:
+            tuned = ", ".join(calibration.fine_tuned) or "none"
+            print(f"calibration: {args.calibration} (fine-tuned classes: {tuned})")
         print(f"read + validate workload JSON: {statistics.median(parse) * 1000:.2f} ms (median of 5)")
         print(f"in-process prediction: median {in_process_ms:.2f} ms, min {min(times) * 1000:.2f} ms, "
               f"max {max(times) * 1000:.2f} ms over {args.runs} runs")
@@ -176,6 +190,8 @@ def main(argv=None) -> None:
         flags = ["--workload", str(Path(args.workload).resolve()), "--hardware", args.hardware, "--output", str(out)]
         if untrained or not args.python:  # an installed copy uses its own shipped models
             flags += ["--model_dir", str(model_dir.resolve())]
+        if calibration is not None:
+            flags += ["--calibration", str(Path(args.calibration).resolve())]
         python = args.python or sys.executable
         command = ([python, "-c", INSTALLED_AGGREGATE, *flags] if args.python
                    else [python, str(REPO_ROOT / "aggregator.py"), *flags])
@@ -192,7 +208,8 @@ def main(argv=None) -> None:
         print(f"python -c 'import numpy': median {numpy_s:.2f} s, peak memory {numpy_mb:.0f} MB; "
               f"whole process / import numpy = {whole_s / numpy_s:.1f}x")
         committed = REPO_ROOT / "e2e" / "pipeweave_pred" / output_name(Path(args.workload).stem, job.hardware)
-        if committed.is_file() and not untrained and model_dir.resolve() == (REPO_ROOT / "mlp_models").resolve():
+        if (committed.is_file() and not untrained and calibration is None
+                and model_dir.resolve() == (REPO_ROOT / "mlp_models").resolve()):
             print(f"summary vs committed {committed.relative_to(REPO_ROOT)}: {summary_difference(out, committed)}")
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(f"in_process_ms={in_process_ms:.3f} whole_process_s={whole_s:.3f} numpy_import_s={numpy_s:.3f} "

@@ -1,6 +1,6 @@
 """Time to fit a calibration (calibrate.py) on this machine, per kind of measurement.
 
-    python3 -m benchmarks.calibration [--repeats 1] [--workers N]
+    python3 -m benchmarks.calibration [--repeats 1] [--workers N] [--keep DIR]
 
 Each case calibrates L40 (a GPU without kernel data) from "measurements" written here: the shipped prediction
 of shapes of the profiler's grids times a planted factor. What it times is the work a user waits for: one
@@ -10,7 +10,8 @@ layers (the same choice).
 Fine-tuning needs torch; the time of a case is the wall time of :func:`pipeweave.calibration_fit.calibrate`,
 inputs read and validated included, models loaded excluded (a first call warms them). ``--workers``: processes
 that fine-tune the ensemble members at once, as calibrate.py's flag (default: the same default); the start of the
-processes is timed where a case first needs them.
+processes is timed where a case first needs them. ``--keep DIR`` writes each case's calibration file there
+(``<case>.json``), e.g. for ``python3 -m benchmarks.aggregator --calibration``.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def main() -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=1)
     parser.add_argument("--workers", type=positive_int, default=default_workers())
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="write each case's calibration to DIR/<case>.json")
     args = parser.parse_args()
     predictor = KernelPredictor()
     quiet = lambda message: None  # noqa: E731
@@ -65,15 +67,20 @@ def main() -> None:
         e2e.write_text(f"workload,prefill_ms,decode_step_ms,total_ms\n{RUN},8000,50,13000\n")
         models = load_models(DEFAULT_CONFIGS, DEFAULT_CONFIG_DIR)
         quick, full = (pd.DataFrame(build_grid(models, ops=["gemm"], quick=q).rows["gemm"]) for q in (True, False))
-        cases = [("one end-to-end run", e2e, []),
-                 ("GEMM, the quick grid (239)", None, [kernel_csv(tmp, "gemm", quick, predictor, "_quick")]),
-                 (f"GEMM, the full grid ({len(full):,})", None, [kernel_csv(tmp, "gemm", full, predictor, "_full")]),
-                 ("attention, 200 kernels", None, [kernel_csv(tmp, "attn", grid_sample("attn", 200), predictor)]),
-                 ("MoE, 200 layers", None, [kernel_csv(tmp, "moe", grid_sample("moe", 200), predictor)])]
+        cases = [("e2e_run", "one end-to-end run", e2e, []),
+                 ("gemm_quick", "GEMM, the quick grid (239)", None,
+                  [kernel_csv(tmp, "gemm", quick, predictor, "_quick")]),
+                 ("gemm_full", f"GEMM, the full grid ({len(full):,})", None,
+                  [kernel_csv(tmp, "gemm", full, predictor, "_full")]),
+                 ("attn_200", "attention, 200 kernels", None,
+                  [kernel_csv(tmp, "attn", grid_sample("attn", 200), predictor)]),
+                 ("moe_200", "MoE, 200 layers", None, [kernel_csv(tmp, "moe", grid_sample("moe", 200), predictor)])]
         calibrate(GPU, str(e2e), [], log=quiet)  # loads the models
         print(f"| measurements | fine-tuned | seconds ({args.workers} worker{'s' if args.workers > 1 else ''}) |")
         print("|---|---|---|")
-        for name, runs, kernels in cases:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+        for case, name, runs, kernels in cases:
             times = []
             for _ in range(args.repeats):
                 started = time.perf_counter()
@@ -82,6 +89,8 @@ def main() -> None:
                 times.append(time.perf_counter() - started)
             tuned = ", ".join(f"{op} ({entry['recipe']})" for op, entry in calibration.fine_tuned.items()) or "no"
             print(f"| {name} | {tuned} | {min(times):.2f} |")
+            if args.keep:
+                calibration.save(args.keep / f"{case}.json")
 
 
 if __name__ == "__main__":
