@@ -308,23 +308,13 @@ def refitted_without(equations: Equations, prior: Prior, rows: np.ndarray, theta
     return without
 
 
-def mean_duration_error(log_residuals: np.ndarray) -> float:
-    """Mean |t̂ − t| / t of predictions t̂ whose log(t / t̂) are ``log_residuals``."""
-    return float(np.mean(np.abs(np.expm1(-np.asarray(log_residuals, dtype=np.float64)))))
-
-
-def spread_entry(residuals: np.ndarray, zero_shot: np.ndarray | None = None) -> dict:
+def spread_entry(residuals: np.ndarray) -> dict:
     """The calibration file's record of one operator's cross-validated residuals: their count and the quantiles of
-    the interval levels (pipeweave.intervals.LEVELS: 10th and 90th percentiles). With ``zero_shot``, the same
-    kernels' log(measured / uncalibrated prediction), also both mean duration errors: what the calibration gains on
-    kernels it did not see, by its own measurements."""
+    the interval levels (pipeweave.intervals.LEVELS: 10th and 90th percentiles)."""
     from pipeweave.intervals import LEVELS
 
     low, high = np.quantile(residuals, LEVELS)
-    entry = {"kernels": int(len(residuals)), "folds": SPREAD_FOLDS, "log_low": float(low), "log_high": float(high)}
-    if zero_shot is not None:
-        entry.update(mean_error=mean_duration_error(residuals), zero_shot_mean_error=mean_duration_error(zero_shot))
-    return entry
+    return {"kernels": int(len(residuals)), "folds": SPREAD_FOLDS, "log_low": float(low), "log_high": float(high)}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -955,7 +955,7 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     interpolable = {op for op, _ in kernel_frames if op in RESIDUAL_INPUTS}
     trained = sorted(op for op in interpolable if spec.name in aggregator.predictor.trained_on(op))
     interpolated = interpolable - set(trained) if prior.residual_kernels else set()
-    spread = kernel_spread(equations, prior, models, -before,
+    spread = kernel_spread(equations, prior, models,
                            spread_interpolators(kernel_frames, part_models, interpolated, prior))
     if "all_reduce" in spread:  # the worker counts its sweep measured, which its interval stands for
         spread["all_reduce"]["workers"] = sorted({int(w) for op, frame in kernel_frames if op == "all_reduce"
@@ -987,22 +987,19 @@ def calibrate(hardware: str, e2e: str | None, kernels: list[str], *, model_dir=N
     return calibration
 
 
-def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray, log_zero_shot: np.ndarray,
-                  interpolators: dict | None = None) -> dict:
+def kernel_spread(equations: Equations, prior: Prior, models: np.ndarray, interpolators: dict | None = None
+                  ) -> dict:
     """{model op: spread entry} of every model with at least MIN_SPREAD_KERNELS measured kernels (and of a
     measured all-reduce sweep, "all_reduce"): how far its kernels lie from the calibration fitted without them
     (cross-validated), with what the refitted corrections leave on the other folds interpolated to each fold where
     ``interpolators`` (:func:`spread_interpolators`) has the model; without its fine-tuning, so where a model is
-    fine-tuned the spread is overstated, not understated. Each entry also holds the mean duration error of those
-    cross-validated predictions and of the uncalibrated ones of the same kernels (``log_zero_shot``: log(measured /
-    uncalibrated prediction) of every equation)."""
+    fine-tuned the spread is overstated, not understated."""
     out = {}
     for model in sorted({m for m in models if m is not None}):
         rows = np.flatnonzero(models == model)
         if len(rows) >= MIN_SPREAD_KERNELS:
             out[model] = spread_entry(cross_validated_log_residuals(equations, prior, rows,
-                                                                    (interpolators or {}).get(model)),
-                                      log_zero_shot[rows])
+                                                                    (interpolators or {}).get(model)))
     return out
 
 
@@ -1051,12 +1048,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {op}: its {entry['kernels']} measured kernels lie x{np.exp(entry['log_low']):.3f}-"
               f"x{np.exp(entry['log_high']):.3f} around the calibration fitted without them (10th-90th percentile, "
               f"{entry['folds']}-fold); its prediction interval is at least that wide")
-        print(f"  {op}: so predicted, they are {100 * entry['mean_error']:.1f} % off on average, uncalibrated "
-              f"{100 * entry['zero_shot_mean_error']:.1f} %" + (" (the corrections alone, not the fine-tuning)"
-                                                                 if op in calibration.fine_tuned else ""))
-        if entry["mean_error"] >= entry["zero_shot_mean_error"] and op not in calibration.fine_tuned:
-            print(f"WARNING: {op}: fitted without each quarter of its {entry['kernels']} measured kernels in turn, "
-                  f"the calibration predicts them no better than the uncalibrated model: its {op} corrections may "
-                  f"be noise. Measure more kernels (profile_operators.py --quick), or calibrate without them")
     print(f"Calibration for {calibration.hardware} written to {args.output}")
     return 0

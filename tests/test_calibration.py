@@ -900,43 +900,6 @@ def test_cross_validated_spread_measures_scatter_the_calibration_cannot_explain(
     assert len(subset.measured) == 20 and subset.eq.tolist() == list(range(20))
 
 
-def test_spread_entry_records_the_mean_errors_of_the_cross_validated_and_the_uncalibrated_predictions():
-    from pipeweave.calibration import spread_entry
-
-    entry = spread_entry(np.log([1.1, 1 / 1.1, 1.0, 1.0]), np.log([2.0, 2.0, 0.5, 1.0]))
-    assert entry["mean_error"] == pytest.approx((1 - 1 / 1.1 + 0.1) / 4)  # |t̂ − t| / t, t / t̂ = e^residual
-    assert entry["zero_shot_mean_error"] == pytest.approx((0.5 + 0.5 + 1.0 + 0.0) / 4)
-    assert "mean_error" not in spread_entry(np.log([1.1, 1.0]))
-
-
-@pytest.mark.parametrize("factor, noise, warned", [(1.3, 0.0, False), (1.0, 0.1, True)])
-def test_calibrate_says_what_its_corrections_gain_on_kernels_they_did_not_see(tmp_path, capsys, factor, noise,
-                                                                              warned):
-    """calibrate.py prints and records the cross-validated error of its kernels beside their uncalibrated error, and
-    warns where the corrections do not lower it: L40 GEMMs measured 1.3x slower than predicted gain; ones that only
-    scatter around the prediction (e^N(0, 0.1)) leave the corrections nothing but noise to fit."""
-    from pipeweave.predictor import KernelPredictor
-
-    shapes = pd.DataFrame({"M": [16, 64, 256, 1024, 2048, 4096, 8192, 128], "N": 4096, "K": 4096, "hardware": "L40"})
-    predicted = KernelPredictor().predict_frame("gemm", shapes)["predicted_us"].to_numpy()
-    scatter = np.exp(np.random.default_rng(3).normal(0, noise, len(shapes)))
-    measured = tmp_path / "gemm.csv"
-    shapes.assign(op="gemm", hardware="NVIDIA L40", avg_duration=predicted * factor * scatter).to_csv(measured,
-                                                                                                         index=False)
-    out = tmp_path / "cal.json"
-    capsys.readouterr()
-    assert run_cli(calibration_fit.main, ["--hardware", "L40", "--kernels", str(measured), "--output", str(out),
-                                          "--no_fine_tune"]) == 0
-    said = capsys.readouterr().out
-    entry = load_calibration(out).spread["gemm"]
-    assert (entry["mean_error"] >= entry["zero_shot_mean_error"]) == warned
-    assert (f"gemm: so predicted, they are {100 * entry['mean_error']:.1f} % off on average, uncalibrated "
-            f"{100 * entry['zero_shot_mean_error']:.1f} %") in said
-    assert ("WARNING: gemm: fitted without each quarter of its 8 measured kernels in turn" in said) == warned
-    if not warned:
-        assert entry["zero_shot_mean_error"] == pytest.approx(1 - 1 / 1.3) and entry["mean_error"] < 0.1
-
-
 def calibrated_on_ten_gemms(tmp_path, gpu: str, device: str, seed: int) -> Path:
     """A calibration file fitted (without fine-tuning) on ten M x 4096 x 4096 GEMMs of ``gpu`` (driver name
     ``device``) whose durations scatter by a factor e^N(0, 0.3) around a plausible curve."""
