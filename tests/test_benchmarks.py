@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import aggregator as aggregator_benchmark
+from benchmarks import calibration as calibration_benchmark
 from pipeweave import aggregate, calibration_fit
 from pipeweave.cli import run_cli
 
@@ -65,3 +66,24 @@ def test_aggregator_benchmark_refuses_another_gpus_calibration(a100_run):
     with pytest.raises(ValueError, match="fitted for A100"):
         aggregator_benchmark.main(benchmark("--workload", str(workload), "--hardware", "H100",
                                             "--calibration", str(calibration)))
+
+
+def test_calibration_benchmark_keeps_each_cases_file(tmp_path, monkeypatch, capsys):
+    """--keep DIR writes the calibration of every timed case as DIR/<case>.json (the fit itself is stubbed: this
+    checks which files are kept, not the minutes of fine-tuning)."""
+    class Fitted:
+        fine_tuned = {}
+
+        def __init__(self, kernels):
+            self.kernels = kernels
+
+        def save(self, path):
+            Path(path).write_text(",".join(Path(k).name for k in self.kernels))
+
+    monkeypatch.setattr(calibration_benchmark, "calibrate", lambda gpu, runs, kernels, **_: Fitted(kernels))
+    monkeypatch.setattr("sys.argv", ["benchmarks.calibration", "--workers", "1", "--keep", str(tmp_path / "kept")])
+    calibration_benchmark.main()
+    kept = {path.name: path.read_text() for path in (tmp_path / "kept").iterdir()}
+    assert kept == {"e2e_run.json": "", "gemm_quick.json": "gemm_quick.csv", "gemm_full.json": "gemm_full.csv",
+                    "attn_200.json": "attn.csv", "moe_200.json": "moe.csv"}
+    assert capsys.readouterr().out.count("| no |") == 5
