@@ -343,7 +343,7 @@ def trusted_efficiency(base: np.ndarray, tuned: np.ndarray, log_change: tuple[fl
     ``log_change`` (:func:`log_change_range` on its measured kernels; None: as it is): only the measured kernels
     tell a fine-tuned model's change from what it makes up (module docstring, "Where")."""
     tuned = np.asarray(tuned, dtype=np.float64)
-    if log_change is None or not len(tuned):
+    if log_change is None:
         return tuned
     base = np.asarray(base, dtype=np.float64)
     return base * np.exp(np.clip(np.log(tuned / base), *log_change))
